@@ -1,0 +1,375 @@
+//! Building a kernel op by op, with the language's typing rules.
+//!
+//! The `#[kfuse]` macro drives a [`Builder`] twice: at compile time, to type-check the
+//! kernel for every dtype its generic parameters can take (errors land on the user's
+//! code), and at run time, to build the IR for the dtypes of the actual arguments.
+//! Hand-written kernels use the same calls.
+//!
+//! Typing rules enforced here:
+//! - binary ops need equal dtypes; a *literal* operand ([`Builder::literal`]) takes the
+//!   dtype of the other side;
+//! - shapes broadcast numpy-style (axes aligned right; an axis matches when equal, when
+//!   it is the literal extent 1, or when absent); the builder inserts explicit
+//!   `Broadcast` ops, so every op after the builder sees operands of one shape;
+//! - offsets of loads and stores are `i64` scalars, one per tensor dimension;
+//! - only output tensors (`&mut Tensor`) are stored to, with a value whose shape and
+//!   dtype match the block.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::dtype::DType;
+use crate::error::{IrError, Result};
+use crate::kernel::*;
+
+/// Builds a [`Kernel`]; see the module docs for the typing rules.
+pub struct Builder {
+    k: Kernel,
+    shapes: HashMap<String, ShapeSym>,
+    tiles: HashMap<String, TileSym>,
+    /// Literal constants whose dtype adapts to the other operand.
+    weak: BTreeSet<ValueId>,
+}
+
+fn shape_str(k: &Kernel, s: &[Extent]) -> String {
+    let parts: Vec<String> = s.iter().map(|e| k.extent_name(*e)).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+impl Builder {
+    pub fn new(name: impl Into<String>) -> Builder {
+        Builder { k: Kernel::new(name), shapes: HashMap::new(), tiles: HashMap::new(), weak: BTreeSet::new() }
+    }
+
+    /// The kernel built so far (for names and types while building).
+    pub fn kernel(&self) -> &Kernel {
+        &self.k
+    }
+
+    /// The shape symbol with this name, created on first use.
+    pub fn shape_sym(&mut self, name: &str) -> ShapeSym {
+        if let Some(s) = self.shapes.get(name) {
+            return *s;
+        }
+        let s = ShapeSym(self.k.shape_syms.len() as u32);
+        self.k.shape_syms.push(name.to_string());
+        self.shapes.insert(name.to_string(), s);
+        s
+    }
+
+    /// Looks up a shape symbol without creating it.
+    pub fn find_shape_sym(&self, name: &str) -> Option<ShapeSym> {
+        self.shapes.get(name).copied()
+    }
+
+    /// The tile symbol with this name, created on first use.
+    pub fn tile_sym(&mut self, name: &str) -> TileSym {
+        if let Some(s) = self.tiles.get(name) {
+            return *s;
+        }
+        let s = TileSym(self.k.tile_syms.len() as u32);
+        self.k.tile_syms.push(name.to_string());
+        self.tiles.insert(name.to_string(), s);
+        s
+    }
+
+    /// Declares a tensor parameter with one shape symbol per dimension.
+    pub fn tensor_param(&mut self, name: &str, dtype: DType, dims: &[ShapeSym], output: bool) -> ParamId {
+        let id = ParamId(self.k.params.len() as u32);
+        self.k.params.push(Param { name: name.to_string(), dtype, kind: ParamKind::Tensor { dims: dims.to_vec(), output } });
+        id
+    }
+
+    /// Declares a scalar parameter and returns it with the value that reads it.
+    pub fn scalar_param(&mut self, name: &str, dtype: DType) -> (ParamId, ValueId) {
+        let id = ParamId(self.k.params.len() as u32);
+        self.k.params.push(Param { name: name.to_string(), dtype, kind: ParamKind::Scalar });
+        let v = self.k.push(Op::ScalarParam { param: id }, Some(Type::scalar(dtype)), &[]).value();
+        self.k.names.insert(v, name.to_string());
+        (id, v)
+    }
+
+    /// `program_id(axis)`.
+    pub fn program_id(&mut self, axis: u8) -> Result<ValueId> {
+        if axis > 2 {
+            return Err(IrError::GridAxis(axis));
+        }
+        Ok(self.k.push(Op::ProgramId { axis }, Some(Type::scalar(DType::I64)), &[]).value())
+    }
+
+    /// The runtime value of a shape symbol, as an `i64` scalar.
+    pub fn shape_dim(&mut self, sym: ShapeSym) -> ValueId {
+        self.k.push(Op::ShapeDim { sym }, Some(Type::scalar(DType::I64)), &[]).value()
+    }
+
+    /// The value of a tile extent, as an `i64` scalar.
+    pub fn tile_extent(&mut self, extent: Extent) -> ValueId {
+        self.k.push(Op::TileExtent { extent }, Some(Type::scalar(DType::I64)), &[]).value()
+    }
+
+    /// A constant of a definite dtype.
+    pub fn constant(&mut self, value: Literal, dtype: DType) -> ValueId {
+        let value = match (value, dtype) {
+            (Literal::Int(i), d) if d.is_float() => Literal::Float(i as f64),
+            (v, _) => v,
+        };
+        self.k.push(Op::Const { value }, Some(Type::scalar(dtype)), &[]).value()
+    }
+
+    /// A literal written in the kernel: `f32` for floats, `i64` for integers, but its
+    /// dtype adapts to the other operand of the op that uses it.
+    pub fn literal(&mut self, value: Literal) -> ValueId {
+        let dtype = match value {
+            Literal::Float(_) => DType::F32,
+            Literal::Int(_) => DType::I64,
+            Literal::Bool(_) => DType::Bool,
+        };
+        let v = self.constant(value, dtype);
+        self.weak.insert(v);
+        v
+    }
+
+    /// Records a source name for a value (from a `let` binding).
+    pub fn name(&mut self, v: ValueId, name: &str) {
+        self.k.names.entry(v).or_insert_with(|| name.to_string());
+    }
+
+    /// The type of a value.
+    pub fn ty(&self, v: ValueId) -> &Type {
+        self.k.ty(v)
+    }
+
+    /// Reads a block of a tensor: `offsets` (one `i64` scalar per tensor dimension) and
+    /// `dims` say where and how much. The tile's shape is the `Tile` extents of `dims`.
+    pub fn load(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim]) -> Result<ValueId> {
+        let ty = self.access_type(tensor, offsets, dims, "load")?;
+        Ok(self.k.push(Op::Load { tensor, dims: dims.to_vec() }, Some(ty), offsets).value())
+    }
+
+    /// Writes `value` into a block of an output tensor.
+    pub fn store(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], value: ValueId) -> Result<OpId> {
+        let ty = self.access_type(tensor, offsets, dims, "store")?;
+        let p = self.k.params[tensor.0 as usize].clone();
+        if !p.is_output() {
+            return Err(IrError::StoreToInput { tensor: p.name });
+        }
+        let value = self.coerce_weak(value, ty.dtype);
+        let vt = self.k.ty(value).clone();
+        if vt.dtype != ty.dtype {
+            return Err(IrError::DTypeMismatch { op: "store".into(), left: format!("{} `{}`", ty.dtype, p.name), right: vt.dtype.to_string() });
+        }
+        let value = if vt.shape != ty.shape { self.broadcast_to(value, &ty.shape, "store")? } else { value };
+        let mut ops = offsets.to_vec();
+        ops.push(value);
+        Ok(self.k.push(Op::Store { tensor, dims: dims.to_vec() }, None, &ops))
+    }
+
+    fn access_type(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], op: &str) -> Result<Type> {
+        let p = self.k.params.get(tensor.0 as usize).ok_or_else(|| IrError::Expected {
+            op: op.into(),
+            expected: "a tensor parameter".into(),
+            found: format!("parameter #{}", tensor.0),
+        })?;
+        let (name, dtype) = (p.name.clone(), p.dtype);
+        let rank = match &p.kind {
+            ParamKind::Tensor { dims, .. } => dims.len(),
+            ParamKind::Scalar => {
+                return Err(IrError::Expected { op: op.into(), expected: "a tensor".into(), found: format!("scalar `{name}`") })
+            }
+        };
+        if offsets.len() != rank || dims.len() != rank {
+            return Err(IrError::OffsetCount { tensor: name, rank, given: if offsets.len() != rank { offsets.len() } else { dims.len() } });
+        }
+        for &o in offsets {
+            let t = self.k.ty(o);
+            if !(t.is_scalar() && t.dtype == DType::I64) {
+                let found = format!("{} {}", t.dtype, shape_str(&self.k, &t.shape));
+                return Err(IrError::Expected { op: op.into(), expected: "i64 scalar offsets".into(), found });
+            }
+        }
+        let shape = dims
+            .iter()
+            .filter_map(|d| match d {
+                AccessDim::Index => None,
+                AccessDim::Tile(e) => Some(*e),
+            })
+            .collect();
+        Ok(Type::tile(dtype, shape))
+    }
+
+    /// Replaces a weak literal with a constant of `dtype`; other values pass through.
+    fn coerce_weak(&mut self, v: ValueId, dtype: DType) -> ValueId {
+        if self.weak.contains(&v) && self.k.ty(v).dtype != dtype {
+            if let Op::Const { value } = *self.k.op(v.op()) {
+                if dtype == DType::Bool && !matches!(value, Literal::Bool(_)) {
+                    return v;
+                }
+                let c = self.constant(value, dtype);
+                self.weak.insert(c);
+                return c;
+            }
+        }
+        v
+    }
+
+    /// The common shape of two shapes under broadcasting.
+    fn broadcast_shape(&self, a: &[Extent], b: &[Extent], op: &str) -> Result<Vec<Extent>> {
+        let n = a.len().max(b.len());
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let ea = if i + a.len() >= n { Some(a[i + a.len() - n]) } else { None };
+            let eb = if i + b.len() >= n { Some(b[i + b.len() - n]) } else { None };
+            out.push(match (ea, eb) {
+                (Some(x), Some(y)) if x == y => x,
+                (Some(Extent::Const(1)), Some(y)) => y,
+                (Some(x), Some(Extent::Const(1))) => x,
+                (Some(x), None) => x,
+                (None, Some(y)) => y,
+                _ => {
+                    return Err(IrError::ShapeMismatch { op: op.into(), left: shape_str(&self.k, a), right: shape_str(&self.k, b) })
+                }
+            });
+        }
+        Ok(out)
+    }
+
+    /// Broadcasts `v` to `shape` (numpy rules); a no-op when the shape already matches.
+    pub fn broadcast_to(&mut self, v: ValueId, shape: &[Extent], op: &str) -> Result<ValueId> {
+        let t = self.k.ty(v).clone();
+        if t.shape == shape {
+            return Ok(v);
+        }
+        let common = self.broadcast_shape(&t.shape, shape, op)?;
+        if common != shape {
+            return Err(IrError::ShapeMismatch { op: op.into(), left: shape_str(&self.k, &t.shape), right: shape_str(&self.k, shape) });
+        }
+        Ok(self.k.push(Op::Broadcast, Some(Type::tile(t.dtype, shape.to_vec())), &[v]).value())
+    }
+
+    /// An elementwise unary op.
+    pub fn unary(&mut self, op: UnaryOp, x: ValueId) -> Result<ValueId> {
+        let t = self.k.ty(x).clone();
+        let ok = match op {
+            UnaryOp::Not => t.dtype == DType::Bool,
+            UnaryOp::Neg | UnaryOp::Abs => t.dtype != DType::Bool,
+            _ => t.dtype.is_float(),
+        };
+        if !ok {
+            let expected = match op {
+                UnaryOp::Not => "bool",
+                UnaryOp::Neg | UnaryOp::Abs => "a number",
+                _ => "a float (f32, f16, bf16)",
+            };
+            return Err(IrError::Expected { op: format!("{op:?}").to_lowercase(), expected: expected.into(), found: t.dtype.to_string() });
+        }
+        Ok(self.k.push(Op::Unary(op), Some(t), &[x]).value())
+    }
+
+    /// An elementwise binary op with broadcasting and literal coercion.
+    pub fn binary(&mut self, op: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId> {
+        let name = format!("{op:?}").to_lowercase();
+        let (a, b) = self.unify(a, b, &name)?;
+        let t = self.k.ty(a).clone();
+        let ok = match op {
+            BinaryOp::And | BinaryOp::Or => t.dtype == DType::Bool,
+            BinaryOp::Rem => t.dtype == DType::I64,
+            BinaryOp::Eq | BinaryOp::Ne => true,
+            _ => t.dtype != DType::Bool,
+        };
+        if !ok {
+            let expected = match op {
+                BinaryOp::And | BinaryOp::Or => "bool operands",
+                BinaryOp::Rem => "i64 operands",
+                _ => "numeric operands",
+            };
+            return Err(IrError::Expected { op: name, expected: expected.into(), found: t.dtype.to_string() });
+        }
+        let rt = if op.is_comparison() { Type::tile(DType::Bool, t.shape) } else { t };
+        Ok(self.k.push(Op::Binary(op), Some(rt), &[a, b]).value())
+    }
+
+    /// Brings two operands to one dtype (via literal coercion) and one shape.
+    fn unify(&mut self, a: ValueId, b: ValueId, op: &str) -> Result<(ValueId, ValueId)> {
+        let (da, db) = (self.k.ty(a).dtype, self.k.ty(b).dtype);
+        let (a, b) = if self.weak.contains(&a) && !self.weak.contains(&b) {
+            (self.coerce_weak(a, db), b)
+        } else if self.weak.contains(&b) && !self.weak.contains(&a) {
+            (a, self.coerce_weak(b, da))
+        } else {
+            (a, b)
+        };
+        let (ta, tb) = (self.k.ty(a).clone(), self.k.ty(b).clone());
+        if ta.dtype != tb.dtype {
+            return Err(IrError::DTypeMismatch { op: op.into(), left: ta.dtype.to_string(), right: tb.dtype.to_string() });
+        }
+        let shape = self.broadcast_shape(&ta.shape, &tb.shape, op)?;
+        let a = self.broadcast_to(a, &shape, op)?;
+        let b = self.broadcast_to(b, &shape, op)?;
+        Ok((a, b))
+    }
+
+    /// `select(cond, if_true, if_false)`, elementwise, with broadcasting.
+    pub fn select(&mut self, cond: ValueId, a: ValueId, b: ValueId) -> Result<ValueId> {
+        if self.k.ty(cond).dtype != DType::Bool {
+            return Err(IrError::Expected { op: "select".into(), expected: "a bool condition".into(), found: self.k.ty(cond).dtype.to_string() });
+        }
+        let (a, b) = self.unify(a, b, "select")?;
+        let shape = self.broadcast_shape(&self.k.ty(cond).shape.clone(), &self.k.ty(a).shape.clone(), "select")?;
+        let cond = self.broadcast_to(cond, &shape, "select")?;
+        let a = self.broadcast_to(a, &shape, "select")?;
+        let b = self.broadcast_to(b, &shape, "select")?;
+        let t = self.k.ty(a).clone();
+        Ok(self.k.push(Op::Select, Some(t), &[cond, a, b]).value())
+    }
+
+    /// Converts to another dtype; a no-op when the dtype already matches.
+    pub fn cast(&mut self, x: ValueId, to: DType) -> Result<ValueId> {
+        let t = self.k.ty(x).clone();
+        if t.dtype == to {
+            return Ok(x);
+        }
+        Ok(self.k.push(Op::Cast { to }, Some(Type::tile(to, t.shape)), &[x]).value())
+    }
+
+    /// Reduces along `axis` (negative counts from the end). With `keep_dim` the axis
+    /// stays, with extent 1, so the result broadcasts back against the operand.
+    pub fn reduce(&mut self, op: ReduceOp, x: ValueId, axis: i64, keep_dim: bool) -> Result<ValueId> {
+        let t = self.k.ty(x).clone();
+        let rank = t.rank();
+        let ax = if axis < 0 { axis + rank as i64 } else { axis };
+        if rank == 0 || ax < 0 || ax >= rank as i64 {
+            return Err(IrError::BadAxis { axis, rank });
+        }
+        if !t.dtype.is_float() && t.dtype != DType::I64 {
+            return Err(IrError::Expected { op: "reduce".into(), expected: "a numeric tile".into(), found: t.dtype.to_string() });
+        }
+        let mut shape = t.shape.clone();
+        if keep_dim {
+            shape[ax as usize] = Extent::Const(1);
+        } else {
+            shape.remove(ax as usize);
+        }
+        Ok(self.k.push(Op::Reduce { op, axis: ax as u32, keep_dim }, Some(Type::tile(t.dtype, shape)), &[x]).value())
+    }
+
+    /// Reorders axes: result axis `i` is operand axis `perm[i]`.
+    pub fn permute(&mut self, x: ValueId, perm: &[u32]) -> Result<ValueId> {
+        let t = self.k.ty(x).clone();
+        let mut seen = vec![false; t.rank()];
+        for &p in perm {
+            if (p as usize) >= t.rank() || std::mem::replace(&mut seen[p as usize], true) {
+                return Err(IrError::Expected { op: "permute".into(), expected: format!("a permutation of 0..{}", t.rank()), found: format!("{perm:?}") });
+            }
+        }
+        if perm.len() != t.rank() {
+            return Err(IrError::Expected { op: "permute".into(), expected: format!("a permutation of 0..{}", t.rank()), found: format!("{perm:?}") });
+        }
+        let shape = perm.iter().map(|&p| t.shape[p as usize]).collect();
+        Ok(self.k.push(Op::Permute { perm: perm.to_vec() }, Some(Type::tile(t.dtype, shape)), &[x]).value())
+    }
+
+    /// Finishes the kernel and runs the verifier.
+    pub fn finish(self) -> Result<Kernel> {
+        crate::verify::verify(&self.k, "build")?;
+        Ok(self.k)
+    }
+}

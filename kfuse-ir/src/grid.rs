@@ -1,0 +1,101 @@
+//! The launch grid, derived from how `program_id` indexes the stores.
+//!
+//! A kernel describes one program instance; the number of instances along grid axis `a`
+//! follows from a store whose offset on some tensor dimension is `program_id(a) * E`
+//! (with `E` that access's tile extent on that dimension: the grid covers the
+//! dimension with `ceil(dim / E)` programs) or plain `program_id(a)` on an indexed
+//! dimension (one program per index). The first store, in program order, that
+//! determines an axis wins. An axis used but not determined by any store is an error
+//! that says how to write the store.
+
+use crate::error::{IrError, Result};
+use crate::kernel::*;
+
+/// How many programs run along one grid axis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GridAxis {
+    /// The tensor extent the axis covers.
+    pub dim: ShapeSym,
+    /// Programs = `ceil(dim / step)`; `None` means one program per index (`step` 1).
+    pub step: Option<Extent>,
+}
+
+/// The grid of a kernel: one entry per `program_id` axis in use (at most 3).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Grid {
+    pub axes: Vec<GridAxis>,
+}
+
+impl Grid {
+    /// Evaluates the grid for concrete shape values and tile sizes.
+    pub fn eval(&self, shape: impl Fn(ShapeSym) -> u64, extent: impl Fn(Extent) -> u64) -> Vec<u64> {
+        self.axes
+            .iter()
+            .map(|a| {
+                let d = shape(a.dim);
+                match a.step {
+                    None => d,
+                    Some(e) => d.div_ceil(extent(e).max(1)),
+                }
+            })
+            .collect()
+    }
+}
+
+/// If `v` is `program_id(a) * E` (either order) or `program_id(a)`, returns `(a, E)`.
+fn pid_term(k: &Kernel, v: ValueId) -> Option<(u8, Option<Extent>)> {
+    match k.op(v.op()) {
+        Op::ProgramId { axis } => Some((*axis, None)),
+        Op::Binary(BinaryOp::Mul) => {
+            let ops = k.operands(v.op());
+            let (x, y) = (ops[0], ops[1]);
+            let ext = |w: ValueId| match k.op(w.op()) {
+                Op::TileExtent { extent } => Some(*extent),
+                Op::Const { value: Literal::Int(c) } if *c > 0 => Some(Extent::Const(*c as u32)),
+                _ => None,
+            };
+            match (k.op(x.op()), k.op(y.op())) {
+                (Op::ProgramId { axis }, _) => ext(y).map(|e| (*axis, Some(e))),
+                (_, Op::ProgramId { axis }) => ext(x).map(|e| (*axis, Some(e))),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Derives the grid (see the module docs).
+pub fn derive(k: &Kernel) -> Result<Grid> {
+    let rank = k.grid_rank();
+    let mut axes: Vec<Option<GridAxis>> = vec![None; rank];
+    for op in k.ops() {
+        let Op::Store { tensor, dims } = k.op(op) else { continue };
+        let offs = k.operands(op);
+        let tdims = k.tensor_dims(*tensor);
+        for (d, dim) in dims.iter().enumerate() {
+            let Some((a, step)) = pid_term(k, offs[d]) else { continue };
+            let step = match (dim, step) {
+                (AccessDim::Index, None) => None,
+                (AccessDim::Tile(e), Some(s)) if *e == s => Some(s),
+                (AccessDim::Index, Some(Extent::Const(1))) => None,
+                _ => continue,
+            };
+            let slot = &mut axes[a as usize];
+            if slot.is_none() {
+                *slot = Some(GridAxis { dim: tdims[d], step });
+            }
+        }
+    }
+    axes.into_iter()
+        .enumerate()
+        .map(|(a, g)| {
+            g.ok_or_else(|| {
+                IrError::Grid(format!(
+                    "program_id({a}) does not index any store as `program_id({a}) * B` on a dimension accessed with tile extent B, \
+                     or as a plain index (`x.row(program_id({a}))`); the number of programs along axis {a} is unknown"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(|axes| Grid { axes })
+}

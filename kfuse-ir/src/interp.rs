@@ -1,0 +1,1 @@
+//! CPU interpreter (to be written).

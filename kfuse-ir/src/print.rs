@@ -1,0 +1,131 @@
+//! The text printer: one line per op in program order, then the schedule if any.
+//!
+//! The output is deterministic (program order, ordered side tables) so that IR snapshots
+//! change only when the kernel or a decision changes. Example:
+//!
+//! ```text
+//! kernel add(a: bf16[N], b: bf16[N], out: &mut bf16[N])
+//!   %0 = program_id 0 : i64
+//!   %1 = tile_extent BN : i64
+//!   %2 = binary mul %0, %1 : i64
+//!   %3 = load a[%2 +BN] : bf16[BN]
+//! ```
+
+use std::fmt::Write;
+
+use crate::kernel::*;
+use crate::schedule::{Blocked, Layout};
+
+fn shape(k: &Kernel, s: &[Extent]) -> String {
+    s.iter().map(|e| k.extent_name(*e)).collect::<Vec<_>>().join(", ")
+}
+
+fn ty_str(k: &Kernel, t: &Type) -> String {
+    if t.is_scalar() {
+        t.dtype.to_string()
+    } else {
+        format!("{}[{}]", t.dtype, shape(k, &t.shape))
+    }
+}
+
+fn access(k: &Kernel, dims: &[AccessDim], offs: &[ValueId]) -> String {
+    let parts: Vec<String> = dims
+        .iter()
+        .zip(offs)
+        .map(|(d, o)| match d {
+            AccessDim::Index => format!("{o}"),
+            AccessDim::Tile(e) => format!("{o} +{}", k.extent_name(*e)),
+        })
+        .collect();
+    parts.join(", ")
+}
+
+fn blocked(b: &Blocked) -> String {
+    format!(
+        "shape={:?} spt={:?} tpw={:?} wpb={:?} order={:?}",
+        b.shape, b.size_per_thread, b.threads_per_warp, b.warps_per_block, b.order
+    )
+}
+
+/// Formats a layout for the printer and for messages.
+pub fn layout_str(l: &Layout) -> String {
+    match l {
+        Layout::Uniform => "uniform".into(),
+        Layout::Blocked(b) => format!("blocked({})", blocked(b)),
+        Layout::Slice { parent, axis } => format!("slice(axis={axis} of {})", blocked(parent)),
+    }
+}
+
+/// Prints a kernel (and its schedule, once scheduled).
+pub fn print(k: &Kernel) -> String {
+    let mut out = String::new();
+    let params: Vec<String> = k
+        .params
+        .iter()
+        .map(|p| match &p.kind {
+            ParamKind::Tensor { dims, output } => {
+                let d: Vec<&str> = dims.iter().map(|s| k.shape_name(*s)).collect();
+                format!("{}: {}{}[{}]", p.name, if *output { "&mut " } else { "" }, p.dtype, d.join(", "))
+            }
+            ParamKind::Scalar => format!("{}: {}", p.name, p.dtype),
+        })
+        .collect();
+    let _ = writeln!(out, "kernel {}({})", k.name, params.join(", "));
+    for op in k.ops() {
+        let ops = k.operands(op);
+        let args: Vec<String> = ops.iter().map(|v| v.to_string()).collect();
+        let node = k.node(op);
+        let body = match &node.op {
+            Op::ProgramId { axis } => format!("program_id {axis}"),
+            Op::ScalarParam { param } => format!("param {}", k.param(*param).name),
+            Op::ShapeDim { sym } => format!("shape {}", k.shape_name(*sym)),
+            Op::TileExtent { extent } => format!("tile_extent {}", k.extent_name(*extent)),
+            Op::Const { value } => match value {
+                Literal::Float(v) => format!("const {v:?}"),
+                Literal::Int(v) => format!("const {v}"),
+                Literal::Bool(v) => format!("const {v}"),
+            },
+            Op::Load { tensor, dims } => format!("load {}[{}]", k.param(*tensor).name, access(k, dims, &ops)),
+            Op::Store { tensor, dims } => {
+                let r = dims.len();
+                format!("store {}[{}], {}", k.param(*tensor).name, access(k, dims, &ops[..r]), ops[r])
+            }
+            Op::Unary(u) => format!("{} {}", format!("{u:?}").to_lowercase(), args.join(", ")),
+            Op::Binary(b) => format!("{} {}", format!("{b:?}").to_lowercase(), args.join(", ")),
+            Op::Reduce { op: r, axis, keep_dim } => {
+                format!("reduce_{} {}, axis={axis}{}", format!("{r:?}").to_lowercase(), args.join(", "), if *keep_dim { ", keep_dim" } else { "" })
+            }
+            Op::Cast { to } => format!("cast {} to {to}", args.join(", ")),
+            Op::Permute { perm } => format!("permute {}, {perm:?}", args.join(", ")),
+            other => format!("{} {}", other.mnemonic(), args.join(", ")),
+        };
+        let name = k.names.get(&op.value()).map(|n| format!("  // {n}")).unwrap_or_default();
+        match &node.ty {
+            Some(t) => {
+                let _ = writeln!(out, "  {} = {body} : {}{name}", op.value(), ty_str(k, t));
+            }
+            None => {
+                let _ = writeln!(out, "  {body}");
+            }
+        }
+    }
+    let s = &k.schedule;
+    if s.is_scheduled() {
+        let _ = writeln!(out, "schedule: threads={} smem={}B", s.num_threads, s.smem_bytes);
+        for (t, v) in &s.tiles {
+            let _ = writeln!(out, "  tile {} = {v}", k.tile_name(*t));
+        }
+        for (sym, v) in &s.full {
+            let _ = writeln!(out, "  full {} -> {v}", k.shape_name(*sym));
+        }
+        for op in k.ops() {
+            if let Some(l) = s.layouts.get(&op.value()) {
+                let _ = writeln!(out, "  {} {}", op.value(), layout_str(l));
+            }
+            if let Some(v) = s.vector.get(&op) {
+                let _ = writeln!(out, "  {} {} vector={v}", op.value(), k.op(op).mnemonic());
+            }
+        }
+    }
+    out
+}

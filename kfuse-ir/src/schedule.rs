@@ -1,0 +1,67 @@
+//! Scheduling decisions recorded in the IR.
+//!
+//! The passes in `kfuse-codegen` fill a [`Schedule`]; the printer shows it and the code
+//! writer only reads it. Nothing here knows CUDA: a layout says which thread holds which
+//! element of a tile, not how that is spelled.
+//!
+//! Invariants (checked by the verifier once a schedule is present, i.e. when
+//! `num_threads > 0`):
+//! - every tile symbol used by the kernel has a value in `tiles`, a power of two;
+//! - every shape symbol used as a full extent has a padded value in `full`, a power of two;
+//! - every value of rank ≥ 1 has a layout whose shape is the value's concrete shape, and
+//!   whose thread count is `num_threads`.
+
+use std::collections::BTreeMap;
+
+use crate::kernel::{OpId, ShapeSym, TileSym, ValueId};
+
+/// How the elements of a tile are spread over the threads of a block.
+///
+/// For axis `a`, an element coordinate is
+/// `rep * (spt[a]*tpw[a]*wpc[a]) + (warp_a * tpw[a] + lane_a) * spt[a] + e`, with
+/// `e < spt[a]` held in consecutive registers of one thread. `order` lists the axes
+/// fastest-first: lanes and warps are numbered along `order[0]` first. When one
+/// sweep of the block covers more than the tile along an axis, the extra threads hold
+/// copies (replicas) of the same elements.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Blocked {
+    pub shape: Vec<u32>,
+    pub size_per_thread: Vec<u32>,
+    pub threads_per_warp: Vec<u32>,
+    pub warps_per_block: Vec<u32>,
+    pub order: Vec<u32>,
+}
+
+/// The distribution of one value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// A scalar: every thread holds the same value.
+    Uniform,
+    Blocked(Blocked),
+    /// The parent layout with axis `axis` removed: what a reduction along `axis` of a
+    /// `parent`-distributed tile leaves, and what broadcasting back into it needs.
+    Slice { parent: Blocked, axis: u32 },
+}
+
+/// Everything the scheduling passes decided for one kernel specialization.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Schedule {
+    /// Threads per block; 0 means "not scheduled yet".
+    pub num_threads: u32,
+    /// The chosen value of each tile symbol.
+    pub tiles: BTreeMap<TileSym, u32>,
+    /// The compiled extent of each shape symbol used as a full tile extent.
+    pub full: BTreeMap<ShapeSym, u32>,
+    /// The layout of each value of rank ≥ 1.
+    pub layouts: BTreeMap<ValueId, Layout>,
+    /// Elements per vector access for each load and store (1 = scalar accesses).
+    pub vector: BTreeMap<OpId, u32>,
+    /// Bytes of shared memory the kernel needs (layout conversions, reductions).
+    pub smem_bytes: u32,
+}
+
+impl Schedule {
+    pub fn is_scheduled(&self) -> bool {
+        self.num_threads > 0
+    }
+}

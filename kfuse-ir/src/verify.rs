@@ -1,0 +1,275 @@
+//! The verifier: checks a kernel's invariants. Run after the builder and, in debug and
+//! test builds, after every pass (`kfuse-codegen`'s pipeline calls [`verify`]).
+//!
+//! Invariants:
+//! 1. `order` lists every node exactly once, and every operand comes before its user.
+//! 2. A node has a result type exactly when its op has a result (`Store` has none), and
+//!    operand edges are numbered 0..n without gaps or repeats.
+//! 3. Operands obey the op's rule (see [`crate::kernel::Op`]): offsets are `i64`
+//!    scalars, one per tensor dimension; elementwise operands share shape and dtype;
+//!    comparisons give `bool`; a `Broadcast` only adds leading axes or widens extent-1
+//!    axes; `Permute` is a permutation; `Convert` keeps the type.
+//! 4. Parameters, shape symbols and tile symbols referenced by ops exist; loads read
+//!    tensors, stores write output tensors, `ScalarParam` reads a scalar.
+//! 5. Once scheduled (`schedule.num_threads > 0`): every tile symbol has a power-of-two
+//!    value, every `Full` shape symbol a power-of-two padded extent, and every value of
+//!    rank ≥ 1 a layout.
+
+use std::collections::HashSet;
+
+use crate::dtype::DType;
+use crate::error::{IrError, Result};
+use crate::kernel::*;
+use crate::schedule::Layout;
+
+/// Checks every invariant listed in the module docs; `pass` names the pass that just ran.
+pub fn verify(k: &Kernel, pass: &str) -> Result<()> {
+    let fail = |msg: String| IrError::Verify { pass: pass.to_string(), msg };
+    // 1. order
+    let mut seen = HashSet::new();
+    for &op in &k.order {
+        if !k.graph.contains_node(op.0) {
+            return Err(fail(format!("order names a removed node {}", op.index())));
+        }
+        if !seen.insert(op) {
+            return Err(fail(format!("node {} appears twice in order", op.index())));
+        }
+        for v in k.operands(op) {
+            if !seen.contains(&v.op()) {
+                return Err(fail(format!("operand {v} of {} ({}) is not defined before its use", op.value(), k.op(op).mnemonic())));
+            }
+        }
+    }
+    if seen.len() != k.graph.node_count() {
+        return Err(fail(format!("order lists {} of {} nodes", seen.len(), k.graph.node_count())));
+    }
+    for &op in &k.order {
+        check_op(k, op).map_err(|m| fail(format!("{} = {}: {m}", op.value(), k.op(op).mnemonic())))?;
+    }
+    if k.schedule.is_scheduled() {
+        check_schedule(k).map_err(fail)?;
+    }
+    Ok(())
+}
+
+fn check_extent(k: &Kernel, e: Extent) -> Result<(), String> {
+    match e {
+        Extent::Const(0) => Err("zero extent".into()),
+        Extent::Const(_) => Ok(()),
+        Extent::Tile(t) if (t.0 as usize) < k.tile_syms.len() => Ok(()),
+        Extent::Full(s) if (s.0 as usize) < k.shape_syms.len() => Ok(()),
+        _ => Err(format!("unknown symbol in extent {e:?}")),
+    }
+}
+
+fn check_op(k: &Kernel, op: OpId) -> Result<(), String> {
+    let node = k.node(op);
+    if node.op.has_result() != node.ty.is_some() {
+        return Err("result type present exactly when the op has a result".into());
+    }
+    // edge numbering
+    let mut idx: Vec<u8> = k
+        .graph
+        .edges_directed(op.0, petgraph::Direction::Incoming)
+        .map(|e| *e.weight())
+        .collect();
+    idx.sort();
+    if idx.iter().enumerate().any(|(i, &w)| i != w as usize) {
+        return Err(format!("operand edges are numbered {idx:?}"));
+    }
+    let ops = k.operands(op);
+    for &v in &ops {
+        if k.node(v.op()).ty.is_none() {
+            return Err(format!("operand {v} has no result"));
+        }
+    }
+    let ty = node.ty.clone();
+    if let Some(t) = &ty {
+        for e in &t.shape {
+            check_extent(k, *e)?;
+        }
+    }
+    let arity = |n: usize| if ops.len() == n { Ok(()) } else { Err(format!("expects {n} operands, has {}", ops.len())) };
+    let scalar_i64 = |t: &Type| t.is_scalar() && t.dtype == DType::I64;
+    match &node.op {
+        Op::ProgramId { axis } => {
+            arity(0)?;
+            if *axis > 2 || !scalar_i64(ty.as_ref().unwrap()) {
+                return Err("program_id is an i64 scalar on axis 0..3".into());
+            }
+        }
+        Op::ScalarParam { param } => {
+            arity(0)?;
+            let p = k.params.get(param.0 as usize).ok_or("unknown parameter")?;
+            if p.is_tensor() || ty.as_ref().unwrap() != &Type::scalar(p.dtype) {
+                return Err("reads a scalar parameter with its dtype".into());
+            }
+        }
+        Op::ShapeDim { sym } => {
+            arity(0)?;
+            if sym.0 as usize >= k.shape_syms.len() || !scalar_i64(ty.as_ref().unwrap()) {
+                return Err("an i64 scalar of a known shape symbol".into());
+            }
+        }
+        Op::TileExtent { extent } => {
+            arity(0)?;
+            check_extent(k, *extent)?;
+            if !scalar_i64(ty.as_ref().unwrap()) {
+                return Err("an i64 scalar".into());
+            }
+        }
+        Op::Const { value } => {
+            arity(0)?;
+            let t = ty.as_ref().unwrap();
+            let ok = match value {
+                Literal::Float(_) => t.dtype.is_float(),
+                Literal::Int(_) => t.dtype == DType::I64,
+                Literal::Bool(_) => t.dtype == DType::Bool,
+            };
+            if !t.is_scalar() || !ok {
+                return Err(format!("literal {value:?} typed {}", t.dtype));
+            }
+        }
+        Op::Load { tensor, dims } | Op::Store { tensor, dims } => {
+            let is_store = matches!(node.op, Op::Store { .. });
+            let p = k.params.get(tensor.0 as usize).ok_or("unknown parameter")?;
+            let rank = p.dims().len();
+            if !p.is_tensor() || dims.len() != rank {
+                return Err("accesses a tensor, one access dim per tensor dim".into());
+            }
+            if is_store && !p.is_output() {
+                return Err("stores to an input tensor".into());
+            }
+            arity(rank + is_store as usize)?;
+            if !ops[..rank].iter().all(|&o| scalar_i64(k.ty(o))) {
+                return Err("offsets must be i64 scalars".into());
+            }
+            let shape: Vec<Extent> = dims.iter().filter_map(|d| if let AccessDim::Tile(e) = d { Some(*e) } else { None }).collect();
+            for e in &shape {
+                check_extent(k, *e)?;
+            }
+            let want = Type::tile(p.dtype, shape);
+            let got = if is_store { k.ty(ops[rank]).clone() } else { ty.unwrap() };
+            if got != want {
+                return Err(format!("value type {got:?} does not match the block {want:?}"));
+            }
+        }
+        Op::Unary(u) => {
+            arity(1)?;
+            if k.ty(ops[0]) != ty.as_ref().unwrap() {
+                return Err("unary keeps the type".into());
+            }
+            let d = k.ty(ops[0]).dtype;
+            let ok = match u {
+                UnaryOp::Not => d == DType::Bool,
+                UnaryOp::Neg | UnaryOp::Abs => d != DType::Bool,
+                _ => d.is_float(),
+            };
+            if !ok {
+                return Err(format!("{u:?} on {d}"));
+            }
+        }
+        Op::Binary(b) => {
+            arity(2)?;
+            let (ta, tb) = (k.ty(ops[0]), k.ty(ops[1]));
+            if ta != tb {
+                return Err(format!("operands differ: {ta:?} vs {tb:?}"));
+            }
+            let want = if b.is_comparison() { Type::tile(DType::Bool, ta.shape.clone()) } else { ta.clone() };
+            if ty.as_ref().unwrap() != &want {
+                return Err("result type".into());
+            }
+        }
+        Op::Select => {
+            arity(3)?;
+            let (tc, ta, tb) = (k.ty(ops[0]), k.ty(ops[1]), k.ty(ops[2]));
+            if tc.dtype != DType::Bool || tc.shape != ta.shape || ta != tb || ty.as_ref().unwrap() != ta {
+                return Err("select(bool, T, T) of one shape".into());
+            }
+        }
+        Op::Cast { to } => {
+            arity(1)?;
+            let t = k.ty(ops[0]);
+            if ty.as_ref().unwrap() != &Type::tile(*to, t.shape.clone()) {
+                return Err("cast keeps the shape and gives the target dtype".into());
+            }
+        }
+        Op::Reduce { axis, keep_dim, .. } => {
+            arity(1)?;
+            let t = k.ty(ops[0]);
+            if *axis as usize >= t.rank() {
+                return Err("axis out of range".into());
+            }
+            let mut s = t.shape.clone();
+            if *keep_dim {
+                s[*axis as usize] = Extent::Const(1);
+            } else {
+                s.remove(*axis as usize);
+            }
+            if ty.as_ref().unwrap() != &Type::tile(t.dtype, s) {
+                return Err("reduce drops (or keeps with extent 1) its axis".into());
+            }
+        }
+        Op::Broadcast => {
+            arity(1)?;
+            let (t, r) = (k.ty(ops[0]), ty.as_ref().unwrap());
+            if t.dtype != r.dtype || t.rank() > r.rank() {
+                return Err("broadcast keeps the dtype and does not drop axes".into());
+            }
+            let off = r.rank() - t.rank();
+            for (i, e) in t.shape.iter().enumerate() {
+                if *e != r.shape[off + i] && *e != Extent::Const(1) {
+                    return Err(format!("operand axis {i} neither equals the result's nor is 1"));
+                }
+            }
+        }
+        Op::Permute { perm } => {
+            arity(1)?;
+            let t = k.ty(ops[0]);
+            let mut sorted = perm.clone();
+            sorted.sort();
+            if sorted != (0..t.rank() as u32).collect::<Vec<_>>() {
+                return Err("not a permutation".into());
+            }
+            let s: Vec<Extent> = perm.iter().map(|&p| t.shape[p as usize]).collect();
+            if ty.as_ref().unwrap() != &Type::tile(t.dtype, s) {
+                return Err("result shape".into());
+            }
+        }
+        Op::Convert => {
+            arity(1)?;
+            if k.ty(ops[0]) != ty.as_ref().unwrap() {
+                return Err("convert keeps the type".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_schedule(k: &Kernel) -> Result<(), String> {
+    let s = &k.schedule;
+    for &op in &k.order {
+        let Some(t) = &k.node(op).ty else { continue };
+        for e in &t.shape {
+            match e {
+                Extent::Tile(sym) => match s.tiles.get(sym) {
+                    Some(v) if v.is_power_of_two() => {}
+                    _ => return Err(format!("tile symbol {} has no power-of-two value", k.tile_name(*sym))),
+                },
+                Extent::Full(sym) => match s.full.get(sym) {
+                    Some(v) if v.is_power_of_two() => {}
+                    _ => return Err(format!("full extent {} has no power-of-two value", k.shape_name(*sym))),
+                },
+                Extent::Const(_) => {}
+            }
+        }
+        if t.rank() >= 1 {
+            match s.layouts.get(&op.value()) {
+                None => return Err(format!("{} has no layout", op.value())),
+                Some(Layout::Uniform) => return Err(format!("{} of rank {} has a uniform layout", op.value(), t.rank())),
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(())
+}
