@@ -12,6 +12,7 @@
 //! intersection of their operands' regions.
 
 pub mod builder;
+pub mod def;
 pub mod dtype;
 pub mod error;
 pub mod grid;
@@ -22,6 +23,7 @@ pub mod schedule;
 pub mod verify;
 
 pub use builder::Builder;
+pub use def::{DTypeSig, KernelDef, ParamSig};
 pub use dtype::DType;
 pub use error::IrError;
 pub use kernel::*;

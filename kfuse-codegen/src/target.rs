@@ -1,0 +1,112 @@
+//! The contract between codegen and runtime: the target, the specialization facts, and
+//! the emitted kernel.
+
+use std::collections::BTreeMap;
+
+use kfuse_ir::{ParamId, ShapeSym};
+
+/// The GPU a kernel is compiled for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// Compute capability as `major * 10 + minor` (80, 89, 90).
+    pub sm: u32,
+    /// Number of streaming multiprocessors.
+    pub num_sms: u32,
+    /// Shared memory a block may use, in bytes (opt-in maximum).
+    pub smem_per_block: u32,
+}
+
+impl Target {
+    pub fn sm80() -> Target {
+        Target { sm: 80, num_sms: 108, smem_per_block: 163 * 1024 }
+    }
+    pub fn sm89() -> Target {
+        Target { sm: 89, num_sms: 128, smem_per_block: 99 * 1024 }
+    }
+    pub fn sm90a() -> Target {
+        Target { sm: 90, num_sms: 132, smem_per_block: 227 * 1024 }
+    }
+    /// The NVRTC `--gpu-architecture` value: `sm_90a` on Hopper (so that WGMMA/TMA
+    /// may be used), `sm_XY` otherwise.
+    pub fn arch(&self) -> String {
+        if self.sm == 90 {
+            "sm_90a".to_string()
+        } else {
+            format!("sm_{}", self.sm)
+        }
+    }
+}
+
+/// Facts about one tensor argument that change the generated code.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct TensorSpec {
+    /// The largest power of two (≤ 16) dividing the data pointer's byte address.
+    pub ptr_align: u32,
+    /// Per dimension: the largest power of two (≤ 16) dividing the stride in elements;
+    /// 0 marks a unit stride (stride == 1) on that dimension.
+    pub stride_div: Vec<u32>,
+}
+
+/// Specialization facts, computed by the runtime from the actual arguments. Part of the
+/// module cache key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Spec {
+    /// Per parameter (in signature order): the tensor facts; `None` for scalars.
+    pub tensors: Vec<Option<TensorSpec>>,
+    /// Per shape symbol: its value rounded up to a power of two (used where the symbol
+    /// is a full tile extent).
+    pub shape_pow2: Vec<u32>,
+}
+
+/// One CUDA kernel parameter, in order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum KernelParam {
+    /// Device pointer to a tensor's first element (byte offset applied).
+    Ptr(ParamId),
+    /// A tensor's stride along a dimension, in elements (`long long`).
+    Stride { tensor: ParamId, dim: u32 },
+    /// The runtime value of a shape symbol (`long long`).
+    Shape(ShapeSym),
+    /// A scalar parameter (`float` for f32, `long long` for i64).
+    Scalar(ParamId),
+}
+
+/// Programs along one grid axis: `ceil(shape(dim) / step)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GridAxisEval {
+    pub dim: ShapeSym,
+    pub step: u64,
+}
+
+/// A compiled-to-source kernel and how to launch it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmittedKernel {
+    /// The `extern "C" __global__` entry point.
+    pub entry: String,
+    pub source: String,
+    /// `--gpu-architecture` for NVRTC.
+    pub arch: String,
+    /// Further NVRTC options.
+    pub options: Vec<String>,
+    pub block_threads: u32,
+    /// Dynamic shared memory in bytes.
+    pub smem_bytes: u32,
+    pub params: Vec<KernelParam>,
+    /// One entry per grid axis in use (x, y, z); empty means a single program.
+    pub grid: Vec<GridAxisEval>,
+    /// The scheduled IR, printed (for snapshots and debugging).
+    pub ir: String,
+    /// The chosen tile sizes by name, for reports.
+    pub tiles: BTreeMap<String, u32>,
+}
+
+impl EmittedKernel {
+    /// The launch grid for concrete shape-symbol values (indexed by `ShapeSym`).
+    pub fn grid_dims(&self, shapes: &[u64]) -> [u64; 3] {
+        let mut g = [1u64; 3];
+        for (i, a) in self.grid.iter().enumerate() {
+            g[i] = shapes[a.dim.0 as usize].div_ceil(a.step.max(1));
+        }
+        g
+    }
+}
