@@ -4,12 +4,22 @@
 //! ([`Spec`]: facts about the actual arguments) and one [`Target`], and returns an
 //! [`EmittedKernel`]: CUDA source plus everything the runtime needs to launch it.
 //! Codegen knows tile ops, never op names.
+//!
+//! The pipeline (one pass per file under `passes/`, the verifier after each in debug
+//! and test builds):
+//! `verify → choose_tiles → assign_layouts → vectorize → verify → emit`.
+//! Graph-level fusion and inlining of `#[kfuse]` calls, and the matrix paths (WGMMA,
+//! mma.sync), are later stages of this list.
 
+pub mod analysis;
+pub mod cuda;
+pub mod layout;
+pub mod passes;
 pub mod target;
 
 pub use target::{EmittedKernel, GridAxisEval, KernelParam, Spec, Target, TensorSpec};
 
-use kfuse_ir::Kernel;
+use kfuse_ir::{verify::verify, Extent, Kernel};
 
 /// An error of the passes or the writer.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
@@ -22,8 +32,65 @@ pub enum CodegenError {
     Target(String, String),
 }
 
-/// Compiles a kernel for one specialization and target (pipeline to be written).
+fn check(k: &Kernel, pass: &str) -> Result<(), CodegenError> {
+    if cfg!(debug_assertions) {
+        verify(k, pass)?;
+    }
+    Ok(())
+}
+
+/// Runs the scheduling passes on a copy of `kernel` and returns the scheduled kernel.
+pub fn schedule(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kernel, CodegenError> {
+    if target.sm < 80 {
+        return Err(CodegenError::Target(
+            format!("sm_{}", target.sm),
+            "kfuse generates code for sm_80 and newer (Ampere, Ada, Hopper)".into(),
+        ));
+    }
+    verify(kernel, "input")?;
+    let mut k = kernel.clone();
+    passes::choose_tiles::run(&mut k, spec, target)?;
+    check(&k, "choose_tiles")?;
+    passes::assign_layouts::run(&mut k, spec)?;
+    check(&k, "assign_layouts")?;
+    passes::vectorize::run(&mut k, spec)?;
+    verify(&k, "vectorize")?;
+    Ok(k)
+}
+
+/// Compiles a kernel for one specialization and target.
 pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedKernel, CodegenError> {
-    let _ = (kernel, spec, target);
-    Err(CodegenError::Unsupported("codegen pipeline not written yet".into()))
+    let k = schedule(kernel, spec, target)?;
+    let grid = kfuse_ir::grid::derive(&k)?;
+    let mut axes = Vec::new();
+    for a in &grid.axes {
+        let step = match a.step {
+            None => 1,
+            Some(Extent::Full(s)) => {
+                return Err(CodegenError::Unsupported(format!("a grid axis stepping by the full extent of {}", k.shape_name(s))))
+            }
+            Some(e) => analysis::extent_value(&k, e) as u64,
+        };
+        axes.push(GridAxisEval { dim: a.dim, step });
+    }
+    let (source, params, smem) = cuda::emit::emit(&k, spec, target)?;
+    let tiles = k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect();
+    Ok(EmittedKernel {
+        entry: cuda::emit::entry_name(&k),
+        source,
+        arch: target.arch(),
+        options: vec!["--std=c++17".into()],
+        block_threads: k.schedule.num_threads,
+        smem_bytes: 0,
+        params,
+        grid: axes,
+        ir: kfuse_ir::print::print(&k),
+        tiles,
+    })
+    .map(|mut e| {
+        // shared memory is declared statically in the source; nothing dynamic to pass
+        let _ = smem;
+        e.smem_bytes = 0;
+        e
+    })
 }

@@ -54,8 +54,10 @@ pub struct Spec {
     /// Per parameter (in signature order): the tensor facts; `None` for scalars.
     pub tensors: Vec<Option<TensorSpec>>,
     /// Per shape symbol: its value rounded up to a power of two (used where the symbol
-    /// is a full tile extent).
+    /// is a full tile extent, and to cap tile sizes for small tensors).
     pub shape_pow2: Vec<u32>,
+    /// Tile-size overrides by tile-symbol name (`BN` → 1024); powers of two.
+    pub tiles: BTreeMap<String, u32>,
 }
 
 /// One CUDA kernel parameter, in order.

@@ -200,7 +200,15 @@ impl Builder {
     fn coerce_weak(&mut self, v: ValueId, dtype: DType) -> ValueId {
         if self.weak.contains(&v) && self.k.ty(v).dtype != dtype {
             if let Op::Const { value } = *self.k.op(v.op()) {
-                if dtype == DType::Bool && !matches!(value, Literal::Bool(_)) {
+                // Only where the literal means the same thing in `dtype`: an integer
+                // literal becomes a float or an `i64`, a float literal another float, a
+                // bool literal a bool. Otherwise the op reports the dtype mismatch.
+                let fits = match value {
+                    Literal::Int(_) => dtype.is_float() || dtype == DType::I64,
+                    Literal::Float(_) => dtype.is_float(),
+                    Literal::Bool(_) => dtype == DType::Bool,
+                };
+                if !fits {
                     return v;
                 }
                 let c = self.constant(value, dtype);

@@ -12,8 +12,8 @@
 //! 4. Parameters, shape symbols and tile symbols referenced by ops exist; loads read
 //!    tensors, stores write output tensors, `ScalarParam` reads a scalar.
 //! 5. Once scheduled (`schedule.num_threads > 0`): every tile symbol has a power-of-two
-//!    value, every `Full` shape symbol a power-of-two padded extent, and every value of
-//!    rank ≥ 1 a layout.
+//!    value, every `Full` shape symbol a power-of-two padded extent, and once layouts
+//!    are assigned, every value of rank ≥ 1 has one (and none is `Uniform`).
 
 use std::collections::HashSet;
 
@@ -263,7 +263,7 @@ fn check_schedule(k: &Kernel) -> Result<(), String> {
                 Extent::Const(_) => {}
             }
         }
-        if t.rank() >= 1 {
+        if t.rank() >= 1 && !s.layouts.is_empty() {
             match s.layouts.get(&op.value()) {
                 None => return Err(format!("{} has no layout", op.value())),
                 Some(Layout::Uniform) => return Err(format!("{} of rank {} has a uniform layout", op.value(), t.rank())),

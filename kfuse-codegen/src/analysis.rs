@@ -1,0 +1,48 @@
+//! Facts about index expressions that the passes and the writer share: concrete
+//! shapes, divisibility of offsets (for vector accesses) and non-negativity (to drop
+//! lower-bound checks).
+
+use kfuse_ir::{BinaryOp, Extent, Kernel, Literal, Op, Type, ValueId};
+
+/// The compiled value of a tile extent (after `choose_tiles`).
+pub fn extent_value(k: &Kernel, e: Extent) -> u32 {
+    match e {
+        Extent::Const(c) => c,
+        Extent::Tile(t) => k.schedule.tiles.get(&t).copied().unwrap_or(1),
+        Extent::Full(s) => k.schedule.full.get(&s).copied().unwrap_or(1),
+    }
+}
+
+/// The concrete tile shape of a type.
+pub fn concrete_shape(k: &Kernel, t: &Type) -> Vec<u32> {
+    t.shape.iter().map(|e| extent_value(k, *e)).collect()
+}
+
+/// The largest power of two (capped at 2^20) known to divide an `i64` scalar value.
+pub fn divisibility(k: &Kernel, v: ValueId) -> u64 {
+    const CAP: u64 = 1 << 20;
+    let ops = k.operands(v.op());
+    match k.op(v.op()) {
+        Op::Const { value: Literal::Int(0) } => CAP,
+        Op::Const { value: Literal::Int(c) } => (1u64 << c.unsigned_abs().trailing_zeros()).min(CAP),
+        Op::TileExtent { extent: e @ (Extent::Const(_) | Extent::Tile(_)) } => {
+            let x = extent_value(k, *e) as u64;
+            (1u64 << x.trailing_zeros()).min(CAP)
+        }
+        Op::Binary(BinaryOp::Mul) => (divisibility(k, ops[0]) * divisibility(k, ops[1])).min(CAP),
+        Op::Binary(BinaryOp::Add | BinaryOp::Sub) => divisibility(k, ops[0]).min(divisibility(k, ops[1])),
+        _ => 1,
+    }
+}
+
+/// True when an `i64` scalar value is provably ≥ 0.
+pub fn non_negative(k: &Kernel, v: ValueId) -> bool {
+    let ops = k.operands(v.op());
+    match k.op(v.op()) {
+        Op::ProgramId { .. } | Op::ShapeDim { .. } | Op::TileExtent { .. } => true,
+        Op::Const { value: Literal::Int(c) } => *c >= 0,
+        Op::Binary(BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max) => non_negative(k, ops[0]) && non_negative(k, ops[1]),
+        Op::Binary(BinaryOp::Div | BinaryOp::Rem) => non_negative(k, ops[0]) && non_negative(k, ops[1]),
+        _ => false,
+    }
+}

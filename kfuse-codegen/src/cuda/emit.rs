@@ -1,0 +1,943 @@
+//! Prints a scheduled kernel as CUDA C++.
+//!
+//! The writer decides nothing: tile sizes, layouts, conversions and vector widths come
+//! from the schedule. Every tile value becomes a per-thread register array indexed by
+//! compile-time constants inside `#pragma unroll` loops (see [`crate::layout`] for the
+//! register map); scalars become plain variables. Each tile value also carries its
+//! valid range per axis (`lo`, `hi`: C expressions), which loads derive from the
+//! tensor bounds and reductions and stores respect.
+
+use std::collections::HashMap;
+
+use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, Op, OpId, ParamKind, ReduceOp, UnaryOp, ValueId};
+
+use crate::analysis::{concrete_shape, extent_value, non_negative};
+use crate::cuda::prelude::PRELUDE;
+use crate::cuda::writer::Writer;
+use crate::layout::RegMap;
+use crate::target::{KernelParam, Spec, Target};
+use crate::CodegenError;
+
+/// Static shared memory above this needs the dynamic opt-in, which the writer does not
+/// do yet.
+const MAX_STATIC_SMEM: u32 = 48 * 1024;
+
+/// What the writer knows of an emitted value.
+#[derive(Clone)]
+struct Val {
+    name: String,
+    dtype: DType,
+    /// Register map (`None` for scalars).
+    map: Option<RegMap>,
+    /// Value axis → map axis (`None`: an extent-1 axis kept by a reduction).
+    axis_map: Vec<Option<usize>>,
+    shape: Vec<u32>,
+    lo: Vec<String>,
+    hi: Vec<String>,
+}
+
+fn ctype(d: DType) -> &'static str {
+    match d {
+        DType::F32 | DType::F16 | DType::BF16 => "float",
+        DType::I64 => "long long",
+        DType::Bool => "bool",
+    }
+}
+
+fn stype(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::F16 | DType::BF16 => "kf_u16",
+        DType::I64 => "long long",
+        DType::Bool => "unsigned char",
+    }
+}
+
+fn to_reg(d: DType, e: &str) -> String {
+    match d {
+        DType::BF16 => format!("kf_bf16_f32({e})"),
+        DType::F16 => format!("kf_f16_f32({e})"),
+        DType::Bool => format!("({e} != 0)"),
+        _ => e.to_string(),
+    }
+}
+
+fn from_reg(d: DType, e: &str) -> String {
+    match d {
+        DType::BF16 => format!("kf_f32_bf16({e})"),
+        DType::F16 => format!("kf_f32_f16({e})"),
+        DType::Bool => format!("(unsigned char)({e})"),
+        _ => e.to_string(),
+    }
+}
+
+fn round(d: DType, e: String) -> String {
+    match d {
+        DType::BF16 => format!("kf_rbf16({e})"),
+        DType::F16 => format!("kf_rf16({e})"),
+        _ => e,
+    }
+}
+
+fn float_lit(v: f64) -> String {
+    let f = v as f32;
+    if f.is_nan() {
+        "KF_NAN".into()
+    } else if f.is_infinite() {
+        if f > 0.0 { "KF_INF".into() } else { "(-KF_INF)".into() }
+    } else {
+        let s = format!("{f:?}");
+        let s = if s.contains('.') || s.contains('e') { s } else { format!("{s}.0") };
+        format!("{s}f")
+    }
+}
+
+/// The thread component of a register-map axis.
+fn thr(m: &crate::layout::AxisMap) -> String {
+    let warp = if m.wpb > 1 { format!("((kf_warp / {}) % {})", m.warp_div, m.wpb) } else { "0".into() };
+    let lane = if m.tpw > 1 { format!("((kf_lane / {}) % {})", m.lane_div, m.tpw) } else { "0".into() };
+    match (m.wpb > 1, m.tpw > 1) {
+        (false, false) => "0".into(),
+        (false, true) => lane,
+        (true, false) => warp,
+        (true, true) => format!("({warp} * {} + {lane})", m.tpw),
+    }
+}
+
+/// The coordinate along map axis `i` of register `k` before wrapping replicas.
+fn coord_raw(map: &RegMap, i: usize, k: &str) -> String {
+    let m = &map.axes[i];
+    let mut parts = Vec::new();
+    if m.reps > 1 {
+        parts.push(format!("((({k}) / {}) % {}) * {}", m.rep_stride, m.reps, m.chunk));
+    }
+    let t = thr(m);
+    if t != "0" {
+        parts.push(if m.spt > 1 { format!("{t} * {}", m.spt) } else { t });
+    }
+    if m.spt > 1 {
+        parts.push(format!("(({k}) / {}) % {}", m.e_stride, m.spt));
+    }
+    if parts.is_empty() {
+        "0".into()
+    } else {
+        format!("({})", parts.join(" + "))
+    }
+}
+
+/// The coordinate along map axis `i` of register `k` (replicas wrapped into the tile).
+fn coord(map: &RegMap, i: usize, k: &str) -> String {
+    let raw = coord_raw(map, i, k);
+    if map.axes[i].replicated() {
+        format!("({raw} & {})", map.axes[i].shape - 1)
+    } else {
+        raw
+    }
+}
+
+/// True (as C) when this thread is the owner of register `k`, i.e. not a replica.
+fn owner(map: &RegMap, k: &str) -> String {
+    let mut c = Vec::new();
+    for (i, m) in map.axes.iter().enumerate() {
+        if m.replicated() {
+            c.push(format!("{} < {}", coord_raw(map, i, k), m.shape));
+        }
+    }
+    for d in &map.dropped {
+        let t = thr(d);
+        if t != "0" {
+            c.push(format!("{t} == 0"));
+        }
+    }
+    if c.is_empty() {
+        "true".into()
+    } else {
+        c.join(" && ")
+    }
+}
+
+/// Register index in `to` of the element register `k` of `from` holds, dropping the
+/// digits of axes `to` does not have.
+fn project(from: &RegMap, to: &RegMap, k: &str) -> String {
+    let mut parts = Vec::new();
+    for t in &to.axes {
+        let Some(f) = from.axes.iter().find(|f| f.parent_axis == t.parent_axis) else { continue };
+        if f.reps > 1 {
+            parts.push(format!("((({k}) / {}) % {}) * {}", f.rep_stride, f.reps, t.rep_stride));
+        }
+        if f.spt > 1 {
+            parts.push(format!("((({k}) / {}) % {}) * {}", f.e_stride, f.spt, t.e_stride));
+        }
+    }
+    if parts.is_empty() {
+        "0".into()
+    } else {
+        parts.join(" + ")
+    }
+}
+
+struct Emitter<'a> {
+    k: &'a Kernel,
+    spec: &'a Spec,
+    w: Writer<String>,
+    vals: HashMap<ValueId, Val>,
+    smem: u32,
+    tmp: usize,
+}
+
+type R = Result<(), CodegenError>;
+
+fn fmt_err(_: std::fmt::Error) -> CodegenError {
+    CodegenError::Unsupported("formatting failed".into())
+}
+
+impl<'a> Emitter<'a> {
+    fn fresh(&mut self, p: &str) -> String {
+        self.tmp += 1;
+        format!("{p}{}", self.tmp)
+    }
+
+    fn line(&mut self, s: impl AsRef<str>) -> R {
+        self.w.line(s).map_err(fmt_err)
+    }
+    fn open(&mut self, s: impl AsRef<str>) -> R {
+        self.w.open(s).map_err(fmt_err)
+    }
+    fn close(&mut self) -> R {
+        self.w.close().map_err(fmt_err)
+    }
+    fn unroll(&mut self, var: &str, n: u32) -> R {
+        self.line("#pragma unroll")?;
+        self.open(format!("for (int {var} = 0; {var} < {n}; ++{var})"))
+    }
+
+    fn val(&self, v: ValueId) -> &Val {
+        &self.vals[&v]
+    }
+
+    fn stride(&self, tensor: kfuse_ir::ParamId, d: usize) -> String {
+        let ts = self.spec.tensors.get(tensor.0 as usize).cloned().flatten();
+        if ts.map(|t| t.stride_div.get(d) == Some(&0)).unwrap_or(false) {
+            "1".into()
+        } else {
+            format!("st_{}_{d}", self.k.param(tensor).name)
+        }
+    }
+
+    fn shape_var(&self, s: kfuse_ir::ShapeSym) -> String {
+        format!("n_{}", self.k.shape_name(s))
+    }
+
+    /// The value of register `k` of `v` as seen through `want` (a map of the same
+    /// layout, or a layout `v` broadcasts into).
+    fn reg(&self, v: ValueId, k: &str) -> String {
+        let x = self.val(v);
+        if x.map.is_none() {
+            x.name.clone()
+        } else {
+            format!("{}[{k}]", x.name)
+        }
+    }
+
+    fn new_tile(&mut self, v: ValueId, dtype: DType, layout: &Layout, lo: Vec<String>, hi: Vec<String>, axis_map: Option<Vec<Option<usize>>>) -> Result<Val, CodegenError> {
+        let map = RegMap::of(layout).ok_or_else(|| CodegenError::Unsupported("tile with a uniform layout".into()))?;
+        let shape = concrete_shape(self.k, self.k.ty(v));
+        let axis_map = axis_map.unwrap_or_else(|| (0..shape.len()).map(Some).collect());
+        let name = format!("v{}", v.index());
+        let note = self.k.names.get(&v).map(|n| format!("  // {n}")).unwrap_or_default();
+        self.line(format!("{} {name}[{}];{note}", ctype(dtype), map.regs))?;
+        Ok(Val { name, dtype, map: Some(map), axis_map, shape, lo, hi })
+    }
+
+    fn layout(&self, v: ValueId) -> Result<Layout, CodegenError> {
+        self.k.schedule.layouts.get(&v).cloned().ok_or_else(|| CodegenError::Unsupported(format!("{v} has no layout")))
+    }
+
+    fn op(&mut self, op: OpId) -> R {
+        let k = self.k;
+        let node = k.node(op);
+        let ops = k.operands(op);
+        let v = op.value();
+        let vname = format!("v{}", v.index());
+        let scalar = |e: &mut Self, d: DType, expr: String| -> R {
+            let note = k.names.get(&v).map(|n| format!("  // {n}")).unwrap_or_default();
+            e.line(format!("const {} {vname} = {expr};{note}", ctype(d)))?;
+            e.vals.insert(v, Val { name: vname.clone(), dtype: d, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
+            Ok(())
+        };
+        match &node.op {
+            Op::ProgramId { axis } => scalar(self, DType::I64, format!("(long long)blockIdx.{}", ["x", "y", "z"][*axis as usize])),
+            Op::ScalarParam { param } => {
+                let p = k.param(*param);
+                let e = round(p.dtype, format!("a_{}", p.name));
+                scalar(self, p.dtype, e)
+            }
+            Op::ShapeDim { sym } => scalar(self, DType::I64, self.shape_var(*sym)),
+            Op::TileExtent { extent } => {
+                let e = match extent {
+                    Extent::Full(s) => self.shape_var(*s),
+                    e => format!("{}LL", extent_value(k, *e)),
+                };
+                scalar(self, DType::I64, e)
+            }
+            Op::Const { value } => {
+                let d = node.ty.as_ref().unwrap().dtype;
+                let e = match (value, d) {
+                    (Literal::Bool(b), _) => b.to_string(),
+                    (Literal::Int(i), DType::I64) => format!("{i}LL"),
+                    (l, d) if d.is_float() => float_lit(d.round(l.as_f64())),
+                    (l, _) => format!("{}", l.as_f64()),
+                };
+                scalar(self, d, e)
+            }
+            Op::Load { tensor, dims } => self.access(op, *tensor, dims, &ops, None),
+            Op::Store { tensor, dims } => {
+                let r = dims.len();
+                self.access(op, *tensor, dims, &ops[..r], Some(ops[r]))
+            }
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } => self.elementwise(op, &ops),
+            Op::Broadcast => self.broadcast(op, ops[0]),
+            Op::Permute { perm } => {
+                let src = self.val(ops[0]).clone();
+                let layout = self.layout(v)?;
+                let map = RegMap::of(&layout);
+                let pick = |xs: &Vec<String>| perm.iter().map(|&p| xs[p as usize].clone()).collect::<Vec<_>>();
+                let val = Val {
+                    name: src.name.clone(),
+                    dtype: src.dtype,
+                    map,
+                    axis_map: perm.iter().map(|&p| src.axis_map[p as usize]).collect(),
+                    shape: perm.iter().map(|&p| src.shape[p as usize]).collect(),
+                    lo: pick(&src.lo),
+                    hi: pick(&src.hi),
+                };
+                // Permuting a blocked layout keeps every register where it is; the map
+                // axes follow the value axes.
+                let val = Val { axis_map: (0..val.shape.len()).map(Some).collect(), ..val };
+                self.vals.insert(v, val);
+                Ok(())
+            }
+            Op::Reduce { op: r, axis, keep_dim } => self.reduce(op, ops[0], *r, *axis as usize, *keep_dim),
+            Op::Convert => self.convert(op, ops[0]),
+        }
+    }
+
+    fn elementwise(&mut self, op: OpId, ops: &[ValueId]) -> R {
+        let k = self.k;
+        let v = op.value();
+        let ty = k.ty(v).clone();
+        let d = ty.dtype;
+        let in_d = k.ty(ops[0]).dtype;
+        let fmt = |args: &[String]| -> String {
+            let a = &args[0];
+            match k.op(op) {
+                Op::Unary(u) => {
+                    let e = match (u, in_d) {
+                        (UnaryOp::Neg, _) => format!("(-{a})"),
+                        (UnaryOp::Abs, DType::I64) => format!("({a} < 0 ? -{a} : {a})"),
+                        (UnaryOp::Abs, _) => format!("fabsf({a})"),
+                        (UnaryOp::Exp, _) => format!("expf({a})"),
+                        (UnaryOp::Log, _) => format!("logf({a})"),
+                        (UnaryOp::Sqrt, _) => format!("sqrtf({a})"),
+                        (UnaryOp::Rsqrt, _) => format!("rsqrtf({a})"),
+                        (UnaryOp::Sigmoid, _) => format!("kf_sigmoid({a})"),
+                        (UnaryOp::Tanh, _) => format!("tanhf({a})"),
+                        (UnaryOp::Erf, _) => format!("erff({a})"),
+                        (UnaryOp::Not, _) => format!("(!{a})"),
+                    };
+                    round(d, e)
+                }
+                Op::Binary(b) => {
+                    let bb = &args[1];
+                    let int = in_d == DType::I64;
+                    let e = match b {
+                        BinaryOp::Add => format!("({a} + {bb})"),
+                        BinaryOp::Sub => format!("({a} - {bb})"),
+                        BinaryOp::Mul => format!("({a} * {bb})"),
+                        BinaryOp::Div => format!("({a} / {bb})"),
+                        BinaryOp::Rem => format!("({a} % {bb})"),
+                        BinaryOp::Max if int => format!("kf_maxi({a}, {bb})"),
+                        BinaryOp::Min if int => format!("kf_mini({a}, {bb})"),
+                        BinaryOp::Max => format!("fmaxf({a}, {bb})"),
+                        BinaryOp::Min => format!("fminf({a}, {bb})"),
+                        BinaryOp::Lt => format!("({a} < {bb})"),
+                        BinaryOp::Le => format!("({a} <= {bb})"),
+                        BinaryOp::Gt => format!("({a} > {bb})"),
+                        BinaryOp::Ge => format!("({a} >= {bb})"),
+                        BinaryOp::Eq => format!("({a} == {bb})"),
+                        BinaryOp::Ne => format!("({a} != {bb})"),
+                        BinaryOp::And => format!("({a} && {bb})"),
+                        BinaryOp::Or => format!("({a} || {bb})"),
+                    };
+                    if b.is_comparison() { e } else { round(d, e) }
+                }
+                Op::Select => format!("({a} ? {} : {})", args[1], args[2]),
+                Op::Cast { to } => match (in_d, *to) {
+                    (DType::Bool, t) if t.is_float() => format!("({a} ? 1.0f : 0.0f)"),
+                    (DType::Bool, _) => format!("(long long)({a})"),
+                    (_, DType::Bool) => format!("({a} != 0)"),
+                    (DType::I64, t) => round(t, format!("(float)({a})")),
+                    (_, DType::I64) => format!("(long long)({a})"),
+                    (_, t) => round(t, a.clone()),
+                },
+                _ => unreachable!(),
+            }
+        };
+        if ty.is_scalar() {
+            let args: Vec<String> = ops.iter().map(|o| self.val(*o).name.clone()).collect();
+            let e = fmt(&args);
+            let name = format!("v{}", v.index());
+            self.line(format!("const {} {name} = {e};", ctype(d)))?;
+            self.vals.insert(v, Val { name, dtype: d, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
+            return Ok(());
+        }
+        // valid range: intersection of the operands'
+        let rank = ty.rank();
+        let (mut lo, mut hi) = (Vec::new(), Vec::new());
+        for a in 0..rank {
+            let los: Vec<String> = ops.iter().map(|o| self.val(*o).lo[a].clone()).collect();
+            let his: Vec<String> = ops.iter().map(|o| self.val(*o).hi[a].clone()).collect();
+            lo.push(self.combine_bound(&los, "kf_maxi")?);
+            hi.push(self.combine_bound(&his, "kf_mini")?);
+        }
+        let layout = self.layout(v)?;
+        let val = self.new_tile(v, d, &layout, lo, hi, None)?;
+        let regs = val.map.as_ref().unwrap().regs;
+        let name = val.name.clone();
+        self.vals.insert(v, val);
+        self.unroll("k", regs)?;
+        let args: Vec<String> = ops.iter().map(|o| self.reg(*o, "k")).collect();
+        let e = fmt(&args);
+        self.line(format!("{name}[k] = {e};"))?;
+        self.close()
+    }
+
+    /// Combines bound expressions, dropping duplicates.
+    fn combine_bound(&mut self, xs: &[String], f: &str) -> Result<String, CodegenError> {
+        let mut u: Vec<String> = Vec::new();
+        for x in xs {
+            if !u.contains(x) {
+                u.push(x.clone());
+            }
+        }
+        if u.len() == 1 {
+            return Ok(u.pop().unwrap());
+        }
+        let mut e = u[0].clone();
+        for x in &u[1..] {
+            e = format!("{f}({e}, {x})");
+        }
+        let n = self.fresh("kf_b");
+        self.line(format!("const long long {n} = {e};"))?;
+        Ok(n)
+    }
+
+    fn broadcast(&mut self, op: OpId, src: ValueId) -> R {
+        let k = self.k;
+        let v = op.value();
+        let ty = k.ty(v).clone();
+        let shape = concrete_shape(k, &ty);
+        let s = self.val(src).clone();
+        let off = shape.len() - s.shape.len();
+        let (mut lo, mut hi) = (Vec::new(), Vec::new());
+        for (a, &e) in shape.iter().enumerate() {
+            if a < off {
+                lo.push("0".to_string());
+                hi.push(e.to_string());
+            } else if s.shape[a - off] == e {
+                lo.push(s.lo[a - off].clone());
+                hi.push(s.hi[a - off].clone());
+            } else {
+                // an extent-1 axis widened: valid everywhere iff its one lane was valid
+                let (sl, sh) = (&s.lo[a - off], &s.hi[a - off]);
+                lo.push("0".to_string());
+                hi.push(if sl == "0" && sh == "1" { e.to_string() } else { format!("(({sl}) <= 0 && ({sh}) > 0 ? {e}LL : 0LL)") });
+            }
+        }
+        let layout = self.layout(v)?;
+        let val = self.new_tile(v, ty.dtype, &layout, lo, hi, None)?;
+        let map = val.map.clone().unwrap();
+        let name = val.name.clone();
+        self.vals.insert(v, val);
+        self.unroll("k", map.regs)?;
+        let e = match &s.map {
+            None => s.name.clone(),
+            Some(sm) => format!("{}[{}]", s.name, project(&map, sm, "k")),
+        };
+        self.line(format!("{name}[k] = {e};"))?;
+        self.close()
+    }
+
+    fn reduce(&mut self, op: OpId, src: ValueId, r: ReduceOp, axis: usize, keep_dim: bool) -> R {
+        let k = self.k;
+        let v = op.value();
+        let s = self.val(src).clone();
+        let d = s.dtype;
+        let smap = s.map.clone().unwrap();
+        let mi = s.axis_map[axis].ok_or_else(|| CodegenError::Unsupported("reduce along a kept extent-1 axis".into()))?;
+        let am = smap.axes[mi].clone();
+        let int = d == DType::I64;
+        let ident = match (r, int) {
+            (ReduceOp::Sum | ReduceOp::Mean, false) => "0.0f",
+            (ReduceOp::Sum | ReduceOp::Mean, true) => "0LL",
+            (ReduceOp::Max, false) => "(-KF_INF)",
+            (ReduceOp::Min, false) => "KF_INF",
+            (ReduceOp::Max, true) => "(-9223372036854775807LL - 1)",
+            (ReduceOp::Min, true) => "9223372036854775807LL",
+        };
+        let comb = |a: &str, b: &str| match (r, int) {
+            (ReduceOp::Sum | ReduceOp::Mean, _) => format!("{a} + {b}"),
+            (ReduceOp::Max, false) => format!("fmaxf({a}, {b})"),
+            (ReduceOp::Min, false) => format!("fminf({a}, {b})"),
+            (ReduceOp::Max, true) => format!("kf_maxi({a}, {b})"),
+            (ReduceOp::Min, true) => format!("kf_mini({a}, {b})"),
+        };
+        let rlayout = if k.ty(v).is_scalar() { Layout::Uniform } else { self.layout(v)? };
+        let rmap = RegMap::of(&rlayout);
+        let name = format!("v{}", v.index());
+        let nregs = rmap.as_ref().map(|m| m.regs).unwrap_or(1);
+        // result ranges: the other axes'
+        let (mut lo, mut hi) = (Vec::new(), Vec::new());
+        let mut axis_map = Vec::new();
+        for a in 0..s.shape.len() {
+            if a == axis {
+                if keep_dim {
+                    lo.push("0".into());
+                    hi.push("1".into());
+                    axis_map.push(None);
+                }
+                continue;
+            }
+            lo.push(s.lo[a].clone());
+            hi.push(s.hi[a].clone());
+            axis_map.push(s.axis_map[a].map(|m| if m > mi { m - 1 } else { m }));
+        }
+        let note = k.names.get(&v).map(|n| format!("  // {n}")).unwrap_or_default();
+        self.line(format!("{} {name}[{nregs}];{note}", ctype(d)))?;
+        self.unroll("k", nregs)?;
+        self.line(format!("{name}[k] = {ident};"))?;
+        self.close()?;
+        // 1. within the thread
+        let (slo, shi) = (s.lo[axis].clone(), s.hi[axis].clone());
+        self.unroll("k", smap.regs)?;
+        let c = coord_raw(&smap, mi, "k");
+        let dst = match &rmap {
+            Some(rm) => project(&smap, rm, "k"),
+            None => "0".into(),
+        };
+        let lo_check = if slo == "0" { String::new() } else { format!("{c} >= {slo} && ") };
+        self.line(format!("if ({lo_check}{c} < {shi}) {name}[{dst}] = {};", comb(&format!("{name}[{dst}]"), &format!("{}[k]", s.name))))?;
+        self.close()?;
+        // 2. across lanes
+        if am.tpw > 1 {
+            let mut m = 1;
+            while m < am.tpw {
+                self.unroll("k", nregs)?;
+                let sh = format!("__shfl_xor_sync(0xffffffffu, {name}[k], {})", m * am.lane_div);
+                self.line(format!("{name}[k] = {};", comb(&format!("{name}[k]"), &sh)))?;
+                self.close()?;
+                m *= 2;
+            }
+        }
+        // 3. across warps, through shared memory
+        if am.wpb > 1 {
+            let rshape: Vec<u32> = match &rmap {
+                Some(rm) => rm.axes.iter().map(|a| a.shape).collect(),
+                None => vec![],
+            };
+            let slots: u32 = rshape.iter().product::<u32>().max(1);
+            let bytes = slots * am.wpb * if int { 8 } else { 4 };
+            self.smem = self.smem.max(bytes);
+            let ct = ctype(d);
+            let slot = |e: &Self| -> String {
+                match &rmap {
+                    None => "0".into(),
+                    Some(rm) => {
+                        let mut lin = String::from("0");
+                        for i in 0..rm.axes.len() {
+                            lin = format!("({lin}) * {} + {}", rm.axes[i].shape, coord(rm, i, "k"));
+                        }
+                        let _ = e;
+                        lin
+                    }
+                }
+            };
+            let sl = slot(self);
+            self.open("")?;
+            self.line("__syncthreads();")?;
+            self.line(format!("{ct}* kf_red = reinterpret_cast<{ct}*>(kf_smem);"))?;
+            let lane_c = if am.tpw > 1 { format!("((kf_lane / {}) % {}) == 0", am.lane_div, am.tpw) } else { "true".into() };
+            let warp_c = format!("((kf_warp / {}) % {})", am.warp_div, am.wpb);
+            self.open(format!("if ({lane_c})"))?;
+            self.unroll("k", nregs)?;
+            self.line(format!("kf_red[{warp_c} * {slots} + {sl}] = {name}[k];"))?;
+            self.close()?;
+            self.close()?;
+            self.line("__syncthreads();")?;
+            self.unroll("k", nregs)?;
+            self.line(format!("{ct} kf_acc = kf_red[{sl}];"))?;
+            self.line("#pragma unroll")?;
+            self.open(format!("for (int w = 1; w < {}; ++w)", am.wpb))?;
+            self.line(format!("kf_acc = {};", comb("kf_acc", &format!("kf_red[w * {slots} + {sl}]"))))?;
+            self.close()?;
+            self.line(format!("{name}[k] = kf_acc;"))?;
+            self.close()?;
+            self.close()?;
+        }
+        // mean and rounding
+        self.unroll("k", nregs)?;
+        let fin = if r == ReduceOp::Mean {
+            let cnt = if slo == "0" { format!("({shi})") } else { format!("(({shi}) - ({slo}))") };
+            format!("{name}[k] / (float){cnt}")
+        } else {
+            format!("{name}[k]")
+        };
+        self.line(format!("{name}[k] = {};", round(d, fin)))?;
+        self.close()?;
+        if rmap.is_none() {
+            let sname = self.fresh("v");
+            let sname = format!("{sname}_{}", v.index());
+            self.line(format!("const {} {sname} = {name}[0];", ctype(d)))?;
+            self.vals.insert(v, Val { name: sname, dtype: d, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
+        } else {
+            let shape = concrete_shape(k, k.ty(v));
+            self.vals.insert(v, Val { name, dtype: d, map: rmap, axis_map, shape, lo, hi });
+        }
+        Ok(())
+    }
+
+    fn convert(&mut self, op: OpId, src: ValueId) -> R {
+        let v = op.value();
+        let s = self.val(src).clone();
+        let d = s.dtype;
+        let smap = s.map.clone().unwrap();
+        let layout = self.layout(v)?;
+        let val = self.new_tile(v, d, &layout, s.lo.clone(), s.hi.clone(), None)?;
+        let dmap = val.map.clone().unwrap();
+        let name = val.name.clone();
+        let shape = s.shape.clone();
+        self.vals.insert(v, val);
+        let esz = d.size_bytes() as u32;
+        let pad = if shape.len() > 1 { (4 / esz).max(1) } else { 0 };
+        let row = *shape.last().unwrap() + pad;
+        let rows: u32 = shape[..shape.len() - 1].iter().product::<u32>().max(1);
+        self.smem = self.smem.max(rows * row * esz);
+        let lin = |map: &RegMap, axis_map: &[Option<usize>], wrap: bool| -> String {
+            let mut lin = String::from("0");
+            for (a, am) in axis_map.iter().enumerate() {
+                let c = match am {
+                    None => "0".to_string(),
+                    Some(i) => if wrap { coord(map, *i, "k") } else { coord_raw(map, *i, "k") },
+                };
+                let stride = if a + 1 == axis_map.len() { 1 } else { shape[a + 1..].iter().product::<u32>() / shape[shape.len() - 1] * row };
+                lin = if lin == "0" { format!("{c} * {stride}") } else { format!("{lin} + {c} * {stride}") };
+            }
+            lin
+        };
+        let st = stype(d);
+        self.open("")?;
+        self.line("__syncthreads();")?;
+        self.line(format!("{st}* kf_cv = reinterpret_cast<{st}*>(kf_smem);"))?;
+        self.unroll("k", smap.regs)?;
+        let own = owner(&smap, "k");
+        let wl = lin(&smap, &s.axis_map, false);
+        let put = format!("kf_cv[{wl}] = {};", from_reg(d, &format!("{}[k]", s.name)));
+        if own == "true" {
+            self.line(put)?;
+        } else {
+            self.line(format!("if ({own}) {put}"))?;
+        }
+        self.close()?;
+        self.line("__syncthreads();")?;
+        self.unroll("k", dmap.regs)?;
+        let dl = lin(&dmap, &(0..shape.len()).map(Some).collect::<Vec<_>>(), true);
+        self.line(format!("{name}[k] = {};", to_reg(d, &format!("kf_cv[{dl}]"))))?;
+        self.close()?;
+        self.close()
+    }
+
+    /// Loads (`store == None`) or stores a block.
+    fn access(&mut self, op: OpId, tensor: kfuse_ir::ParamId, dims: &[AccessDim], offs: &[ValueId], store: Option<ValueId>) -> R {
+        let k = self.k;
+        let p = k.param(tensor);
+        let d = p.dtype;
+        let tdims = p.dims().to_vec();
+        let width = *k.schedule.vector.get(&op).unwrap_or(&1);
+        let off: Vec<String> = offs.iter().map(|o| self.val(*o).name.clone()).collect();
+        let nonneg: Vec<bool> = offs.iter().map(|o| non_negative(k, *o)).collect();
+        // base pointer and bounds
+        let ptr = format!("p_{}", p.name);
+        let base = self.fresh("kf_p");
+        let mut base_e = ptr.clone();
+        for (dd, o) in off.iter().enumerate() {
+            let st = self.stride(tensor, dd);
+            base_e = if st == "1" { format!("{base_e} + {o}") } else { format!("{base_e} + {o} * {st}") };
+        }
+        let cst = if store.is_some() { "" } else { "const " };
+        self.line(format!("{cst}{}* {base} = {base_e};", stype(d)))?;
+        // per tile axis: tensor dim, remaining extent, lower bound
+        let mut ok = Vec::new();
+        let mut tile_dims = Vec::new();
+        for (dd, ad) in dims.iter().enumerate() {
+            let n = self.shape_var(tdims[dd]);
+            match ad {
+                AccessDim::Index => {
+                    if nonneg[dd] {
+                        ok.push(format!("{} < {n}", off[dd]));
+                    } else {
+                        ok.push(format!("{} >= 0 && {} < {n}", off[dd], off[dd]));
+                    }
+                }
+                AccessDim::Tile(e) => {
+                    let rem = self.fresh("kf_r");
+                    self.line(format!("const long long {rem} = {n} - {};", off[dd]))?;
+                    let lo = if nonneg[dd] { None } else { Some(format!("(-{})", off[dd])) };
+                    tile_dims.push((dd, rem, lo, extent_value(k, *e)));
+                }
+            }
+        }
+        let okv = self.fresh("kf_ok");
+        self.line(format!("const bool {okv} = {};", if ok.is_empty() { "true".to_string() } else { ok.join(" && ") }))?;
+        let value_ty = store.map(|s| k.ty(s).clone()).unwrap_or_else(|| k.ty(op.value()).clone());
+        if value_ty.is_scalar() {
+            return match store {
+                None => {
+                    let name = format!("v{}", op.index());
+                    self.line(format!("const {} {name} = {okv} ? {} : {};", ctype(d), to_reg(d, &format!("{base}[0]")), if d == DType::Bool { "false" } else { "0" }))?;
+                    self.vals.insert(op.value(), Val { name, dtype: d, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
+                    Ok(())
+                }
+                Some(sv) => {
+                    let e = from_reg(d, &self.val(sv).name.clone());
+                    self.line(format!("if (kf_tid == 0 && {okv}) {base}[0] = {e};"))
+                }
+            };
+        }
+        // the register map of the value
+        let (val, map) = match store {
+            None => {
+                let layout = self.layout(op.value())?;
+                let mut lo = Vec::new();
+                let mut hi = Vec::new();
+                for (_, rem, l, e) in &tile_dims {
+                    lo.push(match l {
+                        None => "0".to_string(),
+                        Some(l) => {
+                            let n = self.fresh("kf_b");
+                            self.line(format!("const long long {n} = kf_mini(kf_maxi({l}, 0LL), {e}LL);"))?;
+                            n
+                        }
+                    });
+                    let n = self.fresh("kf_b");
+                    self.line(format!("const long long {n} = {okv} ? kf_maxi(0LL, kf_mini({rem}, {e}LL)) : 0LL;"))?;
+                    hi.push(n);
+                }
+                let val = self.new_tile(op.value(), d, &layout, lo, hi, None)?;
+                let map = val.map.clone().unwrap();
+                (val, map)
+            }
+            Some(sv) => {
+                let val = self.val(sv).clone();
+                let map = val.map.clone().unwrap();
+                (val, map)
+            }
+        };
+        let fast = map.fastest_axis();
+        let w = width.max(1);
+        let groups = map.regs / w;
+        self.unroll("g", groups)?;
+        self.line(format!("const int k0 = g * {w};"))?;
+        // coordinates of the group's first register, per tile axis
+        let mut cvars = Vec::new();
+        for t in 0..tile_dims.len() {
+            let c = match val.axis_map[t] {
+                None => "0".to_string(),
+                Some(i) => coord(&map, i, "k0"),
+            };
+            let n = format!("c{t}");
+            self.line(format!("const int {n} = {c};"))?;
+            cvars.push(n);
+        }
+        // element address offset of coordinate set
+        let addr = |cv: &[String], e: &Self| -> String {
+            let mut a = String::new();
+            for (t, (dd, _, _, _)) in tile_dims.iter().enumerate() {
+                let st = e.stride(tensor, *dd);
+                let term = if st == "1" { cv[t].clone() } else { format!("(long long){} * {st}", cv[t]) };
+                a = if a.is_empty() { term } else { format!("{a} + {term}") };
+            }
+            a
+        };
+        let inb = |cv: &[String], extra: &str| -> String {
+            let mut c = vec![okv.clone()];
+            for (t, (_, rem, lo, _)) in tile_dims.iter().enumerate() {
+                c.push(format!("{} < {rem}", cv[t]));
+                if let Some(l) = lo {
+                    c.push(format!("{} >= {l}", cv[t]));
+                }
+                if store.is_some() {
+                    c.push(format!("{} < {}", cv[t], val.hi[t]));
+                    if val.lo[t] != "0" {
+                        c.push(format!("{} >= {}", cv[t], val.lo[t]));
+                    }
+                }
+            }
+            if !extra.is_empty() {
+                c.push(extra.to_string());
+            }
+            c.join(" && ")
+        };
+        let own = if store.is_some() { owner(&map, "k0") } else { "true".into() };
+        let own_c = if own == "true" { String::new() } else { own.clone() };
+        let vname = val.name.clone();
+        let fast_t = fast.and_then(|f| val.axis_map.iter().position(|m| *m == Some(f)));
+        if w > 1 {
+            let ft = fast_t.ok_or_else(|| CodegenError::Unsupported("vector access without a fastest axis".into()))?;
+            // the whole vector inside: last element in bounds too
+            let mut last = cvars.clone();
+            last[ft] = format!("({} + {})", cvars[ft], w - 1);
+            let cond = inb(&last, &own_c);
+            let cond = format!("{} && {}", cond, inb(&cvars, ""));
+            let bytes = w * d.size_bytes() as u32;
+            let vt = match bytes {
+                16 => "kf_v16",
+                8 => "kf_v8",
+                4 => "kf_v4",
+                _ => "",
+            };
+            let a0 = addr(&cvars, self);
+            self.open(format!("if ({cond})"))?;
+            if vt.is_empty() {
+                // a 2-byte vector of one 16-bit element cannot happen (w > 1)
+                return Err(CodegenError::Unsupported(format!("vector of {bytes} bytes")));
+            }
+            let words = bytes / 4;
+            match store {
+                None => {
+                    self.line(format!("const {vt} q = *reinterpret_cast<const {vt}*>({base} + {a0});"))?;
+                    for j in 0..w {
+                        let e = match d.size_bytes() {
+                            4 => format!("__uint_as_float(q.w[{j}])"),
+                            2 => to_reg(d, &format!("kf_{}16(q.w[{}])", if j % 2 == 0 { "lo" } else { "hi" }, j / 2)),
+                            _ => unreachable!(),
+                        };
+                        self.line(format!("{vname}[k0 + {j}] = {e};"))?;
+                    }
+                }
+                Some(_) => {
+                    self.line(format!("{vt} q;"))?;
+                    for wi in 0..words {
+                        let e = match d.size_bytes() {
+                            4 => format!("__float_as_uint({vname}[k0 + {wi}])"),
+                            2 => format!("kf_pack16({}, {})", from_reg(d, &format!("{vname}[k0 + {}]", 2 * wi)), from_reg(d, &format!("{vname}[k0 + {}]", 2 * wi + 1))),
+                            _ => unreachable!(),
+                        };
+                        self.line(format!("q.w[{wi}] = {e};"))?;
+                    }
+                    self.line(format!("*reinterpret_cast<{vt}*>({base} + {a0}) = q;"))?;
+                }
+            }
+            self.close()?;
+            self.open("else")?;
+        }
+        // element by element
+        self.line("#pragma unroll")?;
+        self.open(format!("for (int j = 0; j < {w}; ++j)"))?;
+        let mut cj = cvars.clone();
+        if let Some(ft) = fast_t {
+            if w > 1 {
+                cj[ft] = format!("({} + j)", cvars[ft]);
+            }
+        }
+        let own_j = if store.is_some() && w > 1 { owner(&map, "k0 + j") } else { own.clone() };
+        let own_j = if own_j == "true" { String::new() } else { own_j };
+        let cond = inb(&cj, &own_j);
+        let aj = addr(&cj, self);
+        match store {
+            None => {
+                let zero = if d == DType::Bool { "false" } else { "0" };
+                self.line(format!("{vname}[k0 + j] = ({cond}) ? {} : {zero};", to_reg(d, &format!("{base}[{aj}]"))))?;
+            }
+            Some(_) => {
+                self.line(format!("if ({cond}) {base}[{aj}] = {};", from_reg(d, &format!("{vname}[k0 + j]"))))?;
+            }
+        }
+        self.close()?;
+        if w > 1 {
+            self.close()?;
+        }
+        self.close()?;
+        if store.is_none() {
+            self.vals.insert(op.value(), val);
+        }
+        Ok(())
+    }
+}
+
+/// The CUDA entry-point name of a kernel.
+pub fn entry_name(k: &Kernel) -> String {
+    format!("kf_{}", k.name)
+}
+
+/// Writes the CUDA source and the parameter list of a scheduled kernel.
+pub fn emit(k: &Kernel, spec: &Spec, target: &Target) -> Result<(String, Vec<KernelParam>, u32), CodegenError> {
+    let mut params = Vec::new();
+    let mut decls = Vec::new();
+    for (i, p) in k.params.iter().enumerate() {
+        let id = kfuse_ir::ParamId(i as u32);
+        match &p.kind {
+            ParamKind::Tensor { dims, output } => {
+                let q = if *output { "" } else { "const " };
+                decls.push(format!("{q}{}* __restrict__ p_{}", stype(p.dtype), p.name));
+                params.push(KernelParam::Ptr(id));
+                let ts = spec.tensors.get(i).cloned().flatten();
+                for dd in 0..dims.len() {
+                    let unit = ts.as_ref().map(|t| t.stride_div.get(dd) == Some(&0)).unwrap_or(false);
+                    if !unit {
+                        decls.push(format!("const long long st_{}_{dd}", p.name));
+                        params.push(KernelParam::Stride { tensor: id, dim: dd as u32 });
+                    }
+                }
+            }
+            ParamKind::Scalar => {
+                let t = if p.dtype == DType::I64 { "long long" } else { "float" };
+                decls.push(format!("const {t} a_{}", p.name));
+                params.push(KernelParam::Scalar(id));
+            }
+        }
+    }
+    for (i, s) in k.shape_syms.iter().enumerate() {
+        decls.push(format!("const long long n_{s}"));
+        params.push(KernelParam::Shape(kfuse_ir::ShapeSym(i as u32)));
+    }
+    // The body first (its shared-memory needs are known only afterwards).
+    let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0 };
+    e.w.indent();
+    for op in k.ops() {
+        e.op(op)?;
+    }
+    let smem = e.smem;
+    let body = e.w.finish();
+    if smem > MAX_STATIC_SMEM {
+        return Err(CodegenError::Unsupported(format!("{smem} bytes of shared memory (static limit {MAX_STATIC_SMEM})")));
+    }
+    let threads = k.schedule.num_threads;
+    let mut w = Writer::new(String::new());
+    let mut head = || -> std::fmt::Result {
+        w.line(format!("// Generated by kfuse from kernel `{}` for {}. Do not edit.", k.name, target.arch()))?;
+        w.raw(PRELUDE)?;
+        w.line("")?;
+        w.open(format!("extern \"C\" __global__ void __launch_bounds__({threads}) {}({})", entry_name(k), decls.join(", ")))?;
+        w.line("const int kf_tid = threadIdx.x;")?;
+        w.line("const int kf_lane = kf_tid & 31;")?;
+        w.line("const int kf_warp = kf_tid >> 5;")?;
+        w.line("(void)kf_lane; (void)kf_warp;")?;
+        if smem > 0 {
+            w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", smem.div_ceil(16) * 16))?;
+        }
+        w.raw(&body)?;
+        w.close()
+    };
+    head().map_err(fmt_err)?;
+    Ok((w.finish(), params, smem))
+}

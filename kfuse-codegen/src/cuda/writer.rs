@@ -1,0 +1,56 @@
+//! An indenting line writer over any `fmt::Write`.
+
+use std::fmt;
+
+/// Writes lines at the current indentation level; `open`/`close` bracket blocks.
+pub struct Writer<W: fmt::Write> {
+    out: W,
+    level: usize,
+}
+
+impl<W: fmt::Write> Writer<W> {
+    pub fn new(out: W) -> Self {
+        Writer { out, level: 0 }
+    }
+
+    /// One line at the current level.
+    pub fn line(&mut self, s: impl AsRef<str>) -> fmt::Result {
+        let s = s.as_ref();
+        if s.is_empty() {
+            return self.out.write_char('\n');
+        }
+        for _ in 0..self.level {
+            self.out.write_str("  ")?;
+        }
+        self.out.write_str(s)?;
+        self.out.write_char('\n')
+    }
+
+    /// A line that opens a block (`... {`), then one level deeper.
+    pub fn open(&mut self, s: impl AsRef<str>) -> fmt::Result {
+        let s = s.as_ref();
+        self.line(if s.is_empty() { "{".to_string() } else { format!("{s} {{") })?;
+        self.level += 1;
+        Ok(())
+    }
+
+    /// One level deeper without a line (for text spliced into a block later).
+    pub fn indent(&mut self) {
+        self.level += 1;
+    }
+
+    /// Closes a block.
+    pub fn close(&mut self) -> fmt::Result {
+        self.level = self.level.saturating_sub(1);
+        self.line("}")
+    }
+
+    /// Writes text as-is (used for the prelude).
+    pub fn raw(&mut self, s: &str) -> fmt::Result {
+        self.out.write_str(s)
+    }
+
+    pub fn finish(self) -> W {
+        self.out
+    }
+}

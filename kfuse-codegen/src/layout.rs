@@ -1,0 +1,188 @@
+//! Layout arithmetic: building blocked layouts and mapping each thread's registers to
+//! tile coordinates.
+//!
+//! A value of rank r in layout [`Blocked`] `P` is held by each thread in `regs()`
+//! registers. Register index `k` is mixed-radix over *digits*: first the repetition
+//! digits of each axis, slowest axis (last in `order`) first, then the in-thread element
+//! digits in the same order, so that the elements of one vector (consecutive along the
+//! fastest axis) are consecutive registers. A [`Layout::Slice`] of `P` along axis `a`
+//! has the digits of `P` without those of `a`.
+//!
+//! Everything here is plain integer arithmetic on powers of two; the writer turns it
+//! into C expressions whose register indices are compile-time constants after
+//! unrolling.
+
+use kfuse_ir::{Blocked, Layout};
+
+/// Builds the default blocked layout for a tile: `vec` consecutive elements per thread
+/// along `order[0]`, then the 32 lanes and the warps spread along `order` (fastest
+/// first). Threads left over once the tile is covered hold replicas.
+pub fn blocked(shape: &[u32], order: &[u32], vec: u32, num_threads: u32) -> Blocked {
+    let r = shape.len();
+    let mut spt = vec![1u32; r];
+    let mut tpw = vec![1u32; r];
+    let mut wpb = vec![1u32; r];
+    let f = order[0] as usize;
+    spt[f] = vec.min(shape[f]).max(1);
+    // lanes
+    let mut lanes = 32u32;
+    for &a in order {
+        let a = a as usize;
+        let room = (shape[a] / spt[a]).max(1);
+        let t = lanes.min(room);
+        tpw[a] = t;
+        lanes /= t;
+    }
+    tpw[f] *= lanes; // replicas along the fastest axis
+    // warps
+    let mut warps = (num_threads / 32).max(1);
+    for &a in order {
+        let a = a as usize;
+        let room = (shape[a] / (spt[a] * tpw[a])).max(1);
+        let w = warps.min(room);
+        wpb[a] = w;
+        warps /= w;
+    }
+    let slow = *order.last().unwrap() as usize;
+    wpb[slow] *= warps; // replicas along the slowest axis
+    Blocked { shape: shape.to_vec(), size_per_thread: spt, threads_per_warp: tpw, warps_per_block: wpb, order: order.to_vec() }
+}
+
+/// Reorders a blocked layout's axes: result axis `i` is axis `perm[i]`.
+pub fn permute(b: &Blocked, perm: &[u32]) -> Blocked {
+    let pick = |v: &Vec<u32>| perm.iter().map(|&p| v[p as usize]).collect::<Vec<u32>>();
+    let mut inv = vec![0u32; perm.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        inv[p as usize] = i as u32;
+    }
+    Blocked {
+        shape: pick(&b.shape),
+        size_per_thread: pick(&b.size_per_thread),
+        threads_per_warp: pick(&b.threads_per_warp),
+        warps_per_block: pick(&b.warps_per_block),
+        order: b.order.iter().map(|&o| inv[o as usize]).collect(),
+    }
+}
+
+/// How one axis of a value maps to threads and registers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AxisMap {
+    /// The axis of the parent blocked layout this value axis is.
+    pub parent_axis: usize,
+    pub shape: u32,
+    pub spt: u32,
+    pub reps: u32,
+    /// Register-index strides of this axis's element and repetition digits.
+    pub e_stride: u32,
+    pub rep_stride: u32,
+    /// Elements one sweep of the block covers (`spt * tpw * wpb`).
+    pub chunk: u32,
+    /// Lane/warp decomposition: lane component = `(lane / lane_div) % tpw`.
+    pub lane_div: u32,
+    pub tpw: u32,
+    pub warp_div: u32,
+    pub wpb: u32,
+}
+
+impl AxisMap {
+    /// True when one sweep covers more than the axis: some threads hold replicas.
+    pub fn replicated(&self) -> bool {
+        self.chunk > self.shape
+    }
+}
+
+/// The register map of a value: one [`AxisMap`] per value axis, plus the parent axes
+/// that a slice removed (their thread components mark replicas).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegMap {
+    pub axes: Vec<AxisMap>,
+    pub regs: u32,
+    /// Parent axes absent from the value (a slice's reduced axis) with their thread
+    /// decomposition: threads whose component there is non-zero hold replicas.
+    pub dropped: Vec<AxisMap>,
+    /// The parent layout.
+    pub parent: Blocked,
+}
+
+fn axis_maps(p: &Blocked) -> Vec<AxisMap> {
+    let r = p.shape.len();
+    let mut maps: Vec<AxisMap> = (0..r)
+        .map(|a| {
+            let chunk = p.size_per_thread[a] * p.threads_per_warp[a] * p.warps_per_block[a];
+            AxisMap {
+                parent_axis: a,
+                shape: p.shape[a],
+                spt: p.size_per_thread[a],
+                reps: p.shape[a].div_ceil(chunk).max(1),
+                e_stride: 0,
+                rep_stride: 0,
+                chunk,
+                lane_div: 1,
+                tpw: p.threads_per_warp[a],
+                warp_div: 1,
+                wpb: p.warps_per_block[a],
+            }
+        })
+        .collect();
+    let (mut ld, mut wd) = (1u32, 1u32);
+    for &a in &p.order {
+        let m = &mut maps[a as usize];
+        m.lane_div = ld;
+        m.warp_div = wd;
+        ld *= m.tpw;
+        wd *= m.wpb;
+    }
+    maps
+}
+
+/// Assigns register strides to the given axes (digits: reps slowest-first, then
+/// elements slowest-first, both following `order` reversed).
+fn assign_strides(maps: &mut [AxisMap], order: &[u32]) -> u32 {
+    let pos = |maps: &[AxisMap], pa: usize| maps.iter().position(|m| m.parent_axis == pa);
+    let mut stride = 1u32;
+    for &a in order {
+        if let Some(i) = pos(maps, a as usize) {
+            maps[i].e_stride = stride;
+            stride *= maps[i].spt;
+        }
+    }
+    for &a in order {
+        if let Some(i) = pos(maps, a as usize) {
+            maps[i].rep_stride = stride;
+            stride *= maps[i].reps;
+        }
+    }
+    stride
+}
+
+impl RegMap {
+    /// The register map of a layout (`None` for [`Layout::Uniform`]).
+    pub fn of(l: &Layout) -> Option<RegMap> {
+        match l {
+            Layout::Uniform => None,
+            Layout::Blocked(p) => {
+                let mut axes = axis_maps(p);
+                let regs = assign_strides(&mut axes, &p.order);
+                Some(RegMap { axes, regs, dropped: vec![], parent: p.clone() })
+            }
+            Layout::Slice { parent, axis } => {
+                let mut axes = axis_maps(parent);
+                let dropped = vec![axes.remove(*axis as usize)];
+                let regs = assign_strides(&mut axes, &parent.order);
+                Some(RegMap { axes, regs, dropped, parent: parent.clone() })
+            }
+        }
+    }
+
+    /// The vector-friendly fastest value axis (the parent's `order[0]`), if present.
+    pub fn fastest_axis(&self) -> Option<usize> {
+        let f = self.parent.order[0] as usize;
+        self.axes.iter().position(|m| m.parent_axis == f)
+    }
+
+    /// Register digits of `k` along value axis `i`: (repetition, element).
+    pub fn digits(&self, i: usize, k: u32) -> (u32, u32) {
+        let m = &self.axes[i];
+        ((k / m.rep_stride) % m.reps, (k / m.e_stride) % m.spt)
+    }
+}

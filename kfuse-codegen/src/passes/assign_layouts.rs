@@ -1,0 +1,197 @@
+//! `assign_layouts`: decides how every tile value is spread over the block's threads,
+//! and inserts `Convert` ops where a value must change its distribution.
+//!
+//! Rules, in program order:
+//! - a `Load` is an anchor: a blocked layout whose fastest axis is the tile axis over
+//!   the tensor's unit-stride dimension, with 16 bytes per thread along it;
+//! - elementwise ops (`Unary`, `Binary`, `Select`, `Cast`) take the layout of their
+//!   first operand that is not a broadcast of a scalar; other operands in another
+//!   layout get a `Convert`;
+//! - `Reduce` along axis a of a blocked layout P gives `Slice(P, a)` (a scalar when
+//!   nothing is left); a rank-1 slice reduces to a scalar;
+//! - `Broadcast` of a scalar takes the layout of the operand it meets in its first
+//!   elementwise user (or a default); of `Slice(P, a)` back to P's shape, P; of any other
+//!   layout, the source is converted to the slice of the target first;
+//! - `Permute` permutes the layout (no data moves);
+//! - a `Store` whose value's fastest axis is not the tile axis over the output's
+//!   unit-stride dimension gets a `Convert` to the store's anchor layout, so that
+//!   writes are coalesced (this is where a transpose goes through shared memory).
+
+use kfuse_ir::{AccessDim, Blocked, DType, Kernel, Layout, Op, OpId, ValueId};
+
+use crate::analysis::concrete_shape;
+use crate::layout::{blocked, permute};
+use crate::target::Spec;
+use crate::CodegenError;
+
+/// The anchor layout of a block access: fastest axis over the unit-stride dimension.
+pub fn access_layout(k: &Kernel, spec: &Spec, op: OpId) -> Option<Blocked> {
+    let (tensor, dims) = match k.op(op) {
+        Op::Load { tensor, dims } | Op::Store { tensor, dims } => (*tensor, dims),
+        _ => return None,
+    };
+    let shape: Vec<u32> = dims
+        .iter()
+        .filter_map(|d| if let AccessDim::Tile(e) = d { Some(crate::analysis::extent_value(k, *e)) } else { None })
+        .collect();
+    if shape.is_empty() {
+        return None;
+    }
+    let r = shape.len() as u32;
+    let ts = spec.tensors.get(tensor.0 as usize).cloned().flatten();
+    // tile axis of each tensor dim
+    let mut axis_of = Vec::new();
+    let mut t = 0u32;
+    for d in dims {
+        match d {
+            AccessDim::Tile(_) => {
+                axis_of.push(Some(t));
+                t += 1;
+            }
+            AccessDim::Index => axis_of.push(None),
+        }
+    }
+    let unit = ts.as_ref().and_then(|ts| ts.stride_div.iter().position(|&s| s == 0)).and_then(|d| axis_of[d]);
+    let fast = unit.unwrap_or(r - 1);
+    let mut order = vec![fast];
+    order.extend((0..r).rev().filter(|&a| a != fast));
+    let dt = k.param(tensor).dtype;
+    let vec = (16 / dt.size_bytes() as u32).max(1);
+    Some(blocked(&shape, &order, vec, k.schedule.num_threads))
+}
+
+fn default_layout(k: &Kernel, shape: &[u32], dtype: DType) -> Blocked {
+    let r = shape.len() as u32;
+    let order: Vec<u32> = (0..r).rev().collect();
+    let vec = (16 / dtype.size_bytes().max(1) as u32).clamp(1, 4);
+    blocked(shape, &order, vec, k.schedule.num_threads)
+}
+
+fn layout_of(k: &Kernel, v: ValueId) -> Layout {
+    if k.ty(v).is_scalar() {
+        Layout::Uniform
+    } else {
+        k.schedule.layouts.get(&v).cloned().unwrap_or(Layout::Uniform)
+    }
+}
+
+fn is_scalar_broadcast(k: &Kernel, v: ValueId) -> bool {
+    matches!(k.op(v.op()), Op::Broadcast) && k.ty(k.operands(v.op())[0]).is_scalar()
+}
+
+/// Inserts `Convert(v)` before `user` with layout `to`, and makes `user` use it.
+fn convert(k: &mut Kernel, user: OpId, v: ValueId, to: Layout) -> ValueId {
+    let ty = k.ty(v).clone();
+    let c = k.insert_before(user, Op::Convert, Some(ty), &[v]).value();
+    k.replace_operand(user, v, c);
+    k.schedule.layouts.insert(c, to);
+    c
+}
+
+pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
+    let order = k.order.clone();
+    for op in order {
+        let node = k.node(op).clone();
+        let ops = k.operands(op);
+        let shape = node.ty.as_ref().map(|t| concrete_shape(k, t));
+        let result: Option<Layout> = match &node.op {
+            Op::Load { .. } => access_layout(k, spec, op).map(Layout::Blocked),
+            Op::Store { .. } => {
+                let v = *ops.last().unwrap();
+                if let (Some(want), false) = (access_layout(k, spec, op), k.ty(v).is_scalar()) {
+                    let have = layout_of(k, v);
+                    let fast = want.order[0] as usize;
+                    let need = match &have {
+                        Layout::Blocked(b) => b.order[0] as usize != fast && want.shape[fast] > 1,
+                        Layout::Slice { .. } => true,
+                        Layout::Uniform => false,
+                    };
+                    if need {
+                        convert(k, op, v, Layout::Blocked(want));
+                    }
+                }
+                None
+            }
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Convert => {
+                let shape = shape.clone().unwrap();
+                if shape.is_empty() {
+                    Some(Layout::Uniform)
+                } else {
+                    let pick = ops
+                        .iter()
+                        .find(|&&o| !is_scalar_broadcast(k, o))
+                        .or(ops.first())
+                        .copied()
+                        .unwrap();
+                    let l = layout_of(k, pick);
+                    for &o in &ops {
+                        if o != pick && layout_of(k, o) != l {
+                            convert(k, op, o, l.clone());
+                        }
+                    }
+                    Some(l)
+                }
+            }
+            Op::Reduce { axis, .. } => {
+                let src = layout_of(k, ops[0]);
+                let rank = k.ty(op.value()).rank();
+                match src {
+                    Layout::Blocked(p) if rank > 0 => Some(Layout::Slice { parent: p, axis: *axis }),
+                    Layout::Blocked(p) if p.shape.len() == 1 => Some(Layout::Uniform),
+                    Layout::Slice { parent, .. } if parent.shape.len() == 2 => Some(Layout::Uniform),
+                    Layout::Blocked(p) if k.ty(ops[0]).rank() == 2 && rank == 0 => {
+                        let _ = p;
+                        return Err(CodegenError::Unsupported("reduce to a scalar from rank 2 in one step".into()));
+                    }
+                    other => return Err(CodegenError::Unsupported(format!("reduce of a value in layout {}", kfuse_ir::print::layout_str(&other)))),
+                }
+            }
+            Op::Permute { perm } => match layout_of(k, ops[0]) {
+                Layout::Blocked(b) => Some(Layout::Blocked(permute(&b, perm))),
+                other => Some(other),
+            },
+            Op::Broadcast => {
+                let src = ops[0];
+                let shape = shape.clone().unwrap();
+                let dtype = node.ty.as_ref().unwrap().dtype;
+                // The layout the first elementwise user's other operand has, if any.
+                let from_user = k.users(op.value()).into_iter().find_map(|u| {
+                    k.operands(u)
+                        .into_iter()
+                        .filter(|&o| o != op.value() && !k.ty(o).is_scalar() && k.schedule.layouts.contains_key(&o))
+                        .map(|o| layout_of(k, o))
+                        .find(|l| matches!(l, Layout::Blocked(b) if b.shape == shape))
+                });
+                match layout_of(k, src) {
+                    Layout::Uniform => Some(from_user.unwrap_or_else(|| Layout::Blocked(default_layout(k, &shape, dtype)))),
+                    Layout::Slice { parent, axis } if parent.shape == shape => {
+                        let _ = axis;
+                        Some(Layout::Blocked(parent))
+                    }
+                    _ => {
+                        let target = match from_user {
+                            Some(Layout::Blocked(b)) => b,
+                            _ => default_layout(k, &shape, dtype),
+                        };
+                        let src_rank = k.ty(src).rank();
+                        if shape.len() != 2 || src_rank != 1 {
+                            return Err(CodegenError::Unsupported(format!("broadcast from rank {src_rank} to rank {}", shape.len())));
+                        }
+                        let want = Layout::Slice { parent: target.clone(), axis: 0 };
+                        if layout_of(k, src) != want {
+                            convert(k, op, src, want);
+                        }
+                        Some(Layout::Blocked(target))
+                    }
+                }
+            }
+            _ => None,
+        };
+        if let (Some(l), Some(t)) = (result, &node.ty) {
+            if !t.is_scalar() {
+                k.schedule.layouts.insert(op.value(), l);
+            }
+        }
+    }
+    Ok(())
+}

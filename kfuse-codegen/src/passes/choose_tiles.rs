@@ -1,0 +1,120 @@
+//! `choose_tiles`: gives every tile symbol and every full extent a concrete size, and
+//! picks the block's thread count.
+//!
+//! Heuristic (memory-bound tile programs): each block access should move about
+//! 16 KiB (8192 elements of 2-byte types, 4096 of 4-byte ones). For each load/store,
+//! the extents that are not tile symbols (literals, padded full extents) are fixed; the
+//! budget left is shared evenly (geometric mean, rounded down to a power of two) among
+//! the tile symbols of that access, and each is capped at the tensor extent it tiles
+//! (rounded up to a power of two), so small tensors get small tiles. A symbol used by
+//! several accesses takes the smallest choice. `Spec::tiles` overrides by name.
+//!
+//! Threads: one per 16 elements of the largest tile, between 32 and 256 (1024 for
+//! full-extent rows), so each thread keeps a few 16-byte vectors in flight. A value
+//! needing more than 64 registers per thread is refused (long rows need the
+//! multi-block plan of a later pass).
+
+use std::collections::BTreeMap;
+
+use kfuse_ir::{AccessDim, Extent, Kernel, Op, TileSym};
+
+use crate::analysis::concrete_shape;
+use crate::target::{Spec, Target};
+use crate::CodegenError;
+
+/// Largest number of elements of one value a thread may hold.
+pub const MAX_ELEMS_PER_THREAD: u32 = 64;
+
+pub fn run(k: &mut Kernel, spec: &Spec, _target: &Target) -> Result<(), CodegenError> {
+    // Full extents.
+    for op in k.order.clone() {
+        let mut extents = access_extents(k, op);
+        if let Some(t) = &k.node(op).ty {
+            extents.extend(t.shape.iter().copied());
+        }
+        for e in extents {
+            if let Extent::Full(s) = e {
+                let v = spec.shape_pow2.get(s.0 as usize).copied().unwrap_or(1).max(1).next_power_of_two();
+                k.schedule.full.insert(s, v);
+            }
+        }
+    }
+    // Tile symbols.
+    let mut choice: BTreeMap<TileSym, u32> = BTreeMap::new();
+    for op in k.order.clone() {
+        let (tensor, dims) = match k.op(op) {
+            Op::Load { tensor, dims } | Op::Store { tensor, dims } => (*tensor, dims.clone()),
+            _ => continue,
+        };
+        let p = k.param(tensor);
+        let budget: u64 = if p.dtype.size_bytes() <= 2 { 8192 } else { 4096 };
+        let tdims = p.dims().to_vec();
+        let mut fixed = 1u64;
+        let mut syms: Vec<(TileSym, u32)> = Vec::new();
+        for (d, ad) in dims.iter().enumerate() {
+            let AccessDim::Tile(e) = ad else { continue };
+            match e {
+                Extent::Const(c) => fixed *= *c as u64,
+                Extent::Full(s) => fixed *= k.schedule.full[s] as u64,
+                Extent::Tile(t) => {
+                    let cap = spec.shape_pow2.get(tdims[d].0 as usize).copied().unwrap_or(1 << 20).max(1).next_power_of_two();
+                    syms.push((*t, cap));
+                }
+            }
+        }
+        if syms.is_empty() {
+            continue;
+        }
+        let per = ((budget / fixed.max(1)).max(1) as f64).powf(1.0 / syms.len() as f64);
+        let per = 1u32 << (per.log2().floor().max(0.0) as u32);
+        for (t, cap) in syms {
+            let v = per.min(cap).max(1);
+            let e = choice.entry(t).or_insert(v);
+            *e = (*e).min(v);
+        }
+    }
+    for (i, name) in k.tile_syms.clone().iter().enumerate() {
+        let t = TileSym(i as u32);
+        let v = match spec.tiles.get(name) {
+            Some(&v) => {
+                if !v.is_power_of_two() {
+                    return Err(CodegenError::Unsupported(format!("tile override {name} = {v} is not a power of two")));
+                }
+                v
+            }
+            None => choice.get(&t).copied().unwrap_or(64),
+        };
+        k.schedule.tiles.insert(t, v);
+    }
+    // Threads.
+    let mut max_elems = 1u32;
+    let mut has_full = false;
+    for op in k.order.clone() {
+        if let Some(t) = &k.node(op).ty {
+            max_elems = max_elems.max(concrete_shape(k, t).iter().product());
+            has_full |= t.shape.iter().any(|e| matches!(e, Extent::Full(_)));
+        }
+    }
+    let cap = if has_full { 1024 } else { 256 };
+    let threads = (max_elems / 16).next_power_of_two().clamp(32, cap);
+    if max_elems / threads > MAX_ELEMS_PER_THREAD {
+        return Err(CodegenError::Unsupported(format!(
+            "a tile of {max_elems} elements needs {} elements per thread with {threads} threads (limit {MAX_ELEMS_PER_THREAD}); \
+             rows this long need the multi-block plan, which is not implemented yet",
+            max_elems / threads
+        )));
+    }
+    k.schedule.num_threads = threads;
+    Ok(())
+}
+
+fn access_extents(k: &Kernel, op: kfuse_ir::OpId) -> Vec<Extent> {
+    match k.op(op) {
+        Op::Load { dims, .. } | Op::Store { dims, .. } => dims
+            .iter()
+            .filter_map(|d| if let AccessDim::Tile(e) = d { Some(*e) } else { None })
+            .collect(),
+        Op::TileExtent { extent } => vec![*extent],
+        _ => vec![],
+    }
+}

@@ -1,0 +1,9 @@
+//! Tests of kfuse-ir: builder typing rules, verifier, printer, grid derivation and the
+//! CPU interpreter. One test binary (links once).
+
+mod builder;
+mod common;
+mod grid;
+mod interp;
+mod print;
+mod verify;

@@ -1,0 +1,411 @@
+//! Devices: the CPU (the interpreter's home) and CUDA GPUs.
+//!
+//! Owns: finding the CUDA driver and the GPUs, one CUDA context and stream per GPU, the
+//! GPU's facts ([`Device::target`]), the per-device cache of loaded kernels, loading PTX
+//! into a module, and timing with CUDA events.
+//!
+//! Invariants:
+//! - A [`Device`] is a cheap handle (`Clone` copies an `Arc`). All handles to one GPU
+//!   ordinal share one [`Gpu`] record, created on first use and kept for the life of the
+//!   process: one primary context, one stream, one kernel cache per GPU.
+//! - Every GPU operation of the runtime (allocation, copies, memsets, launches, events)
+//!   goes to that GPU's one stream, the context's legacy default stream. Work is
+//!   therefore ordered as issued, which is why cudarc's per-allocation event tracking is
+//!   switched off (it only matters with several streams, and costs two events per
+//!   allocation).
+//! - Nothing here panics when libcuda is missing or no GPU is present: the driver library
+//!   is probed without loading it for good, and the remaining cudarc calls that could
+//!   panic (a missing symbol in an old driver) run under `catch_unwind`. Those cases are
+//!   [`Error::NoGpu`].
+//! - Devices compare equal iff they are of the same kind and, for GPUs, the same ordinal.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::nvrtc::Ptx;
+use kfuse_codegen::Target;
+
+use crate::cache::FunctionCache;
+use crate::error::{driver, Error, Result};
+
+/// One GPU: its context, its stream, its facts and its cache of loaded kernels.
+pub(crate) struct Gpu {
+    pub(crate) ordinal: usize,
+    pub(crate) ctx: Arc<CudaContext>,
+    /// The one stream all of this runtime's work on the GPU goes to (see module docs).
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) name: String,
+    /// Compute capability (major, minor).
+    pub(crate) cc: (i32, i32),
+    pub(crate) num_sms: u32,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`, in bytes.
+    pub(crate) smem_optin: u32,
+    pub(crate) functions: FunctionCache,
+}
+
+impl Gpu {
+    /// The compilation target of this GPU.
+    pub(crate) fn target(&self) -> Target {
+        Target { sm: (self.cc.0 * 10 + self.cc.1) as u32, num_sms: self.num_sms, smem_per_block: self.smem_optin }
+    }
+
+    /// Binds the context to the calling thread (for raw driver calls).
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(driver("binding the CUDA context"))
+    }
+
+    /// Waits for all work on the stream, then reports any error the driver stored from a
+    /// call that could not return one (a free in a `Drop`).
+    pub(crate) fn sync(&self) -> Result<()> {
+        self.stream.synchronize().map_err(driver(format_args!("synchronizing cuda:{}", self.ordinal)))?;
+        self.ctx.check_err().map_err(driver(format_args!("an earlier asynchronous operation on cuda:{}", self.ordinal)))
+    }
+}
+
+#[derive(Clone)]
+enum Kind {
+    Cpu,
+    Gpu(Arc<Gpu>),
+}
+
+/// Where tensors live and kernels run: the CPU (kernels run in the IR interpreter) or a
+/// CUDA GPU. See the module docs.
+#[derive(Clone)]
+pub struct Device {
+    kind: Kind,
+}
+
+/// The GPUs opened so far, by ordinal.
+static GPUS: Mutex<BTreeMap<usize, Arc<Gpu>>> = Mutex::new(BTreeMap::new());
+
+/// The driver probe, once per process: the number of devices, or why there are none.
+fn driver_status() -> &'static std::result::Result<usize, String> {
+    static STATUS: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
+    STATUS.get_or_init(|| {
+        // SAFETY: `is_culib_present` only tries to dlopen the candidate names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err("the CUDA driver library (libcuda.so.1) was not found: this machine has no NVIDIA driver \
+                        (or the loader cannot see it); kernels run in the CPU interpreter instead"
+                .to_string());
+        }
+        let probe = catch_unwind(|| -> std::result::Result<usize, cudarc::driver::DriverError> {
+            cudarc::driver::result::init()?;
+            Ok(cudarc::driver::result::device::get_count()?.max(0) as usize)
+        });
+        match probe {
+            Ok(Ok(n)) => Ok(n),
+            Ok(Err(e)) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_NO_DEVICE => Ok(0),
+            Ok(Err(e)) => Err(format!("the CUDA driver failed to initialize: {}", crate::error::driver_error_text(e))),
+            Err(p) => Err(format!("the CUDA driver library is unusable: {}", panic_text(&p))),
+        }
+    })
+}
+
+/// The text of a caught panic.
+pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+/// Number of CUDA GPUs visible to this process (0 without a driver).
+pub fn gpu_count() -> usize {
+    match driver_status() {
+        Ok(n) => *n,
+        Err(_) => 0,
+    }
+}
+
+fn open_gpu(ordinal: usize) -> Result<Gpu> {
+    let r = catch_unwind(AssertUnwindSafe(|| -> Result<Gpu> {
+        let what = format_args!("opening cuda:{ordinal}").to_string();
+        let ctx = CudaContext::new(ordinal).map_err(driver(&what))?;
+        // SAFETY: every allocation of this runtime is used on the one stream below only
+        // (module docs), so cross-stream tracking is not needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let name = ctx.name().map_err(driver(&what))?;
+        let cc = ctx.compute_capability().map_err(driver(&what))?;
+        let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver(&what))?;
+        let smem = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(driver(&what))?;
+        Ok(Gpu {
+            ordinal,
+            ctx,
+            stream,
+            name,
+            cc,
+            num_sms: num_sms.max(0) as u32,
+            smem_optin: smem.max(0) as u32,
+            functions: FunctionCache::default(),
+        })
+    }));
+    match r {
+        Ok(r) => r,
+        Err(p) => Err(Error::NoGpu { reason: format!("opening cuda:{ordinal} failed: {}", panic_text(&p)) }),
+    }
+}
+
+impl Device {
+    /// The CPU: tensors in host memory, kernels run by the IR interpreter.
+    pub fn cpu() -> Device {
+        Device { kind: Kind::Cpu }
+    }
+
+    /// The GPU with this ordinal. Fails with [`Error::NoGpu`] when there is no driver, no
+    /// device, or fewer devices than `ordinal + 1`.
+    pub fn gpu(ordinal: usize) -> Result<Device> {
+        let count = match driver_status() {
+            Ok(n) => *n,
+            Err(reason) => return Err(Error::NoGpu { reason: reason.clone() }),
+        };
+        if ordinal >= count {
+            let reason = if count == 0 {
+                "the CUDA driver reports no device".to_string()
+            } else {
+                format!("cuda:{ordinal} was asked for but the driver reports {count} device(s) (cuda:0..cuda:{})", count - 1)
+            };
+            return Err(Error::NoGpu { reason });
+        }
+        let mut gpus = GPUS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = gpus.get(&ordinal) {
+            return Ok(Device { kind: Kind::Gpu(g.clone()) });
+        }
+        let g = Arc::new(open_gpu(ordinal)?);
+        gpus.insert(ordinal, g.clone());
+        Ok(Device { kind: Kind::Gpu(g) })
+    }
+
+    /// The device to use by default: `KFUSE_DEVICE` if set (`cpu`, `cuda`, `cuda:N`;
+    /// a GPU named there that cannot be opened falls back to the CPU), else GPU 0 when a
+    /// driver and a device exist, else the CPU. Never panics.
+    pub fn best() -> Device {
+        match std::env::var("KFUSE_DEVICE").ok().as_deref().map(str::trim) {
+            Some("cpu") => return Device::cpu(),
+            Some(s) if s.starts_with("cuda") => {
+                let ord = s.strip_prefix("cuda").and_then(|r| r.strip_prefix(':')).and_then(|n| n.parse().ok()).unwrap_or(0);
+                return Device::gpu(ord).unwrap_or_else(|_| Device::cpu());
+            }
+            _ => {}
+        }
+        Device::gpu(0).unwrap_or_else(|_| Device::cpu())
+    }
+
+    /// True for a GPU.
+    pub fn is_gpu(&self) -> bool {
+        matches!(self.kind, Kind::Gpu(_))
+    }
+
+    /// True for the CPU.
+    pub fn is_cpu(&self) -> bool {
+        matches!(self.kind, Kind::Cpu)
+    }
+
+    /// The GPU ordinal; `None` for the CPU.
+    pub fn ordinal(&self) -> Option<usize> {
+        match &self.kind {
+            Kind::Cpu => None,
+            Kind::Gpu(g) => Some(g.ordinal),
+        }
+    }
+
+    /// `"cpu"`, or the GPU's product name (`"NVIDIA H100 80GB HBM3"`).
+    pub fn name(&self) -> String {
+        match &self.kind {
+            Kind::Cpu => "cpu".to_string(),
+            Kind::Gpu(g) => g.name.clone(),
+        }
+    }
+
+    /// A one-line description: `cpu` or `cuda:0 (NVIDIA H100 80GB HBM3, sm_90, 132 SMs)`.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            Kind::Cpu => "cpu".to_string(),
+            Kind::Gpu(g) => format!("cuda:{} ({}, sm_{}{}, {} SMs)", g.ordinal, g.name, g.cc.0, g.cc.1, g.num_sms),
+        }
+    }
+
+    /// Compute capability `(major, minor)` of a GPU.
+    pub fn compute_capability(&self) -> Option<(i32, i32)> {
+        self.gpu_ref().map(|g| g.cc)
+    }
+
+    /// The compilation target of a GPU: compute capability, SM count and the opt-in
+    /// maximum of shared memory per block. `None` for the CPU.
+    pub fn target(&self) -> Option<Target> {
+        self.gpu_ref().map(|g| g.target())
+    }
+
+    /// Waits until all work issued to the device is done and reports asynchronous
+    /// errors. A no-op on the CPU.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.kind {
+            Kind::Cpu => Ok(()),
+            Kind::Gpu(g) => g.sync(),
+        }
+    }
+
+    /// Times `f`: runs it `warmup` times, then `iters` times with a CUDA event recorded
+    /// before and after each call (wall-clock on the CPU), and returns the `iters`
+    /// per-call times in milliseconds. `f` should only issue work to this device (e.g.
+    /// [`crate::launch`]); it must not synchronize if the times are to mean GPU time.
+    pub fn time_ms(&self, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f32>> {
+        for _ in 0..warmup {
+            f()?;
+        }
+        match &self.kind {
+            Kind::Cpu => (0..iters)
+                .map(|_| {
+                    let t = Instant::now();
+                    f()?;
+                    Ok(t.elapsed().as_secs_f32() * 1e3)
+                })
+                .collect(),
+            Kind::Gpu(g) => {
+                g.sync()?;
+                let ev = || g.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver("creating a CUDA event"));
+                let events = (0..iters).map(|_| Ok((ev()?, ev()?))).collect::<Result<Vec<_>>>()?;
+                for (start, end) in &events {
+                    start.record(&g.stream).map_err(driver("recording a CUDA event"))?;
+                    f()?;
+                    end.record(&g.stream).map_err(driver("recording a CUDA event"))?;
+                }
+                g.sync()?;
+                events.iter().map(|(s, e)| s.elapsed_ms(e).map_err(driver("reading a CUDA event"))).collect()
+            }
+        }
+    }
+
+    /// The cudarc context of a GPU, for interoperation (cuBLAS comparisons and the like).
+    pub fn cuda_context(&self) -> Option<&Arc<CudaContext>> {
+        self.gpu_ref().map(|g| &g.ctx)
+    }
+
+    /// The stream this runtime issues all of a GPU's work to (the context's default
+    /// stream), for interoperation.
+    pub fn cuda_stream(&self) -> Option<&Arc<CudaStream>> {
+        self.gpu_ref().map(|g| &g.stream)
+    }
+
+    pub(crate) fn gpu_ref(&self) -> Option<&Arc<Gpu>> {
+        match &self.kind {
+            Kind::Cpu => None,
+            Kind::Gpu(g) => Some(g),
+        }
+    }
+
+    /// Loads PTX into a module of this GPU and returns its function `entry`; when
+    /// `smem_bytes` exceeds the 48 KiB default, raises the function's dynamic shared
+    /// memory limit to it.
+    pub(crate) fn load_ptx(&self, ptx: &str, entry: &str, smem_bytes: u32) -> Result<CudaFunction> {
+        let g = self.gpu_ref().ok_or_else(|| Error::InvalidArgument("PTX can only be loaded on a GPU".into()))?;
+        if smem_bytes > g.smem_optin {
+            return Err(Error::InvalidArgument(format!(
+                "kernel `{entry}` needs {smem_bytes} bytes of shared memory per block, but {} allows at most {}",
+                self.describe(),
+                g.smem_optin
+            )));
+        }
+        if ptx.contains('\0') {
+            return Err(Error::InvalidArgument(format!("the PTX of `{entry}` contains a NUL byte")));
+        }
+        let r = catch_unwind(AssertUnwindSafe(|| -> Result<CudaFunction> {
+            let module = g.ctx.load_module(Ptx::from_src(ptx)).map_err(driver(format_args!(
+                "loading the module of `{entry}` on {} (PTX generated for another architecture or by a newer NVRTC than the driver supports?)",
+                self.describe()
+            )))?;
+            let f = module.load_function(entry).map_err(driver(format_args!("finding `{entry}` in its module")))?;
+            if smem_bytes > 48 * 1024 {
+                g.bind()?;
+                f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes as i32)
+                    .map_err(driver(format_args!("allowing `{entry}` {smem_bytes} bytes of dynamic shared memory")))?;
+            }
+            Ok(f)
+        }));
+        r.unwrap_or_else(|p| Err(Error::Driver(format!("loading `{entry}`: {}", panic_text(&p)))))
+    }
+}
+
+impl Default for Device {
+    /// [`Device::best`].
+    fn default() -> Device {
+        Device::best()
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Device) -> bool {
+        self.ordinal() == other.ordinal() && self.is_gpu() == other.is_gpu()
+    }
+}
+
+impl Eq for Device {}
+
+impl std::hash::Hash for Device {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.is_gpu().hash(state);
+        self.ordinal().hash(state);
+    }
+}
+
+impl fmt::Display for Device {
+    /// `cpu` or `cuda:N`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Cpu => f.write_str("cpu"),
+            Kind::Gpu(g) => write!(f, "cuda:{}", g.ordinal),
+        }
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({})", self.describe())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_device_basics() {
+        let d = Device::cpu();
+        assert!(d.is_cpu() && !d.is_gpu());
+        assert_eq!(d.name(), "cpu");
+        assert_eq!(d.to_string(), "cpu");
+        assert_eq!(d.target(), None);
+        assert_eq!(d, Device::cpu());
+        d.synchronize().unwrap();
+        let mut n = 0;
+        let t = d.time_ms(2, 3, || {
+            n += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(t.len(), 3);
+        assert_eq!(n, 5);
+    }
+
+    #[test]
+    fn best_never_panics_and_gpu_errors_cleanly() {
+        let d = Device::best();
+        if gpu_count() == 0 {
+            assert!(d.is_cpu());
+            match Device::gpu(0) {
+                Err(Error::NoGpu { reason }) => assert!(!reason.is_empty()),
+                other => panic!("expected NoGpu, got {other:?}"),
+            }
+        }
+        let n = gpu_count();
+        assert!(matches!(Device::gpu(n + 7), Err(Error::NoGpu { .. })));
+    }
+}

@@ -1,0 +1,275 @@
+//! NVRTC: finding libnvrtc and the CUDA headers, compiling CUDA C++ to PTX.
+//!
+//! Owns: the search for libnvrtc, [`compile_ptx`], [`nvrtc_version`] and
+//! [`cuda_include_dirs`]. Needs no GPU and no driver.
+//!
+//! Finding libnvrtc. cudarc loads it by name (`libnvrtc.so`, `libnvrtc.so.13`, …), which
+//! the dynamic loader resolves through `LD_LIBRARY_PATH` and the system paths. When that
+//! fails, this module looks in the usual places itself — `$CUDA_HOME/lib64`,
+//! `$CUDA_PATH/lib64`, `/usr/local/cuda/lib64`, and the pip package `nvidia-cuda-nvrtc`
+//! installed with `--target` into `$KFUSE_CUDA_PIP` or into a `.cuda` folder of the
+//! current directory or one of its parents (`.cuda/nvidia/cu13/lib`) — and loads the
+//! library found there by its full path (NVRTC's builtins library first). Once loaded,
+//! the loader matches cudarc's by-name request against the library's soname, so cudarc
+//! uses that copy. The libraries stay loaded for the life of the process.
+//!
+//! Invariants:
+//! - A missing libnvrtc is [`Error::NvrtcMissing`] listing every place and name tried,
+//!   never a panic; the probe runs once per process.
+//! - A compile failure is [`Error::Nvrtc`] with NVRTC's log and the source.
+//! - The options passed to NVRTC are exactly [`full_options`]`(arch, options)`; the disk
+//!   cache keys on the same list.
+//! - Generated sources are self-contained: the include directories found are passed
+//!   with `--include-path` when they exist, but none is required.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use cudarc::nvrtc::{CompileError, CompileOptions};
+
+use crate::error::{Error, Result};
+
+/// The file names of libnvrtc looked for in each directory, preferred first.
+const NVRTC_NAMES: &[&str] = &["libnvrtc.so.13", "libnvrtc.so"];
+
+/// pip `--target` roots that may hold `nvidia/cu13/{lib,include}`: `$KFUSE_CUDA_PIP`,
+/// then `.cuda` in the current directory and each of its parents.
+fn pip_roots() -> Vec<PathBuf> {
+    let mut roots = Vec::new();
+    if let Some(p) = std::env::var_os("KFUSE_CUDA_PIP").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        roots.push(p.join("nvidia").join("cu13"));
+        roots.push(p);
+    }
+    if let Ok(cwd) = std::env::current_dir() {
+        for dir in cwd.ancestors() {
+            roots.push(dir.join(".cuda").join("nvidia").join("cu13"));
+        }
+    }
+    roots
+}
+
+/// CUDA toolkit roots from the environment and the default install location.
+fn toolkit_roots() -> Vec<PathBuf> {
+    let mut roots = Vec::new();
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(p) = std::env::var_os(var).filter(|p| !p.is_empty()) {
+            roots.push(PathBuf::from(p));
+        }
+    }
+    roots.push(PathBuf::from("/usr/local/cuda"));
+    roots
+}
+
+/// The directories searched for libnvrtc, in order: `LD_LIBRARY_PATH` entries, the
+/// toolkit roots' `lib64` (and `lib`), the pip roots' `lib`.
+pub fn nvrtc_search_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(p) = std::env::var_os("LD_LIBRARY_PATH") {
+        dirs.extend(std::env::split_paths(&p).filter(|d| !d.as_os_str().is_empty()));
+    }
+    for r in toolkit_roots() {
+        dirs.push(r.join("lib64"));
+        dirs.push(r.join("lib"));
+    }
+    for r in pip_roots() {
+        dirs.push(r.join("lib"));
+    }
+    dedup(dirs)
+}
+
+fn dedup(v: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in v {
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// CUDA include directories that exist: `$CUDA_HOME/include`, `$CUDA_PATH/include`,
+/// `/usr/local/cuda/include`, and the pip roots' `include` (`$KFUSE_CUDA_PIP`, `.cuda`
+/// in the current directory or a parent). Each becomes an `--include-path`.
+pub fn cuda_include_dirs() -> Vec<PathBuf> {
+    let cands = toolkit_roots().into_iter().chain(pip_roots()).map(|r| r.join("include"));
+    dedup(cands.filter(|d| d.join("cuda_fp16.h").is_file() || d.join("cuda.h").is_file()).collect())
+}
+
+/// Looks for libnvrtc in `dirs`: the first existing file named as in [`NVRTC_NAMES`].
+/// On failure returns the list of what was tried, for [`Error::NvrtcMissing`].
+pub fn find_nvrtc_in(dirs: &[PathBuf]) -> std::result::Result<PathBuf, Vec<String>> {
+    let mut tried = Vec::new();
+    for d in dirs {
+        for n in NVRTC_NAMES {
+            let p = d.join(n);
+            if p.is_file() {
+                return Ok(p);
+            }
+            tried.push(p.display().to_string());
+        }
+    }
+    Err(tried)
+}
+
+/// What cudarc's own by-name loading tries, for the error message.
+fn by_name_note() -> String {
+    let names = cudarc::get_lib_name_candidates("nvrtc");
+    let ld = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    format!(
+        "by name through the dynamic loader ({}), with LD_LIBRARY_PATH={}",
+        names.join(", "),
+        if ld.is_empty() { "(unset)".to_string() } else { ld }
+    )
+}
+
+/// Loads a library by full path and keeps it loaded for the life of the process.
+fn preload(path: &Path) -> std::result::Result<(), String> {
+    // SAFETY: loading libnvrtc runs its initializers, which is what cudarc would do.
+    match unsafe { libloading::Library::new(path) } {
+        Ok(lib) => {
+            std::mem::forget(lib);
+            Ok(())
+        }
+        Err(e) => Err(format!("{} (found but failed to load: {e})", path.display())),
+    }
+}
+
+/// Makes libnvrtc loadable for cudarc (see the module docs); the probe runs once.
+pub fn ensure_nvrtc() -> Result<()> {
+    static STATE: OnceLock<std::result::Result<(), Vec<String>>> = OnceLock::new();
+    STATE
+        .get_or_init(|| {
+            // SAFETY: only tries to dlopen the candidate names.
+            if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                return Ok(());
+            }
+            let mut searched = vec![by_name_note()];
+            match find_nvrtc_in(&nvrtc_search_dirs()) {
+                Err(tried) => {
+                    searched.extend(tried);
+                    Err(searched)
+                }
+                Ok(path) => {
+                    // NVRTC opens its builtins library by name at compile time; load the
+                    // copy beside it first so that the name resolves to it.
+                    if let Some(dir) = path.parent() {
+                        if let Ok(rd) = std::fs::read_dir(dir) {
+                            let mut builtins: Vec<PathBuf> = rd
+                                .filter_map(|e| e.ok().map(|e| e.path()))
+                                .filter(|p| {
+                                    let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                                    n.starts_with("libnvrtc-builtins.so")
+                                })
+                                .collect();
+                            builtins.sort();
+                            for b in builtins {
+                                let _ = preload(&b);
+                            }
+                        }
+                    }
+                    if let Err(e) = preload(&path) {
+                        searched.push(e);
+                        return Err(searched);
+                    }
+                    // SAFETY: as above.
+                    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                        Ok(())
+                    } else {
+                        searched.push(format!("{} (loaded, but not under a name cudarc asks for)", path.display()));
+                        Err(searched)
+                    }
+                }
+            }
+        })
+        .clone()
+        .map_err(|searched| Error::NvrtcMissing { searched })
+}
+
+/// True when libnvrtc can be loaded (see [`ensure_nvrtc`]).
+pub fn nvrtc_available() -> bool {
+    ensure_nvrtc().is_ok()
+}
+
+/// NVRTC's version `(major, minor)`.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    ensure_nvrtc()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two valid out-pointers; the library is loaded.
+    let r = std::panic::catch_unwind(move || unsafe {
+        let r = cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor);
+        (r, major, minor)
+    });
+    match r {
+        Ok((cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS, a, b)) => Ok((a, b)),
+        Ok((r, _, _)) => Err(Error::Nvrtc { log: format!("nvrtcVersion failed: {r:?}"), source: String::new() }),
+        Err(p) => Err(Error::Nvrtc { log: format!("nvrtcVersion: {}", crate::device::panic_text(&p)), source: String::new() }),
+    }
+}
+
+/// The complete NVRTC option list for a compile: `--gpu-architecture=<arch>`, then
+/// `options`, then `--include-path=` for each of [`cuda_include_dirs`].
+pub fn full_options(arch: &str, options: &[String]) -> Vec<String> {
+    let mut o = vec![format!("--gpu-architecture={arch}")];
+    o.extend(options.iter().cloned());
+    o.extend(cuda_include_dirs().iter().map(|d| format!("--include-path={}", d.display())));
+    o
+}
+
+/// Compiles CUDA C++ `source` for `arch` (`sm_90a`, `sm_80`, …) with extra `options`
+/// and returns the PTX text.
+pub fn compile_ptx(source: &str, arch: &str, options: &[String]) -> Result<String> {
+    compile_ptx_exact(source, &full_options(arch, options))
+}
+
+/// Compiles with exactly these NVRTC options (see [`full_options`]).
+pub(crate) fn compile_ptx_exact(source: &str, options: &[String]) -> Result<String> {
+    ensure_nvrtc()?;
+    if source.contains('\0') {
+        return Err(Error::InvalidArgument("the CUDA source contains a NUL byte".into()));
+    }
+    let opts = CompileOptions { options: options.to_vec(), name: Some("kfuse_kernel.cu".into()), ..Default::default() };
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cudarc::nvrtc::compile_ptx_with_opts(source, opts)));
+    let log = match r {
+        Ok(Ok(ptx)) => return Ok(ptx.to_src()),
+        Ok(Err(CompileError::CompileError { nvrtc, options, log })) => {
+            format!("{}\n({:?}; options: {})", log.to_string_lossy().trim_end(), nvrtc, options.join(" "))
+        }
+        Ok(Err(e)) => format!("{e:?}"),
+        Err(p) => format!("NVRTC panicked: {}", crate::device::panic_text(&p)),
+    };
+    Err(Error::Nvrtc { log, source: source.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_lists_what_was_tried() {
+        let dirs = vec![PathBuf::from("/definitely/not/here"), PathBuf::from("/nor/here")];
+        let tried = find_nvrtc_in(&dirs).unwrap_err();
+        assert_eq!(tried.len(), 2 * NVRTC_NAMES.len());
+        assert!(tried.contains(&"/definitely/not/here/libnvrtc.so.13".to_string()));
+        let msg = Error::NvrtcMissing { searched: tried }.to_string();
+        assert!(msg.contains("/nor/here/libnvrtc.so"));
+        assert!(msg.contains("nvidia-cuda-nvrtc==13.0.*"));
+    }
+
+    #[test]
+    fn search_dirs_cover_the_documented_places() {
+        let dirs = nvrtc_search_dirs();
+        assert!(dirs.contains(&PathBuf::from("/usr/local/cuda/lib64")));
+        let cwd = std::env::current_dir().unwrap();
+        assert!(dirs.contains(&cwd.join(".cuda/nvidia/cu13/lib")));
+        assert!(by_name_note().contains("libnvrtc.so"));
+    }
+
+    #[test]
+    fn full_options_start_with_the_arch() {
+        let o = full_options("sm_80", &["--std=c++17".into()]);
+        assert_eq!(o[0], "--gpu-architecture=sm_80");
+        assert_eq!(o[1], "--std=c++17");
+        assert!(o[2..].iter().all(|x| x.starts_with("--include-path=")));
+    }
+}

@@ -1,0 +1,660 @@
+//! Tensors: a strided view (dtype, shape, strides, offset) of shared storage in host or
+//! device memory.
+//!
+//! Owns: allocation, host ↔ device copies, element conversion through `half`, views
+//! (`t`, `narrow`, `reshape`), and the raw addresses the launcher needs.
+//!
+//! Invariants:
+//! - `strides` and `offset` count elements, not bytes; element `(i0, i1, …)` is element
+//!   `offset + Σ i_d · strides[d]` of the storage. Views made here have non-negative
+//!   strides and always lie inside their storage.
+//! - Storage is shared (`Arc`) between a tensor and its views; [`Tensor::same_storage`]
+//!   says whether two tensors share it. Cloning a tensor makes another view, not a copy.
+//! - Host storage is little-endian bytes behind an `RwLock`: writes through `&mut Tensor`
+//!   (`fill`, kernel outputs) take the write lock, reads take the read lock.
+//! - Device storage is one `cudarc` allocation of the GPU's stream plus that GPU's
+//!   [`Device`]; a zero-byte tensor allocates nothing and has address 0. All device work
+//!   is ordered on the GPU's one stream (see `device.rs`), and every read back to the host
+//!   synchronizes that stream.
+//! - Element values written from `f32`/`f64` are rounded to the dtype with
+//!   [`DType::write`] (round to nearest even).
+
+use std::fmt;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+use kfuse_ir::DType;
+
+use crate::device::Device;
+use crate::error::{driver, Error, Result};
+
+/// A device allocation.
+pub(crate) struct DeviceBuffer {
+    /// `None` for a zero-byte buffer (the driver refuses zero-byte allocations).
+    _slice: Option<CudaSlice<u8>>,
+    /// The address of byte 0 (0 when empty).
+    pub(crate) ptr: u64,
+    pub(crate) bytes: usize,
+    pub(crate) device: Device,
+}
+
+/// The memory behind one or more tensors.
+pub(crate) enum Storage {
+    Host(RwLock<Vec<u8>>),
+    Device(DeviceBuffer),
+}
+
+impl Storage {
+    fn len_bytes(&self) -> usize {
+        match self {
+            Storage::Host(v) => read(v).len(),
+            Storage::Device(b) => b.bytes,
+        }
+    }
+}
+
+fn read(l: &RwLock<Vec<u8>>) -> RwLockReadGuard<'_, Vec<u8>> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write(l: &RwLock<Vec<u8>>) -> RwLockWriteGuard<'_, Vec<u8>> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A strided view of elements of one dtype in host or device memory. See the module
+/// docs for the layout rules.
+#[derive(Clone)]
+pub struct Tensor {
+    dtype: DType,
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    offset: usize,
+    storage: Arc<Storage>,
+}
+
+/// Row-major packed strides of a shape, in elements.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
+    let mut s = vec![0isize; shape.len()];
+    let mut acc = 1isize;
+    for i in (0..shape.len()).rev() {
+        s[i] = acc;
+        acc = acc.saturating_mul(shape[i].max(1) as isize);
+    }
+    s
+}
+
+fn checked_numel(shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| Error::InvalidArgument(format!("shape {shape:?} has more elements than fit in memory")))
+}
+
+/// Calls `f(logical_index, element_index)` for every element of a view, in row-major
+/// logical order.
+fn for_each_elem(shape: &[usize], strides: &[isize], offset: usize, mut f: impl FnMut(usize, usize)) {
+    let n: usize = shape.iter().product();
+    if n == 0 {
+        return;
+    }
+    let rank = shape.len();
+    let mut idx = vec![0usize; rank];
+    let mut pos = offset as isize;
+    for i in 0..n {
+        f(i, pos as usize);
+        // Odometer increment, innermost dimension fastest.
+        for d in (0..rank).rev() {
+            idx[d] += 1;
+            pos += strides[d];
+            if idx[d] < shape[d] {
+                break;
+            }
+            pos -= strides[d] * shape[d] as isize;
+            idx[d] = 0;
+        }
+    }
+}
+
+/// The range of element indices `[lo, hi)` a view touches (`None` when empty).
+fn span(shape: &[usize], strides: &[isize], offset: usize) -> Option<(usize, usize)> {
+    if shape.iter().any(|&d| d == 0) {
+        return None;
+    }
+    let (mut lo, mut hi) = (offset as isize, offset as isize);
+    for (&d, &s) in shape.iter().zip(strides) {
+        let ext = (d as isize - 1) * s;
+        if ext < 0 {
+            lo += ext;
+        } else {
+            hi += ext;
+        }
+    }
+    Some((lo.max(0) as usize, hi as usize + 1))
+}
+
+impl Tensor {
+    fn alloc(bytes: usize, device: &Device) -> Result<Storage> {
+        match device.gpu_ref() {
+            None => Ok(Storage::Host(RwLock::new(vec![0u8; bytes]))),
+            Some(g) => {
+                if bytes == 0 {
+                    return Ok(Storage::Device(DeviceBuffer { _slice: None, ptr: 0, bytes: 0, device: device.clone() }));
+                }
+                // SAFETY: the memory is uninitialized, which `Tensor::empty` documents;
+                // every other constructor writes it before it is read.
+                let slice = unsafe { g.stream.alloc::<u8>(bytes) }
+                    .map_err(driver(format_args!("allocating {bytes} bytes on {}", device.describe())))?;
+                let (ptr, _rec) = slice.device_ptr(&g.stream);
+                Ok(Storage::Device(DeviceBuffer { ptr, _slice: Some(slice), bytes, device: device.clone() }))
+            }
+        }
+    }
+
+    fn packed(storage: Storage, shape: &[usize], dtype: DType) -> Tensor {
+        Tensor { dtype, shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0, storage: Arc::new(storage) }
+    }
+
+    /// A packed tensor with unspecified contents (zeros on the CPU; uninitialized device
+    /// memory on a GPU).
+    pub fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        let bytes = checked_numel(shape)?
+            .checked_mul(dtype.size_bytes())
+            .ok_or_else(|| Error::InvalidArgument(format!("shape {shape:?} of {dtype} is too large")))?;
+        Ok(Tensor::packed(Tensor::alloc(bytes, device)?, shape, dtype))
+    }
+
+    /// A packed tensor of zeros.
+    pub fn zeros(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(shape, 0.0, dtype, device)
+    }
+
+    /// A packed tensor with every element `v` (rounded to `dtype`).
+    pub fn full(shape: &[usize], v: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        let mut t = Tensor::empty(shape, dtype, device)?;
+        t.fill(v)?;
+        Ok(t)
+    }
+
+    /// A packed tensor from little-endian element bytes in row-major order.
+    pub fn from_bytes(bytes: &[u8], shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        let n = checked_numel(shape)?;
+        if bytes.len() != n * dtype.size_bytes() {
+            return Err(Error::ShapeMismatch(format!(
+                "from_bytes: {} bytes given for shape {shape:?} of {dtype} ({n} elements of {} bytes = {} bytes)",
+                bytes.len(),
+                dtype.size_bytes(),
+                n * dtype.size_bytes()
+            )));
+        }
+        match device.gpu_ref() {
+            None => Ok(Tensor::packed(Storage::Host(RwLock::new(bytes.to_vec())), shape, dtype)),
+            Some(g) => {
+                let t = Tensor::empty(shape, dtype, device)?;
+                if !bytes.is_empty() {
+                    g.bind()?;
+                    // SAFETY: the destination holds exactly `bytes.len()` bytes; a copy from
+                    // pageable memory has read the source by the time it returns.
+                    unsafe { cudarc::driver::result::memcpy_htod_async(t.device_base(), bytes, g.stream.cu_stream()) }
+                        .map_err(driver(format_args!("copying {} bytes to {}", bytes.len(), device.describe())))?;
+                }
+                Ok(t)
+            }
+        }
+    }
+
+    fn encode(values: impl ExactSizeIterator<Item = f64>, dtype: DType) -> Vec<u8> {
+        let mut bytes = vec![0u8; values.len() * dtype.size_bytes()];
+        for (i, v) in values.enumerate() {
+            dtype.write(&mut bytes, i, v);
+        }
+        bytes
+    }
+
+    fn check_len(what: &str, len: usize, shape: &[usize]) -> Result<()> {
+        let n = checked_numel(shape)?;
+        if len != n {
+            return Err(Error::ShapeMismatch(format!("{what}: {len} values given for shape {shape:?} ({n} elements)")));
+        }
+        Ok(())
+    }
+
+    /// A packed tensor from row-major `f32` values, each rounded to `dtype`.
+    pub fn from_f32(data: &[f32], shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::check_len("from_f32", data.len(), shape)?;
+        Tensor::from_bytes(&Tensor::encode(data.iter().map(|&v| v as f64), dtype), shape, dtype, device)
+    }
+
+    /// A packed tensor from row-major `f64` values, each rounded to `dtype`.
+    pub fn from_f64(data: &[f64], shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::check_len("from_f64", data.len(), shape)?;
+        Tensor::from_bytes(&Tensor::encode(data.iter().copied(), dtype), shape, dtype, device)
+    }
+
+    /// The elements in row-major logical order, as little-endian bytes of the dtype
+    /// (a packed copy of the view). Synchronizes a GPU.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let es = self.dtype.size_bytes();
+        let n = self.numel();
+        let mut out = vec![0u8; n * es];
+        let Some((lo, hi)) = span(&self.shape, &self.strides, self.offset) else { return Ok(out) };
+        let gather = |src: &[u8], base: usize, out: &mut [u8]| {
+            for_each_elem(&self.shape, &self.strides, self.offset, |i, e| {
+                let s = (e - base) * es;
+                out[i * es..(i + 1) * es].copy_from_slice(&src[s..s + es]);
+            })
+        };
+        match &*self.storage {
+            Storage::Host(v) => gather(&read(v), 0, &mut out),
+            Storage::Device(b) => {
+                let host = self.download(b, lo, hi)?;
+                gather(&host, lo, &mut out);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Copies elements `[lo, hi)` of device storage to the host.
+    fn download(&self, b: &DeviceBuffer, lo: usize, hi: usize) -> Result<Vec<u8>> {
+        let es = self.dtype.size_bytes();
+        let g = b.device.gpu_ref().expect("device storage on a GPU");
+        let mut host = vec![0u8; (hi - lo) * es];
+        g.bind()?;
+        // SAFETY: `[lo, hi)` lies inside the allocation (views stay inside storage).
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut host[..], b.ptr + (lo * es) as u64, g.stream.cu_stream()) }
+            .map_err(driver(format_args!("copying {} bytes from {}", host.len(), b.device.describe())))?;
+        g.sync()?;
+        Ok(host)
+    }
+
+    /// The elements as `f64`, in row-major logical order (honoring strides and offset).
+    pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
+        let bytes = self.to_bytes()?;
+        Ok((0..self.numel()).map(|i| self.dtype.read(&bytes, i)).collect())
+    }
+
+    /// The elements as `f32`, in row-major logical order.
+    pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
+        Ok(self.to_vec_f64()?.into_iter().map(|v| v as f32).collect())
+    }
+
+    /// Sets every element of this view to `v` (rounded to the dtype); other elements of
+    /// the storage are untouched. `f64::NAN` poisons an output before a test.
+    pub fn fill(&mut self, v: f64) -> Result<()> {
+        let es = self.dtype.size_bytes();
+        let mut one = vec![0u8; es];
+        self.dtype.write(&mut one, 0, v);
+        let Some((lo, hi)) = span(&self.shape, &self.strides, self.offset) else { return Ok(()) };
+        match &*self.storage {
+            Storage::Host(l) => {
+                let mut data = write(l);
+                for_each_elem(&self.shape, &self.strides, self.offset, |_, e| data[e * es..(e + 1) * es].copy_from_slice(&one));
+                Ok(())
+            }
+            Storage::Device(b) => {
+                let g = b.device.gpu_ref().expect("device storage on a GPU");
+                let n = self.numel();
+                let ptr = b.ptr + (lo * es) as u64;
+                let stream = g.stream.cu_stream();
+                use cudarc::driver::sys;
+                if self.is_contiguous() && es != 8 {
+                    g.bind()?;
+                    // SAFETY: a contiguous view covers exactly `[lo, lo + n)`, inside the
+                    // allocation, and `ptr` is aligned to the element size.
+                    let r = unsafe {
+                        match es {
+                            4 => sys::cuMemsetD32Async(ptr, u32::from_le_bytes([one[0], one[1], one[2], one[3]]), n, stream),
+                            2 => sys::cuMemsetD16Async(ptr, u16::from_le_bytes([one[0], one[1]]), n, stream),
+                            _ => sys::cuMemsetD8Async(ptr, one[0], n, stream),
+                        }
+                    };
+                    return r.result().map_err(driver(format_args!("filling a tensor on {}", b.device.describe())));
+                }
+                // Strided view or 8-byte elements: read-modify-write the span through the
+                // host (work on the stream is ordered, so nothing changes in between).
+                let mut host = self.download(b, lo, hi)?;
+                for_each_elem(&self.shape, &self.strides, self.offset, |_, e| {
+                    host[(e - lo) * es..(e - lo + 1) * es].copy_from_slice(&one)
+                });
+                g.bind()?;
+                // SAFETY: `[lo, hi)` lies inside the allocation.
+                unsafe { cudarc::driver::result::memcpy_htod_async(ptr, &host[..], stream) }
+                    .map_err(driver(format_args!("filling a tensor on {}", b.device.describe())))?;
+                g.sync()
+            }
+        }
+    }
+
+    /// This tensor's data on `device`, packed. On the device it already lives on, this is
+    /// a cheap view sharing storage (like `clone`); elsewhere it is a copy (through the
+    /// host between two GPUs).
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if &self.device() == device {
+            return Ok(self.clone());
+        }
+        Tensor::from_bytes(&self.to_bytes()?, &self.shape, self.dtype, device)
+    }
+
+    /// A packed row-major tensor with this tensor's elements: a view sharing storage when
+    /// the tensor is already contiguous, else a copy on the same device (on a GPU the
+    /// copy goes through the host).
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        Tensor::from_bytes(&self.to_bytes()?, &self.shape, self.dtype, &self.device())
+    }
+
+    /// A copy in separate storage on the same device, packed.
+    pub fn deep_clone(&self) -> Result<Tensor> {
+        Tensor::from_bytes(&self.to_bytes()?, &self.shape, self.dtype, &self.device())
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Element strides, one per dimension.
+    pub fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+
+    /// Element index of element `(0, 0, …)` in the storage.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements (1 for rank 0).
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// True when the view is packed row-major: strides equal [`contiguous_strides`] on
+    /// every dimension of size > 1 (dimensions of size 1 may have any stride); empty
+    /// tensors are contiguous. The offset may be non-zero.
+    pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
+        let mut expect = 1isize;
+        for d in (0..self.rank()).rev() {
+            if self.shape[d] != 1 {
+                if self.strides[d] != expect {
+                    return false;
+                }
+                expect *= self.shape[d] as isize;
+            }
+        }
+        true
+    }
+
+    /// The device the storage lives on.
+    pub fn device(&self) -> Device {
+        match &*self.storage {
+            Storage::Host(_) => Device::cpu(),
+            Storage::Device(b) => b.device.clone(),
+        }
+    }
+
+    /// The view with its last two dimensions swapped (shares storage). Tensors of rank
+    /// below 2 come back unchanged.
+    pub fn t(&self) -> Tensor {
+        let mut v = self.clone();
+        let r = self.rank();
+        if r >= 2 {
+            v.shape.swap(r - 2, r - 1);
+            v.strides.swap(r - 2, r - 1);
+        }
+        v
+    }
+
+    /// The view with dimension `dim` restricted to `start..start + len` (shares storage).
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor> {
+        if dim >= self.rank() {
+            return Err(Error::InvalidArgument(format!("narrow: dimension {dim} of a tensor of rank {}", self.rank())));
+        }
+        let size = self.shape[dim];
+        if start.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Error::InvalidArgument(format!(
+                "narrow: {start}..{} is out of range for dimension {dim} of size {size}",
+                start.saturating_add(len)
+            )));
+        }
+        let mut v = self.clone();
+        v.shape[dim] = len;
+        if len > 0 {
+            v.offset = (self.offset as isize + start as isize * self.strides[dim]) as usize;
+        }
+        Ok(v)
+    }
+
+    /// The same elements under another shape (shares storage). Needs a contiguous tensor
+    /// ([`Error::NonContiguous`] otherwise: call [`Tensor::contiguous`] first) and the same
+    /// number of elements.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        let n = checked_numel(shape)?;
+        if n != self.numel() {
+            return Err(Error::ShapeMismatch(format!(
+                "reshape: shape {:?} ({} elements) cannot become {shape:?} ({n} elements)",
+                self.shape,
+                self.numel()
+            )));
+        }
+        if !self.is_contiguous() {
+            return Err(Error::NonContiguous { what: "reshape".into(), shape: self.shape.clone(), strides: self.strides.clone() });
+        }
+        let mut v = self.clone();
+        v.shape = shape.to_vec();
+        v.strides = contiguous_strides(shape);
+        Ok(v)
+    }
+
+    /// True when both tensors are views of one storage.
+    pub fn same_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    /// Size of the whole storage in bytes (not just this view).
+    pub fn storage_bytes(&self) -> usize {
+        self.storage.len_bytes()
+    }
+
+    /// Byte offset of element 0 in the storage.
+    pub fn byte_offset(&self) -> usize {
+        self.offset * self.dtype.size_bytes()
+    }
+
+    /// The device address (`CUdeviceptr`) of element 0 for a GPU tensor; `None` on the CPU.
+    pub fn device_ptr(&self) -> Option<u64> {
+        match &*self.storage {
+            Storage::Host(_) => None,
+            Storage::Device(b) => Some(b.ptr + self.byte_offset() as u64),
+        }
+    }
+
+    /// The address of element 0 in its address space (host or device); what alignment
+    /// facts are computed from.
+    pub fn address(&self) -> u64 {
+        match &*self.storage {
+            Storage::Host(l) => read(l).as_ptr() as u64 + self.byte_offset() as u64,
+            Storage::Device(b) => b.ptr + self.byte_offset() as u64,
+        }
+    }
+
+    fn device_base(&self) -> u64 {
+        match &*self.storage {
+            Storage::Host(_) => 0,
+            Storage::Device(b) => b.ptr,
+        }
+    }
+
+    /// Read access to the whole host storage (`None` for a GPU tensor); index it with
+    /// [`Tensor::offset`] and [`Tensor::strides`].
+    pub fn host_bytes(&self) -> Option<RwLockReadGuard<'_, Vec<u8>>> {
+        match &*self.storage {
+            Storage::Host(l) => Some(read(l)),
+            Storage::Device(_) => None,
+        }
+    }
+
+    /// Write access to the whole host storage (`None` for a GPU tensor).
+    pub fn host_bytes_mut(&mut self) -> Option<RwLockWriteGuard<'_, Vec<u8>>> {
+        match &*self.storage {
+            Storage::Host(l) => Some(write(l)),
+            Storage::Device(_) => None,
+        }
+    }
+
+    /// The host lock and a stable identity of the storage (for ordered locking).
+    pub(crate) fn host_lock(&self) -> Option<(usize, &RwLock<Vec<u8>>)> {
+        match &*self.storage {
+            Storage::Host(l) => Some((Arc::as_ptr(&self.storage) as *const u8 as usize, l)),
+            Storage::Device(_) => None,
+        }
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({}, {:?}, strides {:?}", self.dtype, self.shape, self.strides)?;
+        if self.offset != 0 {
+            write!(f, ", offset {}", self.offset)?;
+        }
+        write!(f, ", {})", self.device())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu() -> Device {
+        Device::cpu()
+    }
+
+    #[test]
+    fn round_trips_per_dtype() {
+        let vals = [1.0f32, -2.5, 0.1, 3.0e4, 1.0e-3, 7.0];
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let t = Tensor::from_f32(&vals, &[2, 3], dt, &cpu()).unwrap();
+            assert_eq!(t.dtype(), dt);
+            assert_eq!(t.shape(), &[2, 3]);
+            assert_eq!(t.strides(), &[3, 1]);
+            assert_eq!(t.storage_bytes(), 6 * dt.size_bytes());
+            let back = t.to_vec_f64().unwrap();
+            for (a, b) in vals.iter().zip(&back) {
+                assert_eq!(dt.round(*a as f64), *b, "{dt}");
+            }
+        }
+        // bf16 keeps 8 bits of mantissa: 0.1 rounds visibly.
+        let t = Tensor::from_f32(&[0.1], &[1], DType::BF16, &cpu()).unwrap();
+        assert_eq!(t.to_vec_f32().unwrap()[0], half::bf16::from_f32(0.1).to_f32());
+        let t = Tensor::from_f64(&[1.0, 2.0], &[2], DType::I64, &cpu()).unwrap();
+        assert_eq!(t.to_bytes().unwrap(), [1i64.to_le_bytes(), 2i64.to_le_bytes()].concat());
+    }
+
+    #[test]
+    fn from_bytes_and_length_errors() {
+        let b: Vec<u8> = [1.5f32, 2.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let t = Tensor::from_bytes(&b, &[2], DType::F32, &cpu()).unwrap();
+        assert_eq!(t.to_vec_f32().unwrap(), vec![1.5, 2.5]);
+        assert!(matches!(Tensor::from_bytes(&b, &[3], DType::F32, &cpu()), Err(Error::ShapeMismatch(_))));
+        assert!(matches!(Tensor::from_f32(&[1.0], &[2, 2], DType::F32, &cpu()), Err(Error::ShapeMismatch(_))));
+    }
+
+    #[test]
+    fn views_share_storage() {
+        let data: Vec<f32> = (0..6).map(|i| i as f32).collect();
+        let a = Tensor::from_f32(&data, &[2, 3], DType::F32, &cpu()).unwrap();
+        let at = a.t();
+        assert_eq!(at.shape(), &[3, 2]);
+        assert_eq!(at.strides(), &[1, 3]);
+        assert!(!at.is_contiguous());
+        assert!(at.same_storage(&a));
+        assert_eq!(at.to_vec_f32().unwrap(), vec![0., 3., 1., 4., 2., 5.]);
+
+        let n = a.narrow(1, 1, 2).unwrap();
+        assert_eq!(n.shape(), &[2, 2]);
+        assert_eq!(n.offset(), 1);
+        assert_eq!(n.to_vec_f32().unwrap(), vec![1., 2., 4., 5.]);
+        let row = a.narrow(0, 1, 1).unwrap();
+        assert!(row.is_contiguous());
+        assert_eq!(row.reshape(&[3]).unwrap().to_vec_f32().unwrap(), vec![3., 4., 5.]);
+        assert!(matches!(a.narrow(1, 2, 2), Err(Error::InvalidArgument(_))));
+        assert!(matches!(a.narrow(2, 0, 1), Err(Error::InvalidArgument(_))));
+
+        let r = a.reshape(&[3, 2]).unwrap();
+        assert!(r.same_storage(&a));
+        assert_eq!(r.to_vec_f32().unwrap(), data);
+        assert!(matches!(a.reshape(&[4]), Err(Error::ShapeMismatch(_))));
+        match at.reshape(&[6]) {
+            Err(e @ Error::NonContiguous { .. }) => assert!(e.to_string().contains(".contiguous()")),
+            other => panic!("expected NonContiguous, got {other:?}"),
+        }
+        let c = at.contiguous().unwrap();
+        assert!(c.is_contiguous() && !c.same_storage(&a));
+        assert_eq!(c.reshape(&[6]).unwrap().to_vec_f32().unwrap(), vec![0., 3., 1., 4., 2., 5.]);
+        // Rank < 2: t() is the identity.
+        let v = Tensor::from_f32(&[1., 2.], &[2], DType::F32, &cpu()).unwrap();
+        assert_eq!(v.t().shape(), &[2]);
+    }
+
+    #[test]
+    fn fill_writes_only_the_view() {
+        let mut a = Tensor::zeros(&[3, 4], DType::BF16, &cpu()).unwrap();
+        let mut col = a.narrow(1, 1, 2).unwrap();
+        col.fill(f64::NAN).unwrap();
+        let v = a.to_vec_f64().unwrap();
+        for r in 0..3 {
+            for c in 0..4 {
+                assert_eq!(v[r * 4 + c].is_nan(), (1..3).contains(&c), "{r},{c}");
+            }
+        }
+        a.fill(2.0).unwrap();
+        assert!(a.to_vec_f64().unwrap().iter().all(|&x| x == 2.0));
+        let f = Tensor::full(&[2], 0.1, DType::F16, &cpu()).unwrap();
+        assert_eq!(f.to_vec_f64().unwrap(), vec![DType::F16.round(0.1); 2]);
+    }
+
+    #[test]
+    fn zero_size_tensors() {
+        for shape in [&[0usize][..], &[3, 0], &[0, 5, 2]] {
+            let mut t = Tensor::empty(shape, DType::F32, &cpu()).unwrap();
+            assert_eq!(t.numel(), 0);
+            assert!(t.is_contiguous());
+            assert!(t.to_vec_f64().unwrap().is_empty());
+            t.fill(1.0).unwrap();
+            let t2 = Tensor::from_f32(&[], shape, DType::BF16, &cpu()).unwrap();
+            assert_eq!(t2.to_bytes().unwrap().len(), 0);
+            assert_eq!(t.t().numel(), 0);
+        }
+        let a = Tensor::zeros(&[2, 3], DType::F32, &cpu()).unwrap();
+        let e = a.narrow(1, 3, 0).unwrap();
+        assert_eq!(e.shape(), &[2, 0]);
+        assert!(e.to_vec_f32().unwrap().is_empty());
+        assert_eq!(e.reshape(&[0]).unwrap().numel(), 0);
+        // Rank 0 has one element.
+        let s = Tensor::from_f32(&[4.0], &[], DType::F32, &cpu()).unwrap();
+        assert_eq!(s.numel(), 1);
+        assert_eq!(s.to_vec_f32().unwrap(), vec![4.0]);
+    }
+
+    #[test]
+    fn to_same_device_shares_and_cpu_has_no_device_ptr() {
+        let a = Tensor::zeros(&[4], DType::F32, &cpu()).unwrap();
+        let b = a.to_device(&cpu()).unwrap();
+        assert!(a.same_storage(&b));
+        assert_eq!(a.device_ptr(), None);
+        assert_eq!(a.device(), Device::cpu());
+        let d = a.deep_clone().unwrap();
+        assert!(!d.same_storage(&a));
+        assert!(format!("{a:?}").contains("f32"));
+    }
+}
