@@ -1,1 +1,43 @@
-//! kfuse facade
+//! # kfuse
+//!
+//! A tile-level GPU kernel language embedded in Rust. Write a kernel as a Rust function
+//! under [`#[kfuse]`](kfuse); the macro lowers it to the tile IR ([`ir`]); the passes of
+//! [`codegen`] schedule it for the GPU at hand and print CUDA C++; the [`runtime`]
+//! compiles that with NVRTC, caches it and launches it — or, with no GPU, runs the IR
+//! on the CPU interpreter and says so.
+//!
+//! ```ignore
+//! use kfuse::prelude::*;
+//!
+//! #[kfuse]
+//! pub fn axpy<T: Float>(x: Tensor<T, (N,)>, y: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>, a: f32) {
+//!     let i = program_id(0);
+//!     let v = x.block([i * BN], [BN]).load().to_f32() * a + y.block([i * BN], [BN]).load().to_f32();
+//!     out.block([i * BN], [BN]).store(v.cast::<T>());
+//! }
+//! ```
+//!
+//! The standard kernels live in [`ops`] and are written the same way.
+//!
+//! This crate only re-exports; it holds no logic of its own.
+
+pub use kfuse_codegen as codegen;
+pub use kfuse_ir as ir;
+pub use kfuse_macros::kfuse;
+pub use kfuse_runtime as runtime;
+pub use kfuse_runtime::{Backend, DType, Device, Error, Launched, Result, Tensor};
+
+/// The standard kernels (`kfuse::ops::add(&a, &b)`, `kfuse::ops::transpose(&x)`, …).
+pub mod ops {
+    pub use kfuse_ops::*;
+}
+
+/// What a kernel file needs: the attribute, the tensor type and the `Float` bound.
+pub mod prelude {
+    pub use crate::{kfuse, DType, Device, Tensor};
+
+    /// The bound of a kernel's dtype generics (`fn k<T: Float>`): `T` stands for one of
+    /// f32, f16 and bf16, chosen by the arguments at launch. The `#[kfuse]` macro reads
+    /// it; it has no methods.
+    pub trait Float {}
+}
