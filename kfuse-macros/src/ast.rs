@@ -14,7 +14,7 @@ use quote::ToTokens;
 /// A source range: the spans of its first and last token. Errors cover the whole
 /// range (`syn::Error::new_spanned` semantics, which works on stable); generated code
 /// uses `start`.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct Sp {
     pub start: Span,
     pub end: Span,
@@ -126,6 +126,4 @@ pub enum ExprKind {
     Method { receiver: Box<Expr>, method: Ident, turbofish: Vec<syn::Type>, args: Vec<Expr>, call: Sp },
     /// `[a, b]`: block offsets and extents, permutations.
     Array(Vec<Expr>),
-    /// `(a, b)`: only as the value of a tuple `let`.
-    Tuple(Vec<Expr>),
 }

@@ -83,6 +83,7 @@ pub enum StepKind {
     Name(Slot, String),
 }
 
+#[derive(Debug)]
 pub struct Step {
     pub kind: StepKind,
     /// The user's code this call comes from; builder errors are reported here.
@@ -90,6 +91,7 @@ pub struct Step {
 }
 
 /// The kernel as builder calls, in program order.
+#[derive(Debug)]
 pub struct Plan {
     pub steps: Vec<Step>,
 }
@@ -344,7 +346,6 @@ impl Lower<'_> {
             ExprKind::Array(_) => {
                 return Err(sp.error("an array is only used for the offsets and extents of `.block(..)` and for `.permute(..)`"))
             }
-            ExprKind::Tuple(_) => return Err(sp.error("a tuple is only used on the right of a tuple `let`: `let (a, b) = (x, y);`")),
         };
         Ok(Val::Value(v))
     }
@@ -460,22 +461,8 @@ impl Lower<'_> {
                 if args.len() != 2 {
                     return Err(arity_error(method, "2 arguments (offsets and extents: `block([o0, ..], [E0, ..])`)", args.len(), call));
                 }
-                let list = |e: &Expr, what: &str| match &e.kind {
-                    ExprKind::Array(items) => {
-                        if items.len() == rank {
-                            Ok(items)
-                        } else {
-                            Err(e.sp.error(format!(
-                                "`{t}` has {} but the block gives {}",
-                                plural(rank, "dimension"),
-                                plural(items.len(), what)
-                            )))
-                        }
-                    }
-                    _ => Err(e.sp.error(format!("the {what}s of `block` are an array, one per dimension of `{t}`: `[a, b]`"))),
-                };
-                let offs = list(&args[0], "offset")?;
-                let exts = list(&args[1], "extent")?;
+                let offs = block_list(t, rank, &args[0], "offset")?;
+                let exts = block_list(t, rank, &args[1], "extent")?;
                 let offsets = offs.iter().map(|o| self.value(o, "an offset")).collect::<syn::Result<Vec<_>>>()?;
                 let dims = exts.iter().map(|e| self.extent(e).map(DimRef::Tile)).collect::<syn::Result<Vec<_>>>()?;
                 Ok(Some(Access { tensor: slot, offsets, dims, tensor_sp: tsp }))
@@ -627,6 +614,19 @@ impl Lower<'_> {
                 }
             }
         }
+    }
+}
+
+/// The offsets or extents of `block`: an array with one item per tensor dimension.
+fn block_list<'e>(t: &str, rank: usize, e: &'e Expr, what: &str) -> syn::Result<&'e [Expr]> {
+    match &e.kind {
+        ExprKind::Array(items) if items.len() == rank => Ok(items),
+        ExprKind::Array(items) => Err(e.sp.error(format!(
+            "`{t}` has {} but the block gives {}",
+            plural(rank, "dimension"),
+            plural(items.len(), what)
+        ))),
+        _ => Err(e.sp.error(format!("the {what}s of `block` are an array, one per dimension of `{t}`: `[a, b]`"))),
     }
 }
 

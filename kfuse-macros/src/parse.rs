@@ -418,7 +418,7 @@ pub fn expr(e: &syn::Expr) -> syn::Result<Expr> {
             }
         }
         E::Array(a) => ExprKind::Array(a.elems.iter().map(expr).collect::<syn::Result<_>>()?),
-        E::Tuple(t) => ExprKind::Tuple(t.elems.iter().map(expr).collect::<syn::Result<_>>()?),
+        E::Tuple(_) => return Err(sp.error("a tuple is only used on the right of a tuple `let`: `let (a, b) = (x, y);`")),
         E::Cast(c) => {
             return Err(Sp::of(&c.as_token).to(Sp::of(&c.ty)).error(
                 "`as` casts are not supported in a #[kfuse] kernel: use `.cast::<D>()` or `.to_f32()`",

@@ -1,1 +1,44 @@
-//! stub
+//! kfuse-runtime: devices, tensors, NVRTC compilation, the module cache, and launching
+//! kernels.
+//!
+//! A kernel ([`kfuse_ir::KernelDef`], what `#[kfuse]` records) is launched with
+//! [`launch`] on [`Arg`]s: the runtime checks the arguments against the signature, binds
+//! the dtype generics, builds the IR, and then either interprets it on the CPU (CPU
+//! tensors) or specializes it on the actual arguments, generates CUDA with
+//! `kfuse-codegen`, compiles it with NVRTC through a memory + disk cache, and launches it
+//! (GPU tensors).
+//!
+//! Modules, one concern each:
+//! - [`error`]: the [`Error`] type and its messages;
+//! - [`device`]: [`Device`] (CPU or a CUDA GPU), the driver probe, streams, timing;
+//! - [`tensor`]: [`Tensor`], strided views of host or device storage;
+//! - [`nvrtc`]: finding libnvrtc and the CUDA headers, compiling to PTX;
+//! - [`cache`]: PTX cache in memory and on disk, loaded kernels per device;
+//! - [`launch`](mod@launch): argument checking, specialization, dispatch.
+//!
+//! Without a GPU or a CUDA driver everything builds and the CPU path works; compiling
+//! needs only libnvrtc (see [`nvrtc`] for where it is looked for); running on a GPU needs
+//! the driver. No call panics for a missing library: it returns [`Error::NoGpu`] or
+//! [`Error::NvrtcMissing`].
+//!
+//! Environment: `KFUSE_DEVICE` (`cpu`, `cuda:N`) picks [`Device::best`];
+//! `KFUSE_CACHE_DIR` moves (or, empty, disables) the disk cache; `KFUSE_CUDA_PIP` names
+//! a pip `--target` folder holding `nvidia-cuda-nvrtc`; `KFUSE_SYNC=1` synchronizes after
+//! every GPU launch so that a failing kernel reports its own error.
+
+pub mod cache;
+pub mod device;
+pub mod error;
+pub mod launch;
+pub mod nvrtc;
+pub mod tensor;
+
+pub use cache::{compile_cached, CacheOutcome, PtxCache};
+pub use device::{gpu_count, Device};
+pub use error::{Error, Result};
+pub use kfuse_ir::DType;
+pub use launch::{check_args, emit_for, launch, launch_emitted, spec_for, Arg, Backend, Launched, Scalar};
+pub use tensor::Tensor;
+
+/// The cudarc version this runtime is built on, for interoperation (cuBLAS baselines).
+pub use cudarc;

@@ -144,7 +144,10 @@ impl Tensor {
                 // every other constructor writes it before it is read.
                 let slice = unsafe { g.stream.alloc::<u8>(bytes) }
                     .map_err(driver(format_args!("allocating {bytes} bytes on {}", device.describe())))?;
-                let (ptr, _rec) = slice.device_ptr(&g.stream);
+                let ptr = {
+                    let (ptr, _rec) = slice.device_ptr(&g.stream);
+                    ptr
+                };
                 Ok(Storage::Device(DeviceBuffer { ptr, _slice: Some(slice), bytes, device: device.clone() }))
             }
         }

@@ -35,11 +35,7 @@ fn same(a: &Tensor, b: &Tensor, what: &str) -> Result<()> {
 
 fn flat(x: &Tensor, what: &str, arg: &str) -> Result<Tensor> {
     if !x.is_contiguous() {
-        return Err(Error::NonContiguous(format!(
-            "{what}: `{arg}` has strides {:?} for shape {:?}; call `kfuse::ops::contiguous(&{arg})` first",
-            x.strides(),
-            x.shape()
-        )));
+        return Err(Error::NonContiguous { what: format!("kfuse::ops::{what} (argument `{arg}`)"), shape: x.shape().to_vec(), strides: x.strides().to_vec() });
     }
     x.reshape(&[x.numel()])
 }
@@ -138,7 +134,7 @@ pub fn copy(x: &Tensor) -> Result<Tensor> {
             kernels::copy2d(x, &mut out)?;
             Ok(out)
         }
-        r => Err(Error::NonContiguous(format!("copy: a non-contiguous tensor of rank {r} (only rank ≤ 2 strides are read)"))),
+        r => Err(Error::InvalidArgument(format!("kfuse::ops::copy reads strides of tensors of rank ≤ 2; this one has rank {r}"))),
     }
 }
 

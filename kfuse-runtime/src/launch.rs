@@ -1,0 +1,698 @@
+//! Launching a kernel: argument checking, dtype binding, specialization, dispatch to
+//! the GPU or the interpreter.
+//!
+//! Owns: [`Arg`], [`Scalar`], [`launch`] and its result [`Launched`], the
+//! specialization facts of actual arguments ([`spec_for`]), and the argument order of
+//! the CUDA kernel call.
+//!
+//! [`launch`] does, in order:
+//! 1. check the arguments against the signature ([`check_args`]): count and kind of each
+//!    argument, ranks, dtype generics bound from the first tensor that uses each and
+//!    checked against the rest, shape symbols consistent across tensors, one device,
+//!    no output sharing storage with another argument, no output with a zero stride;
+//! 2. build the IR for the bound dtypes (`KernelDef::build`);
+//! 3. skip the launch when the grid or an output is empty ([`Launched::skipped_empty`]);
+//! 4. on CPU tensors, run the IR interpreter ([`Backend::Interpreter`]);
+//! 5. on GPU tensors, compute the [`Spec`], look the kernel up in the device's cache, or
+//!    else generate code, compile it through the PTX cache and load it; then launch it on
+//!    the device's stream with the grid, block and shared memory the codegen chose and
+//!    the parameters in [`EmittedKernel::params`] order.
+//!
+//! Invariants: nothing reaches the GPU or the interpreter before every check of step 1
+//! has passed; a launch never blocks on the GPU unless `KFUSE_SYNC=1` is set (then it
+//! synchronizes after the kernel and reports its errors as that kernel's).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use kfuse_codegen::{EmittedKernel, KernelParam, Spec, Target, TensorSpec};
+use kfuse_ir::{DType, DTypeSig, Kernel, KernelDef, ParamSig};
+
+use crate::cache::{CacheOutcome, LoadedKernel, ModuleKey};
+use crate::device::Device;
+use crate::error::{driver, Error, Result};
+use crate::tensor::Tensor;
+
+/// A scalar argument, passed by value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scalar {
+    F32(f32),
+    I64(i64),
+}
+
+impl Scalar {
+    pub fn dtype(self) -> DType {
+        match self {
+            Scalar::F32(_) => DType::F32,
+            Scalar::I64(_) => DType::I64,
+        }
+    }
+
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Scalar::F32(v) => v as f64,
+            Scalar::I64(v) => v as f64,
+        }
+    }
+}
+
+impl From<f32> for Scalar {
+    fn from(v: f32) -> Scalar {
+        Scalar::F32(v)
+    }
+}
+
+impl From<i64> for Scalar {
+    fn from(v: i64) -> Scalar {
+        Scalar::I64(v)
+    }
+}
+
+/// One argument of a launch, per kernel parameter, in signature order: `In` for an
+/// input tensor (`x: Tensor<…>`), `Out` for an output (`y: &mut Tensor<…>`), `Scalar`
+/// for a by-value parameter.
+#[derive(Debug)]
+pub enum Arg<'a> {
+    In(&'a Tensor),
+    Out(&'a mut Tensor),
+    Scalar(Scalar),
+}
+
+impl Arg<'_> {
+    /// The tensor of a tensor argument.
+    pub fn tensor(&self) -> Option<&Tensor> {
+        match self {
+            Arg::In(t) => Some(t),
+            Arg::Out(t) => Some(t),
+            Arg::Scalar(_) => None,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Arg::In(t) => format!("an input tensor (`Arg::In`, {} {:?})", t.dtype(), t.shape()),
+            Arg::Out(t) => format!("an output tensor (`Arg::Out`, {} {:?})", t.dtype(), t.shape()),
+            Arg::Scalar(s) => format!("a scalar (`Arg::Scalar({s:?})`)"),
+        }
+    }
+}
+
+/// Where a launch ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// On a GPU; `device` describes it (`cuda:0 (NVIDIA H100 …)`).
+    Gpu { device: String },
+    /// In the IR interpreter on the CPU.
+    Interpreter,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Backend::Gpu { device } => write!(f, "GPU {device}"),
+            Backend::Interpreter => f.write_str("CPU interpreter"),
+        }
+    }
+}
+
+/// What a launch did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launched {
+    pub backend: Backend,
+    /// The kernel's name.
+    pub kernel: String,
+    /// True when nothing ran because the grid or an output was empty.
+    pub skipped_empty: bool,
+    /// For a GPU launch: where its compiled kernel came from ([`CacheOutcome::Memory`]
+    /// when the device had it loaded already). `None` otherwise.
+    pub cache: Option<CacheOutcome>,
+}
+
+/// A parameter as the checker sees it, from a [`KernelDef`] or a [`Kernel`].
+struct PDesc<'s> {
+    name: &'s str,
+    kind: PKind<'s>,
+}
+
+enum PKind<'s> {
+    Tensor { dtype: DTypeSig, dims: Vec<&'s str>, output: bool },
+    Scalar(DType),
+}
+
+fn def_params(def: &KernelDef) -> Vec<PDesc<'static>> {
+    def.params
+        .iter()
+        .map(|p| match *p {
+            ParamSig::Tensor { name, dtype, dims, output } => PDesc { name, kind: PKind::Tensor { dtype, dims: dims.to_vec(), output } },
+            ParamSig::Scalar { name, dtype } => PDesc { name, kind: PKind::Scalar(dtype) },
+        })
+        .collect()
+}
+
+fn kernel_params(k: &Kernel) -> Vec<PDesc<'_>> {
+    k.params
+        .iter()
+        .map(|p| match &p.kind {
+            kfuse_ir::ParamKind::Tensor { dims, output } => PDesc {
+                name: &p.name,
+                kind: PKind::Tensor {
+                    dtype: DTypeSig::Concrete(p.dtype),
+                    dims: dims.iter().map(|s| k.shape_name(*s)).collect(),
+                    output: *output,
+                },
+            },
+            kfuse_ir::ParamKind::Scalar => PDesc { name: &p.name, kind: PKind::Scalar(p.dtype) },
+        })
+        .collect()
+}
+
+/// What the checks established.
+struct Checked {
+    dtypes: Vec<DType>,
+    /// The device of the tensor arguments (`None` without tensor arguments).
+    device: Option<Device>,
+}
+
+fn check(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[Arg<'_>]) -> Result<Checked> {
+    // Count.
+    if args.len() != params.len() {
+        let names: Vec<&str> = params.iter().map(|p| p.name).collect();
+        return Err(Error::InvalidArgument(format!(
+            "`{kernel}` takes {} argument(s) ({}), but {} were given",
+            params.len(),
+            names.join(", "),
+            args.len()
+        )));
+    }
+    // Kinds and ranks.
+    for (i, (p, a)) in params.iter().zip(args).enumerate() {
+        let ok = match (&p.kind, a) {
+            (PKind::Tensor { output: true, .. }, Arg::Out(_)) => true,
+            (PKind::Tensor { output: false, .. }, Arg::In(_)) => true,
+            (PKind::Scalar(_), Arg::Scalar(_)) => true,
+            _ => false,
+        };
+        if !ok {
+            let expected = match &p.kind {
+                PKind::Tensor { output: true, .. } => "an output tensor: pass `Arg::Out(&mut t)`",
+                PKind::Tensor { output: false, .. } => "an input tensor: pass `Arg::In(&t)`",
+                PKind::Scalar(DType::I64) => "an i64 scalar: pass `Arg::Scalar(Scalar::I64(v))`",
+                PKind::Scalar(_) => "a scalar: pass `Arg::Scalar(Scalar::F32(v))`",
+            };
+            return Err(Error::InvalidArgument(format!(
+                "argument {i} of `{kernel}` (`{}`) must be {expected}, but it is {}",
+                p.name,
+                a.describe()
+            )));
+        }
+        match (&p.kind, a) {
+            (PKind::Scalar(d), Arg::Scalar(s)) => {
+                if !matches!(d, DType::F32 | DType::I64) {
+                    return Err(Error::InvalidArgument(format!(
+                        "scalar parameter `{}` of `{kernel}` is {d}; only f32 and i64 scalars can be passed",
+                        p.name
+                    )));
+                }
+                if s.dtype() != *d {
+                    return Err(Error::DTypeMismatch(format!(
+                        "scalar `{}` of `{kernel}` is {d}, but a {} was given ({s:?})",
+                        p.name,
+                        s.dtype()
+                    )));
+                }
+            }
+            (PKind::Tensor { dims, .. }, a) => {
+                let t = a.tensor().expect("tensor argument");
+                if t.rank() != dims.len() {
+                    return Err(Error::ShapeMismatch(format!(
+                        "`{}` of `{kernel}` has {} dimension(s) ({}), but the tensor given has shape {:?}",
+                        p.name,
+                        dims.len(),
+                        dims.join(", "),
+                        t.shape()
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+    // Dtypes.
+    let mut bound: Vec<Option<(DType, &str)>> = vec![None; generics.len()];
+    for (p, a) in params.iter().zip(args) {
+        let (PKind::Tensor { dtype, .. }, Some(t)) = (&p.kind, a.tensor()) else { continue };
+        match *dtype {
+            DTypeSig::Concrete(d) => {
+                if t.dtype() != d {
+                    return Err(Error::DTypeMismatch(format!("`{}` is {} but `{kernel}` declares it {d}", p.name, t.dtype())));
+                }
+            }
+            DTypeSig::Generic(g) => {
+                let gname = generics.get(g).ok_or_else(|| {
+                    Error::InvalidArgument(format!("`{}` of `{kernel}` uses dtype generic #{g}, which the kernel does not declare", p.name))
+                })?;
+                match bound[g] {
+                    None => bound[g] = Some((t.dtype(), p.name)),
+                    Some((d, by)) if d != t.dtype() => {
+                        return Err(Error::DTypeMismatch(format!("`{}` is {} but `{by}` makes {gname} = {d}", p.name, t.dtype())));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    let dtypes = bound
+        .iter()
+        .zip(generics)
+        .map(|(b, g)| {
+            b.map(|(d, _)| d).ok_or_else(|| {
+                Error::InvalidArgument(format!("cannot infer the dtype generic `{g}` of `{kernel}`: no tensor argument uses it"))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Shape symbols.
+    let mut shapes: HashMap<&str, (usize, &str, usize)> = HashMap::new();
+    for (p, a) in params.iter().zip(args) {
+        let (PKind::Tensor { dims, .. }, Some(t)) = (&p.kind, a.tensor()) else { continue };
+        for (d, (&sym, &size)) in dims.iter().zip(t.shape()).enumerate() {
+            if let Ok(lit) = sym.parse::<usize>() {
+                if lit != size {
+                    return Err(Error::ShapeMismatch(format!(
+                        "`{}` dimension {d} must be {lit}, but the tensor given has shape {:?}",
+                        p.name,
+                        t.shape()
+                    )));
+                }
+                continue;
+            }
+            match shapes.get(sym) {
+                None => {
+                    shapes.insert(sym, (size, p.name, d));
+                }
+                Some(&(v, by, bd)) if v != size => {
+                    return Err(Error::ShapeMismatch(format!(
+                        "`{}` dimension {d} ({sym}) is {size} but `{by}` dimension {bd} ({sym}) is {v} (shapes {:?} and the earlier tensor's)",
+                        p.name,
+                        t.shape()
+                    )));
+                }
+                _ => {}
+            }
+        }
+    }
+    // One device.
+    let mut device: Option<(Device, &str)> = None;
+    for (p, a) in params.iter().zip(args) {
+        let Some(t) = a.tensor() else { continue };
+        let d = t.device();
+        match &device {
+            None => device = Some((d, p.name)),
+            Some((d0, by)) if *d0 != d => {
+                return Err(Error::DeviceMismatch(format!(
+                    "`{}` is on {d} but `{by}` is on {d0}; move them to one device with `.to_device(&device)`",
+                    p.name
+                )));
+            }
+            _ => {}
+        }
+    }
+    // Outputs: no storage shared with another argument, no broadcast (zero-stride) dims.
+    for (i, (p, a)) in params.iter().zip(args).enumerate() {
+        let Arg::Out(t) = a else { continue };
+        for (j, (q, b)) in params.iter().zip(args).enumerate() {
+            if i == j {
+                continue;
+            }
+            if let Some(u) = b.tensor() {
+                if t.same_storage(u) {
+                    return Err(Error::Aliasing(format!(
+                        "output `{}` of `{kernel}` shares storage with {} `{}`; an output must have storage of its own \
+                         (allocate it with `Tensor::empty`, or copy the other with `.deep_clone()`)",
+                        p.name,
+                        if matches!(b, Arg::Out(_)) { "output" } else { "argument" },
+                        q.name
+                    )));
+                }
+            }
+        }
+        if let Some(d) = (0..t.rank()).find(|&d| t.strides()[d] == 0 && t.shape()[d] > 1) {
+            return Err(Error::InvalidArgument(format!(
+                "output `{}` of `{kernel}` has stride 0 on dimension {d} (size {}): several elements would be written to one address",
+                p.name,
+                t.shape()[d]
+            )));
+        }
+    }
+    Ok(Checked { dtypes, device: device.map(|(d, _)| d) })
+}
+
+/// Checks `args` against `def`'s signature (step 1 of [`launch`]) and returns the dtypes
+/// bound to its generics, in order.
+pub fn check_args(def: &KernelDef, args: &[Arg<'_>]) -> Result<Vec<DType>> {
+    Ok(check(def.name, def.generics, &def_params(def), args)?.dtypes)
+}
+
+/// The value of each shape symbol of `kernel` (indexed by `ShapeSym`) from the tensor
+/// arguments.
+pub fn shape_values(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Vec<u64>> {
+    if args.len() != kernel.params.len() {
+        return Err(Error::InvalidArgument(format!(
+            "the IR of `{}` has {} parameters but {} arguments were given",
+            kernel.name,
+            kernel.params.len(),
+            args.len()
+        )));
+    }
+    let mut vals: Vec<Option<u64>> = vec![None; kernel.shape_syms.len()];
+    for (p, a) in kernel.params.iter().zip(args) {
+        let Some(t) = a.tensor() else { continue };
+        if p.dims().len() != t.rank() {
+            return Err(Error::ShapeMismatch(format!("`{}` has rank {} in the IR but the tensor has shape {:?}", p.name, p.dims().len(), t.shape())));
+        }
+        for (&s, &size) in p.dims().iter().zip(t.shape()) {
+            let slot = &mut vals[s.0 as usize];
+            match *slot {
+                None => *slot = Some(size as u64),
+                Some(v) if v != size as u64 => {
+                    return Err(Error::ShapeMismatch(format!(
+                        "shape symbol {} is {v} in one tensor and {size} in `{}`",
+                        kernel.shape_name(s),
+                        p.name
+                    )));
+                }
+                _ => {}
+            }
+        }
+    }
+    vals.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.ok_or_else(|| {
+                Error::InvalidArgument(format!("shape symbol {} of `{}` is not the size of any tensor argument", kernel.shape_syms[i], kernel.name))
+            })
+        })
+        .collect()
+}
+
+/// The largest power of two ≤ 16 dividing `x` (16 for 0).
+fn pow2_div(x: u64) -> u32 {
+    if x == 0 {
+        16
+    } else {
+        (1u64 << x.trailing_zeros().min(4)) as u32
+    }
+}
+
+/// The specialization facts of actual arguments: per tensor parameter the alignment of
+/// element 0's address and the divisibility of each stride (0 for a unit stride), per
+/// shape symbol its value rounded up to a power of two (at least 1, at most 2^31).
+pub fn spec_for(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Spec> {
+    let vals = shape_values(kernel, args)?;
+    let tensors = kernel
+        .params
+        .iter()
+        .zip(args)
+        .map(|(p, a)| match a.tensor() {
+            Some(t) if p.is_tensor() => Some(TensorSpec {
+                ptr_align: pow2_div(t.address()),
+                stride_div: t.strides().iter().map(|&s| if s == 1 { 0 } else { pow2_div(s.unsigned_abs() as u64) }).collect(),
+            }),
+            _ => None,
+        })
+        .collect();
+    let shape_pow2 = vals.iter().map(|&v| v.max(1).next_power_of_two().min(1 << 31) as u32).collect();
+    Ok(Spec { tensors, shape_pow2, ..Default::default() })
+}
+
+/// Builds the IR of `def` for `dtypes` and generates code for `spec` and `target`
+/// (what a GPU launch compiles; snapshot tests call it without a GPU).
+pub fn emit_for(def: &KernelDef, dtypes: &[DType], spec: &Spec, target: &Target) -> Result<EmittedKernel> {
+    if dtypes.len() != def.generics.len() {
+        return Err(Error::InvalidArgument(format!(
+            "`{}` has {} dtype generic(s) ({}) but {} dtype(s) were given",
+            def.name,
+            def.generics.len(),
+            def.generics.join(", "),
+            dtypes.len()
+        )));
+    }
+    let k = (def.build)(dtypes)?;
+    Ok(kfuse_codegen::compile(&k, spec, target)?)
+}
+
+fn backend_of(device: &Option<Device>) -> Backend {
+    match device {
+        Some(d) if d.is_gpu() => Backend::Gpu { device: d.describe() },
+        _ => Backend::Interpreter,
+    }
+}
+
+fn any_output_empty(args: &[Arg<'_>]) -> bool {
+    args.iter().any(|a| matches!(a, Arg::Out(t) if t.numel() == 0))
+}
+
+/// Launches `def` on `args` (see the module docs for the steps). Tensors on the CPU run
+/// in the interpreter, tensors on a GPU run there; the call returns once the kernel is
+/// queued (GPU) or done (CPU).
+pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
+    let args: &[Arg<'_>] = args;
+    let checked = check(def.name, def.generics, &def_params(def), args)?;
+    let kernel = (def.build)(&checked.dtypes)?;
+    let shapes = shape_values(&kernel, args)?;
+    let mut launched = Launched { backend: backend_of(&checked.device), kernel: def.name.to_string(), skipped_empty: false, cache: None };
+    // Tile extents do not change whether an axis is empty: evaluate them as 1.
+    let grid = kfuse_ir::grid::derive(&kernel)?;
+    if grid.eval(|s| shapes[s.0 as usize], |_| 1).contains(&0) || any_output_empty(args) {
+        launched.skipped_empty = true;
+        return Ok(launched);
+    }
+    match checked.device.as_ref().and_then(|d| d.gpu_ref().map(|_| d)) {
+        None => {
+            run_interpreter(&kernel, args)?;
+        }
+        Some(device) => {
+            let gpu = device.gpu_ref().expect("a GPU");
+            let spec = spec_for(&kernel, args)?;
+            let target = gpu.target();
+            let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: checked.dtypes, spec, target };
+            let (loaded, outcome) = match gpu.functions.get(&key) {
+                Some(k) => (k, CacheOutcome::Memory),
+                None => {
+                    let emitted = kfuse_codegen::compile(&kernel, &key.spec, &key.target)?;
+                    let (k, o) = gpu.functions.get_or_load(&emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes))?;
+                    gpu.functions.insert(key, k.clone());
+                    (k, o)
+                }
+            };
+            issue(device, &loaded, &kernel, args, &shapes)?;
+            launched.cache = Some(outcome);
+        }
+    }
+    Ok(launched)
+}
+
+/// Launches an already emitted kernel (hand-written or from [`emit_for`]) on GPU
+/// tensors: `kernel` is the IR it was emitted from (its parameters describe the
+/// arguments; dtypes are concrete). Checks, empty-launch skipping and the launch itself
+/// are those of [`launch`]; the codegen step is skipped.
+pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<Launched> {
+    let args: &[Arg<'_>] = args;
+    let checked = check(&kernel.name, &[], &kernel_params(kernel), args)?;
+    let shapes = shape_values(kernel, args)?;
+    let Some(device) = checked.device.filter(|d| d.is_gpu()) else {
+        return Err(Error::InvalidArgument(format!("launch_emitted runs `{}` on a GPU: its tensor arguments must live on one", kernel.name)));
+    };
+    let mut launched = Launched { backend: backend_of(&Some(device.clone())), kernel: kernel.name.clone(), skipped_empty: false, cache: None };
+    if emitted.grid_dims(&shapes).contains(&0) || any_output_empty(args) {
+        launched.skipped_empty = true;
+        return Ok(launched);
+    }
+    let gpu = device.gpu_ref().expect("a GPU");
+    let (loaded, outcome) = gpu.functions.get_or_load(emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes))?;
+    issue(&device, &loaded, kernel, args, &shapes)?;
+    launched.cache = Some(outcome);
+    Ok(launched)
+}
+
+/// Whether `KFUSE_SYNC=1`: synchronize after every launch.
+fn sync_each_launch() -> bool {
+    static S: OnceLock<bool> = OnceLock::new();
+    *S.get_or_init(|| std::env::var("KFUSE_SYNC").is_ok_and(|v| v == "1"))
+}
+
+/// One kernel parameter value.
+enum PVal {
+    U64(u64),
+    I64(i64),
+    F32(f32),
+}
+
+/// Launches a loaded kernel on checked arguments.
+fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64]) -> Result<()> {
+    let e = &k.emitted;
+    let gpu = device.gpu_ref().expect("a GPU");
+    let name = &e.entry;
+    if e.grid.len() > 3 {
+        return Err(Error::InvalidArgument(format!("`{name}` has a {}-dimensional grid; CUDA allows 3", e.grid.len())));
+    }
+    if e.grid.iter().any(|a| a.dim.0 as usize >= shapes.len()) {
+        return Err(Error::InvalidArgument(format!("the grid of `{name}` refers to a shape symbol the kernel does not have")));
+    }
+    let g = e.grid_dims(shapes);
+    if g[0] >= 1 << 31 || g[1] > 65535 || g[2] > 65535 {
+        return Err(Error::InvalidArgument(format!(
+            "`{name}` needs a grid of {g:?} blocks; CUDA allows x < 2^31 and y, z ≤ 65535 (the tensors are too large for this kernel's tiling)"
+        )));
+    }
+    if e.block_threads == 0 || e.block_threads > 1024 {
+        return Err(Error::InvalidArgument(format!("`{name}` asks for {} threads per block; CUDA allows 1 to 1024", e.block_threads)));
+    }
+    let tensor = |p: kfuse_ir::ParamId| -> Result<&Tensor> {
+        args.get(p.0 as usize)
+            .and_then(|a| a.tensor())
+            .ok_or_else(|| Error::InvalidArgument(format!("`{name}` takes parameter #{} as a tensor, but it is not one", p.0)))
+    };
+    let mut vals = Vec::with_capacity(e.params.len());
+    for p in &e.params {
+        vals.push(match *p {
+            KernelParam::Ptr(id) => PVal::U64(tensor(id)?.device_ptr().ok_or_else(|| Error::InvalidArgument("a CPU tensor in a GPU launch".into()))?),
+            KernelParam::Stride { tensor: id, dim } => {
+                let t = tensor(id)?;
+                let s = t.strides().get(dim as usize).ok_or_else(|| {
+                    Error::InvalidArgument(format!("`{name}` takes the stride of dimension {dim} of a tensor of rank {}", t.rank()))
+                })?;
+                PVal::I64(*s as i64)
+            }
+            KernelParam::Shape(s) => PVal::I64(
+                *shapes
+                    .get(s.0 as usize)
+                    .ok_or_else(|| Error::InvalidArgument(format!("`{name}` takes shape symbol #{}, which the kernel does not have", s.0)))?
+                    as i64,
+            ),
+            KernelParam::Scalar(id) => {
+                let pd = kernel.params.get(id.0 as usize).map(|p| p.dtype);
+                match (pd, args.get(id.0 as usize)) {
+                    (Some(DType::F32), Some(Arg::Scalar(s))) => PVal::F32(s.as_f64() as f32),
+                    (Some(DType::I64), Some(Arg::Scalar(Scalar::I64(v)))) => PVal::I64(*v),
+                    _ => return Err(Error::InvalidArgument(format!("`{name}` takes parameter #{} as an f32 or i64 scalar", id.0))),
+                }
+            }
+        });
+    }
+    let mut b = gpu.stream.launch_builder(&k.func);
+    for v in &vals {
+        match v {
+            PVal::U64(x) => b.arg(x),
+            PVal::I64(x) => b.arg(x),
+            PVal::F32(x) => b.arg(x),
+        };
+    }
+    let cfg = LaunchConfig { grid_dim: (g[0] as u32, g[1] as u32, g[2] as u32), block_dim: (e.block_threads, 1, 1), shared_mem_bytes: e.smem_bytes };
+    // SAFETY: the parameters follow `emitted.params`, which the codegen wrote the
+    // kernel's signature from; pointers are live allocations of this device, and the
+    // kernel masks its accesses to the shapes passed.
+    unsafe { b.launch(cfg) }.map_err(driver(format_args!(
+        "launching `{name}` (grid {g:?}, {} threads, {} bytes of shared memory) on {}",
+        e.block_threads,
+        e.smem_bytes,
+        device.describe()
+    )))?;
+    if sync_each_launch() {
+        gpu.sync().map_err(|err| Error::Driver(format!("kernel `{name}` failed: {err}")))?;
+    }
+    Ok(())
+}
+
+/// A lock on host storage held during an interpreter run.
+enum Guard<'a> {
+    R(RwLockReadGuard<'a, Vec<u8>>),
+    W(RwLockWriteGuard<'a, Vec<u8>>),
+}
+
+enum Slice<'a> {
+    R(&'a [u8]),
+    W(&'a mut [u8]),
+}
+
+/// Runs the interpreter on checked CPU arguments. Each distinct storage is locked once
+/// (write for outputs, read for inputs), in address order so that concurrent launches
+/// cannot deadlock.
+fn run_interpreter(kernel: &Kernel, args: &[Arg<'_>]) -> Result<()> {
+    use kfuse_ir::interp;
+    let internal = |m: &str| Error::InvalidArgument(format!("internal: {m}"));
+    let mut locks: Vec<(usize, &RwLock<Vec<u8>>, bool)> = Vec::new();
+    for a in args {
+        let Some(t) = a.tensor() else { continue };
+        let (id, l) = t.host_lock().ok_or_else(|| internal("a GPU tensor in an interpreter run"))?;
+        let w = matches!(a, Arg::Out(_));
+        match locks.iter_mut().find(|e| e.0 == id) {
+            Some(e) => e.2 |= w,
+            None => locks.push((id, l, w)),
+        }
+    }
+    locks.sort_by_key(|e| e.0);
+    let mut guards: Vec<(usize, Guard<'_>)> = locks
+        .iter()
+        .map(|&(id, l, w)| {
+            (id, if w { Guard::W(l.write().unwrap_or_else(|e| e.into_inner())) } else { Guard::R(l.read().unwrap_or_else(|e| e.into_inner())) })
+        })
+        .collect();
+    let mut slices: HashMap<usize, Slice<'_>> = guards
+        .iter_mut()
+        .map(|(id, g)| {
+            (
+                *id,
+                match g {
+                    Guard::R(r) => Slice::R(&r[..]),
+                    Guard::W(w) => Slice::W(&mut w[..]),
+                },
+            )
+        })
+        .collect();
+    let mut iargs = Vec::with_capacity(args.len());
+    for a in args {
+        iargs.push(match a {
+            Arg::In(t) => {
+                let id = t.host_lock().map(|x| x.0).unwrap_or(0);
+                let data: &[u8] = match slices.get(&id) {
+                    Some(Slice::R(d)) => d,
+                    _ => return Err(internal("an input shares storage with an output")),
+                };
+                interp::Arg::In(interp::TensorRef { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), data })
+            }
+            Arg::Out(t) => {
+                let id = t.host_lock().map(|x| x.0).unwrap_or(0);
+                let data = match slices.remove(&id) {
+                    Some(Slice::W(d)) => d,
+                    _ => return Err(internal("two outputs share storage")),
+                };
+                interp::Arg::Out(interp::TensorMut { dtype: t.dtype(), shape: t.shape(), strides: t.strides(), offset: t.offset(), data })
+            }
+            Arg::Scalar(s) => interp::Arg::Scalar(s.as_f64()),
+        });
+    }
+    interp::run(kernel, &mut iargs, &interp::Options::default())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pow2_divisibility() {
+        assert_eq!(pow2_div(0), 16);
+        assert_eq!(pow2_div(1), 1);
+        assert_eq!(pow2_div(6), 2);
+        assert_eq!(pow2_div(8), 8);
+        assert_eq!(pow2_div(4096), 16);
+        assert_eq!(pow2_div(0x7f00_0000_0104), 4);
+    }
+
+    #[test]
+    fn backend_display() {
+        assert_eq!(Backend::Interpreter.to_string(), "CPU interpreter");
+        assert_eq!(Backend::Gpu { device: "cuda:0 (X)".into() }.to_string(), "GPU cuda:0 (X)");
+    }
+}

@@ -1,0 +1,236 @@
+//! Shared pieces of the integration tests: the table of ops, random inputs, float64
+//! references, the error measure, and the specialization used for snapshots.
+#![allow(dead_code)]
+
+use kfuse::codegen::{Spec, TensorSpec};
+use kfuse::ir::{KernelDef, ParamSig};
+use kfuse::{DType, Device, Result, Tensor};
+use rand::{Rng, SeedableRng};
+
+pub const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// How an op is called and checked.
+#[derive(Clone, Copy)]
+pub enum Kind {
+    /// `op(&a, &b)`, elementwise.
+    Binary(fn(&Tensor, &Tensor) -> Result<Tensor>, fn(f64, f64) -> f64),
+    /// `op(&x)`, elementwise.
+    Unary(fn(&Tensor) -> Result<Tensor>, fn(f64) -> f64),
+    /// `op(&x)` on a 2-D tensor: the transpose.
+    Transpose(fn(&Tensor) -> Result<Tensor>),
+    /// `op(&x)` on any tensor: a copy.
+    Copy(fn(&Tensor) -> Result<Tensor>),
+}
+
+type Launch2 = fn(&Tensor, &Tensor, &mut Tensor) -> Result<kfuse::Launched>;
+type Launch1 = fn(&Tensor, &mut Tensor) -> Result<kfuse::Launched>;
+
+/// The kernel launcher behind an op, called with an explicit (poisoned) output.
+#[derive(Clone, Copy)]
+pub enum Raw {
+    Two(Launch2),
+    One(Launch1),
+}
+
+pub struct OpCase {
+    pub name: &'static str,
+    pub def: &'static KernelDef,
+    pub kind: Kind,
+    pub raw: Raw,
+}
+
+fn silu(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
+}
+fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + libm::erf(x / 2f64.sqrt()))
+}
+fn gelu_tanh(x: f64) -> f64 {
+    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+}
+fn scale_ref(x: f64) -> f64 {
+    x * SCALE as f64
+}
+pub const SCALE: f32 = 1.7;
+fn scale_op(x: &Tensor) -> Result<Tensor> {
+    kfuse::ops::scale(x, SCALE)
+}
+fn scale_raw(x: &Tensor, out: &mut Tensor) -> Result<kfuse::Launched> {
+    kfuse::ops::kernels::scale(x, out, SCALE)
+}
+
+/// Every op of `kfuse::ops`, with the kernel behind it and its float64 reference.
+pub fn ops() -> Vec<OpCase> {
+    use kfuse::ops as o;
+    use kfuse::ops::kernels as k;
+    vec![
+        OpCase { name: "add", def: &k::add::DEF, kind: Kind::Binary(o::add, |a, b| a + b), raw: Raw::Two(k::add) },
+        OpCase { name: "sub", def: &k::sub::DEF, kind: Kind::Binary(o::sub, |a, b| a - b), raw: Raw::Two(k::sub) },
+        OpCase { name: "mul", def: &k::mul::DEF, kind: Kind::Binary(o::mul, |a, b| a * b), raw: Raw::Two(k::mul) },
+        OpCase { name: "div", def: &k::div::DEF, kind: Kind::Binary(o::div, |a, b| a / b), raw: Raw::Two(k::div) },
+        OpCase { name: "swiglu", def: &k::swiglu::DEF, kind: Kind::Binary(o::swiglu, |g, u| silu(g) * u), raw: Raw::Two(k::swiglu) },
+        OpCase { name: "scale", def: &k::scale::DEF, kind: Kind::Unary(scale_op, scale_ref), raw: Raw::One(scale_raw) },
+        OpCase { name: "silu", def: &k::silu::DEF, kind: Kind::Unary(o::silu, silu), raw: Raw::One(k::silu) },
+        OpCase { name: "gelu", def: &k::gelu::DEF, kind: Kind::Unary(o::gelu, gelu), raw: Raw::One(k::gelu) },
+        OpCase { name: "gelu_tanh", def: &k::gelu_tanh::DEF, kind: Kind::Unary(o::gelu_tanh, gelu_tanh), raw: Raw::One(k::gelu_tanh) },
+        OpCase { name: "copy", def: &k::copy::DEF, kind: Kind::Copy(o::copy), raw: Raw::One(k::copy) },
+        OpCase { name: "copy2d", def: &k::copy2d::DEF, kind: Kind::Copy(o::copy), raw: Raw::One(k::copy2d) },
+        OpCase { name: "transpose", def: &k::transpose::DEF, kind: Kind::Transpose(o::transpose), raw: Raw::One(k::transpose) },
+    ]
+}
+
+/// Random values in ±`range`, kept at least `floor` away from zero (divisors).
+pub fn random(n: usize, seed: u64, range: f64, floor: f64) -> Vec<f64> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let m: f64 = r.random_range(floor..range);
+            if r.random_bool(0.5) { m } else { -m }
+        })
+        .collect()
+}
+
+/// A random tensor and its values after rounding to `dtype` (what the kernel sees).
+pub fn random_tensor(shape: &[usize], dtype: DType, seed: u64, floor: f64, dev: &Device) -> (Tensor, Vec<f64>) {
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = random(n, seed, 3.0, floor).into_iter().map(|x| dtype.round(x)).collect();
+    (Tensor::from_f64(&v, shape, dtype, dev).expect("tensor"), v)
+}
+
+/// ‖out − ref‖ / ‖ref‖ (infinite when `out` has a NaN or the lengths differ).
+pub fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
+    if out.len() != reference.len() || out.iter().any(|x| !x.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = out.iter().zip(reference).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = reference.iter().map(|b| b * b).sum();
+    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+}
+
+/// The error bound for results rounded to `dtype` (one rounding plus f32 math).
+pub fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-5,
+        DType::F16 => 2e-3,
+        _ => 8e-3,
+    }
+}
+
+/// A NaN-poisoned output tensor.
+pub fn poisoned(shape: &[usize], dtype: DType, dev: &Device) -> Tensor {
+    let mut t = Tensor::empty(shape, dtype, dev).expect("alloc");
+    t.fill(f64::NAN).expect("poison");
+    t
+}
+
+fn transposed(v: &[f64], m: usize, n: usize) -> Vec<f64> {
+    let mut t = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            t[j * m + i] = v[i * n + j];
+        }
+    }
+    t
+}
+
+/// Runs one op on `dev` with fresh random inputs of `shape`, twice: through the public
+/// API (`kfuse::ops::…`) and through its kernel launcher into a NaN-poisoned output;
+/// checks both against a float64 reference and returns the larger relative error.
+pub fn check_op(case: &OpCase, dtype: DType, shape: &[usize], dev: &Device, seed: u64) -> std::result::Result<f64, String> {
+    let ctx = |e: kfuse::Error| format!("{} {dtype} {shape:?}: {e}", case.name);
+    let n: usize = shape.iter().product();
+    let flat = |t: &Tensor| t.reshape(&[n]).expect("reshape");
+    let (api, raw, reference) = match (case.kind, case.raw) {
+        (Kind::Binary(f, r), Raw::Two(k)) => {
+            let floor = if case.name == "div" { 0.25 } else { 0.0 };
+            let (a, av) = random_tensor(shape, dtype, seed, 0.0, dev);
+            let (b, bv) = random_tensor(shape, dtype, seed + 1, floor, dev);
+            let mut out = poisoned(&[n], dtype, dev);
+            k(&flat(&a), &flat(&b), &mut out).map_err(ctx)?;
+            (f(&a, &b).map_err(ctx)?, out, av.iter().zip(&bv).map(|(x, y)| r(*x, *y)).collect::<Vec<_>>())
+        }
+        (Kind::Unary(f, r), Raw::One(k)) => {
+            let (x, xv) = random_tensor(shape, dtype, seed, 0.0, dev);
+            let mut out = poisoned(&[n], dtype, dev);
+            k(&flat(&x), &mut out).map_err(ctx)?;
+            (f(&x).map_err(ctx)?, out, xv.iter().map(|x| r(*x)).collect())
+        }
+        (Kind::Transpose(f), Raw::One(k)) => {
+            let (x, xv) = random_tensor(shape, dtype, seed, 0.0, dev);
+            let (m, nn) = (shape[0], shape[1]);
+            let mut out = poisoned(&[nn, m], dtype, dev);
+            k(&x, &mut out).map_err(ctx)?;
+            (f(&x).map_err(ctx)?, out, transposed(&xv, m, nn))
+        }
+        (Kind::Copy(f), Raw::One(k)) if case.name == "copy2d" => {
+            // a strided (transposed) view: the copy must honour its strides
+            let (x, xv) = random_tensor(&[shape[1], shape[0]], dtype, seed, 0.0, dev);
+            let view = x.t();
+            let mut out = poisoned(shape, dtype, dev);
+            k(&view, &mut out).map_err(ctx)?;
+            (f(&view).map_err(ctx)?, out, transposed(&xv, shape[1], shape[0]))
+        }
+        (Kind::Copy(f), Raw::One(k)) => {
+            let (x, xv) = random_tensor(shape, dtype, seed, 0.0, dev);
+            let mut out = poisoned(&[n], dtype, dev);
+            k(&flat(&x), &mut out).map_err(ctx)?;
+            (f(&x).map_err(ctx)?, out, xv)
+        }
+        _ => unreachable!("op table pairs kinds and launchers"),
+    };
+    let reference: Vec<f64> = reference.into_iter().map(|x| dtype.round(x)).collect();
+    let mut worst: f64 = 0.0;
+    for (which, t) in [("api", api), ("kernel", raw)] {
+        let got = t.to_vec_f64().map_err(ctx)?;
+        let e = rel_err(&got, &reference);
+        if !(e <= tolerance(dtype)) {
+            return Err(format!("{} {dtype} {shape:?} ({which}): relative error {e:.3e} > {:.1e}", case.name, tolerance(dtype)));
+        }
+        worst = worst.max(e);
+    }
+    Ok(worst)
+}
+
+/// Shapes each op is checked on: odd sizes, never multiples of a tile only.
+pub fn shapes(case: &OpCase, large: bool) -> Vec<Vec<usize>> {
+    match case.kind {
+        Kind::Transpose(_) => {
+            let mut v = vec![vec![1, 1], vec![1, 1000], vec![1000, 1], vec![37, 53], vec![129, 65]];
+            if large {
+                v.push(vec![1000, 1003]);
+            }
+            v
+        }
+        Kind::Copy(_) if case.name == "copy2d" => vec![vec![1, 9], vec![9, 1], vec![37, 53], vec![200, 131]],
+        _ => {
+            let mut v = vec![vec![1], vec![7], vec![1000], vec![3, 37], vec![1, 4097], vec![4097, 1]];
+            if large {
+                v.push(vec![1000003]);
+            }
+            v
+        }
+    }
+}
+
+/// The specialization used for snapshots and compile checks: 16-byte-aligned,
+/// contiguous tensors of a large shape.
+pub fn snapshot_spec(def: &KernelDef) -> Spec {
+    let mut shape_syms: Vec<&str> = Vec::new();
+    let tensors = def
+        .params
+        .iter()
+        .map(|p| match p {
+            ParamSig::Tensor { dims, .. } => {
+                for d in dims.iter() {
+                    if !shape_syms.contains(d) {
+                        shape_syms.push(d);
+                    }
+                }
+                Some(TensorSpec { ptr_align: 16, stride_div: (0..dims.len()).map(|i| if i + 1 == dims.len() { 0 } else { 16 }).collect() })
+            }
+            ParamSig::Scalar { .. } => None,
+        })
+        .collect();
+    let big = if shape_syms.len() == 1 { 1 << 24 } else { 4096 };
+    Spec { tensors, shape_pow2: vec![big; shape_syms.len()], tiles: Default::default() }
+}

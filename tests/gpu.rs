@@ -1,0 +1,69 @@
+//! Every op on the GPU against a float64 reference: random inputs, odd shapes, outputs
+//! poisoned with NaN first. Without a GPU these tests print why and pass, unless
+//! `KFUSE_REQUIRE_GPU=1` is set (the GPU-host script sets it): then they fail.
+
+mod common;
+
+use kfuse::{Backend, DType, Device};
+
+fn gpu() -> Option<Device> {
+    let dev = Device::best();
+    if dev.is_gpu() {
+        return Some(dev);
+    }
+    if std::env::var("KFUSE_REQUIRE_GPU").as_deref() == Ok("1") {
+        panic!("KFUSE_REQUIRE_GPU=1 but no GPU was found (is the CUDA driver installed?)");
+    }
+    eprintln!("no GPU: skipping GPU checks");
+    None
+}
+
+#[test]
+fn every_op_on_the_gpu() {
+    let Some(dev) = gpu() else { return };
+    let mut failures = Vec::new();
+    let mut rows = Vec::new();
+    for (i, case) in common::ops().iter().enumerate() {
+        for dt in common::DTYPES {
+            let mut worst: f64 = 0.0;
+            for (j, shape) in common::shapes(case, true).iter().enumerate() {
+                match common::check_op(case, dt, shape, &dev, (1000 + i * 100 + j) as u64) {
+                    Ok(e) => worst = worst.max(e),
+                    Err(e) => failures.push(e),
+                }
+            }
+            rows.push(format!("{:10} {:5} max rel err {worst:.2e}", case.name, dt.to_string()));
+        }
+    }
+    println!("{}", rows.join("\n"));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn gpu_launch_reports_the_gpu_backend() {
+    let Some(dev) = gpu() else { return };
+    let (a, _) = common::random_tensor(&[1000], DType::BF16, 1, 0.0, &dev);
+    let (b, _) = common::random_tensor(&[1000], DType::BF16, 2, 0.0, &dev);
+    let mut out = common::poisoned(&[1000], DType::BF16, &dev);
+    let l = kfuse::ops::kernels::add(&a, &b, &mut out).unwrap();
+    assert!(matches!(l.backend, Backend::Gpu { .. }), "{:?}", l.backend);
+}
+
+#[test]
+fn gpu_and_cpu_tensors_do_not_mix() {
+    let Some(dev) = gpu() else { return };
+    let (a, _) = common::random_tensor(&[10], DType::F32, 1, 0.0, &dev);
+    let (b, _) = common::random_tensor(&[10], DType::F32, 2, 0.0, &Device::cpu());
+    let err = kfuse::ops::add(&a, &b).unwrap_err();
+    assert!(matches!(err, kfuse::Error::DeviceMismatch { .. }), "{err}");
+}
+
+#[test]
+fn misaligned_views_are_still_right() {
+    // a view starting one element in: not 16-byte aligned, so no vector accesses
+    let Some(dev) = gpu() else { return };
+    let (x, xv) = common::random_tensor(&[1001], DType::BF16, 5, 0.0, &dev);
+    let v = x.narrow(0, 1, 1000).unwrap();
+    let y = kfuse::ops::copy(&v).unwrap();
+    assert_eq!(y.to_vec_f64().unwrap(), xv[1..].to_vec());
+}

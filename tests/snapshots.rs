@@ -1,0 +1,74 @@
+//! Snapshots of the generated CUDA: every op × {sm_80, sm_90a} × dtype, plus the
+//! scheduled IR for sm_90a. A snapshot changes only when the compiler's output changes;
+//! review it with `cargo insta review`.
+
+mod common;
+
+use kfuse::codegen::{compile, Target};
+
+#[test]
+fn cuda_snapshots() {
+    for case in common::ops() {
+        let spec = common::snapshot_spec(case.def);
+        for dt in common::DTYPES {
+            let k = (case.def.build)(&[dt]).unwrap();
+            for (arch, target) in [("sm80", Target::sm80()), ("sm90a", Target::sm90a())] {
+                let e = compile(&k, &spec, &target).unwrap_or_else(|e| panic!("{} {dt} {arch}: {e}", case.name));
+                insta::assert_snapshot!(format!("{}_{}_{}", case.name, dt, arch), e.source);
+                if arch == "sm90a" {
+                    insta::assert_snapshot!(format!("{}_{}_ir", case.name, dt), e.ir);
+                }
+            }
+        }
+    }
+}
+
+/// FileCheck-style structure checks that do not pin the whole text.
+#[test]
+fn structure() {
+    let ops = common::ops();
+    let find = |n: &str| ops.iter().find(|c| c.name == n).unwrap();
+    let bf16 = kfuse::DType::BF16;
+    // elementwise bf16: 16-byte vector loads and stores, no shared memory
+    let add = find("add");
+    let e = compile(&(add.def.build)(&[bf16]).unwrap(), &common::snapshot_spec(add.def), &Target::sm90a()).unwrap();
+    assert!(e.source.contains("reinterpret_cast<const kf_v16*>"), "add loads 16-byte vectors");
+    assert!(e.source.contains("*reinterpret_cast<kf_v16*>"), "add stores 16-byte vectors");
+    assert!(!e.source.contains("__shared__"), "add needs no shared memory");
+    assert!(e.ir.contains("load vector=8"));
+    // transpose: a layout conversion through shared memory, vector accesses both sides
+    let tr = find("transpose");
+    let e = compile(&(tr.def.build)(&[bf16]).unwrap(), &common::snapshot_spec(tr.def), &Target::sm90a()).unwrap();
+    assert!(e.ir.contains("= convert"), "transpose converts its layout:\n{}", e.ir);
+    assert!(e.source.contains("__shared__"));
+    assert!(e.source.contains("__syncthreads()"));
+    assert!(e.source.contains("reinterpret_cast<const kf_v16*>") && e.source.contains("*reinterpret_cast<kf_v16*>"));
+    // sm_90a compiles for the `a` target; sm_80 for its own
+    assert_eq!(e.arch, "sm_90a");
+    let e80 = compile(&(tr.def.build)(&[bf16]).unwrap(), &common::snapshot_spec(tr.def), &Target::sm80()).unwrap();
+    assert_eq!(e80.arch, "sm_80");
+}
+
+/// Unaligned or strided tensors must not get vector accesses.
+#[test]
+fn no_vectors_without_alignment() {
+    let ops = common::ops();
+    let add = ops.iter().find(|c| c.name == "add").unwrap();
+    let mut spec = common::snapshot_spec(add.def);
+    spec.tensors[1].as_mut().unwrap().ptr_align = 2;
+    let e = compile(&(add.def.build)(&[kfuse::DType::BF16]).unwrap(), &spec, &Target::sm90a()).unwrap();
+    let vectors: Vec<&str> = e.ir.lines().filter(|l| l.contains("vector=")).collect();
+    assert_eq!(vectors.len(), 3, "{vectors:?}");
+    assert!(vectors.iter().filter(|l| l.ends_with("vector=1")).count() == 1, "{vectors:?}");
+    assert!(vectors.iter().filter(|l| l.ends_with("vector=8")).count() == 2, "{vectors:?}");
+}
+
+/// Old targets get a clear error.
+#[test]
+fn old_target_refused() {
+    let ops = common::ops();
+    let add = ops.iter().find(|c| c.name == "add").unwrap();
+    let t = Target { sm: 70, num_sms: 80, smem_per_block: 96 * 1024 };
+    let err = compile(&(add.def.build)(&[kfuse::DType::F32]).unwrap(), &common::snapshot_spec(add.def), &t).unwrap_err();
+    assert!(err.to_string().contains("sm_80 and newer"), "{err}");
+}
