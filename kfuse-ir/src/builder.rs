@@ -375,8 +375,14 @@ impl Builder {
         Ok(self.k.push(Op::Permute { perm: perm.to_vec() }, Some(Type::tile(t.dtype, shape)), &[x]).value())
     }
 
-    /// Finishes the kernel and runs the verifier.
-    pub fn finish(self) -> Result<Kernel> {
+    /// Finishes the kernel and runs the verifier. Literals left without users (their
+    /// dtype was adapted into a new constant) are dropped.
+    pub fn finish(mut self) -> Result<Kernel> {
+        for v in std::mem::take(&mut self.weak) {
+            if self.k.users(v).is_empty() {
+                self.k.remove(v.op());
+            }
+        }
         crate::verify::verify(&self.k, "build")?;
         Ok(self.k)
     }

@@ -102,7 +102,7 @@ pub fn kernel(k: &Kernel, krate: &syn::Path, plan: Option<&Plan>) -> TokenStream
                 args.push(quote!(#rt::Arg::Scalar(#rt::Scalar::#variant(#n))));
             }
             // Accept anything, so that calls keep their arity while the error is fixed.
-            ParamKind::Invalid => wparams.push(quote!(#n: impl ::core::marker::Sized)),
+            ParamKind::Invalid => wparams.push(quote!(#[allow(unused_variables)] #n: impl ::core::marker::Sized)),
         }
     }
     let attrs = &k.attrs;

@@ -23,17 +23,44 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
-/// Compiles a kernel. See the crate docs of `kfuse` for the language.
+/// Compiles a kernel: `#[kfuse]` or `#[kfuse(crate = "path::to::kfuse")]`.
 ///
 /// ```ignore
 /// #[kfuse]
-/// pub fn add<T: Float>(a: Tensor<T, (N,)>, b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>) {
-///     let i = program_id(0);
-///     let x = a.block([i * BN], [BN]).load();
-///     let y = b.block([i * BN], [BN]).load();
-///     out.block([i * BN], [BN]).store(x + y);
+/// pub fn rmsnorm<T: Float>(x: Tensor<T, (M, N)>, w: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>, eps: f32) {
+///     let row = program_id(0);
+///     let xr = x.row(row).load().to_f32();
+///     let r = rsqrt((xr * xr).mean() + eps);
+///     out.row(row).store((xr * r * w.load().to_f32()).cast::<T>());
 /// }
 /// ```
+///
+/// **Signature.** Generics are dtypes, each bounded by exactly `Float` (one of f32,
+/// f16, bf16, bound at launch). Parameters are `x: Tensor<D, (S1, ..)>` (input),
+/// `x: &mut Tensor<D, (S1, ..)>` (output), `s: f32` or `s: i64`, where `D` is a generic
+/// or `f32`/`f16`/`bf16` and `S1, ..` are shape symbols (`(N,)` for rank 1). No return
+/// type.
+///
+/// **Statements.** `let x = e;`, `let mut x = e;`, `let (a, b) = (e1, e2);`, `x = e;`
+/// and `x += e;` (`-=`, `*=`, `/=`, `%=`) on a `let mut`, and `access.store(v);`.
+///
+/// **Expressions.** Literals (`1.0`, `2` adapt to their operand's dtype; `1.0f32`,
+/// `2i64` do not; `true`); names: locals, scalar parameters, shape symbols (their
+/// runtime extent, `i64`) and ALL-CAPS tile symbols (`BM`: a tile size the scheduler
+/// picks, `i64`); `+ - * / %`, `< <= > >= == !=`, `&& || ! -`; tensor accesses
+/// `t.block([offsets], [extents])`, `t.row(i)` and the whole `t`, each followed by
+/// `.load()` or `.store(v)` (an extent is a tile symbol, an integer literal or a shape
+/// symbol); methods `exp ln log sqrt rsqrt sigmoid tanh erf abs`, `max(y) min(y)`,
+/// reductions `sum() mean() max() min()` (last axis), `sum_axis(k)` and
+/// `sum_keepdim(k)` (likewise `mean`, `max`, `min`), `cast::<D>() to_f32() to_f16()
+/// to_bf16()`, `t()`, `permute([..])`; functions `program_id(k)` (k = 0, 1, 2),
+/// `exp(x)` and the other unary ones, `max(a, b)`, `min(a, b)`, `select(c, a, b)`.
+/// Typing (dtypes, broadcasting, what may be stored where) is `kfuse_ir::Builder`'s,
+/// checked at compile time for every dtype of the generics.
+///
+/// **Output.** A module of the kernel's name with `DEF: KernelDef` and
+/// `build(&[DType]) -> Result<Kernel, IrError>`, and a function of the same name taking
+/// `&Tensor` / `&mut Tensor` / scalars that calls `runtime::launch(&name::DEF, ..)`.
 #[proc_macro_attribute]
 pub fn kfuse(attr: TokenStream, item: TokenStream) -> TokenStream {
     kfuse2(attr.into(), item.into()).into()
@@ -41,11 +68,8 @@ pub fn kfuse(attr: TokenStream, item: TokenStream) -> TokenStream {
 
 /// [`kfuse`] on `proc_macro2` tokens (testable outside the compiler).
 fn kfuse2(attr: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> proc_macro2::TokenStream {
-    let mut errors = Vec::new();
-    let krate = parse::attr(attr).unwrap_or_else(|e| {
-        errors.push(e);
-        syn::parse_quote!(::kfuse)
-    });
+    let (krate, attr_error) = parse::attr(attr);
+    let mut errors: Vec<syn::Error> = attr_error.into_iter().collect();
     let func: syn::ItemFn = match syn::parse2(item.clone()) {
         Ok(f) => f,
         Err(e) => {

@@ -11,7 +11,9 @@ use proc_macro2::TokenStream;
 use crate::ast::*;
 
 /// Where to find the facade crate: `#[kfuse]` → `::kfuse`, `#[kfuse(crate = "p")]` → `p`.
-pub fn attr(args: TokenStream) -> syn::Result<syn::Path> {
+/// On an error the path parsed so far (or the default) comes back with it, so that the
+/// items can still be emitted against the right crate.
+pub fn attr(args: TokenStream) -> (syn::Path, Option<syn::Error>) {
     let mut krate: syn::Path = syn::parse_quote!(::kfuse);
     let parser = syn::meta::parser(|meta| {
         if meta.path.is_ident("crate") {
@@ -22,8 +24,8 @@ pub fn attr(args: TokenStream) -> syn::Result<syn::Path> {
             Err(meta.error("unknown #[kfuse] option; the only option is `crate = \"path::to::kfuse\"`"))
         }
     });
-    syn::parse::Parser::parse2(parser, args)?;
-    Ok(krate)
+    let err = syn::parse::Parser::parse2(parser, args).err();
+    (krate, err)
 }
 
 /// Reads the kernel; errors go to `errors`, and the returned kernel holds whatever did

@@ -112,3 +112,21 @@ fn errors_still_emit_the_items() {
     let file: syn::File = syn::parse2(out).unwrap();
     assert_eq!(file.items.len(), 3);
 }
+
+#[test]
+#[ignore = "prints the expansion of `add`; run with --ignored --nocapture"]
+fn print_expansion() {
+    let out = crate::kfuse2(
+        quote!(),
+        quote! {
+            /// Adds two vectors.
+            pub fn add<T: Float>(a: Tensor<T, (N,)>, b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>, eps: f32) {
+                let i = program_id(0);
+                let x = a.block([i * BN], [BN]).load();
+                let y = b.block([i * BN], [BN]).load();
+                out.block([i * BN], [BN]).store(x + y * -2.0);
+            }
+        },
+    );
+    println!("{out}");
+}

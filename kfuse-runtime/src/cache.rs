@@ -1,10 +1,10 @@
 //! The module cache: compiled PTX in memory and on disk, loaded kernels per device.
 //!
 //! Owns: [`PtxCache`] (source → PTX, memory + disk), [`compile_cached`], and the
-//! per-device [`FunctionCache`] of loaded kernels.
+//! per-device `FunctionCache` of loaded kernels.
 //!
 //! Levels, fastest first:
-//! 1. per device, loaded functions keyed by [`ModuleKey`] — (kernel, dtypes, [`Spec`],
+//! 1. per device, loaded functions keyed by `ModuleKey` — (kernel, dtypes, [`Spec`],
 //!    [`Target`]) — so that a repeated launch skips IR building, codegen and NVRTC, and
 //!    by source hash for pre-emitted kernels;
 //! 2. per process, PTX keyed by the disk key below ([`CacheOutcome::Memory`]);
@@ -22,7 +22,7 @@
 //! - Files are written to a temporary name in the same directory and renamed into place,
 //!   so readers see a whole file or none. The disk level is best effort: a directory
 //!   that cannot be created or written costs a recompile, not an error.
-//! - Everything here but [`FunctionCache`] works without a GPU (only NVRTC), so CI tests
+//! - Everything here but `FunctionCache` works without a GPU (only NVRTC), so CI tests
 //!   the disk cache and its corruption recovery.
 
 use std::collections::HashMap;
@@ -233,7 +233,7 @@ pub(crate) struct LoadedKernel {
     pub emitted: EmittedKernel,
 }
 
-/// Per-device loaded kernels, by [`ModuleKey`] and by source hash (see module docs).
+/// Per-device loaded kernels, by `ModuleKey` and by source hash (see module docs).
 #[derive(Default)]
 pub(crate) struct FunctionCache {
     by_key: Mutex<HashMap<ModuleKey, Arc<LoadedKernel>>>,

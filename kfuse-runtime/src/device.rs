@@ -6,7 +6,7 @@
 //!
 //! Invariants:
 //! - A [`Device`] is a cheap handle (`Clone` copies an `Arc`). All handles to one GPU
-//!   ordinal share one [`Gpu`] record, created on first use and kept for the life of the
+//!   ordinal share one `Gpu` record, created on first use and kept for the life of the
 //!   process: one primary context, one stream, one kernel cache per GPU.
 //! - Every GPU operation of the runtime (allocation, copies, memsets, launches, events)
 //!   goes to that GPU's one stream, the context's legacy default stream. Work is
@@ -256,7 +256,7 @@ impl Device {
     /// Times `f`: runs it `warmup` times, then `iters` times with a CUDA event recorded
     /// before and after each call (wall-clock on the CPU), and returns the `iters`
     /// per-call times in milliseconds. `f` should only issue work to this device (e.g.
-    /// [`crate::launch`]); it must not synchronize if the times are to mean GPU time.
+    /// [`crate::launch()`]); it must not synchronize if the times are to mean GPU time.
     pub fn time_ms(&self, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f32>> {
         for _ in 0..warmup {
             f()?;

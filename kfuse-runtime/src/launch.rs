@@ -10,7 +10,8 @@
 //!    argument, ranks, dtype generics bound from the first tensor that uses each and
 //!    checked against the rest, shape symbols consistent across tensors, one device,
 //!    no output sharing storage with another argument, no output with a zero stride;
-//! 2. build the IR for the bound dtypes (`KernelDef::build`);
+//! 2. build the IR for the bound dtypes (`KernelDef::build`; once per def and dtypes
+//!    per process, then cached with its grid);
 //! 3. skip the launch when the grid or an output is empty ([`Launched::skipped_empty`]);
 //! 4. on CPU tensors, run the IR interpreter ([`Backend::Interpreter`]);
 //! 5. on GPU tensors, compute the [`Spec`], look the kernel up in the device's cache, or
@@ -24,7 +25,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use kfuse_codegen::{EmittedKernel, KernelParam, Spec, Target, TensorSpec};
@@ -188,12 +189,10 @@ fn check(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[Arg<'_>]
     }
     // Kinds and ranks.
     for (i, (p, a)) in params.iter().zip(args).enumerate() {
-        let ok = match (&p.kind, a) {
-            (PKind::Tensor { output: true, .. }, Arg::Out(_)) => true,
-            (PKind::Tensor { output: false, .. }, Arg::In(_)) => true,
-            (PKind::Scalar(_), Arg::Scalar(_)) => true,
-            _ => false,
-        };
+        let ok = matches!(
+            (&p.kind, a),
+            (PKind::Tensor { output: true, .. }, Arg::Out(_)) | (PKind::Tensor { output: false, .. }, Arg::In(_)) | (PKind::Scalar(_), Arg::Scalar(_))
+        );
         if !ok {
             let expected = match &p.kind {
                 PKind::Tensor { output: true, .. } => "an output tensor: pass `Arg::Out(&mut t)`",
@@ -458,38 +457,55 @@ fn any_output_empty(args: &[Arg<'_>]) -> bool {
 pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
     let args: &[Arg<'_>] = args;
     let checked = check(def.name, def.generics, &def_params(def), args)?;
-    let kernel = (def.build)(&checked.dtypes)?;
-    let shapes = shape_values(&kernel, args)?;
+    let built = built_ir(def, &checked.dtypes)?;
+    let (kernel, grid) = (&built.0, &built.1);
+    let shapes = shape_values(kernel, args)?;
     let mut launched = Launched { backend: backend_of(&checked.device), kernel: def.name.to_string(), skipped_empty: false, cache: None };
     // Tile extents do not change whether an axis is empty: evaluate them as 1.
-    let grid = kfuse_ir::grid::derive(&kernel)?;
     if grid.eval(|s| shapes[s.0 as usize], |_| 1).contains(&0) || any_output_empty(args) {
         launched.skipped_empty = true;
         return Ok(launched);
     }
     match checked.device.as_ref().and_then(|d| d.gpu_ref().map(|_| d)) {
         None => {
-            run_interpreter(&kernel, args)?;
+            run_interpreter(kernel, args)?;
         }
         Some(device) => {
             let gpu = device.gpu_ref().expect("a GPU");
-            let spec = spec_for(&kernel, args)?;
+            let spec = spec_for(kernel, args)?;
             let target = gpu.target();
             let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: checked.dtypes, spec, target };
             let (loaded, outcome) = match gpu.functions.get(&key) {
                 Some(k) => (k, CacheOutcome::Memory),
                 None => {
-                    let emitted = kfuse_codegen::compile(&kernel, &key.spec, &key.target)?;
+                    let emitted = kfuse_codegen::compile(kernel, &key.spec, &key.target)?;
                     let (k, o) = gpu.functions.get_or_load(&emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes))?;
                     gpu.functions.insert(key, k.clone());
                     (k, o)
                 }
             };
-            issue(device, &loaded, &kernel, args, &shapes)?;
+            issue(device, &loaded, kernel, args, &shapes)?;
             launched.cache = Some(outcome);
         }
     }
     Ok(launched)
+}
+
+/// The IR of `def` for `dtypes` and its grid, built once per process: building is
+/// deterministic, and a launch should not pay for it (nor for the verifier) every time.
+fn built_ir(def: &KernelDef, dtypes: &[DType]) -> Result<Arc<(Kernel, kfuse_ir::grid::Grid)>> {
+    type IrCache = Mutex<HashMap<(usize, &'static str, Vec<DType>), Arc<(Kernel, kfuse_ir::grid::Grid)>>>;
+    static CACHE: OnceLock<IrCache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (def.build as usize, def.name, dtypes.to_vec());
+    if let Some(k) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(k.clone());
+    }
+    let kernel = (def.build)(dtypes)?;
+    let grid = kfuse_ir::grid::derive(&kernel)?;
+    let built = Arc::new((kernel, grid));
+    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, built.clone());
+    Ok(built)
 }
 
 /// Launches an already emitted kernel (hand-written or from [`emit_for`]) on GPU

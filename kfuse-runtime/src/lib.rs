@@ -2,7 +2,7 @@
 //! kernels.
 //!
 //! A kernel ([`kfuse_ir::KernelDef`], what `#[kfuse]` records) is launched with
-//! [`launch`] on [`Arg`]s: the runtime checks the arguments against the signature, binds
+//! [`launch()`] on [`Arg`]s: the runtime checks the arguments against the signature, binds
 //! the dtype generics, builds the IR, and then either interprets it on the CPU (CPU
 //! tensors) or specializes it on the actual arguments, generates CUDA with
 //! `kfuse-codegen`, compiles it with NVRTC through a memory + disk cache, and launches it
@@ -42,3 +42,17 @@ pub use tensor::Tensor;
 
 /// The cudarc version this runtime is built on, for interoperation (cuBLAS baselines).
 pub use cudarc;
+
+#[cfg(test)]
+mod tests {
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn public_types_are_send_and_sync() {
+        send_sync::<crate::Tensor>();
+        send_sync::<crate::Device>();
+        send_sync::<crate::Error>();
+        send_sync::<crate::Launched>();
+        send_sync::<crate::PtxCache>();
+    }
+}

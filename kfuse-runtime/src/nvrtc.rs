@@ -96,7 +96,7 @@ pub fn cuda_include_dirs() -> Vec<PathBuf> {
     dedup(cands.filter(|d| d.join("cuda_fp16.h").is_file() || d.join("cuda.h").is_file()).collect())
 }
 
-/// Looks for libnvrtc in `dirs`: the first existing file named as in [`NVRTC_NAMES`].
+/// Looks for libnvrtc in `dirs`: the first existing file named `libnvrtc.so.13` or `libnvrtc.so`.
 /// On failure returns the list of what was tried, for [`Error::NvrtcMissing`].
 pub fn find_nvrtc_in(dirs: &[PathBuf]) -> std::result::Result<PathBuf, Vec<String>> {
     let mut tried = Vec::new();
@@ -114,7 +114,9 @@ pub fn find_nvrtc_in(dirs: &[PathBuf]) -> std::result::Result<PathBuf, Vec<Strin
 
 /// What cudarc's own by-name loading tries, for the error message.
 fn by_name_note() -> String {
-    let names = cudarc::get_lib_name_candidates("nvrtc");
+    let mut names = cudarc::get_lib_name_candidates("nvrtc");
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
     let ld = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
     format!(
         "by name through the dynamic loader ({}), with LD_LIBRARY_PATH={}",

@@ -117,7 +117,7 @@ fn for_each_elem(shape: &[usize], strides: &[isize], offset: usize, mut f: impl 
 
 /// The range of element indices `[lo, hi)` a view touches (`None` when empty).
 fn span(shape: &[usize], strides: &[isize], offset: usize) -> Option<(usize, usize)> {
-    if shape.iter().any(|&d| d == 0) {
+    if shape.contains(&0) {
         return None;
     }
     let (mut lo, mut hi) = (offset as isize, offset as isize);
@@ -418,6 +418,33 @@ impl Tensor {
         v
     }
 
+    /// The view with a new dimension of size 1 inserted at `dim` (shares storage); its
+    /// stride is that of a packed layout, so a contiguous tensor stays contiguous.
+    ///
+    /// # Panics
+    /// If `dim > rank` (like `Vec::insert`).
+    pub fn unsqueeze(&self, dim: usize) -> Tensor {
+        assert!(dim <= self.rank(), "unsqueeze: dimension {dim} of a tensor of rank {}", self.rank());
+        let stride = if dim < self.rank() { self.strides[dim] * self.shape[dim] as isize } else { 1 };
+        let mut v = self.clone();
+        v.shape.insert(dim, 1);
+        v.strides.insert(dim, stride);
+        v
+    }
+
+    /// The view with its dimensions reordered: dimension `i` of the result is dimension
+    /// `perm[i]` of this tensor (shares storage).
+    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+        let mut seen = vec![false; self.rank()];
+        if perm.len() != self.rank() || perm.iter().any(|&p| p >= self.rank() || std::mem::replace(&mut seen[p], true)) {
+            return Err(Error::InvalidArgument(format!("permute: {perm:?} is not a permutation of the {} dimensions", self.rank())));
+        }
+        let mut v = self.clone();
+        v.shape = perm.iter().map(|&p| self.shape[p]).collect();
+        v.strides = perm.iter().map(|&p| self.strides[p]).collect();
+        Ok(v)
+    }
+
     /// The view with dimension `dim` restricted to `start..start + len` (shares storage).
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor> {
         if dim >= self.rank() {
@@ -604,6 +631,14 @@ mod tests {
         let c = at.contiguous().unwrap();
         assert!(c.is_contiguous() && !c.same_storage(&a));
         assert_eq!(c.reshape(&[6]).unwrap().to_vec_f32().unwrap(), vec![0., 3., 1., 4., 2., 5.]);
+        let u = a.unsqueeze(0);
+        assert_eq!((u.shape(), u.strides()), (&[1, 2, 3][..], &[6, 3, 1][..]));
+        assert!(u.is_contiguous() && u.same_storage(&a));
+        assert_eq!(a.unsqueeze(2).shape(), &[2, 3, 1]);
+        assert_eq!(at.unsqueeze(1).to_vec_f32().unwrap(), at.to_vec_f32().unwrap());
+        let p = a.permute(&[1, 0]).unwrap();
+        assert_eq!((p.shape(), p.strides()), (at.shape(), at.strides()));
+        assert!(a.permute(&[0, 0]).is_err() && a.permute(&[0]).is_err());
         // Rank < 2: t() is the identity.
         let v = Tensor::from_f32(&[1., 2.], &[2], DType::F32, &cpu()).unwrap();
         assert_eq!(v.t().shape(), &[2]);

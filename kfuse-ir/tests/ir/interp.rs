@@ -758,3 +758,90 @@ fn corrupt_kernels_are_rejected_not_run() {
     let e = run_with(&k, &mut [a.arg(), a.arg(), out.arg_mut()], 16).unwrap_err();
     assert!(matches!(e, IrError::Verify { .. }), "{e:?}");
 }
+
+/// `out[N] = x[N] + y[K]` with `K <= N`: lanes past `K` are invalid in `y`, so the
+/// intersection leaves them unstored.
+#[test]
+fn elementwise_validity_is_the_intersection() {
+    let mut b = Builder::new("add_short");
+    let (n, kk) = (b.shape_sym("N"), b.shape_sym("K"));
+    let bn = b.tile_sym("BN");
+    let px = b.tensor_param("x", DType::F32, &[n], false);
+    let py = b.tensor_param("y", DType::F32, &[kk], false);
+    let po = b.tensor_param("out", DType::F32, &[n], true);
+    let off = block_offset(&mut b, 0, bn);
+    let d = [AccessDim::Tile(Extent::Tile(bn))];
+    let x = b.load(px, &[off], &d).unwrap();
+    let y = b.load(py, &[off], &d).unwrap();
+    let s = b.binary(BinaryOp::Add, x, y).unwrap();
+    b.store(po, &[off], &d, s).unwrap();
+    let k = b.finish().unwrap();
+    let (n, kk) = (50, 21);
+    let x = Host::random(DType::F32, &[n], -1.0, 1.0, 230);
+    let y = Host::random(DType::F32, &[kk], -1.0, 1.0, 231);
+    let mut out = Host::filled(DType::F32, &[n], 99.0);
+    run_with(&k, &mut [x.arg(), y.arg(), out.arg_mut()], 16).unwrap();
+    let want: Vec<f64> =
+        (0..n).map(|i| if i < kk { (x.get(&[i]) as f32 + y.get(&[i]) as f32) as f64 } else { 99.0 }).collect();
+    assert_exact(&out.to_vec(), &want, "x + short y");
+}
+
+/// `out[M, N] = x[M, N] * col[M, K][:, c]`: the `[BM, 1]` column tile widened to
+/// `[BM, BN]` is valid only if its lane 0 is, so a column `c >= K` writes nothing.
+#[test]
+fn widened_axis_takes_lane_zero_validity() {
+    let mut b = Builder::new("scale_by_col");
+    let (m, n, kk) = (b.shape_sym("M"), b.shape_sym("N"), b.shape_sym("K"));
+    let (bm, bn) = (b.tile_sym("BM"), b.tile_sym("BN"));
+    let px = b.tensor_param("x", DType::F32, &[m, n], false);
+    let pc = b.tensor_param("col", DType::F32, &[m, kk], false);
+    let (_, c) = b.scalar_param("c", DType::I64);
+    let po = b.tensor_param("out", DType::F32, &[m, n], true);
+    let i = block_offset(&mut b, 0, bm);
+    let j = block_offset(&mut b, 1, bn);
+    let dims = [AccessDim::Tile(Extent::Tile(bm)), AccessDim::Tile(Extent::Tile(bn))];
+    let x = b.load(px, &[i, j], &dims).unwrap();
+    let col = b.load(pc, &[i, c], &[AccessDim::Tile(Extent::Tile(bm)), AccessDim::Tile(Extent::Const(1))]).unwrap();
+    let y = b.binary(BinaryOp::Mul, x, col).unwrap();
+    b.store(po, &[i, j], &dims, y).unwrap();
+    let k = b.finish().unwrap();
+    let (m, n, kk) = (20, 30, 3);
+    let x = Host::random(DType::F32, &[m, n], -1.0, 1.0, 240);
+    let col = Host::random(DType::F32, &[m, kk], -1.0, 1.0, 241);
+    for c in [0i64, 2, 3, -1] {
+        let mut out = Host::filled(DType::F32, &[m, n], 99.0);
+        run_with(&k, &mut [x.arg(), col.arg(), Arg::Scalar(c as f64), out.arg_mut()], 16).unwrap();
+        for r in 0..m {
+            for q in 0..n {
+                let want = if (0..kk as i64).contains(&c) {
+                    (x.get(&[r, q]) as f32 * col.get(&[r, c as usize]) as f32) as f64
+                } else {
+                    99.0
+                };
+                assert_eq!(out.get(&[r, q]), want, "c={c} ({r}, {q})");
+            }
+        }
+    }
+}
+
+/// A unary result is rounded to its dtype before anything else sees it.
+#[test]
+fn unary_results_are_rounded_before_use() {
+    let mut b = Builder::new("exp_bf16");
+    let n = b.shape_sym("N");
+    let bn = b.tile_sym("BN");
+    let px = b.tensor_param("x", DType::BF16, &[n], false);
+    let po = b.tensor_param("out", DType::F32, &[n], true);
+    let off = block_offset(&mut b, 0, bn);
+    let d = [AccessDim::Tile(Extent::Tile(bn))];
+    let x = b.load(px, &[off], &d).unwrap();
+    let e = b.unary(UnaryOp::Exp, x).unwrap();
+    let e = b.cast(e, DType::F32).unwrap();
+    b.store(po, &[off], &d, e).unwrap();
+    let k = b.finish().unwrap();
+    let x = Host::random(DType::BF16, &[100], -3.0, 3.0, 250);
+    let mut out = Host::filled(DType::F32, &[100], f64::NAN);
+    run_with(&k, &mut [x.arg(), out.arg_mut()], 16).unwrap();
+    let want: Vec<f64> = x.to_vec().iter().map(|&v| bf16::from_f32((v as f32).exp()).to_f64()).collect();
+    assert_exact(&out.to_vec(), &want, "bf16 exp seen as f32");
+}

@@ -1,0 +1,138 @@
+//! Memory-bound kernels against the device's own copy bandwidth, measured in the same
+//! run: elementwise add and copy over 2^28 bf16 elements, transpose of 16384×16384 bf16.
+//!
+//! Prints a table (GB/s counting bytes read once and written once, and the fraction of
+//! a device-to-device `cuMemcpyDtoD` measured in the same process), writes it as
+//! `bench.md` and `bench.json` into `$KFUSE_BENCH_OUT` when set, then runs the same
+//! kernels under criterion (skipped with `--table-only`).
+//!
+//! Timing: CUDA events around each launch, 10 warm-ups, 50 timed launches, median.
+//! Inputs are random bf16 (never zeros), far larger than the 50 MB L2. Each kernel's
+//! output is checked once before it is timed.
+
+use std::time::Duration;
+
+use criterion::Criterion;
+use kfuse::ops::kernels;
+use kfuse::{DType, Device, Tensor};
+
+const N: usize = 1 << 28;
+const T: usize = 16384;
+
+fn random_bf16(n: usize, seed: u64, dev: &Device) -> Tensor {
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let mut bytes = Vec::with_capacity(n * 2);
+    for _ in 0..n {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let v = ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0;
+        bytes.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+    }
+    Tensor::from_bytes(&bytes, &[n], DType::BF16, dev).expect("upload")
+}
+
+fn median(mut v: Vec<f32>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2] as f64
+}
+
+struct Row {
+    name: &'static str,
+    shape: String,
+    ms: f64,
+    bytes: f64,
+}
+
+fn dtod(dev: &Device, src: &Tensor, dst: &mut Tensor) -> kfuse::Result<()> {
+    let stream = dev.cuda_stream().expect("gpu");
+    let bytes = src.numel() * src.dtype().size_bytes();
+    unsafe { cudarc::driver::result::memcpy_dtod_async(dst.address(), src.address(), bytes, stream.cu_stream()) }
+        .map_err(|e| kfuse::Error::Driver(format!("{e:?}")))
+}
+
+fn main() -> kfuse::Result<()> {
+    let table_only = std::env::args().any(|a| a == "--table-only");
+    let dev = Device::best();
+    if !dev.is_gpu() {
+        println!("no GPU: nothing to measure (this benchmark needs a CUDA device)");
+        return Ok(());
+    }
+    let a = random_bf16(N, 1, &dev);
+    let b = random_bf16(N, 2, &dev);
+    let mut c = Tensor::empty(&[N], DType::BF16, &dev)?;
+    let x = random_bf16(T * T, 3, &dev).reshape(&[T, T])?;
+    let mut y = Tensor::empty(&[T, T], DType::BF16, &dev)?;
+
+    // correctness, once each
+    kernels::add(&a, &b, &mut c)?;
+    let (av, bv, cv) = (a.to_vec_f32()?, b.to_vec_f32()?, c.to_vec_f32()?);
+    for i in (0..N).step_by(4099) {
+        let want = half::bf16::from_f32(av[i] + bv[i]).to_f32();
+        assert_eq!(cv[i], want, "add wrong at {i}");
+    }
+    kernels::copy(&a, &mut c)?;
+    assert_eq!(c.to_vec_f32()?, av, "copy wrong");
+    kernels::transpose(&x, &mut y)?;
+    let (xv, yv) = (x.to_vec_f32()?, y.to_vec_f32()?);
+    for i in (0..T).step_by(97) {
+        for j in (0..T).step_by(89) {
+            assert_eq!(yv[j * T + i], xv[i * T + j], "transpose wrong at {i},{j}");
+        }
+    }
+
+    let (w, it) = (10, 50);
+    let nb = (N * 2) as f64;
+    let mut rows = Vec::new();
+    let t = median(dev.time_ms(w, it, || dtod(&dev, &a, &mut c))?);
+    rows.push(Row { name: "device copy (cuMemcpyDtoD)", shape: "2^28 bf16".into(), ms: t, bytes: 2.0 * nb });
+    let t = median(dev.time_ms(w, it, || kernels::copy(&a, &mut c).map(|_| ()))?);
+    rows.push(Row { name: "kfuse copy", shape: "2^28 bf16".into(), ms: t, bytes: 2.0 * nb });
+    let t = median(dev.time_ms(w, it, || kernels::add(&a, &b, &mut c).map(|_| ()))?);
+    rows.push(Row { name: "kfuse add", shape: "2^28 bf16".into(), ms: t, bytes: 3.0 * nb });
+    let t = median(dev.time_ms(w, it, || kernels::transpose(&x, &mut y).map(|_| ()))?);
+    rows.push(Row { name: "kfuse transpose", shape: format!("{T}x{T} bf16"), ms: t, bytes: 2.0 * (T * T * 2) as f64 });
+
+    let ceiling = rows[0].bytes / rows[0].ms / 1e6;
+    let mut md = format!("| kernel | shape | time (ms) | GB/s | of copy bandwidth |\n|---|---|---|---|---|\n");
+    let mut json = Vec::new();
+    for r in &rows {
+        let gbs = r.bytes / r.ms / 1e6;
+        md.push_str(&format!("| {} | {} | {:.3} | {:.0} | {:.1}% |\n", r.name, r.shape, r.ms, gbs, 100.0 * gbs / ceiling));
+        json.push(format!(
+            "{{\"kernel\": \"{}\", \"shape\": \"{}\", \"ms\": {:.4}, \"gbps\": {:.1}, \"fraction_of_copy\": {:.4}}}",
+            r.name, r.shape, r.ms, gbs, gbs / ceiling
+        ));
+    }
+    let device = dev.describe();
+    println!("device: {device}\n{md}");
+    if let Ok(out) = std::env::var("KFUSE_BENCH_OUT") {
+        let out = std::path::PathBuf::from(out);
+        std::fs::write(out.join("bench.md"), format!("device: {device}\n\n{md}")).ok();
+        std::fs::write(out.join("bench.json"), format!("{{\"device\": \"{device}\", \"rows\": [\n  {}\n]}}\n", json.join(",\n  "))).ok();
+    }
+    if table_only {
+        return Ok(());
+    }
+
+    let mut crit = Criterion::default().configure_from_args().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    let mut timed = |name: &str, f: &mut dyn FnMut() -> kfuse::Result<()>| {
+        crit.bench_function(name, |bch| {
+            bch.iter_custom(|iters| {
+                let ms = dev.time_ms(0, 1, || {
+                    for _ in 0..iters {
+                        f()?;
+                    }
+                    Ok(())
+                });
+                Duration::from_secs_f64(ms.expect("timing")[0] as f64 / 1e3)
+            })
+        });
+    };
+    timed("device_copy_2^28_bf16", &mut || dtod(&dev, &a, &mut c));
+    timed("copy_2^28_bf16", &mut || kernels::copy(&a, &mut c).map(|_| ()));
+    timed("add_2^28_bf16", &mut || kernels::add(&a, &b, &mut c).map(|_| ()));
+    timed("transpose_16384^2_bf16", &mut || kernels::transpose(&x, &mut y).map(|_| ()));
+    crit.final_summary();
+    Ok(())
+}

@@ -1,0 +1,9 @@
+use kfuse_macros::kfuse;
+include!("../support/fake_kfuse.rs");
+
+#[kfuse(crate = "crate::fake")]
+pub fn k<T: Float>(x: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>, axis: i64) {
+    let i = program_id(axis);
+    out.block([i * BN], [BN]).store(x.block([i * BN], [BN]).load());
+}
+fn main() {}

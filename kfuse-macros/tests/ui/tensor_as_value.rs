@@ -1,0 +1,9 @@
+use kfuse_macros::kfuse;
+include!("../support/fake_kfuse.rs");
+
+#[kfuse(crate = "crate::fake")]
+pub fn k<T: Float>(x: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>) {
+    let i = program_id(0);
+    out.block([i * BN], [BN]).store(x * 2.0);
+}
+fn main() {}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Second half of the GPU round trip, on the GPU host (no Rust there): runs the GPU
+# tests (required to find a GPU), the quickstart and the benchmark; full logs go to the
+# folder given as $1 (default ./gpu-logs); a short table is printed last.
+#   usage: .gpu/gpu-run.sh [LOG_DIR] [--no-bench] [--sanitize]
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+logs="${1:-$PWD/gpu-logs}"; shift || true
+mkdir -p "$logs"
+bench=1; sanitize=0
+for a in "$@"; do
+  case "$a" in --no-bench) bench=0 ;; --sanitize) sanitize=1 ;; esac
+done
+export KFUSE_REQUIRE_GPU=1
+export KFUSE_CACHE_DIR="${KFUSE_CACHE_DIR:-/tmp/kfuse-cache}"
+rows=()
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$logs/device.txt" 2>&1 || true
+for t in gpu errors kfuse_runtime; do
+  bin="$here/bin/$t"
+  [ -x "$bin" ] || { rows+=("test $t: MISSING"); continue; }
+  "$bin" --test-threads=1 > "$logs/test-$t.log" 2>&1
+  rc=$?
+  sum=$(grep -E "^test result:" "$logs/test-$t.log" | tail -1)
+  rows+=("test $t: rc=$rc ${sum:-no summary}")
+done
+if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$here/bin/gpu" --test-threads=1 every_op_on_the_gpu > "$logs/sanitize-$tool.log" 2>&1
+    rows+=("compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY' "$logs/sanitize-$tool.log" | tail -1)")
+  done
+fi
+"$here/bin/quickstart" > "$logs/quickstart.log" 2>&1
+rows+=("quickstart: rc=$? $(grep -m1 'ran ' "$logs/quickstart.log")")
+if [ "$bench" = 1 ]; then
+  KFUSE_BENCH_OUT="$logs" "$here/bin/memory" --table-only > "$logs/bench.log" 2>&1
+  rows+=("bench: rc=$?")
+fi
+echo "=== device: $(cat "$logs/device.txt")"
+[ -f "$logs/bench.md" ] && cat "$logs/bench.md"
+printf '%s\n' "${rows[@]}"
