@@ -194,6 +194,12 @@ struct Step<'k> {
 }
 
 /// Runs `k` on `args` (one per parameter); see the module docs for the semantics.
+///
+/// Errors: the kernel is verified first ([`IrError::Verify`] for a broken graph); grid
+/// derivation errors ([`IrError::Grid`]) pass through; everything else is
+/// [`IrError::Interp`]: argument count, kind, dtype or rank unlike the parameter's, a view
+/// reaching outside its buffer, one shape symbol with two sizes, a tile size of 0, an
+/// `i64` division by zero.
 pub fn run(k: &Kernel, args: &mut [Arg<'_>], opts: &Options) -> Result<()> {
     crate::verify::verify(k, "interp")?;
     let (views, syms) = bind_args(k, args)?;

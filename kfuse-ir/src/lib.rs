@@ -1,7 +1,7 @@
 //! kfuse-ir: the tile IR of kfuse.
 //!
 //! A kernel is a graph of tile ops ([`kernel`]) built with the [`builder`], checked by
-//! the [`verify`]er, printed by [`print`], run on the CPU by the [`interp`]reter, and
+//! the [`verify`]er, printed by [`print`](mod@print), run on the CPU by the [`interp`]reter, and
 //! scheduled by the passes of `kfuse-codegen`, which record their decisions in the
 //! [`schedule`] side table. This crate knows nothing of Rust syntax or CUDA.
 //!

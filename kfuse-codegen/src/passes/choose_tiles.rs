@@ -1,8 +1,11 @@
 //! `choose_tiles`: gives every tile symbol and every full extent a concrete size, and
 //! picks the block's thread count.
 //!
-//! Heuristic (memory-bound tile programs): each block access should move about
-//! 16 KiB (8192 elements of 2-byte types, 4096 of 4-byte ones). For each load/store,
+//! Heuristic (memory-bound tile programs): each block access covers about 4096
+//! elements (8 KiB of 2-byte types, 16 KiB of 4-byte ones): with 256 threads that is
+//! 16 elements, two or four 16-byte vectors, per thread and tensor — enough bytes in
+//! flight, few enough registers that math-heavy bodies (erf, tanh) do not spill. For
+//! each load/store,
 //! the extents that are not tile symbols (literals, padded full extents) are fixed; the
 //! budget left is shared evenly (geometric mean, rounded down to a power of two) among
 //! the tile symbols of that access, and each is capped at the tensor extent it tiles
@@ -47,7 +50,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, _target: &Target) -> Result<(), CodegenE
             _ => continue,
         };
         let p = k.param(tensor);
-        let budget: u64 = if p.dtype.size_bytes() <= 2 { 8192 } else { 4096 };
+        let budget: u64 = 4096;
         let tdims = p.dims().to_vec();
         let mut fixed = 1u64;
         let mut syms: Vec<(TileSym, u32)> = Vec::new();

@@ -845,3 +845,44 @@ fn unary_results_are_rounded_before_use() {
     let want: Vec<f64> = x.to_vec().iter().map(|&v| bf16::from_f32((v as f32).exp()).to_f64()).collect();
     assert_exact(&out.to_vec(), &want, "bf16 exp seen as f32");
 }
+
+/// Rank-0 loads: `out[i] = x[i + shift]`. An out-of-range scalar load gives the valid
+/// scalar 0 (the masked-load default), which is stored.
+#[test]
+fn scalar_loads_out_of_range_read_zero() {
+    let mut b = Builder::new("shift");
+    let n = b.shape_sym("N");
+    let px = b.tensor_param("x", DType::F32, &[n], false);
+    let po = b.tensor_param("out", DType::F32, &[n], true);
+    let (_, shift) = b.scalar_param("shift", DType::I64);
+    let i = b.program_id(0).unwrap();
+    let src = b.binary(BinaryOp::Add, i, shift).unwrap();
+    let x = b.load(px, &[src], &[AccessDim::Index]).unwrap();
+    assert!(b.ty(x).is_scalar());
+    b.store(po, &[i], &[AccessDim::Index], x).unwrap();
+    let k = b.finish().unwrap();
+    let x = Host::random(DType::F32, &[9], 1.0, 2.0, 260);
+    let mut out = Host::filled(DType::F32, &[9], 99.0);
+    run_with(&k, &mut [x.arg(), out.arg_mut(), Arg::Scalar(4.0)], 16).unwrap();
+    let want: Vec<f64> = (0..9).map(|i| if i + 4 < 9 { x.get(&[i + 4]) } else { 0.0 }).collect();
+    assert_exact(&out.to_vec(), &want, "shifted scalar loads");
+}
+
+/// Rows of width 0: the reductions see no lane; a `Full(N)` tile of extent 0 is empty.
+#[test]
+fn zero_width_rows() {
+    let mut k2 = row_stats(false);
+    set_tile(&mut k2, "BN", 4);
+    let x = Host::filled(DType::F32, &[3, 0], 0.0);
+    let mut outs: Vec<Host> = (0..4).map(|_| Host::filled(DType::F32, &[3], 7.0)).collect();
+    let mut args = vec![x.arg()];
+    args.extend(outs.iter_mut().map(|o| o.arg_mut()));
+    run_with(&k2, &mut args, 16).unwrap();
+    assert_exact(&outs[0].to_vec(), &[0.0; 3], "sum");
+    assert_exact(&outs[3].to_vec(), &[f64::NAN; 3], "mean");
+
+    let k = softmax_row(DType::F32);
+    let x = Host::filled(DType::F32, &[3, 0], 0.0);
+    let mut out = Host::filled(DType::F32, &[3, 0], 0.0);
+    run_with(&k, &mut [x.arg(), out.arg_mut()], 16).unwrap();
+}
