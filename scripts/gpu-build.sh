@@ -17,7 +17,7 @@ for line in sys.stdin:
 }
 {
   cargo test --release --no-run --message-format=json --test gpu --test errors
-  cargo test --release --no-run --message-format=json -p kfuse-runtime --lib
+  cargo test --release --no-run --message-format=json -p kfuse-runtime --lib --test gpu_runtime
   cargo bench --no-run --message-format=json --bench memory
   cargo build --release --message-format=json --example quickstart
 } 2>/dev/null | collect | while read -r name path; do

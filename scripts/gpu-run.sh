@@ -15,7 +15,7 @@ export KFUSE_REQUIRE_GPU=1
 export KFUSE_CACHE_DIR="${KFUSE_CACHE_DIR:-/tmp/kfuse-cache}"
 rows=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$logs/device.txt" 2>&1 || true
-for t in gpu errors kfuse_runtime; do
+for t in gpu errors kfuse_runtime gpu_runtime; do
   bin="$here/bin/$t"
   [ -x "$bin" ] || { rows+=("test $t: MISSING"); continue; }
   "$bin" --test-threads=1 > "$logs/test-$t.log" 2>&1

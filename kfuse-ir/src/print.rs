@@ -122,6 +122,9 @@ pub fn print(k: &Kernel) -> String {
             if let Some(l) = s.layouts.get(&op.value()) {
                 let _ = writeln!(out, "  {} {}", op.value(), layout_str(l));
             }
+            if let Some(m) = s.smem.get(&op.value()) {
+                let _ = writeln!(out, "  {} smem {m:?}", op.value());
+            }
             if let Some(v) = s.vector.get(&op) {
                 let _ = writeln!(out, "  {} {} vector={v}", op.value(), k.op(op).mnemonic());
             }

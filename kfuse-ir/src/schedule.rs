@@ -43,6 +43,19 @@ pub enum Layout {
     Slice { parent: Blocked, axis: u32 },
 }
 
+/// How a layout conversion lays its tile out in shared memory (rank-2 tiles are stored
+/// row-major over the value's axes, `C` elements a row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SmemLayout {
+    /// Rows padded by `pad` elements; every access is one element.
+    Padded { pad: u32 },
+    /// No padding; the `vec`-element chunk `j` of row `r` is stored at chunk
+    /// `j ^ ((r / phase_div) % (C / vec))`. The side whose fastest axis is the row moves
+    /// whole chunks (one vector access each); the other side, which walks down columns
+    /// `phase_div` rows at a time, finds the lanes of one access in distinct banks.
+    Swizzled { vec: u32, phase_div: u32 },
+}
+
 /// Everything the scheduling passes decided for one kernel specialization.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Schedule {
@@ -56,6 +69,8 @@ pub struct Schedule {
     pub layouts: BTreeMap<ValueId, Layout>,
     /// Elements per vector access for each load and store (1 = scalar accesses).
     pub vector: BTreeMap<OpId, u32>,
+    /// The shared-memory layout of each `Convert`.
+    pub smem: BTreeMap<ValueId, SmemLayout>,
     /// Bytes of shared memory the kernel needs (layout conversions, reductions).
     pub smem_bytes: u32,
 }

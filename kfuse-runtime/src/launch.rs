@@ -421,7 +421,29 @@ pub fn spec_for(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Spec> {
         })
         .collect();
     let shape_pow2 = vals.iter().map(|&v| v.max(1).next_power_of_two().min(1 << 31) as u32).collect();
-    Ok(Spec { tensors, shape_pow2, ..Default::default() })
+    Ok(Spec { tensors, shape_pow2, tiles: tile_overrides()? })
+}
+
+/// Tile-size overrides from `KFUSE_TILES` (`BM=128,BN=64`): every kernel with a tile
+/// symbol of that name uses that size instead of the scheduler's choice. Part of the
+/// specialization, so each setting compiles (and caches) its own module.
+pub fn tile_overrides() -> Result<std::collections::BTreeMap<String, u32>> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(v) = std::env::var("KFUSE_TILES") else { return Ok(out) };
+    for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let parsed = part.split_once('=').and_then(|(k, n)| Some((k.trim().to_string(), n.trim().parse::<u32>().ok()?)));
+        match parsed {
+            Some((k, n)) if n.is_power_of_two() => {
+                out.insert(k, n);
+            }
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "KFUSE_TILES: `{part}` is not NAME=SIZE with SIZE a power of two (e.g. KFUSE_TILES=BM=128,BN=64)"
+                )))
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Builds the IR of `def` for `dtypes` and generates code for `spec` and `target`

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, Op, OpId, ParamKind, ReduceOp, UnaryOp, ValueId};
+use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, Op, OpId, ParamKind, ReduceOp, SmemLayout, UnaryOp, ValueId};
 
 use crate::analysis::{concrete_shape, extent_value, non_negative};
 use crate::cuda::prelude::PRELUDE;
@@ -89,6 +89,16 @@ fn float_lit(v: f64) -> String {
         let s = format!("{f:?}");
         let s = if s.contains('.') || s.contains('e') { s } else { format!("{s}.0") };
         format!("{s}f")
+    }
+}
+
+/// The vector type moving `bytes` bytes at once.
+fn vec_type(bytes: u32) -> Result<&'static str, CodegenError> {
+    match bytes {
+        16 => Ok("kf_v16"),
+        8 => Ok("kf_v8"),
+        4 => Ok("kf_v4"),
+        b => Err(CodegenError::Unsupported(format!("a vector of {b} bytes"))),
     }
 }
 
@@ -618,42 +628,114 @@ impl<'a> Emitter<'a> {
         let shape = s.shape.clone();
         self.vals.insert(v, val);
         let esz = d.size_bytes() as u32;
-        let pad = if shape.len() > 1 { (4 / esz).max(1) } else { 0 };
-        let row = *shape.last().unwrap() + pad;
+        let sl = self.k.schedule.smem.get(&v).copied().unwrap_or(SmemLayout::Padded { pad: 0 });
+        let cols = *shape.last().unwrap();
+        let row = match sl {
+            SmemLayout::Padded { pad } => cols + pad,
+            SmemLayout::Swizzled { .. } => cols,
+        };
         let rows: u32 = shape[..shape.len() - 1].iter().product::<u32>().max(1);
         self.smem = self.smem.max(rows * row * esz);
-        let lin = |map: &RegMap, axis_map: &[Option<usize>], wrap: bool| -> String {
-            let mut lin = String::from("0");
-            for (a, am) in axis_map.iter().enumerate() {
-                let c = match am {
-                    None => "0".to_string(),
-                    Some(i) => if wrap { coord(map, *i, "k") } else { coord_raw(map, *i, "k") },
-                };
-                let stride = if a + 1 == axis_map.len() { 1 } else { shape[a + 1..].iter().product::<u32>() / shape[shape.len() - 1] * row };
-                lin = if lin == "0" { format!("{c} * {stride}") } else { format!("{lin} + {c} * {stride}") };
+        // the smem index of (coordinates along the value axes)
+        let index = |c: &[String]| -> String {
+            if c.len() == 1 {
+                return c[0].clone();
             }
-            lin
+            let (r, col) = (&c[0], &c[1]);
+            match sl {
+                SmemLayout::Padded { .. } => format!("({r}) * {row} + ({col})"),
+                SmemLayout::Swizzled { vec, phase_div } => format!(
+                    "({r}) * {row} + (((({col}) / {vec}) ^ ((({r}) / {phase_div}) % {})) * {vec}) + (({col}) % {vec})",
+                    cols / vec
+                ),
+            }
         };
+        let coords = |map: &RegMap, axis_map: &[Option<usize>], k: &str, wrap: bool| -> Vec<String> {
+            axis_map
+                .iter()
+                .map(|am| match am {
+                    None => "0".to_string(),
+                    Some(i) => if wrap { coord(map, *i, k) } else { coord_raw(map, *i, k) },
+                })
+                .collect()
+        };
+        // the vector width each side moves: whole swizzle chunks along the row
+        let side_vec = |map: &RegMap, axis_map: &[Option<usize>]| -> u32 {
+            match sl {
+                SmemLayout::Swizzled { vec, .. } => {
+                    let last = axis_map.last().copied().flatten();
+                    if last.is_some() && map.fastest_axis() == last && map.axes[last.unwrap()].spt >= vec { vec } else { 1 }
+                }
+                _ => 1,
+            }
+        };
+        let all: Vec<Option<usize>> = (0..shape.len()).map(Some).collect();
+        let (wv, rv) = (side_vec(&smap, &s.axis_map), side_vec(&dmap, &all));
         let st = stype(d);
         self.open("")?;
         self.line("__syncthreads();")?;
         self.line(format!("{st}* kf_cv = reinterpret_cast<{st}*>(kf_smem);"))?;
-        self.unroll("k", smap.regs)?;
+        // write
+        self.unroll("g", smap.regs / wv)?;
+        self.line(format!("const int k = g * {wv};"))?;
         let own = owner(&smap, "k");
-        let wl = lin(&smap, &s.axis_map, false);
-        let put = format!("kf_cv[{wl}] = {};", from_reg(d, &format!("{}[k]", s.name)));
-        if own == "true" {
-            self.line(put)?;
+        let widx = index(&coords(&smap, &s.axis_map, "k", false));
+        if own != "true" {
+            self.open(format!("if ({own})"))?;
+        }
+        if wv > 1 {
+            let vt = vec_type(wv * esz)?;
+            self.line(format!("{vt} q;"))?;
+            self.pack("q", d, &s.name, "k", wv)?;
+            self.line(format!("*reinterpret_cast<{vt}*>(kf_cv + {widx}) = q;"))?;
         } else {
-            self.line(format!("if ({own}) {put}"))?;
+            self.line(format!("kf_cv[{widx}] = {};", from_reg(d, &format!("{}[k]", s.name))))?;
+        }
+        if own != "true" {
+            self.close()?;
         }
         self.close()?;
         self.line("__syncthreads();")?;
-        self.unroll("k", dmap.regs)?;
-        let dl = lin(&dmap, &(0..shape.len()).map(Some).collect::<Vec<_>>(), true);
-        self.line(format!("{name}[k] = {};", to_reg(d, &format!("kf_cv[{dl}]"))))?;
+        // read
+        self.unroll("g", dmap.regs / rv)?;
+        self.line(format!("const int k = g * {rv};"))?;
+        let ridx = index(&coords(&dmap, &all, "k", true));
+        if rv > 1 {
+            let vt = vec_type(rv * esz)?;
+            self.line(format!("const {vt} q = *reinterpret_cast<const {vt}*>(kf_cv + {ridx});"))?;
+            self.unpack("q", d, &name, "k", rv)?;
+        } else {
+            self.line(format!("{name}[k] = {};", to_reg(d, &format!("kf_cv[{ridx}]"))))?;
+        }
         self.close()?;
         self.close()
+    }
+
+    /// Packs registers `arr[k + 0 .. k + w]` into the words of vector `q`.
+    fn pack(&mut self, q: &str, d: DType, arr: &str, k: &str, w: u32) -> R {
+        let words = (w * d.size_bytes() as u32 / 4).max(1);
+        for wi in 0..words {
+            let e = match d.size_bytes() {
+                4 => format!("__float_as_uint({arr}[{k} + {wi}])"),
+                2 => format!("kf_pack16({}, {})", from_reg(d, &format!("{arr}[{k} + {}]", 2 * wi)), from_reg(d, &format!("{arr}[{k} + {}]", 2 * wi + 1))),
+                n => return Err(CodegenError::Unsupported(format!("vectors of {n}-byte elements"))),
+            };
+            self.line(format!("{q}.w[{wi}] = {e};"))?;
+        }
+        Ok(())
+    }
+
+    /// Unpacks vector `q` into registers `arr[k + 0 .. k + w]`.
+    fn unpack(&mut self, q: &str, d: DType, arr: &str, k: &str, w: u32) -> R {
+        for j in 0..w {
+            let e = match d.size_bytes() {
+                4 => format!("__uint_as_float({q}.w[{j}])"),
+                2 => to_reg(d, &format!("kf_{}16({q}.w[{}])", if j % 2 == 0 { "lo" } else { "hi" }, j / 2)),
+                n => return Err(CodegenError::Unsupported(format!("vectors of {n}-byte elements"))),
+            };
+            self.line(format!("{arr}[{k} + {j}] = {e};"))?;
+        }
+        Ok(())
     }
 
     /// Loads (`store == None`) or stores a block.
@@ -798,42 +880,17 @@ impl<'a> Emitter<'a> {
             last[ft] = format!("({} + {})", cvars[ft], w - 1);
             let cond = inb(&last, &own_c);
             let cond = format!("{} && {}", cond, inb(&cvars, ""));
-            let bytes = w * d.size_bytes() as u32;
-            let vt = match bytes {
-                16 => "kf_v16",
-                8 => "kf_v8",
-                4 => "kf_v4",
-                _ => "",
-            };
+            let vt = vec_type(w * d.size_bytes() as u32)?;
             let a0 = addr(&cvars, self);
             self.open(format!("if ({cond})"))?;
-            if vt.is_empty() {
-                // a 2-byte vector of one 16-bit element cannot happen (w > 1)
-                return Err(CodegenError::Unsupported(format!("vector of {bytes} bytes")));
-            }
-            let words = bytes / 4;
             match store {
                 None => {
                     self.line(format!("const {vt} q = *reinterpret_cast<const {vt}*>({base} + {a0});"))?;
-                    for j in 0..w {
-                        let e = match d.size_bytes() {
-                            4 => format!("__uint_as_float(q.w[{j}])"),
-                            2 => to_reg(d, &format!("kf_{}16(q.w[{}])", if j % 2 == 0 { "lo" } else { "hi" }, j / 2)),
-                            _ => unreachable!(),
-                        };
-                        self.line(format!("{vname}[k0 + {j}] = {e};"))?;
-                    }
+                    self.unpack("q", d, &vname, "k0", w)?;
                 }
                 Some(_) => {
                     self.line(format!("{vt} q;"))?;
-                    for wi in 0..words {
-                        let e = match d.size_bytes() {
-                            4 => format!("__float_as_uint({vname}[k0 + {wi}])"),
-                            2 => format!("kf_pack16({}, {})", from_reg(d, &format!("{vname}[k0 + {}]", 2 * wi)), from_reg(d, &format!("{vname}[k0 + {}]", 2 * wi + 1))),
-                            _ => unreachable!(),
-                        };
-                        self.line(format!("q.w[{wi}] = {e};"))?;
-                    }
+                    self.pack("q", d, &vname, "k0", w)?;
                     self.line(format!("*reinterpret_cast<{vt}*>({base} + {a0}) = q;"))?;
                 }
             }

@@ -16,8 +16,13 @@
 //! - a `Store` whose value's fastest axis is not the tile axis over the output's
 //!   unit-stride dimension gets a `Convert` to the store's anchor layout, so that
 //!   writes are coalesced (this is where a transpose goes through shared memory).
+//!
+//! Then every rank-2 `Convert` gets its shared-memory layout ([`SmemLayout`]): when one
+//! side holds vectors along the row (the last axis) and the other walks down columns,
+//! the chunks are XOR-swizzled by row so that both sides are free of bank conflicts and
+//! the row side moves whole vectors; otherwise rows are padded by one 32-bit word.
 
-use kfuse_ir::{AccessDim, Blocked, DType, Kernel, Layout, Op, OpId, ValueId};
+use kfuse_ir::{AccessDim, Blocked, DType, Kernel, Layout, Op, OpId, SmemLayout, ValueId};
 
 use crate::analysis::concrete_shape;
 use crate::layout::{blocked, permute};
@@ -193,5 +198,31 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
             }
         }
     }
+    for op in k.order.clone() {
+        if let Op::Convert = k.op(op) {
+            let src = k.operands(op)[0];
+            let m = smem_layout(k.ty(src).rank(), &layout_of(k, src), &layout_of(k, op.value()), k.ty(src).dtype);
+            k.schedule.smem.insert(op.value(), m);
+        }
+    }
     Ok(())
+}
+
+/// The shared-memory layout of a conversion between two layouts (see the module docs).
+fn smem_layout(rank: usize, from: &Layout, to: &Layout, dtype: DType) -> SmemLayout {
+    let esz = dtype.size_bytes() as u32;
+    if rank != 2 {
+        return SmemLayout::Padded { pad: 0 };
+    }
+    let padded = SmemLayout::Padded { pad: (4 / esz).max(1) };
+    let (Layout::Blocked(a), Layout::Blocked(b)) = (from, to) else { return padded };
+    let row_vec = |l: &Blocked| if l.order[0] == 1 { l.size_per_thread[1] } else { 1 };
+    let col_run = |l: &Blocked| if l.order[0] == 0 { l.size_per_thread[0] } else { 1 };
+    let (va, vb) = (row_vec(a), row_vec(b));
+    let (vec, other) = if va > 1 && vb <= 1 { (va, b) } else if vb > 1 && va <= 1 { (vb, a) } else { return padded };
+    let c = a.shape[1];
+    if vec * esz > 16 || c / vec < 2 {
+        return padded;
+    }
+    SmemLayout::Swizzled { vec, phase_div: col_run(other).max(1) }
 }
