@@ -111,7 +111,7 @@ pub fn print(k: &Kernel) -> String {
     }
     let s = &k.schedule;
     if s.is_scheduled() {
-        let _ = writeln!(out, "schedule: threads={} smem={}B", s.num_threads, s.smem_bytes);
+        let _ = writeln!(out, "schedule: threads={} min_blocks={} smem={}B", s.num_threads, s.min_blocks, s.smem_bytes);
         for (t, v) in &s.tiles {
             let _ = writeln!(out, "  tile {} = {v}", k.tile_name(*t));
         }

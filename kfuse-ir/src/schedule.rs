@@ -61,6 +61,9 @@ pub enum SmemLayout {
 pub struct Schedule {
     /// Threads per block; 0 means "not scheduled yet".
     pub num_threads: u32,
+    /// Blocks per multiprocessor the register allocator must leave room for
+    /// (`__launch_bounds__`'s second argument); 0 leaves the choice to the assembler.
+    pub min_blocks: u32,
     /// The chosen value of each tile symbol.
     pub tiles: BTreeMap<TileSym, u32>,
     /// The compiled extent of each shape symbol used as a full tile extent.

@@ -16,10 +16,16 @@
 //! full-extent rows), so each thread keeps a few 16-byte vectors in flight. A value
 //! needing more than 64 registers per thread is refused (long rows need the
 //! multi-block plan of a later pass).
+//!
+//! Register room: a body with transcendental math (exp, log, erf, tanh, sigmoid, …)
+//! asks for one block per multiprocessor (`min_blocks = 1`), which lets the assembler
+//! use the registers the math needs instead of spilling to reach an occupancy target;
+//! a body that only moves and combines data leaves the choice to the assembler, which
+//! keeps registers low and occupancy — the bytes in flight — high.
 
 use std::collections::BTreeMap;
 
-use kfuse_ir::{AccessDim, Extent, Kernel, Op, TileSym};
+use kfuse_ir::{AccessDim, Extent, Kernel, Op, TileSym, UnaryOp};
 
 use crate::analysis::concrete_shape;
 use crate::target::{Spec, Target};
@@ -108,6 +114,10 @@ pub fn run(k: &mut Kernel, spec: &Spec, _target: &Target) -> Result<(), CodegenE
         )));
     }
     k.schedule.num_threads = threads;
+    let math = k.order.iter().any(|&op| {
+        matches!(k.op(op), Op::Unary(u) if !matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not))
+    });
+    k.schedule.min_blocks = if math { 1 } else { 0 };
     Ok(())
 }
 
