@@ -80,7 +80,7 @@ fn schedule_section() {
     k.schedule.vector.insert(load, 4);
     let text = print(&k);
     let tail = "\
-schedule: threads=32 smem=0B
+schedule: threads=32 min_blocks=0 smem=0B
   tile BN = 128
   %3 blocked(shape=[128] spt=[4] tpw=[32] wpb=[1] order=[0])
   %3 load vector=4
