@@ -15,10 +15,10 @@ export KFUSE_REQUIRE_GPU=1
 export KFUSE_CACHE_DIR="${KFUSE_CACHE_DIR:-/tmp/kfuse-cache}"
 rows=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$logs/device.txt" 2>&1 || true
-for t in gpu errors kfuse_runtime gpu_runtime; do
+for t in gpu errors user_kernels kfuse_runtime gpu_runtime; do
   bin="$here/bin/$t"
   [ -x "$bin" ] || { rows+=("test $t: MISSING"); continue; }
-  "$bin" --test-threads=1 > "$logs/test-$t.log" 2>&1
+  "$bin" --test-threads=1 --show-output > "$logs/test-$t.log" 2>&1
   rc=$?
   sum=$(grep -E "^test result:" "$logs/test-$t.log" | tail -1)
   rows+=("test $t: rc=$rc ${sum:-no summary}")
@@ -26,7 +26,7 @@ done
 if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$here/bin/gpu" --test-threads=1 every_op_on_the_gpu > "$logs/sanitize-$tool.log" 2>&1
-    rows+=("compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY' "$logs/sanitize-$tool.log" | tail -1)")
+    rows+=("compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitize-$tool.log" | tail -1)")
   done
 fi
 "$here/bin/quickstart" > "$logs/quickstart.log" 2>&1

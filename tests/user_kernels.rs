@@ -1,0 +1,123 @@
+//! Kernels a user writes, beyond `kfuse::ops`: reductions along either axis, full-row
+//! tiles, keep-dim broadcasting, mixed output dtypes. They run on the best device
+//! there is (the interpreter in CI, the GPU on the GPU host) against float64.
+
+mod common;
+
+use kfuse::prelude::*;
+use kfuse::DType;
+
+/// Softmax of each row, one row per program.
+#[kfuse]
+pub fn softmax_rows<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>) {
+    let r = program_id(0);
+    let v = x.row(r).load().to_f32();
+    let e = exp(v - v.max());
+    out.row(r).store((e / e.sum()).cast::<T>());
+}
+
+/// Each row minus its mean, `BM` rows per program (reduction with keep-dim broadcast).
+#[kfuse]
+pub fn center_rows<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
+    out.block([i * BM, 0], [BM, N]).store((t - t.mean_keepdim(1)).cast::<T>());
+}
+
+/// Column sums into an f32 vector (reduction along axis 0).
+#[kfuse]
+pub fn col_sums<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<f32, (N,)>) {
+    let j = program_id(0);
+    let t = x.block([0, j * BN], [M, BN]).load().to_f32();
+    out.block([j * BN], [BN]).store(t.sum_axis(0));
+}
+
+/// Row maxima and minima of a 2-D tile (both reductions, one program per row block).
+#[kfuse]
+pub fn row_range<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M,)>) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load();
+    out.block([i * BM], [BM]).store(t.max_axis(1) - t.min_axis(1));
+}
+
+fn dev() -> Device {
+    Device::best()
+}
+
+fn rows(v: &[f64], n: usize) -> Vec<&[f64]> {
+    v.chunks(n).collect()
+}
+
+fn check(name: &str, dt: DType, shape: (usize, usize), got: &[f64], want: Vec<f64>, tol: f64) {
+    let want: Vec<f64> = want.into_iter().collect();
+    let e = common::rel_err(got, &want);
+    assert!(e <= tol, "{name} {dt} {shape:?}: relative error {e:.3e} > {tol:.1e}");
+}
+
+#[test]
+fn softmax_of_rows() {
+    for dt in common::DTYPES {
+        for &(m, n) in &[(1, 1), (7, 3), (3, 1000), (2, 4097)] {
+            let (x, xv) = common::random_tensor(&[m, n], dt, (m * n) as u64, 0.0, &dev());
+            let mut out = common::poisoned(&[m, n], dt, &dev());
+            softmax_rows(&x, &mut out).unwrap();
+            let mut want = Vec::new();
+            for r in rows(&xv, n) {
+                let mx = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let s: f64 = r.iter().map(|v| (v - mx).exp()).sum();
+                want.extend(r.iter().map(|v| (v - mx).exp() / s));
+            }
+            check("softmax_rows", dt, (m, n), &out.to_vec_f64().unwrap(), want, common::tolerance(dt));
+        }
+    }
+}
+
+#[test]
+fn centering_rows_with_keepdim() {
+    for dt in common::DTYPES {
+        for &(m, n) in &[(5, 3), (37, 1000), (1, 2049)] {
+            let (x, xv) = common::random_tensor(&[m, n], dt, 11 + m as u64, 0.0, &dev());
+            let mut out = common::poisoned(&[m, n], dt, &dev());
+            center_rows(&x, &mut out).unwrap();
+            let mut want = Vec::new();
+            for r in rows(&xv, n) {
+                let mean = r.iter().sum::<f64>() / n as f64;
+                want.extend(r.iter().map(|v| v - mean));
+            }
+            check("center_rows", dt, (m, n), &out.to_vec_f64().unwrap(), want, 4.0 * common::tolerance(dt));
+        }
+    }
+}
+
+#[test]
+fn column_sums() {
+    for dt in common::DTYPES {
+        for &(m, n) in &[(1, 7), (37, 1000), (300, 33)] {
+            let (x, xv) = common::random_tensor(&[m, n], dt, 23 + n as u64, 0.0, &dev());
+            let mut out = common::poisoned(&[n], DType::F32, &dev());
+            col_sums(&x, &mut out).unwrap();
+            let want: Vec<f64> = (0..n).map(|j| (0..m).map(|i| xv[i * n + j]).sum()).collect();
+            check("col_sums", dt, (m, n), &out.to_vec_f64().unwrap(), want, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn row_ranges() {
+    for dt in common::DTYPES {
+        for &(m, n) in &[(1, 1), (9, 5), (130, 517)] {
+            let (x, xv) = common::random_tensor(&[m, n], dt, 31 + m as u64, 0.0, &dev());
+            let mut out = common::poisoned(&[m], dt, &dev());
+            row_range(&x, &mut out).unwrap();
+            let want: Vec<f64> = rows(&xv, n)
+                .iter()
+                .map(|r| {
+                    let mx = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let mn = r.iter().cloned().fold(f64::INFINITY, f64::min);
+                    dt.round(mx - mn)
+                })
+                .collect();
+            check("row_range", dt, (m, n), &out.to_vec_f64().unwrap(), want, 0.0);
+        }
+    }
+}
