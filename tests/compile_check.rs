@@ -10,50 +10,9 @@ use std::process::Command;
 
 use kfuse::codegen::{compile, Target};
 
-fn ptxas() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Ok(p) = std::env::var("KFUSE_PTXAS") {
-        candidates.push(p.into());
-    }
-    candidates.push(root.join(".cuda/nvidia/cu13/bin/ptxas"));
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Ok(p) = std::env::var(var) {
-            candidates.push(PathBuf::from(p).join("bin/ptxas"));
-        }
-    }
-    candidates.push("/usr/local/cuda/bin/ptxas".into());
-    candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
-        panic!(
-            "ptxas not found (looked at {candidates:?}); run scripts/test.sh, which installs it with \
-             `python3 -m pip install --target .cuda \"nvidia-cuda-nvcc==13.0.*\"`"
-        )
-    })
-}
-
-/// (registers, spill bytes) from `ptxas -v` output.
-fn resources(log: &str) -> (u32, u32) {
-    let mut regs = 0;
-    let mut spill = 0;
-    for l in log.lines() {
-        if let Some(i) = l.find("Used ") {
-            regs = l[i + 5..].split_whitespace().next().and_then(|s| s.parse().ok()).unwrap_or(0);
-        }
-        if l.contains("spill stores") {
-            for part in l.split(',') {
-                let part = part.trim();
-                if part.ends_with("spill stores") || part.ends_with("spill loads") {
-                    spill += part.split_whitespace().next().and_then(|s| s.parse::<u32>().ok()).unwrap_or(0);
-                }
-            }
-        }
-    }
-    (regs, spill)
-}
-
 #[test]
 fn every_kernel_compiles_without_spills() {
-    let ptxas = ptxas();
+    let ptxas = common::ptxas();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("compile_check");
     std::fs::create_dir_all(&dir).unwrap();
     let mut failures = Vec::new();
@@ -86,7 +45,7 @@ fn every_kernel_compiles_without_spills() {
                     failures.push(format!("{} {dt} {}: ptxas failed:\n{log}", case.name, e.arch));
                     continue;
                 }
-                let (regs, spill) = resources(&log);
+                let (regs, spill) = common::ptxas_resources(&log);
                 assert!(regs > 0, "could not read ptxas output:\n{log}");
                 if spill > 0 {
                     failures.push(format!("{} {dt} {}: {spill} bytes of spills ({regs} registers)", case.name, e.arch));
@@ -102,5 +61,5 @@ fn every_kernel_compiles_without_spills() {
 #[test]
 fn ptxas_log_parsing() {
     let log = "ptxas info    : Used 98 registers, used 0 barriers\n    8 bytes stack frame, 12 bytes spill stores, 4 bytes spill loads";
-    assert_eq!(resources(log), (98, 16));
+    assert_eq!(common::ptxas_resources(log), (98, 16));
 }

@@ -14,21 +14,24 @@
 
 use kfuse_ir::{Blocked, Layout};
 
-/// Builds the default blocked layout for a tile: `vec` consecutive elements per thread
-/// along `order[0]`, then the 32 lanes and the warps spread along `order` (fastest
-/// first). Threads left over once the tile is covered hold replicas.
-pub fn blocked(shape: &[u32], order: &[u32], vec: u32, num_threads: u32) -> Blocked {
+/// Builds a blocked layout for a tile: `vec` consecutive elements per thread along
+/// `order[0]`, the 32 lanes spread along `order` (fastest first), the warps along
+/// `warp_order`, each axis cut into `ctas[a]` pieces across a cluster. Threads left over
+/// once a piece is covered hold replicas (lanes along the fastest axis, warps along the
+/// last axis of `warp_order`).
+pub fn blocked(shape: &[u32], order: &[u32], vec: u32, num_threads: u32, warp_order: &[u32], ctas: &[u32]) -> Blocked {
     let r = shape.len();
+    let piece: Vec<u32> = (0..r).map(|a| (shape[a] / ctas.get(a).copied().unwrap_or(1)).max(1)).collect();
     let mut spt = vec![1u32; r];
     let mut tpw = vec![1u32; r];
     let mut wpb = vec![1u32; r];
     let f = order[0] as usize;
-    spt[f] = vec.min(shape[f]).max(1);
+    spt[f] = vec.min(piece[f]).max(1);
     // lanes
     let mut lanes = 32u32;
     for &a in order {
         let a = a as usize;
-        let room = (shape[a] / spt[a]).max(1);
+        let room = (piece[a] / spt[a]).max(1);
         let t = lanes.min(room);
         tpw[a] = t;
         lanes /= t;
@@ -36,16 +39,23 @@ pub fn blocked(shape: &[u32], order: &[u32], vec: u32, num_threads: u32) -> Bloc
     tpw[f] *= lanes; // replicas along the fastest axis
     // warps
     let mut warps = (num_threads / 32).max(1);
-    for &a in order {
+    for &a in warp_order {
         let a = a as usize;
-        let room = (shape[a] / (spt[a] * tpw[a])).max(1);
+        let room = (piece[a] / (spt[a] * tpw[a])).max(1);
         let w = warps.min(room);
         wpb[a] = w;
         warps /= w;
     }
-    let slow = *order.last().unwrap() as usize;
-    wpb[slow] *= warps; // replicas along the slowest axis
-    Blocked { shape: shape.to_vec(), size_per_thread: spt, threads_per_warp: tpw, warps_per_block: wpb, order: order.to_vec() }
+    let slow = *warp_order.last().unwrap() as usize;
+    wpb[slow] *= warps; // replicas
+    Blocked {
+        shape: shape.to_vec(),
+        size_per_thread: spt,
+        threads_per_warp: tpw,
+        warps_per_block: wpb,
+        order: order.to_vec(),
+        ctas_per_cluster: (0..r).map(|a| ctas.get(a).copied().unwrap_or(1)).collect(),
+    }
 }
 
 /// Reorders a blocked layout's axes: result axis `i` is axis `perm[i]`.
@@ -61,6 +71,7 @@ pub fn permute(b: &Blocked, perm: &[u32]) -> Blocked {
         threads_per_warp: pick(&b.threads_per_warp),
         warps_per_block: pick(&b.warps_per_block),
         order: b.order.iter().map(|&o| inv[o as usize]).collect(),
+        ctas_per_cluster: pick(&b.ctas_per_cluster),
     }
 }
 
@@ -70,6 +81,9 @@ pub struct AxisMap {
     /// The axis of the parent blocked layout this value axis is.
     pub parent_axis: usize,
     pub shape: u32,
+    /// Blocks of the cluster this axis is cut across, and the piece each holds.
+    pub ctas: u32,
+    pub piece: u32,
     pub spt: u32,
     pub reps: u32,
     /// Register-index strides of this axis's element and repetition digits.
@@ -85,9 +99,10 @@ pub struct AxisMap {
 }
 
 impl AxisMap {
-    /// True when one sweep covers more than the axis: some threads hold replicas.
+    /// True when one sweep covers more than the axis's piece: some threads hold
+    /// replicas.
     pub fn replicated(&self) -> bool {
-        self.chunk > self.shape
+        self.chunk > self.piece
     }
 }
 
@@ -109,11 +124,15 @@ fn axis_maps(p: &Blocked) -> Vec<AxisMap> {
     let mut maps: Vec<AxisMap> = (0..r)
         .map(|a| {
             let chunk = p.size_per_thread[a] * p.threads_per_warp[a] * p.warps_per_block[a];
+            let ctas = p.ctas_per_cluster.get(a).copied().unwrap_or(1).max(1);
+            let piece = (p.shape[a] / ctas).max(1);
             AxisMap {
                 parent_axis: a,
                 shape: p.shape[a],
+                ctas,
+                piece,
                 spt: p.size_per_thread[a],
-                reps: p.shape[a].div_ceil(chunk).max(1),
+                reps: piece.div_ceil(chunk).max(1),
                 e_stride: 0,
                 rep_stride: 0,
                 chunk,

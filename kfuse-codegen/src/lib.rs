@@ -84,6 +84,7 @@ pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedK
         smem_bytes: 0,
         params,
         grid: axes,
+        cluster_x: k.schedule.cluster.max(1),
         ir: kfuse_ir::print::print(&k),
         tiles,
     })

@@ -96,6 +96,9 @@ pub struct EmittedKernel {
     pub params: Vec<KernelParam>,
     /// One entry per grid axis in use (x, y, z); empty means a single program.
     pub grid: Vec<GridAxisEval>,
+    /// Blocks per thread-block cluster along x (1: no clusters); the launch grid's x
+    /// is the program count times this.
+    pub cluster_x: u32,
     /// The scheduled IR, printed (for snapshots and debugging).
     pub ir: String,
     /// The chosen tile sizes by name, for reports.
@@ -109,6 +112,7 @@ impl EmittedKernel {
         for (i, a) in self.grid.iter().enumerate() {
             g[i] = shapes[a.dim.0 as usize].div_ceil(a.step.max(1));
         }
+        g[0] *= self.cluster_x.max(1) as u64;
         g
     }
 }

@@ -13,7 +13,10 @@
 //!   `Broadcast` ops, so every op after the builder sees operands of one shape;
 //! - offsets of loads and stores are `i64` scalars, one per tensor dimension;
 //! - only output tensors (`&mut Tensor`) are stored to, with a value whose shape and
-//!   dtype match the block.
+//!   dtype match the block;
+//! - `exp`, `log`, `sin`, `cos` and the other transcendental unary ops take floats;
+//! - `iota(E)` is an `i64` tile `[E]`; `expand_dims(x, a)` inserts an axis of extent 1
+//!   at `a` (`0..=rank`, negative counts from the end of the result).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -357,6 +360,43 @@ impl Builder {
             shape.remove(ax as usize);
         }
         Ok(self.k.push(Op::Reduce { op, axis: ax as u32, keep_dim }, Some(Type::tile(t.dtype, shape)), &[x]).value())
+    }
+
+    /// `iota(E)`: the `i64` tile `[E]` holding `0, 1, …, E - 1`.
+    pub fn iota(&mut self, extent: Extent) -> Result<ValueId> {
+        let known = match extent {
+            Extent::Const(c) => c > 0,
+            Extent::Tile(t) => (t.0 as usize) < self.k.tile_syms.len(),
+            Extent::Full(s) => (s.0 as usize) < self.k.shape_syms.len(),
+        };
+        if !known {
+            return Err(IrError::Expected {
+                op: "iota".into(),
+                expected: "a positive extent or a known symbol".into(),
+                found: format!("{extent:?}"),
+            });
+        }
+        Ok(self.k.push(Op::Iota { extent }, Some(Type::tile(DType::I64, vec![extent])), &[]).value())
+    }
+
+    /// Inserts an axis of extent 1 at `axis` of the result: `0..=rank` of the operand,
+    /// negative counts from the end (`-1` appends), as numpy's `expand_dims`. The result
+    /// broadcasts against tiles that have a full axis there (`[BM]` → `[BM, 1]`, which
+    /// meets `[BM, BN]`).
+    pub fn expand_dims(&mut self, x: ValueId, axis: i64) -> Result<ValueId> {
+        let t = self.k.ty(x).clone();
+        let rank = t.rank();
+        let ax = if axis < 0 { axis + rank as i64 + 1 } else { axis };
+        if ax < 0 || ax > rank as i64 {
+            return Err(IrError::Expected {
+                op: "expand_dims".into(),
+                expected: format!("an axis in -{}..={rank} for a tile of rank {rank}", rank + 1),
+                found: axis.to_string(),
+            });
+        }
+        let mut shape = t.shape.clone();
+        shape.insert(ax as usize, Extent::Const(1));
+        Ok(self.k.push(Op::ExpandDims { axis: ax as u32 }, Some(Type::tile(t.dtype, shape)), &[x]).value())
     }
 
     /// Reorders axes: result axis `i` is operand axis `perm[i]`.

@@ -63,14 +63,19 @@
 //!   truncating toward zero, and with no valid lane `max` is `i64::MIN`, `min`
 //!   `i64::MAX`, `mean` 0.
 //! - `Permute` permutes the ranges with the axes; `Convert` is the identity.
+//! - `Iota { extent }`: the `i64` tile `[0, 1, …, E - 1]` (`E` the extent's value, see
+//!   above), valid on `[0, E)`.
+//! - `ExpandDims { axis }`: the operand's data unchanged (a row-major tile keeps its
+//!   order when an extent-1 axis is inserted); the new axis is valid on `[0, 1)` and the
+//!   other axes keep their ranges (a scalar operand gives a `[1]` tile valid on `[0, 1)`).
 //!
 //! # Arithmetic
 //!
 //! Every result is rounded to its dtype with [`DType::round`].
 //! - Floats (`f32`, `f16`, `bf16`) compute in `f32`: operands converted to `f32`, the
 //!   op done in `f32`, the result rounded to the dtype (so a `bf16` add is
-//!   `round_bf16(a as f32 + b as f32)`). `exp`, `ln`, `sqrt`, `tanh` are Rust's `f32`
-//!   functions; `rsqrt(x) = 1 / sqrt(x)`, `sigmoid(x) = 1 / (1 + exp(-x))`, both in `f32`;
+//!   `round_bf16(a as f32 + b as f32)`). `exp`, `ln`, `sqrt`, `tanh`, `sin`, `cos` are
+//!   Rust's `f32` functions; `rsqrt(x) = 1 / sqrt(x)`, `sigmoid(x) = 1 / (1 + exp(-x))`, both in `f32`;
 //!   `erf` is `libm::erff`. `max`/`min` are maxNum/minNum (a NaN operand is ignored
 //!   unless both are NaN).
 //! - `i64`: exact two's-complement arithmetic (wrapping on overflow); `div` truncates
@@ -181,6 +186,7 @@ enum Kind<'k> {
     Broadcast { src_strides: Vec<isize>, src_axis: Vec<Option<(usize, bool)>> },
     /// Operand strides in result axis order.
     Permute { src_strides: Vec<isize>, perm: Vec<usize> },
+    ExpandDims { axis: usize },
     Convert,
 }
 
@@ -308,6 +314,11 @@ pub fn run(k: &Kernel, args: &mut [Arg<'_>], opts: &Options) -> Result<()> {
                 let perm: Vec<usize> = perm.iter().map(|&a| a as usize).collect();
                 Kind::Permute { src_strides: perm.iter().map(|&a| src.strides[a]).collect(), perm }
             }
+            Op::Iota { .. } => {
+                vals[p] = Val { data: (0..len).map(|i| i as f64).collect(), valid: vec![(0, len)] };
+                Kind::Fixed
+            }
+            Op::ExpandDims { axis } => Kind::ExpandDims { axis: *axis as usize },
             Op::Convert => Kind::Convert,
         };
         steps.push(Step { kind, args: operands, dtype, shape, strides, len });
@@ -637,6 +648,12 @@ fn run_program(steps: &[Step], vals: &mut [Val], args: &mut [Arg<'_>], views: &[
                 out.valid.extend(perm.iter().map(|&j| x.valid[j]));
                 gather(&step.shape, &step.strides, src_strides, &x.data, step.len, &mut out.data);
             }
+            Kind::ExpandDims { axis } => {
+                let x = a(0);
+                out.data.clone_from(&x.data);
+                out.valid.clone_from(&x.valid);
+                out.valid.insert(*axis, (0, 1));
+            }
             Kind::Convert => {
                 let x = a(0);
                 out.data.clone_from(&x.data);
@@ -693,6 +710,8 @@ fn unary(u: UnaryOp, dt: DType, x: &[f64], out: &mut Vec<f64>) -> Result<()> {
         UnaryOp::Sigmoid => |v| 1.0 / (1.0 + (-v).exp()),
         UnaryOp::Tanh => f32::tanh,
         UnaryOp::Erf => libm::erff,
+        UnaryOp::Sin => f32::sin,
+        UnaryOp::Cos => f32::cos,
         UnaryOp::Not => return Err(err(format!("not on {dt}"))),
     };
     out.extend(x.iter().map(|&v| dt.round(f(v as f32) as f64)));

@@ -182,6 +182,9 @@ pub enum UnaryOp {
     Sigmoid,
     Tanh,
     Erf,
+    /// Sine and cosine (radians).
+    Sin,
+    Cos,
     /// Logical not (for `Bool`).
     Not,
 }
@@ -263,6 +266,12 @@ pub enum Op {
     Broadcast,
     /// Reorders the axes of the operand: result axis `i` is operand axis `perm[i]`.
     Permute { perm: Vec<u32> },
+    /// No operands: the `I64` tile `[extent]` holding `0, 1, …, extent - 1` (every lane
+    /// valid).
+    Iota { extent: Extent },
+    /// Operand: one value. The result is the operand with a new axis of literal extent 1
+    /// inserted at position `axis` (`0..=rank`); the data is unchanged.
+    ExpandDims { axis: u32 },
     /// The identity on values: marks where the value changes its distribution over
     /// threads (inserted by the layout pass; the writer moves it through shared memory).
     Convert,
@@ -286,6 +295,8 @@ impl Op {
             Op::Reduce { .. } => "reduce",
             Op::Broadcast => "broadcast",
             Op::Permute { .. } => "permute",
+            Op::Iota { .. } => "iota",
+            Op::ExpandDims { .. } => "expand_dims",
             Op::Convert => "convert",
         }
     }

@@ -41,8 +41,9 @@ fn access(k: &Kernel, dims: &[AccessDim], offs: &[ValueId]) -> String {
 }
 
 fn blocked(b: &Blocked) -> String {
+    let ctas = if b.ctas_per_cluster.iter().any(|&c| c > 1) { format!(" ctas={:?}", b.ctas_per_cluster) } else { String::new() };
     format!(
-        "shape={:?} spt={:?} tpw={:?} wpb={:?} order={:?}",
+        "shape={:?} spt={:?} tpw={:?} wpb={:?} order={:?}{ctas}",
         b.shape, b.size_per_thread, b.threads_per_warp, b.warps_per_block, b.order
     )
 }
@@ -97,6 +98,8 @@ pub fn print(k: &Kernel) -> String {
             }
             Op::Cast { to } => format!("cast {} to {to}", args.join(", ")),
             Op::Permute { perm } => format!("permute {}, {perm:?}", args.join(", ")),
+            Op::Iota { extent } => format!("iota {}", k.extent_name(*extent)),
+            Op::ExpandDims { axis } => format!("expand_dims {}, axis={axis}", args.join(", ")),
             other => format!("{} {}", other.mnemonic(), args.join(", ")),
         };
         let name = k.names.get(&op.value()).map(|n| format!("  // {n}")).unwrap_or_default();
@@ -112,6 +115,10 @@ pub fn print(k: &Kernel) -> String {
     let s = &k.schedule;
     if s.is_scheduled() {
         let _ = writeln!(out, "schedule: threads={} min_blocks={} smem={}B", s.num_threads, s.min_blocks, s.smem_bytes);
+        if s.cluster > 1 {
+            let split = s.split.map(|e| k.extent_name(e)).unwrap_or_default();
+            let _ = writeln!(out, "  cluster {} blocks along x, splitting {split}", s.cluster);
+        }
         for (t, v) in &s.tiles {
             let _ = writeln!(out, "  tile {} = {v}", k.tile_name(*t));
         }

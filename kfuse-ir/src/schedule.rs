@@ -15,9 +15,12 @@ use std::collections::BTreeMap;
 
 use crate::kernel::{OpId, ShapeSym, TileSym, ValueId};
 
-/// How the elements of a tile are spread over the threads of a block.
+/// How the elements of a tile are spread over the threads of a block (and, for a
+/// tile split across a thread-block cluster, over the blocks of the cluster).
 ///
-/// For axis `a`, an element coordinate is
+/// Axis `a` is cut into `ctas_per_cluster[a]` contiguous pieces of
+/// `piece = shape[a] / ctas_per_cluster[a]` elements, piece `c` held by the cluster's
+/// block `c`. Within a piece, an element coordinate is
 /// `rep * (spt[a]*tpw[a]*wpc[a]) + (warp_a * tpw[a] + lane_a) * spt[a] + e`, with
 /// `e < spt[a]` held in consecutive registers of one thread. `order` lists the axes
 /// fastest-first: lanes and warps are numbered along `order[0]` first. When one
@@ -30,6 +33,8 @@ pub struct Blocked {
     pub threads_per_warp: Vec<u32>,
     pub warps_per_block: Vec<u32>,
     pub order: Vec<u32>,
+    /// Blocks of the cluster along each axis (all 1 without a cluster split).
+    pub ctas_per_cluster: Vec<u32>,
 }
 
 /// The distribution of one value.
@@ -61,6 +66,12 @@ pub enum SmemLayout {
 pub struct Schedule {
     /// Threads per block; 0 means "not scheduled yet".
     pub num_threads: u32,
+    /// Blocks per thread-block cluster along grid axis x (1: no clusters). When > 1,
+    /// `program_id(0)` is the cluster index and tile axes over `split` are cut across
+    /// the cluster's blocks.
+    pub cluster: u32,
+    /// The extent whose tile axes are split across the cluster.
+    pub split: Option<crate::kernel::Extent>,
     /// Blocks per multiprocessor the register allocator must leave room for
     /// (`__launch_bounds__`'s second argument); 0 leaves the choice to the assembler.
     pub min_blocks: u32,

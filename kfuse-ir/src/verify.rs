@@ -236,6 +236,25 @@ fn check_op(k: &Kernel, op: OpId) -> Result<(), String> {
                 return Err("result shape".into());
             }
         }
+        Op::Iota { extent } => {
+            arity(0)?;
+            check_extent(k, *extent)?;
+            if ty.as_ref().unwrap() != &Type::tile(DType::I64, vec![*extent]) {
+                return Err("iota is the i64 tile [extent]".into());
+            }
+        }
+        Op::ExpandDims { axis } => {
+            arity(1)?;
+            let t = k.ty(ops[0]);
+            if *axis as usize > t.rank() {
+                return Err(format!("axis {axis} out of range 0..={}", t.rank()));
+            }
+            let mut s = t.shape.clone();
+            s.insert(*axis as usize, Extent::Const(1));
+            if ty.as_ref().unwrap() != &Type::tile(t.dtype, s) {
+                return Err("expand_dims inserts one axis of extent 1 and keeps the dtype".into());
+            }
+        }
         Op::Convert => {
             arity(1)?;
             if k.ty(ops[0]) != ty.as_ref().unwrap() {

@@ -126,4 +126,6 @@ pub enum ExprKind {
     Method { receiver: Box<Expr>, method: Ident, turbofish: Vec<syn::Type>, args: Vec<Expr>, call: Sp },
     /// `[a, b]`: block offsets and extents, permutations.
     Array(Vec<Expr>),
+    /// `_`: a block extent meaning "indexed by the offset, not tiled".
+    Infer,
 }

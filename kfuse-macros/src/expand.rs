@@ -311,6 +311,14 @@ fn build_body(k: &Kernel, ir: &TokenStream, dtypes: &Ident, plan: &Plan) -> Toke
                 let x = slot(*x);
                 quote_spanned!(sp=> let #v = #b.permute(#x, &[#(#perm),*])?;)
             }
+            StepKind::Iota(e) => {
+                let e = extent(*e);
+                quote_spanned!(sp=> let #v = #b.iota(#e)?;)
+            }
+            StepKind::ExpandDims(x, axis) => {
+                let (x, axis) = (slot(*x), i64_tokens(*axis));
+                quote_spanned!(sp=> let #v = #b.expand_dims(#x, #axis)?;)
+            }
             StepKind::Name(x, n) => {
                 let x = slot(*x);
                 quote_spanned!(sp=> #b.name(#x, #n);)

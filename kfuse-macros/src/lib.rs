@@ -38,8 +38,8 @@ mod tests;
 /// **Signature.** Generics are dtypes, each bounded by exactly `Float` (one of f32,
 /// f16, bf16, bound at launch). Parameters are `x: Tensor<D, (S1, ..)>` (input),
 /// `x: &mut Tensor<D, (S1, ..)>` (output), `s: f32` or `s: i64`, where `D` is a generic
-/// or `f32`/`f16`/`bf16` and `S1, ..` are shape symbols (`(N,)` for rank 1). No return
-/// type.
+/// or `f32`/`f16`/`bf16`/`i64` and `S1, ..` are shape symbols (`(N,)` for rank 1). No
+/// return type.
 ///
 /// **Statements.** `let x = e;`, `let mut x = e;`, `let (a, b) = (e1, e2);`, `x = e;`
 /// and `x += e;` (`-=`, `*=`, `/=`, `%=`) on a `let mut`, and `access.store(v);`.
@@ -49,12 +49,16 @@ mod tests;
 /// runtime extent, `i64`) and ALL-CAPS tile symbols (`BM`: a tile size the scheduler
 /// picks, `i64`); `+ - * / %`, `< <= > >= == !=`, `&& || ! -`; tensor accesses
 /// `t.block([offsets], [extents])`, `t.row(i)` and the whole `t`, each followed by
-/// `.load()` or `.store(v)` (an extent is a tile symbol, an integer literal or a shape
-/// symbol); methods `exp ln log sqrt rsqrt sigmoid tanh erf abs`, `max(y) min(y)`,
+/// `.load()` or `.store(v)` (an extent is a tile symbol, an integer literal, a shape
+/// symbol, or `_`: that dimension is indexed by its offset and is not part of the tile,
+/// so `q.block([t, 0, 1, 0], [_, H, _, DH])` is an `[H, DH]` tile); methods
+/// `exp ln log sqrt rsqrt sigmoid tanh erf sin cos abs`, `max(y) min(y)`,
 /// reductions `sum() mean() max() min()` (last axis), `sum_axis(k)` and
 /// `sum_keepdim(k)` (likewise `mean`, `max`, `min`), `cast::<D>() to_f32() to_f16()
-/// to_bf16()`, `t()`, `permute([..])`; functions `program_id(k)` (k = 0, 1, 2),
-/// `exp(x)` and the other unary ones, `max(a, b)`, `min(a, b)`, `select(c, a, b)`.
+/// to_bf16()`, `t()`, `permute([..])`, `unsqueeze(k)` (a new axis of extent 1 at `k`);
+/// functions `program_id(k)` (k = 0, 1, 2), `iota(E)` (the `i64` tile `[0, 1, .., E-1]`,
+/// `E` a tile symbol, integer literal or shape symbol), `exp(x)` and the other unary
+/// ones, `max(a, b)`, `min(a, b)`, `select(c, a, b)`.
 /// Typing (dtypes, broadcasting, what may be stored where) is `kfuse_ir::Builder`'s,
 /// checked at compile time for every dtype of the generics.
 ///

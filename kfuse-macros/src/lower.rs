@@ -79,6 +79,10 @@ pub enum StepKind {
     Reduce { op: ReduceOp, x: Slot, axis: i64, keep_dim: bool },
     /// `permute(x, perm)?`
     Permute(Slot, Vec<u32>),
+    /// `iota(extent)?`
+    Iota(ExtentRef),
+    /// `expand_dims(x, axis)?`
+    ExpandDims(Slot, i64),
     /// `name(x, name)`: a `let` binding's source name.
     Name(Slot, String),
 }
@@ -118,11 +122,11 @@ pub fn lower(k: &Kernel) -> syn::Result<Plan> {
 }
 
 /// Functions a kernel can call, for the "unknown function" message.
-const FUNCTIONS: &str = "program_id, exp, ln, log, sqrt, rsqrt, sigmoid, tanh, erf, abs, max, min, select";
+const FUNCTIONS: &str = "program_id, iota, exp, ln, log, sqrt, rsqrt, sigmoid, tanh, erf, sin, cos, abs, max, min, select";
 /// Methods of a value, for the "unknown method" message.
-const METHODS: &str = "exp, ln, log, sqrt, rsqrt, sigmoid, tanh, erf, abs, max, min, sum, mean, \
+const METHODS: &str = "exp, ln, log, sqrt, rsqrt, sigmoid, tanh, erf, sin, cos, abs, max, min, sum, mean, \
      sum_axis, mean_axis, max_axis, min_axis, sum_keepdim, mean_keepdim, max_keepdim, min_keepdim, \
-     cast::<D>, to_f32, to_f16, to_bf16, t, permute";
+     cast::<D>, to_f32, to_f16, to_bf16, t, permute, unsqueeze";
 
 const UNARY: &[(&str, UnaryOp)] = &[
     ("exp", UnaryOp::Exp),
@@ -133,6 +137,8 @@ const UNARY: &[(&str, UnaryOp)] = &[
     ("sigmoid", UnaryOp::Sigmoid),
     ("tanh", UnaryOp::Tanh),
     ("erf", UnaryOp::Erf),
+    ("sin", UnaryOp::Sin),
+    ("cos", UnaryOp::Cos),
     ("abs", UnaryOp::Abs),
 ];
 
@@ -346,6 +352,7 @@ impl Lower<'_> {
             ExprKind::Array(_) => {
                 return Err(sp.error("an array is only used for the offsets and extents of `.block(..)` and for `.permute(..)`"))
             }
+            ExprKind::Infer => return Err(sp.error(INFER_ONLY_EXTENT)),
         };
         Ok(Val::Value(v))
     }
@@ -400,6 +407,11 @@ impl Lower<'_> {
                 let a = self.value(&args[0], "an argument")?;
                 let b = self.value(&args[1], "an argument")?;
                 Ok(self.push(StepKind::Binary(op, a, b), sp))
+            }
+            "iota" => {
+                check_arity(&name, 1, args, sp)?;
+                let e = self.extent(&args[0], false)?;
+                Ok(self.push(StepKind::Iota(e), sp))
             }
             "select" => {
                 check_arity(&name, 3, args, sp)?;
@@ -464,7 +476,13 @@ impl Lower<'_> {
                 let offs = block_list(t, rank, &args[0], "offset")?;
                 let exts = block_list(t, rank, &args[1], "extent")?;
                 let offsets = offs.iter().map(|o| self.value(o, "an offset")).collect::<syn::Result<Vec<_>>>()?;
-                let dims = exts.iter().map(|e| self.extent(e).map(DimRef::Tile)).collect::<syn::Result<Vec<_>>>()?;
+                let dims = exts
+                    .iter()
+                    .map(|e| match e.kind {
+                        ExprKind::Infer => Ok(DimRef::Index),
+                        _ => self.extent(e, true).map(DimRef::Tile),
+                    })
+                    .collect::<syn::Result<Vec<_>>>()?;
                 Ok(Some(Access { tensor: slot, offsets, dims, tensor_sp: tsp }))
             }
             "row" => {
@@ -494,26 +512,31 @@ impl Lower<'_> {
         Access { tensor: slot, offsets, dims: dims.iter().map(|&d| DimRef::Tile(ExtentRef::Full(d))).collect(), tensor_sp: tsp }
     }
 
-    fn extent(&mut self, e: &Expr) -> syn::Result<ExtentRef> {
-        const WHAT: &str = "a block extent is a tile symbol (`BM`), a positive integer literal or a shape symbol of the signature";
+    /// A tile extent: of a block (`in_block`, where `_` is handled by the caller) or of
+    /// `iota`.
+    fn extent(&mut self, e: &Expr, in_block: bool) -> syn::Result<ExtentRef> {
+        const BLOCK: &str = "a block extent is a tile symbol (`BM`), a positive integer literal, a shape symbol of the signature, \
+             or `_` (the dimension is indexed by its offset and does not appear in the tile)";
+        const IOTA: &str = "the extent of `iota` is a tile symbol (`BM`), a positive integer literal or a shape symbol of the signature";
+        let what = if in_block { BLOCK } else { IOTA };
         match &e.kind {
             ExprKind::Lit(Lit { value: Literal::Int(n), suffix: None }) => match u32::try_from(*n) {
                 Ok(n) if n > 0 => Ok(ExtentRef::Const(n)),
-                _ => Err(e.sp.error(WHAT)),
+                _ => Err(e.sp.error(what)),
             },
             ExprKind::Var(id) => {
                 let name = id.to_string();
                 if self.locals.contains_key(&name) || self.scalars.contains_key(&name) {
-                    Err(e.sp.error(format!("`{name}` is a runtime value; {WHAT}")))
+                    Err(e.sp.error(format!("`{name}` is a runtime value; {what}")))
                 } else if let Some(&s) = self.shapes.get(&name) {
                     Ok(ExtentRef::Full(s))
                 } else if is_tile_symbol(&name) {
                     Ok(ExtentRef::Tile(self.tile_sym(id)))
                 } else {
-                    Err(e.sp.error(format!("cannot find `{name}` in this kernel; {WHAT}")))
+                    Err(e.sp.error(format!("cannot find `{name}` in this kernel; {what}")))
                 }
             }
-            _ => Err(e.sp.error(WHAT)),
+            _ => Err(e.sp.error(what)),
         }
     }
 
@@ -586,6 +609,10 @@ impl Lower<'_> {
                 arity0()?;
                 Ok(self.push(StepKind::Permute(x, vec![1, 0]), call))
             }
+            "unsqueeze" => {
+                let axis = axis_arg()?;
+                Ok(self.push(StepKind::ExpandDims(x, axis), call))
+            }
             "permute" => {
                 check_arity(n, 1, args, call)?;
                 let msg = "`permute` takes an array of axes, like `[1, 0]`";
@@ -629,6 +656,9 @@ fn block_list<'e>(t: &str, rank: usize, e: &'e Expr, what: &str) -> syn::Result<
         _ => Err(e.sp.error(format!("the {what}s of `block` are an array, one per dimension of `{t}`: `[a, b]`"))),
     }
 }
+
+const INFER_ONLY_EXTENT: &str =
+    "`_` is only a block extent: `x.block([t, 0], [_, N])` indexes the first dimension at `t` and drops it from the tile";
 
 fn access_alone() -> &'static str {
     "a block access does nothing by itself: follow it with `.load()` or `.store(value)`"

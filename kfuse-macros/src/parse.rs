@@ -209,12 +209,12 @@ impl<T: quote::ToTokens> TokenString for T {
     }
 }
 
-/// A dtype as written: a generic of the kernel, or `f32`, `f16`, `bf16`.
+/// A dtype as written: a generic of the kernel, or `f32`, `f16`, `bf16`, `i64`.
 pub fn dtype(ty: &syn::Type, generics: &[proc_macro2::Ident]) -> syn::Result<DTy> {
     let msg = || {
         let g: Vec<String> = generics.iter().map(|g| format!("`{g}`")).collect();
         let g = if g.is_empty() { String::new() } else { format!("a generic of the kernel ({}) or ", g.join(", ")) };
-        Sp::of(ty).error(format!("expected a dtype: {g}`f32`, `f16` or `bf16`"))
+        Sp::of(ty).error(format!("expected a dtype: {g}`f32`, `f16`, `bf16` or `i64`"))
     };
     let syn::Type::Path(p) = ty else { return Err(msg()) };
     let Some(id) = p.path.get_ident().filter(|_| p.qself.is_none()) else { return Err(msg()) };
@@ -222,7 +222,7 @@ pub fn dtype(ty: &syn::Type, generics: &[proc_macro2::Ident]) -> syn::Result<DTy
         return Ok(DTy::Generic(i));
     }
     match DType::from_name(&id.to_string()) {
-        Some(d) if d.is_float() => Ok(DTy::Concrete(d)),
+        Some(d) if d.is_float() || d == DType::I64 => Ok(DTy::Concrete(d)),
         _ => Err(msg()),
     }
 }
@@ -420,6 +420,7 @@ pub fn expr(e: &syn::Expr) -> syn::Result<Expr> {
             }
         }
         E::Array(a) => ExprKind::Array(a.elems.iter().map(expr).collect::<syn::Result<_>>()?),
+        E::Infer(_) => ExprKind::Infer,
         E::Tuple(_) => return Err(sp.error("a tuple is only used on the right of a tuple `let`: `let (a, b) = (x, y);`")),
         E::Cast(c) => {
             return Err(Sp::of(&c.as_token).to(Sp::of(&c.ty)).error(

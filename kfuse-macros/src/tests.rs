@@ -130,3 +130,89 @@ fn print_expansion() {
     );
     println!("{out}");
 }
+
+#[test]
+fn index_extents_iota_unsqueeze_sin_cos() {
+    let plan = check(quote! {
+        fn k<T: Float>(x: &mut Tensor<T, (S, H, R, D)>, pos: Tensor<i64, (S,)>) {
+            let t = program_id(0);
+            let p = pos.row(t).load();
+            let a = (iota(D) + p).to_f32();
+            let c = a.cos() + sin(a) + cos(a).sin();
+            let v = x.block([t, 0, 1, 0], [_, H, _, D]).load().to_f32();
+            let m = (v * v).mean_axis(1).unsqueeze(1);
+            x.block([t, 0, 1, 0], [_, H, _, D]).store((v * c / m).cast::<T>());
+        }
+    })
+    .unwrap();
+    let k = validate::build(&plan, "k", &[DType::F16]).unwrap();
+    let text = kfuse_ir::print::print(&k);
+    assert!(text.starts_with("kernel k(x: &mut f16[S, H, R, D], pos: i64[S])"), "{text}");
+    for want in ["load pos[%", "iota D! : i64[D!]", "cos %", "sin %", "expand_dims %", ", axis=1 : f32[H!, 1]", "+H!, %", " : f32[H!, D!]"] {
+        assert!(text.contains(want), "missing `{want}` in\n{text}");
+    }
+    // `unsqueeze` takes negative axes; iota takes literal and tile extents.
+    check(quote! {
+        fn k(x: Tensor<f32, (N,)>, out: &mut Tensor<f32, (N, M)>) {
+            let i = program_id(0);
+            let v = x.block([i * BN], [BN]).load().unsqueeze(-1) + iota(4).to_f32().unsqueeze(0) * iota(BN).to_f32().unsqueeze(1);
+            out.block([i * BN, 0], [BN, 4]).store(v);
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn errors_of_the_new_forms() {
+    let err = |item| check(item).err().unwrap();
+    let e = err(quote! {
+        fn k(x: Tensor<f32, (N,)>, out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            out.block([_], [BN]).store(x.block([i * BN], [BN]).load());
+        }
+    });
+    assert!(e.starts_with("`_` is only a block extent"), "{e}");
+    let e = err(quote! {
+        fn k(x: Tensor<f32, (N,)>, out: &mut Tensor<f32, (N,)>, n: i64) {
+            let i = program_id(0);
+            out.block([i * BN], [BN]).store(x.block([i * BN], [BN]).load() + iota(n).to_f32());
+        }
+    });
+    assert!(e.starts_with("`n` is a runtime value; the extent of `iota` is"), "{e}");
+    let e = err(quote! {
+        fn k(x: Tensor<f32, (N,)>, out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            out.block([i * BN], [BN]).store(x.block([i * BN], [BN]).load() + iota(_).to_f32());
+        }
+    });
+    assert!(e.starts_with("the extent of `iota` is"), "{e}");
+    let e = err(quote! {
+        fn k(x: Tensor<f32, (N,)>, out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            out.block([i * BN], [BN]).store(x.block([i * BN], [BN]).load().unsqueeze(2).sum_axis(1).sum_axis(1));
+        }
+    });
+    assert_eq!(e, "`expand_dims` expects an axis in -2..=1 for a tile of rank 1, found 2");
+    let e = err(quote! {
+        fn k(x: Tensor<f32, (N,)>, out: &mut Tensor<f32, (N,)>, a: i64) {
+            let i = program_id(0);
+            out.block([i * BN], [BN]).store(x.block([i * BN], [BN]).load().unsqueeze(a));
+        }
+    });
+    assert!(e.starts_with("the axis of `unsqueeze` must be an integer literal"), "{e}");
+    let e = err(quote! {
+        fn k(x: Tensor<f32, (N,)>, out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            out.block([i * BN], [BN]).store(x.block([i * BN], [BN]).load() + iota(BN).sin());
+        }
+    });
+    assert_eq!(e, "`sin` expects a float (f32, f16, bf16), found i64");
+    // An i64 tensor is a tensor of i64 values: no implicit float arithmetic.
+    let e = err(quote! {
+        fn k(p: Tensor<i64, (N,)>, out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            out.block([i * BN], [BN]).store(p.block([i * BN], [BN]).load() * 0.5);
+        }
+    });
+    assert_eq!(e, "dtype mismatch in `mul`: i64 vs f32");
+}

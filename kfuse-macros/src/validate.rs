@@ -190,6 +190,8 @@ fn exec(b: &mut Builder, kind: &StepKind, res: &[Res], dtypes: &[DType]) -> Resu
         StepKind::Cast(x, d) => Res::Value(b.cast(v(*x), dtype(*d, dtypes))?),
         StepKind::Reduce { op, x, axis, keep_dim } => Res::Value(b.reduce(*op, v(*x), *axis, *keep_dim)?),
         StepKind::Permute(x, perm) => Res::Value(b.permute(v(*x), perm)?),
+        StepKind::Iota(e) => Res::Value(b.iota(extent(*e))?),
+        StepKind::ExpandDims(x, axis) => Res::Value(b.expand_dims(v(*x), *axis)?),
         StepKind::Name(x, n) => {
             b.name(v(*x), n);
             Res::None

@@ -107,6 +107,24 @@ pub fn gelu<T: Float>(x: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>) {
     out.block([i * BN], [BN]).store((g + h * 0.0).to_bf16().cast::<T>());
 }
 
+/// Index dimensions (`_`), an `i64` position tensor read as a scalar offset, `iota`,
+/// `sin`/`cos` (methods and functions) and `unsqueeze`: a rotary embedding of one token.
+#[kfuse(crate = "crate::fake")]
+pub fn rotary<T: Float>(x: &mut Tensor<T, (S, H, R, DH)>, pos: Tensor<i64, (S,)>, base: f32) {
+    let t = program_id(0);
+    let p = pos.row(t).load();
+    let j = iota(DH).to_f32();
+    let angle = p.to_f32() * exp(j * (-2.0 * ln(base) / (2 * DH).to_f32()));
+    let (c, s) = (angle.cos(), sin(angle));
+    let x1 = x.block([t, 0, 0, 0], [_, H, _, DH]).load().to_f32();
+    let x2 = x.block([t, 0, 1, 0], [_, H, _, DH]).load().to_f32();
+    x.block([t, 0, 0, 0], [_, H, _, DH]).store((x1 * c - x2 * s).cast::<T>());
+    x.block([t, 0, 1, 0], [_, H, _, DH]).store((x2 * c + x1 * s).cast::<T>());
+    let ms = (x1 * x1).mean_axis(1).unsqueeze(1);
+    let first = iota(4) < 2;
+    x.block([t, 0, 0, 0], [_, H, _, 4]).store(select(first.unsqueeze(0), (ms * 0.0).cast::<T>(), 0.0));
+}
+
 #[test]
 fn add_bf16() {
     insta::assert_snapshot!(ir(&add::DEF, &[DType::BF16]));
@@ -158,8 +176,18 @@ fn gelu_bf16() {
 }
 
 #[test]
+fn rotary_bf16() {
+    insta::assert_snapshot!(ir(&rotary::DEF, &[DType::BF16]));
+    assert_eq!(
+        rotary::DEF.params[1],
+        ParamSig::Tensor { name: "pos", dtype: DTypeSig::Concrete(DType::I64), dims: &["S"], output: false }
+    );
+}
+
+#[test]
 fn every_kernel_builds_for_every_float() {
-    let defs = [&add::DEF, &transpose::DEF, &rmsnorm::DEF, &softmax::DEF, &accumulate::DEF, &literals::DEF, &select_cmp::DEF, &gelu::DEF];
+    let defs =
+        [&add::DEF, &transpose::DEF, &rmsnorm::DEF, &softmax::DEF, &accumulate::DEF, &literals::DEF, &select_cmp::DEF, &gelu::DEF, &rotary::DEF];
     for def in defs {
         for d in [DType::F32, DType::F16, DType::BF16] {
             ir(def, &[d]);

@@ -27,6 +27,7 @@ fn compile_cached_uses_kfuse_cache_dir() {
         smem_bytes: 0,
         params: vec![],
         grid: vec![],
+        cluster_x: 1,
         ir: String::new(),
         tiles: BTreeMap::new(),
     };

@@ -130,6 +130,7 @@ extern "C" __global__ void __launch_bounds__(128) kf_add(const float* __restrict
             KernelParam::Shape(ShapeSym(0)),
         ],
         grid: vec![GridAxisEval { dim: ShapeSym(0), step: 128 }],
+        cluster_x: 1,
         ir: String::new(),
         tiles: BTreeMap::new(),
     }

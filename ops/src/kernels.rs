@@ -95,3 +95,200 @@ pub fn transpose<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (N, M)>) {
     let t = x.block([i * BM, j * BN], [BM, BN]).load();
     out.block([j * BN, i * BM], [BN, BM]).store(t.t());
 }
+
+// ---------------------------------------------------------------------------------------
+// Row kernels: one program per block of `BM` rows of an `[M, N]` view, the whole row
+// (`N`) in one tile. `BM` is the scheduler's choice (from N and the target); nothing
+// here fixes how many rows a block holds. Statistics are f32; results round to `T` once.
+
+/// Sum of each row, accumulated in f32: `out[m] = Σ_n x[m, n]`.
+#[kfuse(crate = "crate::deps")]
+pub fn row_sum<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M,)>) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
+    out.block([i * BM], [BM]).store(t.sum_axis(1).cast::<T>());
+}
+
+/// Mean of each row, accumulated in f32.
+#[kfuse(crate = "crate::deps")]
+pub fn row_mean<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M,)>) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
+    out.block([i * BM], [BM]).store(t.mean_axis(1).cast::<T>());
+}
+
+/// Maximum of each row (exact).
+#[kfuse(crate = "crate::deps")]
+pub fn row_max<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M,)>) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load();
+    out.block([i * BM], [BM]).store(t.max_axis(1));
+}
+
+/// Minimum of each row (exact).
+#[kfuse(crate = "crate::deps")]
+pub fn row_min<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M,)>) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load();
+    out.block([i * BM], [BM]).store(t.min_axis(1));
+}
+
+/// Softmax of each row: `exp(x - max) / Σ exp(x - max)`, in f32. A row of only `-inf`
+/// gives NaN (as PyTorch does).
+#[kfuse(crate = "crate::deps")]
+pub fn softmax<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
+    let e = exp(t - t.max_keepdim(1));
+    out.block([i * BM, 0], [BM, N]).store((e / e.sum_keepdim(1)).cast::<T>());
+}
+
+/// Log-softmax of each row: `x - max - ln Σ exp(x - max)`, in f32. A row of only `-inf`
+/// gives NaN (as PyTorch does).
+#[kfuse(crate = "crate::deps")]
+pub fn log_softmax<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
+    let s = t - t.max_keepdim(1);
+    out.block([i * BM, 0], [BM, N]).store((s - ln(exp(s).sum_keepdim(1))).cast::<T>());
+}
+
+/// RMSNorm without weight: `y = x * rsqrt(mean(x²) + eps)`; `rstd` gets the factor.
+#[kfuse(crate = "crate::deps")]
+pub fn rms_norm<T: Float>(x: Tensor<T, (M, N)>, y: &mut Tensor<T, (M, N)>, rstd: &mut Tensor<f32, (M,)>, eps: f32) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
+    let r = rsqrt((t * t).mean_axis(1) + eps);
+    let rk = rsqrt((t * t).mean_keepdim(1) + eps); // KEEPDIM-FALLBACK
+    y.block([i * BM, 0], [BM, N]).store((t * rk).cast::<T>());
+    rstd.block([i * BM], [BM]).store(r);
+}
+
+/// RMSNorm with weight: `y = x * rsqrt(mean(x²) + eps) * w`.
+#[kfuse(crate = "crate::deps")]
+pub fn rms_norm_w<T: Float>(x: Tensor<T, (M, N)>, w: Tensor<T, (N,)>, y: &mut Tensor<T, (M, N)>, rstd: &mut Tensor<f32, (M,)>, eps: f32) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
+    let r = rsqrt((t * t).mean_axis(1) + eps);
+    let rk = rsqrt((t * t).mean_keepdim(1) + eps); // KEEPDIM-FALLBACK
+    y.block([i * BM, 0], [BM, N]).store((t * rk * w.load().to_f32()).cast::<T>());
+    rstd.block([i * BM], [BM]).store(r);
+}
+
+/// RMSNorm with weight and bias: `y = x * rsqrt(mean(x²) + eps) * w + b`.
+#[kfuse(crate = "crate::deps")]
+pub fn rms_norm_wb<T: Float>(
+    x: Tensor<T, (M, N)>,
+    w: Tensor<T, (N,)>,
+    b: Tensor<T, (N,)>,
+    y: &mut Tensor<T, (M, N)>,
+    rstd: &mut Tensor<f32, (M,)>,
+    eps: f32,
+) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
+    let r = rsqrt((t * t).mean_axis(1) + eps);
+    let rk = rsqrt((t * t).mean_keepdim(1) + eps); // KEEPDIM-FALLBACK
+    let v = t * rk * w.load().to_f32() + b.load().to_f32();
+    y.block([i * BM, 0], [BM, N]).store(v.cast::<T>());
+    rstd.block([i * BM], [BM]).store(r);
+}
+
+/// Residual add, then RMSNorm without weight: `s = x + r` (rounded to `T`), `y = s *
+/// rsqrt(mean(s²) + eps)`.
+#[kfuse(crate = "crate::deps")]
+pub fn add_rms_norm<T: Float>(
+    x: Tensor<T, (M, N)>,
+    r: Tensor<T, (M, N)>,
+    s: &mut Tensor<T, (M, N)>,
+    y: &mut Tensor<T, (M, N)>,
+    rstd: &mut Tensor<f32, (M,)>,
+    eps: f32,
+) {
+    let i = program_id(0);
+    let sum = (x.block([i * BM, 0], [BM, N]).load().to_f32() + r.block([i * BM, 0], [BM, N]).load().to_f32()).cast::<T>();
+    s.block([i * BM, 0], [BM, N]).store(sum);
+    let t = sum.to_f32();
+    let q = rsqrt((t * t).mean_axis(1) + eps);
+    let qk = rsqrt((t * t).mean_keepdim(1) + eps); // KEEPDIM-FALLBACK
+    y.block([i * BM, 0], [BM, N]).store((t * qk).cast::<T>());
+    rstd.block([i * BM], [BM]).store(q);
+}
+
+/// Residual add, then RMSNorm with weight: `s = x + r`, `y = s * rsqrt(mean(s²) + eps) * w`.
+#[kfuse(crate = "crate::deps")]
+pub fn add_rms_norm_w<T: Float>(
+    x: Tensor<T, (M, N)>,
+    r: Tensor<T, (M, N)>,
+    w: Tensor<T, (N,)>,
+    s: &mut Tensor<T, (M, N)>,
+    y: &mut Tensor<T, (M, N)>,
+    rstd: &mut Tensor<f32, (M,)>,
+    eps: f32,
+) {
+    let i = program_id(0);
+    let sum = (x.block([i * BM, 0], [BM, N]).load().to_f32() + r.block([i * BM, 0], [BM, N]).load().to_f32()).cast::<T>();
+    s.block([i * BM, 0], [BM, N]).store(sum);
+    let t = sum.to_f32();
+    let q = rsqrt((t * t).mean_axis(1) + eps);
+    let qk = rsqrt((t * t).mean_keepdim(1) + eps); // KEEPDIM-FALLBACK
+    y.block([i * BM, 0], [BM, N]).store((t * qk * w.load().to_f32()).cast::<T>());
+    rstd.block([i * BM], [BM]).store(q);
+}
+
+/// LayerNorm with weight and bias: `y = (x - mean) * rsqrt(var + eps) * w + b`, with the
+/// biased variance `mean((x - mean)²)` (as PyTorch); writes the row means and rstds.
+#[kfuse(crate = "crate::deps")]
+pub fn layer_norm<T: Float>(
+    x: Tensor<T, (M, N)>,
+    w: Tensor<T, (N,)>,
+    b: Tensor<T, (N,)>,
+    y: &mut Tensor<T, (M, N)>,
+    mean: &mut Tensor<f32, (M,)>,
+    rstd: &mut Tensor<f32, (M,)>,
+    eps: f32,
+) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
+    let mu = t.mean_axis(1);
+    let c = t - t.mean_keepdim(1); // KEEPDIM-FALLBACK
+    let r = rsqrt((c * c).mean_axis(1) + eps);
+    let rk = rsqrt((c * c).mean_keepdim(1) + eps); // KEEPDIM-FALLBACK
+    y.block([i * BM, 0], [BM, N]).store((c * rk * w.load().to_f32() + b.load().to_f32()).cast::<T>());
+    mean.block([i * BM], [BM]).store(mu);
+    rstd.block([i * BM], [BM]).store(r);
+}
+
+// ---------------------------------------------------------------------------------------
+// Whole-tensor reductions: each program reduces one chunk of `CHUNK` elements of a 1-D
+// view to one f32 partial (`p[i]`); the caller repeats on the partials until one value
+// is left. The chunk is a literal so that the caller can size `p` (`ceil(N / CHUNK)`);
+// the order of every sum is fixed by the code, so the result has the same bits on every
+// run (no atomics).
+
+/// Elements per program of the chunked reductions (the literal in the kernels below).
+pub const CHUNK: usize = 16384;
+
+/// `p[i] = (Σ x[i*CHUNK .. (i+1)*CHUNK]) / d`, accumulated in f32, rounded to `U`.
+#[kfuse(crate = "crate::deps")]
+pub fn sum_chunks<T: Float, U: Float>(x: Tensor<T, (N,)>, p: &mut Tensor<U, (P,)>, d: f32) {
+    let i = program_id(0);
+    let v = x.block([i * 16384], [16384]).load().to_f32().sum();
+    p.row(i).store((v / d).cast::<U>());
+}
+
+/// `p[i] = max x[i*CHUNK .. (i+1)*CHUNK]` (exact).
+#[kfuse(crate = "crate::deps")]
+pub fn max_chunks<T: Float, U: Float>(x: Tensor<T, (N,)>, p: &mut Tensor<U, (P,)>) {
+    let i = program_id(0);
+    let v = x.block([i * 16384], [16384]).load().to_f32().max();
+    p.row(i).store(v.cast::<U>());
+}
+
+/// `p[i] = min x[i*CHUNK .. (i+1)*CHUNK]` (exact).
+#[kfuse(crate = "crate::deps")]
+pub fn min_chunks<T: Float, U: Float>(x: Tensor<T, (N,)>, p: &mut Tensor<U, (P,)>) {
+    let i = program_id(0);
+    let v = x.block([i * 16384], [16384]).load().to_f32().min();
+    p.row(i).store(v.cast::<U>());
+}

@@ -234,3 +234,70 @@ pub fn snapshot_spec(def: &KernelDef) -> Spec {
     let big = if shape_syms.len() == 1 { 1 << 24 } else { 4096 };
     Spec { tensors, shape_pow2: vec![big; shape_syms.len()], tiles: Default::default() }
 }
+
+/// The ptxas to assemble with (panics with how to get one when there is none).
+pub fn ptxas() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(p) = std::env::var("KFUSE_PTXAS") {
+        candidates.push(p.into());
+    }
+    candidates.push(root.join(".cuda/nvidia/cu13/bin/ptxas"));
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Ok(p) = std::env::var(var) {
+            candidates.push(PathBuf::from(p).join("bin/ptxas"));
+        }
+    }
+    candidates.push("/usr/local/cuda/bin/ptxas".into());
+    candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
+        panic!(
+            "ptxas not found (looked at {candidates:?}); run scripts/test.sh, which installs it with \
+             `python3 -m pip install --target .cuda \"nvidia-cuda-nvcc==13.0.*\"`"
+        )
+    })
+}
+
+/// (registers, spill bytes) from `ptxas -v` output.
+pub fn ptxas_resources(log: &str) -> (u32, u32) {
+    let mut regs = 0;
+    let mut spill = 0;
+    for l in log.lines() {
+        if let Some(i) = l.find("Used ") {
+            regs = l[i + 5..].split_whitespace().next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        }
+        if l.contains("spill stores") {
+            for part in l.split(',') {
+                let part = part.trim();
+                if part.ends_with("spill stores") || part.ends_with("spill loads") {
+                    spill += part.split_whitespace().next().and_then(|s| s.parse::<u32>().ok()).unwrap_or(0);
+                }
+            }
+        }
+    }
+    (regs, spill)
+}
+
+
+/// Compiles CUDA source with NVRTC and assembles it with `ptxas -v`; returns
+/// (registers, spill bytes) or the failure.
+pub fn assemble(source: &str, arch: &str, options: &[String], name: &str) -> std::result::Result<(u32, u32), String> {
+    let ptx = kfuse::runtime::nvrtc::compile_ptx(source, arch, options).map_err(|e| format!("NVRTC: {e}"))?;
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("assemble");
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join(format!("{name}_{arch}.ptx"));
+    std::fs::write(&f, ptx).unwrap();
+    let out = std::process::Command::new(ptxas())
+        .arg(format!("-arch={arch}"))
+        .arg("-v")
+        .arg(&f)
+        .arg("-o")
+        .arg(f.with_extension("cubin"))
+        .output()
+        .map_err(|e| format!("running ptxas: {e}"))?;
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    if !out.status.success() {
+        return Err(format!("ptxas failed:\n{log}"));
+    }
+    Ok(ptxas_resources(&log))
+}

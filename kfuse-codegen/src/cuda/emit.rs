@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, Op, OpId, ParamKind, ReduceOp, SmemLayout, UnaryOp, ValueId};
 
 use crate::analysis::{concrete_shape, extent_value, non_negative};
-use crate::cuda::prelude::PRELUDE;
+use crate::cuda::prelude::{CLUSTER_PRELUDE, PRELUDE};
 use crate::cuda::writer::Writer;
 use crate::layout::RegMap;
 use crate::target::{KernelParam, Spec, Target};
@@ -114,8 +114,9 @@ fn thr(m: &crate::layout::AxisMap) -> String {
     }
 }
 
-/// The coordinate along map axis `i` of register `k` before wrapping replicas.
-fn coord_raw(map: &RegMap, i: usize, k: &str) -> String {
+/// The coordinate along map axis `i` of register `k` within this block's piece of the
+/// axis, before wrapping replicas.
+fn local_raw(map: &RegMap, i: usize, k: &str) -> String {
     let m = &map.axes[i];
     let mut parts = Vec::new();
     if m.reps > 1 {
@@ -135,13 +136,29 @@ fn coord_raw(map: &RegMap, i: usize, k: &str) -> String {
     }
 }
 
+/// The offset of this block's piece along map axis `i` (cluster splits).
+fn cta_base(map: &RegMap, i: usize) -> Option<String> {
+    let m = &map.axes[i];
+    (m.ctas > 1).then(|| format!("kf_crank * {}", m.piece))
+}
+
+/// The coordinate along map axis `i` of register `k` before wrapping replicas.
+fn coord_raw(map: &RegMap, i: usize, k: &str) -> String {
+    let l = local_raw(map, i, k);
+    match cta_base(map, i) {
+        Some(b) => format!("({b} + {l})"),
+        None => l,
+    }
+}
+
 /// The coordinate along map axis `i` of register `k` (replicas wrapped into the tile).
 fn coord(map: &RegMap, i: usize, k: &str) -> String {
-    let raw = coord_raw(map, i, k);
-    if map.axes[i].replicated() {
-        format!("({raw} & {})", map.axes[i].shape - 1)
-    } else {
-        raw
+    let m = &map.axes[i];
+    let l = local_raw(map, i, k);
+    let l = if m.replicated() { format!("({l} & {})", m.piece - 1) } else { l };
+    match cta_base(map, i) {
+        Some(b) => format!("({b} + {l})"),
+        None => l,
     }
 }
 
@@ -150,13 +167,16 @@ fn owner(map: &RegMap, k: &str) -> String {
     let mut c = Vec::new();
     for (i, m) in map.axes.iter().enumerate() {
         if m.replicated() {
-            c.push(format!("{} < {}", coord_raw(map, i, k), m.shape));
+            c.push(format!("{} < {}", local_raw(map, i, k), m.piece));
         }
     }
     for d in &map.dropped {
         let t = thr(d);
         if t != "0" {
             c.push(format!("{t} == 0"));
+        }
+        if d.ctas > 1 {
+            c.push("kf_crank == 0".to_string());
         }
     }
     if c.is_empty() {
@@ -276,7 +296,11 @@ impl<'a> Emitter<'a> {
             Ok(())
         };
         match &node.op {
-            Op::ProgramId { axis } => scalar(self, DType::I64, format!("(long long)blockIdx.{}", ["x", "y", "z"][*axis as usize])),
+            Op::ProgramId { axis } => {
+                let c = k.schedule.cluster;
+                let e = if *axis == 0 && c > 1 { format!("(long long)(blockIdx.x / {c})") } else { format!("(long long)blockIdx.{}", ["x", "y", "z"][*axis as usize]) };
+                scalar(self, DType::I64, e)
+            }
             Op::ScalarParam { param } => {
                 let p = k.param(*param);
                 let e = round(p.dtype, format!("a_{}", p.name));
@@ -328,6 +352,36 @@ impl<'a> Emitter<'a> {
                 Ok(())
             }
             Op::Reduce { op: r, axis, keep_dim } => self.reduce(op, ops[0], *r, *axis as usize, *keep_dim),
+            Op::ExpandDims { axis } => {
+                // no data moves: the same registers, with an extent-1 axis that no
+                // register spans
+                let mut val = self.val(ops[0]).clone();
+                if !matches!(self.k.schedule.layouts.get(&ops[0]), Some(Layout::Slice { .. })) {
+                    return Err(CodegenError::Unsupported("unsqueeze of a value that is not a reduction result".into()));
+                }
+                let a = *axis as usize;
+                val.axis_map.insert(a, None);
+                val.shape.insert(a, 1);
+                val.lo.insert(a, "0".into());
+                val.hi.insert(a, "1".into());
+                self.vals.insert(v, val);
+                Ok(())
+            }
+            Op::Iota { extent } => {
+                // register k holds its own coordinate; lanes past a full extent's
+                // runtime size are invalid
+                let hi = match extent {
+                    Extent::Full(s) => self.shape_var(*s),
+                    e => extent_value(k, *e).to_string(),
+                };
+                let layout = self.layout(v)?;
+                let val = self.new_tile(v, DType::I64, &layout, vec!["0".into()], vec![hi], None)?;
+                let (map, name) = (val.map.clone().unwrap(), val.name.clone());
+                self.vals.insert(v, val);
+                self.unroll("k", map.regs)?;
+                self.line(format!("{name}[k] = (long long){};", coord(&map, 0, "k")))?;
+                self.close()
+            }
             Op::Convert => self.convert(op, ops[0]),
         }
     }
@@ -353,6 +407,8 @@ impl<'a> Emitter<'a> {
                         (UnaryOp::Sigmoid, _) => format!("kf_sigmoid({a})"),
                         (UnaryOp::Tanh, _) => format!("tanhf({a})"),
                         (UnaryOp::Erf, _) => format!("erff({a})"),
+                        (UnaryOp::Sin, _) => format!("sinf({a})"),
+                        (UnaryOp::Cos, _) => format!("cosf({a})"),
                         (UnaryOp::Not, _) => format!("(!{a})"),
                     };
                     round(d, e)
@@ -535,7 +591,11 @@ impl<'a> Emitter<'a> {
             Some(rm) => project(&smap, rm, "k"),
             None => "0".into(),
         };
-        let lo_check = if slo == "0" { String::new() } else { format!("{c} >= {slo} && ") };
+        let mut lo_check = if slo == "0" { String::new() } else { format!("{c} >= {slo} && ") };
+        if am.replicated() {
+            // a replica's element belongs to another thread (or block): skip it
+            lo_check = format!("{} < {} && {lo_check}", local_raw(&smap, mi, "k"), am.piece);
+        }
         self.line(format!("if ({lo_check}{c} < {shi}) {name}[{dst}] = {};", comb(&format!("{name}[{dst}]"), &format!("{}[k]", s.name))))?;
         self.close()?;
         // 2. across lanes
@@ -594,6 +654,64 @@ impl<'a> Emitter<'a> {
             self.close()?;
             self.close()?;
         }
+        // 4. across the blocks of a cluster, through distributed shared memory
+        if am.ctas > 1 {
+            if int || d != DType::F32 {
+                return Err(CodegenError::Unsupported("a cluster-split reduction of a non-f32 value (cast to f32 first)".into()));
+            }
+            let rm_shape: Vec<u32> = match &rmap {
+                Some(rm) => rm.axes.iter().map(|a| a.shape).collect(),
+                None => vec![],
+            };
+            let slots: u32 = rm_shape.iter().product::<u32>().max(1);
+            self.smem = self.smem.max(slots * 4);
+            let sl = match &rmap {
+                None => "0".to_string(),
+                Some(rm) => {
+                    let mut lin = String::from("0");
+                    for i in 0..rm.axes.len() {
+                        lin = format!("({lin}) * {} + {}", rm.axes[i].shape, coord(rm, i, "k"));
+                    }
+                    lin
+                }
+            };
+            let own = match &rmap {
+                Some(rm) => owner(rm, "k"),
+                None => "true".into(),
+            };
+            let first = {
+                let mut c = Vec::new();
+                if am.tpw > 1 {
+                    c.push(format!("((kf_lane / {}) % {}) == 0", am.lane_div, am.tpw));
+                }
+                if am.wpb > 1 {
+                    c.push(format!("((kf_warp / {}) % {}) == 0", am.warp_div, am.wpb));
+                }
+                if own != "true" {
+                    c.push(own.clone());
+                }
+                if c.is_empty() { "true".to_string() } else { c.join(" && ") }
+            };
+            self.open("")?;
+            self.line("__syncthreads();")?;
+            self.line("float* kf_cl = reinterpret_cast<float*>(kf_smem);")?;
+            self.open(format!("if ({first})"))?;
+            self.unroll("k", nregs)?;
+            self.line(format!("kf_cl[{sl}] = {name}[k];"))?;
+            self.close()?;
+            self.close()?;
+            self.line("kf_cluster_sync();")?;
+            self.unroll("k", nregs)?;
+            self.line(format!("float kf_acc = kf_ld_cluster_f32(kf_cl + {sl}, 0);"))?;
+            self.line("#pragma unroll")?;
+            self.open(format!("for (unsigned c = 1; c < {}; ++c)", am.ctas))?;
+            self.line(format!("kf_acc = {};", comb("kf_acc", &format!("kf_ld_cluster_f32(kf_cl + {sl}, c)"))))?;
+            self.close()?;
+            self.line(format!("{name}[k] = kf_acc;"))?;
+            self.close()?;
+            self.line("kf_cluster_sync();")?;
+            self.close()?;
+        }
         // mean and rounding
         self.unroll("k", nregs)?;
         let fin = if r == ReduceOp::Mean {
@@ -627,6 +745,9 @@ impl<'a> Emitter<'a> {
         let name = val.name.clone();
         let shape = s.shape.clone();
         self.vals.insert(v, val);
+        if smap.axes.iter().chain(dmap.axes.iter()).chain(smap.dropped.iter()).any(|a| a.ctas > 1) {
+            return Err(CodegenError::Unsupported("a layout conversion of a tile split across a cluster".into()));
+        }
         let esz = d.size_bytes() as u32;
         let sl = self.k.schedule.smem.get(&v).copied().unwrap_or(SmemLayout::Padded { pad: 0 });
         let cols = *shape.last().unwrap();
@@ -980,16 +1101,24 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target) -> Result<(String, Vec<Ker
     }
     let threads = k.schedule.num_threads;
     let bounds = if k.schedule.min_blocks > 0 { format!("{threads}, {}", k.schedule.min_blocks) } else { threads.to_string() };
+    let cluster = k.schedule.cluster;
+    let cluster_attr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
     let mut w = Writer::new(String::new());
     let mut head = || -> std::fmt::Result {
         w.line(format!("// Generated by kfuse from kernel `{}` for {}. Do not edit.", k.name, target.arch()))?;
         w.raw(PRELUDE)?;
+        if cluster > 1 {
+            w.raw(CLUSTER_PRELUDE)?;
+        }
         w.line("")?;
-        w.open(format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {}({})", entry_name(k), decls.join(", ")))?;
+        w.open(format!("extern \"C\" __global__ void {cluster_attr}__launch_bounds__({bounds}) {}({})", entry_name(k), decls.join(", ")))?;
         w.line("const int kf_tid = threadIdx.x;")?;
         w.line("const int kf_lane = kf_tid & 31;")?;
         w.line("const int kf_warp = kf_tid >> 5;")?;
         w.line("(void)kf_lane; (void)kf_warp;")?;
+        if cluster > 1 {
+            w.line(format!("const unsigned kf_crank = blockIdx.x % {cluster};"))?;
+        }
         if smem > 0 {
             w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", smem.div_ceil(16) * 16))?;
         }

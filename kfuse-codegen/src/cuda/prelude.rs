@@ -21,3 +21,18 @@ static __device__ __forceinline__ long long kf_mini(long long a, long long b) { 
 #define KF_INF __int_as_float(0x7f800000)
 #define KF_NAN __int_as_float(0x7fc00000)
 "#;
+
+/// Helpers of kernels whose blocks form a thread-block cluster (sm_90): a barrier over
+/// the cluster (release/acquire, so shared-memory writes before it are visible to
+/// every block after it) and a load from another block's shared memory.
+pub const CLUSTER_PRELUDE: &str = r#"static __device__ __forceinline__ void kf_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ float kf_ld_cluster_f32(const float* p, unsigned rank) {
+  unsigned a, r; float v;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+  return v;
+}
+"#;

@@ -1,6 +1,10 @@
 //! `assign_layouts`: decides how every tile value is spread over the block's threads,
 //! and inserts `Convert` ops where a value must change its distribution.
 //!
+//! Every blocked layout built here puts its warps first on axes that no reduction
+//! reduces (so that row reductions stay inside a warp where the tile allows), and cuts
+//! the axes over the schedule's `split` extent across the cluster's blocks.
+//!
 //! Rules, in program order:
 //! - a `Load` is an anchor: a blocked layout whose fastest axis is the tile axis over
 //!   the tensor's unit-stride dimension, with 16 bytes per thread along it;
@@ -22,12 +26,37 @@
 //! the chunks are XOR-swizzled by row so that both sides are free of bank conflicts and
 //! the row side moves whole vectors; otherwise rows are padded by one 32-bit word.
 
-use kfuse_ir::{AccessDim, Blocked, DType, Kernel, Layout, Op, OpId, SmemLayout, ValueId};
+use kfuse_ir::{AccessDim, Blocked, DType, Extent, Kernel, Layout, Op, OpId, SmemLayout, Type, ValueId};
 
 use crate::analysis::concrete_shape;
 use crate::layout::{blocked, permute};
+
 use crate::target::Spec;
 use crate::CodegenError;
+
+/// Extents that some reduction reduces.
+fn reduced_extents(k: &Kernel) -> Vec<Extent> {
+    k.order
+        .iter()
+        .filter_map(|&op| match k.op(op) {
+            Op::Reduce { axis, .. } => Some(k.ty(k.operands(op)[0]).shape[*axis as usize]),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A blocked layout for a tile with these extents (see the module docs).
+fn make_blocked(k: &Kernel, extents: &[Extent], order: Vec<u32>, vec: u32) -> Blocked {
+    let shape: Vec<u32> = extents.iter().map(|e| crate::analysis::extent_value(k, *e)).collect();
+    let reduced = reduced_extents(k);
+    let mut warp_order: Vec<u32> = order.iter().copied().filter(|&a| !reduced.contains(&extents[a as usize])).collect();
+    warp_order.extend(order.iter().copied().filter(|&a| reduced.contains(&extents[a as usize])));
+    let ctas: Vec<u32> = extents
+        .iter()
+        .map(|e| if k.schedule.cluster > 1 && k.schedule.split == Some(*e) { k.schedule.cluster } else { 1 })
+        .collect();
+    blocked(&shape, &order, vec, k.schedule.num_threads, &warp_order, &ctas)
+}
 
 /// The anchor layout of a block access: fastest axis over the unit-stride dimension.
 pub fn access_layout(k: &Kernel, spec: &Spec, op: OpId) -> Option<Blocked> {
@@ -35,14 +64,11 @@ pub fn access_layout(k: &Kernel, spec: &Spec, op: OpId) -> Option<Blocked> {
         Op::Load { tensor, dims } | Op::Store { tensor, dims } => (*tensor, dims),
         _ => return None,
     };
-    let shape: Vec<u32> = dims
-        .iter()
-        .filter_map(|d| if let AccessDim::Tile(e) = d { Some(crate::analysis::extent_value(k, *e)) } else { None })
-        .collect();
-    if shape.is_empty() {
+    let extents: Vec<Extent> = dims.iter().filter_map(|d| if let AccessDim::Tile(e) = d { Some(*e) } else { None }).collect();
+    if extents.is_empty() {
         return None;
     }
-    let r = shape.len() as u32;
+    let r = extents.len() as u32;
     let ts = spec.tensors.get(tensor.0 as usize).cloned().flatten();
     // tile axis of each tensor dim
     let mut axis_of = Vec::new();
@@ -62,14 +88,14 @@ pub fn access_layout(k: &Kernel, spec: &Spec, op: OpId) -> Option<Blocked> {
     order.extend((0..r).rev().filter(|&a| a != fast));
     let dt = k.param(tensor).dtype;
     let vec = (16 / dt.size_bytes() as u32).max(1);
-    Some(blocked(&shape, &order, vec, k.schedule.num_threads))
+    Some(make_blocked(k, &extents, order, vec))
 }
 
-fn default_layout(k: &Kernel, shape: &[u32], dtype: DType) -> Blocked {
-    let r = shape.len() as u32;
+fn default_layout(k: &Kernel, ty: &Type) -> Blocked {
+    let r = ty.rank() as u32;
     let order: Vec<u32> = (0..r).rev().collect();
-    let vec = (16 / dtype.size_bytes().max(1) as u32).clamp(1, 4);
-    blocked(shape, &order, vec, k.schedule.num_threads)
+    let vec = (16 / ty.dtype.size_bytes().max(1) as u32).clamp(1, 4);
+    make_blocked(k, &ty.shape, order, vec)
 }
 
 fn layout_of(k: &Kernel, v: ValueId) -> Layout {
@@ -151,6 +177,9 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
                     other => return Err(CodegenError::Unsupported(format!("reduce of a value in layout {}", kfuse_ir::print::layout_str(&other)))),
                 }
             }
+            // the same registers with an extent-1 axis added (see the writer)
+            Op::ExpandDims { .. } => Some(layout_of(k, ops[0])),
+            Op::Iota { .. } => Some(Layout::Blocked(default_layout(k, node.ty.as_ref().unwrap()))),
             Op::Permute { perm } => match layout_of(k, ops[0]) {
                 Layout::Blocked(b) => Some(Layout::Blocked(permute(&b, perm))),
                 other => Some(other),
@@ -158,7 +187,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
             Op::Broadcast => {
                 let src = ops[0];
                 let shape = shape.clone().unwrap();
-                let dtype = node.ty.as_ref().unwrap().dtype;
+                let rty = node.ty.clone().unwrap();
                 // The layout the first elementwise user's other operand has, if any.
                 let from_user = k.users(op.value()).into_iter().find_map(|u| {
                     k.operands(u)
@@ -168,7 +197,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
                         .find(|l| matches!(l, Layout::Blocked(b) if b.shape == shape))
                 });
                 match layout_of(k, src) {
-                    Layout::Uniform => Some(from_user.unwrap_or_else(|| Layout::Blocked(default_layout(k, &shape, dtype)))),
+                    Layout::Uniform => Some(from_user.unwrap_or_else(|| Layout::Blocked(default_layout(k, &rty)))),
                     Layout::Slice { parent, axis } if parent.shape == shape => {
                         let _ = axis;
                         Some(Layout::Blocked(parent))
@@ -176,7 +205,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
                     _ => {
                         let target = match from_user {
                             Some(Layout::Blocked(b)) => b,
-                            _ => default_layout(k, &shape, dtype),
+                            _ => default_layout(k, &rty),
                         };
                         let src_rank = k.ty(src).rank();
                         if shape.len() != 2 || src_rank != 1 {

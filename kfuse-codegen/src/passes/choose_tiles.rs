@@ -13,9 +13,13 @@
 //! several accesses takes the smallest choice. `Spec::tiles` overrides by name.
 //!
 //! Threads: one per 16 elements of the largest tile, between 32 and 256 (1024 for
-//! full-extent rows), so each thread keeps a few 16-byte vectors in flight. A value
-//! needing more than 64 registers per thread is refused (long rows need the
-//! multi-block plan of a later pass).
+//! full-extent rows), so each thread keeps a few 16-byte vectors in flight.
+//!
+//! Long rows: when a full-extent tile would need more than 32 elements per thread,
+//! its widest full extent is cut across a thread-block cluster of up to 8 blocks
+//! (sm_90; `schedule.cluster`, `schedule.split`): each block holds one piece of every
+//! such axis, reductions along it meet in distributed shared memory, and the row is
+//! still read once and written once. Past 64 elements per thread the kernel is refused.
 //!
 //! Register room: a body with transcendental math (exp, log, erf, tanh, sigmoid, …)
 //! asks for one block per multiprocessor (`min_blocks = 1`), which lets the assembler
@@ -34,7 +38,13 @@ use crate::CodegenError;
 /// Largest number of elements of one value a thread may hold.
 pub const MAX_ELEMS_PER_THREAD: u32 = 64;
 
-pub fn run(k: &mut Kernel, spec: &Spec, _target: &Target) -> Result<(), CodegenError> {
+/// Above this many elements per thread, a full-extent axis is cut across a cluster.
+pub const CLUSTER_ABOVE: u32 = 32;
+
+/// Largest (portable) cluster.
+pub const MAX_CLUSTER: u32 = 8;
+
+pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     // Full extents.
     for op in k.order.clone() {
         let mut extents = access_extents(k, op);
@@ -98,19 +108,44 @@ pub fn run(k: &mut Kernel, spec: &Spec, _target: &Target) -> Result<(), CodegenE
     // Threads.
     let mut max_elems = 1u32;
     let mut has_full = false;
+    let mut widest_full: Option<(u32, Extent)> = None;
     for op in k.order.clone() {
         if let Some(t) = &k.node(op).ty {
             max_elems = max_elems.max(concrete_shape(k, t).iter().product());
-            has_full |= t.shape.iter().any(|e| matches!(e, Extent::Full(_)));
+            for e in &t.shape {
+                if let Extent::Full(s) = e {
+                    has_full = true;
+                    let v = k.schedule.full[s];
+                    if widest_full.is_none_or(|(w, _)| v > w) {
+                        widest_full = Some((v, *e));
+                    }
+                }
+            }
         }
     }
     let cap = if has_full { 1024 } else { 256 };
     let threads = (max_elems / 16).next_power_of_two().clamp(32, cap);
-    if max_elems / threads > MAX_ELEMS_PER_THREAD {
+    let mut per_thread = max_elems / threads;
+    // Rows too long for one block: cut the full extent across a thread-block cluster.
+    if per_thread > CLUSTER_ABOVE {
+        if let Some((_, e)) = widest_full {
+            if target.sm < 90 {
+                return Err(CodegenError::Unsupported(format!(
+                    "a tile of {max_elems} elements needs a thread-block cluster (sm_90) on this target ({})",
+                    target.arch()
+                )));
+            }
+            let c = (per_thread / 16).next_power_of_two().min(MAX_CLUSTER);
+            k.schedule.cluster = c;
+            k.schedule.split = Some(e);
+            per_thread /= c;
+        }
+    }
+    if per_thread > MAX_ELEMS_PER_THREAD {
         return Err(CodegenError::Unsupported(format!(
-            "a tile of {max_elems} elements needs {} elements per thread with {threads} threads (limit {MAX_ELEMS_PER_THREAD}); \
-             rows this long need the multi-block plan, which is not implemented yet",
-            max_elems / threads
+            "a tile of {max_elems} elements needs {per_thread} elements per thread with {threads} threads \
+             and {} blocks per cluster (limit {MAX_ELEMS_PER_THREAD})",
+            k.schedule.cluster.max(1)
         )));
     }
     k.schedule.num_threads = threads;

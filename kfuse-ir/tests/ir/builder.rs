@@ -219,3 +219,94 @@ fn finish_verifies() {
     assert_eq!(k.shape_syms, vec!["M".to_string(), "N".to_string()]);
     assert_eq!(k.grid_rank(), 2);
 }
+
+#[test]
+fn iota_is_an_i64_tile() {
+    let mut f = fx();
+    let n = f.b.find_shape_sym("N").unwrap();
+    for e in [Extent::Const(5), Extent::Tile(f.bn), Extent::Full(n)] {
+        let v = f.b.iota(e).unwrap();
+        assert_eq!(f.b.ty(v), &Type::tile(DType::I64, vec![e]));
+        assert_eq!(f.b.kernel().op(v.op()), &Op::Iota { extent: e });
+    }
+    // Zero or unknown extents are refused.
+    assert!(matches!(f.b.iota(Extent::Const(0)), Err(IrError::Expected { ref op, .. }) if op == "iota"));
+    assert!(matches!(f.b.iota(Extent::Tile(TileSym(9))), Err(IrError::Expected { .. })));
+    assert!(matches!(f.b.iota(Extent::Full(ShapeSym(9))), Err(IrError::Expected { .. })));
+    // An i64 tile mixes with index scalars; a float use needs a cast.
+    let pid = f.b.program_id(0).unwrap();
+    let j = f.b.iota(Extent::Tile(f.bn)).unwrap();
+    let s = f.b.binary(BinaryOp::Add, j, pid).unwrap();
+    assert_eq!(f.b.ty(s), &Type::tile(DType::I64, vec![Extent::Tile(f.bn)]));
+    assert!(matches!(f.b.binary(BinaryOp::Add, j, f.vt), Err(IrError::DTypeMismatch { .. })));
+    let jf = f.b.cast(j, DType::F32).unwrap();
+    f.b.binary(BinaryOp::Add, jf, f.vt).unwrap();
+    f.b.finish().unwrap();
+}
+
+#[test]
+fn expand_dims_inserts_a_unit_axis() {
+    let mut f = fx();
+    let (bm, bn) = (Extent::Tile(f.bm), Extent::Tile(f.bn));
+    let one = Extent::Const(1);
+    let ms = f.b.reduce(ReduceOp::Mean, f.xt, 1, false).unwrap(); // [BM]
+    let col = f.b.expand_dims(ms, 1).unwrap();
+    assert_eq!(f.b.ty(col).shape, vec![bm, one]);
+    assert_eq!(f.b.kernel().op(col.op()), &Op::ExpandDims { axis: 1 });
+    // [BM, 1] broadcasts against [BM, BN] (which [BM] alone does not).
+    assert!(matches!(f.b.binary(BinaryOp::Div, f.xt, ms), Err(IrError::ShapeMismatch { .. })));
+    let y = f.b.binary(BinaryOp::Div, f.xt, col).unwrap();
+    assert_eq!(f.b.ty(y).shape, vec![bm, bn]);
+    // Negative axes count from the end of the result; -1 appends.
+    let a = f.b.expand_dims(ms, -1).unwrap();
+    assert_eq!(f.b.kernel().op(a.op()), &Op::ExpandDims { axis: 1 });
+    let r = f.b.expand_dims(f.vt, 0).unwrap();
+    assert_eq!(f.b.ty(r).shape, vec![one, bn]);
+    let r = f.b.expand_dims(f.xt, -2).unwrap();
+    assert_eq!(f.b.ty(r).shape, vec![bm, one, bn]);
+    let r = f.b.expand_dims(f.xt, -3).unwrap();
+    assert_eq!(f.b.ty(r).shape, vec![one, bm, bn]);
+    // A scalar becomes [1]; the dtype is kept.
+    let s = f.b.reduce(ReduceOp::Sum, f.ht, 0, false).unwrap();
+    let s1 = f.b.expand_dims(s, 0).unwrap();
+    assert_eq!(f.b.ty(s1), &Type::tile(DType::BF16, vec![one]));
+    // Out of range.
+    let e = f.b.expand_dims(ms, 2).unwrap_err();
+    assert_eq!(e.to_string(), "`expand_dims` expects an axis in -2..=1 for a tile of rank 1, found 2");
+    assert!(matches!(f.b.expand_dims(ms, -3), Err(IrError::Expected { ref found, .. }) if found == "-3"));
+    let e = f.b.expand_dims(s, 1).unwrap_err();
+    assert_eq!(e.to_string(), "`expand_dims` expects an axis in -1..=0 for a tile of rank 0, found 1");
+    f.b.finish().unwrap();
+}
+
+#[test]
+fn sin_and_cos_take_floats() {
+    let mut f = fx();
+    for op in [UnaryOp::Sin, UnaryOp::Cos] {
+        let y = f.b.unary(op, f.ht).unwrap();
+        assert_eq!(f.b.ty(y), f.b.ty(f.ht));
+        let pid = f.b.program_id(0).unwrap();
+        let e = f.b.unary(op, pid).unwrap_err();
+        assert!(matches!(e, IrError::Expected { ref expected, .. } if expected.contains("float")), "{e:?}");
+    }
+    f.b.finish().unwrap();
+}
+
+/// An indexed dimension on an `i64` tensor: a rank-0 load is an `i64` scalar, usable as
+/// an offset.
+#[test]
+fn i64_scalar_loads_are_offsets() {
+    let mut b = Builder::new("gather");
+    let (t, p, d) = (b.shape_sym("T"), b.shape_sym("P"), b.shape_sym("D"));
+    let pos = b.tensor_param("pos", DType::I64, &[t], false);
+    let tab = b.tensor_param("tab", DType::F32, &[p, d], false);
+    let out = b.tensor_param("out", DType::F32, &[t, d], true);
+    let i = b.program_id(0).unwrap();
+    let pv = b.load(pos, &[i], &[AccessDim::Index]).unwrap();
+    assert_eq!(b.ty(pv), &Type::scalar(DType::I64));
+    let zero = b.literal(Literal::Int(0));
+    let row = [AccessDim::Index, AccessDim::Tile(Extent::Full(d))];
+    let r = b.load(tab, &[pv, zero], &row).unwrap();
+    b.store(out, &[i, zero], &row, r).unwrap();
+    b.finish().unwrap();
+}

@@ -109,7 +109,7 @@ fn f16_rounding_and_overflow() {
 fn unary_ops_f32() {
     use UnaryOp::*;
     type F = fn(f32) -> f32;
-    let cases: [(UnaryOp, F, f64, f64); 9] = [
+    let cases: [(UnaryOp, F, f64, f64); 11] = [
         (Neg, |x| -x, -3.0, 3.0),
         (Abs, f32::abs, -3.0, 3.0),
         (Exp, f32::exp, -5.0, 5.0),
@@ -119,6 +119,8 @@ fn unary_ops_f32() {
         (Sigmoid, |x| 1.0 / (1.0 + (-x).exp()), -8.0, 8.0),
         (Tanh, f32::tanh, -4.0, 4.0),
         (Erf, libm::erff, -3.0, 3.0),
+        (Sin, f32::sin, -20.0, 20.0),
+        (Cos, f32::cos, -20.0, 20.0),
     ];
     for (s, (op, f, lo, hi)) in cases.into_iter().enumerate() {
         let k = unary_1d(DType::F32, op);
@@ -141,6 +143,8 @@ fn unary_ops_f32() {
                 Sigmoid => 1.0 / (1.0 + (-v).exp()),
                 Tanh => v.tanh(),
                 Erf => libm::erf(v),
+                Sin => v.sin(),
+                Cos => v.cos(),
                 Not => unreachable!(),
             })
             .collect();
@@ -885,4 +889,160 @@ fn zero_width_rows() {
     let x = Host::filled(DType::F32, &[3, 0], 0.0);
     let mut out = Host::filled(DType::F32, &[3, 0], 0.0);
     run_with(&k, &mut [x.arg(), out.arg_mut()], 16).unwrap();
+}
+
+/// `out[j] = iota(BN)[j - i*BN] + i*BN`: every index once, the edge tile masked by the
+/// store; and `iota(N)` over a full extent in a kernel without program ids.
+#[test]
+fn iota_counts_every_lane() {
+    let mut b = Builder::new("iota");
+    let n = b.shape_sym("N");
+    let bn = b.tile_sym("BN");
+    let po = b.tensor_param("out", DType::I64, &[n], true);
+    let off = block_offset(&mut b, 0, bn);
+    let j = b.iota(Extent::Tile(bn)).unwrap();
+    let v = b.binary(BinaryOp::Add, j, off).unwrap();
+    b.store(po, &[off], &[AccessDim::Tile(Extent::Tile(bn))], v).unwrap();
+    let k = b.finish().unwrap();
+    for (n, tile) in [(1, 16), (7, 4), (33, 16), (100, 3)] {
+        let mut out = Host::filled(DType::I64, &[n], -1.0);
+        run_with(&k, &mut [out.arg_mut()], tile).unwrap();
+        assert_exact(&out.to_vec(), &(0..n).map(|i| i as f64).collect::<Vec<_>>(), &format!("iota n={n} tile={tile}"));
+    }
+
+    let mut b = Builder::new("iota_full");
+    let n = b.shape_sym("N");
+    let po = b.tensor_param("out", DType::F32, &[n], true);
+    let j = b.iota(Extent::Full(n)).unwrap();
+    let jf = b.cast(j, DType::F32).unwrap();
+    let half = b.literal(Literal::Float(0.5));
+    let v = b.binary(BinaryOp::Mul, jf, half).unwrap();
+    let zero = b.literal(Literal::Int(0));
+    b.store(po, &[zero], &[AccessDim::Tile(Extent::Full(n))], v).unwrap();
+    let k = b.finish().unwrap();
+    let mut out = Host::filled(DType::F32, &[9], f64::NAN);
+    run_with(&k, &mut [out.arg_mut()], 16).unwrap();
+    assert_exact(&out.to_vec(), &(0..9).map(|i| i as f64 * 0.5).collect::<Vec<_>>(), "iota(N) * 0.5");
+    // iota's lanes are all valid: a sum over a literal extent counts them all.
+    let mut b = Builder::new("iota_sum");
+    let one = b.shape_sym("ONE");
+    let po = b.tensor_param("out", DType::I64, &[one], true);
+    let j = b.iota(Extent::Const(10)).unwrap();
+    let s = b.reduce(ReduceOp::Sum, j, 0, false).unwrap();
+    let zero = b.literal(Literal::Int(0));
+    b.store(po, &[zero], &[AccessDim::Index], s).unwrap();
+    let k = b.finish().unwrap();
+    let mut out = Host::filled(DType::I64, &[1], 0.0);
+    run_with(&k, &mut [out.arg_mut()], 16).unwrap();
+    assert_eq!(out.to_vec(), vec![45.0]);
+}
+
+/// Rows scaled by their mean square, `x / mean(x*x, axis 1)[:, None]`, over `BM × BN`
+/// blocks with padded rows and columns; and a column vector `[1, BN]` made with axis 0.
+#[test]
+fn expand_dims_broadcasts_a_row_statistic() {
+    let mut b = Builder::new("ms_scale");
+    let (m, n) = (b.shape_sym("M"), b.shape_sym("N"));
+    let (bm, bn) = (b.tile_sym("BM"), b.tile_sym("BN"));
+    let px = b.tensor_param("x", DType::F32, &[m, n], false);
+    let pw = b.tensor_param("w", DType::F32, &[n], false);
+    let po = b.tensor_param("out", DType::F32, &[m, n], true);
+    let i = block_offset(&mut b, 0, bm);
+    let zero = b.literal(Literal::Int(0));
+    let dims = [AccessDim::Tile(Extent::Tile(bm)), AccessDim::Tile(Extent::Tile(bn))];
+    let x = b.load(px, &[i, zero], &dims).unwrap();
+    let sq = b.binary(BinaryOp::Mul, x, x).unwrap();
+    let ms = b.reduce(ReduceOp::Mean, sq, 1, false).unwrap();
+    let col = b.expand_dims(ms, 1).unwrap();
+    let w = b.load(pw, &[zero], &[AccessDim::Tile(Extent::Tile(bn))]).unwrap();
+    let row = b.expand_dims(w, 0).unwrap();
+    let y = b.binary(BinaryOp::Div, x, col).unwrap();
+    let y = b.binary(BinaryOp::Mul, y, row).unwrap();
+    b.store(po, &[i, zero], &dims, y).unwrap();
+    let mut k = b.finish().unwrap();
+    set_tile(&mut k, "BM", 4);
+    set_tile(&mut k, "BN", 16);
+    let (mm, nn) = (7, 13);
+    let x = Host::random(DType::F32, &[mm, nn], -2.0, 2.0, 300);
+    let w = Host::random(DType::F32, &[nn], -2.0, 2.0, 301);
+    let mut out = Host::filled(DType::F32, &[mm, nn], f64::NAN);
+    run_with(&k, &mut [x.arg(), w.arg(), out.arg_mut()], 16).unwrap();
+    let xv = x.to_vec();
+    let mut want = Vec::new();
+    for r in 0..mm {
+        let row = &xv[r * nn..(r + 1) * nn];
+        let ms = (row.iter().map(|&v| (v as f32 * v as f32) as f64).sum::<f64>() / nn as f64) as f32;
+        want.extend(row.iter().enumerate().map(|(c, &v)| ((v as f32 / ms) * w.get(&[c]) as f32) as f64));
+    }
+    assert_exact(&out.to_vec(), &want, "x / ms[:, None] * w[None, :]");
+}
+
+/// The valid range of the new axis is [0, 1); the others keep theirs: a padded row
+/// statistic stays invalid where its rows were, so the store skips those rows.
+#[test]
+fn expand_dims_keeps_validity() {
+    let mut b = Builder::new("rowsum");
+    let (m, n) = (b.shape_sym("M"), b.shape_sym("N"));
+    let (bm, bn) = (b.tile_sym("BM"), b.tile_sym("BN"));
+    let px = b.tensor_param("x", DType::F32, &[m, n], false);
+    let po = b.tensor_param("out", DType::F32, &[m, n], true);
+    let i = block_offset(&mut b, 0, bm);
+    let zero = b.literal(Literal::Int(0));
+    let dims = [AccessDim::Tile(Extent::Tile(bm)), AccessDim::Tile(Extent::Tile(bn))];
+    let x = b.load(px, &[i, zero], &dims).unwrap();
+    // Rows shifted by one: the first row of each block reads the previous block's last.
+    let one = b.literal(Literal::Int(1));
+    let i1 = b.binary(BinaryOp::Sub, i, one).unwrap();
+    let prev = b.load(px, &[i1, zero], &dims).unwrap();
+    let s = b.reduce(ReduceOp::Sum, prev, 1, false).unwrap();
+    let s = b.expand_dims(s, 1).unwrap();
+    let y = b.binary(BinaryOp::Add, x, s).unwrap();
+    b.store(po, &[i, zero], &dims, y).unwrap();
+    let mut k = b.finish().unwrap();
+    set_tile(&mut k, "BM", 4);
+    set_tile(&mut k, "BN", 8);
+    let x = Host::random(DType::F32, &[8, 8], -1.0, 1.0, 310);
+    let mut out = Host::filled(DType::F32, &[8, 8], 99.0);
+    run_with(&k, &mut [x.arg(), out.arg_mut()], 16).unwrap();
+    // Row 0 reads row -1 (invalid): not written. Every other row is x[r] + sum(x[r-1]).
+    for r in 0..8 {
+        for c in 0..8 {
+            let got = out.get(&[r, c]);
+            if r == 0 {
+                assert_eq!(got, 99.0);
+            } else {
+                let s: f64 = (0..8).map(|cc| x.get(&[r - 1, cc])).sum::<f64>() as f32 as f64;
+                assert_eq!(got, (x.get(&[r, c]) as f32 + s as f32) as f64, "[{r}, {c}]");
+            }
+        }
+    }
+}
+
+/// A gather through an `i64` position tensor: `out[t, :] = tab[pos[t], :]`; positions
+/// outside the table load nothing, so those rows are not written.
+#[test]
+fn i64_tensor_positions_index_a_table() {
+    let mut b = Builder::new("gather");
+    let (t, p, d) = (b.shape_sym("T"), b.shape_sym("P"), b.shape_sym("D"));
+    let pos = b.tensor_param("pos", DType::I64, &[t], false);
+    let tab = b.tensor_param("tab", DType::F32, &[p, d], false);
+    let out = b.tensor_param("out", DType::F32, &[t, d], true);
+    let i = b.program_id(0).unwrap();
+    let pv = b.load(pos, &[i], &[AccessDim::Index]).unwrap();
+    let zero = b.literal(Literal::Int(0));
+    let row = [AccessDim::Index, AccessDim::Tile(Extent::Full(d))];
+    let r = b.load(tab, &[pv, zero], &row).unwrap();
+    b.store(out, &[i, zero], &row, r).unwrap();
+    let k = b.finish().unwrap();
+    let positions = [3.0, 0.0, 3.0, -1.0, 4.0, 2.0];
+    let pos = Host::from_f64(DType::I64, &[6], &positions);
+    let tab = Host::random(DType::F32, &[4, 5], -1.0, 1.0, 320);
+    let mut out = Host::filled(DType::F32, &[6, 5], 7.0);
+    run_with(&k, &mut [pos.arg(), tab.arg(), out.arg_mut()], 16).unwrap();
+    for (r, &pp) in positions.iter().enumerate() {
+        for c in 0..5 {
+            let want = if (0.0..4.0).contains(&pp) { tab.get(&[pp as usize, c]) } else { 7.0 };
+            assert_eq!(out.get(&[r, c]), want, "[{r}, {c}]");
+        }
+    }
 }

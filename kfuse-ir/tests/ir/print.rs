@@ -74,6 +74,7 @@ fn schedule_section() {
         threads_per_warp: vec![32],
         warps_per_block: vec![1],
         order: vec![0],
+        ctas_per_cluster: vec![1],
     };
     k.schedule.layouts.insert(load.value(), Layout::Blocked(b.clone()));
     k.schedule.layouts.insert(ValueId(petgraph::graph::NodeIndex::new(5)), Layout::Slice { parent: b, axis: 0 });
@@ -88,4 +89,35 @@ schedule: threads=32 min_blocks=0 smem=0B
 ";
     assert!(text.ends_with(tail), "{text}");
     assert!(text.starts_with("kernel add(a: f32[N], b: f32[N], out: &mut f32[N])\n"), "{text}");
+}
+
+#[test]
+fn iota_expand_dims_sin_cos() {
+    let mut b = Builder::new("angles");
+    let (m, n) = (b.shape_sym("M"), b.shape_sym("N"));
+    let po = b.tensor_param("out", DType::F32, &[m, n], true);
+    let i = b.program_id(0).unwrap();
+    let j = b.iota(Extent::Full(n)).unwrap();
+    let jf = b.cast(j, DType::F32).unwrap();
+    let s = b.unary(UnaryOp::Sin, jf).unwrap();
+    let c = b.unary(UnaryOp::Cos, jf).unwrap();
+    let r = b.binary(BinaryOp::Add, s, c).unwrap();
+    let r = b.expand_dims(r, 0).unwrap();
+    let zero = b.literal(Literal::Int(0));
+    b.store(po, &[i, zero], &[AccessDim::Index, AccessDim::Tile(Extent::Full(n))], r).unwrap_err();
+    b.store(po, &[i, zero], &[AccessDim::Tile(Extent::Const(1)), AccessDim::Tile(Extent::Full(n))], r).unwrap();
+    let k = b.finish().unwrap();
+    let want = "\
+kernel angles(out: &mut f32[M, N])
+  %0 = program_id 0 : i64
+  %1 = iota N! : i64[N!]
+  %2 = cast %1 to f32 : f32[N!]
+  %3 = sin %2 : f32[N!]
+  %4 = cos %2 : f32[N!]
+  %5 = add %3, %4 : f32[N!]
+  %6 = expand_dims %5, axis=0 : f32[1, N!]
+  %7 = const 0 : i64
+  store out[%0 +1, %7 +N!], %6
+";
+    assert_eq!(print(&k), want);
 }

@@ -146,8 +146,38 @@ fn schedule_invariants_once_scheduled() {
         threads_per_warp: vec![32],
         warps_per_block: vec![4],
         order: vec![0],
+        ctas_per_cluster: vec![1],
     };
     k.schedule.layouts.insert(load.value(), Layout::Blocked(blocked));
     let m = fails(&k);
     assert!(m.contains("has no layout"), "{m}");
+}
+
+#[test]
+fn iota_and_expand_dims_rules() {
+    let mut b = Builder::new("k");
+    let n = b.shape_sym("N");
+    let out = b.tensor_param("out", DType::I64, &[n], true);
+    let j = b.iota(Extent::Full(n)).unwrap();
+    let e = b.expand_dims(j, 1).unwrap();
+    let s = b.reduce(ReduceOp::Sum, e, 1, false).unwrap();
+    let zero = b.literal(Literal::Int(0));
+    b.store(out, &[zero], &[AccessDim::Tile(Extent::Full(n))], s).unwrap();
+    let k = b.finish().unwrap();
+    verify(&k, "test").unwrap();
+
+    let mut bad = k.clone();
+    bad.graph[j.op().0].ty = Some(Type::tile(DType::F32, vec![Extent::Full(n)]));
+    assert!(fails(&bad).contains("iota is the i64 tile [extent]"), "{}", fails(&bad));
+    let mut bad = k.clone();
+    bad.graph[j.op().0].op = Op::Iota { extent: Extent::Const(0) };
+    assert!(fails(&bad).contains("zero extent"));
+
+    let mut bad = k.clone();
+    bad.graph[e.op().0].op = Op::ExpandDims { axis: 2 };
+    assert!(fails(&bad).contains("axis 2 out of range 0..=1"), "{}", fails(&bad));
+    let mut bad = k.clone();
+    bad.graph[e.op().0].op = Op::ExpandDims { axis: 0 };
+    let m = fails(&bad);
+    assert!(m.contains("expand_dims inserts one axis of extent 1"), "{m}");
 }
