@@ -292,3 +292,114 @@ pub fn min_chunks<T: Float, U: Float>(x: Tensor<T, (N,)>, p: &mut Tensor<U, (P,)
     let v = x.block([i * 16384], [16384]).load().to_f32().min();
     p.row(i).store(v.cast::<U>());
 }
+
+// ---------------------------------------------------------------------------------------
+// Rotary position embedding (RoPE), in place on `q` and `k` in one launch, one program
+// per token. The API (`crate::rope`) views a head of `D` elements as `[R, DH]` with
+// `R = 2`, `DH = D / 2`: element `(r, j)` is half `r` of pair `j`. Half-split (NeoX,
+// Llama) heads are the contiguous view `[2, D/2]`; interleaved (GPT-J) heads are
+// `[D/2, 2]` permuted to `[2, D/2]` (strides `1, 2`): the kernels are the same, the
+// strides differ. `_` picks one half: `q.block([t, 0, r, 0], [_, HQ, _, DH])` is the
+// `[HQ, DH]` tile of half `r` of every head of token `t`. With `x1`, `x2` the halves and
+// the angle `θ_j = pos · base^(-2j/D)`:
+//   out1 = x1 cos θ − x2 sin θ,  out2 = x2 cos θ + x1 sin θ  (f32, rounded to T once).
+// Every element is loaded before it is stored, by the program that stores it (a token's
+// elements belong to that token's program only).
+//
+// Positions: `offset + t % seq` (scalars), or `pos[t]` read from an `i64` tensor.
+// Angles: computed (`exp(-j ln(base) / DH)` from `iota`, then `sin`/`cos`, all in f32),
+// or rows `pos` of `cos`/`sin` tables `[P, DH]`. A position outside the table loads no
+// lane, so that token is left as it was (the API checks offsets; a position tensor is
+// the caller's to keep in range).
+
+/// RoPE with positions `offset + t % seq` and angles computed from `base`.
+#[kfuse(crate = "crate::deps")]
+pub fn rope_offset<T: Float>(
+    q: &mut Tensor<T, (NT, HQ, R, DH)>,
+    k: &mut Tensor<T, (NT, HK, R, DH)>,
+    seq: i64,
+    offset: i64,
+    base: f32,
+) {
+    let t = program_id(0);
+    let pos = (offset + t % seq).to_f32();
+    let angle = pos * exp(iota(DH).to_f32() * (-ln(base) / DH.to_f32()));
+    let (c, s) = (cos(angle), sin(angle));
+    let q1 = q.block([t, 0, 0, 0], [_, HQ, _, DH]).load().to_f32();
+    let q2 = q.block([t, 0, 1, 0], [_, HQ, _, DH]).load().to_f32();
+    q.block([t, 0, 0, 0], [_, HQ, _, DH]).store((q1 * c - q2 * s).cast::<T>());
+    q.block([t, 0, 1, 0], [_, HQ, _, DH]).store((q2 * c + q1 * s).cast::<T>());
+    let k1 = k.block([t, 0, 0, 0], [_, HK, _, DH]).load().to_f32();
+    let k2 = k.block([t, 0, 1, 0], [_, HK, _, DH]).load().to_f32();
+    k.block([t, 0, 0, 0], [_, HK, _, DH]).store((k1 * c - k2 * s).cast::<T>());
+    k.block([t, 0, 1, 0], [_, HK, _, DH]).store((k2 * c + k1 * s).cast::<T>());
+}
+
+/// RoPE with positions read from `pos` (one per token) and angles computed from `base`.
+#[kfuse(crate = "crate::deps")]
+pub fn rope_pos<T: Float>(
+    q: &mut Tensor<T, (NT, HQ, R, DH)>,
+    k: &mut Tensor<T, (NT, HK, R, DH)>,
+    pos: Tensor<i64, (NT,)>,
+    base: f32,
+) {
+    let t = program_id(0);
+    let p = pos.row(t).load().to_f32();
+    let angle = p * exp(iota(DH).to_f32() * (-ln(base) / DH.to_f32()));
+    let (c, s) = (cos(angle), sin(angle));
+    let q1 = q.block([t, 0, 0, 0], [_, HQ, _, DH]).load().to_f32();
+    let q2 = q.block([t, 0, 1, 0], [_, HQ, _, DH]).load().to_f32();
+    q.block([t, 0, 0, 0], [_, HQ, _, DH]).store((q1 * c - q2 * s).cast::<T>());
+    q.block([t, 0, 1, 0], [_, HQ, _, DH]).store((q2 * c + q1 * s).cast::<T>());
+    let k1 = k.block([t, 0, 0, 0], [_, HK, _, DH]).load().to_f32();
+    let k2 = k.block([t, 0, 1, 0], [_, HK, _, DH]).load().to_f32();
+    k.block([t, 0, 0, 0], [_, HK, _, DH]).store((k1 * c - k2 * s).cast::<T>());
+    k.block([t, 0, 1, 0], [_, HK, _, DH]).store((k2 * c + k1 * s).cast::<T>());
+}
+
+/// RoPE with positions `offset + t % seq` and angles from `cos`/`sin` tables (row = position).
+#[kfuse(crate = "crate::deps")]
+pub fn rope_table_offset<T: Float, C: Float>(
+    q: &mut Tensor<T, (NT, HQ, R, DH)>,
+    k: &mut Tensor<T, (NT, HK, R, DH)>,
+    cos: Tensor<C, (P, DH)>,
+    sin: Tensor<C, (P, DH)>,
+    seq: i64,
+    offset: i64,
+) {
+    let t = program_id(0);
+    let p = offset + t % seq;
+    let c = cos.block([p, 0], [_, DH]).load().to_f32();
+    let s = sin.block([p, 0], [_, DH]).load().to_f32();
+    let q1 = q.block([t, 0, 0, 0], [_, HQ, _, DH]).load().to_f32();
+    let q2 = q.block([t, 0, 1, 0], [_, HQ, _, DH]).load().to_f32();
+    q.block([t, 0, 0, 0], [_, HQ, _, DH]).store((q1 * c - q2 * s).cast::<T>());
+    q.block([t, 0, 1, 0], [_, HQ, _, DH]).store((q2 * c + q1 * s).cast::<T>());
+    let k1 = k.block([t, 0, 0, 0], [_, HK, _, DH]).load().to_f32();
+    let k2 = k.block([t, 0, 1, 0], [_, HK, _, DH]).load().to_f32();
+    k.block([t, 0, 0, 0], [_, HK, _, DH]).store((k1 * c - k2 * s).cast::<T>());
+    k.block([t, 0, 1, 0], [_, HK, _, DH]).store((k2 * c + k1 * s).cast::<T>());
+}
+
+/// RoPE with positions read from `pos` and angles from `cos`/`sin` tables.
+#[kfuse(crate = "crate::deps")]
+pub fn rope_table_pos<T: Float, C: Float>(
+    q: &mut Tensor<T, (NT, HQ, R, DH)>,
+    k: &mut Tensor<T, (NT, HK, R, DH)>,
+    pos: Tensor<i64, (NT,)>,
+    cos: Tensor<C, (P, DH)>,
+    sin: Tensor<C, (P, DH)>,
+) {
+    let t = program_id(0);
+    let p = pos.row(t).load();
+    let c = cos.block([p, 0], [_, DH]).load().to_f32();
+    let s = sin.block([p, 0], [_, DH]).load().to_f32();
+    let q1 = q.block([t, 0, 0, 0], [_, HQ, _, DH]).load().to_f32();
+    let q2 = q.block([t, 0, 1, 0], [_, HQ, _, DH]).load().to_f32();
+    q.block([t, 0, 0, 0], [_, HQ, _, DH]).store((q1 * c - q2 * s).cast::<T>());
+    q.block([t, 0, 1, 0], [_, HQ, _, DH]).store((q2 * c + q1 * s).cast::<T>());
+    let k1 = k.block([t, 0, 0, 0], [_, HK, _, DH]).load().to_f32();
+    let k2 = k.block([t, 0, 1, 0], [_, HK, _, DH]).load().to_f32();
+    k.block([t, 0, 0, 0], [_, HK, _, DH]).store((k1 * c - k2 * s).cast::<T>());
+    k.block([t, 0, 1, 0], [_, HK, _, DH]).store((k2 * c + k1 * s).cast::<T>());
+}

@@ -11,6 +11,9 @@
 //! - tensors on different devices → `Error::DeviceMismatch`.
 
 pub mod kernels;
+mod rope;
+
+pub use rope::{rope, Freqs, Positions, RopeLayout, RopeOptions};
 
 #[doc(hidden)]
 pub mod deps {

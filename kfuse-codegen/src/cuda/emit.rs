@@ -675,8 +675,10 @@ impl<'a> Emitter<'a> {
                     lin
                 }
             };
+            // every block writes its own partial: ownership here is about replicas
+            // along the kept axes only, not along the reduced one
             let own = match &rmap {
-                Some(rm) => owner(rm, "k"),
+                Some(rm) => owner(&RegMap { dropped: vec![], ..rm.clone() }, "k"),
                 None => "true".into(),
             };
             let first = {
