@@ -243,7 +243,7 @@ fn batched_positions_and_tokens_outside_the_table() {
     let (b, s, h, d) = (2, 3, 2, 8);
     let (mut q, qv) = common::random_tensor(&[b, s, h, d], DType::F32, 600, 0.0, &dev);
     let (mut kk, kv) = common::random_tensor(&[b, s, 1, d], DType::F32, 601, 0.0, &dev);
-    let positions = [3.0, -1.0, 0.0, P as f64, 63.0, 1.0e9];
+    let positions = [3.0, -1.0, 2.0, P as f64, 63.0, 1.0e9];
     let pos = Tensor::from_f64(&positions, &[b, s], DType::I64, &dev).unwrap();
     let (c, sn, cv, sv) = tables(d, DType::F32, &dev);
     let opts = RopeOptions { layout: RopeLayout::HalfSplit, positions: Positions::Tensor(&pos), freqs: Freqs::Table { cos: &c, sin: &sn } };
@@ -381,7 +381,7 @@ fn rope_spec(kernel: &Kernel, def: &KernelDef, layout: RopeLayout) -> Spec {
             ParamSig::Scalar { .. } => None,
         })
         .collect();
-    Spec { tensors, shape_pow2: kernel.shape_syms.iter().map(|s| size(s)).collect(), tiles: Default::default() }
+    Spec { tensors, shape_pow2: kernel.shape_syms.iter().map(|s| size(s)).collect(), tiles: Default::default(), threads: None }
 }
 
 /// The dtype lists to build each kernel for: `[T]`, or `[T, C]` with f32 tables and

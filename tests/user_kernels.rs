@@ -132,7 +132,7 @@ fn long_rows_use_a_cluster() {
     use kfuse::codegen::{compile, Spec, Target, TensorSpec};
     let k = softmax_rows::build(&[DType::BF16]).unwrap();
     let t = || Some(TensorSpec { ptr_align: 16, stride_div: vec![16, 0] });
-    let spec = Spec { tensors: vec![t(), t()], shape_pow2: vec![256, 262_144], tiles: Default::default() };
+    let spec = Spec { tensors: vec![t(), t()], shape_pow2: vec![256, 262_144], tiles: Default::default(), threads: None };
     let e = compile(&k, &spec, &Target::sm90a()).unwrap();
     assert!(e.source.contains("__cluster_dims__(8, 1, 1)"), "{}", e.ir);
     assert!(e.source.contains("mapa.shared::cluster"));
@@ -142,4 +142,19 @@ fn long_rows_use_a_cluster() {
     assert!(regs > 0 && spill == 0, "{regs} registers, {spill} bytes of spills");
     let err = compile(&k, &spec, &Target::sm80()).unwrap_err();
     assert!(err.to_string().contains("thread-block cluster"), "{err}");
+}
+
+/// Prints the schedule of the row kernels at the benchmark shapes (`--nocapture`).
+#[test]
+#[ignore]
+fn show_row_schedules() {
+    use kfuse::codegen::{compile, Spec, Target, TensorSpec};
+    let k = center_rows::build(&[DType::BF16]).unwrap();
+    let t = || Some(TensorSpec { ptr_align: 16, stride_div: vec![16, 0] });
+    for (m, n) in [(32768u32, 1024u32), (8192, 4096), (4096, 16384), (1024, 131072), (256, 262144)] {
+        let spec = Spec { tensors: vec![t(), t()], shape_pow2: vec![m, n], tiles: Default::default(), threads: None };
+        let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+        let sched: Vec<&str> = e.ir.lines().skip_while(|l| !l.starts_with("schedule")).take(6).collect();
+        println!("{m}x{n}:\n{}", sched.join("\n"));
+    }
 }

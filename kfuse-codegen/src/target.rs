@@ -58,6 +58,8 @@ pub struct Spec {
     pub shape_pow2: Vec<u32>,
     /// Tile-size overrides by tile-symbol name (`BN` → 1024); powers of two.
     pub tiles: BTreeMap<String, u32>,
+    /// Threads-per-block override (a power of two, 32..=1024).
+    pub threads: Option<u32>,
 }
 
 /// One CUDA kernel parameter, in order.

@@ -124,7 +124,11 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         }
     }
     let cap = if has_full { 1024 } else { 256 };
-    let threads = (max_elems / 16).next_power_of_two().clamp(32, cap);
+    let threads = match spec.threads {
+        Some(t) if t.is_power_of_two() && (32..=1024).contains(&t) => t,
+        Some(t) => return Err(CodegenError::Unsupported(format!("threads override {t}: a power of two from 32 to 1024"))),
+        None => (max_elems / 16).next_power_of_two().clamp(32, cap),
+    };
     let mut per_thread = max_elems / threads;
     // Rows too long for one block: cut the full extent across a thread-block cluster.
     if per_thread > CLUSTER_ABOVE {
