@@ -16,7 +16,7 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])'
 }
 {
-  cargo test --release --no-run --message-format=json --test gpu --test errors --test user_kernels
+  cargo test --release --no-run --message-format=json --test gpu --test errors --test user_kernels --test rope
   cargo test --release --no-run --message-format=json -p kfuse-runtime --lib --test gpu_runtime
   cargo bench --no-run --message-format=json --bench memory
   cargo build --release --message-format=json --example quickstart

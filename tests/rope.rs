@@ -107,15 +107,11 @@ fn reference(x: &[f64], case: &Case, h: usize, pos: &[f64], table: Option<(&[f64
     out
 }
 
-/// Computed angles in f32 are off by about `pos · 2^-23` radians (the f32 inverse
-/// frequency); the largest positions here are below 100.
+/// One rounding to the dtype. Computed angles carry an f32 error of about
+/// `pos · 2^-23` radians besides (the inverse frequencies are f32); with the positions
+/// below 64 used here that stays under 1e-6 (seen: 5e-7 on the interpreter and an H200).
 fn tol(case: &Case) -> f64 {
-    let t = common::tolerance(case.dtype);
-    if case.table.is_none() && case.dtype == DType::F32 {
-        3e-5
-    } else {
-        t
-    }
+    common::tolerance(case.dtype)
 }
 
 /// Runs one case on `dev`; returns the larger relative error of `q` and `k`.
@@ -334,7 +330,11 @@ fn argument_errors() {
     has(msg(&mut q, &mut k, &o), "positions 8..11 run outside the 10 rows");
     let o = RopeOptions { positions: Positions::Offset(-1), freqs: Freqs::Table { cos: &c8, sin: &s8 }, ..def };
     has(msg(&mut q, &mut k, &o), "outside");
-    // the last offset that fits, and nothing was written by the failed calls
+    // the failed calls wrote nothing; the last offset that fits is accepted
+    let (mut q, mut k) = (Tensor::full(&[2, 3, 2, 8], 1.0, f32s, &dev).unwrap(), t(&[2, 3, 1, 8], f32s));
+    let o = RopeOptions { positions: Positions::Offset(8), freqs: Freqs::Table { cos: &c8, sin: &s8 }, ..def };
+    assert!(rope(&mut q, &mut k, &o).is_err());
+    assert!(q.to_vec_f64().unwrap().iter().all(|&v| v == 1.0));
     let o = RopeOptions { positions: Positions::Offset(7), freqs: Freqs::Table { cos: &c8, sin: &s8 }, ..def };
     rope(&mut q, &mut k, &o).unwrap();
     // empty: no tokens
@@ -459,6 +459,7 @@ fn structure() {
 #[test]
 fn every_rope_kernel_compiles_without_spills() {
     let mut failures = Vec::new();
+    let mut rows = Vec::new();
     let mut checked = 0;
     for (name, def) in defs() {
         for dts in dtype_sets(def, true) {
@@ -469,7 +470,10 @@ fn every_rope_kernel_compiles_without_spills() {
                     let e = compile(&kernel, &spec, &target).unwrap();
                     let tag = format!("{name}_{}_{}", layout_name(layout), dts.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("_"));
                     match common::assemble(&e.source, &e.arch, &e.options, &tag) {
-                        Ok((regs, 0)) => assert!(regs > 0),
+                        Ok((regs, 0)) => {
+                            assert!(regs > 0);
+                            rows.push(format!("{tag} {}: {regs} registers", e.arch));
+                        }
                         Ok((regs, spill)) => failures.push(format!("{tag} {}: {spill} bytes of spills ({regs} registers)", e.arch)),
                         Err(err) => failures.push(format!("{tag} {}: {err}", e.arch)),
                     }
@@ -478,6 +482,7 @@ fn every_rope_kernel_compiles_without_spills() {
             }
         }
     }
+    println!("{}", rows.join("\n"));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // 2 computed kernels × 3 dtypes + 2 table kernels × 5 dtype pairs, × 2 layouts × 2 archs
     assert_eq!(checked, (2 * 3 + 2 * 5) * 2 * 2);
