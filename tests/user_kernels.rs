@@ -40,6 +40,15 @@ pub fn row_range<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M,)>) {
     out.block([i * BM], [BM]).store(t.max_axis(1) - t.min_axis(1));
 }
 
+/// Rows scaled by a weight vector, normalized by their RMS (a weight broadcast along M).
+#[kfuse]
+pub fn weighted_rms<T: Float>(x: Tensor<T, (M, N)>, w: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>) {
+    let i = program_id(0);
+    let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
+    let r = rsqrt((t * t).mean_axis(1) + 1e-6);
+    out.block([i * BM, 0], [BM, N]).store((t * r.unsqueeze(1) * w.load().to_f32()).cast::<T>());
+}
+
 fn dev() -> Device {
     Device::best()
 }
@@ -142,6 +151,40 @@ fn long_rows_use_a_cluster() {
     assert!(regs > 0 && spill == 0, "{regs} registers, {spill} bytes of spills");
     let err = compile(&k, &spec, &Target::sm80()).unwrap_err();
     assert!(err.to_string().contains("thread-block cluster"), "{err}");
+}
+
+#[test]
+fn weighted_rms_rows() {
+    for dt in common::DTYPES {
+        for &(m, n) in &[(1, 1), (7, 1000), (65, 3), (2, 131_072)] {
+            let (x, xv) = common::random_tensor(&[m, n], dt, 41 + n as u64, 0.0, &dev());
+            let (w, wv) = common::random_tensor(&[n], dt, 43, 0.0, &dev());
+            let mut out = common::poisoned(&[m, n], dt, &dev());
+            weighted_rms(&x, &w, &mut out).unwrap();
+            let mut want = Vec::new();
+            for r in rows(&xv, n) {
+                let ms = r.iter().map(|v| v * v).sum::<f64>() / n as f64;
+                let s = 1.0 / (ms + 1e-6).sqrt();
+                want.extend(r.iter().zip(&wv).map(|(v, w)| v * s * w));
+            }
+            check("weighted_rms", dt, (m, n), &out.to_vec_f64().unwrap(), want, common::tolerance(dt));
+        }
+    }
+}
+
+/// The weight vector is loaded straight into the layout its broadcast needs: no
+/// conversion through shared memory, at any row length.
+#[test]
+fn weight_broadcast_needs_no_conversion() {
+    use kfuse::codegen::{compile, Spec, Target, TensorSpec};
+    let k = weighted_rms::build(&[DType::BF16]).unwrap();
+    let t = |r: usize| Some(TensorSpec { ptr_align: 16, stride_div: if r == 2 { vec![16, 0] } else { vec![0] } });
+    for n in [1024u32, 262_144] {
+        let spec = Spec { tensors: vec![t(2), t(1), t(2)], shape_pow2: vec![4096, n], tiles: Default::default(), threads: None };
+        let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+        assert!(!e.ir.contains("= convert"), "{}", e.ir);
+        assert!(!e.source.contains("kf_cv"), "no shared-memory conversion");
+    }
 }
 
 /// Prints the schedule of the row kernels at the benchmark shapes (`--nocapture`).

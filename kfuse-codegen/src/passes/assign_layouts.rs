@@ -21,7 +21,9 @@
 //!   unit-stride dimension gets a `Convert` to the store's anchor layout, so that
 //!   writes are coalesced (this is where a transpose goes through shared memory).
 //!
-//! Then every rank-2 `Convert` gets its shared-memory layout ([`SmemLayout`]): when one
+//! Then converts fed by a load through single-use elementwise ops are folded into the
+//! load (it takes the converted layout), and every remaining rank-2 `Convert` gets its
+//! shared-memory layout ([`SmemLayout`]): when one
 //! side holds vectors along the row (the last axis) and the other walks down columns,
 //! the chunks are XOR-swizzled by row so that both sides are free of bank conflicts and
 //! the row side moves whole vectors; otherwise rows are padded by one 32-bit word.
@@ -196,8 +198,16 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
                         .map(|o| layout_of(k, o))
                         .find(|l| matches!(l, Layout::Blocked(b) if b.shape == shape))
                 });
+                // a scalar broadcast takes any layout a partner of the same shape has
+                let partner = k.users(op.value()).into_iter().find_map(|u| {
+                    k.operands(u)
+                        .into_iter()
+                        .filter(|&o| o != op.value() && k.ty(o).shape == rty.shape && k.schedule.layouts.contains_key(&o))
+                        .map(|o| layout_of(k, o))
+                        .next()
+                });
                 match layout_of(k, src) {
-                    Layout::Uniform => Some(from_user.unwrap_or_else(|| Layout::Blocked(default_layout(k, &rty)))),
+                    Layout::Uniform => Some(partner.or(from_user).unwrap_or_else(|| Layout::Blocked(default_layout(k, &rty)))),
                     Layout::Slice { parent, axis } if parent.shape == shape => {
                         let _ = axis;
                         Some(Layout::Blocked(parent))
@@ -227,6 +237,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
             }
         }
     }
+    fold_converts_into_loads(k);
     for op in k.order.clone() {
         if let Op::Convert = k.op(op) {
             let src = k.operands(op)[0];
@@ -235,6 +246,46 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
         }
     }
     Ok(())
+}
+
+/// A `Convert` fed by a load through a chain of single-use, one-operand elementwise ops
+/// (`w.load().to_f32()` broadcast against a 2-D tile) is folded away: the load and the
+/// chain take the converted layout directly, so the data arrives where it is needed
+/// without a trip through shared memory.
+fn fold_converts_into_loads(k: &mut Kernel) {
+    for op in k.order.clone() {
+        if !matches!(k.op(op), Op::Convert) {
+            continue;
+        }
+        let target = layout_of(k, op.value());
+        let src = k.operands(op)[0];
+        let mut chain = vec![src];
+        let mut v = src;
+        let foldable = loop {
+            if k.users(v).len() != 1 {
+                break false;
+            }
+            match k.op(v.op()) {
+                Op::Load { .. } => break true,
+                Op::Cast { .. } | Op::Unary(_) => {
+                    v = k.operands(v.op())[0];
+                    chain.push(v);
+                }
+                _ => break false,
+            }
+        };
+        if !foldable {
+            continue;
+        }
+        for c in &chain {
+            k.schedule.layouts.insert(*c, target.clone());
+        }
+        for u in k.users(op.value()) {
+            k.replace_operand(u, op.value(), src);
+        }
+        k.schedule.layouts.remove(&op.value());
+        k.remove(op);
+    }
 }
 
 /// The shared-memory layout of a conversion between two layouts (see the module docs).
