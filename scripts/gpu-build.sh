@@ -6,24 +6,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cuda-env.sh
 rm -rf .gpu && mkdir -p .gpu/bin
-collect() { # cargo JSON on stdin → "name path" lines for executables
+collect() { # cargo JSON on stdin → "name path" lines for executables; a bench named like
+  # a test (benches/rows.rs beside tests/rows.rs) is collected as NAME_bench
   python3 -c '
 import json, sys
+arts = []
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["target"]["name"], m["executable"])'
+        arts.append((m["target"]["name"], m["target"]["kind"], m["executable"]))
+tests = {n for n, k, _ in arts if "bench" not in k}
+for n, k, path in arts:
+    print(n + "_bench" if "bench" in k and n in tests else n, path)'
 }
 {
-  cargo test --release --no-run --message-format=json --test gpu --test errors --test user_kernels --test rope
+  cargo test --release --no-run --message-format=json --test gpu --test errors --test user_kernels --test rope --test rows
   cargo test --release --no-run --message-format=json -p kfuse-runtime --lib --test gpu_runtime
-  cargo bench --no-run --message-format=json --bench memory
+  cargo bench --no-run --message-format=json --bench memory --bench rows
   cargo build --release --message-format=json --example quickstart
 } 2>/dev/null | collect | while read -r name path; do
   cp "$path" ".gpu/bin/$name"
 done
 strip .gpu/bin/* 2>/dev/null || true
-cp scripts/gpu-run.sh .gpu/
+cp scripts/gpu-run.sh scripts/bench_torch.py scripts/compare_rows.py .gpu/
 ls -la .gpu/bin
 du -sh .gpu

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Second half of the GPU round trip, on the GPU host (no Rust there): runs the GPU
-# tests (required to find a GPU), the quickstart and the benchmark; full logs go to the
+# tests (required to find a GPU), the quickstart and the benchmarks (memory-bound kernels;
+# row kernels beside PyTorch, joined by compare_rows.py); full logs go to the
 # folder given as $1 (default ./gpu-logs); a short table is printed last.
 #   usage: .gpu/gpu-run.sh [LOG_DIR] [--no-bench] [--sanitize]
 set -uo pipefail
@@ -15,7 +16,7 @@ export KFUSE_REQUIRE_GPU=1
 export KFUSE_CACHE_DIR="${KFUSE_CACHE_DIR:-/tmp/kfuse-cache}"
 rows=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$logs/device.txt" 2>&1 || true
-for t in gpu errors user_kernels rope kfuse_runtime gpu_runtime; do
+for t in gpu errors user_kernels rope rows kfuse_runtime gpu_runtime; do
   bin="$here/bin/$t"
   [ -x "$bin" ] || { rows+=("test $t: MISSING"); continue; }
   # snapshot tests compare against files of the build machine's checkout: skipped here
@@ -28,6 +29,9 @@ if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$here/bin/gpu" --test-threads=1 every_op_on_the_gpu > "$logs/sanitize-$tool.log" 2>&1
     rows+=("compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitize-$tool.log" | tail -1)")
+    # the row ops and reductions (the 2^22- and 2^24-element checks left out: too slow here)
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$here/bin/rows" --test-threads=1 --skip three_stages --skip deterministic > "$logs/sanitize-rows-$tool.log" 2>&1
+    rows+=("compute-sanitizer $tool (rows): rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitize-rows-$tool.log" | tail -1)")
   done
 fi
 "$here/bin/quickstart" > "$logs/quickstart.log" 2>&1
@@ -35,7 +39,15 @@ rows+=("quickstart: rc=$? $(grep -m1 'ran ' "$logs/quickstart.log")")
 if [ "$bench" = 1 ]; then
   KFUSE_BENCH_OUT="$logs" "$here/bin/memory" --table-only > "$logs/bench.log" 2>&1
   rows+=("bench: rc=$?")
+  # row kernels (softmax, RMSNorm, LayerNorm, sum), then PyTorch on the same shapes, joined
+  KFUSE_BENCH_OUT="$logs" "$here/bin/rows_bench" --table-only > "$logs/bench-rows.log" 2>&1
+  rows+=("bench rows: rc=$?")
+  python3 "$here/bench_torch.py" "$logs" > "$logs/bench-torch.log" 2>&1
+  rows+=("bench torch: rc=$?")
+  python3 "$here/compare_rows.py" "$logs" > "$logs/compare-rows.log" 2>&1
+  rows+=("compare rows: rc=$?")
 fi
 echo "=== device: $(cat "$logs/device.txt")"
 [ -f "$logs/bench.md" ] && cat "$logs/bench.md"
+[ -f "$logs/rows_compare.md" ] && { echo; cat "$logs/rows_compare.md"; }
 printf '%s\n' "${rows[@]}"

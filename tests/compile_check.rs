@@ -20,7 +20,7 @@ fn every_kernel_compiles_without_spills() {
     for case in common::ops() {
         let spec = common::snapshot_spec(case.def);
         for dt in common::DTYPES {
-            let k = (case.def.build)(&[dt]).unwrap();
+            let k = (case.def.build)(&case.generics(dt)).unwrap();
             for target in [Target::sm80(), Target::sm90a()] {
                 let e = compile(&k, &spec, &target).unwrap();
                 let ptx = match kfuse::runtime::nvrtc::compile_ptx(&e.source, &e.arch, &e.options) {

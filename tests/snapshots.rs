@@ -11,7 +11,7 @@ fn cuda_snapshots() {
     for case in common::ops() {
         let spec = common::snapshot_spec(case.def);
         for dt in common::DTYPES {
-            let k = (case.def.build)(&[dt]).unwrap();
+            let k = (case.def.build)(&case.generics(dt)).unwrap();
             for (arch, target) in [("sm80", Target::sm80()), ("sm90a", Target::sm90a())] {
                 let e = compile(&k, &spec, &target).unwrap_or_else(|e| panic!("{} {dt} {arch}: {e}", case.name));
                 insta::assert_snapshot!(format!("{}_{}_{}", case.name, dt, arch), e.source);

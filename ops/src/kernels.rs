@@ -159,8 +159,7 @@ pub fn rms_norm<T: Float>(x: Tensor<T, (M, N)>, y: &mut Tensor<T, (M, N)>, rstd:
     let i = program_id(0);
     let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
     let r = rsqrt((t * t).mean_axis(1) + eps);
-    let rk = rsqrt((t * t).mean_keepdim(1) + eps); // KEEPDIM-FALLBACK
-    y.block([i * BM, 0], [BM, N]).store((t * rk).cast::<T>());
+    y.block([i * BM, 0], [BM, N]).store((t * r.unsqueeze(1)).cast::<T>());
     rstd.block([i * BM], [BM]).store(r);
 }
 
@@ -170,8 +169,7 @@ pub fn rms_norm_w<T: Float>(x: Tensor<T, (M, N)>, w: Tensor<T, (N,)>, y: &mut Te
     let i = program_id(0);
     let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
     let r = rsqrt((t * t).mean_axis(1) + eps);
-    let rk = rsqrt((t * t).mean_keepdim(1) + eps); // KEEPDIM-FALLBACK
-    y.block([i * BM, 0], [BM, N]).store((t * rk * w.load().to_f32()).cast::<T>());
+    y.block([i * BM, 0], [BM, N]).store((t * r.unsqueeze(1) * w.load().to_f32()).cast::<T>());
     rstd.block([i * BM], [BM]).store(r);
 }
 
@@ -188,8 +186,7 @@ pub fn rms_norm_wb<T: Float>(
     let i = program_id(0);
     let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
     let r = rsqrt((t * t).mean_axis(1) + eps);
-    let rk = rsqrt((t * t).mean_keepdim(1) + eps); // KEEPDIM-FALLBACK
-    let v = t * rk * w.load().to_f32() + b.load().to_f32();
+    let v = t * r.unsqueeze(1) * w.load().to_f32() + b.load().to_f32();
     y.block([i * BM, 0], [BM, N]).store(v.cast::<T>());
     rstd.block([i * BM], [BM]).store(r);
 }
@@ -210,8 +207,7 @@ pub fn add_rms_norm<T: Float>(
     s.block([i * BM, 0], [BM, N]).store(sum);
     let t = sum.to_f32();
     let q = rsqrt((t * t).mean_axis(1) + eps);
-    let qk = rsqrt((t * t).mean_keepdim(1) + eps); // KEEPDIM-FALLBACK
-    y.block([i * BM, 0], [BM, N]).store((t * qk).cast::<T>());
+    y.block([i * BM, 0], [BM, N]).store((t * q.unsqueeze(1)).cast::<T>());
     rstd.block([i * BM], [BM]).store(q);
 }
 
@@ -231,8 +227,7 @@ pub fn add_rms_norm_w<T: Float>(
     s.block([i * BM, 0], [BM, N]).store(sum);
     let t = sum.to_f32();
     let q = rsqrt((t * t).mean_axis(1) + eps);
-    let qk = rsqrt((t * t).mean_keepdim(1) + eps); // KEEPDIM-FALLBACK
-    y.block([i * BM, 0], [BM, N]).store((t * qk * w.load().to_f32()).cast::<T>());
+    y.block([i * BM, 0], [BM, N]).store((t * q.unsqueeze(1) * w.load().to_f32()).cast::<T>());
     rstd.block([i * BM], [BM]).store(q);
 }
 
@@ -251,10 +246,9 @@ pub fn layer_norm<T: Float>(
     let i = program_id(0);
     let t = x.block([i * BM, 0], [BM, N]).load().to_f32();
     let mu = t.mean_axis(1);
-    let c = t - t.mean_keepdim(1); // KEEPDIM-FALLBACK
+    let c = t - mu.unsqueeze(1);
     let r = rsqrt((c * c).mean_axis(1) + eps);
-    let rk = rsqrt((c * c).mean_keepdim(1) + eps); // KEEPDIM-FALLBACK
-    y.block([i * BM, 0], [BM, N]).store((c * rk * w.load().to_f32() + b.load().to_f32()).cast::<T>());
+    y.block([i * BM, 0], [BM, N]).store((c * r.unsqueeze(1) * w.load().to_f32() + b.load().to_f32()).cast::<T>());
     mean.block([i * BM], [BM]).store(mu);
     rstd.block([i * BM], [BM]).store(r);
 }
@@ -267,13 +261,13 @@ pub fn layer_norm<T: Float>(
 // run (no atomics).
 
 /// Elements per program of the chunked reductions (the literal in the kernels below).
-pub const CHUNK: usize = 16384;
+pub const CHUNK: usize = 4096;
 
 /// `p[i] = (Σ x[i*CHUNK .. (i+1)*CHUNK]) / d`, accumulated in f32, rounded to `U`.
 #[kfuse(crate = "crate::deps")]
 pub fn sum_chunks<T: Float, U: Float>(x: Tensor<T, (N,)>, p: &mut Tensor<U, (P,)>, d: f32) {
     let i = program_id(0);
-    let v = x.block([i * 16384], [16384]).load().to_f32().sum();
+    let v = x.block([i * 4096], [4096]).load().to_f32().sum();
     p.row(i).store((v / d).cast::<U>());
 }
 
@@ -281,7 +275,7 @@ pub fn sum_chunks<T: Float, U: Float>(x: Tensor<T, (N,)>, p: &mut Tensor<U, (P,)
 #[kfuse(crate = "crate::deps")]
 pub fn max_chunks<T: Float, U: Float>(x: Tensor<T, (N,)>, p: &mut Tensor<U, (P,)>) {
     let i = program_id(0);
-    let v = x.block([i * 16384], [16384]).load().to_f32().max();
+    let v = x.block([i * 4096], [4096]).load().to_f32().max();
     p.row(i).store(v.cast::<U>());
 }
 
@@ -289,7 +283,7 @@ pub fn max_chunks<T: Float, U: Float>(x: Tensor<T, (N,)>, p: &mut Tensor<U, (P,)
 #[kfuse(crate = "crate::deps")]
 pub fn min_chunks<T: Float, U: Float>(x: Tensor<T, (N,)>, p: &mut Tensor<U, (P,)>) {
     let i = program_id(0);
-    let v = x.block([i * 16384], [16384]).load().to_f32().min();
+    let v = x.block([i * 4096], [4096]).load().to_f32().min();
     p.row(i).store(v.cast::<U>());
 }
 

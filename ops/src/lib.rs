@@ -9,6 +9,15 @@
 //!   says to call [`contiguous`] first); `copy`, `contiguous` and `transpose` read any
 //!   2-D strides;
 //! - tensors on different devices → `Error::DeviceMismatch`.
+//!
+//! Row ops work along the last dimension: reductions ([`sum`], [`mean`], [`max`],
+//! [`min`] with [`Dim::Last`], or over everything with [`Dim::All`]), [`softmax`],
+//! [`log_softmax`], [`rms_norm`], [`add_rms_norm`] and [`layer_norm`]. They view `x` as
+//! `[M, N]` rows (`N` the last dimension, rank 1 is one row), compute in f32 and round
+//! to `x`'s dtype once; per-row results (and the norms' f32 statistics) have `x`'s shape
+//! without its last dimension. `M = 0` gives empty results; rows of `N = 0` elements are
+//! an `Error::InvalidArgument` for softmax and the norms (sums of them are 0, means NaN,
+//! max and min an error, as in PyTorch).
 
 pub mod kernels;
 mod rope;
@@ -21,7 +30,7 @@ pub mod deps {
     pub use kfuse_runtime as runtime;
 }
 
-use kfuse_runtime::{Error, Result, Tensor};
+use kfuse_runtime::{DType, Device, Error, Result, Tensor};
 
 fn same(a: &Tensor, b: &Tensor, what: &str) -> Result<()> {
     if a.dtype() != b.dtype() {
@@ -161,4 +170,313 @@ pub fn transpose(x: &Tensor) -> Result<Tensor> {
     }
     kernels::transpose(x, &mut out)?;
     Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// Reductions, softmax and norms. Rows: a tensor of rank ≥ 2 is viewed as `[M, N]` with `N`
+// its last dimension and `M` the product of the others; rank 1 is one row `[1, N]`. Row
+// results (a last-axis reduction, a norm's statistics) have the input's shape without its
+// last dimension. Inputs must be contiguous; `M = 0` gives empty results without a launch.
+
+/// The axes a reduction runs over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dim {
+    /// The last axis: `[.., N]` → `[..]` (a rank-1 input gives a rank-0 result).
+    Last,
+    /// Every element: a rank-0 result. Two or more launches (chunks of
+    /// [`kernels::CHUNK`] elements into f32 partials, then the partials), with the same
+    /// bits on every run.
+    All,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Red {
+    Sum,
+    Mean,
+    Max,
+    Min,
+}
+
+impl Red {
+    fn name(self) -> &'static str {
+        match self {
+            Red::Sum => "sum",
+            Red::Mean => "mean",
+            Red::Max => "max",
+            Red::Min => "min",
+        }
+    }
+}
+
+fn nonc(x: &Tensor, what: &str, arg: &str) -> Error {
+    Error::NonContiguous { what: format!("kfuse::ops::{what} (argument `{arg}`)"), shape: x.shape().to_vec(), strides: x.strides().to_vec() }
+}
+
+/// `x` as `[M, N]` rows, and the shape of a per-row result (`x`'s shape without its last
+/// dimension).
+fn as_rows(x: &Tensor, what: &str, arg: &str) -> Result<(Tensor, Vec<usize>)> {
+    let r = x.rank();
+    if r == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "kfuse::ops::{what}: `{arg}` is a scalar (rank 0); it works along the last dimension of a tensor of rank ≥ 1"
+        )));
+    }
+    if !x.is_contiguous() {
+        return Err(nonc(x, what, arg));
+    }
+    let n = x.shape()[r - 1];
+    let lead = x.shape()[..r - 1].to_vec();
+    let m: usize = lead.iter().product();
+    Ok((x.reshape(&[m, n])?, lead))
+}
+
+/// Same dtype, device and exact shape as `want` (a weight or bias of shape `[N]`, a
+/// residual of `x`'s shape), and contiguous.
+fn like(t: &Tensor, dtype: DType, shape: &[usize], dev: &Device, what: &str, arg: &str) -> Result<()> {
+    if t.dtype() != dtype {
+        return Err(Error::DTypeMismatch(format!("kfuse::ops::{what}: `{arg}` is {} but `x` is {dtype}", t.dtype())));
+    }
+    if t.shape() != shape {
+        return Err(Error::ShapeMismatch(format!("kfuse::ops::{what}: `{arg}` has shape {:?}, expected {shape:?}", t.shape())));
+    }
+    if &t.device() != dev {
+        return Err(Error::DeviceMismatch(format!("kfuse::ops::{what}: `{arg}` is on {} but `x` is on {}", t.device().name(), dev.name())));
+    }
+    if !t.is_contiguous() {
+        return Err(nonc(t, what, arg));
+    }
+    Ok(())
+}
+
+fn check_eps(eps: f32, what: &str) -> Result<()> {
+    if eps.is_finite() && eps >= 0.0 {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!("kfuse::ops::{what}: eps must be finite and ≥ 0, got {eps}")))
+    }
+}
+
+/// Rows of an op that needs at least one element per row (softmax, norms).
+fn nonempty_rows(n: usize, m: usize, what: &str) -> Result<()> {
+    if n == 0 && m > 0 {
+        return Err(Error::InvalidArgument(format!(
+            "kfuse::ops::{what}: the last dimension of `x` is 0; {what} needs rows of at least one element"
+        )));
+    }
+    Ok(())
+}
+
+fn reduce(x: &Tensor, dim: Dim, op: Red) -> Result<Tensor> {
+    match dim {
+        Dim::Last => reduce_last(x, op),
+        Dim::All => reduce_all(x, op),
+    }
+}
+
+fn reduce_last(x: &Tensor, op: Red) -> Result<Tensor> {
+    let what = op.name();
+    let (rows, lead) = as_rows(x, what, "x")?;
+    let (m, n) = (rows.shape()[0], rows.shape()[1]);
+    let mut out = Tensor::empty(&lead, x.dtype(), &x.device())?;
+    if m == 0 {
+        return Ok(out);
+    }
+    if n == 0 {
+        return match op {
+            Red::Sum => {
+                out.fill(0.0)?;
+                Ok(out)
+            }
+            Red::Mean => {
+                out.fill(f64::NAN)?;
+                Ok(out)
+            }
+            _ => Err(Error::InvalidArgument(format!(
+                "kfuse::ops::{what}: the last dimension of `x` (shape {:?}) is 0 and {what} of no elements is undefined",
+                x.shape()
+            ))),
+        };
+    }
+    let mut o = out.reshape(&[m])?;
+    match op {
+        Red::Sum => kernels::row_sum(&rows, &mut o)?,
+        Red::Mean => kernels::row_mean(&rows, &mut o)?,
+        Red::Max => kernels::row_max(&rows, &mut o)?,
+        Red::Min => kernels::row_min(&rows, &mut o)?,
+    };
+    Ok(out)
+}
+
+fn reduce_all(x: &Tensor, op: Red) -> Result<Tensor> {
+    let what = op.name();
+    let n = x.numel();
+    let dev = x.device();
+    let mut out = Tensor::empty(&[], x.dtype(), &dev)?;
+    if n == 0 {
+        return match op {
+            Red::Sum => {
+                out.fill(0.0)?;
+                Ok(out)
+            }
+            Red::Mean => {
+                out.fill(f64::NAN)?;
+                Ok(out)
+            }
+            _ => Err(Error::InvalidArgument(format!("kfuse::ops::{what}: `x` (shape {:?}) is empty and {what} of no elements is undefined", x.shape()))),
+        };
+    }
+    let mut cur = flat(x, what, "x")?;
+    loop {
+        let parts = cur.numel().div_ceil(kernels::CHUNK);
+        let last = parts == 1;
+        // Partials stay f32 until the last stage, which rounds to the input's dtype once.
+        let mut p = if last { out.reshape(&[1])? } else { Tensor::empty(&[parts], DType::F32, &dev)? };
+        match op {
+            Red::Sum => kernels::sum_chunks(&cur, &mut p, 1.0)?,
+            Red::Mean => kernels::sum_chunks(&cur, &mut p, if last { n as f32 } else { 1.0 })?,
+            Red::Max => kernels::max_chunks(&cur, &mut p)?,
+            Red::Min => kernels::min_chunks(&cur, &mut p)?,
+        };
+        if last {
+            return Ok(out);
+        }
+        cur = p;
+    }
+}
+
+/// The sum along `dim`, accumulated in f32, in `x`'s dtype. Empty: 0.
+pub fn sum(x: &Tensor, dim: Dim) -> Result<Tensor> {
+    reduce(x, dim, Red::Sum)
+}
+/// The mean along `dim`, accumulated in f32, in `x`'s dtype. Empty: NaN.
+pub fn mean(x: &Tensor, dim: Dim) -> Result<Tensor> {
+    reduce(x, dim, Red::Mean)
+}
+/// The maximum along `dim` (exact). Over no elements: an error.
+pub fn max(x: &Tensor, dim: Dim) -> Result<Tensor> {
+    reduce(x, dim, Red::Max)
+}
+/// The minimum along `dim` (exact). Over no elements: an error.
+pub fn min(x: &Tensor, dim: Dim) -> Result<Tensor> {
+    reduce(x, dim, Red::Min)
+}
+
+fn row_op(x: &Tensor, what: &str, k: Unary) -> Result<Tensor> {
+    let (rows, _) = as_rows(x, what, "x")?;
+    let (m, n) = (rows.shape()[0], rows.shape()[1]);
+    nonempty_rows(n, m, what)?;
+    let out = Tensor::empty(x.shape(), x.dtype(), &x.device())?;
+    if m == 0 {
+        return Ok(out);
+    }
+    k(&rows, &mut out.reshape(&[m, n])?)?;
+    Ok(out)
+}
+
+/// Softmax along the last dimension, computed in f32 (PyTorch's semantics: a row of
+/// only `-inf` gives NaN).
+pub fn softmax(x: &Tensor) -> Result<Tensor> {
+    row_op(x, "softmax", kernels::softmax)
+}
+
+/// Log-softmax along the last dimension, computed in f32 (a row of only `-inf` gives
+/// NaN; `-inf` elements of other rows give `-inf`).
+pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
+    row_op(x, "log_softmax", kernels::log_softmax)
+}
+
+/// Shapes and outputs shared by the norms: `x` as rows, `y` like `x`, and an f32 per-row
+/// statistic.
+struct NormIo {
+    rows: Tensor,
+    m: usize,
+    n: usize,
+    y: Tensor,
+    lead: Vec<usize>,
+}
+
+fn norm_io(x: &Tensor, what: &str, eps: f32) -> Result<NormIo> {
+    check_eps(eps, what)?;
+    let (rows, lead) = as_rows(x, what, "x")?;
+    let (m, n) = (rows.shape()[0], rows.shape()[1]);
+    nonempty_rows(n, m, what)?;
+    let y = Tensor::empty(x.shape(), x.dtype(), &x.device())?;
+    Ok(NormIo { rows, m, n, y, lead })
+}
+
+fn stat(lead: &[usize], x: &Tensor) -> Result<Tensor> {
+    Tensor::empty(lead, DType::F32, &x.device())
+}
+
+/// RMSNorm along the last dimension: `y = x * rstd [* w] [+ b]` with
+/// `rstd = 1 / sqrt(mean(x²) + eps)`, in f32, rounded to `x`'s dtype. Returns `(y, rstd)`;
+/// `rstd` (f32) has `x`'s shape without its last dimension. `w` and `b` have shape `[N]`
+/// and `x`'s dtype; a bias needs a weight.
+pub fn rms_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<(Tensor, Tensor)> {
+    const WHAT: &str = "rms_norm";
+    let io = norm_io(x, WHAT, eps)?;
+    let dev = x.device();
+    for (t, arg) in [(w, "w"), (b, "b")] {
+        if let Some(t) = t {
+            like(t, x.dtype(), &[io.n], &dev, WHAT, arg)?;
+        }
+    }
+    if b.is_some() && w.is_none() {
+        return Err(Error::InvalidArgument("kfuse::ops::rms_norm: a bias `b` needs a weight `w` (pass the weight, or no bias)".into()));
+    }
+    let rstd = stat(&io.lead, x)?;
+    if io.m == 0 {
+        return Ok((io.y, rstd));
+    }
+    let (mut y2, mut r1) = (io.y.reshape(&[io.m, io.n])?, rstd.reshape(&[io.m])?);
+    match (w, b) {
+        (None, _) => kernels::rms_norm(&io.rows, &mut y2, &mut r1, eps)?,
+        (Some(w), None) => kernels::rms_norm_w(&io.rows, w, &mut y2, &mut r1, eps)?,
+        (Some(w), Some(b)) => kernels::rms_norm_wb(&io.rows, w, b, &mut y2, &mut r1, eps)?,
+    };
+    Ok((io.y, rstd))
+}
+
+/// Residual add, then RMSNorm: `s = x + r` (rounded to the dtype), `y = s * rstd [* w]`
+/// with `rstd = 1 / sqrt(mean(s²) + eps)` in f32. One launch; returns `(s, y, rstd)`.
+/// `r` has `x`'s shape and dtype; `w` has shape `[N]`.
+pub fn add_rms_norm(x: &Tensor, r: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<(Tensor, Tensor, Tensor)> {
+    const WHAT: &str = "add_rms_norm";
+    let io = norm_io(x, WHAT, eps)?;
+    let dev = x.device();
+    like(r, x.dtype(), x.shape(), &dev, WHAT, "r")?;
+    if let Some(w) = w {
+        like(w, x.dtype(), &[io.n], &dev, WHAT, "w")?;
+    }
+    let s = Tensor::empty(x.shape(), x.dtype(), &dev)?;
+    let rstd = stat(&io.lead, x)?;
+    if io.m == 0 {
+        return Ok((s, io.y, rstd));
+    }
+    let rr = r.reshape(&[io.m, io.n])?;
+    let (mut s2, mut y2, mut r1) = (s.reshape(&[io.m, io.n])?, io.y.reshape(&[io.m, io.n])?, rstd.reshape(&[io.m])?);
+    match w {
+        None => kernels::add_rms_norm(&io.rows, &rr, &mut s2, &mut y2, &mut r1, eps)?,
+        Some(w) => kernels::add_rms_norm_w(&io.rows, &rr, w, &mut s2, &mut y2, &mut r1, eps)?,
+    };
+    Ok((s, io.y, rstd))
+}
+
+/// LayerNorm along the last dimension with weight and bias: `y = (x - mean) * rstd * w + b`
+/// with the biased variance `var = mean((x - mean)²)` and `rstd = 1 / sqrt(var + eps)`, in
+/// f32, rounded to `x`'s dtype. Returns `(y, mean, rstd)`; the statistics are f32 with
+/// `x`'s shape without its last dimension.
+pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<(Tensor, Tensor, Tensor)> {
+    const WHAT: &str = "layer_norm";
+    let io = norm_io(x, WHAT, eps)?;
+    let dev = x.device();
+    like(w, x.dtype(), &[io.n], &dev, WHAT, "w")?;
+    like(b, x.dtype(), &[io.n], &dev, WHAT, "b")?;
+    let (mean, rstd) = (stat(&io.lead, x)?, stat(&io.lead, x)?);
+    if io.m == 0 {
+        return Ok((io.y, mean, rstd));
+    }
+    let (mut y2, mut m1, mut r1) = (io.y.reshape(&[io.m, io.n])?, mean.reshape(&[io.m])?, rstd.reshape(&[io.m])?);
+    kernels::layer_norm(&io.rows, w, b, &mut y2, &mut m1, &mut r1, eps)?;
+    Ok((io.y, mean, rstd))
 }

@@ -20,6 +20,10 @@ pub enum Kind {
     Transpose(fn(&Tensor) -> Result<Tensor>),
     /// `op(&x)` on any tensor: a copy.
     Copy(fn(&Tensor) -> Result<Tensor>),
+    /// Snapshots and compile checks only; the numerics of these kernels (rows, whole-tensor
+    /// reductions, softmax, norms) live in `tests/rows.rs`. The function gives the dtypes
+    /// of the kernel's generics for the snapshot of dtype `dt` (`[dt]` for one generic).
+    CompileOnly(fn(DType) -> Vec<DType>),
 }
 
 type Launch2 = fn(&Tensor, &Tensor, &mut Tensor) -> Result<kfuse::Launched>;
@@ -30,6 +34,8 @@ type Launch1 = fn(&Tensor, &mut Tensor) -> Result<kfuse::Launched>;
 pub enum Raw {
     Two(Launch2),
     One(Launch1),
+    /// A [`Kind::CompileOnly`] entry: not launched from the table.
+    None,
 }
 
 pub struct OpCase {
@@ -37,6 +43,33 @@ pub struct OpCase {
     pub def: &'static KernelDef,
     pub kind: Kind,
     pub raw: Raw,
+}
+
+impl OpCase {
+    /// The dtypes of the kernel's generics for the snapshot and compile check of `dt`.
+    pub fn generics(&self, dt: DType) -> Vec<DType> {
+        match self.kind {
+            Kind::CompileOnly(f) => f(dt),
+            _ => vec![dt],
+        }
+    }
+
+    /// Whether the interpreter and GPU tests of this table check its numerics.
+    pub fn numeric(&self) -> bool {
+        !matches!(self.kind, Kind::CompileOnly(_))
+    }
+}
+
+fn one(dt: DType) -> Vec<DType> {
+    vec![dt]
+}
+/// A chunked whole-tensor reduction's first stage: `T` in, f32 partials out.
+fn to_partials(dt: DType) -> Vec<DType> {
+    vec![dt, DType::F32]
+}
+/// Its last stage: f32 partials in, `T` out.
+fn from_partials(dt: DType) -> Vec<DType> {
+    vec![DType::F32, dt]
 }
 
 fn silu(x: f64) -> f64 {
@@ -76,6 +109,25 @@ pub fn ops() -> Vec<OpCase> {
         OpCase { name: "copy", def: &k::copy::DEF, kind: Kind::Copy(o::copy), raw: Raw::One(k::copy) },
         OpCase { name: "copy2d", def: &k::copy2d::DEF, kind: Kind::Copy(o::copy), raw: Raw::One(k::copy2d) },
         OpCase { name: "transpose", def: &k::transpose::DEF, kind: Kind::Transpose(o::transpose), raw: Raw::One(k::transpose) },
+        // rows, reductions, softmax, norms: numerics in tests/rows.rs
+        OpCase { name: "row_sum", def: &k::row_sum::DEF, kind: Kind::CompileOnly(one), raw: Raw::None },
+        OpCase { name: "row_mean", def: &k::row_mean::DEF, kind: Kind::CompileOnly(one), raw: Raw::None },
+        OpCase { name: "row_max", def: &k::row_max::DEF, kind: Kind::CompileOnly(one), raw: Raw::None },
+        OpCase { name: "row_min", def: &k::row_min::DEF, kind: Kind::CompileOnly(one), raw: Raw::None },
+        OpCase { name: "sum_chunks", def: &k::sum_chunks::DEF, kind: Kind::CompileOnly(to_partials), raw: Raw::None },
+        OpCase { name: "sum_chunks_final", def: &k::sum_chunks::DEF, kind: Kind::CompileOnly(from_partials), raw: Raw::None },
+        OpCase { name: "max_chunks", def: &k::max_chunks::DEF, kind: Kind::CompileOnly(to_partials), raw: Raw::None },
+        OpCase { name: "max_chunks_final", def: &k::max_chunks::DEF, kind: Kind::CompileOnly(from_partials), raw: Raw::None },
+        OpCase { name: "min_chunks", def: &k::min_chunks::DEF, kind: Kind::CompileOnly(to_partials), raw: Raw::None },
+        OpCase { name: "min_chunks_final", def: &k::min_chunks::DEF, kind: Kind::CompileOnly(from_partials), raw: Raw::None },
+        OpCase { name: "softmax", def: &k::softmax::DEF, kind: Kind::CompileOnly(one), raw: Raw::None },
+        OpCase { name: "log_softmax", def: &k::log_softmax::DEF, kind: Kind::CompileOnly(one), raw: Raw::None },
+        OpCase { name: "rms_norm", def: &k::rms_norm::DEF, kind: Kind::CompileOnly(one), raw: Raw::None },
+        OpCase { name: "rms_norm_w", def: &k::rms_norm_w::DEF, kind: Kind::CompileOnly(one), raw: Raw::None },
+        OpCase { name: "rms_norm_wb", def: &k::rms_norm_wb::DEF, kind: Kind::CompileOnly(one), raw: Raw::None },
+        OpCase { name: "add_rms_norm", def: &k::add_rms_norm::DEF, kind: Kind::CompileOnly(one), raw: Raw::None },
+        OpCase { name: "add_rms_norm_w", def: &k::add_rms_norm_w::DEF, kind: Kind::CompileOnly(one), raw: Raw::None },
+        OpCase { name: "layer_norm", def: &k::layer_norm::DEF, kind: Kind::CompileOnly(one), raw: Raw::None },
     ]
 }
 
@@ -176,6 +228,7 @@ pub fn check_op(case: &OpCase, dtype: DType, shape: &[usize], dev: &Device, seed
             k(&flat(&x), &mut out).map_err(ctx)?;
             (f(&x).map_err(ctx)?, out, xv)
         }
+        (Kind::CompileOnly(_), _) => return Err(format!("{}: a compile-only entry has no numeric check here (see tests/rows.rs)", case.name)),
         _ => unreachable!("op table pairs kinds and launchers"),
     };
     let reference: Vec<f64> = reference.into_iter().map(|x| dtype.round(x)).collect();

@@ -19,7 +19,9 @@
 //! - `Permute` permutes the layout (no data moves);
 //! - a `Store` whose value's fastest axis is not the tile axis over the output's
 //!   unit-stride dimension gets a `Convert` to the store's anchor layout, so that
-//!   writes are coalesced (this is where a transpose goes through shared memory).
+//!   writes are coalesced (this is where a transpose goes through shared memory); a
+//!   reduction result of at most 128 elements, or one split across a cluster, is
+//!   written from where it is (its owners write it).
 //!
 //! Then converts fed by a load through single-use elementwise ops are folded into the
 //! load (it takes the converted layout), and every remaining rank-2 `Convert` gets its
@@ -136,7 +138,11 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
                     let fast = want.order[0] as usize;
                     let need = match &have {
                         Layout::Blocked(b) => b.order[0] as usize != fast && want.shape[fast] > 1,
-                        Layout::Slice { .. } => true,
+                        // a reduction result: worth a trip through shared memory for
+                        // coalesced writes only when it is large and lives in one block
+                        Layout::Slice { parent, .. } => {
+                            parent.ctas_per_cluster.iter().all(|&c| c == 1) && want.shape.iter().product::<u32>() > 128
+                        }
                         Layout::Uniform => false,
                     };
                     if need {

@@ -1,0 +1,352 @@
+//! Row kernels against the device's own copy bandwidth, measured in the same run: softmax,
+//! RMSNorm (with weight), LayerNorm (weight and bias) and the last-axis sum, bf16, on
+//! M×N = 32768×1024, 8192×4096, 4096×16384, 1024×131072, 256×262144 (2^25 elements each).
+//!
+//! Prints a table (GB/s counting each input read once and each output written once, the
+//! f32 statistics included; and the fraction of a device-to-device `cuMemcpyDtoD` of
+//! 2^28 bf16 measured in the same process), writes it as `rows.md` and `rows.json` into
+//! `$KFUSE_BENCH_OUT` when set, then runs the same kernels under criterion (skipped with
+//! `--table-only`). `scripts/bench_torch.py` measures PyTorch on the same ops and shapes
+//! and `scripts/compare_rows.py` joins the two.
+//!
+//! Timing: CUDA events around each launch, 10 warm-ups, 50 timed launches, median.
+//! Inputs are random bf16 (never all zeros). Each kernel's output is checked once, on
+//! sampled rows against a float64 CPU reference, before it is timed; a shape the compiler
+//! refuses, or a wrong result, gets a row saying so instead of a time.
+
+use std::time::Duration;
+
+use criterion::Criterion;
+use kfuse::ops::kernels;
+use kfuse::{DType, Device, Tensor};
+
+const SHAPES: [(usize, usize); 5] = [(32768, 1024), (8192, 4096), (4096, 16384), (1024, 131072), (256, 262144)];
+const COPY_N: usize = 1 << 28;
+const EPS: f32 = 1e-5;
+
+fn random_bf16(n: usize, seed: u64, dev: &Device) -> (Tensor, Vec<f32>) {
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let mut bytes = Vec::with_capacity(n * 2);
+    let mut vals = Vec::with_capacity(n);
+    for _ in 0..n {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let v = half::bf16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0);
+        bytes.extend_from_slice(&v.to_le_bytes());
+        vals.push(v.to_f32());
+    }
+    (Tensor::from_bytes(&bytes, &[n], DType::BF16, dev).expect("upload"), vals)
+}
+
+fn median(mut v: Vec<f32>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2] as f64
+}
+
+fn dtod(dev: &Device, src: &Tensor, dst: &mut Tensor) -> kfuse::Result<()> {
+    let stream = dev.cuda_stream().expect("gpu");
+    let bytes = src.numel() * src.dtype().size_bytes();
+    unsafe { cudarc::driver::result::memcpy_dtod_async(dst.address(), src.address(), bytes, stream.cu_stream()) }
+        .map_err(|e| kfuse::Error::Driver(format!("{e:?}")))
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Op {
+    Softmax,
+    RmsNorm,
+    LayerNorm,
+    Sum,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Softmax => "softmax",
+            Op::RmsNorm => "rms_norm",
+            Op::LayerNorm => "layer_norm",
+            Op::Sum => "sum",
+        }
+    }
+    fn label(self) -> &'static str {
+        match self {
+            Op::Softmax => "softmax",
+            Op::RmsNorm => "RMSNorm (weight)",
+            Op::LayerNorm => "LayerNorm (weight, bias)",
+            Op::Sum => "sum (last axis)",
+        }
+    }
+    /// Minimum bytes moved: inputs read once, outputs (statistics included) written once.
+    fn bytes(self, m: usize, n: usize) -> f64 {
+        let (x, v, row16, row32) = ((m * n * 2) as f64, (n * 2) as f64, (m * 2) as f64, (m * 4) as f64);
+        match self {
+            Op::Softmax => 2.0 * x,
+            Op::RmsNorm => 2.0 * x + v + row32,
+            Op::LayerNorm => 2.0 * x + 2.0 * v + 2.0 * row32,
+            Op::Sum => x + row16,
+        }
+    }
+}
+
+const OPS: [Op; 4] = [Op::Softmax, Op::RmsNorm, Op::LayerNorm, Op::Sum];
+
+/// The tensors of one shape: inputs, outputs, and the host copies the check needs.
+struct Bufs {
+    m: usize,
+    n: usize,
+    x: Tensor,
+    xv: Vec<f32>,
+    w: Tensor,
+    wv: Vec<f32>,
+    b: Tensor,
+    bv: Vec<f32>,
+    y: Tensor,
+    s: Tensor,
+    mean: Tensor,
+    rstd: Tensor,
+}
+
+fn launch(op: Op, t: &mut Bufs) -> kfuse::Result<()> {
+    match op {
+        Op::Softmax => kernels::softmax(&t.x, &mut t.y)?,
+        Op::RmsNorm => kernels::rms_norm_w(&t.x, &t.w, &mut t.y, &mut t.rstd, EPS)?,
+        Op::LayerNorm => kernels::layer_norm(&t.x, &t.w, &t.b, &mut t.y, &mut t.mean, &mut t.rstd, EPS)?,
+        Op::Sum => kernels::row_sum(&t.x, &mut t.s)?,
+    };
+    Ok(())
+}
+
+/// Checks 64 rows spread over the tensor against float64: returns the worst per-row
+/// relative error, or what is wrong.
+fn check(op: Op, t: &Bufs) -> Result<f64, String> {
+    let (m, n) = (t.m, t.n);
+    let y = if op == Op::Sum { t.s.to_vec_f32() } else { t.y.to_vec_f32() }.map_err(|e| e.to_string())?;
+    let rstd = t.rstd.to_vec_f32().map_err(|e| e.to_string())?;
+    let mut worst: f64 = 0.0;
+    for k in 0..64 {
+        let i = (k * (m - 1)) / 63;
+        let x: Vec<f64> = t.xv[i * n..(i + 1) * n].iter().map(|&v| v as f64).collect();
+        let nf = n as f64;
+        let (want, got): (Vec<f64>, Vec<f64>) = match op {
+            Op::Sum => (vec![x.iter().sum()], vec![y[i] as f64]),
+            Op::Softmax => {
+                let mx = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = x.iter().map(|v| (v - mx).exp()).sum();
+                (x.iter().map(|v| (v - mx).exp() / z).collect(), y[i * n..(i + 1) * n].iter().map(|&v| v as f64).collect())
+            }
+            Op::RmsNorm => {
+                let r = 1.0 / (x.iter().map(|v| v * v).sum::<f64>() / nf + EPS as f64).sqrt();
+                if ((rstd[i] as f64) - r).abs() > 1e-5 * r {
+                    return Err(format!("row {i}: rstd {} vs {r}", rstd[i]));
+                }
+                (x.iter().zip(&t.wv).map(|(v, w)| v * r * *w as f64).collect(), y[i * n..(i + 1) * n].iter().map(|&v| v as f64).collect())
+            }
+            Op::LayerNorm => {
+                let mu = x.iter().sum::<f64>() / nf;
+                let r = 1.0 / (x.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / nf + EPS as f64).sqrt();
+                if ((rstd[i] as f64) - r).abs() > 1e-5 * r {
+                    return Err(format!("row {i}: rstd {} vs {r}", rstd[i]));
+                }
+                let want = x.iter().enumerate().map(|(j, v)| (v - mu) * r * t.wv[j] as f64 + t.bv[j] as f64).collect();
+                (want, y[i * n..(i + 1) * n].iter().map(|&v| v as f64).collect())
+            }
+        };
+        let num: f64 = want.iter().zip(&got).map(|(a, b)| (a - b) * (a - b)).sum();
+        let den: f64 = want.iter().map(|a| a * a).sum();
+        let e = if den == 0.0 { num.sqrt() } else { (num / den).sqrt() };
+        if !(e <= 8e-3) {
+            return Err(format!("row {i}: relative error {e:.2e}"));
+        }
+        worst = worst.max(e);
+    }
+    Ok(worst)
+}
+
+struct Row {
+    op: Op,
+    m: usize,
+    n: usize,
+    /// Time in ms, or why there is none.
+    result: Result<f64, String>,
+    err: Option<f64>,
+    tiles: String,
+}
+
+fn main() -> kfuse::Result<()> {
+    let table_only = std::env::args().any(|a| a == "--table-only");
+    let dev = Device::best();
+    if !dev.is_gpu() {
+        println!("no GPU: nothing to measure (this benchmark needs a CUDA device)");
+        return Ok(());
+    }
+    let (w, it) = (10, 50);
+
+    // the ceiling: a device-to-device copy of 2^28 bf16, in this process
+    let (ca, _) = random_bf16(COPY_N, 1, &dev);
+    let mut cb = Tensor::empty(&[COPY_N], DType::BF16, &dev)?;
+    let copy_ms = median(dev.time_ms(w, it, || dtod(&dev, &ca, &mut cb))?);
+    let copy_gbps = 2.0 * (COPY_N * 2) as f64 / copy_ms / 1e6;
+    drop((ca, cb));
+
+    let mut rows = Vec::new();
+    let mut bufs = Vec::new();
+    for (si, &(m, n)) in SHAPES.iter().enumerate() {
+        let (x, xv) = random_bf16(m * n, 10 + si as u64, &dev);
+        let (w_, wv) = random_bf16(n, 20 + si as u64, &dev);
+        let (b_, bv) = random_bf16(n, 30 + si as u64, &dev);
+        let mut t = Bufs {
+            m,
+            n,
+            x: x.reshape(&[m, n])?,
+            xv,
+            w: w_,
+            wv,
+            b: b_,
+            bv,
+            y: Tensor::empty(&[m, n], DType::BF16, &dev)?,
+            s: Tensor::empty(&[m], DType::BF16, &dev)?,
+            mean: Tensor::empty(&[m], DType::F32, &dev)?,
+            rstd: Tensor::empty(&[m], DType::F32, &dev)?,
+        };
+        for op in OPS {
+            let mut row = Row { op, m, n, result: Err(String::new()), err: None, tiles: String::new() };
+            // first launch: compiles (or is refused), then the output is checked once
+            // (a panic in the compiler is reported like a refusal, with its message)
+            let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| launch(op, &mut t).and_then(|_| dev.synchronize())))
+                .unwrap_or_else(|p| {
+                    let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+                    Err(kfuse::Error::InvalidArgument(format!("the compiler panicked: {}", msg.unwrap_or_default())))
+                });
+            row.result = match first {
+                Err(e) => Err(format!("refused by the compiler: {}", e.to_string().lines().next().unwrap_or(""))),
+                Ok(()) => match check(op, &t) {
+                    Err(e) => Err(format!("WRONG RESULT: {e}")),
+                    Ok(e) => {
+                        row.err = Some(e);
+                        dev.time_ms(w, it, || launch(op, &mut t)).map(median).map_err(|e| format!("timing failed: {e}"))
+                    }
+                },
+            };
+            row.tiles = schedule(op, &mut t, &dev);
+            rows.push(row);
+        }
+        bufs.push(t);
+    }
+
+    let device = dev.describe();
+    let mut md = format!(
+        "| op | M×N | time (ms) | GB/s | of copy bandwidth | schedule |\n|---|---|---|---|---|---|\n| device copy (cuMemcpyDtoD) | 2^28 bf16 | {copy_ms:.3} | {copy_gbps:.0} | 100.0% | |\n"
+    );
+    let mut json = Vec::new();
+    for r in &rows {
+        let shape = format!("{}x{}", r.m, r.n);
+        match &r.result {
+            Ok(ms) => {
+                let gbps = r.op.bytes(r.m, r.n) / ms / 1e6;
+                md.push_str(&format!("| {} | {shape} | {ms:.3} | {gbps:.0} | {:.1}% | {} |\n", r.op.label(), 100.0 * gbps / copy_gbps, r.tiles));
+                json.push(format!(
+                    "{{\"op\": \"{}\", \"M\": {}, \"N\": {}, \"status\": \"ok\", \"ms\": {ms:.5}, \"gbps\": {gbps:.1}, \"fraction_of_copy\": {:.4}, \"max_rel_err\": {:.2e}, \"schedule\": \"{}\"}}",
+                    r.op.name(),
+                    r.m,
+                    r.n,
+                    gbps / copy_gbps,
+                    r.err.unwrap_or(0.0),
+                    r.tiles.replace('"', "'")
+                ));
+            }
+            Err(why) => {
+                md.push_str(&format!("| {} | {shape} | — | — | — | {} |\n", r.op.label(), why.replace('|', "/")));
+                json.push(format!(
+                    "{{\"op\": \"{}\", \"M\": {}, \"N\": {}, \"status\": \"{}\", \"note\": {}}}",
+                    r.op.name(),
+                    r.m,
+                    r.n,
+                    if why.starts_with("WRONG") { "wrong" } else { "refused" },
+                    serde_json::Value::String(why.clone())
+                ));
+            }
+        }
+    }
+    println!("device: {device}\n{md}");
+    if let Ok(out) = std::env::var("KFUSE_BENCH_OUT") {
+        let out = std::path::PathBuf::from(out);
+        std::fs::write(out.join("rows.md"), format!("device: {device}\n\n{md}")).ok();
+        std::fs::write(
+            out.join("rows.json"),
+            format!(
+                "{{\"device\": {}, \"copy_ms\": {copy_ms:.5}, \"copy_gbps\": {copy_gbps:.1}, \"rows\": [\n  {}\n]}}\n",
+                serde_json::Value::String(device.clone()),
+                json.join(",\n  ")
+            ),
+        )
+        .ok();
+    }
+    if table_only {
+        return Ok(());
+    }
+
+    let mut crit = Criterion::default().configure_from_args().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(2));
+    for (si, t) in bufs.iter_mut().enumerate() {
+        for op in OPS {
+            if rows[si * OPS.len() + OPS.iter().position(|o| *o == op).unwrap()].result.is_err() {
+                continue;
+            }
+            let name = format!("{}_{}x{}_bf16", op.name(), t.m, t.n);
+            crit.bench_function(&name, |bch| {
+                bch.iter_custom(|iters| {
+                    let ms = dev.time_ms(0, 1, || {
+                        for _ in 0..iters {
+                            launch(op, t)?;
+                        }
+                        Ok(())
+                    });
+                    Duration::from_secs_f64(ms.expect("timing")[0] as f64 / 1e3)
+                })
+            });
+        }
+    }
+    crit.final_summary();
+    Ok(())
+}
+
+/// What the scheduler chose for `op` on these tensors (threads, tiles), for the table.
+fn schedule(op: Op, t: &mut Bufs, dev: &Device) -> String {
+    let def = launch_def(op);
+    let Ok(k) = (def.build)(&[DType::BF16]) else { return String::new() };
+    let Some(target) = dev.target() else { return String::new() };
+    let args = launch_args(op, t);
+    match kfuse::runtime::spec_for(&k, &args).and_then(|spec| kfuse::runtime::emit_for(def, &[DType::BF16], &spec, &target)) {
+        Ok(e) => {
+            let tiles: Vec<String> = e.tiles.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("{} threads {}", e.block_threads, tiles.join(" "))
+        }
+        Err(_) => String::new(),
+    }
+}
+
+fn launch_def(op: Op) -> &'static kfuse::ir::KernelDef {
+    match op {
+        Op::Softmax => &kernels::softmax::DEF,
+        Op::RmsNorm => &kernels::rms_norm_w::DEF,
+        Op::LayerNorm => &kernels::layer_norm::DEF,
+        Op::Sum => &kernels::row_sum::DEF,
+    }
+}
+
+fn launch_args(op: Op, t: &mut Bufs) -> Vec<kfuse::runtime::Arg<'_>> {
+    use kfuse::runtime::{Arg, Scalar};
+    match op {
+        Op::Softmax => vec![Arg::In(&t.x), Arg::Out(&mut t.y)],
+        Op::RmsNorm => vec![Arg::In(&t.x), Arg::In(&t.w), Arg::Out(&mut t.y), Arg::Out(&mut t.rstd), Arg::Scalar(Scalar::F32(EPS))],
+        Op::LayerNorm => vec![
+            Arg::In(&t.x),
+            Arg::In(&t.w),
+            Arg::In(&t.b),
+            Arg::Out(&mut t.y),
+            Arg::Out(&mut t.mean),
+            Arg::Out(&mut t.rstd),
+            Arg::Scalar(Scalar::F32(EPS)),
+        ],
+        Op::Sum => vec![Arg::In(&t.x), Arg::Out(&mut t.s)],
+    }
+}
