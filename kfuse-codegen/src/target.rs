@@ -60,6 +60,8 @@ pub struct Spec {
     pub tiles: BTreeMap<String, u32>,
     /// Threads-per-block override (a power of two, 32..=1024).
     pub threads: Option<u32>,
+    /// Override of `__launch_bounds__`'s minimum blocks per multiprocessor (0: none).
+    pub min_blocks: Option<u32>,
 }
 
 /// One CUDA kernel parameter, in order.

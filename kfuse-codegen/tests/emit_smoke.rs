@@ -72,6 +72,7 @@ fn spec(ranks: &[Option<usize>], shapes: &[u32]) -> Spec {
         shape_pow2: shapes.iter().map(|s| s.next_power_of_two()).collect(),
         tiles: Default::default(),
         threads: None,
+        min_blocks: None,
     }
 }
 

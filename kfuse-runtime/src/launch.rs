@@ -421,11 +421,13 @@ pub fn spec_for(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Spec> {
         })
         .collect();
     let shape_pow2 = vals.iter().map(|&v| v.max(1).next_power_of_two().min(1 << 31) as u32).collect();
-    let threads = match std::env::var("KFUSE_THREADS") {
-        Ok(v) => Some(v.trim().parse::<u32>().map_err(|_| Error::InvalidArgument(format!("KFUSE_THREADS: `{v}` is not a number")))?),
-        Err(_) => None,
+    let num = |var: &str| -> Result<Option<u32>> {
+        match std::env::var(var) {
+            Ok(v) => Ok(Some(v.trim().parse::<u32>().map_err(|_| Error::InvalidArgument(format!("{var}: `{v}` is not a number")))?)),
+            Err(_) => Ok(None),
+        }
     };
-    Ok(Spec { tensors, shape_pow2, tiles: tile_overrides()?, threads })
+    Ok(Spec { tensors, shape_pow2, tiles: tile_overrides()?, threads: num("KFUSE_THREADS")?, min_blocks: num("KFUSE_MIN_BLOCKS")? })
 }
 
 /// Tile-size overrides from `KFUSE_TILES` (`BM=128,BN=64`): every kernel with a tile

@@ -656,8 +656,8 @@ impl<'a> Emitter<'a> {
         }
         // 4. across the blocks of a cluster, through distributed shared memory
         if am.ctas > 1 {
-            if int || d != DType::F32 {
-                return Err(CodegenError::Unsupported("a cluster-split reduction of a non-f32 value (cast to f32 first)".into()));
+            if int {
+                return Err(CodegenError::Unsupported("a cluster-split reduction of an i64 value".into()));
             }
             let rm_shape: Vec<u32> = match &rmap {
                 Some(rm) => rm.axes.iter().map(|a| a.shape).collect(),

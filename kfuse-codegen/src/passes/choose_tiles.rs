@@ -23,7 +23,8 @@
 //! still read once and written once. Past 64 elements per thread the kernel is refused.
 //!
 //! Register room: a body with transcendental math (exp, log, erf, tanh, sigmoid, …)
-//! asks for one block per multiprocessor (`min_blocks = 1`), which lets the assembler
+//! on whole tiles (a statistic of a reduced row does not count) asks for one block per
+//! multiprocessor (`min_blocks = 1`), which lets the assembler
 //! use the registers the math needs instead of spilling to reach an occupancy target;
 //! a body that only moves and combines data leaves the choice to the assembler, which
 //! keeps registers low and occupancy — the bytes in flight — high.
@@ -154,10 +155,15 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         )));
     }
     k.schedule.num_threads = threads;
+    // math on whole tiles (not on a reduced row statistic) asks for register room
     let math = k.order.iter().any(|&op| {
         matches!(k.op(op), Op::Unary(u) if !matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not))
+            && concrete_shape(k, k.ty(op.value())).iter().product::<u32>() >= threads
     });
-    k.schedule.min_blocks = if math { 1 } else { 0 };
+    k.schedule.min_blocks = match spec.min_blocks {
+        Some(b) => b,
+        None => u32::from(math),
+    };
     Ok(())
 }
 
