@@ -12,9 +12,8 @@
 //! (rounded up to a power of two), so small tensors get small tiles. A symbol used by
 //! several accesses takes the smallest choice. `Spec::tiles` overrides by name.
 //!
-//! Threads: one per 16 elements of the largest tile (32 when the body reduces along a
-//! full-extent axis), between 32 and 256 (1024 for full-extent rows), so each thread
-//! keeps a few 16-byte vectors in flight.
+//! Threads: one per 16 elements of the largest tile, between 32 and 256 (1024 for
+//! full-extent rows), so each thread keeps a few 16-byte vectors in flight.
 //!
 //! Long rows: when a full-extent tile would need more than 32 elements per thread,
 //! its widest full extent is cut across a thread-block cluster of up to 8 blocks
@@ -39,6 +38,11 @@ use crate::CodegenError;
 
 /// Largest number of elements of one value a thread may hold.
 pub const MAX_ELEMS_PER_THREAD: u32 = 64;
+
+/// Elements per thread the thread count aims at. Measured on the H100 (NOTES.md): 32
+/// for row-reducing bodies kept rows inside fewer warps but cost registers (102 a
+/// thread for RMSNorm, 25% occupancy) and lost to 16 at every row length up to 4096.
+pub const ELEMS_PER_THREAD: u32 = 16;
 
 /// Above this many elements per thread, a full-extent axis is cut across a cluster.
 pub const CLUSTER_ABOVE: u32 = 32;
@@ -129,7 +133,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let threads = match spec.threads {
         Some(t) if t.is_power_of_two() && (32..=1024).contains(&t) => t,
         Some(t) => return Err(CodegenError::Unsupported(format!("threads override {t}: a power of two from 32 to 1024"))),
-        None => (max_elems / elems_per_thread(k)).next_power_of_two().clamp(32, cap),
+        None => (max_elems / ELEMS_PER_THREAD).next_power_of_two().clamp(32, cap),
     };
     let mut per_thread = max_elems / threads;
     // Rows too long for one block: cut the full extent across a thread-block cluster.
@@ -165,21 +169,6 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         None => u32::from(math),
     };
     Ok(())
-}
-
-/// Elements per thread the thread count aims at: 32 when the body reduces along a
-/// full-extent axis (rows stay inside fewer warps, so reductions need fewer trips
-/// through shared memory), else 16.
-fn elems_per_thread(k: &Kernel) -> u32 {
-    let row_reduce = k.order.iter().any(|&op| match k.op(op) {
-        Op::Reduce { axis, .. } => matches!(k.ty(k.operands(op)[0]).shape[*axis as usize], Extent::Full(_)),
-        _ => false,
-    });
-    if row_reduce {
-        32
-    } else {
-        16
-    }
 }
 
 fn access_extents(k: &Kernel, op: kfuse_ir::OpId) -> Vec<Extent> {
