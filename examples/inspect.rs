@@ -1,0 +1,53 @@
+//! Shows what the compiler decides for the row kernels at the benchmark shapes — the
+//! schedule line, and registers and spills from `ptxas -v` — without a GPU.
+//!
+//!     source scripts/cuda-env.sh && cargo run --release --example inspect [KERNEL_SUBSTRING]
+
+use kfuse::codegen::{compile, Spec, Target, TensorSpec};
+use kfuse::ir::{KernelDef, ParamSig};
+use kfuse::ops::kernels as k;
+use kfuse::DType;
+
+fn spec(def: &KernelDef, m: u32, n: u32) -> Spec {
+    let tensors = def
+        .params
+        .iter()
+        .map(|p| match p {
+            ParamSig::Tensor { dims, .. } => Some(TensorSpec {
+                ptr_align: 16,
+                stride_div: (0..dims.len()).map(|i| if i + 1 == dims.len() { 0 } else { 16 }).collect(),
+            }),
+            ParamSig::Scalar { .. } => None,
+        })
+        .collect();
+    Spec { tensors, shape_pow2: vec![m, n], tiles: Default::default(), threads: None, min_blocks: None }
+}
+
+fn main() {
+    let filter = std::env::args().nth(1).unwrap_or_default();
+    let ptxas = std::env::var("KFUSE_PTXAS").expect("source scripts/cuda-env.sh first (KFUSE_PTXAS)");
+    let defs: [&KernelDef; 4] = [&k::softmax::DEF, &k::rms_norm_w::DEF, &k::layer_norm::DEF, &k::row_sum::DEF];
+    let dir = std::env::temp_dir().join("kfuse-inspect");
+    std::fs::create_dir_all(&dir).unwrap();
+    for def in defs.iter().filter(|d| d.name.contains(&filter)) {
+        for (m, n) in [(32768u32, 1024u32), (8192, 4096), (4096, 16384), (1024, 131072), (256, 262144)] {
+            let kern = (def.build)(&[DType::BF16]).unwrap();
+            let e = match compile(&kern, &spec(def, m, n), &Target::sm90a()) {
+                Ok(e) => e,
+                Err(err) => {
+                    println!("{:12} {m}x{n}: {err}", def.name);
+                    continue;
+                }
+            };
+            let ptx = kfuse::runtime::nvrtc::compile_ptx(&e.source, &e.arch, &e.options).unwrap();
+            let f = dir.join(format!("{}_{m}x{n}.ptx", def.name));
+            std::fs::write(&f, ptx).unwrap();
+            let out = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-v"]).arg(&f).arg("-o").arg(f.with_extension("cubin")).output().unwrap();
+            let log = String::from_utf8_lossy(&out.stderr);
+            let regs = log.lines().find(|l| l.contains("Used")).map(|l| l.trim().to_string()).unwrap_or_default();
+            let spill = log.lines().find(|l| l.contains("spill")).map(|l| l.trim().to_string()).unwrap_or_default();
+            let sched = e.ir.lines().find(|l| l.starts_with("schedule")).unwrap_or("");
+            println!("{:12} {m}x{n}: {sched} cluster={} | {regs} | {spill}", def.name, e.cluster_x);
+        }
+    }
+}
