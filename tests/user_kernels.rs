@@ -187,17 +187,3 @@ fn weight_broadcast_needs_no_conversion() {
     }
 }
 
-/// Prints the schedule of the row kernels at the benchmark shapes (`--nocapture`).
-#[test]
-#[ignore]
-fn show_row_schedules() {
-    use kfuse::codegen::{compile, Spec, Target, TensorSpec};
-    let k = center_rows::build(&[DType::BF16]).unwrap();
-    let t = || Some(TensorSpec { ptr_align: 16, stride_div: vec![16, 0] });
-    for (m, n) in [(32768u32, 1024u32), (8192, 4096), (4096, 16384), (1024, 131072), (256, 262144)] {
-        let spec = Spec { tensors: vec![t(), t()], shape_pow2: vec![m, n], tiles: Default::default(), threads: None, min_blocks: None };
-        let e = compile(&k, &spec, &Target::sm90a()).unwrap();
-        let sched: Vec<&str> = e.ir.lines().skip_while(|l| !l.starts_with("schedule")).take(6).collect();
-        println!("{m}x{n}:\n{}", sched.join("\n"));
-    }
-}
