@@ -186,6 +186,17 @@ fn owner(map: &RegMap, k: &str) -> String {
     }
 }
 
+/// The shared-memory slot of register `k` of a reduction result: its coordinates
+/// linearized over the result tile (0 for a scalar result).
+fn slot_of(rmap: Option<&RegMap>) -> String {
+    let Some(rm) = rmap else { return "0".into() };
+    let mut lin = String::from("0");
+    for i in 0..rm.axes.len() {
+        lin = format!("({lin}) * {} + {}", rm.axes[i].shape, coord(rm, i, "k"));
+    }
+    lin
+}
+
 /// Register index in `to` of the element register `k` of `from` holds, dropping the
 /// digits of axes `to` does not have.
 fn project(from: &RegMap, to: &RegMap, k: &str) -> String {
@@ -619,20 +630,7 @@ impl<'a> Emitter<'a> {
             let bytes = slots * am.wpb * if int { 8 } else { 4 };
             self.smem = self.smem.max(bytes);
             let ct = ctype(d);
-            let slot = |e: &Self| -> String {
-                match &rmap {
-                    None => "0".into(),
-                    Some(rm) => {
-                        let mut lin = String::from("0");
-                        for i in 0..rm.axes.len() {
-                            lin = format!("({lin}) * {} + {}", rm.axes[i].shape, coord(rm, i, "k"));
-                        }
-                        let _ = e;
-                        lin
-                    }
-                }
-            };
-            let sl = slot(self);
+            let sl = slot_of(rmap.as_ref());
             self.open("")?;
             self.line("__syncthreads();")?;
             self.line(format!("{ct}* kf_red = reinterpret_cast<{ct}*>(kf_smem);"))?;
@@ -665,16 +663,7 @@ impl<'a> Emitter<'a> {
             };
             let slots: u32 = rm_shape.iter().product::<u32>().max(1);
             self.smem = self.smem.max(slots * 4);
-            let sl = match &rmap {
-                None => "0".to_string(),
-                Some(rm) => {
-                    let mut lin = String::from("0");
-                    for i in 0..rm.axes.len() {
-                        lin = format!("({lin}) * {} + {}", rm.axes[i].shape, coord(rm, i, "k"));
-                    }
-                    lin
-                }
-            };
+            let sl = slot_of(rmap.as_ref());
             // every block writes its own partial: ownership here is about replicas
             // along the kept axes only, not along the reduced one
             let own = match &rmap {
