@@ -2,6 +2,8 @@
 //! schedule line, and registers and spills from `ptxas -v` — without a GPU.
 //!
 //!     source scripts/cuda-env.sh && cargo run --release --example inspect [KERNEL_SUBSTRING]
+//!
+//! `MB=N` in the environment overrides `__launch_bounds__`'s minimum blocks (`Spec::min_blocks`).
 
 use kfuse::codegen::{compile, Spec, Target, TensorSpec};
 use kfuse::ir::{KernelDef, ParamSig};
@@ -20,7 +22,8 @@ fn spec(def: &KernelDef, m: u32, n: u32) -> Spec {
             ParamSig::Scalar { .. } => None,
         })
         .collect();
-    Spec { tensors, shape_pow2: vec![m, n], tiles: Default::default(), threads: None, min_blocks: None }
+    let mb = std::env::var("MB").ok().and_then(|v| v.parse().ok());
+    Spec { tensors, shape_pow2: vec![m, n], tiles: Default::default(), threads: None, min_blocks: mb }
 }
 
 fn main() {
