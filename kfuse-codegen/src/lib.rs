@@ -60,7 +60,7 @@ pub fn schedule(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kernel,
 
 /// Compiles a kernel for one specialization and target.
 pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedKernel, CodegenError> {
-    let k = schedule(kernel, spec, target)?;
+    let mut k = schedule(kernel, spec, target)?;
     let grid = kfuse_ir::grid::derive(&k)?;
     let mut axes = Vec::new();
     for a in &grid.axes {
@@ -74,6 +74,9 @@ pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedK
         axes.push(GridAxisEval { dim: a.dim, step });
     }
     let (source, params, smem) = cuda::emit::emit(&k, spec, target)?;
+    // the writer sizes the shared memory it declares (statically, in the source);
+    // recorded for the printer, nothing dynamic to pass at launch
+    k.schedule.smem_bytes = smem;
     let tiles = k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect();
     Ok(EmittedKernel {
         entry: cuda::emit::entry_name(&k),
@@ -87,11 +90,5 @@ pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedK
         cluster_x: k.schedule.cluster.max(1),
         ir: kfuse_ir::print::print(&k),
         tiles,
-    })
-    .map(|mut e| {
-        // shared memory is declared statically in the source; nothing dynamic to pass
-        let _ = smem;
-        e.smem_bytes = 0;
-        e
     })
 }
