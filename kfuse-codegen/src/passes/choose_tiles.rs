@@ -169,7 +169,8 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let reduces = k.order.iter().any(|&op| matches!(k.op(op), Op::Reduce { .. }));
     k.schedule.min_blocks = match spec.min_blocks {
         Some(b) => b,
-        None => u32::from(math && !reduces),
+        // (a block of 1024 threads holds the multiprocessor alone either way)
+        None => u32::from(math && (!reduces || threads >= 1024)),
     };
     Ok(())
 }
