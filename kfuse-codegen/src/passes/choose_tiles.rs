@@ -15,14 +15,11 @@
 //! Threads: one per 16 elements of the largest tile, between 32 and 256 (1024 for
 //! full-extent rows), so each thread keeps a few 16-byte vectors in flight.
 //!
-//! Long rows: when a full-extent tile would need more than 16 elements per thread in a
-//! block of 256 threads, on sm_90 its widest full extent is cut across a thread-block
-//! cluster of up to 8 blocks (`schedule.cluster`, `schedule.split`): each block holds
-//! one piece of every such axis, reductions along it meet in distributed shared memory,
-//! and the row is still read once and written once; only then do blocks grow, up to
-//! 1024 threads. Without clusters (sm_80) blocks grow up to 1024 threads, and rows that
-//! need more than 32 elements per thread there are refused. Past 64 elements per thread
-//! the kernel is refused.
+//! Long rows: when a full-extent tile would need more than 32 elements per thread,
+//! its widest full extent is cut across a thread-block cluster of up to 8 blocks
+//! (sm_90; `schedule.cluster`, `schedule.split`): each block holds one piece of every
+//! such axis, reductions along it meet in distributed shared memory, and the row is
+//! still read once and written once. Past 64 elements per thread the kernel is refused.
 //!
 //! Register room: an elementwise body with transcendental math (exp, log, erf, tanh,
 //! sigmoid, …) on whole tiles asks for one block per multiprocessor (`min_blocks = 1`), which lets the assembler
@@ -134,30 +131,15 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             }
         }
     }
-    // Blocks of up to 256 threads first. A full-extent tile that needs more is cut
-    // across a cluster on sm_90 (several blocks per multiprocessor keep loads in flight
-    // while others reduce), then the blocks grow up to 1024 threads; elsewhere the block
-    // grows directly.
-    let mut threads = (max_elems / ELEMS_PER_THREAD).next_power_of_two().clamp(32, 256);
-    if has_full && max_elems / threads > ELEMS_PER_THREAD {
-        if let (Some((_, e)), true) = (widest_full, target.sm >= 90 && spec.threads.is_none()) {
-            let c = (max_elems / threads / ELEMS_PER_THREAD).next_power_of_two().min(MAX_CLUSTER);
-            k.schedule.cluster = c;
-            k.schedule.split = Some(e);
-        }
-        let c = k.schedule.cluster.max(1);
-        threads = (max_elems / c / ELEMS_PER_THREAD).next_power_of_two().clamp(threads, 1024);
-    }
-    if let Some(t) = spec.threads {
-        if !t.is_power_of_two() || !(32..=1024).contains(&t) {
-            return Err(CodegenError::Unsupported(format!("threads override {t}: a power of two from 32 to 1024")));
-        }
-        threads = t;
-    }
-    let c = k.schedule.cluster.max(1);
-    let mut per_thread = max_elems / c / threads;
-    // Still too long for the blocks (a threads override, or no clusters on this target).
-    if per_thread > CLUSTER_ABOVE && c == 1 {
+    let cap = if has_full { 1024 } else { 256 };
+    let threads = match spec.threads {
+        Some(t) if t.is_power_of_two() && (32..=1024).contains(&t) => t,
+        Some(t) => return Err(CodegenError::Unsupported(format!("threads override {t}: a power of two from 32 to 1024"))),
+        None => (max_elems / ELEMS_PER_THREAD).next_power_of_two().clamp(32, cap),
+    };
+    let mut per_thread = max_elems / threads;
+    // Rows too long for one block: cut the full extent across a thread-block cluster.
+    if per_thread > CLUSTER_ABOVE {
         if let Some((_, e)) = widest_full {
             if target.sm < 90 {
                 return Err(CodegenError::Unsupported(format!(
@@ -165,7 +147,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
                     target.arch()
                 )));
             }
-            let c = (per_thread / ELEMS_PER_THREAD).next_power_of_two().min(MAX_CLUSTER);
+            let c = (per_thread / 16).next_power_of_two().min(MAX_CLUSTER);
             k.schedule.cluster = c;
             k.schedule.split = Some(e);
             per_thread /= c;
