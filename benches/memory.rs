@@ -13,29 +13,16 @@
 use std::time::Duration;
 
 use criterion::Criterion;
+mod common;
+
+use common::{dtod, median, random_bf16};
 use kfuse::ops::kernels;
 use kfuse::{DType, Device, Tensor};
 
 const N: usize = 1 << 28;
 const T: usize = 16384;
 
-fn random_bf16(n: usize, seed: u64, dev: &Device) -> Tensor {
-    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
-    let mut bytes = Vec::with_capacity(n * 2);
-    for _ in 0..n {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        let v = ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0;
-        bytes.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
-    }
-    Tensor::from_bytes(&bytes, &[n], DType::BF16, dev).expect("upload")
-}
 
-fn median(mut v: Vec<f32>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2] as f64
-}
 
 struct Row {
     name: &'static str,
@@ -44,12 +31,6 @@ struct Row {
     bytes: f64,
 }
 
-fn dtod(dev: &Device, src: &Tensor, dst: &mut Tensor) -> kfuse::Result<()> {
-    let stream = dev.cuda_stream().expect("gpu");
-    let bytes = src.numel() * src.dtype().size_bytes();
-    unsafe { cudarc::driver::result::memcpy_dtod_async(dst.address(), src.address(), bytes, stream.cu_stream()) }
-        .map_err(|e| kfuse::Error::Driver(format!("{e:?}")))
-}
 
 fn main() -> kfuse::Result<()> {
     let table_only = std::env::args().any(|a| a == "--table-only");
@@ -58,10 +39,10 @@ fn main() -> kfuse::Result<()> {
         println!("no GPU: nothing to measure (this benchmark needs a CUDA device)");
         return Ok(());
     }
-    let a = random_bf16(N, 1, &dev);
-    let b = random_bf16(N, 2, &dev);
+    let a = random_bf16(N, 1, &dev).0;
+    let b = random_bf16(N, 2, &dev).0;
     let mut c = Tensor::empty(&[N], DType::BF16, &dev)?;
-    let x = random_bf16(T * T, 3, &dev).reshape(&[T, T])?;
+    let x = random_bf16(T * T, 3, &dev).0.reshape(&[T, T])?;
     let mut y = Tensor::empty(&[T, T], DType::BF16, &dev)?;
 
     // correctness, once each

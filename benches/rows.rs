@@ -17,6 +17,9 @@
 use std::time::Duration;
 
 use criterion::Criterion;
+mod common;
+
+use common::{dtod, median, random_bf16};
 use kfuse::ops::kernels;
 use kfuse::{DType, Device, Tensor};
 
@@ -24,32 +27,8 @@ const SHAPES: [(usize, usize); 5] = [(32768, 1024), (8192, 4096), (4096, 16384),
 const COPY_N: usize = 1 << 28;
 const EPS: f32 = 1e-5;
 
-fn random_bf16(n: usize, seed: u64, dev: &Device) -> (Tensor, Vec<f32>) {
-    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
-    let mut bytes = Vec::with_capacity(n * 2);
-    let mut vals = Vec::with_capacity(n);
-    for _ in 0..n {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        let v = half::bf16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0);
-        bytes.extend_from_slice(&v.to_le_bytes());
-        vals.push(v.to_f32());
-    }
-    (Tensor::from_bytes(&bytes, &[n], DType::BF16, dev).expect("upload"), vals)
-}
 
-fn median(mut v: Vec<f32>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2] as f64
-}
 
-fn dtod(dev: &Device, src: &Tensor, dst: &mut Tensor) -> kfuse::Result<()> {
-    let stream = dev.cuda_stream().expect("gpu");
-    let bytes = src.numel() * src.dtype().size_bytes();
-    unsafe { cudarc::driver::result::memcpy_dtod_async(dst.address(), src.address(), bytes, stream.cu_stream()) }
-        .map_err(|e| kfuse::Error::Driver(format!("{e:?}")))
-}
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Op {

@@ -273,29 +273,28 @@ fn reduce(x: &Tensor, dim: Dim, op: Red) -> Result<Tensor> {
     }
 }
 
+/// A reduction over no elements, as PyTorch defines it: sum 0, mean NaN, max and min an
+/// error (`why` says which elements are missing).
+fn reduce_nothing(mut out: Tensor, op: Red, why: &str) -> Result<Tensor> {
+    let what = op.name();
+    match op {
+        Red::Sum => out.fill(0.0)?,
+        Red::Mean => out.fill(f64::NAN)?,
+        _ => return Err(Error::InvalidArgument(format!("kfuse::ops::{what}: {why} and {what} of no elements is undefined"))),
+    }
+    Ok(out)
+}
+
 fn reduce_last(x: &Tensor, op: Red) -> Result<Tensor> {
     let what = op.name();
     let (rows, lead) = as_rows(x, what, "x")?;
     let (m, n) = (rows.shape()[0], rows.shape()[1]);
-    let mut out = Tensor::empty(&lead, x.dtype(), &x.device())?;
+    let out = Tensor::empty(&lead, x.dtype(), &x.device())?;
     if m == 0 {
         return Ok(out);
     }
     if n == 0 {
-        return match op {
-            Red::Sum => {
-                out.fill(0.0)?;
-                Ok(out)
-            }
-            Red::Mean => {
-                out.fill(f64::NAN)?;
-                Ok(out)
-            }
-            _ => Err(Error::InvalidArgument(format!(
-                "kfuse::ops::{what}: the last dimension of `x` (shape {:?}) is 0 and {what} of no elements is undefined",
-                x.shape()
-            ))),
-        };
+        return reduce_nothing(out, op, &format!("the last dimension of `x` (shape {:?}) is 0", x.shape()));
     }
     let mut o = out.reshape(&[m])?;
     match op {
@@ -311,19 +310,9 @@ fn reduce_all(x: &Tensor, op: Red) -> Result<Tensor> {
     let what = op.name();
     let n = x.numel();
     let dev = x.device();
-    let mut out = Tensor::empty(&[], x.dtype(), &dev)?;
+    let out = Tensor::empty(&[], x.dtype(), &dev)?;
     if n == 0 {
-        return match op {
-            Red::Sum => {
-                out.fill(0.0)?;
-                Ok(out)
-            }
-            Red::Mean => {
-                out.fill(f64::NAN)?;
-                Ok(out)
-            }
-            _ => Err(Error::InvalidArgument(format!("kfuse::ops::{what}: `x` (shape {:?}) is empty and {what} of no elements is undefined", x.shape()))),
-        };
+        return reduce_nothing(out, op, &format!("`x` (shape {:?}) is empty", x.shape()));
     }
     let mut cur = flat(x, what, "x")?;
     loop {
