@@ -198,10 +198,4 @@ impl RegMap {
         let f = self.parent.order[0] as usize;
         self.axes.iter().position(|m| m.parent_axis == f)
     }
-
-    /// Register digits of `k` along value axis `i`: (repetition, element).
-    pub fn digits(&self, i: usize, k: u32) -> (u32, u32) {
-        let m = &self.axes[i];
-        ((k / m.rep_stride) % m.reps, (k / m.e_stride) % m.spt)
-    }
 }
