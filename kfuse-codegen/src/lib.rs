@@ -88,6 +88,7 @@ pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedK
         params,
         grid: axes,
         cluster_x: k.schedule.cluster.max(1),
+        persistent: None,
         ir: kfuse_ir::print::print(&k),
         tiles,
     })

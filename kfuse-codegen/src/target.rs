@@ -75,6 +75,15 @@ pub enum KernelParam {
     Shape(ShapeSym),
     /// A scalar parameter (`float` for f32, `long long` for i64).
     Scalar(ParamId),
+    /// A TMA tensor map of a tensor parameter (`const __grid_constant__ CUtensorMap`,
+    /// 128 bytes, passed by value), built by the runtime with `cuTensorMapEncodeTiled`:
+    /// the tensor's whole extent and strides, copied in boxes of `box_dims` elements
+    /// (one entry per tensor dimension, outermost first, like the tensor's own dims),
+    /// shared memory swizzled in `swizzle` bytes (0, 32, 64 or 128); out-of-bounds
+    /// elements read as zero. The codegen emits one only when the [`TensorSpec`] says the
+    /// innermost stride is 1, the other strides are multiples of 16 bytes and the data
+    /// pointer is 16-byte aligned; the runtime re-checks and refuses otherwise.
+    TensorMap { tensor: ParamId, box_dims: Vec<u32>, swizzle: u32 },
 }
 
 /// Programs along one grid axis: `ceil(shape(dim) / step)`.
@@ -103,6 +112,9 @@ pub struct EmittedKernel {
     /// Blocks per thread-block cluster along x (1: no clusters); the launch grid's x
     /// is the program count times this.
     pub cluster_x: u32,
+    /// A persistent kernel: at most this many programs are launched (along x), and
+    /// each walks the program ids itself (`grid` still gives the total).
+    pub persistent: Option<u32>,
     /// The scheduled IR, printed (for snapshots and debugging).
     pub ir: String,
     /// The chosen tile sizes by name, for reports.
@@ -115,6 +127,13 @@ impl EmittedKernel {
         let mut g = [1u64; 3];
         for (i, a) in self.grid.iter().enumerate() {
             g[i] = shapes[a.dim.0 as usize].div_ceil(a.step.max(1));
+        }
+        if let Some(p) = self.persistent {
+            let total: u64 = g.iter().product();
+            // whole clusters only: the kernel's program walk steps by the grid size
+            let c = self.cluster_x.max(1) as u64;
+            let blocks = total.min(p as u64).div_ceil(c) * c;
+            g = [if total == 0 { 0 } else { blocks / c }, 1, 1];
         }
         g[0] *= self.cluster_x.max(1) as u64;
         g

@@ -600,6 +600,9 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
     let mut vals = Vec::with_capacity(e.params.len());
     for p in &e.params {
         vals.push(match *p {
+            KernelParam::TensorMap { .. } => {
+                return Err(Error::InvalidArgument(format!("`{name}` takes a TMA tensor map, which this runtime cannot build yet")))
+            }
             KernelParam::Ptr(id) => PVal::U64(tensor(id)?.device_ptr().ok_or_else(|| Error::InvalidArgument("a CPU tensor in a GPU launch".into()))?),
             KernelParam::Stride { tensor: id, dim } => {
                 let t = tensor(id)?;

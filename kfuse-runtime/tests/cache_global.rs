@@ -28,6 +28,7 @@ fn compile_cached_uses_kfuse_cache_dir() {
         params: vec![],
         grid: vec![],
         cluster_x: 1,
+        persistent: None,
         ir: String::new(),
         tiles: BTreeMap::new(),
     };

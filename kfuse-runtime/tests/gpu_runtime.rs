@@ -131,6 +131,7 @@ extern "C" __global__ void __launch_bounds__(128) kf_add(const float* __restrict
         ],
         grid: vec![GridAxisEval { dim: ShapeSym(0), step: 128 }],
         cluster_x: 1,
+        persistent: None,
         ir: String::new(),
         tiles: BTreeMap::new(),
     }
