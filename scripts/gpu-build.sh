@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # First half of the GPU round trip, on a machine without a GPU: builds the GPU test
-# binaries, the benchmark and the quickstart example in release mode, strips them and
-# collects them with the host script in .gpu/ (git-ignored; carry it to the GPU host).
+# binaries, the benchmarks (memory, rows, gemm) and the quickstart example in release
+# mode, strips them and collects them with the host script in .gpu/ (git-ignored; carry
+# it to the GPU host).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cuda-env.sh
@@ -23,7 +24,7 @@ for n, k, path in arts:
 {
   cargo test --release --no-run --message-format=json --test gpu --test errors --test user_kernels --test rope --test rows
   cargo test --release --no-run --message-format=json -p kfuse-runtime --lib --test gpu_runtime
-  cargo bench --no-run --message-format=json --bench memory --bench rows
+  cargo bench --no-run --message-format=json --bench memory --bench rows --bench gemm
   cargo build --release --message-format=json --example quickstart
 } 2>/dev/null | collect | while read -r name path; do
   cp "$path" ".gpu/bin/$name"

@@ -1,21 +1,42 @@
 #!/usr/bin/env bash
 # Second half of the GPU round trip, on the GPU host (no Rust there): runs the GPU
 # tests (required to find a GPU), the quickstart and the benchmarks (memory-bound kernels;
-# row kernels beside PyTorch, joined by compare_rows.py); full logs go to the
-# folder given as $1 (default ./gpu-logs); a short table is printed last.
-#   usage: .gpu/gpu-run.sh [LOG_DIR] [--no-bench] [--sanitize]
+# row kernels beside PyTorch, joined by compare_rows.py; GEMM beside cuBLAS/cuBLASLt);
+# full logs go to the folder given as $1 (default ./gpu-logs); a short table is printed
+# last.
+#   usage: .gpu/gpu-run.sh [LOG_DIR] [--no-bench] [--sanitize] [--gemm]
+#   --gemm: only the GEMM benchmark (no tests, no other benchmark)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${1:-$PWD/gpu-logs}"; shift || true
 mkdir -p "$logs"
-bench=1; sanitize=0
+bench=1; sanitize=0; gemm_only=0
 for a in "$@"; do
-  case "$a" in --no-bench) bench=0 ;; --sanitize) sanitize=1 ;; esac
+  case "$a" in --no-bench) bench=0 ;; --sanitize) sanitize=1 ;; --gemm) gemm_only=1 ;; esac
 done
 export KFUSE_REQUIRE_GPU=1
 export KFUSE_CACHE_DIR="${KFUSE_CACHE_DIR:-/tmp/kfuse-cache}"
+# cuBLAS / cuBLASLt (the GEMM baselines and their test) are loaded by name: make the
+# toolkit's libcublas.so.13 visible even where the loader's cache lacks it
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
 rows=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$logs/device.txt" 2>&1 || true
+gemm_bench() { # the GEMM benchmark beside cuBLAS; one summary row
+  local bin="$here/bin/gemm_bench"; [ -x "$bin" ] || bin="$here/bin/gemm"
+  if [ ! -x "$bin" ]; then rows+=("bench gemm: MISSING"); return; fi
+  KFUSE_BENCH_OUT="$logs" "$bin" --table-only > "$logs/bench-gemm.log" 2>&1
+  local rc=$?
+  rows+=("bench gemm: rc=$rc $(grep -m1 '^gemm summary:' "$logs/bench-gemm.log" | sed 's/^gemm summary: //')")
+}
+if [ "$gemm_only" = 1 ]; then
+  gemm_bench
+  echo "=== device: $(cat "$logs/device.txt")"
+  [ -f "$logs/gemm.md" ] && cat "$logs/gemm.md"
+  printf '%s\n' "${rows[@]}"
+  exit 0
+fi
 for t in gpu errors user_kernels rope rows kfuse_runtime gpu_runtime; do
   bin="$here/bin/$t"
   [ -x "$bin" ] || { rows+=("test $t: MISSING"); continue; }
@@ -46,8 +67,10 @@ if [ "$bench" = 1 ]; then
   rows+=("bench torch: rc=$?")
   python3 "$here/compare_rows.py" "$logs" > "$logs/compare-rows.log" 2>&1
   rows+=("compare rows: rc=$?")
+  gemm_bench
 fi
 echo "=== device: $(cat "$logs/device.txt")"
 [ -f "$logs/bench.md" ] && cat "$logs/bench.md"
 [ -f "$logs/rows_compare.md" ] && { echo; cat "$logs/rows_compare.md"; }
+[ -f "$logs/gemm.md" ] && { echo; cat "$logs/gemm.md"; }
 printf '%s\n' "${rows[@]}"

@@ -1,4 +1,4 @@
-//! Pieces both benchmarks share: random bf16 inputs, the median, and the
+//! Pieces the benchmarks share: random inputs, the median, and the
 //! device-to-device copy that gives the bandwidth ceiling measured in the same run.
 #![allow(dead_code)]
 
@@ -34,4 +34,22 @@ pub fn dtod(dev: &Device, src: &Tensor, dst: &mut Tensor) -> kfuse::Result<()> {
     let bytes = src.numel() * src.dtype().size_bytes();
     unsafe { cudarc::driver::result::memcpy_dtod_async(dst.address(), src.address(), bytes, stream.cu_stream()) }
         .map_err(|e| kfuse::Error::Driver(format!("{e:?}")))
+}
+
+/// A packed tensor of `shape` and `dtype` with random values uniform in [-1, 1) (never a
+/// zero fill) on `dev`, and the same values (as rounded to the dtype) on the host.
+pub fn random(shape: &[usize], dtype: DType, seed: u64, dev: &Device) -> (Tensor, Vec<f32>) {
+    let n: usize = shape.iter().product();
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let mut bytes = vec![0u8; n * dtype.size_bytes()];
+    let mut vals = Vec::with_capacity(n);
+    for i in 0..n {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let v = ((s >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0;
+        dtype.write(&mut bytes, i, v);
+        vals.push(dtype.read(&bytes, i) as f32);
+    }
+    (Tensor::from_bytes(&bytes, shape, dtype, dev).expect("upload"), vals)
 }

@@ -12,7 +12,7 @@
 //! into C expressions whose register indices are compile-time constants after
 //! unrolling.
 
-use kfuse_ir::{Blocked, Layout};
+use kfuse_ir::{AxisSteps, Blocked, Layout};
 
 /// Builds a blocked layout for a tile: `vec` consecutive elements per thread along
 /// `order[0]`, the 32 lanes spread along `order` (fastest first), the warps along
@@ -55,6 +55,29 @@ pub fn blocked(shape: &[u32], order: &[u32], vec: u32, num_threads: u32, warp_or
         warps_per_block: wpb,
         order: order.to_vec(),
         ctas_per_cluster: (0..r).map(|a| ctas.get(a).copied().unwrap_or(1)).collect(),
+        steps: vec![],
+    }
+}
+
+/// The layout a warpgroup matrix instruction (`wgmma … m64nNk16`, f32 accumulators)
+/// leaves a `[rows, cols]` accumulator tile in, for `warps` consecutive warps (whole
+/// warpgroups) stacked along the rows, each warp owning 16 rows.
+///
+/// Thread `lane` of warp `w` holds, for every 8-column group `j`, the elements at rows
+/// `16 w + lane / 4 + 8 r` and columns `8 j + 2 (lane % 4) + c` (`r, c` in 0..2), in
+/// registers `4 j + 2 r + c`. As a [`Blocked`] layout: columns are the fastest axis
+/// with 2 elements a thread (step 1), 4 lanes (step 2) and `cols / 8` repetitions;
+/// rows have 2 elements a thread 8 apart, 8 lanes (step 1) and the warps (step 16).
+pub fn mma_accumulator(rows: u32, cols: u32, warps: u32) -> Blocked {
+    debug_assert_eq!(rows, 16 * warps);
+    Blocked {
+        shape: vec![rows, cols],
+        size_per_thread: vec![2, 2],
+        threads_per_warp: vec![8, 4],
+        warps_per_block: vec![warps, 1],
+        order: vec![1, 0],
+        ctas_per_cluster: vec![1, 1],
+        steps: vec![AxisSteps { elem: 8, lane: 1, warp: 16 }, AxisSteps { elem: 1, lane: 2, warp: 8 }],
     }
 }
 
@@ -72,6 +95,7 @@ pub fn permute(b: &Blocked, perm: &[u32]) -> Blocked {
         warps_per_block: pick(&b.warps_per_block),
         order: b.order.iter().map(|&o| inv[o as usize]).collect(),
         ctas_per_cluster: pick(&b.ctas_per_cluster),
+        steps: perm.iter().filter_map(|&p| b.steps.get(p as usize).copied()).collect(),
     }
 }
 
@@ -96,6 +120,11 @@ pub struct AxisMap {
     pub tpw: u32,
     pub warp_div: u32,
     pub wpb: u32,
+    /// Coordinate steps of the element digit, the lane component and the warp
+    /// component (`1`, `spt`, `spt * tpw` for a plain blocked layout).
+    pub elem_step: u32,
+    pub lane_step: u32,
+    pub warp_step: u32,
 }
 
 impl AxisMap {
@@ -140,6 +169,9 @@ fn axis_maps(p: &Blocked) -> Vec<AxisMap> {
                 tpw: p.threads_per_warp[a],
                 warp_div: 1,
                 wpb: p.warps_per_block[a],
+                elem_step: p.steps.get(a).map_or(1, |s| s.elem),
+                lane_step: p.steps.get(a).map_or(p.size_per_thread[a], |s| s.lane),
+                warp_step: p.steps.get(a).map_or(p.size_per_thread[a] * p.threads_per_warp[a], |s| s.warp),
             }
         })
         .collect();

@@ -7,9 +7,9 @@
 //!
 //! The pipeline (one pass per file under `passes/`, the verifier after each in debug
 //! and test builds):
-//! `verify → choose_tiles → assign_layouts → vectorize → verify → emit`.
-//! Graph-level fusion and inlining of `#[kfuse]` calls, and the matrix paths (WGMMA,
-//! mma.sync), are later stages of this list.
+//! `verify → hoist_invariants → choose_tiles → select_mma_path → pipeline_stages → assign_layouts →
+//! vectorize → verify → emit`. Graph-level fusion and inlining of `#[kfuse]` calls,
+//! and the sm_80 matrix path (mma.sync), are later stages of this list.
 
 pub mod analysis;
 pub mod cuda;
@@ -49,8 +49,13 @@ pub fn schedule(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kernel,
     }
     verify(kernel, "input")?;
     let mut k = kernel.clone();
+    passes::hoist_invariants::run(&mut k)?;
+    check(&k, "hoist_invariants")?;
     passes::choose_tiles::run(&mut k, spec, target)?;
     check(&k, "choose_tiles")?;
+    passes::select_mma_path::run(&mut k, spec, target)?;
+    passes::pipeline_stages::run(&mut k, spec, target)?;
+    check(&k, "select_mma_path")?;
     passes::assign_layouts::run(&mut k, spec)?;
     check(&k, "assign_layouts")?;
     passes::vectorize::run(&mut k, spec)?;
@@ -73,22 +78,22 @@ pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedK
         };
         axes.push(GridAxisEval { dim: a.dim, step });
     }
-    let (source, params, smem) = cuda::emit::emit(&k, spec, target)?;
-    // the writer sizes the shared memory it declares (statically, in the source);
-    // recorded for the printer, nothing dynamic to pass at launch
-    k.schedule.smem_bytes = smem;
+    let out = cuda::emit::emit(&k, spec, target, &axes)?;
+    // the writer sizes the shared memory it declares (statically, in the source, plus
+    // the dynamic pipeline buffers of the matrix path); recorded for the printer
+    k.schedule.smem_bytes = out.static_smem + out.dynamic_smem;
     let tiles = k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect();
     Ok(EmittedKernel {
         entry: cuda::emit::entry_name(&k),
-        source,
+        source: out.source,
         arch: target.arch(),
         options: vec!["--std=c++17".into()],
-        block_threads: k.schedule.num_threads,
-        smem_bytes: 0,
-        params,
+        block_threads: out.block_threads,
+        smem_bytes: out.dynamic_smem,
+        params: out.params,
         grid: axes,
         cluster_x: k.schedule.cluster.max(1),
-        persistent: None,
+        persistent: out.persistent,
         ir: kfuse_ir::print::print(&k),
         tiles,
     })

@@ -16,7 +16,18 @@
 //!   dtype match the block;
 //! - `exp`, `log`, `sin`, `cos` and the other transcendental unary ops take floats;
 //! - `iota(E)` is an `i64` tile `[E]`; `expand_dims(x, a)` inserts an axis of extent 1
-//!   at `a` (`0..=rank`, negative counts from the end of the result).
+//!   at `a` (`0..=rank`, negative counts from the end of the result);
+//! - `zeros(dtype, shape)` is a constant 0 broadcast to `shape`; `dot(a, b)` takes
+//!   `[M, K]` and `[K, N]` tiles of one float dtype (the same `K` extent) and gives
+//!   `f32 [M, N]`;
+//! - loops: [`Builder::begin_for`] opens one (`lo`, `hi`, `step` are `i64` scalars; the
+//!   inits fix the carried values' types: a weak literal init keeps its default dtype,
+//!   `f32` or `i64`), and [`Builder::end_for`] closes the innermost open loop with the
+//!   next value of each carried value: a weak literal adapts to its dtype and a value
+//!   broadcasts to its shape (as a stored value does), and then the type must be the
+//!   init's. [`Builder::conform`] applies the same rule at an assignment, so that a
+//!   front end can report a mismatch where it is written. Values made inside a loop are
+//!   used only inside it (the verifier checks this in [`Builder::finish`]).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -31,6 +42,16 @@ pub struct Builder {
     tiles: HashMap<String, TileSym>,
     /// Literal constants whose dtype adapts to the other operand.
     weak: BTreeSet<ValueId>,
+    /// The loops begun and not yet ended, innermost last.
+    open: Vec<OpenLoop>,
+    next_loop: u32,
+}
+
+/// A loop between `begin_for` and `end_for`.
+struct OpenLoop {
+    id: LoopId,
+    /// The types of its carried values.
+    types: Vec<Type>,
 }
 
 fn shape_str(k: &Kernel, s: &[Extent]) -> String {
@@ -38,9 +59,25 @@ fn shape_str(k: &Kernel, s: &[Extent]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
+/// `f32[BM, BN]`, or `f32` for a scalar.
+fn type_str(k: &Kernel, t: &Type) -> String {
+    if t.is_scalar() {
+        t.dtype.to_string()
+    } else {
+        format!("{}{}", t.dtype, shape_str(k, &t.shape))
+    }
+}
+
 impl Builder {
     pub fn new(name: impl Into<String>) -> Builder {
-        Builder { k: Kernel::new(name), shapes: HashMap::new(), tiles: HashMap::new(), weak: BTreeSet::new() }
+        Builder {
+            k: Kernel::new(name),
+            shapes: HashMap::new(),
+            tiles: HashMap::new(),
+            weak: BTreeSet::new(),
+            open: Vec::new(),
+            next_loop: 0,
+        }
     }
 
     /// The kernel built so far (for names and types while building).
@@ -415,9 +452,152 @@ impl Builder {
         Ok(self.k.push(Op::Permute { perm: perm.to_vec() }, Some(Type::tile(t.dtype, shape)), &[x]).value())
     }
 
+    /// `dtype` zeros of `shape`: a constant 0 (`false` for `bool`) broadcast to the
+    /// shape (just the constant for an empty shape). Not a weak literal: its dtype stays.
+    pub fn zeros(&mut self, dtype: DType, shape: &[Extent]) -> Result<ValueId> {
+        for &e in shape {
+            let known = match e {
+                Extent::Const(c) => c > 0,
+                Extent::Tile(t) => (t.0 as usize) < self.k.tile_syms.len(),
+                Extent::Full(s) => (s.0 as usize) < self.k.shape_syms.len(),
+            };
+            if !known {
+                return Err(IrError::Expected { op: "zeros".into(), expected: "positive extents or known symbols".into(), found: format!("{e:?}") });
+            }
+        }
+        let value = match dtype {
+            DType::Bool => Literal::Bool(false),
+            DType::I64 => Literal::Int(0),
+            _ => Literal::Float(0.0),
+        };
+        let c = self.constant(value, dtype);
+        self.broadcast_to(c, shape, "zeros")
+    }
+
+    /// The matrix product of `a: [M, K]` and `b: [K, N]` (one float dtype, the same `K`
+    /// extent), as `f32 [M, N]`.
+    pub fn dot(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+        let (ta, tb) = (self.k.ty(a).clone(), self.k.ty(b).clone());
+        for t in [&ta, &tb] {
+            if t.rank() != 2 {
+                let found = type_str(&self.k, t);
+                return Err(IrError::Expected { op: "dot".into(), expected: "rank-2 tiles ([M, K] and [K, N])".into(), found });
+            }
+            if !t.dtype.is_float() {
+                return Err(IrError::Expected { op: "dot".into(), expected: "float tiles (f32, f16, bf16)".into(), found: t.dtype.to_string() });
+            }
+        }
+        if ta.dtype != tb.dtype {
+            return Err(IrError::DTypeMismatch { op: "dot".into(), left: ta.dtype.to_string(), right: tb.dtype.to_string() });
+        }
+        if ta.shape[1] != tb.shape[0] {
+            return Err(IrError::ShapeMismatch {
+                op: "dot".into(),
+                left: shape_str(&self.k, &ta.shape),
+                right: shape_str(&self.k, &tb.shape),
+            });
+        }
+        let ty = Type::tile(DType::F32, vec![ta.shape[0], tb.shape[1]]);
+        Ok(self.k.push(Op::Dot, Some(ty), &[a, b]).value())
+    }
+
+    /// Opens a loop `for (i = lo; i < hi; i += step)` carrying `inits` from one
+    /// iteration to the next. Returns the loop's id, its index (an `i64` scalar) and
+    /// the carried values as the body sees them at the start of an iteration. The ops
+    /// built until [`Builder::end_for`] form the body.
+    pub fn begin_for(&mut self, lo: ValueId, hi: ValueId, step: ValueId, inits: &[ValueId]) -> Result<(LoopId, ValueId, Vec<ValueId>)> {
+        let mut bounds = [lo, hi, step];
+        for (b, what) in bounds.iter_mut().zip(["start", "end", "step"]) {
+            *b = self.coerce_weak(*b, DType::I64);
+            let t = self.k.ty(*b);
+            if !(t.is_scalar() && t.dtype == DType::I64) {
+                let found = type_str(&self.k, t);
+                return Err(IrError::Expected { op: "for".into(), expected: format!("an i64 scalar {what}"), found });
+            }
+        }
+        if inits.len() > u32::MAX as usize || inits.len() + 3 > u8::MAX as usize + 1 {
+            return Err(IrError::Expected { op: "for".into(), expected: "at most 253 carried values".into(), found: inits.len().to_string() });
+        }
+        let id = LoopId(self.next_loop);
+        self.next_loop += 1;
+        let types: Vec<Type> = inits.iter().map(|&v| self.k.ty(v).clone()).collect();
+        let mut operands = bounds.to_vec();
+        operands.extend_from_slice(inits);
+        self.k.push(Op::For { id, carried: inits.len() as u32 }, None, &operands);
+        let index = self.k.push(Op::LoopIndex { id }, Some(Type::scalar(DType::I64)), &[]).value();
+        let carried = types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| self.k.push(Op::LoopCarried { id, index: i as u32 }, Some(t.clone()), &[]).value())
+            .collect();
+        self.open.push(OpenLoop { id, types });
+        Ok((id, index, carried))
+    }
+
+    /// Brings `value` to the type of `like` under the rule of a loop's carried values
+    /// (see the module docs): a weak literal takes `like`'s dtype, a value broadcasts
+    /// to `like`'s shape, and then the dtype must be `like`'s. `what` names the target
+    /// in the error (`acc`). A front end calls it where a carried variable is assigned.
+    pub fn conform(&mut self, value: ValueId, like: ValueId, what: &str) -> Result<ValueId> {
+        let want = self.k.ty(like).clone();
+        self.conform_to(value, &want, what)
+    }
+
+    fn conform_to(&mut self, value: ValueId, want: &Type, what: &str) -> Result<ValueId> {
+        let value = self.coerce_weak(value, want.dtype);
+        let t = self.k.ty(value).clone();
+        let mismatch = || IrError::Expected {
+            op: format!("{what} = .."),
+            expected: format!("a value of the type of `{what}` at the start of the loop, {}", type_str(&self.k, want)),
+            found: type_str(&self.k, &t),
+        };
+        if t.dtype != want.dtype {
+            return Err(mismatch());
+        }
+        if t.shape == want.shape {
+            return Ok(value);
+        }
+        let err = mismatch();
+        self.broadcast_to(value, &want.shape, what).map_err(|_| err)
+    }
+
+    /// Closes loop `id`, which must be the innermost open one, with the next value of
+    /// each carried value (see [`Builder::conform`] for how they are brought to the
+    /// carried types). Returns the loop's results: the carried values after the loop.
+    pub fn end_for(&mut self, id: LoopId, next: &[ValueId]) -> Result<Vec<ValueId>> {
+        let Some(top) = self.open.last() else {
+            return Err(IrError::Expected { op: "end_for".into(), expected: format!("open loop {id}"), found: "no open loop".into() });
+        };
+        if top.id != id {
+            return Err(IrError::Expected { op: "end_for".into(), expected: format!("the innermost open loop, {}", top.id), found: id.to_string() });
+        }
+        if next.len() != top.types.len() {
+            return Err(IrError::Expected {
+                op: "end_for".into(),
+                expected: format!("{} next values (one per carried value)", top.types.len()),
+                found: next.len().to_string(),
+            });
+        }
+        let types = top.types.clone();
+        let mut vals = Vec::with_capacity(next.len());
+        for (i, (&v, t)) in next.iter().zip(&types).enumerate() {
+            vals.push(self.conform_to(v, t, &format!("carried value {i} of loop {id}"))?);
+        }
+        self.open.pop();
+        self.k.push(Op::Yield { id }, None, &vals);
+        Ok(types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| self.k.push(Op::LoopResult { id, index: i as u32 }, Some(t.clone()), &[]).value())
+            .collect())
+    }
+
     /// Finishes the kernel and runs the verifier. Literals left without users (their
-    /// dtype was adapted into a new constant) are dropped.
+    /// dtype was adapted into a new constant) are dropped. A loop left open is an error.
     pub fn finish(mut self) -> Result<Kernel> {
+        if let Some(l) = self.open.last() {
+            return Err(IrError::Expected { op: "finish".into(), expected: "every loop ended (end_for)".into(), found: format!("loop {} open", l.id) });
+        }
         for v in std::mem::take(&mut self.weak) {
             if self.k.users(v).is_empty() {
                 self.k.remove(v.op());

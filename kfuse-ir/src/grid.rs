@@ -7,6 +7,11 @@
 //! dimension (one program per index). The first store, in program order, that
 //! determines an axis wins. An axis used but not determined by any store is an error
 //! that says how to write the store.
+//!
+//! A store inside a loop body counts like any other: what matters is how its offset is
+//! computed (`program_id(a) * E`, wherever the product is made, is the same term). An
+//! offset that is a loop index or a carried value is no `program_id` term and
+//! determines nothing.
 
 use crate::error::{IrError, Result};
 use crate::kernel::*;

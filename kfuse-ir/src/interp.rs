@@ -68,6 +68,24 @@
 //! - `ExpandDims { axis }`: the operand's data unchanged (a row-major tile keeps its
 //!   order when an extent-1 axis is inserted); the new axis is valid on `[0, 1)` and the
 //!   other axes keep their ranges (a scalar operand gives a `[1]` tile valid on `[0, 1)`).
+//! - `Dot` of `a: [M, K]` and `b: [K, N]`: lane `(m, n)` is `Σ_k a[m, k] · b[k, n]` over
+//!   the `k` valid in *both* operands (`a`'s axis-1 range met with `b`'s axis-0 range),
+//!   each product and the sum in `f64` (ascending `k`), rounded to `f32` once at the
+//!   end; no valid `k` gives 0. The result is valid on `a`'s axis-0 range × `b`'s axis-1
+//!   range.
+//!
+//! # Loops
+//!
+//! `For { id, carried }` reads `lo`, `hi`, `step` (its first three operands); a `step`
+//! of 0 or less is an error. If `lo < hi`, the body runs with `LoopIndex = lo` and each
+//! `LoopCarried` equal to its init; at the `Yield` the index becomes `i + step`
+//! (computed without overflow) and, while it is below `hi`, the body runs again with
+//! each `LoopCarried` equal to the value yielded for it; otherwise each `LoopResult` is
+//! the value yielded for it and execution goes on after the `Yield`. If `lo >= hi` the
+//! body does not run and each `LoopResult` is its init. Carried values keep their valid
+//! ranges (and their data) unchanged as they pass from one iteration to the next, like
+//! any value; loops nest, and an inner loop runs in full at each iteration of the outer
+//! one.
 //!
 //! # Arithmetic
 //!
@@ -188,6 +206,14 @@ enum Kind<'k> {
     Permute { src_strides: Vec<isize>, perm: Vec<usize> },
     ExpandDims { axis: usize },
     Convert,
+    /// Opens a loop; positions (in `order`, which index `vals`) of its index, carried
+    /// and result values, of its `Yield`, and the loop's slot in the loop state.
+    For { id: LoopId, slot: usize, yield_pos: usize, index: Option<usize>, carried: Vec<Option<usize>>, results: Vec<Option<usize>> },
+    /// Closes the loop whose `For` is at `for_pos`.
+    Yield { for_pos: usize },
+    /// `LoopIndex`, `LoopCarried`, `LoopResult`: written by their `For` and `Yield`.
+    LoopValue,
+    Dot,
 }
 
 struct Step<'k> {
@@ -205,7 +231,7 @@ struct Step<'k> {
 /// derivation errors ([`IrError::Grid`]) pass through; everything else is
 /// [`IrError::Interp`]: argument count, kind, dtype or rank unlike the parameter's, a view
 /// reaching outside its buffer, one shape symbol with two sizes, a tile size of 0, an
-/// `i64` division by zero.
+/// `i64` division by zero, a loop whose step is 0 or less.
 pub fn run(k: &Kernel, args: &mut [Arg<'_>], opts: &Options) -> Result<()> {
     crate::verify::verify(k, "interp")?;
     let (views, syms) = bind_args(k, args)?;
@@ -241,6 +267,7 @@ pub fn run(k: &Kernel, args: &mut [Arg<'_>], opts: &Options) -> Result<()> {
 
     // The plan: one step per op, in program order.
     let pos: std::collections::HashMap<OpId, usize> = k.order.iter().enumerate().map(|(i, o)| (*o, i)).collect();
+    let mut loop_slots = 0usize;
     let mut steps: Vec<Step> = Vec::with_capacity(k.order.len());
     let mut vals: Vec<Val> = vec![Val::default(); k.order.len()];
     for (p, &op) in k.order.iter().enumerate() {
@@ -320,6 +347,22 @@ pub fn run(k: &Kernel, args: &mut [Arg<'_>], opts: &Options) -> Result<()> {
             }
             Op::ExpandDims { axis } => Kind::ExpandDims { axis: *axis as usize },
             Op::Convert => Kind::Convert,
+            Op::For { id, .. } => {
+                let info = k.loop_info(*id).expect("verified: every loop has a for and a yield");
+                let at = |v: Option<ValueId>| v.map(|v| pos[&v.op()]);
+                loop_slots += 1;
+                Kind::For {
+                    id: *id,
+                    slot: loop_slots - 1,
+                    yield_pos: info.yield_pos,
+                    index: at(info.index),
+                    carried: info.carried_values.iter().map(|v| at(*v)).collect(),
+                    results: info.results.iter().map(|v| at(*v)).collect(),
+                }
+            }
+            Op::Yield { id } => Kind::Yield { for_pos: k.loop_body(*id).expect("verified").0 },
+            Op::LoopIndex { .. } | Op::LoopCarried { .. } | Op::LoopResult { .. } => Kind::LoopValue,
+            Op::Dot => Kind::Dot,
         };
         steps.push(Step { kind, args: operands, dtype, shape, strides, len });
     }
@@ -329,8 +372,9 @@ pub fn run(k: &Kernel, args: &mut [Arg<'_>], opts: &Options) -> Result<()> {
         return Ok(());
     }
     let mut pid = vec![0u64; grid.len()];
+    let mut loops = vec![LoopState::default(); loop_slots];
     loop {
-        run_program(&steps, &mut vals, args, &views, &pid)?;
+        run_program(&steps, &mut vals, &mut loops, args, &views, &pid)?;
         let mut a = 0;
         loop {
             if a == pid.len() {
@@ -522,9 +566,83 @@ fn access(view: &View, dims: &[AccessDim], offs: &[i64], tile_shape: &[usize], r
     (base, inside)
 }
 
-fn run_program(steps: &[Step], vals: &mut [Val], args: &mut [Arg<'_>], views: &[Option<View>], pid: &[u64]) -> Result<()> {
+/// Where a running loop is: the current index, the bound and the step.
+#[derive(Clone, Copy, Debug, Default)]
+struct LoopState {
+    i: i64,
+    hi: i64,
+    step: i64,
+}
+
+fn scalar_val(v: i64) -> Val {
+    Val { data: vec![v as f64], valid: Vec::new() }
+}
+
+/// Stores `new` into the positions `to` (skipping the absent ones).
+fn assign(vals: &mut [Val], to: &[Option<usize>], new: Vec<Val>) {
+    for (t, v) in to.iter().zip(new) {
+        if let Some(t) = t {
+            vals[*t] = v;
+        }
+    }
+}
+
+fn run_program(
+    steps: &[Step],
+    vals: &mut [Val],
+    loops: &mut [LoopState],
+    args: &mut [Arg<'_>],
+    views: &[Option<View>],
+    pid: &[u64],
+) -> Result<()> {
     let mut offs: Vec<i64> = Vec::new();
-    for (p, step) in steps.iter().enumerate() {
+    let mut pc = 0;
+    while pc < steps.len() {
+        let (p, step) = (pc, &steps[pc]);
+        pc += 1;
+        // Control flow first: these write values at other positions than their own.
+        match &step.kind {
+            Kind::For { id, slot, yield_pos, index, carried, results } => {
+                let bound = |i: usize| vals[step.args[i]].data[0] as i64;
+                let (lo, hi, st) = (bound(0), bound(1), bound(2));
+                if st <= 0 {
+                    return Err(err(format!("loop {id} has step {st}: the step of a loop must be positive")));
+                }
+                let inits: Vec<Val> = step.args[3..].iter().map(|&a| vals[a].clone()).collect();
+                if lo < hi {
+                    loops[*slot] = LoopState { i: lo, hi, step: st };
+                    if let Some(ix) = index {
+                        vals[*ix] = scalar_val(lo);
+                    }
+                    assign(vals, carried, inits);
+                } else {
+                    assign(vals, results, inits);
+                    pc = yield_pos + 1;
+                }
+                continue;
+            }
+            Kind::Yield { for_pos } => {
+                let Kind::For { slot, index, carried, results, .. } = &steps[*for_pos].kind else {
+                    unreachable!("a yield's for_pos names a for")
+                };
+                let next: Vec<Val> = step.args.iter().map(|&a| vals[a].clone()).collect();
+                let l = &mut loops[*slot];
+                let ni = l.i as i128 + l.step as i128;
+                if ni < l.hi as i128 {
+                    l.i = ni as i64;
+                    if let Some(ix) = index {
+                        vals[*ix] = scalar_val(ni as i64);
+                    }
+                    assign(vals, carried, next);
+                    pc = for_pos + 1;
+                } else {
+                    assign(vals, results, next);
+                }
+                continue;
+            }
+            Kind::LoopValue => continue,
+            _ => {}
+        }
         let (before, rest) = vals.split_at_mut(p);
         let out = &mut rest[0];
         let a = |i: usize| &before[step.args[i]];
@@ -659,6 +777,25 @@ fn run_program(steps: &[Step], vals: &mut [Val], args: &mut [Arg<'_>], views: &[
                 out.data.clone_from(&x.data);
                 out.valid.clone_from(&x.valid);
             }
+            Kind::Dot => {
+                let (x, y) = (a(0), a(1));
+                let kk = steps[step.args[0]].shape[1];
+                let n = steps[step.args[1]].shape[1];
+                out.valid.clear();
+                out.valid.extend([x.valid[0], y.valid[1]]);
+                let (klo, khi) = meet(x.valid[1], y.valid[0]);
+                out.data.clear();
+                out.data.resize(step.len, 0.0);
+                for_each_row(&out.valid, [&step.strides], |[base], len| {
+                    let row = base as usize / n.max(1);
+                    for j in 0..len {
+                        let col = base as usize % n.max(1) + j;
+                        let s: f64 = (klo..khi).map(|q| x.data[row * kk + q] * y.data[q * n + col]).sum();
+                        out.data[base as usize + j] = s as f32 as f64;
+                    }
+                });
+            }
+            Kind::For { .. } | Kind::Yield { .. } | Kind::LoopValue => unreachable!("handled above"),
         }
     }
     Ok(())

@@ -5,7 +5,7 @@
 //!
 //! Representation:
 //! - every node is one [`Node`]: an [`Op`] and the [`Type`] of its result (`None` for
-//!   ops without a result, i.e. `Store`);
+//!   ops without a result: `Store`, `For`, `Yield`);
 //! - an edge `a → b` with weight `k` says "the result of `a` is operand `k` of `b`";
 //! - [`Kernel::order`] lists every node once in program order (a topological order);
 //!   the printer and the code writer walk it, which keeps their output deterministic;
@@ -14,6 +14,16 @@
 //!
 //! Ids: [`OpId`] names a node, [`ValueId`] names the result of a node. Both wrap the
 //! same petgraph index; an op has at most one result.
+//!
+//! **Loops** are structured, like program text: a loop is the ops of `order` from its
+//! [`Op::For`] to the [`Op::Yield`] with the same [`LoopId`] (the *body* lies strictly
+//! between them; loops nest). By convention the body opens with the loop's
+//! [`Op::LoopIndex`] and [`Op::LoopCarried`] ops, and the loop's [`Op::LoopResult`]s
+//! follow its `Yield`. There are no edges from a `For` to its body or from a `Yield`
+//! to the results: the ops are tied together by their `LoopId`. A value defined in a
+//! body is used only inside it; after the loop, the `LoopResult`s carry what it
+//! computed. [`Kernel::loop_of`], [`Kernel::loop_body`], [`Kernel::loop_info`] and
+//! [`Kernel::loop_nest`] find the parts; `crate::verify` lists the rules.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -57,6 +67,19 @@ impl OpId {
 impl fmt::Display for ValueId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "%{}", self.0.index())
+    }
+}
+
+/// Names a loop: its [`Op::For`], [`Op::Yield`], and the index, carried and result ops
+/// that belong to it. Each id is used by exactly one `For`/`Yield` pair of a kernel;
+/// [`Kernel::fresh_loop_id`] gives an unused one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LoopId(pub u32);
+
+impl fmt::Display for LoopId {
+    /// `L0`, `L1`, … (the printer's spelling).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "L{}", self.0)
     }
 }
 
@@ -275,6 +298,30 @@ pub enum Op {
     /// The identity on values: marks where the value changes its distribution over
     /// threads (inserted by the layout pass; the writer moves it through shared memory).
     Convert,
+    /// Opens loop `id`: `for (i = lo; i < hi; i += step)`. Operands: `lo`, `hi`, `step`
+    /// (`I64` scalars), then the `carried` initial values (any types). No result. The
+    /// body follows in program order up to the [`Op::Yield`] of the same id. A `step`
+    /// of 0 or less is an error when the loop runs (never a hang).
+    For { id: LoopId, carried: u32 },
+    /// No operands: the induction variable `i` of loop `id`, an `I64` scalar. Lives in
+    /// the loop's body (by convention right after the `For`).
+    LoopIndex { id: LoopId },
+    /// No operands: carried value `index` of loop `id` at the start of the current
+    /// iteration (the init on the first one, then what the `Yield` gave). Its type is
+    /// the type of init `index`. Lives in the loop's body (by convention right after the
+    /// `For`).
+    LoopCarried { id: LoopId, index: u32 },
+    /// Closes the body of loop `id`. Operands: the next value of each carried value
+    /// (types equal to the inits'). No result.
+    Yield { id: LoopId },
+    /// No operands: carried value `index` of loop `id` after the loop (the init when
+    /// the loop runs zero times); the type of init `index`. Placed after the `Yield`,
+    /// outside the body, in the loop that holds the `For` (if any).
+    LoopResult { id: LoopId, index: u32 },
+    /// Matrix product of tiles. Operands: `a: [M, K]` and `b: [K, N]` of one float dtype
+    /// (`F16`, `BF16` or `F32`), `a`'s axis 1 and `b`'s axis 0 the same extent. Result:
+    /// `F32 [M, N]`, `M` from `a`'s axis 0 and `N` from `b`'s axis 1.
+    Dot,
 }
 
 impl Op {
@@ -298,20 +345,60 @@ impl Op {
             Op::Iota { .. } => "iota",
             Op::ExpandDims { .. } => "expand_dims",
             Op::Convert => "convert",
+            Op::For { .. } => "for",
+            Op::LoopIndex { .. } => "loop_index",
+            Op::LoopCarried { .. } => "loop_carried",
+            Op::Yield { .. } => "yield",
+            Op::LoopResult { .. } => "loop_result",
+            Op::Dot => "dot",
         }
     }
 
-    /// True for ops with a result.
+    /// True for ops with a result (all but `Store`, `For` and `Yield`).
     pub fn has_result(&self) -> bool {
-        !matches!(self, Op::Store { .. })
+        !matches!(self, Op::Store { .. } | Op::For { .. } | Op::Yield { .. })
     }
+
+    /// The loop this op belongs to by its id: `For`, `LoopIndex`, `LoopCarried`,
+    /// `Yield` and `LoopResult` name one; other ops `None` (see [`Kernel::loop_of`] for
+    /// the loop *enclosing* an op).
+    pub fn loop_id(&self) -> Option<LoopId> {
+        match self {
+            Op::For { id, .. }
+            | Op::LoopIndex { id }
+            | Op::LoopCarried { id, .. }
+            | Op::Yield { id }
+            | Op::LoopResult { id, .. } => Some(*id),
+            _ => None,
+        }
+    }
+}
+
+/// The parts of one loop, as [`Kernel::loop_info`] finds them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoopInfo {
+    pub id: LoopId,
+    /// The `For` op and its position in [`Kernel::order`].
+    pub for_op: OpId,
+    pub for_pos: usize,
+    /// The `Yield` op and its position; the body is `order[for_pos + 1..yield_pos]`.
+    pub yield_op: OpId,
+    pub yield_pos: usize,
+    /// Number of carried values (the `For`'s `carried`).
+    pub carried: u32,
+    /// The `LoopIndex` value, if the loop has one.
+    pub index: Option<ValueId>,
+    /// Per carried value, its `LoopCarried` value (`None` where there is none).
+    pub carried_values: Vec<Option<ValueId>>,
+    /// Per carried value, its `LoopResult` value (`None` where there is none).
+    pub results: Vec<Option<ValueId>>,
 }
 
 /// A node of the graph.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
     pub op: Op,
-    /// The result type; `None` exactly when the op has no result.
+    /// The result type; `None` exactly when the op has no result (see [`Op::has_result`]).
     pub ty: Option<Type>,
 }
 
@@ -445,6 +532,107 @@ impl Kernel {
             })
             .max()
             .unwrap_or(0)
+    }
+
+    /// For every position of [`Kernel::order`], the innermost loop whose body holds the
+    /// op there (`None` at top level). A `For` is outside its own body (it gets the loop
+    /// around it); a `Yield` is inside. Assumes `For`/`Yield` are properly nested (the
+    /// verifier's rule); an unmatched `Yield` just closes nothing.
+    pub fn loop_nest(&self) -> Vec<Option<LoopId>> {
+        let mut stack: Vec<LoopId> = Vec::new();
+        let mut out = Vec::with_capacity(self.order.len());
+        for &op in &self.order {
+            match self.op(op) {
+                Op::For { id, .. } => {
+                    out.push(stack.last().copied());
+                    stack.push(*id);
+                }
+                Op::Yield { id } => {
+                    out.push(stack.last().copied());
+                    if stack.last() == Some(id) {
+                        stack.pop();
+                    }
+                }
+                _ => out.push(stack.last().copied()),
+            }
+        }
+        out
+    }
+
+    /// The innermost loop whose body holds `op` (`None` at top level or for an op not in
+    /// `order`); see [`Kernel::loop_nest`]. One walk of `order`: for many queries, call
+    /// `loop_nest` once.
+    pub fn loop_of(&self, op: OpId) -> Option<LoopId> {
+        let pos = self.position(op);
+        if pos == usize::MAX {
+            return None;
+        }
+        self.loop_nest()[pos]
+    }
+
+    /// The loops enclosing `op`, outermost first (empty at top level).
+    pub fn loops_around(&self, op: OpId) -> Vec<LoopId> {
+        let mut stack: Vec<LoopId> = Vec::new();
+        for &o in &self.order {
+            if o == op {
+                return stack;
+            }
+            match self.op(o) {
+                Op::For { id, .. } => stack.push(*id),
+                Op::Yield { id } if stack.last() == Some(id) => {
+                    stack.pop();
+                }
+                _ => {}
+            }
+        }
+        Vec::new()
+    }
+
+    /// Positions in [`Kernel::order`] of the `For` and the `Yield` of loop `id`: its
+    /// body is `order[for_pos + 1..yield_pos]`. `None` when either is missing.
+    pub fn loop_body(&self, id: LoopId) -> Option<(usize, usize)> {
+        let f = self.order.iter().position(|&o| matches!(self.op(o), Op::For { id: i, .. } if *i == id))?;
+        let y = self.order.iter().position(|&o| matches!(self.op(o), Op::Yield { id: i } if *i == id))?;
+        Some((f, y))
+    }
+
+    /// Everything about loop `id`: its `For` and `Yield` (ops and positions), and its
+    /// index, carried and result values. `None` when its `For` or `Yield` is missing.
+    pub fn loop_info(&self, id: LoopId) -> Option<LoopInfo> {
+        let (for_pos, yield_pos) = self.loop_body(id)?;
+        let (for_op, yield_op) = (self.order[for_pos], self.order[yield_pos]);
+        let Op::For { carried, .. } = *self.op(for_op) else { unreachable!() };
+        let mut info = LoopInfo {
+            id,
+            for_op,
+            for_pos,
+            yield_op,
+            yield_pos,
+            carried,
+            index: None,
+            carried_values: vec![None; carried as usize],
+            results: vec![None; carried as usize],
+        };
+        for &o in &self.order {
+            match *self.op(o) {
+                Op::LoopIndex { id: i } if i == id => info.index = Some(o.value()),
+                Op::LoopCarried { id: i, index } if i == id && index < carried => info.carried_values[index as usize] = Some(o.value()),
+                Op::LoopResult { id: i, index } if i == id && index < carried => info.results[index as usize] = Some(o.value()),
+                _ => {}
+            }
+        }
+        Some(info)
+    }
+
+    /// The loops of the kernel in program order of their `For`s.
+    pub fn loops(&self) -> Vec<LoopId> {
+        self.ops().filter_map(|o| if let Op::For { id, .. } = self.op(o) { Some(*id) } else { None }).collect()
+    }
+
+    /// A loop id no op of the kernel uses yet (one more than the largest in use).
+    pub fn fresh_loop_id(&self) -> LoopId {
+        let next = self.graph.node_weights().filter_map(|n| n.op.loop_id()).map(|l| l.0 + 1).max().unwrap_or(0);
+        LoopId(next)
     }
 
     /// The display name of a shape symbol.

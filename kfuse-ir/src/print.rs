@@ -10,6 +10,19 @@
 //!   %2 = binary mul %0, %1 : i64
 //!   %3 = load a[%2 +BN] : bf16[BN]
 //! ```
+//!
+//! A loop prints as a header line, its body indented two more spaces, and a closing
+//! brace; its results follow:
+//!
+//! ```text
+//!   for L0 in %11..%12 step %13, init [%9] {
+//!     %15 = loop_index L0 : i64  // k
+//!     %16 = loop_carried L0.0 : f32[BM, BN]  // acc
+//!     ...
+//!     yield L0 [%29]
+//!   }
+//!   %31 = loop_result L0.0 : f32[BM, BN]  // acc
+//! ```
 
 use std::fmt::Write;
 
@@ -42,8 +55,14 @@ fn access(k: &Kernel, dims: &[AccessDim], offs: &[ValueId]) -> String {
 
 fn blocked(b: &Blocked) -> String {
     let ctas = if b.ctas_per_cluster.iter().any(|&c| c > 1) { format!(" ctas={:?}", b.ctas_per_cluster) } else { String::new() };
+    let steps = if b.steps.is_empty() {
+        String::new()
+    } else {
+        let st: Vec<String> = b.steps.iter().map(|s| format!("e{}/l{}/w{}", s.elem, s.lane, s.warp)).collect();
+        format!(" steps=[{}]", st.join(", "))
+    };
     format!(
-        "shape={:?} spt={:?} tpw={:?} wpb={:?} order={:?}{ctas}",
+        "shape={:?} spt={:?} tpw={:?} wpb={:?} order={:?}{ctas}{steps}",
         b.shape, b.size_per_thread, b.threads_per_warp, b.warps_per_block, b.order
     )
 }
@@ -72,6 +91,7 @@ pub fn print(k: &Kernel) -> String {
         })
         .collect();
     let _ = writeln!(out, "kernel {}({})", k.name, params.join(", "));
+    let mut depth = 1usize;
     for op in k.ops() {
         let ops = k.operands(op);
         let args: Vec<String> = ops.iter().map(|v| v.to_string()).collect();
@@ -100,16 +120,34 @@ pub fn print(k: &Kernel) -> String {
             Op::Permute { perm } => format!("permute {}, {perm:?}", args.join(", ")),
             Op::Iota { extent } => format!("iota {}", k.extent_name(*extent)),
             Op::ExpandDims { axis } => format!("expand_dims {}, axis={axis}", args.join(", ")),
+            Op::For { id, .. } => {
+                let inits = args.get(3..).unwrap_or_default().join(", ");
+                let (lo, hi, step) = (&args[0], &args[1], &args[2]);
+                format!("for {id} in {lo}..{hi} step {step}, init [{inits}] {{")
+            }
+            Op::LoopIndex { id } => format!("loop_index {id}"),
+            Op::LoopCarried { id, index } => format!("loop_carried {id}.{index}"),
+            Op::LoopResult { id, index } => format!("loop_result {id}.{index}"),
+            Op::Yield { id } => format!("yield {id} [{}]", args.join(", ")),
             other => format!("{} {}", other.mnemonic(), args.join(", ")),
         };
         let name = k.names.get(&op.value()).map(|n| format!("  // {n}")).unwrap_or_default();
+        let pad = "  ".repeat(depth);
         match &node.ty {
             Some(t) => {
-                let _ = writeln!(out, "  {} = {body} : {}{name}", op.value(), ty_str(k, t));
+                let _ = writeln!(out, "{pad}{} = {body} : {}{name}", op.value(), ty_str(k, t));
             }
             None => {
-                let _ = writeln!(out, "  {body}");
+                let _ = writeln!(out, "{pad}{body}");
             }
+        }
+        match node.op {
+            Op::For { .. } => depth += 1,
+            Op::Yield { .. } => {
+                depth = depth.saturating_sub(1).max(1);
+                let _ = writeln!(out, "{}}}", "  ".repeat(depth));
+            }
+            _ => {}
         }
     }
     let s = &k.schedule;
@@ -118,6 +156,18 @@ pub fn print(k: &Kernel) -> String {
         if s.cluster > 1 {
             let split = s.split.map(|e| k.extent_name(e)).unwrap_or_default();
             let _ = writeln!(out, "  cluster {} blocks along x, splitting {split}", s.cluster);
+        }
+        if let Some(m) = &s.mma {
+            let maj = |o: &crate::schedule::MmaOperand| match o.major {
+                crate::schedule::Major::K => "K-major",
+                crate::schedule::Major::MN => "MN-major",
+            };
+            let _ = writeln!(
+                out,
+                "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr m{}n{}k{}, {} consumer warpgroups, {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B, persistent raster group_m={}",
+                m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instr[0], m.instr[1], m.instr[2],
+                m.consumers, m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle, m.group_m
+            );
         }
         for (t, v) in &s.tiles {
             let _ = writeln!(out, "  tile {} = {v}", k.tile_name(*t));

@@ -26,6 +26,12 @@ use crate::kernel::{OpId, ShapeSym, TileSym, ValueId};
 /// fastest-first: lanes and warps are numbered along `order[0]` first. When one
 /// sweep of the block covers more than the tile along an axis, the extra threads hold
 /// copies (replicas) of the same elements.
+///
+/// `steps`, when not empty, replaces the coordinate formula within a piece by
+/// `rep * chunk + warp_a * steps[a].warp + lane_a * steps[a].lane + e * steps[a].elem`
+/// (with `chunk = spt*tpw*wpc` as before): the layouts that matrix instructions
+/// leave their results in interleave a thread's registers between its lanes' rows
+/// (see [`AxisSteps`]). Empty means the plain formula above.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Blocked {
     pub shape: Vec<u32>,
@@ -35,6 +41,17 @@ pub struct Blocked {
     pub order: Vec<u32>,
     /// Blocks of the cluster along each axis (all 1 without a cluster split).
     pub ctas_per_cluster: Vec<u32>,
+    /// Coordinate steps per axis (empty: `elem = 1, lane = spt, warp = spt * tpw`).
+    pub steps: Vec<AxisSteps>,
+}
+
+/// The coordinate step of a thread's element digit, lane component and warp component
+/// along one axis of a [`Blocked`] layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AxisSteps {
+    pub elem: u32,
+    pub lane: u32,
+    pub warp: u32,
 }
 
 /// The distribution of one value.
@@ -87,6 +104,58 @@ pub struct Schedule {
     pub smem: BTreeMap<ValueId, SmemLayout>,
     /// Bytes of shared memory the kernel needs (layout conversions, reductions).
     pub smem_bytes: u32,
+    /// The matrix-multiply plan of a `dot` accumulated in a loop, when the kernel has
+    /// one (`select_mma_path`, `pipeline_stages`).
+    pub mma: Option<MmaPlan>,
+}
+
+/// Which matrix instructions and data movement a pipelined `dot` loop uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MmaPath {
+    /// sm_90a: TMA loads into swizzled shared memory completing on mbarriers, WGMMA
+    /// issued by consumer warpgroups, one producer warp (warp specialization).
+    WgmmaTma,
+}
+
+/// Which dimension of an operand tile is contiguous in shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Major {
+    /// The reduction dimension (`K`) is contiguous.
+    K,
+    /// The row (`M`, for A) or column (`N`, for B) dimension is contiguous.
+    MN,
+}
+
+/// One operand of the pipelined `dot`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MmaOperand {
+    /// The `Load` inside the loop that feeds the `dot`.
+    pub load: OpId,
+    pub major: Major,
+    /// Shared-memory swizzle span in bytes (also the TMA box's inner extent in bytes).
+    pub swizzle: u32,
+}
+
+/// The decisions for a kernel whose loop accumulates `dot(load, load)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MmaPlan {
+    pub path: MmaPath,
+    /// The loop's `For` op, its `Dot`, and the loop-carried accumulator index.
+    pub for_op: OpId,
+    pub dot: OpId,
+    pub carried: u32,
+    pub a: MmaOperand,
+    pub b: MmaOperand,
+    /// Block tile `[BM, BN, BK]` and instruction shape `[m, n, k]`.
+    pub tile: [u32; 3],
+    pub instr: [u32; 3],
+    /// Consumer warpgroups (each owns `BM / consumers` rows of the tile).
+    pub consumers: u32,
+    /// Shared-memory pipeline depth (`pipeline_stages`).
+    pub stages: u32,
+    /// Persistent grid: programs visit tiles in groups of `group_m` tile rows, so that
+    /// the tiles in flight share their A rows and B columns in L2.
+    pub group_m: u32,
 }
 
 impl Schedule {

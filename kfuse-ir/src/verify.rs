@@ -3,19 +3,35 @@
 //!
 //! Invariants:
 //! 1. `order` lists every node exactly once, and every operand comes before its user.
-//! 2. A node has a result type exactly when its op has a result (`Store` has none), and
-//!    operand edges are numbered 0..n without gaps or repeats.
+//! 2. A node has a result type exactly when its op has a result (`Store`, `For` and
+//!    `Yield` have none), and operand edges are numbered 0..n without gaps or repeats.
 //! 3. Operands obey the op's rule (see [`crate::kernel::Op`]): offsets are `i64`
 //!    scalars, one per tensor dimension; elementwise operands share shape and dtype;
 //!    comparisons give `bool`; a `Broadcast` only adds leading axes or widens extent-1
-//!    axes; `Permute` is a permutation; `Convert` keeps the type.
+//!    axes; `Permute` is a permutation; `Convert` keeps the type; `Dot` takes rank-2
+//!    tiles `[M, K]`, `[K, N]` of one float dtype and gives `f32 [M, N]`.
 //! 4. Parameters, shape symbols and tile symbols referenced by ops exist; loads read
 //!    tensors, stores write output tensors, `ScalarParam` reads a scalar.
-//! 5. Once scheduled (`schedule.num_threads > 0`): every tile symbol has a power-of-two
+//! 5. Loops (see [`crate::kernel`] on their representation):
+//!    - every `For` has a `Yield` of the same [`LoopId`] later in `order`, and `For`s and
+//!      `Yield`s nest like brackets (a `Yield` closes the innermost open loop); each
+//!      `LoopId` has exactly one `For` and one `Yield`;
+//!    - a `For` has `lo`, `hi`, `step` (`i64` scalars) and then its `carried` inits as
+//!      operands; a `Yield` has one operand per carried value;
+//!    - `LoopIndex` (an `i64` scalar) and `LoopCarried` lie directly in their own loop's
+//!      body (not in a loop nested in it); a `LoopResult` lies after its loop's `Yield`,
+//!      directly in the loop that holds the `For` (or at top level with it);
+//!    - at most one `LoopIndex` per loop, one `LoopCarried` and one `LoopResult` per
+//!      carried value (a pass may drop unused ones); their `index` is below `carried`;
+//!    - the types of init `i`, `LoopCarried` `i`, yielded value `i` and `LoopResult` `i`
+//!      are equal;
+//!    - scoping: an operand defined in the body of a loop is used only inside that body
+//!      (its `Yield` and nested loops included).
+//! 6. Once scheduled (`schedule.num_threads > 0`): every tile symbol has a power-of-two
 //!    value, every `Full` shape symbol a power-of-two padded extent, and once layouts
 //!    are assigned, every value of rank ≥ 1 has one (and none is `Uniform`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::dtype::DType;
 use crate::error::{IrError, Result};
@@ -46,6 +62,7 @@ pub fn verify(k: &Kernel, pass: &str) -> Result<()> {
     for &op in &k.order {
         check_op(k, op).map_err(|m| fail(format!("{} = {}: {m}", op.value(), k.op(op).mnemonic())))?;
     }
+    check_loops(k).map_err(fail)?;
     if k.schedule.is_scheduled() {
         check_schedule(k).map_err(fail)?;
     }
@@ -259,6 +276,153 @@ fn check_op(k: &Kernel, op: OpId) -> Result<(), String> {
             arity(1)?;
             if k.ty(ops[0]) != ty.as_ref().unwrap() {
                 return Err("convert keeps the type".into());
+            }
+        }
+        Op::For { carried, .. } => {
+            arity(3 + *carried as usize)?;
+            if !ops[..3].iter().all(|&o| scalar_i64(k.ty(o))) {
+                return Err("lo, hi and step must be i64 scalars".into());
+            }
+        }
+        Op::LoopIndex { .. } => {
+            arity(0)?;
+            if !scalar_i64(ty.as_ref().unwrap()) {
+                return Err("the loop index is an i64 scalar".into());
+            }
+        }
+        // operand counts and types against the loop's `For`: `check_loops`
+        Op::LoopCarried { .. } | Op::LoopResult { .. } => arity(0)?,
+        Op::Yield { .. } => {}
+        Op::Dot => {
+            arity(2)?;
+            let (ta, tb) = (k.ty(ops[0]), k.ty(ops[1]));
+            if ta.rank() != 2 || tb.rank() != 2 {
+                return Err(format!("dot takes rank-2 tiles, has ranks {} and {}", ta.rank(), tb.rank()));
+            }
+            if !ta.dtype.is_float() || ta.dtype != tb.dtype {
+                return Err(format!("dot takes two tiles of one float dtype, has {} and {}", ta.dtype, tb.dtype));
+            }
+            if ta.shape[1] != tb.shape[0] {
+                return Err(format!("dot: inner extents differ ({:?} vs {:?})", ta.shape[1], tb.shape[0]));
+            }
+            if ty.as_ref().unwrap() != &Type::tile(DType::F32, vec![ta.shape[0], tb.shape[1]]) {
+                return Err("dot gives f32 [M, N]".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Invariant 5: loop structure, loop value types and scoping.
+fn check_loops(k: &Kernel) -> Result<(), String> {
+    let name = |op: OpId| format!("{} ({})", op.value(), k.op(op).mnemonic());
+    // Nesting: the innermost loop around each position, the parent of each loop.
+    let mut stack: Vec<LoopId> = Vec::new();
+    let mut parent: HashMap<LoopId, Option<LoopId>> = HashMap::new();
+    let mut fors: HashMap<LoopId, OpId> = HashMap::new();
+    let mut yields: HashMap<LoopId, usize> = HashMap::new();
+    let mut nest: Vec<Option<LoopId>> = Vec::with_capacity(k.order.len());
+    for (pos, &op) in k.order.iter().enumerate() {
+        match k.op(op) {
+            Op::For { id, .. } => {
+                if fors.insert(*id, op).is_some() {
+                    return Err(format!("loop {id} has two `for` ops"));
+                }
+                parent.insert(*id, stack.last().copied());
+                nest.push(stack.last().copied());
+                stack.push(*id);
+            }
+            Op::Yield { id } => {
+                match stack.last() {
+                    Some(top) if top == id => {}
+                    Some(top) => return Err(format!("{} closes loop {id} while loop {top} is open (loops must nest)", name(op))),
+                    None => return Err(format!("{} closes loop {id}, which is not open", name(op))),
+                }
+                nest.push(Some(*id));
+                stack.pop();
+                yields.insert(*id, pos);
+            }
+            _ => nest.push(stack.last().copied()),
+        }
+    }
+    if let Some(id) = stack.last() {
+        return Err(format!("loop {id} has no `yield`"));
+    }
+    let inits = |id: LoopId| k.operands(fors[&id])[3..].to_vec();
+    let encloses = |outer: LoopId, mut inner: Option<LoopId>| {
+        while let Some(l) = inner {
+            if l == outer {
+                return true;
+            }
+            inner = parent[&l];
+        }
+        false
+    };
+    let at: HashMap<OpId, usize> = k.order.iter().enumerate().map(|(i, &o)| (o, i)).collect();
+    let mut seen: HashSet<(LoopId, u8, u32)> = HashSet::new();
+    for (pos, &op) in k.order.iter().enumerate() {
+        let node = k.node(op);
+        // Loop ops: their loop exists, where they lie, their types.
+        let lookup = |id: LoopId| -> Result<u32, String> {
+            match fors.get(&id).map(|&f| k.op(f)) {
+                Some(Op::For { carried, .. }) => Ok(*carried),
+                _ => Err(format!("{} names loop {id}, which has no `for`", name(op))),
+            }
+        };
+        let mut once = |id: LoopId, kind: u8, index: u32, what: &str| {
+            if seen.insert((id, kind, index)) {
+                Ok(())
+            } else {
+                Err(format!("loop {id} has two {what} ops"))
+            }
+        };
+        match &node.op {
+            Op::LoopIndex { id } => {
+                lookup(*id)?;
+                once(*id, 0, 0, "loop_index")?;
+                if nest[pos] != Some(*id) {
+                    return Err(format!("{} lies outside the body of loop {id}", name(op)));
+                }
+            }
+            Op::LoopCarried { id, index } | Op::LoopResult { id, index } => {
+                let carried = lookup(*id)?;
+                let is_result = matches!(node.op, Op::LoopResult { .. });
+                if *index >= carried {
+                    return Err(format!("{} takes carried value {index} of loop {id}, which has {carried}", name(op)));
+                }
+                once(*id, 1 + is_result as u8, *index, if is_result { "loop_result" } else { "loop_carried" })?;
+                if is_result {
+                    if pos < yields[id] || nest[pos] != parent[id] {
+                        return Err(format!("{} must follow the `yield` of loop {id}, in the loop that holds its `for`", name(op)));
+                    }
+                } else if nest[pos] != Some(*id) {
+                    return Err(format!("{} lies outside the body of loop {id}", name(op)));
+                }
+                let want = k.ty(inits(*id)[*index as usize]);
+                if node.ty.as_ref() != Some(want) {
+                    return Err(format!("{} has type {:?}, but init {index} of loop {id} has {want:?}", name(op), node.ty));
+                }
+            }
+            Op::Yield { id } => {
+                let carried = lookup(*id)?;
+                let next = k.operands(op);
+                if next.len() != carried as usize {
+                    return Err(format!("the `yield` of loop {id} has {} values for {carried} carried", next.len()));
+                }
+                for (i, (n, init)) in next.iter().zip(inits(*id)).enumerate() {
+                    if k.ty(*n) != k.ty(init) {
+                        return Err(format!("the `yield` of loop {id} gives {n} of type {:?} for carried value {i} of type {:?}", k.ty(*n), k.ty(init)));
+                    }
+                }
+            }
+            _ => {}
+        }
+        // Scoping: an operand defined in a loop body is used only inside that body.
+        for v in k.operands(op) {
+            if let Some(l) = nest[at[&v.op()]] {
+                if !encloses(l, nest[pos]) {
+                    return Err(format!("{v} is defined in the body of loop {l} but used outside it by {}", name(op)));
+                }
             }
         }
     }

@@ -4,8 +4,8 @@
 //! from name resolution in [`crate::lower`] or from the IR builder in
 //! [`crate::validate`] — lands on the user's code. Operators reuse the IR's enums.
 //!
-//! Statements are a list, so that loops (`for k in (0..K).step_by(BK) { .. }`) can
-//! come later as one more [`Stmt`] variant holding a nested `Vec<Stmt>`.
+//! Statements are a list; a loop (`for k in (0..K).step_by(BK) { .. }`) is a
+//! [`Stmt::For`] holding its body as a nested `Vec<Stmt>`.
 
 use kfuse_ir::{BinaryOp, DType, UnaryOp};
 use proc_macro2::{Ident, Span, TokenStream, TokenTree};
@@ -100,6 +100,21 @@ pub enum Stmt {
     Assign { target: Ident, op: Option<BinaryOp>, value: Expr, sp: Sp },
     /// An expression statement (`out.block(..).store(v);`), or the tail expression.
     Expr(Expr),
+    /// A loop.
+    For(Box<For>),
+}
+
+/// `for var in lo..hi { body }` (`step: None`) or `for var in (lo..hi).step_by(step) {
+/// body }`; `var` is `None` for `_`. `range` covers the expression after `in` (errors
+/// of the bounds land there), `sp` the `for` keyword.
+pub struct For {
+    pub var: Option<Ident>,
+    pub lo: Expr,
+    pub hi: Expr,
+    pub step: Option<Expr>,
+    pub body: Vec<Stmt>,
+    pub range: Sp,
+    pub sp: Sp,
 }
 
 pub struct Expr {
@@ -120,8 +135,8 @@ pub enum ExprKind {
     Var(Ident),
     Unary(UnaryOp, Box<Expr>),
     Binary(BinaryOp, Box<Expr>, Box<Expr>),
-    /// `f(args)`; the expression's span covers `f(..)`.
-    Call { func: Ident, args: Vec<Expr> },
+    /// `f(args)` or `f::<turbofish>(args)`; the expression's span covers `f(..)`.
+    Call { func: Ident, turbofish: Vec<syn::Type>, args: Vec<Expr> },
     /// `receiver.method::<turbofish>(args)`; `call` spans `method::<..>(..)`.
     Method { receiver: Box<Expr>, method: Ident, turbofish: Vec<syn::Type>, args: Vec<Expr>, call: Sp },
     /// `[a, b]`: block offsets and extents, permutations.

@@ -4,7 +4,7 @@
 //! For `pub fn add<T: Float>(a: Tensor<T, (N,)>, b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>)`:
 //!
 //! ```text
-//! #[allow(non_snake_case, non_upper_case_globals, unused)]
+//! #[allow(non_snake_case, non_upper_case_globals, unused, clippy::approx_constant)]
 //! pub mod add {
 //!     pub static DEF: ::kfuse::ir::KernelDef = ::kfuse::ir::KernelDef {
 //!         name: "add", generics: &["T"],
@@ -113,7 +113,9 @@ pub fn kernel(k: &Kernel, krate: &syn::Path, plan: Option<&Plan>) -> TokenStream
     quote! {
         #(#cfgs)*
         #[doc = #mod_doc]
-        #[allow(non_snake_case, non_upper_case_globals, unused)]
+        // The kernel's literals reach `build` with the attribute's span: lints about them
+        // (`approx_constant`) would point at `#[kfuse]`, not at the literal.
+        #[allow(non_snake_case, non_upper_case_globals, unused, clippy::approx_constant)]
         #vis mod #name {
             #[allow(unused_imports)]
             use super::*;
@@ -322,6 +324,39 @@ fn build_body(k: &Kernel, ir: &TokenStream, dtypes: &Ident, plan: &Plan) -> Toke
             StepKind::Name(x, n) => {
                 let x = slot(*x);
                 quote_spanned!(sp=> #b.name(#x, #n);)
+            }
+            StepKind::Zeros { dtype, extents } => {
+                let d = dty(*dtype);
+                let e = extents.iter().map(|e| extent(*e));
+                quote_spanned!(sp=> let #v = #b.zeros(#d, &[#(#e),*])?;)
+            }
+            StepKind::Dot(x, y) => {
+                let (x, y) = (slot(*x), slot(*y));
+                quote_spanned!(sp=> let #v = #b.dot(#x, #y)?;)
+            }
+            StepKind::BeginFor { lo, hi, step, inits } => {
+                let (lo, hi, st, inits) = (slot(*lo), slot(*hi), slot(*step), slots(inits));
+                quote_spanned!(sp=> let #v = #b.begin_for(#lo, #hi, #st, #inits)?;)
+            }
+            StepKind::LoopIndex(s) => {
+                let s = slot(*s);
+                quote_spanned!(sp=> let #v = #s.1;)
+            }
+            StepKind::LoopCarried(s, i) => {
+                let s = slot(*s);
+                quote_spanned!(sp=> let #v = #s.2[#i];)
+            }
+            StepKind::Conform { value, like, name } => {
+                let (x, like) = (slot(*value), slot(*like));
+                quote_spanned!(sp=> let #v = #b.conform(#x, #like, #name)?;)
+            }
+            StepKind::EndFor { begin, next } => {
+                let (s, next) = (slot(*begin), slots(next));
+                quote_spanned!(sp=> let #v = #b.end_for(#s.0, #next)?;)
+            }
+            StepKind::LoopResult(s, i) => {
+                let s = slot(*s);
+                quote_spanned!(sp=> let #v = #s[#i];)
             }
         };
         out.extend(call);

@@ -42,7 +42,13 @@ mod tests;
 /// return type.
 ///
 /// **Statements.** `let x = e;`, `let mut x = e;`, `let (a, b) = (e1, e2);`, `x = e;`
-/// and `x += e;` (`-=`, `*=`, `/=`, `%=`) on a `let mut`, and `access.store(v);`.
+/// and `x += e;` (`-=`, `*=`, `/=`, `%=`) on a `let mut`, `access.store(v);`, and loops
+/// `for k in lo..hi { .. }` / `for k in (lo..hi).step_by(s) { .. }` (`lo`, `hi`, `s`:
+/// `i64` index expressions; a step of 0 or less is an error at run time). A `let mut`
+/// from outside a loop that the body assigns is carried from one iteration to the next
+/// and holds the last iteration's value after the loop (the init if it runs zero
+/// times); inside the loop each assignment to it must keep its type (a literal adapts, a
+/// scalar broadcasts). A loop body is a scope. No `while`, `loop`, `break`, `continue`.
 ///
 /// **Expressions.** Literals (`1.0`, `2` adapt to their operand's dtype; `1.0f32`,
 /// `2i64` do not; `true`); names: locals, scalar parameters, shape symbols (their
@@ -57,8 +63,10 @@ mod tests;
 /// `sum_keepdim(k)` (likewise `mean`, `max`, `min`), `cast::<D>() to_f32() to_f16()
 /// to_bf16()`, `t()`, `permute([..])`, `unsqueeze(k)` (a new axis of extent 1 at `k`);
 /// functions `program_id(k)` (k = 0, 1, 2), `iota(E)` (the `i64` tile `[0, 1, .., E-1]`,
-/// `E` a tile symbol, integer literal or shape symbol), `exp(x)` and the other unary
-/// ones, `max(a, b)`, `min(a, b)`, `select(c, a, b)`.
+/// `E` a tile symbol, integer literal or shape symbol), `zeros::<D>([E0, ..])` (a tile
+/// of zeros of dtype `D`), `dot(a, b)` (the `f32 [M, N]` product of `[M, K]` and
+/// `[K, N]` tiles of one float dtype), `exp(x)` and the other unary ones, `max(a, b)`,
+/// `min(a, b)`, `select(c, a, b)`.
 /// Typing (dtypes, broadcasting, what may be stored where) is `kfuse_ir::Builder`'s,
 /// checked at compile time for every dtype of the generics.
 ///

@@ -10,11 +10,21 @@
 //! plan does not depend on the dtypes (a generic stays [`DTy::Generic`]), so the code
 //! that runs is the code that was checked.
 //!
-//! Scoping: a name is looked up as a local (`let`), then a scalar parameter, then a
-//! tensor parameter (only as the receiver of `.block`, `.row`, `.load`, `.store`),
-//! then a shape symbol of the signature (its runtime extent, `i64`), then, when it is
-//! ALL-CAPS, a tile symbol (its compiled extent, `i64`). `let mut` variables are
-//! rebound SSA-style by `=` and `+=` (and `-=`, `*=`, `/=`, `%=`).
+//! Scoping: a name is looked up as a local (`let`, or a `for` loop's variable), then a
+//! scalar parameter, then a tensor parameter (only as the receiver of `.block`, `.row`,
+//! `.load`, `.store`), then a shape symbol of the signature (its runtime extent, `i64`),
+//! then, when it is ALL-CAPS, a tile symbol (its compiled extent, `i64`). `let mut`
+//! variables are rebound SSA-style by `=` and `+=` (and `-=`, `*=`, `/=`, `%=`).
+//!
+//! Loops: a loop body is a scope (its `let`s end with it, as in Rust). A `let mut`
+//! variable declared outside a loop and assigned anywhere in its body (nested loops
+//! included) is a *carried value* of that loop: the loop begins with the variable's
+//! value as the init, the body reads the carried value, the end of the body yields the
+//! variable's last value, and after the loop the variable is the loop's result. Each
+//! assignment to a carried variable is checked against the variable's type where the
+//! loop begins ([`StepKind::Conform`], so that a mismatch is reported at the
+//! assignment). Outside loops, and for variables declared in the same loop body, an
+//! assignment just rebinds the name.
 
 use std::collections::HashMap;
 
@@ -85,6 +95,24 @@ pub enum StepKind {
     ExpandDims(Slot, i64),
     /// `name(x, name)`: a `let` binding's source name.
     Name(Slot, String),
+    /// `zeros(dtype, extents)?`
+    Zeros { dtype: DTy, extents: Vec<ExtentRef> },
+    /// `dot(a, b)?`
+    Dot(Slot, Slot),
+    /// `begin_for(lo, hi, step, inits)?` → `(LoopId, index, carried)`, which the next
+    /// steps take apart.
+    BeginFor { lo: Slot, hi: Slot, step: Slot, inits: Vec<Slot> },
+    /// The index of the loop begun at the slot (`.1` of its result).
+    LoopIndex(Slot),
+    /// Carried value `i` of the loop begun at the slot (`.2[i]`).
+    LoopCarried(Slot, usize),
+    /// `conform(value, like, name)?`: an assignment to a carried variable, whose type
+    /// is `like`'s (the loop's carried value).
+    Conform { value: Slot, like: Slot, name: String },
+    /// `end_for(begin.0, next)?` → the loop's results.
+    EndFor { begin: Slot, next: Vec<Slot> },
+    /// Result `i` of the loop ended at the slot.
+    LoopResult(Slot, usize),
 }
 
 #[derive(Debug)]
@@ -107,6 +135,8 @@ pub fn lower(k: &Kernel) -> syn::Result<Plan> {
         k,
         steps: Vec::new(),
         locals: HashMap::new(),
+        vars: Vec::new(),
+        loops: Vec::new(),
         scalars: HashMap::new(),
         tensors: HashMap::new(),
         shapes: HashMap::new(),
@@ -122,7 +152,8 @@ pub fn lower(k: &Kernel) -> syn::Result<Plan> {
 }
 
 /// Functions a kernel can call, for the "unknown function" message.
-const FUNCTIONS: &str = "program_id, iota, exp, ln, log, sqrt, rsqrt, sigmoid, tanh, erf, sin, cos, abs, max, min, select";
+const FUNCTIONS: &str =
+    "program_id, iota, zeros::<D>, dot, exp, ln, log, sqrt, rsqrt, sigmoid, tanh, erf, sin, cos, abs, max, min, select";
 /// Methods of a value, for the "unknown method" message.
 const METHODS: &str = "exp, ln, log, sqrt, rsqrt, sigmoid, tanh, erf, sin, cos, abs, max, min, sum, mean, \
      sum_axis, mean_axis, max_axis, min_axis, sum_keepdim, mean_keepdim, max_keepdim, min_keepdim, \
@@ -185,9 +216,20 @@ fn int_literal(e: &Expr) -> Option<i64> {
     }
 }
 
+/// A name bound by `let` (or a loop variable): which variable it is. The variable's
+/// current value is `Lower::vars[var]` (assignments change it; shadowing does not).
+#[derive(Clone)]
 struct Local {
-    slot: Slot,
+    var: usize,
     mutable: bool,
+    /// How many loops were open where it was declared.
+    depth: usize,
+}
+
+/// A loop being lowered.
+struct OpenLoop {
+    /// The carried variables: the variable, its name, and the loop's carried value.
+    carried: Vec<(usize, String, Slot)>,
 }
 
 struct TensorInfo {
@@ -216,6 +258,10 @@ struct Lower<'k> {
     k: &'k Kernel,
     steps: Vec<Step>,
     locals: HashMap<String, Local>,
+    /// The current value of each variable, by [`Local::var`].
+    vars: Vec<Slot>,
+    /// The loops around the statement being lowered, innermost last.
+    loops: Vec<OpenLoop>,
     scalars: HashMap<String, Slot>,
     tensors: HashMap<String, TensorInfo>,
     shapes: HashMap<String, Slot>,
@@ -271,15 +317,15 @@ impl Lower<'_> {
                 for (b, slot) in names.iter().zip(slots) {
                     if let Some(id) = &b.name {
                         self.push(StepKind::Name(slot, id.to_string()), Sp::single(id.span()));
-                        self.locals.insert(id.to_string(), Local { slot, mutable: b.mutable });
+                        self.bind(id.to_string(), slot, b.mutable);
                     }
                 }
                 Ok(())
             }
             Stmt::Assign { target, op, value, sp } => {
                 let name = target.to_string();
-                let old = match self.locals.get(&name) {
-                    Some(l) if l.mutable => l.slot,
+                let local = match self.locals.get(&name) {
+                    Some(l) if l.mutable => l.clone(),
                     Some(_) => {
                         return Err(Sp::single(target.span())
                             .error(format!("cannot assign twice to immutable variable `{name}`; declare it with `let mut {name}`")))
@@ -293,14 +339,24 @@ impl Lower<'_> {
                     None => return Err(Sp::single(target.span()).error(format!("cannot find `{name}` in this kernel"))),
                 };
                 let v = self.value(value, "assigned")?;
-                let new = match op {
+                let mut new = match op {
                     None => v,
-                    Some(op) => self.push(StepKind::Binary(*op, old, v), *sp),
+                    Some(op) => self.push(StepKind::Binary(*op, self.vars[local.var], v), *sp),
                 };
+                // A variable from outside the innermost loop is one of its carried values:
+                // the new value must have the carried type.
+                if local.depth < self.loops.len() {
+                    let inner = self.loops.last().expect("inside a loop");
+                    let like = inner.carried.iter().find(|(var, _, _)| *var == local.var).map(|c| c.2).ok_or_else(|| {
+                        sp.error(format!("kfuse-macros: `{name}` is assigned in a loop but not carried by it (a bug of #[kfuse])"))
+                    })?;
+                    new = self.push(StepKind::Conform { value: new, like, name: name.clone() }, *sp);
+                }
                 self.push(StepKind::Name(new, name.clone()), Sp::single(target.span()));
-                self.locals.insert(name, Local { slot: new, mutable: true });
+                self.vars[local.var] = new;
                 Ok(())
             }
+            Stmt::For(f) => self.for_loop(f),
             Stmt::Expr(e) => match self.expr(e)? {
                 Val::Unit => Ok(()),
                 Val::Value(_) => Err(e.sp.error(
@@ -309,6 +365,68 @@ impl Lower<'_> {
                 Val::Access(_) => Err(e.sp.error(access_alone())),
             },
         }
+    }
+
+    /// Binds `name` to a new variable holding `slot`.
+    fn bind(&mut self, name: String, slot: Slot, mutable: bool) {
+        self.vars.push(slot);
+        self.locals.insert(name, Local { var: self.vars.len() - 1, mutable, depth: self.loops.len() });
+    }
+
+    /// `for var in (lo..hi).step_by(step) { body }`; see the module docs.
+    fn for_loop(&mut self, f: &For) -> syn::Result<()> {
+        let For { var, lo, hi, step, body, range, sp } = f;
+        let (var, step, range, sp) = (var.as_ref(), step.as_ref(), *range, *sp);
+        let lo_v = self.value(lo, "a loop bound")?;
+        let hi_v = self.value(hi, "a loop bound")?;
+        let step_v = match step {
+            Some(s) => self.value(s, "a loop step")?,
+            None => self.push(StepKind::Literal(Literal::Int(1)), range),
+        };
+        // The variables this loop carries: `let mut`s from outside that the body assigns.
+        let mut names: HashMap<String, Option<usize>> =
+            self.locals.iter().map(|(n, l)| (n.clone(), l.mutable.then_some(l.var))).collect();
+        if let Some(v) = var {
+            names.insert(v.to_string(), None);
+        }
+        let mut assigned = std::collections::BTreeSet::new();
+        assigned_vars(body, &mut names, &mut assigned);
+        let carried_vars: Vec<(usize, String)> = assigned
+            .into_iter()
+            .map(|var| {
+                let name = self.locals.iter().find(|(_, l)| l.var == var).map(|(n, _)| n.clone()).unwrap_or_default();
+                (var, name)
+            })
+            .collect();
+        let inits = carried_vars.iter().map(|(v, _)| self.vars[*v]).collect();
+        let begin = self.push(StepKind::BeginFor { lo: lo_v, hi: hi_v, step: step_v, inits }, range);
+        let index = self.push(StepKind::LoopIndex(begin), sp);
+        let mut carried = Vec::with_capacity(carried_vars.len());
+        for (i, (var, name)) in carried_vars.iter().enumerate() {
+            let c = self.push(StepKind::LoopCarried(begin, i), sp);
+            self.push(StepKind::Name(c, name.clone()), sp);
+            self.vars[*var] = c;
+            carried.push((*var, name.clone(), c));
+        }
+        // The body: its own scope.
+        let outer = self.locals.clone();
+        self.loops.push(OpenLoop { carried });
+        if let Some(v) = var {
+            self.push(StepKind::Name(index, v.to_string()), Sp::single(v.span()));
+            self.bind(v.to_string(), index, false);
+        }
+        let lowered = body.iter().try_for_each(|s| self.stmt(s));
+        let open = self.loops.pop().expect("pushed above");
+        self.locals = outer;
+        lowered?;
+        let next = open.carried.iter().map(|(var, _, _)| self.vars[*var]).collect();
+        let end = self.push(StepKind::EndFor { begin, next }, sp);
+        for (i, (var, name, _)) in open.carried.iter().enumerate() {
+            let r = self.push(StepKind::LoopResult(end, i), sp);
+            self.push(StepKind::Name(r, name.clone()), sp);
+            self.vars[*var] = r;
+        }
+        Ok(())
     }
 
     /// Lowers an expression that must produce a value; `what` says where it is used.
@@ -345,7 +463,7 @@ impl Lower<'_> {
                 let b = self.value(b, "an operand")?;
                 self.push(StepKind::Binary(*op, a, b), sp)
             }
-            ExprKind::Call { func, args } => self.call(func, args, sp)?,
+            ExprKind::Call { func, turbofish, args } => self.call(func, turbofish, args, sp)?,
             ExprKind::Method { receiver, method, turbofish, args, call } => {
                 return self.method(receiver, method, turbofish, args, *call, sp)
             }
@@ -368,7 +486,7 @@ impl Lower<'_> {
         let name = id.to_string();
         let sp = Sp::single(id.span());
         if let Some(l) = self.locals.get(&name) {
-            return Ok(l.slot);
+            return Ok(self.vars[l.var]);
         }
         if let Some(&s) = self.scalars.get(&name) {
             return Ok(s);
@@ -391,9 +509,33 @@ impl Lower<'_> {
         Err(sp.error(format!("cannot find `{name}` in this kernel")))
     }
 
-    fn call(&mut self, func: &Ident, args: &[Expr], sp: Sp) -> syn::Result<Slot> {
+    fn call(&mut self, func: &Ident, turbofish: &[syn::Type], args: &[Expr], sp: Sp) -> syn::Result<Slot> {
         let name = func.to_string();
+        if name != "zeros" {
+            if let Some(t) = turbofish.first() {
+                return Err(Sp::of(t).error(format!("`{name}` takes no type arguments")));
+            }
+        }
         match name.as_str() {
+            "zeros" => {
+                let [ty] = turbofish else {
+                    return Err(Sp::single(func.span())
+                        .error("`zeros` takes its dtype as a type argument: `zeros::<f32>([BM, BN])` (`f32`, `f16`, `bf16`, or a generic)"));
+                };
+                let dtype = crate::parse::dtype(ty, &self.k.generics)?;
+                check_arity(&name, 1, args, sp)?;
+                let ExprKind::Array(items) = &args[0].kind else {
+                    return Err(args[0].sp.error("the shape of `zeros` is an array of extents, like `[BM, BN]`"));
+                };
+                let extents = items.iter().map(|e| self.extent(e, ZEROS_EXTENT)).collect::<syn::Result<Vec<_>>>()?;
+                Ok(self.push(StepKind::Zeros { dtype, extents }, sp))
+            }
+            "dot" => {
+                check_arity(&name, 2, args, sp)?;
+                let a = self.value(&args[0], "an argument")?;
+                let b = self.value(&args[1], "an argument")?;
+                Ok(self.push(StepKind::Dot(a, b), sp))
+            }
             "program_id" => {
                 check_arity(&name, 1, args, sp)?;
                 let axis = int_literal(&args[0])
@@ -410,7 +552,7 @@ impl Lower<'_> {
             }
             "iota" => {
                 check_arity(&name, 1, args, sp)?;
-                let e = self.extent(&args[0], false)?;
+                let e = self.extent(&args[0], IOTA_EXTENT)?;
                 Ok(self.push(StepKind::Iota(e), sp))
             }
             "select" => {
@@ -480,7 +622,7 @@ impl Lower<'_> {
                     .iter()
                     .map(|e| match e.kind {
                         ExprKind::Infer => Ok(DimRef::Index),
-                        _ => self.extent(e, true).map(DimRef::Tile),
+                        _ => self.extent(e, BLOCK_EXTENT).map(DimRef::Tile),
                     })
                     .collect::<syn::Result<Vec<_>>>()?;
                 Ok(Some(Access { tensor: slot, offsets, dims, tensor_sp: tsp }))
@@ -512,13 +654,9 @@ impl Lower<'_> {
         Access { tensor: slot, offsets, dims: dims.iter().map(|&d| DimRef::Tile(ExtentRef::Full(d))).collect(), tensor_sp: tsp }
     }
 
-    /// A tile extent: of a block (`in_block`, where `_` is handled by the caller) or of
-    /// `iota`.
-    fn extent(&mut self, e: &Expr, in_block: bool) -> syn::Result<ExtentRef> {
-        const BLOCK: &str = "a block extent is a tile symbol (`BM`), a positive integer literal, a shape symbol of the signature, \
-             or `_` (the dimension is indexed by its offset and does not appear in the tile)";
-        const IOTA: &str = "the extent of `iota` is a tile symbol (`BM`), a positive integer literal or a shape symbol of the signature";
-        let what = if in_block { BLOCK } else { IOTA };
+    /// A tile extent: of a block (where `_` is handled by the caller), of `iota` or of
+    /// `zeros`; `what` is the rule, for errors.
+    fn extent(&mut self, e: &Expr, what: &str) -> syn::Result<ExtentRef> {
         match &e.kind {
             ExprKind::Lit(Lit { value: Literal::Int(n), suffix: None }) => match u32::try_from(*n) {
                 Ok(n) if n > 0 => Ok(ExtentRef::Const(n)),
@@ -654,6 +792,41 @@ fn block_list<'e>(t: &str, rank: usize, e: &'e Expr, what: &str) -> syn::Result<
             plural(items.len(), what)
         ))),
         _ => Err(e.sp.error(format!("the {what}s of `block` are an array, one per dimension of `{t}`: `[a, b]`"))),
+    }
+}
+
+const BLOCK_EXTENT: &str = "a block extent is a tile symbol (`BM`), a positive integer literal, a shape symbol of the signature, \
+     or `_` (the dimension is indexed by its offset and does not appear in the tile)";
+const IOTA_EXTENT: &str = "the extent of `iota` is a tile symbol (`BM`), a positive integer literal or a shape symbol of the signature";
+const ZEROS_EXTENT: &str =
+    "an extent of `zeros` is a tile symbol (`BM`), a positive integer literal or a shape symbol of the signature";
+
+/// Adds to `out` the variables that `stmts` assign and that `names` (the scope, by
+/// name: `Some(var)` for a `let mut` from outside, `None` for anything else) resolves
+/// to; `let`s and loop variables in `stmts` shadow as they do when lowering.
+fn assigned_vars(stmts: &[Stmt], names: &mut HashMap<String, Option<usize>>, out: &mut std::collections::BTreeSet<usize>) {
+    for s in stmts {
+        match s {
+            Stmt::Let { names: bindings, .. } => {
+                for b in bindings.iter().filter_map(|b| b.name.as_ref()) {
+                    names.insert(b.to_string(), None);
+                }
+            }
+            Stmt::Assign { target, .. } => {
+                if let Some(Some(var)) = names.get(&target.to_string()) {
+                    out.insert(*var);
+                }
+            }
+            Stmt::For(f) => {
+                let (var, body) = (&f.var, &f.body);
+                let mut inner = names.clone();
+                if let Some(v) = var {
+                    inner.insert(v.to_string(), None);
+                }
+                assigned_vars(body, &mut inner, out);
+            }
+            Stmt::Expr(_) => {}
+        }
     }
 }
 

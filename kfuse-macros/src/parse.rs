@@ -243,6 +243,7 @@ fn stmt(s: &syn::Stmt) -> syn::Result<Stmt> {
         }
         syn::Stmt::Macro(m) => Err(unsupported("macros are", Sp::of(&m.mac.path).to(Sp::single(m.mac.bang_token.span)))),
         syn::Stmt::Expr(e, _) => match e {
+            syn::Expr::ForLoop(f) => for_loop(f),
             syn::Expr::Assign(a) => {
                 let target = assign_target(&a.left)?;
                 Ok(Stmt::Assign { target, op: None, value: expr(&a.right)?, sp: Sp::of(a) })
@@ -261,6 +262,85 @@ fn stmt(s: &syn::Stmt) -> syn::Result<Stmt> {
             }
             e => Ok(Stmt::Expr(expr(e)?)),
         },
+    }
+}
+
+/// `e` without the parentheses (and invisible groups) around it.
+fn strip(mut e: &syn::Expr) -> &syn::Expr {
+    loop {
+        match e {
+            syn::Expr::Paren(p) => e = &p.expr,
+            syn::Expr::Group(g) => e = &g.expr,
+            _ => return e,
+        }
+    }
+}
+
+const FOR_HOW: &str = "`for k in lo..hi { .. }` or `for k in (lo..hi).step_by(s) { .. }`";
+const FOR_FORMS: &str =
+    "a #[kfuse] `for` loops over a range of indices: `for k in lo..hi { .. }` or `for k in (lo..hi).step_by(s) { .. }`";
+
+/// `for v in lo..hi { .. }` and `for v in (lo..hi).step_by(s) { .. }`. Errors of the
+/// body are all reported (combined into one `syn::Error`).
+fn for_loop(f: &syn::ExprForLoop) -> syn::Result<Stmt> {
+    let sp = Sp::single(f.for_token.span);
+    if let Some(a) = f.attrs.first() {
+        return Err(Sp::of(a).error("attributes on loops are not supported in a #[kfuse] kernel"));
+    }
+    if let Some(l) = &f.label {
+        return Err(Sp::of(&l.name).error("loop labels are not supported in a #[kfuse] kernel: there is no `break` or `continue`"));
+    }
+    let var = match &*f.pat {
+        syn::Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() && pi.mutability.is_none() => Some(pi.ident.clone()),
+        syn::Pat::Ident(pi) if pi.mutability.is_some() => {
+            return Err(Sp::of(&*f.pat).error("the loop variable cannot be `mut`: it is the index of the current iteration"))
+        }
+        syn::Pat::Wild(_) => None,
+        other => return Err(Sp::of(other).error("the variable of a #[kfuse] `for` is a plain name (or `_`)")),
+    };
+    let range = Sp::of(&*f.expr);
+    let (r, step) = match strip(&f.expr) {
+        syn::Expr::MethodCall(m) if m.method == "step_by" => {
+            if m.turbofish.is_some() || m.args.len() != 1 {
+                return Err(Sp::of(&m.method).to(Sp::single(m.paren_token.span.close())).error("`step_by` takes one argument, the step"));
+            }
+            match strip(&m.receiver) {
+                syn::Expr::Range(r) => (r, Some(expr(&m.args[0])?)),
+                _ => return Err(Sp::of(&m.receiver).error(FOR_FORMS)),
+            }
+        }
+        syn::Expr::MethodCall(m) => {
+            return Err(Sp::of(&m.method).error(format!("`.{}()` is not supported on a loop range: write {FOR_HOW}", m.method)))
+        }
+        syn::Expr::Range(r) => (r, None),
+        _ => return Err(range.error(FOR_FORMS)),
+    };
+    if let syn::RangeLimits::Closed(t) = r.limits {
+        return Err(Sp::of(&t).error("inclusive ranges are not supported in a #[kfuse] `for`: write `lo..hi + 1`"));
+    }
+    let (Some(lo), Some(hi)) = (&r.start, &r.end) else {
+        return Err(Sp::of(r).error("a #[kfuse] loop range needs both ends: `lo..hi`"));
+    };
+    if let syn::Expr::MethodCall(m) = strip(hi) {
+        if m.method == "step_by" {
+            return Err(Sp::of(r).error("`lo..hi.step_by(s)` steps `hi`, not the range: write `(lo..hi).step_by(s)`"));
+        }
+    }
+    let (lo, hi) = (expr(lo)?, expr(hi)?);
+    let mut body = Vec::new();
+    let mut error: Option<syn::Error> = None;
+    for s in &f.body.stmts {
+        match stmt(s) {
+            Ok(s) => body.push(s),
+            Err(e) => match &mut error {
+                Some(all) => all.combine(e),
+                None => error = Some(e),
+            },
+        }
+    }
+    match error {
+        Some(e) => Err(e),
+        None => Ok(Stmt::For(Box::new(For { var, lo, hi, step, body, range, sp }))),
     }
 }
 
@@ -393,11 +473,27 @@ pub fn expr(e: &syn::Expr) -> syn::Result<Expr> {
             ExprKind::Binary(op, Box::new(expr(&b.left)?), Box::new(expr(&b.right)?))
         }
         E::Call(c) => {
-            let func = match &*c.func {
-                E::Path(p) if p.qself.is_none() && p.path.get_ident().is_some() => p.path.segments[0].ident.clone(),
-                other => return Err(Sp::of(other).error("only the kernel functions (`exp`, `max`, `program_id`, ..) can be called, by their plain name")),
+            const CALLS: &str = "only the kernel functions (`exp`, `max`, `program_id`, ..) can be called, by their plain name";
+            let (func, turbofish) = match &*c.func {
+                E::Path(p) if p.qself.is_none() && p.path.leading_colon.is_none() && p.path.segments.len() == 1 => {
+                    let seg = &p.path.segments[0];
+                    let turbofish = match &seg.arguments {
+                        syn::PathArguments::None => Vec::new(),
+                        syn::PathArguments::AngleBracketed(a) => a
+                            .args
+                            .iter()
+                            .map(|a| match a {
+                                syn::GenericArgument::Type(ty) => Ok(ty.clone()),
+                                other => Err(Sp::of(other).error("expected a dtype")),
+                            })
+                            .collect::<syn::Result<_>>()?,
+                        syn::PathArguments::Parenthesized(a) => return Err(Sp::of(a).error(CALLS)),
+                    };
+                    (seg.ident.clone(), turbofish)
+                }
+                other => return Err(Sp::of(other).error(CALLS)),
             };
-            ExprKind::Call { func, args: c.args.iter().map(expr).collect::<syn::Result<_>>()? }
+            ExprKind::Call { func, turbofish, args: c.args.iter().map(expr).collect::<syn::Result<_>>()? }
         }
         E::MethodCall(m) => {
             let turbofish = match &m.turbofish {
@@ -432,13 +528,28 @@ pub fn expr(e: &syn::Expr) -> syn::Result<Expr> {
                 "`if` is not supported in a #[kfuse] kernel (yet); for a per-element choice use `select(cond, a, b)`",
             ))
         }
-        E::While(w) => return Err(unsupported("`while` is", Sp::single(w.while_token.span))),
-        E::ForLoop(f) => return Err(unsupported("`for` is", Sp::single(f.for_token.span))),
-        E::Loop(l) => return Err(unsupported("`loop` is", Sp::single(l.loop_token.span))),
+        E::While(w) => {
+            return Err(Sp::single(w.while_token.span)
+                .error(format!("`while` is not supported in a #[kfuse] kernel: loop over a range of indices with {FOR_HOW}")))
+        }
+        E::ForLoop(f) => {
+            return Err(Sp::single(f.for_token.span)
+                .error("a `for` loop is a statement in a #[kfuse] kernel: it has no value and cannot be part of an expression"))
+        }
+        E::Loop(l) => {
+            return Err(Sp::single(l.loop_token.span)
+                .error(format!("`loop` is not supported in a #[kfuse] kernel: loop over a range of indices with {FOR_HOW}")))
+        }
         E::Match(m) => return Err(unsupported("`match` is", Sp::single(m.match_token.span))),
         E::Return(r) => return Err(unsupported("`return` is", Sp::single(r.return_token.span))),
-        E::Break(b) => return Err(unsupported("`break` is", Sp::single(b.break_token.span))),
-        E::Continue(c) => return Err(unsupported("`continue` is", Sp::single(c.continue_token.span))),
+        E::Break(b) => {
+            return Err(Sp::single(b.break_token.span)
+                .error("`break` is not supported in a #[kfuse] kernel: a `for` loop always runs its whole range"))
+        }
+        E::Continue(c) => {
+            return Err(Sp::single(c.continue_token.span)
+                .error("`continue` is not supported in a #[kfuse] kernel: a `for` loop always runs its whole body"))
+        }
         E::Closure(c) => return Err(unsupported("closures are", Sp::single(c.or1_token.span).to(Sp::single(c.or2_token.span)))),
         E::Macro(m) => return Err(unsupported("macros are", Sp::of(&m.mac.path).to(Sp::single(m.mac.bang_token.span)))),
         E::Block(b) => return Err(unsupported("blocks are", Sp::single(b.block.brace_token.span.open()))),

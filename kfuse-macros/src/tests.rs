@@ -216,3 +216,296 @@ fn errors_of_the_new_forms() {
     });
     assert_eq!(e, "dtype mismatch in `mul`: i64 vs f32");
 }
+
+/// The printed IR of a kernel for `dtypes`.
+fn ir(item: proc_macro2::TokenStream, dtypes: &[DType]) -> String {
+    let plan = check(item).unwrap();
+    let k = validate::build(&plan, "k", dtypes).unwrap();
+    kfuse_ir::print::print(&k)
+}
+
+#[test]
+fn gemm_carries_its_accumulator() {
+    let text = ir(
+        quote! {
+            fn gemm<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, c: &mut Tensor<T, (M, N)>) {
+                let (i, j) = (program_id(0), program_id(1));
+                let mut acc = zeros::<f32>([BM, BN]);
+                for k in (0..K).step_by(BK) {
+                    acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+                }
+                c.block([i * BM, j * BN], [BM, BN]).store(acc.cast::<T>());
+            }
+        },
+        &[DType::BF16],
+    );
+    for want in [
+        "for L0 in %",
+        "= loop_index L0 : i64  // k",
+        "= loop_carried L0.0 : f32[BM, BN]  // acc",
+        "= dot %",
+        "yield L0 [%",
+        "= loop_result L0.0 : f32[BM, BN]  // acc",
+        "cast %",
+    ] {
+        assert!(text.contains(want), "missing `{want}` in\n{text}");
+    }
+    assert_eq!(text.matches("loop_carried").count(), 1, "{text}");
+}
+
+#[test]
+fn what_a_loop_carries() {
+    // Only variables from outside that the body assigns; a `let` in the body shadows;
+    // a body's `let`s end with it; nested loops carry through both.
+    let text = ir(
+        quote! {
+            fn k(x: Tensor<f32, (N,)>, out: &mut Tensor<f32, (N,)>) {
+                let i = program_id(0);
+                let mut s = x.block([i * BN], [BN]).load();
+                let mut t = s;
+                let mut untouched = s;
+                let u = untouched;
+                for r in 0..4 {
+                    let mut t = s;
+                    t += 1.0;
+                    for q in (r..8).step_by(2) {
+                        s = s * 0.5 + t;
+                    }
+                    let t = 3;
+                }
+                t = t + u;
+                out.block([i * BN], [BN]).store(s + t);
+            }
+        },
+        &[],
+    );
+    // s is carried by both loops; t (outer) is not carried (the body's `t` shadows it)
+    assert_eq!(text.matches("loop_carried").count(), 2, "{text}");
+    assert!(text.contains("loop_carried L0.0 : f32[BN]  // s"), "{text}");
+    assert!(text.contains("loop_carried L1.0 : f32[BN]  // s"), "{text}");
+    // the inner loop starts at the outer index and steps by 2
+    assert!(text.contains("for L1 in %"), "{text}");
+    assert!(text.contains("loop_result L0.0 : f32[BN]  // s"), "{text}");
+}
+
+#[test]
+fn loops_without_carried_values_and_plain_ranges() {
+    let text = ir(
+        quote! {
+            fn k(x: Tensor<f32, (M, N)>, out: &mut Tensor<f32, (M, N)>) {
+                let i = program_id(0);
+                for j in (0..N).step_by(BN) {
+                    out.block([i * BM, j], [BM, BN]).store(x.block([i * BM, j], [BM, BN]).load() * 2.0);
+                }
+                for _ in 1..(N / 2 + 1) {
+                }
+            }
+        },
+        &[],
+    );
+    assert!(text.contains("init []"), "{text}");
+    assert_eq!(text.matches("yield").count(), 2, "{text}");
+}
+
+#[test]
+fn loop_errors() {
+    let err = |item| check(item).err().unwrap();
+    // a different dtype assigned to a carried variable (only for T = f16, bf16)
+    let e = err(quote! {
+        fn k<T: Float>(x: Tensor<T, (N,)>, out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            let mut acc = zeros::<f32>([BN]);
+            for k in 0..4 {
+                acc = x.block([i * BN], [BN]).load();
+            }
+            out.block([i * BN], [BN]).store(acc);
+        }
+    });
+    assert_eq!(
+        e,
+        "`acc = ..` expects a value of the type of `acc` at the start of the loop, f32[BN], found f16[BN] (with T = f16)"
+    );
+    // another shape
+    let e = err(quote! {
+        fn k(x: Tensor<f32, (M, N)>, out: &mut Tensor<f32, (M,)>) {
+            let i = program_id(0);
+            let mut acc = zeros::<f32>([BM]);
+            for k in (0..N).step_by(BN) {
+                acc += x.block([i * BM, k], [BM, BN]).load();
+            }
+            out.block([i * BM], [BM]).store(acc);
+        }
+    });
+    assert!(e.starts_with("shape mismatch in `add`: [BM] vs [BM, BN]"), "{e}");
+    let e = err(quote! {
+        fn k(x: Tensor<f32, (M, N)>, out: &mut Tensor<f32, (M,)>) {
+            let i = program_id(0);
+            let mut acc = 0.0;
+            for k in (0..N).step_by(BN) {
+                acc = x.block([i * BM, k], [BM, BN]).load().sum();
+            }
+            out.block([i * BM], [BM]).store(acc);
+        }
+    });
+    assert_eq!(e, "`acc = ..` expects a value of the type of `acc` at the start of the loop, f32, found f32[BM]");
+    // bounds are i64
+    let e = err(quote! {
+        fn k(out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            for k in 0.0..4.0 {
+            }
+            out.block([i * BN], [BN]).store(1.0);
+        }
+    });
+    assert_eq!(e, "`for` expects an i64 scalar start, found f32");
+    // the body's values stay in the body
+    let e = err(quote! {
+        fn k(out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            for k in 0..4 {
+                let v = 1.0;
+            }
+            out.block([i * BN], [BN]).store(v);
+        }
+    });
+    assert_eq!(e, "cannot find `v` in this kernel");
+    // immutable variables, parameters, the loop variable
+    let e = err(quote! {
+        fn k(out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            let s = 0.0;
+            for k in 0..4 {
+                s += 1.0;
+            }
+            out.block([i * BN], [BN]).store(s);
+        }
+    });
+    assert!(e.starts_with("cannot assign twice to immutable variable `s`"), "{e}");
+    let e = err(quote! {
+        fn k(out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            for k in 0..4 {
+                k += 1;
+            }
+        }
+    });
+    assert!(e.starts_with("cannot assign twice to immutable variable `k`"), "{e}");
+    let e = err(quote! {
+        fn k(x: Tensor<f32, (N,)>, out: &mut Tensor<f32, (N,)>) {
+            for k in 0..4 {
+                out = x;
+            }
+        }
+    });
+    assert!(e.starts_with("cannot assign to the parameter `out`"), "{e}");
+    // forms
+    for (item, want) in [
+        (quote! { fn k() { while true { } } }, "`while` is not supported in a #[kfuse] kernel"),
+        (quote! { fn k() { for k in 0..4 { break; } } }, "`break` is not supported in a #[kfuse] kernel"),
+        (quote! { fn k() { for k in 0..4 { continue; } } }, "`continue` is not supported"),
+        (quote! { fn k() { loop { } } }, "`loop` is not supported"),
+        (quote! { fn k(n: i64) { for k in n { } } }, "a #[kfuse] `for` loops over a range of indices"),
+        (quote! { fn k() { for k in 0..=4 { } } }, "inclusive ranges are not supported"),
+        (quote! { fn k() { for k in 0.. { } } }, "a #[kfuse] loop range needs both ends"),
+        (quote! { fn k() { for k in 0..8.step_by(2) { } } }, "`lo..hi.step_by(s)` steps `hi`"),
+        (quote! { fn k() { for k in (0..8).rev() { } } }, "`.rev()` is not supported on a loop range"),
+        (quote! { fn k() { for mut k in 0..8 { } } }, "the loop variable cannot be `mut`"),
+        (quote! { fn k() { for (a, b) in 0..8 { } } }, "the variable of a #[kfuse] `for` is a plain name"),
+        (quote! { fn k() { 'outer: for k in 0..8 { } } }, "loop labels are not supported"),
+        (quote! { fn k() { let x = for k in 0..8 { }; } }, "a `for` loop is a statement"),
+    ] {
+        let e = err(item);
+        assert!(e.starts_with(want), "{e}");
+    }
+}
+
+#[test]
+fn zeros_and_dot_errors() {
+    let err = |item| check(item).err().unwrap();
+    let e = err(quote! {
+        fn k(out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            out.block([i * BN], [BN]).store(zeros([BN]));
+        }
+    });
+    assert!(e.starts_with("`zeros` takes its dtype as a type argument"), "{e}");
+    let e = err(quote! {
+        fn k(out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            out.block([i * BN], [BN]).store(zeros::<u8>([BN]));
+        }
+    });
+    assert!(e.starts_with("expected a dtype"), "{e}");
+    let e = err(quote! {
+        fn k(out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            out.block([i * BN], [BN]).store(zeros::<f32>(BN));
+        }
+    });
+    assert!(e.starts_with("the shape of `zeros` is an array of extents"), "{e}");
+    let e = err(quote! {
+        fn k(out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            out.block([i * BN], [BN]).store(zeros::<f32>([i]));
+        }
+    });
+    assert!(e.starts_with("`i` is a runtime value; an extent of `zeros` is"), "{e}");
+    let e = err(quote! {
+        fn k(out: &mut Tensor<f32, (N,)>) {
+            let i = program_id(0);
+            out.block([i * BN], [BN]).store(exp::<f32>(1.0));
+        }
+    });
+    assert_eq!(e, "`exp` takes no type arguments");
+    let e = err(quote! {
+        fn k<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<f32, (K, N)>, c: &mut Tensor<f32, (M, N)>) {
+            let (i, j) = (program_id(0), program_id(1));
+            c.block([i * BM, j * BN], [BM, BN]).store(dot(a.block([i * BM, 0], [BM, BK]).load(), b.block([0, j * BN], [BK, BN]).load()));
+        }
+    });
+    assert_eq!(e, "dtype mismatch in `dot`: f16 vs f32 (with T = f16)");
+    let e = err(quote! {
+        fn k(a: Tensor<f32, (M, K)>, b: Tensor<f32, (K, N)>, c: &mut Tensor<f32, (M, N)>) {
+            let (i, j) = (program_id(0), program_id(1));
+            c.block([i * BM, j * BN], [BM, BN]).store(dot(a.block([i * BM, 0], [BM, BK]).load(), b.block([0, j * BN], [BN, BN]).load()));
+        }
+    });
+    assert_eq!(e, "shape mismatch in `dot`: [BM, BK] vs [BN, BN]");
+    let e = err(quote! {
+        fn k(a: Tensor<f32, (M, K)>, c: &mut Tensor<f32, (M, N)>) {
+            let (i, j) = (program_id(0), program_id(1));
+            c.block([i * BM, j * BN], [BM, BN]).store(dot(a.block([i * BM, 0], [BM, BK]).load()));
+        }
+    });
+    assert_eq!(e, "`dot` takes 2 arguments, found 1");
+}
+
+#[test]
+#[ignore = "prints IR of a loop kernel"]
+fn print_loop_ir() {
+    println!(
+        "{}",
+        ir(
+            quote! {
+                fn k(x: Tensor<f32, (N,)>, out: &mut Tensor<f32, (N,)>) {
+                    let i = program_id(0);
+                    let mut s = x.block([i * BN], [BN]).load();
+                    let mut t = s;
+                    let mut untouched = s;
+                    let u = untouched;
+                    for r in 0..4 {
+                        let mut t = s;
+                        t += 1.0;
+                        for q in (r..8).step_by(2) {
+                            s = s * 0.5 + t;
+                        }
+                        let t = 3;
+                    }
+                    t = t + u;
+                    out.block([i * BN], [BN]).store(s + t);
+                }
+            },
+            &[],
+        )
+    );
+}

@@ -8,19 +8,23 @@
 //! When the error depends on the generics (another assignment builds, or fails
 //! differently), the message ends with the assignment: "… (with T = f16)".
 
-use kfuse_ir::{AccessDim, Builder, DType, Extent, IrError, Kernel, ParamId, ShapeSym, TileSym, ValueId};
+use kfuse_ir::{AccessDim, Builder, DType, Extent, IrError, Kernel, LoopId, ParamId, ShapeSym, TileSym, ValueId};
 
 use crate::ast::{DTy, Kernel as Ast, Sp};
 use crate::lower::{DimRef, ExtentRef, Plan, StepKind};
 
 /// The result of a step while executing a plan.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Res {
     None,
     Shape(ShapeSym),
     Tile(TileSym),
     Param(ParamId),
     Value(ValueId),
+    /// `begin_for`: the loop, its index and its carried values.
+    Loop(LoopId, ValueId, Vec<ValueId>),
+    /// `end_for`: the loop's results.
+    Results(Vec<ValueId>),
 }
 
 /// Where a check failed.
@@ -113,12 +117,20 @@ fn check(plan: &Plan, name: &str, dtypes: &[DType]) -> Result<(), Failure> {
 }
 
 /// Executes the plan's builder calls; with `verify_each`, runs the verifier after
-/// every step and fails at the first step that breaks it.
+/// every step outside loops (a loop verifies once it is closed: its last step, the
+/// `EndFor`, takes the blame for what breaks inside it) and fails at the first step
+/// that breaks it.
 fn run(plan: &Plan, dtypes: &[DType], b: &mut Builder, verify_each: bool) -> Result<(), Failure> {
     let mut res: Vec<Res> = Vec::with_capacity(plan.steps.len());
+    let mut open = 0usize;
     for (i, step) in plan.steps.iter().enumerate() {
         let r = exec(b, &step.kind, &res, dtypes).map_err(|err| Failure { at: At::Step(i), err })?;
-        if verify_each {
+        match step.kind {
+            StepKind::BeginFor { .. } => open += 1,
+            StepKind::EndFor { .. } => open -= 1,
+            _ => {}
+        }
+        if verify_each && open == 0 {
             kfuse_ir::verify::verify(b.kernel(), "build").map_err(|err| Failure { at: At::Step(i), err })?;
         }
         res.push(r);
@@ -136,22 +148,30 @@ fn dtype(d: DTy, dtypes: &[DType]) -> DType {
 /// One builder call. Slots always name results of the right kind (the plan is built
 /// that way), so a mismatch is a bug of this crate and panics.
 fn exec(b: &mut Builder, kind: &StepKind, res: &[Res], dtypes: &[DType]) -> Result<Res, IrError> {
-    let v = |s: usize| match res[s] {
-        Res::Value(v) => v,
+    let v = |s: usize| match &res[s] {
+        Res::Value(v) => *v,
         other => panic!("kfuse-macros: slot {s} is {other:?}, not a value"),
     };
     let vs = |s: &[usize]| s.iter().map(|&s| v(s)).collect::<Vec<_>>();
-    let shape = |s: usize| match res[s] {
-        Res::Shape(x) => x,
+    let shape = |s: usize| match &res[s] {
+        Res::Shape(x) => *x,
         other => panic!("kfuse-macros: slot {s} is {other:?}, not a shape symbol"),
     };
-    let tile = |s: usize| match res[s] {
-        Res::Tile(x) => x,
+    let tile = |s: usize| match &res[s] {
+        Res::Tile(x) => *x,
         other => panic!("kfuse-macros: slot {s} is {other:?}, not a tile symbol"),
     };
-    let param = |s: usize| match res[s] {
-        Res::Param(x) => x,
+    let param = |s: usize| match &res[s] {
+        Res::Param(x) => *x,
         other => panic!("kfuse-macros: slot {s} is {other:?}, not a parameter"),
+    };
+    let lp = |s: usize| match &res[s] {
+        Res::Loop(id, index, carried) => (*id, *index, carried.clone()),
+        other => panic!("kfuse-macros: slot {s} is {other:?}, not a loop"),
+    };
+    let results = |s: usize| match &res[s] {
+        Res::Results(r) => r.clone(),
+        other => panic!("kfuse-macros: slot {s} is {other:?}, not loop results"),
     };
     let extent = |e: ExtentRef| match e {
         ExtentRef::Const(c) => Extent::Const(c),
@@ -196,6 +216,20 @@ fn exec(b: &mut Builder, kind: &StepKind, res: &[Res], dtypes: &[DType]) -> Resu
             b.name(v(*x), n);
             Res::None
         }
+        StepKind::Zeros { dtype: d, extents } => {
+            let e: Vec<Extent> = extents.iter().map(|e| extent(*e)).collect();
+            Res::Value(b.zeros(dtype(*d, dtypes), &e)?)
+        }
+        StepKind::Dot(x, y) => Res::Value(b.dot(v(*x), v(*y))?),
+        StepKind::BeginFor { lo, hi, step, inits } => {
+            let (id, index, carried) = b.begin_for(v(*lo), v(*hi), v(*step), &vs(inits))?;
+            Res::Loop(id, index, carried)
+        }
+        StepKind::LoopIndex(s) => Res::Value(lp(*s).1),
+        StepKind::LoopCarried(s, i) => Res::Value(lp(*s).2[*i]),
+        StepKind::Conform { value, like, name } => Res::Value(b.conform(v(*value), v(*like), name)?),
+        StepKind::EndFor { begin, next } => Res::Results(b.end_for(lp(*begin).0, &vs(next))?),
+        StepKind::LoopResult(s, i) => Res::Value(results(*s)[*i]),
     })
 }
 

@@ -125,6 +125,45 @@ pub fn rotary<T: Float>(x: &mut Tensor<T, (S, H, R, DH)>, pos: Tensor<i64, (S,)>
     x.block([t, 0, 0, 0], [_, H, _, 4]).store(select(first.unsqueeze(0), (ms * 0.0).cast::<T>(), 0.0));
 }
 
+/// A loop carrying an f32 accumulator, `zeros` and `dot`.
+#[kfuse(crate = "crate::fake")]
+pub fn gemm<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, c: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    c.block([i * BM, j * BN], [BM, BN]).store(acc.cast::<T>());
+}
+
+/// Nested loops carrying two values (assigned in the inner loop only, so carried by
+/// both), a loop without a step, loop variables in index arithmetic, an epilogue.
+#[kfuse(crate = "crate::fake")]
+pub fn two_dots<T: Float>(x: Tensor<T, (M, K)>, wg: Tensor<T, (K, N)>, wu: Tensor<T, (K, N)>, out: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut g = zeros::<f32>([BM, BN]);
+    let mut u = zeros::<f32>([BM, BN]);
+    for k0 in (0..K).step_by(BK * 2) {
+        for h in 0..2 {
+            let k = k0 + h * BK;
+            let xt = x.block([i * BM, k], [BM, BK]).load();
+            g += dot(xt, wg.block([k, j * BN], [BK, BN]).load());
+            u = u + dot(xt, wu.block([k, j * BN], [BK, BN]).load());
+        }
+    }
+    out.block([i * BM, j * BN], [BM, BN]).store((g * sigmoid(g) * u).cast::<T>());
+}
+
+#[test]
+fn gemm_bf16() {
+    insta::assert_snapshot!(ir(&gemm::DEF, &[DType::BF16]));
+}
+
+#[test]
+fn two_dots_f16() {
+    insta::assert_snapshot!(ir(&two_dots::DEF, &[DType::F16]));
+}
+
 #[test]
 fn add_bf16() {
     insta::assert_snapshot!(ir(&add::DEF, &[DType::BF16]));
@@ -187,7 +226,7 @@ fn rotary_bf16() {
 #[test]
 fn every_kernel_builds_for_every_float() {
     let defs =
-        [&add::DEF, &transpose::DEF, &rmsnorm::DEF, &softmax::DEF, &accumulate::DEF, &literals::DEF, &select_cmp::DEF, &gelu::DEF, &rotary::DEF];
+        [&add::DEF, &transpose::DEF, &rmsnorm::DEF, &softmax::DEF, &accumulate::DEF, &literals::DEF, &select_cmp::DEF, &gelu::DEF, &rotary::DEF, &gemm::DEF, &two_dots::DEF];
     for def in defs {
         for d in [DType::F32, DType::F16, DType::BF16] {
             ir(def, &[d]);

@@ -5,8 +5,10 @@
 //!
 //! Levels, fastest first:
 //! 1. per device, loaded functions keyed by `ModuleKey` — (kernel, dtypes, [`Spec`],
-//!    [`Target`]) — so that a repeated launch skips IR building, codegen and NVRTC, and
-//!    by source hash for pre-emitted kernels;
+//!    [`Target`]; the emitted kernel, with its tensor-map boxes, swizzles and persistent
+//!    grid, is a function of these) — so that a repeated launch skips IR building,
+//!    codegen and NVRTC, and by a hash of source *and* launch rule for pre-emitted
+//!    kernels (`source_key`);
 //! 2. per process, PTX keyed by the disk key below ([`CacheOutcome::Memory`]);
 //! 3. on disk, PTX files in `$KFUSE_CACHE_DIR` (default `<user cache dir>/kfuse`; an
 //!    empty `KFUSE_CACHE_DIR` turns the disk level off) ([`CacheOutcome::Disk`]);
@@ -256,13 +258,7 @@ impl FunctionCache {
         emitted: &EmittedKernel,
         load: impl FnOnce(&str) -> Result<CudaFunction>,
     ) -> Result<(Arc<LoadedKernel>, CacheOutcome)> {
-        let mut h = Sha256::new();
-        for part in [emitted.source.as_str(), &emitted.arch, &emitted.entry, &emitted.options.join("\u{1}")] {
-            h.update((part.len() as u64).to_le_bytes());
-            h.update(part.as_bytes());
-        }
-        h.update(emitted.smem_bytes.to_le_bytes());
-        let skey = hex(&h.finalize());
+        let skey = source_key(emitted);
         if let Some(k) = self.by_source.lock().unwrap_or_else(|e| e.into_inner()).get(&skey) {
             return Ok((k.clone(), CacheOutcome::Memory));
         }
@@ -274,9 +270,65 @@ impl FunctionCache {
     }
 }
 
+/// The key of a pre-emitted kernel in [`FunctionCache`]: a hash of everything the loaded
+/// kernel is launched with — source, arch, entry, options, shared memory — and of how it
+/// is launched: the parameter list (tensor-map boxes and swizzles included), the grid
+/// rule, threads, cluster width and the persistent block count. Two emitted kernels that
+/// share a source but not a launch rule must not share a cache entry, since the entry
+/// keeps the first one's [`EmittedKernel`] to launch with.
+pub(crate) fn source_key(emitted: &EmittedKernel) -> String {
+    let launch = format!(
+        "params {:?}\ngrid {:?}\nthreads {}\ncluster_x {}\npersistent {:?}\nsmem {}",
+        emitted.params, emitted.grid, emitted.block_threads, emitted.cluster_x, emitted.persistent, emitted.smem_bytes
+    );
+    let mut h = Sha256::new();
+    for part in [emitted.source.as_str(), &emitted.arch, &emitted.entry, &emitted.options.join("\u{1}"), &launch] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    hex(&h.finalize())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn source_key_covers_the_launch_rule() {
+        use kfuse_codegen::{GridAxisEval, KernelParam};
+        use kfuse_ir::{ParamId, ShapeSym};
+        let base = EmittedKernel {
+            entry: "k".into(),
+            source: "src".into(),
+            arch: "sm_90a".into(),
+            options: vec![],
+            block_threads: 128,
+            smem_bytes: 0,
+            params: vec![KernelParam::TensorMap { tensor: ParamId(0), box_dims: vec![64, 64], swizzle: 128 }],
+            grid: vec![GridAxisEval { dim: ShapeSym(0), step: 64 }],
+            cluster_x: 1,
+            persistent: None,
+            ir: String::new(),
+            tiles: Default::default(),
+        };
+        let k = source_key(&base);
+        assert_eq!(k, source_key(&base.clone()));
+        let changed = [
+            EmittedKernel { params: vec![KernelParam::TensorMap { tensor: ParamId(0), box_dims: vec![64, 32], swizzle: 128 }], ..base.clone() },
+            EmittedKernel { params: vec![KernelParam::TensorMap { tensor: ParamId(0), box_dims: vec![64, 64], swizzle: 64 }], ..base.clone() },
+            EmittedKernel { persistent: Some(132), ..base.clone() },
+            EmittedKernel { cluster_x: 2, ..base.clone() },
+            EmittedKernel { block_threads: 256, ..base.clone() },
+            EmittedKernel { smem_bytes: 1024, ..base.clone() },
+            EmittedKernel { grid: vec![GridAxisEval { dim: ShapeSym(0), step: 128 }], ..base.clone() },
+            EmittedKernel { source: "src2".into(), ..base.clone() },
+        ];
+        for c in &changed {
+            assert_ne!(source_key(c), k, "{c:?}");
+        }
+        // the IR text and the tile report do not change what is launched
+        assert_eq!(source_key(&EmittedKernel { ir: "x".into(), ..base.clone() }), k);
+    }
 
     #[test]
     fn entry_format_round_trips_and_rejects_damage() {

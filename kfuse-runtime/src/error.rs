@@ -47,6 +47,9 @@ pub enum Error {
     Ir(kfuse_ir::IrError),
     /// A file-system error (the disk cache).
     Io(std::io::Error),
+    /// A vendor library used for baselines (cuBLAS, cuBLASLt; see [`crate::vendor`]) is
+    /// missing or failed.
+    Vendor(String),
 }
 
 /// The runtime's result type.
@@ -101,6 +104,7 @@ impl fmt::Display for Error {
             Error::Codegen(e) => write!(f, "code generation failed: {e}"),
             Error::Ir(e) => write!(f, "{e}"),
             Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::Vendor(m) => write!(f, "vendor library: {m}"),
         }
     }
 }

@@ -16,8 +16,10 @@
 //! 4. on CPU tensors, run the IR interpreter ([`Backend::Interpreter`]);
 //! 5. on GPU tensors, compute the [`Spec`], look the kernel up in the device's cache, or
 //!    else generate code, compile it through the PTX cache and load it; then launch it on
-//!    the device's stream with the grid, block and shared memory the codegen chose and
-//!    the parameters in [`EmittedKernel::params`] order.
+//!    the device's stream with the grid ([`EmittedKernel::grid_dims`]: persistent
+//!    kernels and clusters included), block and shared memory the codegen chose and the
+//!    parameters in [`EmittedKernel::params`] order (a TMA tensor map is encoded for each
+//!    launch by [`crate::tma`] and passed by value).
 //!
 //! Invariants: nothing reaches the GPU or the interpreter before every check of step 1
 //! has passed; a launch never blocks on the GPU unless `KFUSE_SYNC=1` is set (then it
@@ -512,7 +514,7 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
                     (k, o)
                 }
             };
-            issue(device, &loaded, kernel, args, &shapes)?;
+            launched.skipped_empty = !issue(device, &loaded, kernel, args, &shapes)?;
             launched.cache = Some(outcome);
         }
     }
@@ -554,7 +556,7 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
     }
     let gpu = device.gpu_ref().expect("a GPU");
     let (loaded, outcome) = gpu.functions.get_or_load(emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes))?;
-    issue(&device, &loaded, kernel, args, &shapes)?;
+    launched.skipped_empty = !issue(&device, &loaded, kernel, args, &shapes)?;
     launched.cache = Some(outcome);
     Ok(launched)
 }
@@ -566,14 +568,25 @@ fn sync_each_launch() -> bool {
 }
 
 /// One kernel parameter value.
+///
+/// cudarc's launch builder records a pointer to each argument (`&T` with `T:
+/// DeviceRepr`) and `cuLaunchKernel` copies each parameter from its pointer, with the size
+/// the kernel image gives it. So every value, the 128-byte tensor map included, is built
+/// into this list first and only then pushed: the list is neither moved nor grown while
+/// the builder holds pointers into it, and it lives until the launch call returns.
+/// [`TensorMap`](crate::tma::TensorMap) implements `DeviceRepr` for exactly this (the
+/// kernel declares `const __grid_constant__ CUtensorMap`, passed by value).
 enum PVal {
     U64(u64),
     I64(i64),
     F32(f32),
+    Map(crate::tma::TensorMap),
 }
 
-/// Launches a loaded kernel on checked arguments.
-fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64]) -> Result<()> {
+/// Launches a loaded kernel on checked arguments, on the grid [`EmittedKernel::grid_dims`]
+/// gives (persistent kernels and clusters included). Returns false, launching nothing,
+/// when that grid is empty (the callers' own empty checks make this a safety net).
+fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64]) -> Result<bool> {
     let e = &k.emitted;
     let gpu = device.gpu_ref().expect("a GPU");
     let name = &e.entry;
@@ -584,6 +597,9 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
         return Err(Error::InvalidArgument(format!("the grid of `{name}` refers to a shape symbol the kernel does not have")));
     }
     let g = e.grid_dims(shapes);
+    if g.contains(&0) {
+        return Ok(false);
+    }
     if g[0] >= 1 << 31 || g[1] > 65535 || g[2] > 65535 {
         return Err(Error::InvalidArgument(format!(
             "`{name}` needs a grid of {g:?} blocks; CUDA allows x < 2^31 and y, z ≤ 65535 (the tensors are too large for this kernel's tiling)"
@@ -600,8 +616,12 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
     let mut vals = Vec::with_capacity(e.params.len());
     for p in &e.params {
         vals.push(match *p {
-            KernelParam::TensorMap { .. } => {
-                return Err(Error::InvalidArgument(format!("`{name}` takes a TMA tensor map, which this runtime cannot build yet")))
+            KernelParam::TensorMap { tensor: id, ref box_dims, swizzle } => {
+                let t = tensor(id)?;
+                PVal::Map(crate::tma::encode_tiled(t, box_dims, swizzle).map_err(|err| match err {
+                    Error::InvalidArgument(m) => Error::InvalidArgument(format!("`{name}`, parameter #{}: {m}", id.0)),
+                    other => other,
+                })?)
             }
             KernelParam::Ptr(id) => PVal::U64(tensor(id)?.device_ptr().ok_or_else(|| Error::InvalidArgument("a CPU tensor in a GPU launch".into()))?),
             KernelParam::Stride { tensor: id, dim } => {
@@ -633,6 +653,7 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
             PVal::U64(x) => b.arg(x),
             PVal::I64(x) => b.arg(x),
             PVal::F32(x) => b.arg(x),
+            PVal::Map(x) => b.arg(x),
         };
     }
     let cfg = LaunchConfig { grid_dim: (g[0] as u32, g[1] as u32, g[2] as u32), block_dim: (e.block_threads, 1, 1), shared_mem_bytes: e.smem_bytes };
@@ -648,7 +669,7 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
     if sync_each_launch() {
         gpu.sync().map_err(|err| Error::Driver(format!("kernel `{name}` failed: {err}")))?;
     }
-    Ok(())
+    Ok(true)
 }
 
 /// A lock on host storage held during an interpreter run.

@@ -14,7 +14,10 @@
 //! - [`tensor`]: [`Tensor`], strided views of host or device storage;
 //! - [`nvrtc`]: finding libnvrtc and the CUDA headers, compiling to PTX;
 //! - [`cache`]: PTX cache in memory and on disk, loaded kernels per device;
-//! - [`launch`](mod@launch): argument checking, specialization, dispatch.
+//! - [`launch`](mod@launch): argument checking, specialization, dispatch;
+//! - [`tma`]: TMA tensor maps (`cuTensorMapEncodeTiled`) for kernels that take them;
+//! - [`vendor`]: cuBLAS / cuBLASLt GEMMs on kfuse tensors — benchmark and test support
+//!   (baselines in the same process), not part of the kernel path.
 //!
 //! Without a GPU or a CUDA driver everything builds and the CPU path works; compiling
 //! needs only libnvrtc (see [`nvrtc`] for where it is looked for); running on a GPU needs
@@ -32,6 +35,8 @@ pub mod error;
 pub mod launch;
 pub mod nvrtc;
 pub mod tensor;
+pub mod tma;
+pub mod vendor;
 
 pub use cache::{compile_cached, CacheOutcome, PtxCache};
 pub use device::{gpu_count, Device};

@@ -248,3 +248,264 @@ fn launch_overhead() {
     assert!(out.to_vec_f32().unwrap().iter().all(|&x| x == 3.0));
     assert!(host_us < 1000.0);
 }
+
+/// The IR side of the hand-written TMA kernel below (it only describes the arguments):
+/// `tma_box(x: Tensor<bf16, (R, C)>, out: &mut Tensor<bf16, (BR, BC)>, row0: i64, col0: i64)`.
+fn tma_box_ir() -> kfuse_ir::Kernel {
+    let mut b = kfuse_ir::Builder::new("tma_box");
+    let (r, c, br, bc) = (b.shape_sym("R"), b.shape_sym("C"), b.shape_sym("BR"), b.shape_sym("BC"));
+    b.tensor_param("x", DType::BF16, &[r, c], false);
+    b.tensor_param("out", DType::BF16, &[br, bc], true);
+    b.scalar_param("row0", DType::I64);
+    b.scalar_param("col0", DType::I64);
+    b.finish().unwrap()
+}
+
+/// CUDA for one block that loads the `br × bc` box at (`row0`, `col0`) of a bf16 matrix
+/// through its TMA tensor map (`cp.async.bulk.tensor`, completion on an mbarrier) into
+/// shared memory, then writes it out row-major, undoing the 128-byte swizzle when
+/// `swizzle` is 128 (the 16-byte chunk index within each 128-byte row is XORed with
+/// row % 8; the tile is 1024-byte aligned so that the pattern starts at its first row).
+fn tma_box_source(br: u32, bc: u32, swizzle: u32) -> String {
+    format!(
+        r#"
+#define BR {br}
+#define BC {bc}
+#define SWIZZLE {swizzle}
+// The 128 bytes of a CUtensorMap (cuda.h is not needed for an opaque, by-value parameter).
+struct __align__(64) KfTensorMap {{ unsigned long long opaque[16]; }};
+
+extern "C" __global__ void __launch_bounds__(128) kf_tma_box(const __grid_constant__ KfTensorMap map,
+        unsigned short* __restrict__ out, long long so, long long row0, long long col0) {{
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    __shared__ __align__(8) unsigned long long bar;
+    unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
+    unsigned pad = (1024u - (raw & 1023u)) & 1023u;
+    const unsigned short* tile = (const unsigned short*)(smem_raw + pad);
+    unsigned tile_s = raw + pad;
+    unsigned bar_s = (unsigned)__cvta_generic_to_shared(&bar);
+    if (threadIdx.x == 0) {{
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar_s) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }}
+    __syncthreads();
+    if (threadIdx.x == 0) {{
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar_s), "r"(BR * BC * 2) : "memory");
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {{%2, %3}}], [%4];"
+            :: "r"(tile_s), "l"((unsigned long long)&map), "r"((int)col0), "r"((int)row0), "r"(bar_s) : "memory");
+    }}
+    unsigned done = 0;
+    while (!done) {{
+        asm volatile(
+            "{{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}}"
+            : "=r"(done) : "r"(bar_s), "r"(0u) : "memory");
+    }}
+    for (int i = threadIdx.x; i < BR * BC; i += 128) {{
+        int r = i / BC, c = i % BC;
+        int s = i;
+        if (SWIZZLE == 128) s = r * BC + ((((c >> 3) ^ (r & 7)) << 3) | (c & 7));
+        out[r * so + c] = tile[s];
+    }}
+}}
+"#
+    )
+}
+
+fn tma_box_kernel(arch: String, br: u32, bc: u32, swizzle: u32) -> EmittedKernel {
+    let p = |i| ParamId(i);
+    EmittedKernel {
+        entry: "kf_tma_box".into(),
+        source: tma_box_source(br, bc, swizzle),
+        arch,
+        options: vec![],
+        block_threads: 128,
+        smem_bytes: br * bc * 2 + 1024,
+        params: vec![
+            KernelParam::TensorMap { tensor: p(0), box_dims: vec![br, bc], swizzle },
+            KernelParam::Ptr(p(1)),
+            KernelParam::Stride { tensor: p(1), dim: 0 },
+            KernelParam::Scalar(p(2)),
+            KernelParam::Scalar(p(3)),
+        ],
+        grid: vec![],
+        cluster_x: 1,
+        persistent: None,
+        ir: String::new(),
+        tiles: BTreeMap::new(),
+    }
+}
+
+/// The TMA test kernel compiles with NVRTC for sm_90a and assembles with ptxas, on any
+/// machine with NVRTC (no GPU needed); without NVRTC it passes vacuously unless
+/// `KFUSE_REQUIRE_NVRTC=1`.
+#[test]
+fn tma_kernel_compiles_for_sm90a() {
+    use kfuse_runtime::nvrtc;
+    if !nvrtc::nvrtc_available() {
+        assert!(!std::env::var("KFUSE_REQUIRE_NVRTC").is_ok_and(|v| v == "1"), "KFUSE_REQUIRE_NVRTC=1 but libnvrtc is missing");
+        eprintln!("libnvrtc not found; skipping");
+        return;
+    }
+    for (br, bc, sw) in [(32, 40, 0), (16, 64, 128)] {
+        let ptx = nvrtc::compile_ptx(&tma_box_source(br, bc, sw), "sm_90a", &[]).unwrap();
+        assert!(ptx.contains("cp.async.bulk.tensor.2d"), "{ptx}");
+        assert!(ptx.contains(".param .align 64 .b8 kf_tma_box_param_0[128]"), "{ptx}");
+        let Some(ptxas) = std::env::var_os("KFUSE_PTXAS").filter(|p| std::path::Path::new(p).is_file()) else { continue };
+        let dir = std::env::temp_dir().join(format!("kfuse-tma-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join(format!("tma_{sw}.ptx"));
+        std::fs::write(&f, &ptx).unwrap();
+        let o = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-v", "-o"]).arg(dir.join("tma.cubin")).arg(&f).output().unwrap();
+        assert!(o.status.success(), "ptxas failed:\n{}", String::from_utf8_lossy(&o.stderr));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// One box through the TMA path: a tensor map built by the runtime (`cuTensorMapEncodeTiled`
+/// from `KernelParam::TensorMap`), passed by value to a hand-written kernel, checked
+/// against the host data — boxes inside the tensor, hanging past its edges and starting
+/// before them (zeros there), on a narrowed view (offset and row stride of the parent),
+/// unswizzled and with the 128-byte swizzle.
+#[test]
+fn tma_tensor_map_loads_boxes() {
+    let Some(d) = gpu() else { return };
+    if d.compute_capability().unwrap().0 < 9 {
+        eprintln!("{}: TMA needs sm_90; skipping", d.describe());
+        return;
+    }
+    let k = tma_box_ir();
+    let arch = d.target().unwrap().arch();
+    // (rows, cols, parent cols, column offset of the view, box, swizzle, box origins)
+    type Case = (usize, usize, usize, usize, [u32; 2], u32, &'static [(i64, i64)]);
+    let cases: [Case; 2] = [
+        (100, 200, 216, 8, [32, 40], 0, &[(0, 0), (10, 16), (80, 176), (-5, -8), (99, 199)]),
+        (70, 136, 136, 0, [16, 64], 128, &[(0, 0), (8, 64), (64, 128), (3, 100), (-3, -16)]),
+    ];
+    for (rows, cols, pcols, coff, bx, sw, origins) in cases {
+        let e = tma_box_kernel(arch.clone(), bx[0], bx[1], sw);
+        let v = values(rows * pcols, 40 + sw as u64);
+        let parent = Tensor::from_f32(&v, &[rows, pcols], DType::BF16, &d).unwrap();
+        let x = parent.narrow(1, coff, cols).unwrap();
+        let host = x.to_vec_f32().unwrap();
+        let (br, bc) = (bx[0] as usize, bx[1] as usize);
+        for &(r0, c0) in origins {
+            let mut out = Tensor::full(&[br, bc], f64::NAN, DType::BF16, &d).unwrap();
+            let args = &mut [Arg::In(&x), Arg::Out(&mut out), Arg::Scalar(r0.into()), Arg::Scalar(c0.into())];
+            let r = launch_emitted(&e, &k, args).unwrap();
+            assert!(!r.skipped_empty);
+            d.synchronize().unwrap();
+            let got = out.to_vec_f32().unwrap();
+            for i in 0..br {
+                for j in 0..bc {
+                    let (gr, gc) = (r0 + i as i64, c0 + j as i64);
+                    let inside = (0..rows as i64).contains(&gr) && (0..cols as i64).contains(&gc);
+                    let want = if inside { host[gr as usize * cols + gc as usize] } else { 0.0 };
+                    assert_eq!(got[i * bc + j].to_bits(), want.to_bits(), "swizzle {sw}, box at ({r0}, {c0}), element ({i}, {j})");
+                }
+            }
+        }
+    }
+    // The runtime refuses what TMA cannot address, before launching: a view 2 bytes off
+    // 16-byte alignment, and a box wider than the swizzle span.
+    let e = tma_box_kernel(arch.clone(), 16, 64, 0);
+    let parent = Tensor::from_f32(&values(64 * 80, 3), &[64, 80], DType::BF16, &d).unwrap();
+    let x = parent.narrow(1, 1, 72).unwrap();
+    let mut out = Tensor::empty(&[16, 64], DType::BF16, &d).unwrap();
+    let err = launch_emitted(&e, &k, &mut [Arg::In(&x), Arg::Out(&mut out), Arg::Scalar(0i64.into()), Arg::Scalar(0i64.into())]).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)) && err.to_string().contains("not 16-byte aligned"), "{err}");
+    let e = tma_box_kernel(arch, 16, 128, 128);
+    let x = parent.narrow(1, 0, 72).unwrap();
+    let mut out = Tensor::empty(&[16, 128], DType::BF16, &d).unwrap();
+    let err = launch_emitted(&e, &k, &mut [Arg::In(&x), Arg::Out(&mut out), Arg::Scalar(0i64.into()), Arg::Scalar(0i64.into())]).unwrap_err();
+    assert!(err.to_string().contains("swizzle span"), "{err}");
+}
+
+/// A hand-written persistent `add`: each block walks the programs `blockIdx.x,
+/// blockIdx.x + gridDim.x, …` of `ceil(n / 128)`, and writes -1 instead of the sum when the
+/// grid it was launched with is not the `expect` blocks that `grid_dims` gives.
+fn hand_add_persistent(cap: u32, expect: u32) -> EmittedKernel {
+    let source = format!(
+        r#"
+extern "C" __global__ void __launch_bounds__(128) kf_add_persistent(const float* __restrict__ a, long long sa,
+        const float* __restrict__ b, long long sb, float* __restrict__ out, long long so, long long n) {{
+    long long programs = (n + 127) / 128;
+    for (long long p = blockIdx.x; p < programs; p += gridDim.x) {{
+        long long i = p * 128 + threadIdx.x;
+        if (i < n) out[i * so] = gridDim.x == {expect}u ? a[i * sa] + b[i * sb] : -1.0f;
+    }}
+}}
+"#
+    );
+    EmittedKernel { entry: "kf_add_persistent".into(), source, persistent: Some(cap), ..hand_add() }
+}
+
+#[test]
+fn persistent_kernels_launch_on_the_capped_grid() {
+    let Some(d) = gpu() else { return };
+    let k = (ADD.build)(&[DType::F32]).unwrap();
+    // (n, cap, blocks): 8 programs capped at 3; 8 programs under a cap of 100
+    for (n, cap, blocks) in [(1000usize, 3u32, 3u32), (1000, 100, 8), (100_003, 7, 7)] {
+        let e = hand_add_persistent(cap, blocks);
+        let shapes = [n as u64];
+        assert_eq!(e.grid_dims(&shapes), [blocks as u64, 1, 1]);
+        let (av, bv) = (values(n, 5), values(n, 6));
+        let a = Tensor::from_f32(&av, &[n], DType::F32, &d).unwrap();
+        let b = Tensor::from_f32(&bv, &[n], DType::F32, &d).unwrap();
+        let mut out = Tensor::full(&[n], f64::NAN, DType::F32, &d).unwrap();
+        let r = launch_emitted(&e, &k, &mut [Arg::In(&a), Arg::In(&b), Arg::Out(&mut out)]).unwrap();
+        assert!(!r.skipped_empty);
+        let got = out.to_vec_f32().unwrap();
+        for i in 0..n {
+            assert_eq!(got[i], av[i] + bv[i], "n={n} cap={cap} i={i}");
+        }
+    }
+    // an empty tensor: no programs, no launch
+    let e = hand_add_persistent(3, 0);
+    let (a, b) = (Tensor::zeros(&[0], DType::F32, &d).unwrap(), Tensor::zeros(&[0], DType::F32, &d).unwrap());
+    let mut out = Tensor::empty(&[0], DType::F32, &d).unwrap();
+    assert_eq!(e.grid_dims(&[0]), [0, 1, 1]);
+    assert!(launch_emitted(&e, &k, &mut [Arg::In(&a), Arg::In(&b), Arg::Out(&mut out)]).unwrap().skipped_empty);
+}
+
+/// cuBLAS and cuBLASLt through `kfuse_runtime::vendor` against a float64 CPU reference:
+/// each dtype, fp32 and TF32, packed operands, a narrowed `A` and a transposed `B` view.
+#[test]
+fn vendor_gemm_matches_a_cpu_reference() {
+    use kfuse_runtime::vendor::{Blas, Library, Math};
+    let Some(d) = gpu() else { return };
+    let blas = Blas::new(&d).unwrap();
+    let (m, n, k) = (67usize, 45usize, 129usize);
+    let av = values(m * (k + 8), 21);
+    let bv = values(n * k, 22);
+    let cases = [(DType::BF16, Math::Fp32, 1e-2), (DType::F16, Math::Fp32, 2e-3), (DType::F32, Math::Fp32, 1e-5), (DType::F32, Math::Tf32, 5e-3)];
+    for (dt, math, tol) in cases {
+        // A: columns 8.. of an [m, k + 8] tensor (row stride k + 8); B: the transpose of an [n, k] tensor
+        let a = Tensor::from_f32(&av, &[m, k + 8], dt, &d).unwrap().narrow(1, 8, k).unwrap();
+        let bt = Tensor::from_f32(&bv, &[n, k], dt, &d).unwrap();
+        let b_views = [bt.t(), bt.t().contiguous().unwrap()];
+        let (ah, bh) = (a.to_vec_f64().unwrap(), b_views[1].to_vec_f64().unwrap());
+        let mut want = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                want[i * n + j] = (0..k).map(|p| ah[i * k + p] * bh[p * n + j]).sum();
+            }
+        }
+        for b in &b_views {
+            for lib in [Library::Cublas, Library::CublasLt] {
+                let c = blas.gemm(&a, b, lib, math).unwrap();
+                assert_eq!(c.shape(), [m, n]);
+                assert_eq!(c.dtype(), dt);
+                let got = c.to_vec_f64().unwrap();
+                let num: f64 = got.iter().zip(&want).map(|(g, w)| (g - w) * (g - w)).sum();
+                let den: f64 = want.iter().map(|w| w * w).sum();
+                let rel = (num / den).sqrt();
+                eprintln!("{dt} {math:?} {lib:?} B strides {:?}: relative error {rel:.2e}", b.strides());
+                assert!(rel < tol, "{dt} {math:?} {lib:?}: relative error {rel:.2e}");
+            }
+        }
+    }
+    // mismatched shapes are refused before cuBLAS sees them
+    let x = Tensor::zeros(&[4, 8], DType::BF16, &d).unwrap();
+    assert!(matches!(blas.gemm(&x, &x, Library::Cublas, Math::Fp32), Err(Error::ShapeMismatch(_))));
+}

@@ -397,3 +397,21 @@ pub fn rope_table_pos<T: Float, C: Float>(
     k.block([t, 0, 0, 0], [_, HK, _, DH]).store((k1 * c - k2 * s).cast::<T>());
     k.block([t, 0, 1, 0], [_, HK, _, DH]).store((k2 * c + k1 * s).cast::<T>());
 }
+
+// ---------------------------------------------------------------------------------------
+// Matrix products.
+
+/// `c = a · b` for `a: [M, K]`, `b: [K, N]`: each program computes one `BM × BN` tile of
+/// `c`, walking `K` in steps of `BK` and accumulating `dot`s of tiles in f32; the sum is
+/// rounded to `T` once, at the store. Edges of any shape are masked (`K` need not be a
+/// multiple of `BK`); `K = 0` stores zeros (the loop runs zero times). The scheduler
+/// picks `BM`, `BN` and `BK`.
+#[kfuse(crate = "crate::deps")]
+pub fn gemm<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, c: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    c.block([i * BM, j * BN], [BM, BN]).store(acc.cast::<T>());
+}

@@ -18,6 +18,9 @@
 //! without its last dimension. `M = 0` gives empty results; rows of `N = 0` elements are
 //! an `Error::InvalidArgument` for softmax and the norms (sums of them are 0, means NaN,
 //! max and min an error, as in PyTorch).
+//!
+//! [`gemm`] multiplies matrices: `a: [M, K]` by `b: [K, N]` of one float dtype, any
+//! strides, accumulated in f32 and rounded to the inputs' dtype once.
 
 pub mod kernels;
 mod rope;
@@ -468,4 +471,55 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<(Tenso
     let (mut y2, mut m1, mut r1) = (io.y.reshape(&[io.m, io.n])?, mean.reshape(&[io.m])?, rstd.reshape(&[io.m])?);
     kernels::layer_norm(&io.rows, w, b, &mut y2, &mut m1, &mut r1, eps)?;
     Ok((io.y, mean, rstd))
+}
+
+// ---------------------------------------------------------------------------------------
+// Matrix products.
+
+/// The matrix product `a · b` of `a: [M, K]` and `b: [K, N]`, as a new contiguous `[M, N]`
+/// tensor of their dtype on `a`'s device.
+///
+/// `a` and `b` are 2-D, of one float dtype (f32, f16, bf16), on one device, with any
+/// strides. Products are accumulated in f32 (the interpreter sums each `BK`-wide slice
+/// of `K` exactly in f64 and then adds it in f32; the GPU's order of summation may
+/// differ) and the result is rounded to the dtype once. `M = 0` or `N = 0` gives an
+/// empty result and `K = 0` a result of zeros (the empty sum), both without a launch.
+///
+/// Errors: a rank other than 2 or an integer dtype (`Error::InvalidArgument`), different
+/// dtypes (`Error::DTypeMismatch`), inner dimensions that differ (`Error::ShapeMismatch`),
+/// different devices (`Error::DeviceMismatch`).
+pub fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    const WHAT: &str = "kfuse::ops::gemm";
+    for (t, arg) in [(a, "a"), (b, "b")] {
+        if t.rank() != 2 {
+            return Err(Error::InvalidArgument(format!("{WHAT}: `{arg}` must be a matrix (rank 2), got shape {:?}", t.shape())));
+        }
+        if !t.dtype().is_float() {
+            return Err(Error::InvalidArgument(format!("{WHAT}: `{arg}` has dtype {}; gemm takes f32, f16 or bf16", t.dtype())));
+        }
+    }
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch(format!("{WHAT}: `a` is {} but `b` is {}", a.dtype(), b.dtype())));
+    }
+    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    if b.shape()[0] != k {
+        return Err(Error::ShapeMismatch(format!(
+            "{WHAT}: `a` is {:?} and `b` is {:?}; the columns of `a` must match the rows of `b`",
+            a.shape(),
+            b.shape()
+        )));
+    }
+    if a.device() != b.device() {
+        return Err(Error::DeviceMismatch(format!("{WHAT}: `a` is on {} but `b` is on {}", a.device().name(), b.device().name())));
+    }
+    let mut c = Tensor::empty(&[m, n], a.dtype(), &a.device())?;
+    if m == 0 || n == 0 {
+        return Ok(c);
+    }
+    if k == 0 {
+        c.fill(0.0)?;
+        return Ok(c);
+    }
+    kernels::gemm(a, b, &mut c)?;
+    Ok(c)
 }

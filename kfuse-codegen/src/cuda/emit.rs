@@ -18,6 +18,8 @@ use crate::layout::RegMap;
 use crate::target::{KernelParam, Spec, Target};
 use crate::CodegenError;
 
+mod wgmma;
+
 /// Static shared memory above this needs the dynamic opt-in, which the writer does not
 /// do yet.
 const MAX_STATIC_SMEM: u32 = 48 * 1024;
@@ -102,15 +104,34 @@ fn vec_type(bytes: u32) -> Result<&'static str, CodegenError> {
     }
 }
 
-/// The thread component of a register-map axis.
+/// The thread component of a register-map axis: the thread index along the axis for a
+/// plain blocked layout (the caller scales it by `spt`), else in coordinate units.
 fn thr(m: &crate::layout::AxisMap) -> String {
-    let warp = if m.wpb > 1 { format!("((kf_warp / {}) % {})", m.warp_div, m.wpb) } else { "0".into() };
-    let lane = if m.tpw > 1 { format!("((kf_lane / {}) % {})", m.lane_div, m.tpw) } else { "0".into() };
-    match (m.wpb > 1, m.tpw > 1) {
-        (false, false) => "0".into(),
-        (false, true) => lane,
-        (true, false) => warp,
-        (true, true) => format!("({warp} * {} + {lane})", m.tpw),
+    if m.lane_step == m.spt && m.warp_step == m.spt * m.tpw {
+        // the plain blocked layout: one thread index, scaled by the caller
+        let warp = if m.wpb > 1 { format!("((kf_warp / {}) % {})", m.warp_div, m.wpb) } else { "0".into() };
+        let lane = if m.tpw > 1 { format!("((kf_lane / {}) % {})", m.lane_div, m.tpw) } else { "0".into() };
+        let t = match (m.wpb > 1, m.tpw > 1) {
+            (false, false) => return "0".into(),
+            (false, true) => lane,
+            (true, false) => warp,
+            (true, true) => format!("({warp} * {} + {lane})", m.tpw),
+        };
+        return t;
+    }
+    let mut parts = Vec::new();
+    if m.wpb > 1 {
+        let w = format!("((kf_warp / {}) % {})", m.warp_div, m.wpb);
+        parts.push(if m.warp_step > 1 { format!("{w} * {}", m.warp_step) } else { w });
+    }
+    if m.tpw > 1 {
+        let l = format!("((kf_lane / {}) % {})", m.lane_div, m.tpw);
+        parts.push(if m.lane_step > 1 { format!("{l} * {}", m.lane_step) } else { l });
+    }
+    match parts.len() {
+        0 => "0".into(),
+        1 => parts.pop().unwrap(),
+        _ => format!("({})", parts.join(" + ")),
     }
 }
 
@@ -123,11 +144,13 @@ fn local_raw(map: &RegMap, i: usize, k: &str) -> String {
         parts.push(format!("((({k}) / {}) % {}) * {}", m.rep_stride, m.reps, m.chunk));
     }
     let t = thr(m);
+    let plain = m.lane_step == m.spt && m.warp_step == m.spt * m.tpw;
     if t != "0" {
-        parts.push(if m.spt > 1 { format!("{t} * {}", m.spt) } else { t });
+        parts.push(if plain && m.spt > 1 { format!("{t} * {}", m.spt) } else { t });
     }
     if m.spt > 1 {
-        parts.push(format!("(({k}) / {}) % {}", m.e_stride, m.spt));
+        let e = format!("(({k}) / {}) % {}", m.e_stride, m.spt);
+        parts.push(if m.elem_step > 1 { format!("({e}) * {}", m.elem_step) } else { e });
     }
     if parts.is_empty() {
         "0".into()
@@ -224,6 +247,11 @@ struct Emitter<'a> {
     vals: HashMap<ValueId, Val>,
     smem: u32,
     tmp: usize,
+    /// The barrier over the threads that hold tile values (`__syncthreads()`, or a
+    /// named barrier over the consumer warpgroups of a warp-specialized kernel).
+    barrier: &'static str,
+    /// Program ids when the kernel walks them itself (persistent kernels).
+    pid: Option<Vec<String>>,
 }
 
 type R = Result<(), CodegenError>;
@@ -307,6 +335,10 @@ impl<'a> Emitter<'a> {
             Ok(())
         };
         match &node.op {
+            Op::ProgramId { axis } if self.pid.is_some() => {
+                let e = self.pid.as_ref().unwrap()[*axis as usize].clone();
+                scalar(self, DType::I64, e)
+            }
             Op::ProgramId { axis } => {
                 let c = k.schedule.cluster;
                 let e = if *axis == 0 && c > 1 { format!("(long long)(blockIdx.x / {c})") } else { format!("(long long)blockIdx.{}", ["x", "y", "z"][*axis as usize]) };
@@ -394,6 +426,12 @@ impl<'a> Emitter<'a> {
                 self.close()
             }
             Op::Convert => self.convert(op, ops[0]),
+            Op::For { .. } | Op::LoopIndex { .. } | Op::LoopCarried { .. } | Op::Yield { .. } | Op::LoopResult { .. } | Op::Dot => {
+                Err(CodegenError::Unsupported(format!(
+                    "`{}` outside a pipelined dot loop: loops compile only as `acc += dot(load, load)` over K for now",
+                    node.op.mnemonic()
+                )))
+            }
         }
     }
 
@@ -632,7 +670,7 @@ impl<'a> Emitter<'a> {
             let ct = ctype(d);
             let sl = slot_of(rmap.as_ref());
             self.open("")?;
-            self.line("__syncthreads();")?;
+            self.line(self.barrier)?;
             self.line(format!("{ct}* kf_red = reinterpret_cast<{ct}*>(kf_smem);"))?;
             let lane_c = if am.tpw > 1 { format!("((kf_lane / {}) % {}) == 0", am.lane_div, am.tpw) } else { "true".into() };
             let warp_c = format!("((kf_warp / {}) % {})", am.warp_div, am.wpb);
@@ -641,7 +679,7 @@ impl<'a> Emitter<'a> {
             self.line(format!("kf_red[{warp_c} * {slots} + {sl}] = {name}[k];"))?;
             self.close()?;
             self.close()?;
-            self.line("__syncthreads();")?;
+            self.line(self.barrier)?;
             self.unroll("k", nregs)?;
             self.line(format!("{ct} kf_acc = kf_red[{sl}];"))?;
             self.line("#pragma unroll")?;
@@ -684,7 +722,7 @@ impl<'a> Emitter<'a> {
                 if c.is_empty() { "true".to_string() } else { c.join(" && ") }
             };
             self.open("")?;
-            self.line("__syncthreads();")?;
+            self.line(self.barrier)?;
             self.line("float* kf_cl = reinterpret_cast<float*>(kf_smem);")?;
             self.open(format!("if ({first})"))?;
             self.unroll("k", nregs)?;
@@ -785,7 +823,7 @@ impl<'a> Emitter<'a> {
         let (wv, rv) = (side_vec(&smap, &s.axis_map), side_vec(&dmap, &all));
         let st = stype(d);
         self.open("")?;
-        self.line("__syncthreads();")?;
+        self.line(self.barrier)?;
         self.line(format!("{st}* kf_cv = reinterpret_cast<{st}*>(kf_smem);"))?;
         // write
         self.unroll("g", smap.regs / wv)?;
@@ -807,7 +845,7 @@ impl<'a> Emitter<'a> {
             self.close()?;
         }
         self.close()?;
-        self.line("__syncthreads();")?;
+        self.line(self.barrier)?;
         // read
         self.unroll("g", dmap.regs / rv)?;
         self.line(format!("const int k = g * {rv};"))?;
@@ -1049,7 +1087,20 @@ pub fn entry_name(k: &Kernel) -> String {
 }
 
 /// Writes the CUDA source and the parameter list of a scheduled kernel.
-pub fn emit(k: &Kernel, spec: &Spec, target: &Target) -> Result<(String, Vec<KernelParam>, u32), CodegenError> {
+/// What the writer produced for one kernel.
+pub struct Emitted {
+    pub source: String,
+    pub params: Vec<KernelParam>,
+    /// Shared memory declared statically in the source.
+    pub static_smem: u32,
+    /// Dynamic shared memory to pass at launch.
+    pub dynamic_smem: u32,
+    pub block_threads: u32,
+    /// Most programs to launch (persistent kernels walk the rest themselves).
+    pub persistent: Option<u32>,
+}
+
+pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::GridAxisEval]) -> Result<Emitted, CodegenError> {
     let mut params = Vec::new();
     let mut decls = Vec::new();
     for (i, p) in k.params.iter().enumerate() {
@@ -1079,8 +1130,11 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target) -> Result<(String, Vec<Ker
         decls.push(format!("const long long n_{s}"));
         params.push(KernelParam::Shape(kfuse_ir::ShapeSym(i as u32)));
     }
+    if let Some(plan) = &k.schedule.mma {
+        return wgmma::emit_kernel(k, spec, target, grid, plan, params, decls);
+    }
     // The body first (its shared-memory needs are known only afterwards).
-    let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0 };
+    let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0, barrier: "__syncthreads();", pid: None };
     e.w.indent();
     for op in k.ops() {
         e.op(op)?;
@@ -1117,5 +1171,5 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target) -> Result<(String, Vec<Ker
         w.close()
     };
     head().map_err(fmt_err)?;
-    Ok((w.finish(), params, smem))
+    Ok(Emitted { source: w.finish(), params, static_smem: smem, dynamic_smem: 0, block_threads: threads, persistent: None })
 }

@@ -36,3 +36,38 @@ static __device__ __forceinline__ float kf_ld_cluster_f32(const float* p, unsign
   return v;
 }
 "#;
+
+/// Helpers of kernels on the sm_90a matrix path: the tensor-map parameter type (the
+/// driver's 128-byte opaque `CUtensorMap`, declared here so that no header is needed),
+/// mbarriers, TMA tile loads, shared-memory matrix descriptors (128-byte swizzle) and
+/// the warpgroup-MMA fences.
+pub const WGMMA_PRELUDE: &str = r#"struct __align__(64) CUtensorMap { unsigned long long opaque[16]; };
+static __device__ __forceinline__ unsigned kf_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void kf_mbar_init(unsigned long long* b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(kf_smem_addr(b)), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void kf_mbar_expect_tx(unsigned long long* b, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(kf_smem_addr(b)), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void kf_mbar_arrive(unsigned long long* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(kf_smem_addr(b)) : "memory");
+}
+static __device__ __forceinline__ void kf_mbar_wait(unsigned long long* b, unsigned phase) {
+  asm volatile("{\n\t.reg .pred p;\n\tKF_WAIT_%=:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t@!p bra KF_WAIT_%=;\n\t}" :: "r"(kf_smem_addr(b)), "r"(phase) : "memory");
+}
+static __device__ __forceinline__ void kf_tma_2d(void* dst, const CUtensorMap* m, int c0, int c1, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+    :: "r"(kf_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(kf_smem_addr(bar)) : "memory");
+}
+static __device__ __forceinline__ void kf_tma_3d(void* dst, const CUtensorMap* m, int c0, int c1, int c2, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+    :: "r"(kf_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(kf_smem_addr(bar)) : "memory");
+}
+static __device__ __forceinline__ unsigned long long kf_desc128(const void* p, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((kf_smem_addr(p) & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
+       | ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+static __device__ __forceinline__ void kf_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+static __device__ __forceinline__ void kf_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void kf_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+"#;

@@ -6,6 +6,11 @@
 //! the axes over the schedule's `split` extent across the cluster's blocks.
 //!
 //! Rules, in program order:
+//! - the accumulator of a pipelined dot loop (`schedule.mma`): the `Dot`, the carried
+//!   value it is added to, the sum and the loop result take the matrix instruction's
+//!   accumulator layout ([`crate::layout::mma_accumulator`]), so the epilogue works on
+//!   the registers where the instruction left them; other carried values keep their
+//!   init's layout;
 //! - a `Load` is an anchor: a blocked layout whose fastest axis is the tile axis over
 //!   the tensor's unit-stride dimension, with 16 bytes per thread along it;
 //! - elementwise ops (`Unary`, `Binary`, `Select`, `Cast`) take the layout of their
@@ -34,6 +39,7 @@ use kfuse_ir::{AccessDim, Blocked, DType, Extent, Kernel, Layout, Op, OpId, Smem
 
 use crate::analysis::concrete_shape;
 use crate::layout::{blocked, permute};
+
 
 use crate::target::Spec;
 use crate::CodegenError;
@@ -124,6 +130,14 @@ fn convert(k: &mut Kernel, user: OpId, v: ValueId, to: Layout) -> ValueId {
 }
 
 pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
+    // the accumulator of a pipelined dot loop lives where the matrix instruction
+    // leaves it; its loop result carries that layout into the epilogue
+    let mma = k.schedule.mma.clone();
+    let mma_layout = mma.as_ref().map(|p| Layout::Blocked(crate::layout::mma_accumulator(p.tile[0], p.tile[1], 4 * p.consumers)));
+    let mma_loop = mma.as_ref().and_then(|p| match k.op(p.for_op) {
+        Op::For { id, .. } => Some((*id, p.carried)),
+        _ => None,
+    });
     let order = k.order.clone();
     for op in order {
         let node = k.node(op).clone();
@@ -187,6 +201,20 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
             }
             // the same registers with an extent-1 axis added (see the writer)
             Op::ExpandDims { .. } => Some(layout_of(k, ops[0])),
+            Op::Dot => match &mma_layout {
+                Some(l) => Some(l.clone()),
+                None => return Err(CodegenError::Unsupported("`dot` outside a pipelined dot loop".into())),
+            },
+            Op::LoopCarried { id, index } | Op::LoopResult { id, index } => {
+                if mma_loop == Some((*id, *index)) {
+                    mma_layout.clone()
+                } else {
+                    // other carried values keep their init's layout
+                    let info = k.loop_info(*id).ok_or_else(|| CodegenError::Unsupported("a loop without its yield".into()))?;
+                    let init = k.operands(info.for_op)[3 + *index as usize];
+                    Some(layout_of(k, init))
+                }
+            }
             Op::Iota { .. } => Some(Layout::Blocked(default_layout(k, node.ty.as_ref().unwrap()))),
             Op::Permute { perm } => match layout_of(k, ops[0]) {
                 Layout::Blocked(b) => Some(Layout::Blocked(permute(&b, perm))),

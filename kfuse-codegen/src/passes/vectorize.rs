@@ -47,7 +47,8 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
                 if fa != Some(ax) {
                     1
                 } else {
-                    w = w.min(map.axes[ax].spt as u64);
+                    let am = &map.axes[ax];
+                    w = w.min(if am.elem_step == 1 { am.spt as u64 } else { 1 });
                     w = w.min((ts.ptr_align as u64 / dt.size_bytes() as u64).max(1));
                     for (d, _) in dims.iter().enumerate() {
                         if Some(d) == unit {

@@ -243,3 +243,53 @@ pub fn row_stats(col_at_n: bool) -> Kernel {
     }
     b.finish().unwrap()
 }
+
+/// `c[M, N] = a[M, K] · b[K, N]` in `BM × BN` tiles, stepping `K` by `BK` with an f32
+/// accumulator carried through the loop:
+/// `acc = zeros([BM, BN]); for k in (0..K).step_by(BK) { acc += dot(a.block(..), b.block(..)) }`.
+pub fn gemm(dt: DType) -> Kernel {
+    let mut b = Builder::new("gemm");
+    let (m, kk, n) = (b.shape_sym("M"), b.shape_sym("K"), b.shape_sym("N"));
+    let (bm, bn, bk) = (b.tile_sym("BM"), b.tile_sym("BN"), b.tile_sym("BK"));
+    let pa = b.tensor_param("a", dt, &[m, kk], false);
+    let pb = b.tensor_param("b", dt, &[kk, n], false);
+    let pc = b.tensor_param("c", dt, &[m, n], true);
+    let i = block_offset(&mut b, 0, bm);
+    let j = block_offset(&mut b, 1, bn);
+    let (tm, tn, tk) = (AccessDim::Tile(Extent::Tile(bm)), AccessDim::Tile(Extent::Tile(bn)), AccessDim::Tile(Extent::Tile(bk)));
+    let acc = b.zeros(DType::F32, &[Extent::Tile(bm), Extent::Tile(bn)]).unwrap();
+    b.name(acc, "acc");
+    let lo = b.literal(Literal::Int(0));
+    let hi = b.shape_dim(kk);
+    let step = b.tile_extent(Extent::Tile(bk));
+    let (l, k, carried) = b.begin_for(lo, hi, step, &[acc]).unwrap();
+    b.name(k, "k");
+    b.name(carried[0], "acc");
+    let x = b.load(pa, &[i, k], &[tm, tk]).unwrap();
+    let y = b.load(pb, &[k, j], &[tk, tn]).unwrap();
+    let d = b.dot(x, y).unwrap();
+    let s = b.binary(BinaryOp::Add, carried[0], d).unwrap();
+    b.name(s, "acc");
+    let r = b.end_for(l, &[s]).unwrap();
+    b.name(r[0], "acc");
+    let out = b.cast(r[0], dt).unwrap();
+    b.store(pc, &[i, j], &[tm, tn], out).unwrap();
+    b.finish().unwrap()
+}
+
+/// What the interpreter computes for `gemm` with tiles `bk` along K: per K-tile an f64
+/// sum rounded to f32, added to the f32 accumulator, the result rounded to `dt`.
+pub fn gemm_ref(dt: DType, a: &[f64], b: &[f64], m: usize, k: usize, n: usize, bk: usize) -> Vec<f64> {
+    let mut out = vec![0.0; m * n];
+    for r in 0..m {
+        for c in 0..n {
+            let mut acc = 0f32;
+            for k0 in (0..k).step_by(bk) {
+                let s: f64 = (k0..(k0 + bk).min(k)).map(|q| a[r * k + q] * b[q * n + c]).sum();
+                acc += s as f32;
+            }
+            out[r * n + c] = dt.round(acc as f64);
+        }
+    }
+    out
+}

@@ -5,5 +5,6 @@ mod builder;
 mod common;
 mod grid;
 mod interp;
+mod loops;
 mod print;
 mod verify;

@@ -75,6 +75,7 @@ fn schedule_section() {
         warps_per_block: vec![1],
         order: vec![0],
         ctas_per_cluster: vec![1],
+        steps: vec![],
     };
     k.schedule.layouts.insert(load.value(), Layout::Blocked(b.clone()));
     k.schedule.layouts.insert(ValueId(petgraph::graph::NodeIndex::new(5)), Layout::Slice { parent: b, axis: 0 });

@@ -147,6 +147,7 @@ fn schedule_invariants_once_scheduled() {
         warps_per_block: vec![4],
         order: vec![0],
         ctas_per_cluster: vec![1],
+        steps: vec![],
     };
     k.schedule.layouts.insert(load.value(), Layout::Blocked(blocked));
     let m = fails(&k);

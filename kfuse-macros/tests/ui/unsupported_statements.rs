@@ -4,7 +4,7 @@ include!("../support/fake_kfuse.rs");
 #[kfuse(crate = "crate::fake")]
 pub fn k<T: Float>(x: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>) {
     let i = program_id(0);
-    for k in 0..4 {
+    while i < 4 {
         out.block([i * BN], [BN]).store(x.block([i * BN], [BN]).load());
     }
     println!("{}", i);

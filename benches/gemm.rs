@@ -1,0 +1,343 @@
+//! GEMM against cuBLAS and cuBLASLt in the same process: row-major `C[M, N] = A[M, K] ·
+//! B[K, N]`, bf16 on 4096³, 8192³, M8192 N14336 K4096, M8192 N4096 K14336, M16384 N4096
+//! K4096, 2048³, M127 N4096 K4096 and M4095 N4097 K4096 (unaligned); f16 4096³; f32
+//! 8192³ in full fp32 and with TF32 tensor cores (vendor only for TF32). fp8 e4m3 8192³
+//! joins when `DType` has fp8 (TODO in `kfuse_runtime::vendor`).
+//!
+//! Prints a table — TFLOP/s (2·M·N·K per call) of cuBLAS (`cublasGemmEx`), cuBLASLt
+//! (`cublasLtMatmul`, heuristic algorithm, 32 MiB workspace) and `kfuse::ops::gemm`, and
+//! kfuse's ratio to the faster vendor call — writes it as `gemm.md` and `gemm.csv` into
+//! `$KFUSE_BENCH_OUT` when set, and ends with one `gemm summary:` line (what
+//! `scripts/gpu-run.sh` puts in its final table).
+//!
+//! Timing: CUDA events around each call, 10 warm-ups, 50 timed calls, median. Inputs are
+//! random (uniform in [-1, 1), never zeros); when one set of A, B and C is smaller than
+//! 3× the 50 MB L2, several sets are rotated so that no call finds its inputs in L2 from
+//! the call before. `kfuse::ops::gemm` allocates its output on each call (stream-ordered,
+//! so no synchronization), like a user's call would.
+//!
+//! Numerics, per shape: cuBLAS's output against a float64 CPU reference on 64 sampled
+//! elements (checks the vendor path itself), and kfuse's whole output against cuBLAS's
+//! by ‖kfuse − cuBLAS‖ / ‖cuBLAS‖. A kfuse call that is refused, panics or gives a
+//! relative error above the dtype's tolerance gets a row saying so instead of a time.
+
+mod common;
+
+use common::{median, random};
+use kfuse::runtime::vendor::{Blas, Library, Math};
+use kfuse::{DType, Device, Tensor};
+
+/// kfuse's GEMM under test. Returns `None` where kfuse has no such GEMM (the kfuse
+/// column then reads "—"): `math` is the vendor's TF32 request, which kfuse has no
+/// counterpart for.
+fn kfuse_gemm(a: &Tensor, b: &Tensor, math: Math) -> Option<kfuse::Result<Tensor>> {
+    if math == Math::Tf32 {
+        return None;
+    }
+    Some(kfuse::ops::gemm(a, b))
+}
+
+#[derive(Clone, Copy)]
+struct Case {
+    dtype: DType,
+    math: Math,
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+const fn bf16(m: usize, n: usize, k: usize) -> Case {
+    Case { dtype: DType::BF16, math: Math::Fp32, m, n, k }
+}
+
+const CASES: [Case; 11] = [
+    bf16(4096, 4096, 4096),
+    bf16(8192, 8192, 8192),
+    bf16(8192, 14336, 4096),
+    bf16(8192, 4096, 14336),
+    bf16(16384, 4096, 4096),
+    bf16(2048, 2048, 2048),
+    bf16(127, 4096, 4096),
+    bf16(4095, 4097, 4096),
+    Case { dtype: DType::F16, math: Math::Fp32, m: 4096, n: 4096, k: 4096 },
+    Case { dtype: DType::F32, math: Math::Fp32, m: 8192, n: 8192, k: 8192 },
+    Case { dtype: DType::F32, math: Math::Tf32, m: 8192, n: 8192, k: 8192 },
+    // TODO(fp8): e4m3 8192³ through cuBLASLt once DType has fp8 (see kfuse_runtime::vendor).
+];
+
+/// Relative-error bound of kfuse against cuBLAS per dtype: both round the same f32
+/// accumulation to the output dtype, in different orders.
+fn tolerance(dt: DType, math: Math) -> f64 {
+    match (dt, math) {
+        (DType::BF16, _) => 1e-2,
+        (DType::F16, _) => 2e-3,
+        (_, Math::Tf32) => 5e-3,
+        _ => 1e-4,
+    }
+}
+
+impl Case {
+    fn label(&self) -> String {
+        if self.m == self.n && self.n == self.k {
+            format!("{}³", self.m)
+        } else {
+            format!("M{} N{} K{}", self.m, self.n, self.k)
+        }
+    }
+    fn dtype_label(&self) -> String {
+        match self.math {
+            Math::Tf32 => "f32 (tf32)".to_string(),
+            Math::Fp32 => self.dtype.to_string(),
+        }
+    }
+    fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+    fn bytes(&self) -> usize {
+        (self.m * self.k + self.k * self.n + self.m * self.n) * self.dtype.size_bytes()
+    }
+}
+
+struct Row {
+    case: Case,
+    cublas: Result<f64, String>,
+    cublaslt: Result<f64, String>,
+    /// kfuse's time, `None` when there is no kfuse GEMM for the case.
+    kfuse: Option<Result<f64, String>>,
+    /// kfuse vs cuBLAS, relative.
+    err: Option<f64>,
+    /// cuBLAS vs float64 on sampled elements, relative.
+    vendor_err: Option<f64>,
+}
+
+/// Several input sets when one is small next to L2 (module docs).
+fn sets_for(c: &Case) -> usize {
+    (150_000_000 / c.bytes().max(1)).clamp(1, 8)
+}
+
+fn tflops(c: &Case, ms: f64) -> f64 {
+    c.flops() / ms / 1e9
+}
+
+fn first_line(e: impl ToString) -> String {
+    e.to_string().lines().next().unwrap_or("").replace('|', "/")
+}
+
+/// ‖x − y‖ / ‖y‖ over two tensors of one shape.
+fn rel_err(x: &Tensor, y: &Tensor) -> kfuse::Result<f64> {
+    let (xb, yb) = (x.to_bytes()?, y.to_bytes()?);
+    let (dx, dy) = (x.dtype(), y.dtype());
+    let (mut num, mut den) = (0f64, 0f64);
+    for i in 0..x.numel() {
+        let (a, b) = (dx.read(&xb, i), dy.read(&yb, i));
+        num += (a - b) * (a - b);
+        den += b * b;
+    }
+    Ok(if den == 0.0 { num.sqrt() } else { (num / den).sqrt() })
+}
+
+/// cuBLAS's output against float64 on 64 sampled elements.
+fn vendor_check(c: &Case, av: &[f32], bv: &[f32], out: &Tensor) -> kfuse::Result<f64> {
+    let ob = out.to_bytes()?;
+    let (mut num, mut den) = (0f64, 0f64);
+    for s in 0..64usize {
+        let i = (s * 7919) % c.m;
+        let j = (s * 104729 + 13) % c.n;
+        let want: f64 = (0..c.k).map(|p| av[i * c.k + p] as f64 * bv[p * c.n + j] as f64).sum();
+        let got = c.dtype.read(&ob, i * c.n + j);
+        num += (got - want) * (got - want);
+        den += want * want;
+    }
+    Ok((num / den.max(f64::MIN_POSITIVE)).sqrt())
+}
+
+fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> kfuse::Result<Row> {
+    let sets = sets_for(c);
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    let mut outs = Vec::new();
+    let (mut av, mut bv) = (Vec::new(), Vec::new());
+    for s in 0..sets {
+        let (x, xv) = random(&[c.m, c.k], c.dtype, 100 + 2 * s as u64, dev);
+        let (y, yv) = random(&[c.k, c.n], c.dtype, 101 + 2 * s as u64, dev);
+        if s == 0 {
+            (av, bv) = (xv, yv);
+        }
+        a.push(x);
+        b.push(y);
+        outs.push(Tensor::empty(&[c.m, c.n], c.dtype, dev)?);
+    }
+    let mut row = Row { case: *c, cublas: Err(String::new()), cublaslt: Err(String::new()), kfuse: None, err: None, vendor_err: None };
+
+    // vendor: checked once (cuBLAS vs f64, cuBLASLt vs cuBLAS), then timed
+    let mut reference = Tensor::empty(&[c.m, c.n], c.dtype, dev)?;
+    let vendor_ok = blas.gemm_into(&a[0], &b[0], &mut reference, Library::Cublas, c.math).and_then(|_| vendor_check(c, &av, &bv, &reference));
+    match vendor_ok {
+        Err(e) => {
+            row.cublas = Err(format!("cuBLAS failed: {}", first_line(e)));
+            row.cublaslt = Err(String::new());
+            return Ok(row);
+        }
+        Ok(e) => {
+            row.vendor_err = Some(e);
+            if e.is_nan() || e > tolerance(c.dtype, c.math) {
+                row.cublas = Err(format!("cuBLAS is {e:.2e} off float64 (a layout bug in the vendor path?)"));
+                return Ok(row);
+            }
+        }
+    }
+    for lib in [Library::Cublas, Library::CublasLt] {
+        let mut i = 0;
+        let t = dev.time_ms(warm, iters, || {
+            let s = i % sets;
+            i += 1;
+            blas.gemm_into(&a[s], &b[s], &mut outs[s], lib, c.math)
+        });
+        let r = t.map(median).map_err(|e| format!("{lib:?} failed: {}", first_line(e)));
+        if lib == Library::CublasLt {
+            if let Ok(e) = rel_err(&outs[0], &reference) {
+                if e > tolerance(c.dtype, c.math) {
+                    row.cublaslt = Err(format!("cuBLASLt differs from cuBLAS by {e:.2e}"));
+                    continue;
+                }
+            }
+        }
+        match lib {
+            Library::Cublas => row.cublas = r,
+            Library::CublasLt => row.cublaslt = r,
+        }
+    }
+
+    // kfuse: the first call compiles (or is refused, or panics), is checked, then timed
+    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kfuse_gemm(&a[0], &b[0], c.math)));
+    row.kfuse = match first {
+        Ok(None) => None,
+        Err(p) => {
+            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+            Some(Err(format!("kfuse panicked: {}", first_line(msg))))
+        }
+        Ok(Some(Err(e))) => Some(Err(format!("refused: {}", first_line(e)))),
+        Ok(Some(Ok(out))) => Some(match rel_err(&out, &reference) {
+            Err(e) => Err(format!("reading the output failed: {}", first_line(e))),
+            Ok(e) => {
+                row.err = Some(e);
+                if e.is_nan() || e > tolerance(c.dtype, c.math) {
+                    Err(format!("WRONG RESULT: relative error {e:.2e} against cuBLAS"))
+                } else {
+                    let mut i = 0;
+                    dev.time_ms(warm, iters, || {
+                        let s = i % sets;
+                        i += 1;
+                        kfuse_gemm(&a[s], &b[s], c.math).expect("checked above").map(drop)
+                    })
+                    .map(median)
+                    .map_err(|e| format!("timing failed: {}", first_line(e)))
+                }
+            }
+        }),
+    };
+    Ok(row)
+}
+
+fn fmt_t(c: &Case, r: &Result<f64, String>) -> String {
+    match r {
+        Ok(ms) => format!("{:.0}", tflops(c, *ms)),
+        Err(_) => "—".into(),
+    }
+}
+
+fn main() -> kfuse::Result<()> {
+    let dev = Device::best();
+    if !dev.is_gpu() {
+        println!("no GPU: nothing to measure (this benchmark needs a CUDA device)");
+        return Ok(());
+    }
+    let blas = Blas::new(&dev)?;
+    let (warm, iters) = (10, 50);
+    let mut rows = Vec::new();
+    for c in &CASES {
+        let row = run_case(c, &blas, &dev, warm, iters)?;
+        eprintln!(
+            "{} {}: cuBLAS {} cuBLASLt {} kfuse {}",
+            c.dtype_label(),
+            c.label(),
+            fmt_t(c, &row.cublas),
+            fmt_t(c, &row.cublaslt),
+            row.kfuse.as_ref().map(|k| fmt_t(c, k)).unwrap_or_else(|| "—".into())
+        );
+        rows.push(row);
+    }
+
+    let device = dev.describe();
+    let mut md = String::from(
+        "| shape | dtype | cuBLAS TFLOP/s | cuBLASLt TFLOP/s | kfuse TFLOP/s | kfuse ÷ best vendor | kfuse vs cuBLAS (rel. err) | cuBLAS vs f64 (sampled) | note |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut csv = String::from("shape,dtype,M,N,K,cublas_tflops,cublaslt_tflops,kfuse_tflops,ratio,kfuse_rel_err,cublas_rel_err_f64,note\n");
+    let mut ratios = Vec::new();
+    for r in &rows {
+        let c = &r.case;
+        let vendor_best = [&r.cublas, &r.cublaslt].iter().filter_map(|x| x.as_ref().ok()).map(|ms| tflops(c, *ms)).fold(f64::NAN, f64::max);
+        let kf = r.kfuse.as_ref().and_then(|k| k.as_ref().ok()).map(|ms| tflops(c, *ms));
+        let ratio = kf.map(|k| k / vendor_best).filter(|x| x.is_finite());
+        if let (Some(x), DType::BF16) = (ratio, c.dtype) {
+            ratios.push(x);
+        }
+        let notes: Vec<String> = [r.cublas.as_ref().err(), r.cublaslt.as_ref().err(), r.kfuse.as_ref().and_then(|k| k.as_ref().err())]
+            .into_iter()
+            .flatten()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect();
+        let note = notes.join("; ");
+        let kcol = match &r.kfuse {
+            None => "—".to_string(),
+            Some(k) => fmt_t(c, k),
+        };
+        let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map(f).unwrap_or_else(|| "—".into());
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {kcol} | {} | {} | {} | {} |\n",
+            c.label(),
+            c.dtype_label(),
+            fmt_t(c, &r.cublas),
+            fmt_t(c, &r.cublaslt),
+            opt(ratio, &|x| format!("{x:.2}×")),
+            opt(r.err, &|x| format!("{x:.1e}")),
+            opt(r.vendor_err, &|x| format!("{x:.1e}")),
+            note
+        ));
+        let num = |x: &Result<f64, String>| x.as_ref().map(|ms| format!("{:.1}", tflops(c, *ms))).unwrap_or_default();
+        csv.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
+            c.label(),
+            c.dtype_label(),
+            c.m,
+            c.n,
+            c.k,
+            num(&r.cublas),
+            num(&r.cublaslt),
+            r.kfuse.as_ref().map(num).unwrap_or_default(),
+            ratio.map(|x| format!("{x:.3}")).unwrap_or_default(),
+            r.err.map(|x| format!("{x:.2e}")).unwrap_or_default(),
+            r.vendor_err.map(|x| format!("{x:.2e}")).unwrap_or_default(),
+            note.replace('"', "'")
+        ));
+    }
+    let first = &rows[0];
+    let geo = if ratios.is_empty() { None } else { Some((ratios.iter().map(|x| x.ln()).sum::<f64>() / ratios.len() as f64).exp()) };
+    let summary = format!(
+        "gemm summary: bf16 4096³ cuBLAS {} / cuBLASLt {} / kfuse {} TFLOP/s; kfuse ÷ best vendor, geometric mean over {} bf16 shape(s): {}",
+        fmt_t(&first.case, &first.cublas),
+        fmt_t(&first.case, &first.cublaslt),
+        first.kfuse.as_ref().map(|k| fmt_t(&first.case, k)).unwrap_or_else(|| "—".into()),
+        ratios.len(),
+        geo.map(|g| format!("{g:.2}×")).unwrap_or_else(|| "—".into())
+    );
+    println!("device: {device}\n{md}\n{summary}");
+    if let Ok(out) = std::env::var("KFUSE_BENCH_OUT") {
+        let out = std::path::PathBuf::from(out);
+        std::fs::write(out.join("gemm.md"), format!("device: {device}\n\n{md}\n{summary}\n")).ok();
+        std::fs::write(out.join("gemm.csv"), csv).ok();
+    }
+    Ok(())
+}

@@ -1,0 +1,410 @@
+//! The sm_90a matrix path: prints a kernel whose schedule holds an [`MmaPlan`] of
+//! path [`MmaPath::WgmmaTma`].
+//!
+//! Shape of the generated kernel (the plan decides every number):
+//! - one producer warpgroup (threads 0..128, registers lowered to 24 with `setmaxnreg`,
+//!   the consumers raised to 240: with 232 ptxas spilled a bias epilogue) whose
+//!   first thread issues the TMA loads of both operands into a ring of `stages`
+//!   shared-memory stages, each completing on its `full` mbarrier;
+//! - `consumers` warpgroups (registers raised) that wait on `full`, issue `wgmma`
+//!   (`m64nBNk16`, operands from 128-byte-swizzled shared memory through matrix
+//!   descriptors) into f32 accumulators, and free a stage on its `empty` mbarrier once
+//!   the instructions reading it have completed (one group kept in flight);
+//! - a persistent grid: each block walks the output tiles `blockIdx.x, +gridDim.x, …`,
+//!   grouped `group_m` tile rows at a time so that concurrent tiles share operands in
+//!   L2; producer and consumers walk the same sequence, so the ring's phases agree;
+//! - after the loop, the consumers run the rest of the kernel (the epilogue: casts,
+//!   bias, activations, stores — any tile ops) through the ordinary writer, on the
+//!   accumulator registers in the instruction's layout
+//!   ([`crate::layout::mma_accumulator`]), with a named barrier over the consumers
+//!   wherever the writer needs one.
+//!
+//! Shared memory of one operand in one stage, by majorness (swizzle 128 B, 2-byte
+//! elements): K-major — `rows × 64` elements, 128-byte rows, 8-row atoms 1024 bytes
+//! apart (descriptor SBO 1024, each `k16` step +32 bytes); MN-major — boxes of
+//! `BK × 64` elements (`BK` rows of 128 bytes), one per 64 rows/columns, 8-row atoms
+//! 1024 bytes apart (SBO) and boxes `BK * 128` bytes apart (LBO), each `k16` step +2048
+//! bytes. TMA writes exactly these boxes (box inner extent = 128 bytes).
+
+use super::*;
+use kfuse_ir::{Major, MmaOperand, MmaPlan};
+
+use crate::target::GridAxisEval;
+
+/// One operand as the writer needs it.
+struct Operand {
+    /// The tensor map parameter name.
+    map: String,
+    /// Offsets (C expressions, `long long`) per tensor dimension.
+    offs: Vec<String>,
+    /// Box per tensor dimension (outermost first) and the number of boxes along the
+    /// innermost dimension.
+    boxes: Vec<u32>,
+    nq: u32,
+    box_bytes: u32,
+    bytes: u32,
+    major: Major,
+}
+
+/// The TMA boxes of an operand load: per tensor dimension the tile extent (1 for an
+/// indexed dimension), the innermost capped at one swizzle span.
+fn boxes_of(k: &Kernel, o: &MmaOperand) -> Result<(Vec<u32>, u32, u32), CodegenError> {
+    let Op::Load { tensor, dims } = k.op(o.load) else { return Err(CodegenError::Unsupported("operand is not a load".into())) };
+    let esz = k.param(*tensor).dtype.size_bytes() as u32;
+    let span = o.swizzle / esz;
+    let mut b: Vec<u32> = dims
+        .iter()
+        .map(|d| match d {
+            AccessDim::Index => 1,
+            AccessDim::Tile(e) => extent_value(k, *e),
+        })
+        .collect();
+    let last = b.len() - 1;
+    let inner = b[last];
+    let nq = inner.div_ceil(span).max(1);
+    b[last] = inner.min(span);
+    if b.iter().any(|&x| x > 256) {
+        return Err(CodegenError::Unsupported(format!("a TMA box of {b:?} (at most 256 per dimension)")));
+    }
+    let box_bytes = b.iter().product::<u32>() * esz;
+    Ok((b, nq, box_bytes))
+}
+
+/// The valid range along the tile axis of a load that tensor dimension `d` feeds.
+fn range_of(e: &mut Emitter, load: OpId, d: usize, ext: u32) -> Result<(String, String), CodegenError> {
+    let k = e.k;
+    let Op::Load { tensor, .. } = k.op(load) else { unreachable!() };
+    let off_v = k.operands(load)[d];
+    let off = e.val(off_v).name.clone();
+    let n = e.shape_var(k.tensor_dims(*tensor)[d]);
+    let lo = if non_negative(k, off_v) {
+        "0".to_string()
+    } else {
+        let v = e.fresh("kf_b");
+        e.line(format!("const long long {v} = kf_mini(kf_maxi(-{off}, 0LL), {ext}LL);"))?;
+        v
+    };
+    let hi = e.fresh("kf_b");
+    e.line(format!("const long long {hi} = kf_maxi(0LL, kf_mini({n} - {off}, {ext}LL));"))?;
+    Ok((lo, hi))
+}
+
+/// The tensor dimension of `load` behind tile axis `axis` of the dot operand `v` (which
+/// is the load or its transpose).
+fn tensor_dim_of(k: &Kernel, v: ValueId, load: OpId, axis: usize) -> usize {
+    let axis = if v.op() == load { axis } else { 1 - axis };
+    let Op::Load { dims, .. } = k.op(load) else { unreachable!() };
+    dims.iter().enumerate().filter(|(_, d)| matches!(d, AccessDim::Tile(_))).nth(axis).map(|(i, _)| i).unwrap_or(0)
+}
+
+/// The scalar ops (in program order) that the values `roots` depend on.
+fn scalar_slice(k: &Kernel, roots: &[ValueId]) -> Result<Vec<OpId>, CodegenError> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut stack: Vec<ValueId> = roots.to_vec();
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v.op()) {
+            continue;
+        }
+        match k.op(v.op()) {
+            Op::LoopIndex { .. } => continue,
+            _ if !k.ty(v).is_scalar() => {
+                return Err(CodegenError::Unsupported("a TMA coordinate computed from a tile value".into()));
+            }
+            _ => stack.extend(k.operands(v.op())),
+        }
+    }
+    Ok(k.ops().filter(|o| seen.contains(o)).collect())
+}
+
+fn wgmma_fn(dtype: DType, n: u32, trans_a: bool, trans_b: bool) -> String {
+    let regs = n / 2;
+    let ty = if dtype == DType::F16 { "f16" } else { "bf16" };
+    let list: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
+    let outs: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    format!(
+        "static __device__ __forceinline__ void kf_wgmma(float* d, unsigned long long da, unsigned long long db) {{\n  asm volatile(\"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, %{}, %{}, 1, 1, 1, {}, {};\"\n    : {}\n    : \"l\"(da), \"l\"(db));\n}}\n",
+        list.join(", "),
+        regs,
+        regs + 1,
+        trans_a as u32,
+        trans_b as u32,
+        outs.join(", ")
+    )
+}
+
+pub(super) fn emit_kernel(
+    k: &Kernel,
+    spec: &Spec,
+    target: &Target,
+    grid: &[GridAxisEval],
+    plan: &MmaPlan,
+    mut params: Vec<KernelParam>,
+    mut decls: Vec<String>,
+) -> Result<Emitted, CodegenError> {
+    let [bm, bn, bk] = plan.tile;
+    let stages = plan.stages;
+    let consumers = plan.consumers;
+    let dops = k.operands(plan.dot);
+    let dtype = k.ty(dops[0]).dtype;
+    let esz = dtype.size_bytes() as u32;
+    if grid.is_empty() || grid.len() > 3 {
+        return Err(CodegenError::Unsupported("a dot kernel must index its output by program ids (1 to 3 grid axes)".into()));
+    }
+    let Op::For { id: loop_id, carried } = *k.op(plan.for_op) else { return Err(CodegenError::Unsupported("the plan's loop is not a `for`".into())) };
+    if carried != 1 {
+        return Err(CodegenError::Unsupported("a dot loop that carries more than its accumulator".into()));
+    }
+    let info = k.loop_info(loop_id).ok_or_else(|| CodegenError::Unsupported("a loop without its yield".into()))?;
+
+    // tensor maps
+    let mut operands = Vec::new();
+    for (i, o) in [&plan.a, &plan.b].into_iter().enumerate() {
+        let Op::Load { tensor, .. } = k.op(o.load) else { unreachable!() };
+        let (boxes, nq, box_bytes) = boxes_of(k, o)?;
+        let map = format!("kf_tm{i}");
+        decls.push(format!("const __grid_constant__ CUtensorMap {map}"));
+        params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: boxes.clone(), swizzle: o.swizzle });
+        let offs = k.operands(o.load).iter().map(|v| format!("v{}", v.index())).collect();
+        operands.push(Operand { map, offs, boxes, nq, box_bytes, bytes: box_bytes * nq, major: o.major });
+    }
+    let a_bytes = bm * bk * esz;
+    let b_bytes = bk * bn * esz;
+    if operands[0].bytes != a_bytes || operands[1].bytes != b_bytes {
+        return Err(CodegenError::Unsupported("TMA boxes that do not cover the dot's tiles".into()));
+    }
+    let stage_bytes = a_bytes + b_bytes;
+    let dynamic_smem = 1024 + stages * stage_bytes + 16 * stages;
+
+    let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0, barrier: "asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");", pid: None };
+    e.w.indent();
+    let pipe = |e: &mut Emitter| -> R {
+        e.line("extern __shared__ __align__(1024) unsigned char kf_dsmem[];")?;
+        e.line("unsigned char* kf_pipe = (unsigned char*)((((unsigned long long)kf_dsmem) + 1023ull) & ~1023ull);")?;
+        e.line(format!("unsigned long long* kf_full = (unsigned long long*)(kf_pipe + {});", stages * stage_bytes))?;
+        e.line(format!("unsigned long long* kf_empty = kf_full + {stages};"))?;
+        e.open("if (kf_tid == 0)")?;
+        e.unroll("s", stages)?;
+        e.line("kf_mbar_init(&kf_full[s], 1);")?;
+        e.line(format!("kf_mbar_init(&kf_empty[s], {});", consumers * 4))?;
+        e.close()?;
+        e.line("asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");")?;
+        e.close()?;
+        e.line("__syncthreads();")?;
+        // program count per grid axis, and the walk over them
+        let mut total = Vec::new();
+        for (i, a) in grid.iter().enumerate() {
+            let n = e.shape_var(a.dim);
+            e.line(format!("const long long kf_g{i} = ({n} + {}LL) / {}LL;", a.step - 1, a.step))?;
+            total.push(format!("kf_g{i}"));
+        }
+        e.line(format!("const long long kf_tiles = {};", total.join(" * ")))?;
+        Ok(())
+    };
+    pipe(&mut e)?;
+    // program ids of tile `kf_t`: axes 0 and 1 grouped `group_m` along axis 0
+    let pids = |e: &mut Emitter| -> R {
+        let r = grid.len();
+        e.line("long long kf_pid0 = 0, kf_pid1 = 0, kf_pid2 = 0;")?;
+        if r == 1 {
+            e.line("kf_pid0 = kf_t;")?;
+        } else {
+            e.open("")?;
+            e.line("long long t = kf_t;")?;
+            if r == 3 {
+                e.line("kf_pid2 = t / (kf_g0 * kf_g1);")?;
+                e.line("t -= kf_pid2 * kf_g0 * kf_g1;")?;
+            }
+            e.line(format!("const long long per = {}LL * kf_g1;", plan.group_m))?;
+            e.line(format!("const long long first = (t / per) * {}LL;", plan.group_m))?;
+            e.line(format!("const long long gm = kf_mini(kf_g0 - first, {}LL);", plan.group_m))?;
+            e.line("kf_pid0 = first + (t % per) % gm;")?;
+            e.line("kf_pid1 = (t % per) / gm;")?;
+            e.close()?;
+        }
+        e.pid = Some(vec!["kf_pid0".into(), "kf_pid1".into(), "kf_pid2".into()]);
+        Ok(())
+    };
+    let for_ops = k.operands(plan.for_op);
+    let (lo, hi, step) = (for_ops[0], for_ops[1], for_ops[2]);
+    let index_name = info.index.map(|v| format!("v{}", v.index())).unwrap_or_else(|| "kf_kv".into());
+    let loop_head = |e: &Emitter| -> String {
+        let (l, h, s) = (e.val(lo).name.clone(), e.val(hi).name.clone(), e.val(step).name.clone());
+        format!("for (long long {index_name} = {l}; {index_name} < {h}; {index_name} += {s})")
+    };
+    let pre: Vec<OpId> = k.order[..info.for_pos].to_vec();
+
+    // ---- producer
+    e.open("if (kf_tid < 128)")?;
+    e.line("asm volatile(\"setmaxnreg.dec.sync.aligned.u32 24;\" ::: \"memory\");")?;
+    e.open("if (kf_tid == 0)")?;
+    e.line("int kf_stage = 0;")?;
+    e.line("unsigned kf_phase = 0;")?;
+    e.open("for (long long kf_t = blockIdx.x; kf_t < kf_tiles; kf_t += gridDim.x)")?;
+    pids(&mut e)?;
+    let mut roots = vec![lo, hi, step];
+    for o in [&plan.a, &plan.b] {
+        roots.extend(k.operands(o.load));
+    }
+    let slice = scalar_slice(k, &roots)?;
+    for &o in slice.iter().filter(|o| k.position(**o) < info.for_pos) {
+        e.op(o)?;
+    }
+    e.line(format!("if (!({} > 0)) __trap();", e.val(step).name))?;
+    let head = loop_head(&e);
+    e.open(head)?;
+    for &o in slice.iter().filter(|o| k.position(**o) > info.for_pos) {
+        if !matches!(k.op(o), Op::LoopIndex { .. }) {
+            e.op(o)?;
+        }
+    }
+    e.line("kf_mbar_wait(&kf_empty[kf_stage], kf_phase ^ 1u);")?;
+    e.line(format!("kf_mbar_expect_tx(&kf_full[kf_stage], {stage_bytes}u);"))?;
+    e.line(format!("unsigned char* kf_sa = kf_pipe + kf_stage * {stage_bytes};"))?;
+    e.line(format!("unsigned char* kf_sb = kf_sa + {a_bytes};"))?;
+    for (op, dst) in operands.iter().zip(["kf_sa", "kf_sb"]) {
+        let r = op.boxes.len();
+        if !(2..=3).contains(&r) {
+            return Err(CodegenError::Unsupported(format!("a rank-{r} dot operand tensor (TMA here takes rank 2 and 3)")));
+        }
+        for q in 0..op.nq {
+            // coordinates innermost first
+            let mut c: Vec<String> = op.offs.iter().rev().map(|o| format!("(int){o}")).collect();
+            if q > 0 {
+                c[0] = format!("(int)({} + {})", op.offs[r - 1], q * op.boxes[r - 1]);
+            }
+            e.line(format!("kf_tma_{r}d({dst} + {}, &{}, {}, &kf_full[kf_stage]);", q * op.box_bytes, op.map, c.join(", ")))?;
+        }
+    }
+    e.line(format!("if (++kf_stage == {stages}) {{ kf_stage = 0; kf_phase ^= 1u; }}"))?;
+    e.close()?; // k loop
+    e.close()?; // tiles
+    e.close()?; // thread 0
+    e.close()?; // producer
+    // ---- consumers
+    e.open("else")?;
+    e.line(format!("asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {};\" ::: \"memory\");", if consumers == 1 { 256 } else { 240 }))?;
+    e.line("const int kf_warp = (kf_tid >> 5) - 4;")?;
+    e.line("const int kf_wg = kf_warp >> 2;")?;
+    e.line("(void)kf_warp; (void)kf_wg;")?;
+    e.line("int kf_stage = 0;")?;
+    e.line("unsigned kf_phase = 0;")?;
+    e.open("for (long long kf_t = blockIdx.x; kf_t < kf_tiles; kf_t += gridDim.x)")?;
+    pids(&mut e)?;
+    let init = for_ops[3];
+    let init_only: Vec<OpId> = {
+        // the zeros feeding only the loop's init are not materialized
+        let mut v = vec![];
+        let mut x = init;
+        while k.users(x).len() == 1 && !k.ty(x).is_scalar() {
+            v.push(x.op());
+            match k.op(x.op()) {
+                Op::Broadcast => x = k.operands(x.op())[0],
+                _ => break,
+            }
+        }
+        v
+    };
+    for &o in &pre {
+        if !init_only.contains(&o) {
+            e.op(o)?;
+        }
+    }
+    // the accumulator's valid ranges: rows of A, columns of B
+    let a_dim = tensor_dim_of(k, dops[0], plan.a.load, 0);
+    let b_dim = tensor_dim_of(k, dops[1], plan.b.load, 1);
+    let (rlo, rhi) = range_of(&mut e, plan.a.load, a_dim, bm)?;
+    let (clo, chi) = range_of(&mut e, plan.b.load, b_dim, bn)?;
+    let regs = bn / 2;
+    e.line(format!("float kf_acc[{regs}];"))?;
+    e.unroll("i", regs)?;
+    e.line("kf_acc[i] = 0.0f;")?;
+    e.close()?;
+    e.line("int kf_prev = -1;")?;
+    e.line(format!("if (!({} > 0)) __trap();", e.val(step).name))?;
+    let head = loop_head(&e);
+    e.open(head)?;
+    e.line("kf_mbar_wait(&kf_full[kf_stage], kf_phase);")?;
+    e.line(format!("const unsigned char* kf_sa = kf_pipe + kf_stage * {stage_bytes};"))?;
+    e.line(format!("const unsigned char* kf_sb = kf_sa + {a_bytes};"))?;
+    e.line("kf_wgmma_fence();")?;
+    e.unroll("kk", bk / 16)?;
+    // A: this warpgroup's 64 rows; B: all columns
+    let (a_off, a_k, a_lbo) = match operands[0].major {
+        Major::K => (64 * 128, 32, 16),
+        Major::MN => (operands[0].box_bytes, 2048, operands[0].box_bytes),
+    };
+    let (b_k, b_lbo) = match operands[1].major {
+        Major::K => (32, 16),
+        Major::MN => (2048, operands[1].box_bytes),
+    };
+    e.line(format!("const unsigned long long da = kf_desc128(kf_sa + kf_wg * {a_off} + kk * {a_k}, {a_lbo}, 1024);"))?;
+    e.line(format!("const unsigned long long db = kf_desc128(kf_sb + kk * {b_k}, {b_lbo}, 1024);"))?;
+    e.line("kf_wgmma(kf_acc, da, db);")?;
+    e.close()?;
+    e.line("kf_wgmma_commit();")?;
+    e.line("kf_wgmma_wait<1>();")?;
+    e.line("if (kf_prev >= 0 && kf_lane == 0) kf_mbar_arrive(&kf_empty[kf_prev]);")?;
+    e.line("kf_prev = kf_stage;")?;
+    e.line(format!("if (++kf_stage == {stages}) {{ kf_stage = 0; kf_phase ^= 1u; }}"))?;
+    e.close()?; // k loop
+    e.line("kf_wgmma_wait<0>();")?;
+    e.line("if (kf_prev >= 0 && kf_lane == 0) kf_mbar_arrive(&kf_empty[kf_prev]);")?;
+    // the epilogue: everything after the loop, on the accumulator registers
+    let acc_layout = k
+        .schedule
+        .layouts
+        .get(&info.results[0].ok_or_else(|| CodegenError::Unsupported("a dot loop whose result is unused".into()))?)
+        .cloned()
+        .ok_or_else(|| CodegenError::Unsupported("the dot loop's result has no layout".into()))?;
+    let map = RegMap::of(&acc_layout).ok_or_else(|| CodegenError::Unsupported("a uniform accumulator".into()))?;
+    if map.regs != regs {
+        return Err(CodegenError::Unsupported(format!("accumulator layout of {} registers, instruction gives {regs}", map.regs)));
+    }
+    e.vals.insert(
+        info.results[0].unwrap(),
+        Val { name: "kf_acc".into(), dtype: DType::F32, map: Some(map), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo: vec![rlo, clo], hi: vec![rhi, chi] },
+    );
+    for &o in &k.order[info.yield_pos + 1..] {
+        if matches!(k.op(o), Op::LoopResult { .. }) {
+            continue;
+        }
+        e.op(o)?;
+    }
+    if e.smem > 0 {
+        // the epilogue's shared memory is reused by the next tile
+        let b = e.barrier;
+        e.line(b)?;
+    }
+    e.close()?; // tiles
+    e.close()?; // consumers
+    let static_smem = e.smem;
+    let body = e.w.finish();
+    if static_smem + dynamic_smem > target.smem_per_block {
+        return Err(CodegenError::Unsupported(format!(
+            "{} bytes of shared memory ({dynamic_smem} for {stages} pipeline stages, {static_smem} for the epilogue); the target allows {}",
+            static_smem + dynamic_smem,
+            target.smem_per_block
+        )));
+    }
+    let threads = 128 * (consumers + 1);
+    let mut w = Writer::new(String::new());
+    let mut head = || -> std::fmt::Result {
+        w.line(format!("// Generated by kfuse from kernel `{}` for {}. Do not edit.", k.name, target.arch()))?;
+        w.raw(PRELUDE)?;
+        w.raw(crate::cuda::prelude::WGMMA_PRELUDE)?;
+        w.line(format!("#define KF_CONSUMERS {consumers}"))?;
+        w.raw(&wgmma_fn(dtype, bn, plan.a.major == Major::MN, plan.b.major == Major::MN))?;
+        w.line("")?;
+        w.open(format!("extern \"C\" __global__ void __launch_bounds__({threads}, 1) {}({})", entry_name(k), decls.join(", ")))?;
+        w.line("const int kf_tid = threadIdx.x;")?;
+        w.line("const int kf_lane = kf_tid & 31;")?;
+        w.line("(void)kf_lane;")?;
+        if static_smem > 0 {
+            w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", static_smem.div_ceil(16) * 16))?;
+        }
+        w.raw(&body)?;
+        w.close()
+    };
+    head().map_err(fmt_err)?;
+    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent: Some(target.num_sms) })
+}

@@ -1,0 +1,612 @@
+//! Vendor GEMM baselines: cuBLAS and cuBLASLt on kfuse [`Tensor`]s, in the same process
+//! and on the same stream as kfuse's own kernels.
+//!
+//! **Benchmark and test support**, not part of kfuse's kernel path: kfuse never calls
+//! these to run a user's kernel. They exist so that benchmarks (`benches/gemm.rs`) can
+//! time cuBLAS beside kfuse under identical conditions and tests can check kfuse's GEMM
+//! output against the vendor's.
+//!
+//! Owns: finding libcublas / libcublasLt ([`ensure_cublas`]), one cuBLAS and one
+//! cuBLASLt handle per [`Blas`], its workspace, and the row-major GEMM
+//! `C[M, N] = A[M, K] · B[K, N]` ([`Blas::gemm_into`], [`Blas::gemm`]) for bf16 and f16
+//! (f32 accumulation, output of the input dtype), and f32 (full fp32, or TF32 tensor
+//! cores when asked with [`Math::Tf32`]).
+//!
+//! Row-major through column-major cuBLAS: a row-major `X[r, c]` with row stride `ld` is
+//! the column-major `Xᵀ[c, r]` with leading dimension `ld`, so the call computes
+//! `Cᵀ = Bᵀ · Aᵀ` with `m = N, n = M, k = K` and the operands swapped. An operand may
+//! also be a transposed view (unit stride on its outer dimension, e.g. `x.t()`), which
+//! becomes `CUBLAS_OP_T`; `C` must have a unit inner stride.
+//!
+//! Finding the libraries. cudarc loads `libcublas.so` / `libcublas.so.13` (and the same
+//! for cublasLt) by name, through `LD_LIBRARY_PATH` and the loader's cache. When that
+//! fails, [`ensure_cublas`] looks in `$CUDA_HOME`, `$CUDA_PATH` and `/usr/local/cuda`
+//! (`lib64`, `lib`, `targets/x86_64-linux/lib`) and in the pip roots `nvrtc.rs` uses,
+//! and loads the files found by full path (cublasLt first, which cublas needs), so that
+//! cudarc's by-name request then matches their sonames. `scripts/gpu-run.sh` also puts
+//! `/usr/local/cuda/lib64` on `LD_LIBRARY_PATH`.
+//!
+//! TODO(fp8): `DType` has no fp8 yet. When it does, e4m3 goes through cuBLASLt only
+//! (`CUDA_R_8F_E4M3`, compute `CUBLAS_COMPUTE_32F`, scale type f32, output bf16/f16),
+//! which for fp8 supports only the "TN" layout: the first column-major operand
+//! transposed. For row-major `C = A · B` that means `B` must be stored `[N, K]`
+//! (K-major, `b.t()` of a packed `[N, K]` tensor here becomes `CUBLAS_OP_T`) while `A`
+//! stays a packed `[M, K]`; `Blas::gemm_lt` (private) notes where the dtype plugs in.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+use cudarc::cublas::sys as cb;
+use cudarc::cublaslt::sys as lt;
+use cudarc::driver::{CudaSlice, DevicePtr};
+use kfuse_ir::DType;
+
+use crate::device::{panic_text, Device};
+use crate::error::{driver, Error, Result};
+use crate::tensor::Tensor;
+
+/// Which library runs a GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Library {
+    /// `cublasGemmEx` (its own heuristics; default algorithm).
+    Cublas,
+    /// `cublasLtMatmul` with the first algorithm `cublasLtMatmulAlgoGetHeuristic` offers
+    /// for the workspace given.
+    CublasLt,
+}
+
+/// How f32 inputs are multiplied (no effect on bf16 / f16, which always accumulate in f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Math {
+    /// Full fp32 (`CUBLAS_COMPUTE_32F`, no TF32).
+    #[default]
+    Fp32,
+    /// TF32 tensor cores (`CUBLAS_COMPUTE_32F_FAST_TF32`).
+    Tf32,
+}
+
+/// Workspace given to cuBLAS and cuBLASLt: 32 MiB, NVIDIA's recommendation for Hopper.
+pub const WORKSPACE_BYTES: usize = 32 << 20;
+
+// ---------------------------------------------------------------------------------------
+// finding the libraries
+
+fn lib_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(p) = std::env::var_os("LD_LIBRARY_PATH") {
+        dirs.extend(std::env::split_paths(&p).filter(|d| !d.as_os_str().is_empty()));
+    }
+    let mut roots: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"].iter().filter_map(std::env::var_os).filter(|p| !p.is_empty()).map(PathBuf::from).collect();
+    roots.push(PathBuf::from("/usr/local/cuda"));
+    for r in roots {
+        dirs.push(r.join("lib64"));
+        dirs.push(r.join("lib"));
+        dirs.push(r.join("targets/x86_64-linux/lib"));
+    }
+    for d in crate::nvrtc::nvrtc_search_dirs() {
+        if !dirs.contains(&d) {
+            dirs.push(d);
+        }
+    }
+    dirs
+}
+
+/// Loads `libNAME.so.13` (or `libNAME.so`) from the first directory of `dirs` holding
+/// it, by full path, for the life of the process.
+fn preload(name: &str, dirs: &[PathBuf], tried: &mut Vec<String>) -> bool {
+    for d in dirs {
+        for file in [format!("lib{name}.so.13"), format!("lib{name}.so")] {
+            let p = d.join(&file);
+            if !p.is_file() {
+                tried.push(p.display().to_string());
+                continue;
+            }
+            // SAFETY: loading the library runs its initializers, as cudarc's own load would.
+            match unsafe { libloading::Library::new(&p) } {
+                Ok(lib) => {
+                    std::mem::forget(lib);
+                    return true;
+                }
+                Err(e) => tried.push(format!("{} (found but failed to load: {e})", p.display())),
+            }
+        }
+    }
+    false
+}
+
+fn present() -> bool {
+    // SAFETY: only tries to dlopen the candidate names.
+    std::panic::catch_unwind(|| unsafe { cb::is_culib_present() && lt::is_culib_present() }).unwrap_or(false)
+}
+
+/// Makes libcublas and libcublasLt loadable for cudarc (see the module docs); the
+/// search runs once per process. Fails with [`Error::Vendor`] listing what was tried.
+pub fn ensure_cublas() -> Result<()> {
+    static STATE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    STATE
+        .get_or_init(|| {
+            if present() {
+                return Ok(());
+            }
+            let dirs = lib_dirs();
+            let mut tried = Vec::new();
+            preload("cublasLt", &dirs, &mut tried);
+            preload("cublas", &dirs, &mut tried);
+            if present() {
+                return Ok(());
+            }
+            Err(format!(
+                "libcublas.so.13 / libcublasLt.so.13 could not be loaded: not found by name through the dynamic loader \
+                 (LD_LIBRARY_PATH={}), nor at: {}. Put the CUDA toolkit's lib64 on LD_LIBRARY_PATH \
+                 (e.g. export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH) or set CUDA_HOME",
+                std::env::var("LD_LIBRARY_PATH").unwrap_or_default(),
+                tried.join(", ")
+            ))
+        })
+        .clone()
+        .map_err(Error::Vendor)
+}
+
+// ---------------------------------------------------------------------------------------
+// status codes
+
+fn cublas_ok(what: &str, s: cb::cublasStatus_t) -> Result<()> {
+    if s == cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: returns a static string for any status.
+    let text = unsafe { std::ffi::CStr::from_ptr(cb::cublasGetStatusString(s)) }.to_string_lossy().into_owned();
+    Err(Error::Vendor(format!("{what}: {s:?} ({text})")))
+}
+
+fn lt_ok(what: &str, s: lt::cublasStatus_t) -> Result<()> {
+    if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: as above.
+    let text = unsafe { std::ffi::CStr::from_ptr(lt::cublasLtGetStatusString(s)) }.to_string_lossy().into_owned();
+    Err(Error::Vendor(format!("{what}: {s:?} ({text})")))
+}
+
+/// Runs a vendor call, turning a panic (a symbol missing from the library) into an error.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| Err(Error::Vendor(format!("{what}: {}", panic_text(&p)))))
+}
+
+// ---------------------------------------------------------------------------------------
+// the problem, in cuBLAS's column-major terms
+
+/// One operand as cuBLAS sees it: transposed or not, and its leading dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Operand {
+    trans: bool,
+    ld: i64,
+}
+
+/// `C[M, N] = A[M, K] · B[K, N]` mapped onto column-major `Cᵀ = op(B') · op(A')`
+/// (module docs): sizes, operands, `ldc` and dtypes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Problem {
+    m: i64,
+    n: i64,
+    k: i64,
+    /// The first cuBLAS operand: our `B`.
+    first: Operand,
+    /// The second cuBLAS operand: our `A`.
+    second: Operand,
+    ldc: i64,
+    dtype: DType,
+    math: Math,
+}
+
+/// A row-major `[rows, cols]` operand: unit inner stride (leading dimension = row
+/// stride) or a transposed view (unit outer stride). Dimensions of extent 1 may have any
+/// stride.
+fn operand(what: &str, t: &Tensor) -> Result<Operand> {
+    let (r, c) = (t.shape()[0] as i64, t.shape()[1] as i64);
+    let (s0, s1) = (t.strides()[0] as i64, t.strides()[1] as i64);
+    if s1 == 1 || c == 1 {
+        let ld = if r == 1 { s0.max(c) } else { s0 };
+        if ld >= c.max(1) {
+            return Ok(Operand { trans: false, ld });
+        }
+    }
+    if s0 == 1 || r == 1 {
+        let ld = if c == 1 { s1.max(r) } else { s1 };
+        if ld >= r.max(1) {
+            return Ok(Operand { trans: true, ld });
+        }
+    }
+    Err(Error::NonContiguous { what: format!("a cuBLAS GEMM operand ({what})"), shape: t.shape().to_vec(), strides: t.strides().to_vec() })
+}
+
+impl Problem {
+    /// Checks `a`, `b`, `c` (ranks, shapes, dtypes, layouts, devices) and maps them.
+    pub(crate) fn new(a: &Tensor, b: &Tensor, c: &Tensor, math: Math) -> Result<Problem> {
+        for (n, t) in [("A", a), ("B", b), ("C", c)] {
+            if t.rank() != 2 {
+                return Err(Error::ShapeMismatch(format!("vendor GEMM: {n} must be a matrix, but it has shape {:?}", t.shape())));
+            }
+        }
+        let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+        if b.shape()[0] != k || c.shape() != [m, n] {
+            return Err(Error::ShapeMismatch(format!(
+                "vendor GEMM: C[M, N] = A[M, K] · B[K, N], but A is {:?}, B is {:?} and C is {:?}",
+                a.shape(),
+                b.shape(),
+                c.shape()
+            )));
+        }
+        let dtype = a.dtype();
+        if b.dtype() != dtype || c.dtype() != dtype {
+            return Err(Error::DTypeMismatch(format!("vendor GEMM: A is {dtype}, B is {}, C is {}; they must match", b.dtype(), c.dtype())));
+        }
+        if !matches!(dtype, DType::BF16 | DType::F16 | DType::F32) {
+            return Err(Error::InvalidArgument(format!("vendor GEMM: {dtype} is not supported (bf16, f16, f32)")));
+        }
+        if a.device() != b.device() || a.device() != c.device() || !a.device().is_gpu() {
+            return Err(Error::DeviceMismatch(format!(
+                "vendor GEMM runs on a GPU: A is on {}, B on {}, C on {}",
+                a.device(),
+                b.device(),
+                c.device()
+            )));
+        }
+        let too_big = [m, n, k].iter().any(|&x| x > i32::MAX as usize);
+        if too_big {
+            return Err(Error::InvalidArgument(format!("vendor GEMM: M={m} N={n} K={k} exceeds cuBLAS's 32-bit sizes")));
+        }
+        let first = operand("B", b)?;
+        let second = operand("A", a)?;
+        let cl = operand("C", c)?;
+        if cl.trans && m > 1 && n > 1 {
+            return Err(Error::NonContiguous { what: "the output of a cuBLAS GEMM (C)".into(), shape: c.shape().to_vec(), strides: c.strides().to_vec() });
+        }
+        let ldc = if cl.trans { n.max(1) as i64 } else { cl.ld };
+        let pr = Problem { m: n as i64, n: m as i64, k: k as i64, first, second, ldc, dtype, math };
+        pr.check_ld()?;
+        Ok(pr)
+    }
+
+    /// cuBLAS wants every leading dimension ≥ the stored rows and fitting an `int`.
+    fn check_ld(&self) -> Result<()> {
+        // stored (column-major) rows of each operand
+        let first_rows = if self.first.trans { self.k } else { self.m };
+        let second_rows = if self.second.trans { self.n } else { self.k };
+        for (what, ld, rows) in [("B", self.first.ld, first_rows), ("A", self.second.ld, second_rows), ("C", self.ldc, self.m)] {
+            if ld < rows.max(1) || ld > i32::MAX as i64 {
+                return Err(Error::InvalidArgument(format!("vendor GEMM: {what} has a leading dimension of {ld} for {rows} rows")));
+            }
+        }
+        Ok(())
+    }
+
+    fn data_type(&self) -> cb::cudaDataType {
+        match self.dtype {
+            DType::BF16 => cb::cudaDataType::CUDA_R_16BF,
+            DType::F16 => cb::cudaDataType::CUDA_R_16F,
+            _ => cb::cudaDataType::CUDA_R_32F,
+        }
+    }
+
+    fn lt_data_type(&self) -> lt::cudaDataType {
+        match self.dtype {
+            DType::BF16 => lt::cudaDataType::CUDA_R_16BF,
+            DType::F16 => lt::cudaDataType::CUDA_R_16F,
+            _ => lt::cudaDataType::CUDA_R_32F,
+        }
+    }
+
+    fn tf32(&self) -> bool {
+        self.dtype == DType::F32 && self.math == Math::Tf32
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// handles
+
+/// A cuBLASLt plan for one [`Problem`]: descriptors and the algorithm the heuristic chose.
+struct LtPlan {
+    desc: lt::cublasLtMatmulDesc_t,
+    first: lt::cublasLtMatrixLayout_t,
+    second: lt::cublasLtMatrixLayout_t,
+    c: lt::cublasLtMatrixLayout_t,
+    algo: lt::cublasLtMatmulAlgo_t,
+    workspace: usize,
+}
+
+impl Drop for LtPlan {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created by this plan and is destroyed once; errors
+        // cannot be reported from a drop.
+        unsafe {
+            let _ = lt::cublasLtMatrixLayoutDestroy(self.c);
+            let _ = lt::cublasLtMatrixLayoutDestroy(self.second);
+            let _ = lt::cublasLtMatrixLayoutDestroy(self.first);
+            let _ = lt::cublasLtMatmulDescDestroy(self.desc);
+        }
+    }
+}
+
+/// cuBLAS and cuBLASLt handles bound to one GPU's stream (the stream all of kfuse's work
+/// on that GPU goes to), a shared workspace, and cuBLASLt plans by problem. One per
+/// thread: it is `Send` but not `Sync` (cuBLAS handles are not to be used from two
+/// threads at once).
+pub struct Blas {
+    device: Device,
+    handle: cb::cublasHandle_t,
+    lt: lt::cublasLtHandle_t,
+    /// The workspace's memory, kept alive as long as the handles that use it.
+    _workspace: CudaSlice<u8>,
+    workspace_ptr: u64,
+    plans: Mutex<HashMap<Problem, LtPlan>>,
+}
+
+// SAFETY: the handles may move between threads (cuBLAS allows it when the context is
+// bound, which every call here does first); `Blas` is not `Sync`.
+unsafe impl Send for Blas {}
+
+impl Blas {
+    /// Handles for `device` (a GPU), with [`WORKSPACE_BYTES`] of workspace.
+    pub fn new(device: &Device) -> Result<Blas> {
+        let gpu = device.gpu_ref().ok_or_else(|| Error::InvalidArgument("cuBLAS runs on a GPU; this device is the CPU".into()))?;
+        ensure_cublas()?;
+        gpu.bind()?;
+        // SAFETY: uninitialized scratch memory, only ever written by cuBLAS.
+        let workspace = unsafe { gpu.stream.alloc::<u8>(WORKSPACE_BYTES) }.map_err(driver("allocating the cuBLAS workspace"))?;
+        let workspace_ptr = {
+            let (p, _rec) = workspace.device_ptr(&gpu.stream);
+            p
+        };
+        guarded("creating cuBLAS handles", || {
+            let mut handle: cb::cublasHandle_t = std::ptr::null_mut();
+            let mut lth: lt::cublasLtHandle_t = std::ptr::null_mut();
+            // SAFETY: out-pointers to locals; the stream belongs to the bound context; the
+            // workspace is a live allocation of WORKSPACE_BYTES on it.
+            unsafe {
+                cublas_ok("cublasCreate", cb::cublasCreate_v2(&mut handle))?;
+                // from here on, an error drops `blas`, which destroys what was created
+                let mut blas = Blas { device: device.clone(), handle, lt: std::ptr::null_mut(), _workspace: workspace, workspace_ptr, plans: Mutex::default() };
+                cublas_ok("cublasSetStream", cb::cublasSetStream_v2(handle, gpu.stream.cu_stream() as cb::cudaStream_t))?;
+                cublas_ok("cublasSetWorkspace", cb::cublasSetWorkspace_v2(handle, workspace_ptr as *mut c_void, WORKSPACE_BYTES))?;
+                lt_ok("cublasLtCreate", lt::cublasLtCreate(&mut lth))?;
+                blas.lt = lth;
+                Ok(blas)
+            }
+        })
+    }
+
+    /// The device this runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// `C = A · B` into a new tensor (see [`Blas::gemm_into`]).
+    pub fn gemm(&self, a: &Tensor, b: &Tensor, lib: Library, math: Math) -> Result<Tensor> {
+        if a.rank() != 2 || b.rank() != 2 {
+            return Err(Error::ShapeMismatch(format!("vendor GEMM: A {:?} and B {:?} must be matrices", a.shape(), b.shape())));
+        }
+        let mut c = Tensor::empty(&[a.shape()[0], b.shape()[1]], a.dtype(), &a.device())?;
+        self.gemm_into(a, b, &mut c, lib, math)?;
+        Ok(c)
+    }
+
+    /// Row-major `C[M, N] = A[M, K] · B[K, N]` (overwriting `C`) with `lib`, queued on
+    /// the device's stream like a kfuse launch. bf16 and f16 accumulate in f32; f32 uses
+    /// `math`. Shapes, dtypes, devices and layouts are checked first (module docs).
+    pub fn gemm_into(&self, a: &Tensor, b: &Tensor, c: &mut Tensor, lib: Library, math: Math) -> Result<()> {
+        let p = Problem::new(a, b, c, math)?;
+        if a.device() != self.device {
+            return Err(Error::DeviceMismatch(format!("vendor GEMM: the tensors are on {} but this cuBLAS handle is for {}", a.device(), self.device)));
+        }
+        if p.m == 0 || p.n == 0 {
+            return Ok(());
+        }
+        let gpu = self.device.gpu_ref().expect("a GPU");
+        gpu.bind()?;
+        let ptrs = (b.address(), a.address(), c.address());
+        match lib {
+            Library::Cublas => self.gemm_ex(&p, ptrs),
+            Library::CublasLt => self.gemm_lt(&p, ptrs, gpu.stream.cu_stream() as lt::cudaStream_t),
+        }
+    }
+
+    fn gemm_ex(&self, p: &Problem, (first, second, c): (u64, u64, u64)) -> Result<()> {
+        let op = |t: bool| if t { cb::cublasOperation_t::CUBLAS_OP_T } else { cb::cublasOperation_t::CUBLAS_OP_N };
+        let compute = if p.tf32() { cb::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32 } else { cb::cublasComputeType_t::CUBLAS_COMPUTE_32F };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let ty = p.data_type();
+        guarded("cublasGemmEx", || {
+            // SAFETY: the pointers are live allocations on this device holding the
+            // operands with the leading dimensions checked by `Problem::new`; alpha and
+            // beta are host f32 (the handle's default pointer mode), as compute type 32F
+            // wants.
+            let s = unsafe {
+                cb::cublasGemmEx(
+                    self.handle,
+                    op(p.first.trans),
+                    op(p.second.trans),
+                    p.m as i32,
+                    p.n as i32,
+                    p.k as i32,
+                    (&alpha as *const f32).cast(),
+                    first as *const c_void,
+                    ty,
+                    p.first.ld as i32,
+                    second as *const c_void,
+                    ty,
+                    p.second.ld as i32,
+                    (&beta as *const f32).cast(),
+                    c as *mut c_void,
+                    ty,
+                    p.ldc as i32,
+                    compute,
+                    cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            };
+            cublas_ok(&format!("cublasGemmEx {p:?}"), s)
+        })
+    }
+
+    /// The plan of `p`, made on first use (descriptors, heuristic).
+    fn plan(&self, p: &Problem) -> Result<LtPlan> {
+        let compute = if p.tf32() { lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32 } else { lt::cublasComputeType_t::CUBLAS_COMPUTE_32F };
+        let ty = p.lt_data_type();
+        guarded("planning a cuBLASLt matmul", || {
+            // SAFETY: out-pointers to locals; attribute buffers are locals of the size
+            // passed; descriptors are owned by the returned plan (or destroyed on error
+            // through its Drop).
+            unsafe {
+                let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
+                lt_ok("cublasLtMatmulDescCreate", lt::cublasLtMatmulDescCreate(&mut desc, compute, lt::cudaDataType::CUDA_R_32F))?;
+                let mut plan = LtPlan {
+                    desc,
+                    first: std::ptr::null_mut(),
+                    second: std::ptr::null_mut(),
+                    c: std::ptr::null_mut(),
+                    algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
+                    workspace: 0,
+                };
+                for (attr, t) in [
+                    (lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, p.first.trans),
+                    (lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, p.second.trans),
+                ] {
+                    let v: i32 = t as i32; // cublasOperation_t: N = 0, T = 1
+                    lt_ok("cublasLtMatmulDescSetAttribute", lt::cublasLtMatmulDescSetAttribute(desc, attr, (&v as *const i32).cast(), 4))?;
+                }
+                // stored shapes (column-major rows × cols) of each operand
+                let (fr, fc) = if p.first.trans { (p.k, p.m) } else { (p.m, p.k) };
+                let (sr, sc) = if p.second.trans { (p.n, p.k) } else { (p.k, p.n) };
+                lt_ok("cublasLtMatrixLayoutCreate", lt::cublasLtMatrixLayoutCreate(&mut plan.first, ty, fr as u64, fc as u64, p.first.ld))?;
+                lt_ok("cublasLtMatrixLayoutCreate", lt::cublasLtMatrixLayoutCreate(&mut plan.second, ty, sr as u64, sc as u64, p.second.ld))?;
+                lt_ok("cublasLtMatrixLayoutCreate", lt::cublasLtMatrixLayoutCreate(&mut plan.c, ty, p.m as u64, p.n as u64, p.ldc))?;
+                let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
+                lt_ok("cublasLtMatmulPreferenceCreate", lt::cublasLtMatmulPreferenceCreate(&mut pref))?;
+                let ws: u64 = WORKSPACE_BYTES as u64;
+                let r = lt_ok(
+                    "cublasLtMatmulPreferenceSetAttribute",
+                    lt::cublasLtMatmulPreferenceSetAttribute(
+                        pref,
+                        lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                        (&ws as *const u64).cast(),
+                        8,
+                    ),
+                )
+                .and_then(|_| {
+                    let mut result: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+                    let mut count = 0i32;
+                    lt_ok(
+                        "cublasLtMatmulAlgoGetHeuristic",
+                        lt::cublasLtMatmulAlgoGetHeuristic(self.lt, desc, plan.first, plan.second, plan.c, plan.c, pref, 1, &mut result, &mut count),
+                    )?;
+                    if count < 1 {
+                        return Err(Error::Vendor(format!("cuBLASLt has no algorithm for {p:?}")));
+                    }
+                    Ok(result)
+                });
+                let _ = lt::cublasLtMatmulPreferenceDestroy(pref);
+                let result = r?;
+                plan.algo = result.algo;
+                plan.workspace = result.workspaceSize;
+                Ok(plan)
+            }
+        })
+    }
+
+    /// `cublasLtMatmul` of `p` with its cached plan. (fp8 plugs in here and in
+    /// [`Problem::lt_data_type`]: `CUDA_R_8F_E4M3` inputs, a bf16/f16 output layout, and
+    /// "TN" operands; see the module docs.)
+    fn gemm_lt(&self, p: &Problem, (first, second, c): (u64, u64, u64), stream: lt::cudaStream_t) -> Result<()> {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if !plans.contains_key(p) {
+            let plan = self.plan(p)?;
+            plans.insert(*p, plan);
+        }
+        let plan = &plans[p];
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        guarded("cublasLtMatmul", || {
+            // SAFETY: as in `gemm_ex`; the plan's layouts describe these operands; the
+            // workspace is ours, WORKSPACE_BYTES ≥ the plan's, on the same stream.
+            let s = unsafe {
+                lt::cublasLtMatmul(
+                    self.lt,
+                    plan.desc,
+                    (&alpha as *const f32).cast(),
+                    first as *const c_void,
+                    plan.first,
+                    second as *const c_void,
+                    plan.second,
+                    (&beta as *const f32).cast(),
+                    c as *const c_void,
+                    plan.c,
+                    c as *mut c_void,
+                    plan.c,
+                    &plan.algo,
+                    self.workspace_ptr as *mut c_void,
+                    plan.workspace.min(WORKSPACE_BYTES),
+                    stream,
+                )
+            };
+            lt_ok(&format!("cublasLtMatmul {p:?}"), s)
+        })
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        if let Some(g) = self.device.gpu_ref() {
+            let _ = g.bind();
+        }
+        self.plans.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        // SAFETY: the handles were created by `Blas::new` and are destroyed once; work
+        // queued with them is ordered before later frees on the one stream.
+        unsafe {
+            if !self.lt.is_null() {
+                let _ = lt::cublasLtDestroy(self.lt);
+            }
+            if !self.handle.is_null() {
+                let _ = cb::cublasDestroy_v2(self.handle);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cpu(shape: &[usize], dt: DType) -> Tensor {
+        Tensor::zeros(shape, dt, &Device::cpu()).unwrap()
+    }
+
+    #[test]
+    fn row_major_maps_to_swapped_column_major() {
+        let (a, b) = (cpu(&[3, 5], DType::BF16), cpu(&[5, 7], DType::BF16));
+        let a_op = operand("A", &a).unwrap();
+        assert_eq!(a_op, Operand { trans: false, ld: 5 });
+        assert_eq!(operand("B", &b).unwrap(), Operand { trans: false, ld: 7 });
+        // a transposed view is a transposed operand with the parent's row stride
+        let bt = cpu(&[7, 5], DType::BF16).t();
+        assert_eq!(operand("B", &bt).unwrap(), Operand { trans: true, ld: 5 });
+        // a narrowed view keeps the parent's row stride
+        let wide = cpu(&[3, 16], DType::BF16).narrow(1, 4, 5).unwrap();
+        assert_eq!(operand("A", &wide).unwrap(), Operand { trans: false, ld: 16 });
+    }
+
+    #[test]
+    fn problems_are_checked_before_any_call() {
+        let dt = DType::BF16;
+        let (a, b, c) = (cpu(&[4, 8], dt), cpu(&[8, 16], dt), cpu(&[4, 16], dt));
+        // the CPU is refused (vendor GEMMs run on a GPU)
+        assert!(matches!(Problem::new(&a, &b, &c, Math::Fp32), Err(Error::DeviceMismatch(_))));
+        assert!(matches!(Problem::new(&a, &cpu(&[9, 16], dt), &c, Math::Fp32), Err(Error::ShapeMismatch(_))));
+        assert!(matches!(Problem::new(&a, &b, &cpu(&[4, 15], dt), Math::Fp32), Err(Error::ShapeMismatch(_))));
+        assert!(matches!(Problem::new(&a, &cpu(&[8, 16], DType::F16), &c, Math::Fp32), Err(Error::DTypeMismatch(_))));
+        assert!(matches!(Problem::new(&cpu(&[4], dt), &b, &c, Math::Fp32), Err(Error::ShapeMismatch(_))));
+        let i = DType::I64;
+        assert!(matches!(Problem::new(&cpu(&[4, 8], i), &cpu(&[8, 16], i), &cpu(&[4, 16], i), Math::Fp32), Err(Error::InvalidArgument(_))));
+        assert!(Blas::new(&Device::cpu()).is_err());
+    }
+}
