@@ -81,9 +81,13 @@ pub enum KernelParam {
     /// (one entry per tensor dimension, outermost first, like the tensor's own dims),
     /// shared memory swizzled in `swizzle` bytes (0, 32, 64 or 128); out-of-bounds
     /// elements read as zero. The codegen emits one only when the [`TensorSpec`] says the
-    /// innermost stride is 1, the other strides are multiples of 16 bytes and the data
+    /// innermost (`order[0]`) stride is 1, the other strides are multiples of 16 bytes and the data
     /// pointer is 16-byte aligned; the runtime re-checks and refuses otherwise.
-    TensorMap { tensor: ParamId, box_dims: Vec<u32>, swizzle: u32 },
+    ///
+    /// `order` lists the tensor's dimensions innermost first (the driver's order): its
+    /// first entry is the unit-stride dimension, whose box extent spans at most the
+    /// swizzle; a transposed view has order `[0, 1]`, a row-major matrix `[1, 0]`.
+    TensorMap { tensor: ParamId, box_dims: Vec<u32>, swizzle: u32, order: Vec<u32> },
 }
 
 /// Programs along one grid axis: `ceil(shape(dim) / step)`.

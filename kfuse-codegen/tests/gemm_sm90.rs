@@ -94,3 +94,28 @@ fn sm80_is_refused_clearly() {
     let err = compile(&k, &spec(&k, [256, 256, 256]), &Target::sm80()).unwrap_err().to_string();
     assert!(err.contains("sm_90a"), "{err}");
 }
+
+#[test]
+fn transposed_views_are_read_mn_major_through_the_tensor_map_order() {
+    let k = gemm_kernel(DType::BF16, false, false, false);
+    let mut s = spec(&k, [4096, 4096, 4096]);
+    // a is a transposed view: unit stride on its first dimension
+    s.tensors[0] = Some(TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
+    let e = compile(&k, &s, &Target::sm90a()).unwrap();
+    assert!(e.ir.contains("A %") && e.ir.contains("MN-major"), "{}", e.ir);
+    let maps: Vec<_> = e.params.iter().filter_map(|p| match p {
+        kfuse_codegen::KernelParam::TensorMap { box_dims, order, .. } => Some((box_dims.clone(), order.clone())),
+        _ => None,
+    }).collect();
+    assert_eq!(maps[0], (vec![64, 64], vec![0, 1]));
+    assert_eq!(maps[1], (vec![64, 64], vec![1, 0]));
+}
+
+#[test]
+fn unaligned_rows_are_refused_with_the_reason() {
+    let k = gemm_kernel(DType::BF16, false, false, false);
+    let mut s = spec(&k, [4096, 4096, 4096]);
+    s.tensors[1] = Some(TensorSpec { ptr_align: 16, stride_div: vec![1, 0] });
+    let err = compile(&k, &s, &Target::sm90a()).unwrap_err().to_string();
+    assert!(err.contains("16 bytes"), "{err}");
+}

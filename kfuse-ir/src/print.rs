@@ -168,6 +168,9 @@ pub fn print(k: &Kernel) -> String {
                 m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instr[0], m.instr[1], m.instr[2],
                 m.consumers, m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle, m.group_m
             );
+            if let Some(st) = &m.store {
+                let _ = writeln!(out, "  mma epilogue: store {} through shared memory (swizzle {}B) and a TMA store", st.load.index(), st.swizzle);
+            }
         }
         for (t, v) in &s.tiles {
             let _ = writeln!(out, "  tile {} = {v}", k.tile_name(*t));

@@ -156,6 +156,10 @@ pub struct MmaPlan {
     /// Persistent grid: programs visit tiles in groups of `group_m` tile rows, so that
     /// the tiles in flight share their A rows and B columns in L2.
     pub group_m: u32,
+    /// The epilogue's `[BM, BN]` store that goes through shared memory (swizzled like
+    /// the operands) and a TMA bulk store, when its output can take one: the consumers
+    /// move on to the next tile while the copy engine writes this one.
+    pub store: Option<MmaOperand>,
 }
 
 impl Schedule {

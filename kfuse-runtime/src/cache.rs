@@ -304,7 +304,7 @@ mod tests {
             options: vec![],
             block_threads: 128,
             smem_bytes: 0,
-            params: vec![KernelParam::TensorMap { tensor: ParamId(0), box_dims: vec![64, 64], swizzle: 128 }],
+            params: vec![KernelParam::TensorMap { tensor: ParamId(0), box_dims: vec![64, 64], swizzle: 128, order: vec![1, 0] }],
             grid: vec![GridAxisEval { dim: ShapeSym(0), step: 64 }],
             cluster_x: 1,
             persistent: None,
@@ -314,8 +314,8 @@ mod tests {
         let k = source_key(&base);
         assert_eq!(k, source_key(&base.clone()));
         let changed = [
-            EmittedKernel { params: vec![KernelParam::TensorMap { tensor: ParamId(0), box_dims: vec![64, 32], swizzle: 128 }], ..base.clone() },
-            EmittedKernel { params: vec![KernelParam::TensorMap { tensor: ParamId(0), box_dims: vec![64, 64], swizzle: 64 }], ..base.clone() },
+            EmittedKernel { params: vec![KernelParam::TensorMap { tensor: ParamId(0), box_dims: vec![64, 32], swizzle: 128, order: vec![1, 0] }], ..base.clone() },
+            EmittedKernel { params: vec![KernelParam::TensorMap { tensor: ParamId(0), box_dims: vec![64, 64], swizzle: 64, order: vec![1, 0] }], ..base.clone() },
             EmittedKernel { persistent: Some(132), ..base.clone() },
             EmittedKernel { cluster_x: 2, ..base.clone() },
             EmittedKernel { block_threads: 256, ..base.clone() },

@@ -616,9 +616,13 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
     let mut vals = Vec::with_capacity(e.params.len());
     for p in &e.params {
         vals.push(match *p {
-            KernelParam::TensorMap { tensor: id, ref box_dims, swizzle } => {
+            KernelParam::TensorMap { tensor: id, ref box_dims, swizzle, ref order } => {
                 let t = tensor(id)?;
-                PVal::Map(crate::tma::encode_tiled(t, box_dims, swizzle).map_err(|err| match err {
+                // view the tensor in memory order (outermost first), as the map wants it
+                let perm: Vec<usize> = order.iter().rev().map(|&d| d as usize).collect();
+                let view = t.permute(&perm).map_err(|err| Error::InvalidArgument(format!("`{name}`, parameter #{}: dimension order {order:?}: {err}", id.0)))?;
+                let boxes: Vec<u32> = perm.iter().map(|&d| box_dims.get(d).copied().unwrap_or(0)).collect();
+                PVal::Map(crate::tma::encode_tiled(&view, &boxes, swizzle).map_err(|err| match err {
                     Error::InvalidArgument(m) => Error::InvalidArgument(format!("`{name}`, parameter #{}: {m}", id.0)),
                     other => other,
                 })?)

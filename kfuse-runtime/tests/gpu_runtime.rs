@@ -322,7 +322,7 @@ fn tma_box_kernel(arch: String, br: u32, bc: u32, swizzle: u32) -> EmittedKernel
         block_threads: 128,
         smem_bytes: br * bc * 2 + 1024,
         params: vec![
-            KernelParam::TensorMap { tensor: p(0), box_dims: vec![br, bc], swizzle },
+            KernelParam::TensorMap { tensor: p(0), box_dims: vec![br, bc], swizzle, order: vec![1, 0] },
             KernelParam::Ptr(p(1)),
             KernelParam::Stride { tensor: p(1), dim: 0 },
             KernelParam::Scalar(p(2)),

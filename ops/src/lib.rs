@@ -520,6 +520,42 @@ pub fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         c.fill(0.0)?;
         return Ok(c);
     }
-    kernels::gemm(a, b, &mut c)?;
+    if a.device().is_gpu() {
+        // the GPU matrix path reads operands with TMA: a copy for those it cannot read;
+        // and writes through TMA: rows not 16-byte aligned go to a padded buffer first
+        let (a, b) = (tma_readable(a)?, tma_readable(b)?);
+        let per = 16 / c.dtype().size_bytes().max(1);
+        if n % per != 0 {
+            let storage = Tensor::empty(&[m, n.div_ceil(per) * per], c.dtype(), &c.device())?;
+            let mut padded = storage.narrow(1, 0, n)?;
+            kernels::gemm(&a, &b, &mut padded)?;
+            kernels::copy2d(&padded, &mut c)?;
+        } else {
+            kernels::gemm(&a, &b, &mut c)?;
+        }
+    } else {
+        kernels::gemm(a, b, &mut c)?;
+    }
     Ok(c)
+}
+
+/// `t` itself when the tensor-memory accelerator can read it (one unit-stride
+/// dimension, the other stride a multiple of 16 bytes, data 16-byte aligned), else a
+/// copy with its rows padded to 16 bytes (viewed at `t`'s shape). The copy costs one
+/// read and one write of `t`; the matrix product reads it many times.
+fn tma_readable(t: &Tensor) -> Result<Tensor> {
+    let esz = t.dtype().size_bytes();
+    let (r, c) = (t.shape()[0], t.shape()[1]);
+    let st = t.strides();
+    let aligned = |s: isize| s > 0 && (s as usize * esz) % 16 == 0;
+    let ok = (st[1] == 1 && aligned(st[0])) || (st[0] == 1 && aligned(st[1]));
+    if ok && t.address() % 16 == 0 {
+        return Ok(t.clone());
+    }
+    let per = 16 / esz.max(1);
+    let cp = c.div_ceil(per) * per;
+    let storage = Tensor::empty(&[r, cp], t.dtype(), &t.device())?;
+    let mut view = storage.narrow(1, 0, c)?;
+    kernels::copy2d(t, &mut view)?;
+    Ok(view)
 }

@@ -84,27 +84,41 @@ fn contiguous_tile_axis(k: &Kernel, spec: &Spec, load: OpId) -> Option<usize> {
     None
 }
 
-/// Why TMA cannot read this load's tensor, if it cannot.
+/// The tensor dimensions of a load's tensor in the order TMA sees them, innermost
+/// first: the unit-stride dimension (the last one if several), then the others from
+/// last to first. `None` without a unit-stride dimension.
+pub fn tma_order(k: &Kernel, spec: &Spec, load: OpId) -> Option<Vec<u32>> {
+    let (Op::Load { tensor, dims } | Op::Store { tensor, dims }) = k.op(load) else { return None };
+    let ts = spec.tensors.get(tensor.0 as usize).cloned().flatten()?;
+    let r = dims.len();
+    let unit = (0..r).rev().find(|&d| ts.stride_div.get(d) == Some(&0))?;
+    let mut order = vec![unit as u32];
+    order.extend((0..r).rev().filter(|&d| d != unit).map(|d| d as u32));
+    Some(order)
+}
+
+/// Why TMA cannot read (or write) this access's tensor, if it cannot.
 fn tma_obstacle(k: &Kernel, spec: &Spec, load: OpId) -> Option<String> {
-    let Op::Load { tensor, dims } = k.op(load) else { return Some("not a load".into()) };
+    let (Op::Load { tensor, dims } | Op::Store { tensor, dims }) = k.op(load) else { return Some("not an access".into()) };
     let p = k.param(*tensor);
     let esz = p.dtype.size_bytes() as u32;
     let Some(ts) = spec.tensors.get(tensor.0 as usize).cloned().flatten() else {
         return Some(format!("nothing is known of `{}`'s strides", p.name));
     };
-    let last = dims.len() - 1;
-    if ts.stride_div.get(last) != Some(&0) {
-        return Some(format!("`{}` is not contiguous along its last dimension", p.name));
-    }
-    for d in 0..last {
-        let sd = ts.stride_div.get(d).copied().unwrap_or(1);
-        if sd != 0 && sd * esz < 16 {
+    let Some(order) = tma_order(k, spec, load) else {
+        return Some(format!("`{}` has no unit-stride dimension", p.name));
+    };
+    for &d in &order[1..] {
+        // 0 marks a unit stride here too (a second unit-stride dimension): 1 element
+        let sd = ts.stride_div.get(d as usize).copied().unwrap_or(1).max(1);
+        if sd * esz < 16 {
             return Some(format!("the stride of `{}` along dimension {d} is not a multiple of 16 bytes", p.name));
         }
     }
     if ts.ptr_align < 16 {
         return Some(format!("`{}`'s data is not 16-byte aligned", p.name));
     }
+    let _ = dims;
     None
 }
 
@@ -216,6 +230,25 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         return Err(unsupported(format!("a {bm}x{bn} dot tile: the WGMMA path takes BM of 64 or 128 and BN a multiple of 64 up to 256")));
     }
     let consumers = bm / 64;
+    // the epilogue store that can go out through shared memory and TMA: the one store
+    // after the loop of a 16-bit `[BM, BN]` tile into a 2-D output TMA can write
+    let stores: Vec<OpId> = k.order[info.yield_pos + 1..].iter().copied().filter(|&o| matches!(k.op(o), Op::Store { .. })).collect();
+    let store = match stores.as_slice() {
+        [st] => {
+            let Op::Store { tensor, dims } = k.op(*st) else { unreachable!() };
+            let v = *k.operands(*st).last().unwrap();
+            let ext = |e: &kfuse_ir::Extent| extent_value(k, *e);
+            let tile_dims: Vec<u32> = dims.iter().filter_map(|d| if let AccessDim::Tile(e) = d { Some(ext(e)) } else { None }).collect();
+            let ok = dims.len() == 2
+                && tile_dims == [bm, bn]
+                && matches!(k.param(*tensor).dtype, DType::F16 | DType::BF16)
+                && k.ty(v).shape.len() == 2
+                && tma_order(k, spec, *st).is_some_and(|o| o[0] == 1)
+                && tma_obstacle(k, spec, *st).is_none();
+            ok.then_some(MmaOperand { load: *st, major: Major::MN, swizzle: 128 })
+        }
+        _ => None,
+    };
     k.schedule.num_threads = 128 * consumers;
     k.schedule.min_blocks = 1;
     k.schedule.mma = Some(MmaPlan {
@@ -230,6 +263,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         consumers,
         stages: 0,
         group_m: 8,
+        store,
     });
     Ok(())
 }

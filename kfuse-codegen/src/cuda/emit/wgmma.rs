@@ -37,6 +37,8 @@ struct Operand {
     map: String,
     /// Offsets (C expressions, `long long`) per tensor dimension.
     offs: Vec<String>,
+    /// Tensor dimensions innermost first (TMA's order).
+    order: Vec<u32>,
     /// Box per tensor dimension (outermost first) and the number of boxes along the
     /// innermost dimension.
     boxes: Vec<u32>,
@@ -47,8 +49,9 @@ struct Operand {
 }
 
 /// The TMA boxes of an operand load: per tensor dimension the tile extent (1 for an
-/// indexed dimension), the innermost capped at one swizzle span.
-fn boxes_of(k: &Kernel, o: &MmaOperand) -> Result<(Vec<u32>, u32, u32), CodegenError> {
+/// indexed dimension), the innermost (`order[0]`) capped at one swizzle span; and how
+/// many boxes cover that dimension.
+fn boxes_of(k: &Kernel, o: &MmaOperand, order: &[u32]) -> Result<(Vec<u32>, u32, u32), CodegenError> {
     let Op::Load { tensor, dims } = k.op(o.load) else { return Err(CodegenError::Unsupported("operand is not a load".into())) };
     let esz = k.param(*tensor).dtype.size_bytes() as u32;
     let span = o.swizzle / esz;
@@ -59,10 +62,10 @@ fn boxes_of(k: &Kernel, o: &MmaOperand) -> Result<(Vec<u32>, u32, u32), CodegenE
             AccessDim::Tile(e) => extent_value(k, *e),
         })
         .collect();
-    let last = b.len() - 1;
-    let inner = b[last];
+    let inner_dim = order[0] as usize;
+    let inner = b[inner_dim];
     let nq = inner.div_ceil(span).max(1);
-    b[last] = inner.min(span);
+    b[inner_dim] = inner.min(span);
     if b.iter().any(|&x| x > 256) {
         return Err(CodegenError::Unsupported(format!("a TMA box of {b:?} (at most 256 per dimension)")));
     }
@@ -160,12 +163,14 @@ pub(super) fn emit_kernel(
     let mut operands = Vec::new();
     for (i, o) in [&plan.a, &plan.b].into_iter().enumerate() {
         let Op::Load { tensor, .. } = k.op(o.load) else { unreachable!() };
-        let (boxes, nq, box_bytes) = boxes_of(k, o)?;
+        let order = crate::passes::select_mma_path::tma_order(k, spec, o.load)
+            .ok_or_else(|| CodegenError::Unsupported("a dot operand without a unit-stride dimension".into()))?;
+        let (boxes, nq, box_bytes) = boxes_of(k, o, &order)?;
         let map = format!("kf_tm{i}");
         decls.push(format!("const __grid_constant__ CUtensorMap {map}"));
-        params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: boxes.clone(), swizzle: o.swizzle });
+        params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: boxes.clone(), swizzle: o.swizzle, order: order.clone() });
         let offs = k.operands(o.load).iter().map(|v| format!("v{}", v.index())).collect();
-        operands.push(Operand { map, offs, boxes, nq, box_bytes, bytes: box_bytes * nq, major: o.major });
+        operands.push(Operand { map, offs, order, boxes, nq, box_bytes, bytes: box_bytes * nq, major: o.major });
     }
     let a_bytes = bm * bk * esz;
     let b_bytes = bk * bn * esz;
@@ -173,7 +178,20 @@ pub(super) fn emit_kernel(
         return Err(CodegenError::Unsupported("TMA boxes that do not cover the dot's tiles".into()));
     }
     let stage_bytes = a_bytes + b_bytes;
-    let dynamic_smem = 1024 + stages * stage_bytes + 16 * stages;
+    // the epilogue's output tile (TMA store): after the stages and barriers, 1024-aligned
+    let c_off = (stages * stage_bytes + 16 * stages).div_ceil(1024) * 1024;
+    let mut c_bytes = 0;
+    let mut c_map = None;
+    if let Some(st) = &plan.store {
+        let Op::Store { tensor, .. } = k.op(st.load) else { unreachable!() };
+        let esz = k.param(*tensor).dtype.size_bytes() as u32;
+        let inner = st.swizzle / esz;
+        c_bytes = bm * bn * esz;
+        decls.push("const __grid_constant__ CUtensorMap kf_tm2".to_string());
+        params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: vec![bm, inner], swizzle: st.swizzle, order: vec![1, 0] });
+        c_map = Some((st.load, inner, bm * inner * esz));
+    }
+    let dynamic_smem = 1024 + if c_bytes > 0 { c_off + c_bytes } else { stages * stage_bytes + 16 * stages };
 
     let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0, barrier: "asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");", pid: None };
     e.w.indent();
@@ -268,9 +286,10 @@ pub(super) fn emit_kernel(
         }
         for q in 0..op.nq {
             // coordinates innermost first
-            let mut c: Vec<String> = op.offs.iter().rev().map(|o| format!("(int){o}")).collect();
+            let mut c: Vec<String> = op.order.iter().map(|&d| format!("(int){}", op.offs[d as usize])).collect();
             if q > 0 {
-                c[0] = format!("(int)({} + {})", op.offs[r - 1], q * op.boxes[r - 1]);
+                let d = op.order[0] as usize;
+                c[0] = format!("(int)({} + {})", op.offs[d], q * op.boxes[d]);
             }
             e.line(format!("kf_tma_{r}d({dst} + {}, &{}, {}, &kf_full[kf_stage]);", q * op.box_bytes, op.map, c.join(", ")))?;
         }
@@ -368,7 +387,10 @@ pub(super) fn emit_kernel(
         if matches!(k.op(o), Op::LoopResult { .. }) {
             continue;
         }
-        e.op(o)?;
+        match c_map {
+            Some((st, inner, box_bytes)) if st == o => e.tma_store(o, c_off, inner, box_bytes)?,
+            _ => e.op(o)?,
+        }
     }
     if e.smem > 0 {
         // the epilogue's shared memory is reused by the next tile
@@ -376,6 +398,10 @@ pub(super) fn emit_kernel(
         e.line(b)?;
     }
     e.close()?; // tiles
+    if c_map.is_some() {
+        // shared memory must outlive the last bulk store's reads
+        e.line("if (kf_tid == 128) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");")?;
+    }
     e.close()?; // consumers
     let static_smem = e.smem;
     let body = e.w.finish();
@@ -407,4 +433,81 @@ pub(super) fn emit_kernel(
     };
     head().map_err(fmt_err)?;
     Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent: Some(target.num_sms) })
+}
+
+impl Emitter<'_> {
+    /// The epilogue store of a `[BM, BN]` tile through shared memory and a TMA bulk
+    /// store, when the value's valid lanes are exactly the in-bounds part of the tile
+    /// (what the copy engine writes; checked at run time), else the ordinary store.
+    ///
+    /// Shared memory holds the tile as `BN / inner` boxes of `[BM, inner]` elements,
+    /// 128-byte rows swizzled like TMA's 128-byte mode (16-byte chunk `j` of row `r` at
+    /// chunk `j ^ (r % 8)`), so that a warp's writes (8 rows x 4 lanes) hit 8 different
+    /// chunks. One thread (the first consumer) waits until the previous tile's bulk
+    /// store has read the buffer, the consumers write, fence the writes for the async
+    /// proxy, meet at the barrier, and the same thread issues the store.
+    fn tma_store(&mut self, op: OpId, c_off: u32, inner: u32, box_bytes: u32) -> R {
+        let k = self.k;
+        let Op::Store { tensor, dims } = k.op(op) else { unreachable!() };
+        let ops = k.operands(op);
+        let r = dims.len();
+        let v = ops[r];
+        let val = self.val(v).clone();
+        let d = k.param(*tensor).dtype;
+        let esz = d.size_bytes() as u32;
+        let map = val.map.clone().ok_or_else(|| CodegenError::Unsupported("a scalar epilogue store".into()))?;
+        let plain = map.axes.len() == 2 && val.axis_map == [Some(0), Some(1)] && map.axes[1].elem_step == 1 && map.axes[1].spt % 2 == 0;
+        if !plain {
+            return self.op(op);
+        }
+        let tdims = k.tensor_dims(*tensor).to_vec();
+        let offs: Vec<String> = ops[..r].iter().map(|o| self.val(*o).name.clone()).collect();
+        let mut conds = Vec::new();
+        for t in 0..2 {
+            let n = self.shape_var(tdims[t]);
+            let ext = val.shape[t];
+            conds.push(format!("{} == 0", val.lo[t]));
+            conds.push(format!("{} == kf_maxi(0LL, kf_mini({n} - {}, {ext}LL))", val.hi[t], offs[t]));
+            conds.push(format!("{} >= 0", offs[t]));
+        }
+        let ok = self.fresh("kf_tma_ok");
+        self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
+        self.open(format!("if ({ok})"))?;
+        self.line("if (kf_tid == 128) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");")?;
+        let b = self.barrier;
+        self.line(b)?;
+        self.line(format!("unsigned char* kf_cs = kf_pipe + {c_off};"))?;
+        let pairs = map.regs / 2;
+        let e1 = map.axes[1].e_stride;
+        self.unroll("p", pairs)?;
+        // register k0 and the next along the columns (element digit 0 and 1)
+        self.line(format!("const int k0 = (p / {e1}) * {} + (p % {e1});", 2 * e1))?;
+        self.line(format!("const int row = {};", coord(&map, 0, "k0")))?;
+        self.line(format!("const int col = {};", coord(&map, 1, "k0")))?;
+        self.line(format!("const int q = col / {inner};"))?;
+        self.line(format!("const int cb = (col % {inner}) * {esz};"))?;
+        self.line(format!("const unsigned off = q * {box_bytes} + row * 128 + ((((cb >> 4) ^ (row & 7)) << 4) | (cb & 15));"))?;
+        let lo = from_reg(d, &format!("{}[k0]", val.name));
+        let hi = from_reg(d, &format!("{}[k0 + {e1}]", val.name));
+        self.line(format!("*reinterpret_cast<unsigned*>(kf_cs + off) = kf_pack16({lo}, {hi});"))?;
+        self.close()?;
+        self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")?;
+        self.line(b)?;
+        self.open("if (kf_tid == 128)")?;
+        for q in 0..val.shape[1] / inner {
+            self.line(format!(
+                "asm volatile(\"cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {{%1, %2}}], [%3];\" :: \"l\"(&kf_tm2), \"r\"((int)({} + {})), \"r\"((int){}), \"r\"(kf_smem_addr(kf_cs + {})) : \"memory\");",
+                offs[1],
+                q * inner,
+                offs[0],
+                q * box_bytes
+            ))?;
+        }
+        self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
+        self.close()?;
+        self.close()?;
+        self.open("else")?;
+        self.op(op)?;
+        self.close()
+    }
 }

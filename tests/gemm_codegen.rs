@@ -1,0 +1,83 @@
+//! What the compiler emits for matrix products, on a machine without a GPU: the sm_90a
+//! kernel of `kfuse::ops::gemm` and of a user GEMM with a fused bias + GELU epilogue
+//! (structure checks that do not pin the whole text, a snapshot of the scheduled IR),
+//! NVRTC + `ptxas -v` with no spills for each shape class the tile heuristic
+//! distinguishes, and the clear refusal on sm_80 (the mma.sync path is not written).
+
+mod common;
+
+use kfuse::codegen::{compile, Spec, Target};
+use kfuse::prelude::*;
+use kfuse::DType;
+
+/// A user kernel: GEMM with bias and GELU in the epilogue (as in tests/gpu_gemm.rs).
+#[kfuse]
+pub fn gemm_bias_gelu<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, bias: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    let x = acc + bias.block([j * BN], [BN]).load().to_f32();
+    out.block([i * BM, j * BN], [BM, BN]).store((0.5 * x * (1.0 + erf(x * 0.7071067811865476))).cast::<T>());
+}
+
+/// The snapshot spec with M, N, K set (powers of two: what the heuristic sees).
+fn spec_mnk(def: &kfuse::ir::KernelDef, m: u32, n: u32, k: u32) -> Spec {
+    let mut s = common::snapshot_spec(def);
+    // shape symbols in order of first appearance: M, K, N for both kernels here
+    s.shape_pow2 = vec![m.next_power_of_two(), k.next_power_of_two(), n.next_power_of_two()];
+    s
+}
+
+#[test]
+fn sm90a_gemm_has_the_matrix_path() {
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    for dt in [DType::BF16, DType::F16] {
+        let k = (def.build)(&[dt]).unwrap();
+        let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
+        assert!(e.source.contains("wgmma.mma_async"), "sm_90a gemm issues wgmma");
+        assert!(e.source.contains("cp.async.bulk.tensor.2d.shared::cluster.global"), "operands arrive by TMA");
+        assert!(e.source.contains("cp.async.bulk.tensor.2d.global.shared::cta"), "the epilogue leaves by a TMA store");
+        assert!(e.source.contains("setmaxnreg"), "producer and consumers rebalance registers");
+        assert!(e.ir.contains("mma WgmmaTma") && e.ir.contains("tile 128x256x64"), "{}", e.ir);
+        assert_eq!(e.persistent, Some(Target::sm90a().num_sms));
+        if dt == DType::BF16 {
+            insta::assert_snapshot!("gemm_bf16_sm90a_ir", e.ir);
+        }
+    }
+}
+
+#[test]
+fn sm80_gemm_is_refused_clearly() {
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let err = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm80()).unwrap_err().to_string();
+    assert!(err.contains("sm_90a") && err.contains("mma.sync"), "{err}");
+}
+
+#[test]
+fn gemm_kernels_compile_without_spills() {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    // shape classes: wide tiles (BN 256), M = 127 (BN 64), and in between (BN 128)
+    for (m, n, kk) in [(4096, 4096, 4096), (127, 4096, 4096), (1024, 2048, 1024)] {
+        for (name, def) in [("gemm", &kfuse::ops::kernels::gemm::DEF), ("gemm_bias_gelu", &gemm_bias_gelu::DEF)] {
+            for dt in [DType::BF16, DType::F16] {
+                let k = (def.build)(&[dt]).unwrap();
+                let e = compile(&k, &spec_mnk(def, m, n, kk), &Target::sm90a()).unwrap();
+                match common::assemble(&e.source, &e.arch, &e.options, &format!("{name}_{dt}_{m}_{n}")) {
+                    Ok((regs, spill)) => {
+                        if spill > 0 {
+                            failures.push(format!("{name} {dt} M{m} N{n} K{kk} (tiles {:?}): {spill} bytes of spills ({regs} registers)", e.tiles));
+                        }
+                    }
+                    Err(err) => failures.push(format!("{name} {dt} M{m} N{n}: {err}")),
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(checked, 12);
+}
