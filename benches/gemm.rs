@@ -24,8 +24,60 @@
 mod common;
 
 use common::{median, random};
+use kfuse::prelude::*;
 use kfuse::runtime::vendor::{Blas, Library, Math};
 use kfuse::{DType, Device, Tensor};
+
+/// GEMM with bias and GELU (erf form) fused into its epilogue: one kernel.
+#[kfuse]
+pub fn gemm_bias_gelu<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, bias: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    let x = acc + bias.block([j * BN], [BN]).load().to_f32();
+    out.block([i * BM, j * BN], [BM, BN]).store((0.5 * x * (1.0 + erf(x * 0.7071067811865476))).cast::<T>());
+}
+
+/// The same bias + GELU as a separate elementwise kernel (what follows a vendor GEMM).
+#[kfuse]
+pub fn bias_gelu<T: Float>(x: Tensor<T, (M, N)>, bias: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let v = x.block([i * BM, j * BN], [BM, BN]).load().to_f32() + bias.block([j * BN], [BN]).load().to_f32();
+    out.block([i * BM, j * BN], [BM, BN]).store((0.5 * v * (1.0 + erf(v * 0.7071067811865476))).cast::<T>());
+}
+
+/// Fused GEMM + bias + GELU (kfuse, one kernel) against cuBLAS GEMM then a separate
+/// bias + GELU kernel, bf16, same inputs; returns a markdown row and the check.
+fn fused_epilogue(blas: &Blas, dev: &Device, m: usize, n: usize, k: usize, warm: usize, iters: usize) -> kfuse::Result<String> {
+    let (a, _) = random(&[m, k], DType::BF16, 7, dev);
+    let (b, _) = random(&[k, n], DType::BF16, 8, dev);
+    let (bias, _) = random(&[n], DType::BF16, 9, dev);
+    let mut fused = Tensor::empty(&[m, n], DType::BF16, dev)?;
+    let mut tmp = Tensor::empty(&[m, n], DType::BF16, dev)?;
+    let mut two = Tensor::empty(&[m, n], DType::BF16, dev)?;
+    gemm_bias_gelu(&a, &b, &bias, &mut fused)?;
+    blas.gemm_into(&a, &b, &mut tmp, Library::Cublas, Math::Fp32)?;
+    bias_gelu(&tmp, &bias, &mut two)?;
+    let e = rel_err(&fused, &two)?;
+    let tf = median(dev.time_ms(warm, iters, || gemm_bias_gelu(&a, &b, &bias, &mut fused).map(drop))?);
+    let tv = median(dev.time_ms(warm, iters, || {
+        blas.gemm_into(&a, &b, &mut tmp, Library::Cublas, Math::Fp32)?;
+        bias_gelu(&tmp, &bias, &mut two).map(drop)
+    })?);
+    let tg = median(dev.time_ms(warm, iters, || blas.gemm_into(&a, &b, &mut tmp, Library::Cublas, Math::Fp32))?);
+    let fl = 2.0 * m as f64 * n as f64 * k as f64;
+    Ok(format!(
+        "| M{m} N{n} K{k} | bf16 | {:.1} µs ({:.0} TFLOP/s) | {:.1} µs = cuBLAS {:.1} + bias+GELU {:.1} | {:.2}× | {e:.1e} |\n",
+        tf * 1e3,
+        fl / tf / 1e9,
+        tv * 1e3,
+        tg * 1e3,
+        (tv - tg) * 1e3,
+        tv / tf
+    ))
+}
 
 /// kfuse's GEMM under test. Returns `None` where kfuse has no such GEMM (the kfuse
 /// column then reads "—"): `math` is the vendor's TF32 request, which kfuse has no
@@ -255,7 +307,9 @@ fn main() -> kfuse::Result<()> {
     let blas = Blas::new(&dev)?;
     let (warm, iters) = (10, 50);
     let mut rows = Vec::new();
-    for c in &CASES {
+    // KFUSE_BENCH_FILTER=TEXT: only the shapes whose label contains TEXT (experiments)
+    let filter = std::env::var("KFUSE_BENCH_FILTER").ok();
+    for c in CASES.iter().filter(|c| filter.as_ref().is_none_or(|f| c.label().contains(f.as_str()))) {
         let row = run_case(c, &blas, &dev, warm, iters)?;
         eprintln!(
             "{} {}: cuBLAS {} cuBLASLt {} kfuse {}",
@@ -266,6 +320,19 @@ fn main() -> kfuse::Result<()> {
             row.kfuse.as_ref().map(|k| fmt_t(c, k)).unwrap_or_else(|| "—".into())
         );
         rows.push(row);
+    }
+
+    let mut fused_md = String::from(
+        "| shape | dtype | kfuse fused GEMM+bias+GELU | cuBLAS GEMM, then bias+GELU kernel | speed-up | rel. err |\n|---|---|---|---|---|---|\n",
+    );
+    for (m, n, k) in [(4096, 4096, 4096), (8192, 8192, 8192)] {
+        if filter.is_some() {
+            break;
+        }
+        match fused_epilogue(&blas, &dev, m, n, k, warm, iters) {
+            Ok(r) => fused_md.push_str(&r),
+            Err(e) => fused_md.push_str(&format!("| M{m} N{n} K{k} | bf16 | failed: {} | | | |\n", first_line(e))),
+        }
     }
 
     let device = dev.describe();
@@ -333,10 +400,10 @@ fn main() -> kfuse::Result<()> {
         ratios.len(),
         geo.map(|g| format!("{g:.2}×")).unwrap_or_else(|| "—".into())
     );
-    println!("device: {device}\n{md}\n{summary}");
+    println!("device: {device}\n{md}\n{fused_md}\n{summary}");
     if let Ok(out) = std::env::var("KFUSE_BENCH_OUT") {
         let out = std::path::PathBuf::from(out);
-        std::fs::write(out.join("gemm.md"), format!("device: {device}\n\n{md}\n{summary}\n")).ok();
+        std::fs::write(out.join("gemm.md"), format!("device: {device}\n\n{md}\n{fused_md}\n{summary}\n")).ok();
         std::fs::write(out.join("gemm.csv"), csv).ok();
     }
     Ok(())

@@ -12,7 +12,9 @@
 //!   the registers where the instruction left them; other carried values keep their
 //!   init's layout;
 //! - a `Load` is an anchor: a blocked layout whose fastest axis is the tile axis over
-//!   the tensor's unit-stride dimension, with 16 bytes per thread along it;
+//!   the tensor's unit-stride dimension, with 16 bytes per thread along it (one
+//!   element when the pointer or a row stride rules out any vector access, so that
+//!   the warp's scalar accesses are consecutive);
 //! - elementwise ops (`Unary`, `Binary`, `Select`, `Cast`) take the layout of their
 //!   first operand that is not a broadcast of a scalar; other operands in another
 //!   layout get a `Convert`;
@@ -97,7 +99,22 @@ pub fn access_layout(k: &Kernel, spec: &Spec, op: OpId) -> Option<Blocked> {
     let mut order = vec![fast];
     order.extend((0..r).rev().filter(|&a| a != fast));
     let dt = k.param(tensor).dtype;
-    let vec = (16 / dt.size_bytes() as u32).max(1);
+    let esz = dt.size_bytes() as u32;
+    // 16 bytes a thread along the fastest axis, unless the data cannot be read in
+    // vectors at all (pointer or a row stride not aligned): then one element a thread,
+    // so that a warp's scalar accesses are consecutive (coalesced)
+    let mut vec = (16 / esz).max(1);
+    if let Some(ts) = &ts {
+        let mut align = ts.ptr_align / esz.max(1);
+        for (d, &sd) in ts.stride_div.iter().enumerate() {
+            if sd != 0 && axis_of.get(d).is_some_and(|a| a.is_some()) {
+                align = align.min(sd);
+            }
+        }
+        if align <= 1 {
+            vec = 1;
+        }
+    }
     Some(make_blocked(k, &extents, order, vec))
 }
 
