@@ -260,6 +260,21 @@ fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> k
         }
     }
 
+    // host cost of a kfuse call: wall time of a burst of calls (GPU work queued, not
+    // waited on) — when it exceeds the kernel's time the GPU waits for the host
+    if std::env::var("KFUSE_BENCH_HOST").is_ok() {
+        if let Some(Ok(_)) = kfuse_gemm(&a[0], &b[0], c.math) {
+            dev.synchronize()?;
+            let t0 = std::time::Instant::now();
+            for s in 0..iters {
+                let _ = kfuse_gemm(&a[s % sets], &b[s % sets], c.math);
+            }
+            let host = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            dev.synchronize()?;
+            let total = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            eprintln!("{} {}: kfuse host {host:.1} µs/call, host+GPU {total:.1} µs/call", c.dtype_label(), c.label());
+        }
+    }
     // kfuse: the first call compiles (or is refused, or panics), is checked, then timed
     let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kfuse_gemm(&a[0], &b[0], c.math)));
     row.kfuse = match first {

@@ -60,7 +60,8 @@ fn sm80_gemm_is_refused_clearly() {
 fn gemm_kernels_compile_without_spills() {
     let mut failures = Vec::new();
     let mut checked = 0;
-    // shape classes: wide tiles (BN 256), M = 127 (BN 64), and in between (BN 128)
+    // shape classes: wide tiles (BN 256), M = 127 (BN 64, 8 stages), and in between
+    // (BN 128)
     for (m, n, kk) in [(4096, 4096, 4096), (127, 4096, 4096), (1024, 2048, 1024)] {
         for (name, def) in [("gemm", &kfuse::ops::kernels::gemm::DEF), ("gemm_bias_gelu", &gemm_bias_gelu::DEF)] {
             for dt in [DType::BF16, DType::F16] {
@@ -78,6 +79,38 @@ fn gemm_kernels_compile_without_spills() {
             }
         }
     }
+    // the loop split across a cluster (on request)
+    for split in [2u32, 4] {
+        let def = &kfuse::ops::kernels::gemm::DEF;
+        let k = (def.build)(&[DType::BF16]).unwrap();
+        let mut spec = spec_mnk(def, 127, 4096, 4096);
+        spec.tiles.insert("BN".into(), 128);
+        spec.tiles.insert("SPLITK".into(), split);
+        let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+        assert!(e.ir.contains(&format!("split-K: {split} blocks")), "{}", e.ir);
+        match common::assemble(&e.source, &e.arch, &e.options, &format!("gemm_split{split}")) {
+            Ok((regs, spill)) if spill > 0 => failures.push(format!("gemm split-K {split}: {spill} bytes of spills ({regs} registers)")),
+            Ok(_) => {}
+            Err(err) => failures.push(format!("gemm split-K {split}: {err}")),
+        }
+        checked += 1;
+    }
+    // A tiles multicast across a cluster (on request), K-major A and a transposed view
+    for (mcast, m, n) in [(2u32, 4096u32, 4096u32), (4, 127, 4096)] {
+        let def = &kfuse::ops::kernels::gemm::DEF;
+        let k = (def.build)(&[DType::BF16]).unwrap();
+        let mut spec = spec_mnk(def, m, n, 4096);
+        spec.tiles.insert("MCAST".into(), mcast);
+        let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+        assert!(e.ir.contains(&format!("multicast: clusters of {mcast}")), "{}", e.ir);
+        assert!(e.source.contains(".multicast::cluster"));
+        match common::assemble(&e.source, &e.arch, &e.options, &format!("gemm_mcast{mcast}")) {
+            Ok((regs, spill)) if spill > 0 => failures.push(format!("gemm multicast {mcast}: {spill} bytes of spills ({regs} registers)")),
+            Ok(_) => {}
+            Err(err) => failures.push(format!("gemm multicast {mcast}: {err}")),
+        }
+        checked += 1;
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(checked, 12);
+    assert_eq!(checked, 16);
 }

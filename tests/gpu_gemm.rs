@@ -201,3 +201,41 @@ fn reference_erf_is_accurate() {
         assert!((libm_erf(-x) + want).abs() < 1e-13);
     }
 }
+
+#[test]
+fn gemm_with_the_loop_split_across_a_cluster() {
+    let Some(dev) = gpu() else { return };
+    // the split is an override (it did not pay by default); the numerics must hold
+    std::env::set_var("KFUSE_TILES", "BN=128,SPLITK=4");
+    let r = std::panic::catch_unwind(|| {
+        let mut out = Vec::new();
+        for &(m, n, k) in &[(127, 4096, 4096), (300, 200, 1000), (1, 129, 77)] {
+            out.push(check_gemm(m, n, k, DType::BF16, false, false, &dev, 77));
+        }
+        out
+    });
+    std::env::remove_var("KFUSE_TILES");
+    for res in r.expect("no panic") {
+        assert!(res.is_ok(), "{}", res.unwrap_err());
+    }
+}
+
+#[test]
+fn gemm_with_a_tiles_multicast_across_a_cluster() {
+    let Some(dev) = gpu() else { return };
+    // multicast is an override for now; the numerics must hold, transposed A included
+    for mc in ["MCAST=2", "MCAST=4", "MCAST=2,BN=64"] {
+        std::env::set_var("KFUSE_TILES", mc);
+        let r = std::panic::catch_unwind(|| {
+            let mut out = Vec::new();
+            for &(m, n, k, ta) in &[(127, 4096, 4096, false), (300, 200, 1000, false), (257, 320, 192, true), (1000, 1000, 512, false)] {
+                out.push(check_gemm(m, n, k, DType::BF16, ta, false, &dev, 78));
+            }
+            out
+        });
+        std::env::remove_var("KFUSE_TILES");
+        for res in r.expect("no panic") {
+            assert!(res.is_ok(), "{mc}: {}", res.unwrap_err());
+        }
+    }
+}

@@ -70,11 +70,29 @@ pub fn blocked(shape: &[u32], order: &[u32], vec: u32, num_threads: u32, warp_or
 /// rows have 2 elements a thread 8 apart, 8 lanes (step 1) and the warps (step 16).
 pub fn mma_accumulator(rows: u32, cols: u32, warps: u32) -> Blocked {
     debug_assert_eq!(rows, 16 * warps);
+    mma_tiles_accumulator(rows, cols, [warps, 1])
+}
+
+/// The layout of a `[rows, cols]` f32 accumulator tile built from `m16n8` instruction
+/// tiles (`mma.sync.aligned.m16n8k16` on sm_80+, and each 8-column slice of a
+/// `wgmma` tile) held by `warps[0] × warps[1]` warps, interleaved at instruction-tile
+/// granularity: warp `(a, b)` (warp index `a * warps[1] + b`) holds the instruction
+/// tiles `(i, j)` at rows `16 (a + warps[0] i)` and columns `8 (b + warps[1] j)`.
+///
+/// Within one instruction tile, thread `lane` holds rows `lane / 4 (+ 8)` and columns
+/// `2 (lane % 4) (+ 1)`; its registers `4 (i * J + j) + 2 r + c` (`J` tiles along the
+/// columns) are exactly the instruction's `d0..d3` of tile `(i, j)`. As a [`Blocked`]
+/// layout: rows — 2 elements a thread (step 8), 8 lanes (step 1), the row warps (step
+/// 16), repetitions every `16 warps[0]` rows; columns (the fastest axis) — 2 elements
+/// (step 1), 4 lanes (step 2), the column warps (step 8), repetitions every
+/// `8 warps[1]` columns. With `warps = [w, 1]` this is [`mma_accumulator`].
+pub fn mma_tiles_accumulator(rows: u32, cols: u32, warps: [u32; 2]) -> Blocked {
+    debug_assert!(rows % (16 * warps[0]) == 0 && cols % (8 * warps[1]) == 0);
     Blocked {
         shape: vec![rows, cols],
         size_per_thread: vec![2, 2],
         threads_per_warp: vec![8, 4],
-        warps_per_block: vec![warps, 1],
+        warps_per_block: vec![warps[0], warps[1]],
         order: vec![1, 0],
         ctas_per_cluster: vec![1, 1],
         steps: vec![AxisSteps { elem: 8, lane: 1, warp: 16 }, AxisSteps { elem: 1, lane: 2, warp: 8 }],

@@ -92,7 +92,7 @@ pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedK
         smem_bytes: out.dynamic_smem,
         params: out.params,
         grid: axes,
-        cluster_x: k.schedule.cluster.max(1),
+        cluster_x: k.schedule.mma.as_ref().map_or(k.schedule.cluster, |p| p.split_k.max(p.multicast)).max(1),
         persistent: out.persistent,
         ir: kfuse_ir::print::print(&k),
         tiles,

@@ -116,8 +116,9 @@ pub struct EmittedKernel {
     /// Blocks per thread-block cluster along x (1: no clusters); the launch grid's x
     /// is the program count times this.
     pub cluster_x: u32,
-    /// A persistent kernel: at most this many programs are launched (along x), and
-    /// each walks the program ids itself (`grid` still gives the total).
+    /// A persistent kernel: at most this many programs (clusters, when `cluster_x > 1`)
+    /// are launched along x, and each walks the program ids itself (`grid` still gives
+    /// the total).
     pub persistent: Option<u32>,
     /// The scheduled IR, printed (for snapshots and debugging).
     pub ir: String,
@@ -134,10 +135,7 @@ impl EmittedKernel {
         }
         if let Some(p) = self.persistent {
             let total: u64 = g.iter().product();
-            // whole clusters only: the kernel's program walk steps by the grid size
-            let c = self.cluster_x.max(1) as u64;
-            let blocks = total.min(p as u64).div_ceil(c) * c;
-            g = [if total == 0 { 0 } else { blocks / c }, 1, 1];
+            g = [total.min(p as u64), 1, 1];
         }
         g[0] *= self.cluster_x.max(1) as u64;
         g

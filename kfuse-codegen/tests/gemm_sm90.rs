@@ -81,11 +81,26 @@ fn gemm_takes_the_wgmma_path_on_sm90() {
 }
 
 #[test]
-fn small_m_gets_narrow_tiles() {
+fn small_m_gets_narrow_tiles_and_deep_pipelines() {
     let k = gemm_kernel(DType::F16, false, false, false);
     let e = compile(&k, &spec(&k, [127, 4096, 4096]), &Target::sm90a()).unwrap();
     assert_eq!(e.tiles["BN"], 64, "{:?}", e.tiles);
     assert!(e.source.contains("m64n64k16.f32.f16.f16"));
+    assert!(e.ir.contains("8 stages"), "{}", e.ir);
+}
+
+#[test]
+fn the_loop_splits_across_a_cluster_on_request() {
+    let k = gemm_kernel(DType::F16, false, false, false);
+    let mut s = spec(&k, [127, 4096, 4096]);
+    s.tiles.insert("BN".into(), 128);
+    s.tiles.insert("SPLITK".into(), 4);
+    let e = compile(&k, &s, &Target::sm90a()).unwrap();
+    assert!(e.ir.contains("split-K: 4 blocks"), "{}", e.ir);
+    assert!(e.source.contains("__cluster_dims__(4, 1, 1)") && e.source.contains("kf_mbar_arrive_cluster"));
+    assert_eq!((e.cluster_x, e.persistent), (4, Some(33)));
+    // 32 tiles: 32 clusters of 4 blocks
+    assert_eq!(e.grid_dims(&[127, 4096, 4096]), [128, 1, 1]);
 }
 
 #[test]

@@ -162,12 +162,31 @@ pub fn print(k: &Kernel) -> String {
                 crate::schedule::Major::K => "K-major",
                 crate::schedule::Major::MN => "MN-major",
             };
-            let _ = writeln!(
-                out,
-                "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr m{}n{}k{}, {} consumer warpgroups, {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B, persistent raster group_m={}",
-                m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instr[0], m.instr[1], m.instr[2],
-                m.consumers, m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle, m.group_m
-            );
+            match m.path {
+                crate::schedule::MmaPath::WgmmaTma => {
+                    let _ = writeln!(
+                        out,
+                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr m{}n{}k{}, {} consumer warpgroups, {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B, persistent raster group_m={}",
+                        m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instr[0], m.instr[1], m.instr[2],
+                        m.consumers, m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle, m.group_m
+                    );
+                }
+                crate::schedule::MmaPath::MmaSyncCpAsync => {
+                    let _ = writeln!(
+                        out,
+                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr m{}n{}k{}, warps {}x{} (warp tile {}x{}), {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B",
+                        m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instr[0], m.instr[1], m.instr[2],
+                        m.warps[0], m.warps[1], m.tile[0] / m.warps[0].max(1), m.tile[1] / m.warps[1].max(1),
+                        m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle
+                    );
+                }
+            }
+            if m.multicast > 1 {
+                let _ = writeln!(out, "  mma multicast: clusters of {} blocks on one tile row share its A tile (TMA multicast)", m.multicast);
+            }
+            if m.split_k > 1 {
+                let _ = writeln!(out, "  mma split-K: {} blocks of a cluster share each tile's loop, partials summed in distributed shared memory", m.split_k);
+            }
             if let Some(st) = &m.store {
                 let _ = writeln!(out, "  mma epilogue: store {} through shared memory (swizzle {}B) and a TMA store", st.load.index(), st.swizzle);
             }

@@ -115,6 +115,21 @@ pub enum MmaPath {
     /// sm_90a: TMA loads into swizzled shared memory completing on mbarriers, WGMMA
     /// issued by consumer warpgroups, one producer warp (warp specialization).
     WgmmaTma,
+    /// sm_80 and sm_89 (Ampere, Ada): every thread copies 16-byte chunks of both
+    /// operands from global into XOR-swizzled shared memory with `cp.async` (zero fill
+    /// past the tensor's edges) into a ring of `stages` stages, one commit group per
+    /// stage; the warps of the block (`MmaPlan::warps`, all of them compute) read their
+    /// fragments with `ldmatrix` (`.trans` for an operand whose contiguous dimension is
+    /// not `K`) and issue `mma.sync.aligned.m16n8k16` into f32 accumulators. One output
+    /// tile per block, on the ordinary program-id grid.
+    ///
+    /// Shared memory of one operand in one stage: `rows × row_bytes`, a row along the
+    /// tensor's non-unit-stride tile dimension, `row_bytes` = the unit-stride tile
+    /// extent in bytes; the 16-byte chunk `j` of row `r` lives at chunk
+    /// `j ^ ((r / (8 / min(C, 8))) % min(C, 8))` (`C` chunks a row), so that the 8 rows
+    /// of one `ldmatrix` matrix, and the chunks a warp's `cp.async`s write, fall in
+    /// distinct banks. `MmaOperand::swizzle` records `min(row_bytes, 128)`.
+    MmaSyncCpAsync,
 }
 
 /// Which dimension of an operand tile is contiguous in shared memory.
@@ -149,8 +164,14 @@ pub struct MmaPlan {
     /// Block tile `[BM, BN, BK]` and instruction shape `[m, n, k]`.
     pub tile: [u32; 3],
     pub instr: [u32; 3],
-    /// Consumer warpgroups (each owns `BM / consumers` rows of the tile).
+    /// Consumer warpgroups (each owns `BM / consumers` rows of the tile); 0 on paths
+    /// without warp specialization.
     pub consumers: u32,
+    /// Warps sharing the accumulator tile, along M and along N (`[4 * consumers, 1]`
+    /// for WGMMA). With `wm × wn` warps, warp `(a, b)` holds the `m16n8` instruction
+    /// tiles at rows `16 (a + wm i)` and columns `8 (b + wn j)`: warps interleave at
+    /// instruction-tile granularity ([`AxisSteps`] in the layout).
+    pub warps: [u32; 2],
     /// Shared-memory pipeline depth (`pipeline_stages`).
     pub stages: u32,
     /// Persistent grid: programs visit tiles in groups of `group_m` tile rows, so that
@@ -160,6 +181,13 @@ pub struct MmaPlan {
     /// the operands) and a TMA bulk store, when its output can take one: the consumers
     /// move on to the next tile while the copy engine writes this one.
     pub store: Option<MmaOperand>,
+    /// The loop's iterations are cut into this many contiguous ranges, one per block
+    /// of a thread-block cluster; the partial accumulators meet in the first block
+    /// through distributed shared memory, which alone runs the epilogue (1: no split).
+    pub split_k: u32,
+    /// Blocks of a thread-block cluster that work on neighbouring tiles of one tile row
+    /// and share its A tile: each loads a slice and multicasts it to all (1: none).
+    pub multicast: u32,
 }
 
 impl Schedule {

@@ -88,6 +88,14 @@ pub fn copy2d<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>) {
     out.block([i * BM, j * BN], [BM, BN]).store(x.block([i * BM, j * BN], [BM, BN]).load());
 }
 
+/// Copies a strided 3-D tensor into a contiguous one: one program per `BM × BN` tile of
+/// one matrix `z` of the batch.
+#[kfuse(crate = "crate::deps")]
+pub fn copy3d<T: Float>(x: Tensor<T, (NB, M, N)>, out: &mut Tensor<T, (NB, M, N)>) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store(x.block([z, i * BM, j * BN], [_, BM, BN]).load());
+}
+
 /// `out = x^T` for a 2-D tensor.
 #[kfuse(crate = "crate::deps")]
 pub fn transpose<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (N, M)>) {
@@ -414,4 +422,77 @@ pub fn gemm<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, c: &mut Tensor
         acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
     }
     c.block([i * BM, j * BN], [BM, BN]).store(acc.cast::<T>());
+}
+
+// The configurable products of `kfuse::ops::gemm_ex` and `gemm_batched`: the same loop,
+// with the scaling (and `beta * c`) in the epilogue, which the compiler fuses after the
+// loop. `T` is the operands' dtype, `O` the output's (and `c`'s); accumulation is f32,
+// the result is rounded to `O` once.
+
+/// `out = alpha * (a · b)` for `a: [M, K]`, `b: [K, N]`, rounded to `O`.
+#[kfuse(crate = "crate::deps")]
+pub fn gemm_scaled<T: Float, O: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, out: &mut Tensor<O, (M, N)>, alpha: f32) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    out.block([i * BM, j * BN], [BM, BN]).store((acc * alpha).cast::<O>());
+}
+
+/// `out = alpha * (a · b) + beta * c` for `a: [M, K]`, `b: [K, N]`, `c: [M, N]`, in f32,
+/// rounded to `O`.
+#[kfuse(crate = "crate::deps")]
+pub fn gemm_axpby<T: Float, O: Float>(
+    a: Tensor<T, (M, K)>,
+    b: Tensor<T, (K, N)>,
+    c: Tensor<O, (M, N)>,
+    out: &mut Tensor<O, (M, N)>,
+    alpha: f32,
+    beta: f32,
+) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    let y = acc * alpha + c.block([i * BM, j * BN], [BM, BN]).load().to_f32() * beta;
+    out.block([i * BM, j * BN], [BM, BN]).store(y.cast::<O>());
+}
+
+/// `out[z] = alpha * (a[z] · b[z])` for `NB` independent products (`a: [NB, M, K]`,
+/// `b: [NB, K, N]`): program `(i, j, z)` computes tile `(i, j)` of product `z`; `_`
+/// indexes the batch and leaves it out of the tile, so the loop is the 2-D one.
+#[kfuse(crate = "crate::deps")]
+pub fn gemm_batched_scaled<T: Float, O: Float>(
+    a: Tensor<T, (NB, M, K)>,
+    b: Tensor<T, (NB, K, N)>,
+    out: &mut Tensor<O, (NB, M, N)>,
+    alpha: f32,
+) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot(a.block([z, i * BM, k], [_, BM, BK]).load(), b.block([z, k, j * BN], [_, BK, BN]).load());
+    }
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store((acc * alpha).cast::<O>());
+}
+
+/// `out[z] = alpha * (a[z] · b[z]) + beta * c[z]`, batched as [`gemm_batched_scaled`].
+#[kfuse(crate = "crate::deps")]
+pub fn gemm_batched_axpby<T: Float, O: Float>(
+    a: Tensor<T, (NB, M, K)>,
+    b: Tensor<T, (NB, K, N)>,
+    c: Tensor<O, (NB, M, N)>,
+    out: &mut Tensor<O, (NB, M, N)>,
+    alpha: f32,
+    beta: f32,
+) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot(a.block([z, i * BM, k], [_, BM, BK]).load(), b.block([z, k, j * BN], [_, BK, BN]).load());
+    }
+    let y = acc * alpha + c.block([z, i * BM, j * BN], [_, BM, BN]).load().to_f32() * beta;
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store(y.cast::<O>());
 }

@@ -6,8 +6,8 @@
 //! - shapes or dtypes that differ → `Error::ShapeMismatch` / `Error::DTypeMismatch`;
 //! - empty tensors → an empty result, no launch;
 //! - non-contiguous inputs → elementwise ops refuse them (`Error::NonContiguous`, which
-//!   says to call [`contiguous`] first); `copy`, `contiguous` and `transpose` read any
-//!   2-D strides;
+//!   says to call [`contiguous`] first); `copy` and `contiguous` read any strides of
+//!   rank ≤ 3, `transpose` any 2-D strides;
 //! - tensors on different devices → `Error::DeviceMismatch`.
 //!
 //! Row ops work along the last dimension: reductions ([`sum`], [`mean`], [`max`],
@@ -20,11 +20,16 @@
 //! max and min an error, as in PyTorch).
 //!
 //! [`gemm`] multiplies matrices: `a: [M, K]` by `b: [K, N]` of one float dtype, any
-//! strides, accumulated in f32 and rounded to the inputs' dtype once.
+//! strides, accumulated in f32 and rounded to the inputs' dtype once. [`gemm_ex`] adds
+//! [`GemmOptions`]: `out = alpha · a·b + beta · c` and the output dtype; [`gemm_batched`]
+//! and [`gemm_batched_ex`] take leading batch dimensions (`b` may be shared by the
+//! batch). Each is one launch of a `#[kfuse]` kernel whose epilogue does the scaling.
 
 pub mod kernels;
+mod matmul;
 mod rope;
 
+pub use matmul::{gemm_batched, gemm_batched_ex, gemm_ex, GemmOptions};
 pub use rope::{rope, Freqs, Positions, RopeLayout, RopeOptions};
 
 #[doc(hidden)]
@@ -125,7 +130,7 @@ pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
     unary(x, "gelu_tanh", kernels::gelu_tanh)
 }
 
-/// A contiguous copy of `x` (any strides for rank ≤ 2; contiguous inputs of any rank).
+/// A contiguous copy of `x` (any strides for rank ≤ 3; contiguous inputs of any rank).
 pub fn copy(x: &Tensor) -> Result<Tensor> {
     let out = Tensor::empty(x.shape(), x.dtype(), &x.device())?;
     if out.numel() == 0 {
@@ -148,7 +153,12 @@ pub fn copy(x: &Tensor) -> Result<Tensor> {
             kernels::copy2d(x, &mut out)?;
             Ok(out)
         }
-        r => Err(Error::InvalidArgument(format!("kfuse::ops::copy reads strides of tensors of rank ≤ 2; this one has rank {r}"))),
+        3 => {
+            let mut out = out;
+            kernels::copy3d(x, &mut out)?;
+            Ok(out)
+        }
+        r => Err(Error::InvalidArgument(format!("kfuse::ops::copy reads strides of tensors of rank ≤ 3; this one has rank {r}"))),
     }
 }
 
@@ -526,7 +536,8 @@ pub fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let (a, b) = (tma_readable(a)?, tma_readable(b)?);
         let per = 16 / c.dtype().size_bytes().max(1);
         if n % per != 0 {
-            let storage = Tensor::empty(&[m, n.div_ceil(per) * per], c.dtype(), &c.device())?;
+            let line = 128 / c.dtype().size_bytes().max(1);
+            let storage = Tensor::empty(&[m, n.div_ceil(line) * line], c.dtype(), &c.device())?;
             let mut padded = storage.narrow(1, 0, n)?;
             kernels::gemm(&a, &b, &mut padded)?;
             kernels::copy2d(&padded, &mut c)?;
@@ -541,7 +552,7 @@ pub fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// `t` itself when the tensor-memory accelerator can read it (one unit-stride
 /// dimension, the other stride a multiple of 16 bytes, data 16-byte aligned), else a
-/// copy with its rows padded to 16 bytes (viewed at `t`'s shape). The copy costs one
+/// copy with its rows padded to whole 128-byte lines (viewed at `t`'s shape). The copy costs one
 /// read and one write of `t`; the matrix product reads it many times.
 fn tma_readable(t: &Tensor) -> Result<Tensor> {
     let esz = t.dtype().size_bytes();
@@ -552,7 +563,8 @@ fn tma_readable(t: &Tensor) -> Result<Tensor> {
     if ok && t.address() % 16 == 0 {
         return Ok(t.clone());
     }
-    let per = 16 / esz.max(1);
+    // whole 128-byte lines a row: TMA boxes then start on line boundaries
+    let per = 128 / esz.max(1);
     let cp = c.div_ceil(per) * per;
     let storage = Tensor::empty(&[r, cp], t.dtype(), &t.device())?;
     let mut view = storage.narrow(1, 0, c)?;

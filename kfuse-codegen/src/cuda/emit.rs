@@ -18,6 +18,7 @@ use crate::layout::RegMap;
 use crate::target::{KernelParam, Spec, Target};
 use crate::CodegenError;
 
+mod mma_sm80;
 mod wgmma;
 
 /// Static shared memory above this needs the dynamic opt-in, which the writer does not
@@ -1131,7 +1132,10 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         params.push(KernelParam::Shape(kfuse_ir::ShapeSym(i as u32)));
     }
     if let Some(plan) = &k.schedule.mma {
-        return wgmma::emit_kernel(k, spec, target, grid, plan, params, decls);
+        return match plan.path {
+            kfuse_ir::MmaPath::WgmmaTma => wgmma::emit_kernel(k, spec, target, grid, plan, params, decls),
+            kfuse_ir::MmaPath::MmaSyncCpAsync => mma_sm80::emit_kernel(k, spec, target, grid, plan, params, decls),
+        };
     }
     // The body first (its shared-memory needs are known only afterwards).
     let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0, barrier: "__syncthreads();", pid: None };

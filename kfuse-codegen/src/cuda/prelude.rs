@@ -63,6 +63,10 @@ static __device__ __forceinline__ void kf_tma_3d(void* dst, const CUtensorMap* m
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
     :: "r"(kf_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(kf_smem_addr(bar)) : "memory");
 }
+static __device__ __forceinline__ void kf_tma_2d_mc(void* dst, const CUtensorMap* m, int c0, int c1, unsigned long long* bar, unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;"
+    :: "r"(kf_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(kf_smem_addr(bar)), "h"(mask) : "memory");
+}
 static __device__ __forceinline__ unsigned long long kf_desc128(const void* p, unsigned lbo, unsigned sbo) {
   return (unsigned long long)((kf_smem_addr(p) & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
        | ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
@@ -70,4 +74,12 @@ static __device__ __forceinline__ unsigned long long kf_desc128(const void* p, u
 static __device__ __forceinline__ void kf_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 static __device__ __forceinline__ void kf_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N> static __device__ __forceinline__ void kf_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+static __device__ __forceinline__ void kf_mbar_arrive_cluster(unsigned long long* b, unsigned rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(kf_smem_addr(b)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(r) : "memory");
+}
+static __device__ __forceinline__ void kf_mbar_wait_cluster(unsigned long long* b, unsigned phase) {
+  asm volatile("{\n\t.reg .pred p;\n\tKF_WAITC_%=:\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n\t@!p bra KF_WAITC_%=;\n\t}" :: "r"(kf_smem_addr(b)), "r"(phase) : "memory");
+}
 "#;

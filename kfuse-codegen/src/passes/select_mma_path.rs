@@ -15,18 +15,26 @@
 //! columns of `b` must be addressed by offsets computed before the loop (so the
 //! result's valid ranges do not move while it accumulates).
 //!
-//! Paths, first that applies (the fallback list):
+//! Paths, by target:
 //! 1. [`MmaPath::WgmmaTma`] on sm_90: f16/bf16 operands whose tensors TMA can read
 //!    (unit innermost stride, other strides multiples of 16 bytes, 16-byte aligned
 //!    data). Each operand is K-major or MN-major as its tensor's unit-stride dimension
 //!    says; shared memory is swizzled in 128-byte spans.
-//! 2. Otherwise: a clear error naming what is missing (the mma.sync path for sm_80/
-//!    sm_89 and an FMA path are not written yet); `kfuse::ops::gemm` makes aligned
-//!    copies of operands TMA cannot read.
+//! 2. [`MmaPath::MmaSyncCpAsync`] on the other sm_80+ targets (sm_80, sm_89): f16/bf16
+//!    operands whose rows `cp.async` can copy in 16-byte chunks — the same tensor
+//!    conditions as TMA's, plus a block offset along the unit-stride dimension known to
+//!    be a multiple of 16 bytes (`(0..K).step_by(BK)` and `j * BN` are). Majorness as
+//!    for WGMMA (`ldmatrix.trans` reads the MN-major operands); the warps of the block
+//!    ([`mma_sync_warps`]) share the tile, each holding `m16n8` instruction tiles.
+//! 3. Otherwise: a clear error naming what is missing (an FMA path is not written
+//!    yet); `kfuse::ops::gemm` makes aligned copies of operands neither path can read.
+//!    Since both paths read 16-byte pieces, an operand one cannot read the other cannot
+//!    either: sm_90 has no fallback to mma.sync.
 //!
 //! Invariant on success: `schedule.mma` names the `For`, the `Dot`, the carried index
-//! and the two operand loads, and `schedule.num_threads` counts the consumer
-//! warpgroups' threads (the block has one more warpgroup, the producer).
+//! and the two operand loads, and `schedule.num_threads` counts the threads that hold
+//! the accumulator (on WGMMA the consumer warpgroups; the block has one more
+//! warpgroup, the producer; on mma.sync all of the block's warps).
 
 use kfuse_ir::{AccessDim, BinaryOp, DType, Kernel, Literal, Major, MmaOperand, MmaPath, MmaPlan, Op, OpId, ValueId};
 
@@ -197,18 +205,18 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         }
     }
     let dtype = k.ty(dops[0]).dtype;
-    if target.sm != 90 {
-        return Err(CodegenError::Target(
-            target.arch(),
-            "`dot` loops compile only for sm_90a (TMA + WGMMA) so far; the mma.sync path for sm_80/sm_89 is not written yet".into(),
-        ));
-    }
+    // WGMMA on sm_90, mma.sync on every other sm_80+ target (`schedule` refuses older
+    // ones). Both read operands in 16-byte pieces (TMA boxes, cp.async chunks), so an
+    // operand one path cannot read the other cannot either: no fallback between them.
+    let mma_sync_only = target.sm != 90;
+    let what = if mma_sync_only { "mma.sync" } else { "WGMMA" };
     if !matches!(dtype, DType::F16 | DType::BF16) {
-        return Err(unsupported(format!("`dot` of {dtype} tiles: the WGMMA path takes f16 and bf16 (an exact f32 path is not written yet)")));
+        return Err(unsupported(format!("`dot` of {dtype} tiles: the {what} path takes f16 and bf16 (an exact f32 path is not written yet)")));
     }
+    let copy = if mma_sync_only { "cp.async" } else { "tensor-memory-accelerator" };
     for l in [a_load, b_load] {
         if let Some(why) = tma_obstacle(k, spec, l) {
-            return Err(unsupported(format!("the tensor-memory-accelerator path cannot read this `dot` operand: {why}")));
+            return Err(unsupported(format!("the {copy} path cannot read this `dot` operand: {why}")));
         }
     }
     // majorness: which axis of the operand (as the dot sees it) is contiguous
@@ -223,6 +231,30 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let bt = &k.ty(dops[1]).shape;
     let (bm, bk, bn) = (extent_value(k, at[0]), extent_value(k, at[1]), extent_value(k, bt[1]));
     let esz = dtype.size_bytes() as u32;
+    if mma_sync_only {
+        let math = math_epilogue(k, info.yield_pos);
+        let plan = mma_sync_plan(k, spec, [a_load, b_load], [a_major, b_major], [bm, bn, bk], esz, math).map_err(unsupported)?;
+        k.schedule.num_threads = 32 * plan.1[0] * plan.1[1];
+        k.schedule.min_blocks = spec.min_blocks.unwrap_or_else(|| mma_sync_min_blocks(k.schedule.num_threads, math));
+        k.schedule.mma = Some(MmaPlan {
+            path: MmaPath::MmaSyncCpAsync,
+            for_op: info.for_op,
+            dot,
+            carried: index,
+            a: MmaOperand { load: a_load, major: a_major, swizzle: plan.0[0] },
+            b: MmaOperand { load: b_load, major: b_major, swizzle: plan.0[1] },
+            tile: [bm, bn, bk],
+            instr: [16, 8, 16],
+            consumers: 0,
+            warps: plan.1,
+            stages: 0,
+            group_m: 1,
+            store: None,
+            split_k: 1,
+            multicast: 1,
+        });
+        return Ok(());
+    }
     if bk * esz != 128 {
         return Err(unsupported(format!("BK = {bk}: the WGMMA path takes K tiles of 128 bytes ({} elements)", 128 / esz)));
     }
@@ -249,6 +281,11 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         }
         _ => None,
     };
+    // the loop split across a cluster: only on request (`Spec::tiles["SPLITK"]`); it
+    // did not pay on the H100 yet (see `choose_tiles`)
+    let split_k = spec.tiles.get("SPLITK").copied().unwrap_or(1).clamp(1, 8);
+    // A tiles multicast across a cluster of neighbouring tiles (`MCAST`); not with a split
+    let multicast = if split_k > 1 { 1 } else { spec.tiles.get("MCAST").copied().unwrap_or(1).clamp(1, 4) };
     k.schedule.num_threads = 128 * consumers;
     k.schedule.min_blocks = 1;
     k.schedule.mma = Some(MmaPlan {
@@ -261,9 +298,136 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         tile: [bm, bn, bk],
         instr: [64, bn, 16],
         consumers,
+        warps: [4 * consumers, 1],
         stages: 0,
         group_m: 8,
         store,
+        split_k,
+        multicast,
     });
     Ok(())
+}
+
+/// `__launch_bounds__`'s minimum blocks for the mma.sync kernel: two blocks per
+/// multiprocessor (one block's barriers and `cp.async` waits are hidden by the other's
+/// math) — free at 128 threads (the 255-register cap holds either way), a cap of 128
+/// registers at 256 threads, which a 64x32 warp tile's main loop fits (124-128) but an
+/// epilogue with transcendental math does not (it spilled 232 bytes): that one takes
+/// the registers it needs (175) and the multiprocessor alone. Larger blocks take it
+/// alone too.
+pub fn mma_sync_min_blocks(threads: u32, math_epilogue: bool) -> u32 {
+    match threads {
+        0..=128 => 2,
+        129..=256 if !math_epilogue => 2,
+        _ => 1,
+    }
+}
+
+/// True when the ops after the dot loop (the epilogue) do transcendental math (`exp`,
+/// `erf`, `tanh`, …) on whole tiles: the ordinary writer computes such an epilogue op
+/// by op over the tile, and its intermediates need about as many registers again as
+/// the accumulator.
+pub fn math_epilogue(k: &Kernel, yield_pos: usize) -> bool {
+    k.order[yield_pos + 1..].iter().any(|&o| {
+        matches!(k.op(o), Op::Unary(u) if !matches!(u, kfuse_ir::UnaryOp::Neg | kfuse_ir::UnaryOp::Abs | kfuse_ir::UnaryOp::Not))
+            && !k.ty(o.value()).is_scalar()
+    })
+}
+
+/// The warps of an mma.sync block tile `[bm, bn]`: `warps` of them (a power of two),
+/// split by halving the longer side of the warp tile (columns on a tie) while it stays
+/// at least 16 wide, so that each warp's tile is as square as the count allows (fewest
+/// `ldmatrix` per `mma`): 128x128 with 4 warps gives 2x2 warps of 64x64, with 8
+/// warps 2x4 warps of 64x32.
+pub fn mma_sync_warps(bm: u32, bn: u32, warps: u32) -> Option<[u32; 2]> {
+    let (mut wm, mut wn) = (1u32, 1u32);
+    while wm * wn < warps {
+        let (tm, tn) = (bm / wm, bn / wn);
+        if tn >= tm && tn >= 32 {
+            wn *= 2;
+        } else if tm >= 32 {
+            wm *= 2;
+        } else if tn >= 32 {
+            wn *= 2;
+        } else {
+            return None;
+        }
+    }
+    Some([wm, wn])
+}
+
+/// Warps of an mma.sync block by default: one per 4096 accumulator elements (a 64x64
+/// warp tile, 128 f32 registers a thread), 4 to 8 — 128x128 gets 2x2 warps; with a
+/// transcendental epilogue ([`math_epilogue`]) one per 2048 (64x32, 64 registers):
+/// 128 accumulators and the epilogue's intermediates did not fit 255 registers (32
+/// bytes of spills with bias + GELU).
+///
+/// Why 64x64 and not 64x32 warp tiles: per `k16` step a warp reads `WM/16 + WN/16`
+/// `ldmatrix.x4` (512 bytes each) for `WM/16 * WN/8` `mma.m16n8k16`. On the A100 a
+/// multiprocessor retires an `m16n8k16` every 2 cycles and reads 128 bytes of shared
+/// memory a cycle: 64x32 tiles need 96 B/cycle for fragments plus 32 B/cycle for the
+/// `cp.async` writes of a 128x128x32 tile — all of the bandwidth; 64x64 tiles need
+/// 64 + 32. Two blocks of 4 warps (up to 255 registers each) share a multiprocessor.
+pub fn mma_sync_default_warps(bm: u32, bn: u32, math_epilogue: bool) -> u32 {
+    let per = if math_epilogue { 2048 } else { 4096 };
+    (bm * bn / per).clamp(4, 8)
+}
+
+/// The largest power of two (capped at 2^20) known to divide an `i64` scalar, seeing
+/// through loop indices (`lo + i * step`: the smaller of theirs).
+fn divisibility_in_loops(k: &Kernel, v: ValueId) -> u64 {
+    let ops = k.operands(v.op());
+    match k.op(v.op()) {
+        Op::LoopIndex { id } => match k.loop_info(*id) {
+            Some(info) => {
+                let f = k.operands(info.for_op);
+                divisibility_in_loops(k, f[0]).min(divisibility_in_loops(k, f[2]))
+            }
+            None => 1,
+        },
+        Op::Binary(BinaryOp::Mul) => (divisibility_in_loops(k, ops[0]) * divisibility_in_loops(k, ops[1])).min(1 << 20),
+        Op::Binary(BinaryOp::Add | BinaryOp::Sub) => divisibility_in_loops(k, ops[0]).min(divisibility_in_loops(k, ops[1])),
+        _ => crate::analysis::divisibility(k, v),
+    }
+}
+
+/// The mma.sync plan's operand swizzle spans and warps for a `[bm, bn, bk]` tile, or
+/// why the path cannot take it. Each operand is copied in 16-byte chunks along its
+/// tensor's unit-stride dimension, so the offset there must be a multiple of 16 bytes.
+#[allow(clippy::too_many_arguments)]
+fn mma_sync_plan(k: &Kernel, spec: &Spec, loads: [OpId; 2], majors: [Major; 2], [bm, bn, bk]: [u32; 3], esz: u32, math: bool) -> Result<([u32; 2], [u32; 2]), String> {
+    if bk % 16 != 0 {
+        return Err(format!("BK = {bk}: the mma.sync path takes K tiles of a multiple of 16 elements"));
+    }
+    if bm % 16 != 0 || bn % 16 != 0 {
+        return Err(format!("a {bm}x{bn} dot tile: the mma.sync path takes BM and BN multiples of 16"));
+    }
+    let warps = match spec.threads {
+        Some(t) if t.is_power_of_two() && (32..=1024).contains(&t) => t / 32,
+        Some(t) => return Err(format!("threads override {t}: a power of two from 32 to 1024")),
+        None => mma_sync_default_warps(bm, bn, math),
+    };
+    let w = mma_sync_warps(bm, bn, warps)
+        .ok_or_else(|| format!("a {bm}x{bn} dot tile cannot be shared by {warps} warps (warp tiles of at least 16x16)"))?;
+    let mut swz = [0u32; 2];
+    for (i, (&load, &maj)) in loads.iter().zip(majors.iter()).enumerate() {
+        let Op::Load { tensor, .. } = k.op(load) else { unreachable!() };
+        let order = tma_order(k, spec, load).ok_or("a `dot` operand with no unit-stride dimension")?;
+        let off = k.operands(load)[order[0] as usize];
+        let per = 16 / esz;
+        if divisibility_in_loops(k, off) < per as u64 {
+            return Err(format!(
+                "the offset of the `{}` block along its unit-stride dimension is not known to be a multiple of {per} elements (16 bytes), which the cp.async path copies at once",
+                k.param(*tensor).name
+            ));
+        }
+        // the stored row: the extent along the unit-stride dimension
+        let row_elems = match (i, maj) {
+            (_, Major::K) => bk,
+            (0, Major::MN) => bm,
+            (_, Major::MN) => bn,
+        };
+        swz[i] = (row_elems * esz).min(128);
+    }
+    Ok((swz, w))
 }

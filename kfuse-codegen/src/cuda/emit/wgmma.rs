@@ -2,8 +2,9 @@
 //! path [`MmaPath::WgmmaTma`].
 //!
 //! Shape of the generated kernel (the plan decides every number):
-//! - one producer warpgroup (threads 0..128, registers lowered to 24 with `setmaxnreg`,
-//!   the consumers raised to 240: with 232 ptxas spilled a bias epilogue) whose
+//! - one producer warpgroup (threads 0..128, registers lowered with `setmaxnreg` — to
+//!   24 when the consumers need 240 for 256-wide tiles, else 56: at 40 the split-loop
+//!   index arithmetic spilled) whose
 //!   first thread issues the TMA loads of both operands into a ring of `stages`
 //!   shared-memory stages, each completing on its `full` mbarrier;
 //! - `consumers` warpgroups (registers raised) that wait on `full`, issue `wgmma`
@@ -43,6 +44,9 @@ struct Operand {
     /// innermost dimension.
     boxes: Vec<u32>,
     nq: u32,
+    /// The `nq` boxes follow each other along the outer dimension (slices of rows for
+    /// multicast), not along the innermost one.
+    outer_slices: bool,
     box_bytes: u32,
     bytes: u32,
     major: Major,
@@ -159,6 +163,12 @@ pub(super) fn emit_kernel(
     }
     let info = k.loop_info(loop_id).ok_or_else(|| CodegenError::Unsupported("a loop without its yield".into()))?;
 
+    let split = plan.split_k.max(1);
+    let mcast = plan.multicast.max(1);
+    let cluster = split.max(mcast);
+    if split > 1 && mcast > 1 {
+        return Err(CodegenError::Unsupported("a dot loop split across a cluster and multicast at once".into()));
+    }
     // tensor maps
     let mut operands = Vec::new();
     for (i, o) in [&plan.a, &plan.b].into_iter().enumerate() {
@@ -170,7 +180,33 @@ pub(super) fn emit_kernel(
         decls.push(format!("const __grid_constant__ CUtensorMap {map}"));
         params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: boxes.clone(), swizzle: o.swizzle, order: order.clone() });
         let offs = k.operands(o.load).iter().map(|v| format!("v{}", v.index())).collect();
-        operands.push(Operand { map, offs, order, boxes, nq, box_bytes, bytes: box_bytes * nq, major: o.major });
+        operands.push(Operand { map, offs, order, boxes, nq, outer_slices: false, box_bytes, bytes: box_bytes * nq, major: o.major });
+    }
+    // multicast: each block of the cluster loads a slice of the A tile for all of them
+    // (whole boxes when A comes in several, else a slice of its rows)
+    if mcast > 1 {
+        let a = &mut operands[0];
+        if a.boxes.len() != 2 {
+            return Err(CodegenError::Unsupported("multicast of a rank-3 operand".into()));
+        }
+        if a.nq % mcast != 0 {
+            if a.nq != 1 {
+                return Err(CodegenError::Unsupported(format!("multicast over {mcast} blocks of {} boxes", a.nq)));
+            }
+            let outer = a.order[1] as usize;
+            if a.boxes[outer] % (8 * mcast) != 0 {
+                return Err(CodegenError::Unsupported(format!("multicast of a {}-row A tile over {mcast} blocks", a.boxes[outer])));
+            }
+            a.boxes[outer] /= mcast;
+            a.box_bytes /= mcast;
+            a.nq = mcast;
+            a.outer_slices = true;
+        }
+        let boxes = a.boxes.clone();
+        // A's map is the first tensor map of the signature
+        if let Some(KernelParam::TensorMap { box_dims, .. }) = params.iter_mut().find(|p| matches!(p, KernelParam::TensorMap { .. })) {
+            *box_dims = boxes;
+        }
     }
     let a_bytes = bm * bk * esz;
     let b_bytes = bk * bn * esz;
@@ -178,8 +214,11 @@ pub(super) fn emit_kernel(
         return Err(CodegenError::Unsupported("TMA boxes that do not cover the dot's tiles".into()));
     }
     let stage_bytes = a_bytes + b_bytes;
-    // the epilogue's output tile (TMA store): after the stages and barriers, 1024-aligned
-    let c_off = (stages * stage_bytes + 16 * stages).div_ceil(1024) * 1024;
+    // the epilogue's output tile (TMA store) and, under a cluster split, the partial
+    // accumulator (the same bytes: only the first block stores): after the stages and
+    // the barriers (full, empty per stage; two for the split's hand-off), 1024-aligned
+    let c_off = (stages * stage_bytes + 16 * stages + 16).div_ceil(1024) * 1024;
+    let part_bytes = if split > 1 { bm * bn * 4 } else { 0 };
     let mut c_bytes = 0;
     let mut c_map = None;
     if let Some(st) = &plan.store {
@@ -191,7 +230,7 @@ pub(super) fn emit_kernel(
         params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: vec![bm, inner], swizzle: st.swizzle, order: vec![1, 0] });
         c_map = Some((st.load, inner, bm * inner * esz));
     }
-    let dynamic_smem = 1024 + if c_bytes > 0 { c_off + c_bytes } else { stages * stage_bytes + 16 * stages };
+    let dynamic_smem = 1024 + c_off + c_bytes.max(part_bytes);
 
     let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0, barrier: "asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");", pid: None };
     e.w.indent();
@@ -200,14 +239,23 @@ pub(super) fn emit_kernel(
         e.line("unsigned char* kf_pipe = (unsigned char*)((((unsigned long long)kf_dsmem) + 1023ull) & ~1023ull);")?;
         e.line(format!("unsigned long long* kf_full = (unsigned long long*)(kf_pipe + {});", stages * stage_bytes))?;
         e.line(format!("unsigned long long* kf_empty = kf_full + {stages};"))?;
+        e.line(format!("unsigned long long* kf_red = kf_full + {};", 2 * stages))?;
+        e.line("(void)kf_red;")?;
         e.open("if (kf_tid == 0)")?;
         e.unroll("s", stages)?;
         e.line("kf_mbar_init(&kf_full[s], 1);")?;
-        e.line(format!("kf_mbar_init(&kf_empty[s], {});", consumers * 4))?;
+        e.line(format!("kf_mbar_init(&kf_empty[s], {});", consumers * 4 * mcast))?;
         e.close()?;
+        if split > 1 {
+            // kf_red[0]: partials ready (the first block: every warp of the others);
+            // kf_red[1]: partial read (the others: every warp of the first block)
+            e.line(format!("kf_mbar_init(&kf_red[0], {});", (split - 1) * consumers * 4))?;
+            e.line(format!("kf_mbar_init(&kf_red[1], {});", consumers * 4))?;
+        }
         e.line("asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");")?;
         e.close()?;
-        e.line("__syncthreads();")?;
+        // the cluster's blocks reach each other's barriers: all initialized first
+        e.line(if cluster > 1 { "kf_cluster_sync();" } else { "__syncthreads();" })?;
         // program count per grid axis, and the walk over them
         let mut total = Vec::new();
         for (i, a) in grid.iter().enumerate() {
@@ -215,7 +263,15 @@ pub(super) fn emit_kernel(
             e.line(format!("const long long kf_g{i} = ({n} + {}LL) / {}LL;", a.step - 1, a.step))?;
             total.push(format!("kf_g{i}"));
         }
+        if mcast > 1 {
+            // a program walks groups of `mcast` neighbouring tiles along axis 1
+            e.line(format!("const long long kf_g1m = (kf_g1 + {}LL) / {mcast}LL;", mcast - 1))?;
+            total[1] = "kf_g1m".into();
+        }
         e.line(format!("const long long kf_tiles = {};", total.join(" * ")))?;
+        if cluster > 1 {
+            e.line(format!("const unsigned kf_crank = blockIdx.x % {cluster};"))?;
+        }
         Ok(())
     };
     pipe(&mut e)?;
@@ -229,14 +285,19 @@ pub(super) fn emit_kernel(
             e.open("")?;
             e.line("long long t = kf_t;")?;
             if r == 3 {
-                e.line("kf_pid2 = t / (kf_g0 * kf_g1);")?;
-                e.line("t -= kf_pid2 * kf_g0 * kf_g1;")?;
+                let g1 = if mcast > 1 { "kf_g1m" } else { "kf_g1" };
+                e.line(format!("kf_pid2 = t / (kf_g0 * {g1});"))?;
+                e.line(format!("t -= kf_pid2 * kf_g0 * {g1};"))?;
             }
-            e.line(format!("const long long per = {}LL * kf_g1;", plan.group_m))?;
+            let g1 = if mcast > 1 { "kf_g1m" } else { "kf_g1" };
+            e.line(format!("const long long per = {}LL * {g1};", plan.group_m))?;
             e.line(format!("const long long first = (t / per) * {}LL;", plan.group_m))?;
             e.line(format!("const long long gm = kf_mini(kf_g0 - first, {}LL);", plan.group_m))?;
             e.line("kf_pid0 = first + (t % per) % gm;")?;
             e.line("kf_pid1 = (t % per) / gm;")?;
+            if mcast > 1 {
+                e.line(format!("kf_pid1 = kf_pid1 * {mcast} + kf_crank;"))?;
+            }
             e.close()?;
         }
         e.pid = Some(vec!["kf_pid0".into(), "kf_pid1".into(), "kf_pid2".into()]);
@@ -245,19 +306,40 @@ pub(super) fn emit_kernel(
     let for_ops = k.operands(plan.for_op);
     let (lo, hi, step) = (for_ops[0], for_ops[1], for_ops[2]);
     let index_name = info.index.map(|v| format!("v{}", v.index())).unwrap_or_else(|| "kf_kv".into());
-    let loop_head = |e: &Emitter| -> String {
+    // the loop header: all iterations, or this block's contiguous share of them
+    let loop_head = |e: &mut Emitter| -> Result<String, CodegenError> {
         let (l, h, s) = (e.val(lo).name.clone(), e.val(hi).name.clone(), e.val(step).name.clone());
-        format!("for (long long {index_name} = {l}; {index_name} < {h}; {index_name} += {s})")
+        if split == 1 {
+            return Ok(format!("for (long long {index_name} = {l}; {index_name} < {h}; {index_name} += {s})"));
+        }
+        e.line(format!("const long long kf_nit = {h} > {l} ? ({h} - {l} + {s} - 1) / {s} : 0LL;"))?;
+        e.line(format!("const long long kf_it0 = kf_nit * kf_crank / {split}, kf_it1 = kf_nit * (kf_crank + 1) / {split};"))?;
+        Ok(format!("for (long long {index_name} = {l} + kf_it0 * {s}; {index_name} < {l} + kf_it1 * {s}; {index_name} += {s})"))
+    };
+    let tile_walk = if cluster == 1 {
+        "for (long long kf_t = blockIdx.x; kf_t < kf_tiles; kf_t += gridDim.x)".to_string()
+    } else {
+        format!("for (long long kf_t = blockIdx.x / {cluster}; kf_t < kf_tiles; kf_t += gridDim.x / {cluster})")
     };
     let pre: Vec<OpId> = k.order[..info.for_pos].to_vec();
 
     // ---- producer
     e.open("if (kf_tid < 128)")?;
-    e.line("asm volatile(\"setmaxnreg.dec.sync.aligned.u32 24;\" ::: \"memory\");")?;
+    // registers: the consumers of a 256-wide tile hold 128 accumulators each and take
+    // 240 (232 spilled a bias epilogue), leaving the producer 24; narrower tiles leave
+    // the producer 56 (its split-loop index arithmetic spilled at 24 and at 40)
+    let (prod_regs, cons_regs) = match (consumers, bn > 128) {
+        (1, _) => (40, 256),
+        // a multicasting producer needs a few more (it spilled at 24)
+        (_, true) if cluster > 1 => (40, 232),
+        (_, true) => (24, 240),
+        (_, false) => (56, 216),
+    };
+    e.line(format!("asm volatile(\"setmaxnreg.dec.sync.aligned.u32 {prod_regs};\" ::: \"memory\");"))?;
     e.open("if (kf_tid == 0)")?;
     e.line("int kf_stage = 0;")?;
     e.line("unsigned kf_phase = 0;")?;
-    e.open("for (long long kf_t = blockIdx.x; kf_t < kf_tiles; kf_t += gridDim.x)")?;
+    e.open(tile_walk.clone())?;
     pids(&mut e)?;
     let mut roots = vec![lo, hi, step];
     for o in [&plan.a, &plan.b] {
@@ -268,7 +350,7 @@ pub(super) fn emit_kernel(
         e.op(o)?;
     }
     e.line(format!("if (!({} > 0)) __trap();", e.val(step).name))?;
-    let head = loop_head(&e);
+    let head = loop_head(&mut e)?;
     e.open(head)?;
     for &o in slice.iter().filter(|o| k.position(**o) > info.for_pos) {
         if !matches!(k.op(o), Op::LoopIndex { .. }) {
@@ -284,14 +366,28 @@ pub(super) fn emit_kernel(
         if !(2..=3).contains(&r) {
             return Err(CodegenError::Unsupported(format!("a rank-{r} dot operand tensor (TMA here takes rank 2 and 3)")));
         }
+        let multicast = mcast > 1 && dst == "kf_sa";
         for q in 0..op.nq {
             // coordinates innermost first
             let mut c: Vec<String> = op.order.iter().map(|&d| format!("(int){}", op.offs[d as usize])).collect();
             if q > 0 {
-                let d = op.order[0] as usize;
-                c[0] = format!("(int)({} + {})", op.offs[d], q * op.boxes[d]);
+                let slot = if op.outer_slices { 1 } else { 0 };
+                let d = op.order[slot] as usize;
+                c[slot] = format!("(int)({} + {})", op.offs[d], q * op.boxes[d]);
             }
-            e.line(format!("kf_tma_{r}d({dst} + {}, &{}, {}, &kf_full[kf_stage]);", q * op.box_bytes, op.map, c.join(", ")))?;
+            if multicast {
+                // box q is this block's when q % cluster == its rank; it lands in every block
+                e.line(format!(
+                    "if (kf_crank == {}) kf_tma_2d_mc({dst} + {}, &{}, {}, &kf_full[kf_stage], (unsigned short){});",
+                    q % mcast,
+                    q * op.box_bytes,
+                    op.map,
+                    c.join(", "),
+                    (1u32 << mcast) - 1
+                ))?;
+            } else {
+                e.line(format!("kf_tma_{r}d({dst} + {}, &{}, {}, &kf_full[kf_stage]);", q * op.box_bytes, op.map, c.join(", ")))?;
+            }
         }
     }
     e.line(format!("if (++kf_stage == {stages}) {{ kf_stage = 0; kf_phase ^= 1u; }}"))?;
@@ -301,13 +397,15 @@ pub(super) fn emit_kernel(
     e.close()?; // producer
     // ---- consumers
     e.open("else")?;
-    e.line(format!("asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {};\" ::: \"memory\");", if consumers == 1 { 256 } else { 240 }))?;
+    e.line(format!("asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {cons_regs};\" ::: \"memory\");"))?;
     e.line("const int kf_warp = (kf_tid >> 5) - 4;")?;
     e.line("const int kf_wg = kf_warp >> 2;")?;
     e.line("(void)kf_warp; (void)kf_wg;")?;
     e.line("int kf_stage = 0;")?;
     e.line("unsigned kf_phase = 0;")?;
-    e.open("for (long long kf_t = blockIdx.x; kf_t < kf_tiles; kf_t += gridDim.x)")?;
+    e.line("unsigned kf_rphase = 0;")?;
+    e.line("(void)kf_rphase;")?;
+    e.open(tile_walk.clone())?;
     pids(&mut e)?;
     let init = for_ops[3];
     let init_only: Vec<OpId> = {
@@ -339,8 +437,16 @@ pub(super) fn emit_kernel(
     e.line("kf_acc[i] = 0.0f;")?;
     e.close()?;
     e.line("int kf_prev = -1;")?;
+    // a stage is free once every block that multicasts into it may overwrite it: the
+    // consumers release it in every block of the cluster
+    let release = if mcast > 1 {
+        format!("if (kf_prev >= 0 && kf_lane == 0) {{ for (unsigned r = 0; r < {mcast}u; ++r) kf_mbar_arrive_cluster(&kf_empty[kf_prev], r); }}")
+    } else {
+        "if (kf_prev >= 0 && kf_lane == 0) kf_mbar_arrive(&kf_empty[kf_prev]);".to_string()
+    };
+    let release = release.as_str();
     e.line(format!("if (!({} > 0)) __trap();", e.val(step).name))?;
-    let head = loop_head(&e);
+    let head = loop_head(&mut e)?;
     e.open(head)?;
     e.line("kf_mbar_wait(&kf_full[kf_stage], kf_phase);")?;
     e.line(format!("const unsigned char* kf_sa = kf_pipe + kf_stage * {stage_bytes};"))?;
@@ -362,12 +468,40 @@ pub(super) fn emit_kernel(
     e.close()?;
     e.line("kf_wgmma_commit();")?;
     e.line("kf_wgmma_wait<1>();")?;
-    e.line("if (kf_prev >= 0 && kf_lane == 0) kf_mbar_arrive(&kf_empty[kf_prev]);")?;
+    e.line(release)?;
     e.line("kf_prev = kf_stage;")?;
     e.line(format!("if (++kf_stage == {stages}) {{ kf_stage = 0; kf_phase ^= 1u; }}"))?;
     e.close()?; // k loop
     e.line("kf_wgmma_wait<0>();")?;
-    e.line("if (kf_prev >= 0 && kf_lane == 0) kf_mbar_arrive(&kf_empty[kf_prev]);")?;
+    e.line(release)?;
+    if split > 1 {
+        // the partial sums meet in the first block of the cluster, which alone goes on
+        let threads = consumers * 128;
+        e.line(format!("float* kf_part = reinterpret_cast<float*>(kf_pipe + {c_off});"))?;
+        e.open("if (kf_crank != 0)")?;
+        e.line("kf_mbar_wait(&kf_red[1], kf_rphase ^ 1u);")?;
+        e.unroll("i", regs)?;
+        e.line(format!("kf_part[i * {threads} + (kf_tid - 128)] = kf_acc[i];"))?;
+        e.close()?;
+        e.line("__syncwarp();")?;
+        e.line("if (kf_lane == 0) kf_mbar_arrive_cluster(&kf_red[0], 0);")?;
+        e.line("kf_rphase ^= 1u;")?;
+        e.line("continue;")?;
+        e.close()?;
+        e.line("kf_mbar_wait_cluster(&kf_red[0], kf_rphase);")?;
+        e.unroll("r", split - 1)?;
+        e.unroll("i", regs)?;
+        e.line(format!("kf_acc[i] += kf_ld_cluster_f32(kf_part + i * {threads} + (kf_tid - 128), r + 1);"))?;
+        e.close()?;
+        e.close()?;
+        e.line("__syncwarp();")?;
+        e.open("if (kf_lane == 0)")?;
+        e.unroll("r", split - 1)?;
+        e.line("kf_mbar_arrive_cluster(&kf_red[1], r + 1);")?;
+        e.close()?;
+        e.close()?;
+        e.line("kf_rphase ^= 1u;")?;
+    }
     // the epilogue: everything after the loop, on the accumulator registers
     let acc_layout = k
         .schedule
@@ -403,6 +537,10 @@ pub(super) fn emit_kernel(
         e.line("if (kf_tid == 128) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");")?;
     }
     e.close()?; // consumers
+    if cluster > 1 {
+        // no block leaves while another may still read or write its shared memory
+        e.line("kf_cluster_sync();")?;
+    }
     let static_smem = e.smem;
     let body = e.w.finish();
     if static_smem + dynamic_smem > target.smem_per_block {
@@ -418,10 +556,14 @@ pub(super) fn emit_kernel(
         w.line(format!("// Generated by kfuse from kernel `{}` for {}. Do not edit.", k.name, target.arch()))?;
         w.raw(PRELUDE)?;
         w.raw(crate::cuda::prelude::WGMMA_PRELUDE)?;
+        if cluster > 1 {
+            w.raw(crate::cuda::prelude::CLUSTER_PRELUDE)?;
+        }
         w.line(format!("#define KF_CONSUMERS {consumers}"))?;
         w.raw(&wgmma_fn(dtype, bn, plan.a.major == Major::MN, plan.b.major == Major::MN))?;
         w.line("")?;
-        w.open(format!("extern \"C\" __global__ void __launch_bounds__({threads}, 1) {}({})", entry_name(k), decls.join(", ")))?;
+        let cattr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
+        w.open(format!("extern \"C\" __global__ void {cattr}__launch_bounds__({threads}, 1) {}({})", entry_name(k), decls.join(", ")))?;
         w.line("const int kf_tid = threadIdx.x;")?;
         w.line("const int kf_lane = kf_tid & 31;")?;
         w.line("(void)kf_lane;")?;
@@ -432,7 +574,7 @@ pub(super) fn emit_kernel(
         w.close()
     };
     head().map_err(fmt_err)?;
-    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent: Some(target.num_sms) })
+    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent: Some(target.num_sms / cluster) })
 }
 
 impl Emitter<'_> {

@@ -1,0 +1,452 @@
+//! The sm_80/sm_89 matrix path: prints a kernel whose schedule holds an [`MmaPlan`] of
+//! path [`MmaPath::MmaSyncCpAsync`](kfuse_ir::MmaPath::MmaSyncCpAsync).
+//!
+//! Shape of the generated kernel (the plan decides every number):
+//! - one output tile per block on the ordinary program-id grid; every warp computes
+//!   (no warp specialization): the `warps[0] × warps[1]` warps share the `[BM, BN]`
+//!   accumulator, each holding the `m16n8` instruction tiles of
+//!   [`crate::layout::mma_tiles_accumulator`] in f32 registers;
+//! - a ring of `stages` shared-memory stages, each an A tile and a B tile. Every thread
+//!   copies 16-byte chunks of both operands into a stage with `cp.async.cg` (zero fill
+//!   through the `src-size` operand where a chunk hangs over the tensor's edge, all of
+//!   it past the edge), one commit group per stage (empty groups past the last
+//!   iteration keep the count uniform). The prologue fills `stages - 1` stages; each
+//!   iteration waits until at most `stages - 2` groups are pending (its own stage has
+//!   landed), meets the block at `__syncthreads()` (everybody's chunks visible, and
+//!   everybody done with the stage the next copy overwrites), issues the copies of
+//!   iteration `it + stages - 1`, then computes on its stage: per `k16` step each warp
+//!   reads its A fragments (`ldmatrix.x4`, one per 16 rows) and B fragments (one
+//!   `ldmatrix.x4` per two 8-column instruction tiles), `.trans` for an MN-major
+//!   operand, and issues `mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}`;
+//! - after the loop the rest of the kernel (the epilogue: casts, bias, activations,
+//!   stores — any tile ops) runs through the ordinary writer on the accumulator
+//!   registers; its shared memory (layout conversions, reductions) reuses the ring's.
+//!
+//! Shared memory of one operand in one stage: `rows × row_bytes`, a row along the
+//! tensor's non-unit-stride tile dimension (K-major: `BM` or `BN` rows of `BK`
+//! elements; MN-major: `BK` rows of `BM` or `BN` elements). With `C = row_bytes / 16`
+//! chunks a row, chunk `j` of row `r` is stored at chunk `j ^ ((r / pd) % cm)`,
+//! `cm = min(C, 8)`, `pd = 8 / cm`: the 8 rows of one `ldmatrix` matrix (8 consecutive
+//! rows, one logical chunk) land in 8 different 16-byte bank groups, and so do the
+//! chunks of 8 consecutive threads' copies (consecutive chunks of whole rows).
+
+use super::*;
+use kfuse_ir::{Major, MmaPlan, ParamId};
+
+use crate::target::GridAxisEval;
+
+/// The helpers of the mma.sync path (PTX ISA: `cp.async`, `ldmatrix`, `mma.sync`).
+const MMA_SYNC_PRELUDE: &str = r#"static __device__ __forceinline__ unsigned kf_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void kf_cp_async16(unsigned dst, const void* src, unsigned bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void kf_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void kf_cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+static __device__ __forceinline__ void kf_ldsm_x4(unsigned* r, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+static __device__ __forceinline__ void kf_ldsm_x4_t(unsigned* r, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+"#;
+
+/// `kf_mma(d, a, b)`: `d += a · b` for one `m16n8k16` tile (f32 accumulators).
+fn mma_fn(dtype: DType) -> String {
+    let ty = if dtype == DType::F16 { "f16" } else { "bf16" };
+    format!(
+        "static __device__ __forceinline__ void kf_mma(float* d, const unsigned* a, const unsigned* b) {{\n  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};\"\n    : \"+f\"(d[0]), \"+f\"(d[1]), \"+f\"(d[2]), \"+f\"(d[3])\n    : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]));\n}}\n"
+    )
+}
+
+/// One operand as the writer needs it.
+struct Operand {
+    load: OpId,
+    tensor: ParamId,
+    /// Tensor dimensions of the stored rows and of the 16-byte chunks (unit stride).
+    outer: usize,
+    unit: usize,
+    rows: u32,
+    row_bytes: u32,
+    major: Major,
+}
+
+impl Operand {
+    fn chunks(&self) -> u32 {
+        self.row_bytes / 16
+    }
+    fn bytes(&self) -> u32 {
+        self.rows * self.row_bytes
+    }
+    /// `(pd, cm)` of the swizzle (module docs).
+    fn swizzle(&self) -> (u32, u32) {
+        let cm = self.chunks().min(8);
+        (8 / cm, cm)
+    }
+    /// The byte offset (a C expression) of logical chunk `j` of stored row `r`.
+    fn at(&self, r: &str, j: &str) -> String {
+        let (pd, cm) = self.swizzle();
+        if cm == 1 {
+            return format!("({r}) * {} + (({j}) << 4)", self.row_bytes);
+        }
+        let phase = if pd == 1 { format!("(({r}) % {cm})") } else { format!("((({r}) / {pd}) % {cm})") };
+        format!("({r}) * {} + ((({j}) ^ {phase}) << 4)", self.row_bytes)
+    }
+}
+
+/// The valid range along the tile axis of a load that tensor dimension `d` feeds.
+fn range_of(e: &mut Emitter, load: OpId, d: usize, ext: u32) -> Result<(String, String), CodegenError> {
+    let k = e.k;
+    let Op::Load { tensor, .. } = k.op(load) else { unreachable!() };
+    let off_v = k.operands(load)[d];
+    let off = e.val(off_v).name.clone();
+    let n = e.shape_var(k.tensor_dims(*tensor)[d]);
+    let lo = if non_negative(k, off_v) {
+        "0".to_string()
+    } else {
+        let v = e.fresh("kf_b");
+        e.line(format!("const long long {v} = kf_mini(kf_maxi(-{off}, 0LL), {ext}LL);"))?;
+        v
+    };
+    let hi = e.fresh("kf_b");
+    e.line(format!("const long long {hi} = kf_maxi(0LL, kf_mini({n} - {off}, {ext}LL));"))?;
+    Ok((lo, hi))
+}
+
+/// The tensor dimensions of a load's two tile axes.
+fn tile_dims(k: &Kernel, load: OpId) -> Vec<usize> {
+    let Op::Load { dims, .. } = k.op(load) else { return vec![] };
+    dims.iter().enumerate().filter(|(_, d)| matches!(d, AccessDim::Tile(_))).map(|(i, _)| i).collect()
+}
+
+/// The tensor dimension of `load` behind tile axis `axis` of the dot operand `v` (which
+/// is the load or its transpose).
+fn tensor_dim_of(k: &Kernel, v: ValueId, load: OpId, axis: usize) -> usize {
+    let axis = if v.op() == load { axis } else { 1 - axis };
+    tile_dims(k, load).get(axis).copied().unwrap_or(0)
+}
+
+/// The ops inside the loop (in program order) that the values `roots` depend on.
+fn in_loop_slice(k: &Kernel, roots: &[ValueId], for_pos: usize) -> Result<Vec<OpId>, CodegenError> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut stack: Vec<ValueId> = roots.to_vec();
+    while let Some(v) = stack.pop() {
+        if k.position(v.op()) < for_pos || !seen.insert(v.op()) {
+            continue;
+        }
+        match k.op(v.op()) {
+            Op::LoopIndex { .. } => continue,
+            _ if !k.ty(v).is_scalar() => {
+                return Err(CodegenError::Unsupported("a block offset computed from a tile value".into()));
+            }
+            _ => stack.extend(k.operands(v.op())),
+        }
+    }
+    Ok(k.ops().filter(|o| seen.contains(o) && !matches!(k.op(*o), Op::LoopIndex { .. })).collect())
+}
+
+pub(super) fn emit_kernel(
+    k: &Kernel,
+    spec: &Spec,
+    target: &Target,
+    grid: &[GridAxisEval],
+    plan: &MmaPlan,
+    params: Vec<KernelParam>,
+    decls: Vec<String>,
+) -> Result<Emitted, CodegenError> {
+    let unsupported = |m: String| CodegenError::Unsupported(m);
+    let [bm, bn, bk] = plan.tile;
+    let [wm, wn] = plan.warps;
+    let stages = plan.stages;
+    let threads = 32 * wm * wn;
+    if threads != k.schedule.num_threads {
+        return Err(unsupported(format!("{wm}x{wn} warps but {} threads in the schedule", k.schedule.num_threads)));
+    }
+    let dops = k.operands(plan.dot);
+    let dtype = k.ty(dops[0]).dtype;
+    let esz = dtype.size_bytes() as u32;
+    let (mi_n, ni_n, ks) = (bm / (16 * wm), bn / (8 * wn), bk / 16);
+    if mi_n == 0 || ni_n % 2 != 0 || bk % 16 != 0 || bm % (16 * wm) != 0 || bn % (16 * wn) != 0 || stages < 2 {
+        return Err(unsupported(format!("a {bm}x{bn}x{bk} tile over {wm}x{wn} warps in {stages} stages on the mma.sync path")));
+    }
+    let _ = grid;
+    let Op::For { id: loop_id, carried } = *k.op(plan.for_op) else { return Err(unsupported("the plan's loop is not a `for`".into())) };
+    if carried != 1 {
+        return Err(unsupported("a dot loop that carries more than its accumulator".into()));
+    }
+    let info = k.loop_info(loop_id).ok_or_else(|| unsupported("a loop without its yield".into()))?;
+
+    // the operands' shared-memory tiles
+    let mut operands = Vec::new();
+    for (o, mn) in [(&plan.a, bm), (&plan.b, bn)] {
+        let Op::Load { tensor, dims } = k.op(o.load) else { return Err(unsupported("a dot operand that is not a load".into())) };
+        let order = crate::passes::select_mma_path::tma_order(k, spec, o.load)
+            .ok_or_else(|| unsupported("a dot operand without a unit-stride dimension".into()))?;
+        let unit = order[0] as usize;
+        let td = tile_dims(k, o.load);
+        if td.len() != 2 || !td.contains(&unit) {
+            return Err(unsupported("a dot operand whose unit-stride dimension is not one of its tile axes".into()));
+        }
+        let outer = if td[0] == unit { td[1] } else { td[0] };
+        let ext = |d: usize| match dims[d] {
+            AccessDim::Tile(e) => extent_value(k, e),
+            AccessDim::Index => 1,
+        };
+        let (rows, row_elems) = (ext(outer), ext(unit));
+        let want = match o.major {
+            Major::K => (mn, bk),
+            Major::MN => (bk, mn),
+        };
+        if (rows, row_elems) != want {
+            return Err(unsupported(format!("a dot operand stored as {rows} rows of {row_elems} elements, expected {want:?}")));
+        }
+        operands.push(Operand { load: o.load, tensor: *tensor, outer, unit, rows, row_bytes: row_elems * esz, major: o.major });
+    }
+    let (a_bytes, b_bytes) = (operands[0].bytes(), operands[1].bytes());
+    let stage_bytes = a_bytes + b_bytes;
+
+    let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0, barrier: "__syncthreads();", pid: None };
+    e.w.indent();
+    // everything before the loop, but the zeros that only feed its init
+    let for_ops = k.operands(plan.for_op);
+    let (lo, hi, step) = (for_ops[0], for_ops[1], for_ops[2]);
+    let init = for_ops[3];
+    let init_only: Vec<OpId> = {
+        let mut v = vec![];
+        let mut x = init;
+        while k.users(x).len() == 1 && !k.ty(x).is_scalar() {
+            v.push(x.op());
+            match k.op(x.op()) {
+                Op::Broadcast => x = k.operands(x.op())[0],
+                _ => break,
+            }
+        }
+        v
+    };
+    for &o in &k.order[..info.for_pos] {
+        if !init_only.contains(&o) {
+            e.op(o)?;
+        }
+    }
+    // the accumulator's valid ranges: rows of A, columns of B
+    let a_dim = tensor_dim_of(k, dops[0], plan.a.load, 0);
+    let b_dim = tensor_dim_of(k, dops[1], plan.b.load, 1);
+    let (rlo, rhi) = range_of(&mut e, plan.a.load, a_dim, bm)?;
+    let (clo, chi) = range_of(&mut e, plan.b.load, b_dim, bn)?;
+    let regs = mi_n * ni_n * 4;
+    e.line(format!("float kf_acc[{regs}];"))?;
+    e.unroll("i", regs)?;
+    e.line("kf_acc[i] = 0.0f;")?;
+    e.close()?;
+    let (l, h, s) = (e.val(lo).name.clone(), e.val(hi).name.clone(), e.val(step).name.clone());
+    e.line(format!("if (!({s} > 0)) __trap();"))?;
+    e.line(format!("const long long kf_n = {h} > {l} ? ({h} - {l} + {s} - 1) / {s} : 0LL;"))?;
+    e.line("const unsigned kf_pipe = kf_smem_u32(kf_smem);")?;
+    // this warp's place in the warp grid (the accumulator layout's warp digits)
+    e.line(format!("const int kf_wm = (kf_warp / {wn}) % {wm};"))?;
+    e.line(format!("const int kf_wn = kf_warp % {wn};"))?;
+    e.line("const int kf_q = kf_lane >> 3;")?;
+    e.line("const int kf_r8 = kf_lane & 7;")?;
+
+    // ldmatrix addresses. The 8-lane group q addresses matrix q; a fragment's stored
+    // row is `R_thr + R_c` and its logical chunk `J_thr | J_c` (disjoint bits), with the
+    // constant parts `R_c` (a multiple of 8) and `J_c` known once unrolled. The swizzle
+    // phase of a row then depends on `kf_r8` alone, so a thread keeps two numbers per
+    // operand: its row's byte offset and `J_thr ^ phase`; a fragment's address is
+    // `row + R_c * row_bytes + ((t ^ J_c) << 4)`.
+    // A (per 16 rows mi): matrix q covers rows +8 (q & 1) and k +8 (q >> 1);
+    // B (per two 8-column instruction tiles nj): tile 2 nj + (q >> 1) and k +8 (q & 1).
+    let (oa, ob) = (&operands[0], &operands[1]);
+    let frag = |op: &Operand, is_a: bool| -> (String, String, String, String) {
+        match (is_a, op.major) {
+            (true, Major::K) => ("kf_wm * 16 + (kf_q & 1) * 8 + kf_r8".into(), format!("mi * {}", 16 * wm), "(kf_q >> 1)".into(), "kk * 2".into()),
+            (true, Major::MN) => ("(kf_q >> 1) * 8 + kf_r8".into(), "kk * 16".into(), "(kf_wm * 2 + (kf_q & 1))".into(), format!("mi * {}", 2 * wm)),
+            (false, Major::K) => (format!("(kf_wn + {wn} * (kf_q >> 1)) * 8 + kf_r8"), format!("nj * {}", 16 * wn), "(kf_q & 1)".into(), "kk * 2".into()),
+            (false, Major::MN) => ("(kf_q & 1) * 8 + kf_r8".into(), "kk * 16".into(), format!("(kf_wn + {wn} * (kf_q >> 1))"), format!("nj * {}", 2 * wn)),
+        }
+    };
+    let mut addr = Vec::new();
+    for (x, op, is_a) in [("a", oa, true), ("b", ob, false)] {
+        let (r_thr, r_c, j_thr, j_c) = frag(op, is_a);
+        let (pd, cm) = op.swizzle();
+        let phase = if cm == 1 { String::new() } else { format!(" ^ ((kf_r8 / {pd}) % {cm})") };
+        e.line(format!("const unsigned kf_row_{x} = ({r_thr}) * {};", op.row_bytes))?;
+        e.line(format!("const int kf_t_{x} = {j_thr}{phase};"))?;
+        addr.push(format!("kf_row_{x} + ({r_c}) * {} + ((kf_t_{x} ^ ({j_c})) << 4)", op.row_bytes));
+    }
+
+    // the copies: thread `t` moves chunk `t % C` of rows `t / C + i * (threads / C)`
+    for (oi, op) in operands.iter().enumerate() {
+        let c = op.chunks();
+        if threads % c != 0 {
+            return Err(unsupported(format!("rows of {c} 16-byte chunks copied by {threads} threads")));
+        }
+        e.line(format!("const int kf_r{oi} = kf_tid / {c};"))?;
+        e.line(format!("const int kf_j{oi} = kf_tid % {c};"))?;
+    }
+    // the copies of loop iteration `it` into the stage at shared address `dst`
+    let index = info.index;
+    let mut roots = vec![];
+    for o in &operands {
+        roots.extend(k.operands(o.load));
+    }
+    let slice = in_loop_slice(k, &roots, info.for_pos)?;
+    let issue = |e: &mut Emitter, it: &str, dst: &str| -> R {
+        if let Some(ix) = index {
+            let name = format!("v{}", ix.index());
+            e.line(format!("const long long {name} = {l} + ({it}) * {s};"))?;
+            e.vals.insert(ix, Val { name, dtype: DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
+        }
+        for &o in &slice {
+            e.op(o)?;
+        }
+        let mut base = 0;
+        for (oi, op) in operands.iter().enumerate() {
+            let k = e.k;
+            let p = k.param(op.tensor);
+            let tdims = k.tensor_dims(op.tensor).to_vec();
+            let offs: Vec<ValueId> = k.operands(op.load);
+            let Op::Load { dims, .. } = k.op(op.load) else { unreachable!() };
+            let name = |v: ValueId, e: &Emitter| e.val(v).name.clone();
+            // the block's corner, and the conditions on its indexed dimensions
+            let mut corner = format!("p_{}", p.name);
+            let mut ok = Vec::new();
+            for (d, ad) in dims.iter().enumerate() {
+                let (o, st) = (name(offs[d], e), e.stride(op.tensor, d));
+                if d != op.outer && d != op.unit {
+                    corner = if st == "1" { format!("{corner} + {o}") } else { format!("{corner} + {o} * {st}") };
+                }
+                if matches!(ad, AccessDim::Index) {
+                    let n = e.shape_var(tdims[d]);
+                    ok.push(if non_negative(k, offs[d]) { format!("{o} < {n}") } else { format!("{o} >= 0 && {o} < {n}") });
+                }
+            }
+            let (oo, ou) = (name(offs[op.outer], e), name(offs[op.unit], e));
+            let (no, nu) = (e.shape_var(tdims[op.outer]), e.shape_var(tdims[op.unit]));
+            let so = e.stride(op.tensor, op.outer);
+            let per = 16 / esz;
+            // this thread's chunks: column `kf_j`, rows `kf_r + i * sweep`
+            let sweep = threads / op.chunks();
+            let (r0, j0) = (format!("kf_r{oi}"), format!("kf_j{oi}"));
+            let st = |x: &str| if so == "1" { x.to_string() } else { format!("({x}) * {so}") };
+            e.open("")?;
+            e.line(format!("const {}* g = {corner} + {} + {ou} + {j0} * {per};", stype(dtype), st(&format!("{oo} + {r0}"))))?;
+            e.line(format!("const long long ro = {no} - ({oo} + {r0});"))?;
+            e.line(format!("const long long ru = ({nu} - ({ou} + {j0} * {per})) * {esz};"))?;
+            let mut okc = ok.clone();
+            okc.push("ru > 0".into());
+            if !non_negative(k, offs[op.unit]) {
+                okc.push(format!("{ou} + {j0} * {per} >= 0"));
+            }
+            e.line(format!("const bool okc = {};", okc.join(" && ")))?;
+            e.unroll("i", op.rows.div_ceil(sweep))?;
+            if op.rows % sweep != 0 {
+                e.line(format!("if ({r0} + i * {sweep} >= {}) break;", op.rows))?;
+            }
+            let mut cond = vec!["okc".to_string(), format!("i * {sweep} < ro")];
+            if !non_negative(k, offs[op.outer]) {
+                cond.push(format!("{oo} + {r0} + i * {sweep} >= 0"));
+            }
+            e.line(format!("const bool in = {};", cond.join(" && ")))?;
+            e.line(format!(
+                "kf_cp_async16({dst} + {base} + {}, in ? g + {} : p_{}, in ? (ru < 16 ? (unsigned)ru : 16u) : 0u);",
+                op.at(&format!("{r0} + i * {sweep}"), &j0),
+                st(&format!("(long long)(i * {sweep})")),
+                p.name
+            ))?;
+            e.close()?;
+            e.close()?;
+            base += op.bytes();
+        }
+        Ok(())
+    };
+
+    // prologue: stages - 1 stages in flight
+    e.line(format!("// pipeline: {stages} stages of {stage_bytes} bytes (A {a_bytes}, B {b_bytes})"))?;
+    e.unroll("s", stages - 1)?;
+    e.open("if (s < kf_n)")?;
+    issue(&mut e, "s", &format!("kf_pipe + s * {stage_bytes}"))?;
+    e.close()?;
+    e.line("kf_cp_async_commit();")?;
+    e.close()?;
+    e.line("int kf_rs = 0;")?;
+    e.line(format!("int kf_ws = {};", stages - 1))?;
+    e.open("for (long long kf_it = 0; kf_it < kf_n; ++kf_it)")?;
+    e.line(format!("kf_cp_async_wait<{}>();", stages - 2))?;
+    e.line("__syncthreads();")?;
+    e.open("")?;
+    e.line(format!("const long long kf_nx = kf_it + {};", stages - 1))?;
+    e.open("if (kf_nx < kf_n)")?;
+    issue(&mut e, "kf_nx", &format!("(kf_pipe + kf_ws * {stage_bytes})"))?;
+    e.close()?;
+    e.line("kf_cp_async_commit();")?;
+    e.close()?;
+    e.line(format!("const unsigned kf_sa = kf_pipe + kf_rs * {stage_bytes};"))?;
+    e.line(format!("const unsigned kf_sb = kf_sa + {a_bytes};"))?;
+    let (lda, ldb) = (
+        if oa.major == Major::K { "kf_ldsm_x4" } else { "kf_ldsm_x4_t" },
+        if ob.major == Major::K { "kf_ldsm_x4" } else { "kf_ldsm_x4_t" },
+    );
+    e.unroll("kk", ks)?;
+    e.line(format!("unsigned kf_fa[{mi_n}][4];"))?;
+    e.line(format!("unsigned kf_fb[{ni_n}][2];"))?;
+    e.unroll("mi", mi_n)?;
+    e.line(format!("{lda}(kf_fa[mi], kf_sa + {});", addr[0]))?;
+    e.close()?;
+    e.unroll("nj", ni_n / 2)?;
+    e.line("unsigned t[4];")?;
+    e.line(format!("{ldb}(t, kf_sb + {});", addr[1]))?;
+    e.line("kf_fb[2 * nj][0] = t[0]; kf_fb[2 * nj][1] = t[1];")?;
+    e.line("kf_fb[2 * nj + 1][0] = t[2]; kf_fb[2 * nj + 1][1] = t[3];")?;
+    e.close()?;
+    e.unroll("mi", mi_n)?;
+    e.unroll("ni", ni_n)?;
+    e.line(format!("kf_mma(&kf_acc[(mi * {ni_n} + ni) * 4], kf_fa[mi], kf_fb[ni]);"))?;
+    e.close()?;
+    e.close()?;
+    e.close()?; // kk
+    e.line(format!("if (++kf_rs == {stages}) kf_rs = 0;"))?;
+    e.line(format!("if (++kf_ws == {stages}) kf_ws = 0;"))?;
+    e.close()?; // k loop
+    e.line("kf_cp_async_wait<0>();")?;
+
+    // the epilogue: everything after the loop, on the accumulator registers
+    let res = info.results[0].ok_or_else(|| unsupported("a dot loop whose result is unused".into()))?;
+    let acc_layout = k.schedule.layouts.get(&res).cloned().ok_or_else(|| unsupported("the dot loop's result has no layout".into()))?;
+    let map = RegMap::of(&acc_layout).ok_or_else(|| unsupported("a uniform accumulator".into()))?;
+    if map.regs != regs {
+        return Err(unsupported(format!("accumulator layout of {} registers, the instructions give {regs}", map.regs)));
+    }
+    e.vals.insert(res, Val { name: "kf_acc".into(), dtype: DType::F32, map: Some(map), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo: vec![rlo, clo], hi: vec![rhi, chi] });
+    for &o in &k.order[info.yield_pos + 1..] {
+        if !matches!(k.op(o), Op::LoopResult { .. }) {
+            e.op(o)?;
+        }
+    }
+    let dynamic_smem = (stages * stage_bytes).max(e.smem.div_ceil(16) * 16);
+    let body = e.w.finish();
+    if dynamic_smem > target.smem_per_block {
+        return Err(unsupported(format!(
+            "{dynamic_smem} bytes of shared memory ({stages} pipeline stages of {stage_bytes}, the epilogue {}); the target allows {}",
+            e.smem, target.smem_per_block
+        )));
+    }
+    let bounds = if k.schedule.min_blocks > 0 { format!("{threads}, {}", k.schedule.min_blocks) } else { threads.to_string() };
+    let mut w = Writer::new(String::new());
+    let mut head = || -> std::fmt::Result {
+        w.line(format!("// Generated by kfuse from kernel `{}` for {}. Do not edit.", k.name, target.arch()))?;
+        w.raw(PRELUDE)?;
+        w.raw(MMA_SYNC_PRELUDE)?;
+        w.raw(&mma_fn(dtype))?;
+        w.line("")?;
+        w.open(format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {}({})", entry_name(k), decls.join(", ")))?;
+        w.line("const int kf_tid = threadIdx.x;")?;
+        w.line("const int kf_lane = kf_tid & 31;")?;
+        w.line("const int kf_warp = kf_tid >> 5;")?;
+        w.line("(void)kf_lane; (void)kf_warp;")?;
+        w.line("extern __shared__ __align__(128) unsigned char kf_smem[];")?;
+        w.raw(&body)?;
+        w.close()
+    };
+    head().map_err(fmt_err)?;
+    Ok(Emitted { source: w.finish(), params, static_smem: 0, dynamic_smem, block_threads: threads, persistent: None })
+}

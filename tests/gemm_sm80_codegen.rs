@@ -1,0 +1,107 @@
+//! What the compiler emits for matrix products on sm_80 (A100) and sm_89 (Ada), on a
+//! machine without a GPU: the mma.sync kernel of `kfuse::ops::gemm` and of a user GEMM
+//! with a fused bias + GELU epilogue — structure checks that do not pin the whole text,
+//! and NVRTC + `ptxas -v` with no spills for each shape class the tile heuristic
+//! distinguishes (128x128, 128x64, 64x64 tiles).
+
+mod common;
+
+use kfuse::codegen::{compile, Spec, Target};
+use kfuse::prelude::*;
+use kfuse::DType;
+
+/// A user kernel: GEMM with bias and GELU in the epilogue (as in tests/gemm_codegen.rs).
+#[kfuse]
+pub fn gemm_bias_gelu<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, bias: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    let x = acc + bias.block([j * BN], [BN]).load().to_f32();
+    out.block([i * BM, j * BN], [BM, BN]).store((0.5 * x * (1.0 + erf(x * 0.7071067811865476))).cast::<T>());
+}
+
+/// The snapshot spec with M, N, K set (powers of two: what the heuristic sees).
+fn spec_mnk(def: &kfuse::ir::KernelDef, m: u32, n: u32, k: u32) -> Spec {
+    let mut s = common::snapshot_spec(def);
+    // shape symbols in order of first appearance: M, K, N for both kernels here
+    s.shape_pow2 = vec![m.next_power_of_two(), k.next_power_of_two(), n.next_power_of_two()];
+    s
+}
+
+#[test]
+fn sm80_gemm_has_the_mma_sync_path() {
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    for dt in [DType::BF16, DType::F16] {
+        let k = (def.build)(&[dt]).unwrap();
+        let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm80()).unwrap();
+        let ty = if dt == DType::BF16 { "bf16" } else { "f16" };
+        assert!(e.source.contains(&format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32")), "{}", e.source);
+        assert!(e.source.contains("cp.async.cg.shared.global") && e.source.contains("cp.async.wait_group"), "operands arrive by cp.async");
+        assert!(e.source.contains("ldmatrix.sync.aligned.m8n8.x4.shared.b16"), "fragments are read with ldmatrix");
+        assert!(e.source.contains("kf_ldsm_x4_t(t,"), "row-major B is MN-major: ldmatrix.trans");
+        assert!(!e.source.contains("wgmma") && !e.source.contains("CUtensorMap"), "nothing of sm_90 on sm_80");
+        assert!(e.ir.contains("mma MmaSyncCpAsync") && e.ir.contains("tile 128x128x32") && e.ir.contains("warps 2x2 (warp tile 64x64)"), "{}", e.ir);
+        assert!(e.ir.contains("4 stages"), "{}", e.ir);
+        assert_eq!((e.block_threads, e.persistent, e.cluster_x), (128, None, 1));
+        assert_eq!(e.smem_bytes, 4 * (128 * 32 + 32 * 128) * 2);
+        assert_eq!(e.arch, "sm_80");
+        if dt == DType::BF16 {
+            println!("{}\n{}", e.ir, e.source);
+        }
+    }
+    // Ada: 99 KiB a block; three stages let two blocks share a multiprocessor
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm89()).unwrap();
+    assert!(e.ir.contains("mma MmaSyncCpAsync") && e.ir.contains("3 stages"), "{}", e.ir);
+    assert_eq!(e.arch, "sm_89");
+}
+
+#[test]
+fn sm80_gemm_kernels_compile_without_spills() {
+    let mut failures = Vec::new();
+    let mut report = Vec::new();
+    let mut checked = 0;
+    // shape classes: 128x128 tiles, M = 127 (64x64), and 128x64 in between
+    for (m, n, kk, tile) in [(4096, 4096, 4096, "128x128x32"), (127, 4096, 4096, "64x64x32"), (1024, 1024, 1024, "128x64x32")] {
+        for target in [Target::sm80(), Target::sm89()] {
+            for (name, def) in [("gemm", &kfuse::ops::kernels::gemm::DEF), ("gemm_bias_gelu", &gemm_bias_gelu::DEF)] {
+                for dt in [DType::BF16, DType::F16] {
+                    let k = (def.build)(&[dt]).unwrap();
+                    let e = compile(&k, &spec_mnk(def, m, n, kk), &target).unwrap();
+                    assert!(e.ir.contains(&format!("tile {tile}")), "{name} M{m} N{n} {}: {}", e.arch, e.ir);
+                    match common::assemble(&e.source, &e.arch, &e.options, &format!("{name}_{dt}_{m}_{n}")) {
+                        Ok((regs, spill)) => {
+                            report.push(format!("{name} {dt} {} {tile} ({} threads): {regs} registers, {spill} bytes of spills", e.arch, e.block_threads));
+                            if spill > 0 {
+                                failures.push(format!("{name} {dt} {} M{m} N{n} K{kk} (tiles {:?}): {spill} bytes of spills ({regs} registers)", e.arch, e.tiles));
+                            }
+                        }
+                        Err(err) => failures.push(format!("{name} {dt} {} M{m} N{n}: {err}", e.arch)),
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    println!("{}", report.join("\n"));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(checked, 24);
+}
+
+#[test]
+fn tmp_dump() {
+    for (m, n, kk) in [(4096, 4096, 4096), (127, 4096, 4096), (1024, 1024, 1024)] {
+        for (name, def) in [("gemm", &kfuse::ops::kernels::gemm::DEF), ("gelu", &gemm_bias_gelu::DEF)] {
+            let k = (def.build)(&[DType::BF16]).unwrap();
+            let e = compile(&k, &spec_mnk(def, m, n, kk), &Target::sm80()).unwrap();
+            std::fs::write(format!("/tmp/mm/{name}_{m}_{n}.cu"), &e.source).unwrap();
+            let mut sp = spec_mnk(def, m, n, kk);
+            sp.threads = Some(256);
+            sp.min_blocks = Some(1);
+            let e = compile(&k, &sp, &Target::sm80()).unwrap();
+            std::fs::write(format!("/tmp/mm/{name}_{m}_{n}_w8.cu"), &e.source).unwrap();
+        }
+    }
+}
