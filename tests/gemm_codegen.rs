@@ -2,7 +2,8 @@
 //! kernel of `kfuse::ops::gemm` and of a user GEMM with a fused bias + GELU epilogue
 //! (structure checks that do not pin the whole text, a snapshot of the scheduled IR),
 //! NVRTC + `ptxas -v` with no spills for each shape class the tile heuristic
-//! distinguishes, and the clear refusal on sm_80 (the mma.sync path is not written).
+//! distinguishes, and the clear refusal of targets older than sm_80 (sm_80 and sm_89:
+//! tests/gemm_sm80_codegen.rs).
 
 mod common;
 
@@ -49,11 +50,17 @@ fn sm90a_gemm_has_the_matrix_path() {
 }
 
 #[test]
-fn sm80_gemm_is_refused_clearly() {
+fn pre_ampere_gemm_is_refused_clearly() {
+    // sm_80 and sm_89 take the mma.sync path (tests/gemm_sm80_codegen.rs); older
+    // targets have no matrix path, and an f32 `dot` none yet
     let def = &kfuse::ops::kernels::gemm::DEF;
     let k = (def.build)(&[DType::BF16]).unwrap();
+    let turing = Target { sm: 75, num_sms: 72, smem_per_block: 64 * 1024 };
+    let err = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &turing).unwrap_err().to_string();
+    assert!(err.contains("sm_75") && err.contains("sm_80 and newer"), "{err}");
+    let k = (def.build)(&[DType::F32]).unwrap();
     let err = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm80()).unwrap_err().to_string();
-    assert!(err.contains("sm_90a") && err.contains("mma.sync"), "{err}");
+    assert!(err.contains("mma.sync") && err.contains("f16 and bf16"), "{err}");
 }
 
 #[test]

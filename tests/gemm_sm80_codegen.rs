@@ -90,18 +90,46 @@ fn sm80_gemm_kernels_compile_without_spills() {
     assert_eq!(checked, 24);
 }
 
+/// The configurable products of `kfuse::ops::gemm_ex` and `gemm_batched` (scaling,
+/// `beta * c` with a `[BM, BN]` tile of `c` in the epilogue, a batch index, f32
+/// output) on sm_80 and sm_89: NVRTC + ptxas without spills.
 #[test]
-fn tmp_dump() {
+fn sm80_gemm_ex_kernels_compile_without_spills() {
+    use kfuse::ops::kernels as k;
+    let mut failures = Vec::new();
+    let mut report = Vec::new();
     for (m, n, kk) in [(4096, 4096, 4096), (127, 4096, 4096), (1024, 1024, 1024)] {
-        for (name, def) in [("gemm", &kfuse::ops::kernels::gemm::DEF), ("gelu", &gemm_bias_gelu::DEF)] {
-            let k = (def.build)(&[DType::BF16]).unwrap();
-            let e = compile(&k, &spec_mnk(def, m, n, kk), &Target::sm80()).unwrap();
-            std::fs::write(format!("/tmp/mm/{name}_{m}_{n}.cu"), &e.source).unwrap();
-            let mut sp = spec_mnk(def, m, n, kk);
-            sp.threads = Some(256);
-            sp.min_blocks = Some(1);
-            let e = compile(&k, &sp, &Target::sm80()).unwrap();
-            std::fs::write(format!("/tmp/mm/{name}_{m}_{n}_w8.cu"), &e.source).unwrap();
+        for target in [Target::sm80(), Target::sm89()] {
+            for (dt, od) in [(DType::BF16, DType::BF16), (DType::F16, DType::F32)] {
+                for (name, def, shape) in [
+                    ("gemm_scaled", &k::gemm_scaled::DEF, vec![m, kk, n]),
+                    ("gemm_axpby", &k::gemm_axpby::DEF, vec![m, kk, n]),
+                    ("gemm_batched_scaled", &k::gemm_batched_scaled::DEF, vec![4, m, kk, n]),
+                    ("gemm_batched_axpby", &k::gemm_batched_axpby::DEF, vec![4, m, kk, n]),
+                ] {
+                    let mut s = common::snapshot_spec(def);
+                    s.shape_pow2 = shape.iter().map(|v: &u32| v.next_power_of_two()).collect();
+                    let e = match compile(&(def.build)(&[dt, od]).unwrap(), &s, &target) {
+                        Ok(e) => e,
+                        Err(err) => {
+                            failures.push(format!("{name} {dt}->{od} {} M{m} N{n}: {err}", target.arch()));
+                            continue;
+                        }
+                    };
+                    assert!(e.ir.contains("mma MmaSyncCpAsync"), "{}", e.ir);
+                    match common::assemble(&e.source, &e.arch, &e.options, &format!("{name}_{dt}_{od}_{m}_{n}")) {
+                        Ok((regs, spill)) => {
+                            report.push(format!("{name} {dt}->{od} {} {:?} ({} threads): {regs} registers, {spill} bytes of spills", e.arch, e.tiles, e.block_threads));
+                            if spill > 0 {
+                                failures.push(format!("{name} {dt}->{od} {} M{m} N{n}: {spill} bytes of spills ({regs} registers)", e.arch));
+                            }
+                        }
+                        Err(err) => failures.push(format!("{name} {dt}->{od} {} M{m} N{n}: {err}", e.arch)),
+                    }
+                }
+            }
         }
     }
+    println!("{}", report.join("\n"));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

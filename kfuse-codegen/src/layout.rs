@@ -87,7 +87,7 @@ pub fn mma_accumulator(rows: u32, cols: u32, warps: u32) -> Blocked {
 /// (step 1), 4 lanes (step 2), the column warps (step 8), repetitions every
 /// `8 warps[1]` columns. With `warps = [w, 1]` this is [`mma_accumulator`].
 pub fn mma_tiles_accumulator(rows: u32, cols: u32, warps: [u32; 2]) -> Blocked {
-    debug_assert!(rows % (16 * warps[0]) == 0 && cols % (8 * warps[1]) == 0);
+    debug_assert!(rows.is_multiple_of(16 * warps[0]) && cols.is_multiple_of(8 * warps[1]));
     Blocked {
         shape: vec![rows, cols],
         size_per_thread: vec![2, 2],

@@ -8,8 +8,10 @@
 //! The pipeline (one pass per file under `passes/`, the verifier after each in debug
 //! and test builds):
 //! `verify → hoist_invariants → choose_tiles → select_mma_path → pipeline_stages → assign_layouts →
-//! vectorize → verify → emit`. Graph-level fusion and inlining of `#[kfuse]` calls,
-//! and the sm_80 matrix path (mma.sync), are later stages of this list.
+//! vectorize → verify → emit`. A pipelined `dot` loop is written by the matrix-path
+//! writer its plan names (`cuda/emit/wgmma.rs` on sm_90a, `cuda/emit/mma_sm80.rs` on
+//! sm_80/sm_89). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
+//! of this list.
 
 pub mod analysis;
 pub mod cuda;

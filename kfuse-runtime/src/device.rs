@@ -48,10 +48,50 @@ pub(crate) struct Gpu {
     pub(crate) functions: FunctionCache,
 }
 
+/// The target `KFUSE_TARGET` names (`sm_80`, `sm_89` or `sm_90a`; unset or empty: none).
+pub(crate) fn target_override() -> Result<Option<Target>> {
+    match std::env::var("KFUSE_TARGET") {
+        Ok(v) => parse_target(&v),
+        Err(_) => Ok(None),
+    }
+}
+
+fn parse_target(v: &str) -> Result<Option<Target>> {
+    match v.trim() {
+        "" => Ok(None),
+        "sm_80" => Ok(Some(Target::sm80())),
+        "sm_89" => Ok(Some(Target::sm89())),
+        "sm_90a" => Ok(Some(Target::sm90a())),
+        other => Err(Error::InvalidArgument(format!("KFUSE_TARGET={other}: expected sm_80, sm_89 or sm_90a"))),
+    }
+}
+
 impl Gpu {
-    /// The compilation target of this GPU.
-    pub(crate) fn target(&self) -> Target {
+    /// The compilation target of this GPU, as the hardware reports it.
+    pub(crate) fn native_target(&self) -> Target {
         Target { sm: (self.cc.0 * 10 + self.cc.1) as u32, num_sms: self.num_sms, smem_per_block: self.smem_optin }
+    }
+
+    /// The target kernels are compiled for: [`Gpu::native_target`], unless
+    /// `KFUSE_TARGET` names an older one (`sm_80`, `sm_89`; `sm_90a` is Hopper's own):
+    /// then that architecture with this GPU's multiprocessor count and the smaller of the
+    /// two shared-memory limits. The driver compiles the PTX for the GPU it runs on, so
+    /// the sm_80 matrix path (mma.sync) can be checked on an H100. Unset, nothing changes.
+    pub(crate) fn target(&self) -> Result<Target> {
+        let native = self.native_target();
+        let Some(named) = target_override()? else { return Ok(native) };
+        if named.sm > native.sm {
+            return Err(Error::InvalidArgument(format!(
+                "KFUSE_TARGET={} needs a GPU of compute capability {}.{} or newer; cuda:{} is sm_{}{}",
+                named.arch(),
+                named.sm / 10,
+                named.sm % 10,
+                self.ordinal,
+                self.cc.0,
+                self.cc.1
+            )));
+        }
+        Ok(Target { sm: named.sm, num_sms: native.num_sms, smem_per_block: named.smem_per_block.min(native.smem_per_block) })
     }
 
     /// Binds the context to the calling thread (for raw driver calls).
@@ -239,9 +279,11 @@ impl Device {
     }
 
     /// The compilation target of a GPU: compute capability, SM count and the opt-in
-    /// maximum of shared memory per block. `None` for the CPU.
+    /// maximum of shared memory per block — the one launches compile for, so
+    /// `KFUSE_TARGET` applies (an invalid value, which launches report as an error,
+    /// gives the GPU's own). `None` for the CPU.
     pub fn target(&self) -> Option<Target> {
-        self.gpu_ref().map(|g| g.target())
+        self.gpu_ref().map(|g| g.target().unwrap_or_else(|_| g.native_target()))
     }
 
     /// Waits until all work issued to the device is done and reports asynchronous
@@ -375,6 +417,16 @@ impl fmt::Debug for Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn target_override_values() {
+        assert_eq!(parse_target("").unwrap(), None);
+        assert_eq!(parse_target("sm_80").unwrap(), Some(Target::sm80()));
+        assert_eq!(parse_target(" sm_89 ").unwrap(), Some(Target::sm89()));
+        assert_eq!(parse_target("sm_90a").unwrap(), Some(Target::sm90a()));
+        let e = parse_target("sm_75").unwrap_err().to_string();
+        assert!(e.contains("KFUSE_TARGET=sm_75") && e.contains("sm_80, sm_89 or sm_90a"), "{e}");
+    }
 
     #[test]
     fn cpu_device_basics() {

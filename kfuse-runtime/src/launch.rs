@@ -503,7 +503,7 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
         Some(device) => {
             let gpu = device.gpu_ref().expect("a GPU");
             let spec = spec_for(kernel, args)?;
-            let target = gpu.target();
+            let target = gpu.target()?;
             let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: checked.dtypes, spec, target };
             let (loaded, outcome) = match gpu.functions.get(&key) {
                 Some(k) => (k, CacheOutcome::Memory),

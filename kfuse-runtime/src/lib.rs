@@ -27,7 +27,8 @@
 //! Environment: `KFUSE_DEVICE` (`cpu`, `cuda:N`) picks [`Device::best`];
 //! `KFUSE_CACHE_DIR` moves (or, empty, disables) the disk cache; `KFUSE_CUDA_PIP` names
 //! a pip `--target` folder holding `nvidia-cuda-nvrtc`; `KFUSE_SYNC=1` synchronizes after
-//! every GPU launch so that a failing kernel reports its own error.
+//! every GPU launch so that a failing kernel reports its own error; `KFUSE_TARGET`
+//! (`sm_80`, `sm_89`, `sm_90a`) compiles for an older architecture than the GPU's.
 
 pub mod cache;
 pub mod device;

@@ -79,6 +79,11 @@ static __device__ __forceinline__ void kf_mbar_arrive_cluster(unsigned long long
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(kf_smem_addr(b)), "r"(rank));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(r) : "memory");
 }
+static __device__ __forceinline__ void kf_mbar_arrive_remote(unsigned long long* b, unsigned rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(kf_smem_addr(b)), "r"(rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(r) : "memory");
+}
 static __device__ __forceinline__ void kf_mbar_wait_cluster(unsigned long long* b, unsigned phase) {
   asm volatile("{\n\t.reg .pred p;\n\tKF_WAITC_%=:\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n\t@!p bra KF_WAITC_%=;\n\t}" :: "r"(kf_smem_addr(b)), "r"(phase) : "memory");
 }

@@ -4,7 +4,9 @@
 //! One stage holds an A tile `[BM, BK]` and a B tile `[BK, BN]`. The pass takes as many
 //! stages as fit in the target's shared memory (less the epilogue's output tile when it
 //! leaves through a TMA store, and a reserve for layout conversions and the barriers), at most [`MAX_STAGES`], at least 2. The
-//! override `KFUSE_STAGES` reaches it through `Spec::tiles["STAGES"]`.
+//! override `KFUSE_STAGES` reaches it through `Spec::tiles["STAGES"]`. The mma.sync
+//! path (sm_80/sm_89) sizes its ring for two blocks a multiprocessor instead
+//! (`mma_sync_stages`).
 
 use kfuse_ir::{Kernel, MmaPath};
 

@@ -232,10 +232,10 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let (bm, bk, bn) = (extent_value(k, at[0]), extent_value(k, at[1]), extent_value(k, bt[1]));
     let esz = dtype.size_bytes() as u32;
     if mma_sync_only {
-        let math = math_epilogue(k, info.yield_pos);
-        let plan = mma_sync_plan(k, spec, [a_load, b_load], [a_major, b_major], [bm, bn, bk], esz, math).map_err(unsupported)?;
+        let heavy = heavy_epilogue(k, info.yield_pos);
+        let plan = mma_sync_plan(k, spec, [a_load, b_load], [a_major, b_major], [bm, bn, bk], esz, heavy).map_err(unsupported)?;
         k.schedule.num_threads = 32 * plan.1[0] * plan.1[1];
-        k.schedule.min_blocks = spec.min_blocks.unwrap_or_else(|| mma_sync_min_blocks(k.schedule.num_threads, math));
+        k.schedule.min_blocks = spec.min_blocks.unwrap_or_else(|| mma_sync_min_blocks(k.schedule.num_threads, heavy));
         k.schedule.mma = Some(MmaPlan {
             path: MmaPath::MmaSyncCpAsync,
             for_op: info.for_op,
@@ -311,26 +311,28 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
 /// `__launch_bounds__`'s minimum blocks for the mma.sync kernel: two blocks per
 /// multiprocessor (one block's barriers and `cp.async` waits are hidden by the other's
 /// math) — free at 128 threads (the 255-register cap holds either way), a cap of 128
-/// registers at 256 threads, which a 64x32 warp tile's main loop fits (124-128) but an
-/// epilogue with transcendental math does not (it spilled 232 bytes): that one takes
-/// the registers it needs (175) and the multiprocessor alone. Larger blocks take it
+/// registers at 256 threads, which a 64x32 warp tile's main loop fits (124-128) but a
+/// [`heavy_epilogue`] does not (bias + GELU spilled 232 bytes): that one takes the
+/// registers it needs (about 175) and the multiprocessor alone. Larger blocks take it
 /// alone too.
-pub fn mma_sync_min_blocks(threads: u32, math_epilogue: bool) -> u32 {
+pub fn mma_sync_min_blocks(threads: u32, heavy_epilogue: bool) -> u32 {
     match threads {
         0..=128 => 2,
-        129..=256 if !math_epilogue => 2,
+        129..=256 if !heavy_epilogue => 2,
         _ => 1,
     }
 }
 
-/// True when the ops after the dot loop (the epilogue) do transcendental math (`exp`,
-/// `erf`, `tanh`, …) on whole tiles: the ordinary writer computes such an epilogue op
-/// by op over the tile, and its intermediates need about as many registers again as
-/// the accumulator.
-pub fn math_epilogue(k: &Kernel, yield_pos: usize) -> bool {
-    k.order[yield_pos + 1..].iter().any(|&o| {
-        matches!(k.op(o), Op::Unary(u) if !matches!(u, kfuse_ir::UnaryOp::Neg | kfuse_ir::UnaryOp::Abs | kfuse_ir::UnaryOp::Not))
-            && !k.ty(o.value()).is_scalar()
+/// True when the ops after the dot loop (the epilogue) hold a second tile's worth of
+/// registers beside the accumulator: transcendental math (`exp`, `erf`, `tanh`, …) on
+/// whole tiles — the ordinary writer computes such an epilogue op by op over the tile,
+/// and its intermediates need about as many registers again — or a load of a 2-D tile
+/// (`beta * c`), which arrives in the accumulator's layout, one register an element.
+pub fn heavy_epilogue(k: &Kernel, yield_pos: usize) -> bool {
+    k.order[yield_pos + 1..].iter().any(|&o| match k.op(o) {
+        Op::Unary(u) => !matches!(u, kfuse_ir::UnaryOp::Neg | kfuse_ir::UnaryOp::Abs | kfuse_ir::UnaryOp::Not) && !k.ty(o.value()).is_scalar(),
+        Op::Load { .. } => k.ty(o.value()).rank() >= 2,
+        _ => false,
     })
 }
 
@@ -358,9 +360,9 @@ pub fn mma_sync_warps(bm: u32, bn: u32, warps: u32) -> Option<[u32; 2]> {
 
 /// Warps of an mma.sync block by default: one per 4096 accumulator elements (a 64x64
 /// warp tile, 128 f32 registers a thread), 4 to 8 — 128x128 gets 2x2 warps; with a
-/// transcendental epilogue ([`math_epilogue`]) one per 2048 (64x32, 64 registers):
-/// 128 accumulators and the epilogue's intermediates did not fit 255 registers (32
-/// bytes of spills with bias + GELU).
+/// [`heavy_epilogue`] one per 2048 (64x32, 64 registers): 128 accumulators and a
+/// second tile did not fit 255 registers (bias + GELU spilled 32 bytes, `beta * c`
+/// 400-1200).
 ///
 /// Why 64x64 and not 64x32 warp tiles: per `k16` step a warp reads `WM/16 + WN/16`
 /// `ldmatrix.x4` (512 bytes each) for `WM/16 * WN/8` `mma.m16n8k16`. On the A100 a
@@ -368,8 +370,8 @@ pub fn mma_sync_warps(bm: u32, bn: u32, warps: u32) -> Option<[u32; 2]> {
 /// memory a cycle: 64x32 tiles need 96 B/cycle for fragments plus 32 B/cycle for the
 /// `cp.async` writes of a 128x128x32 tile — all of the bandwidth; 64x64 tiles need
 /// 64 + 32. Two blocks of 4 warps (up to 255 registers each) share a multiprocessor.
-pub fn mma_sync_default_warps(bm: u32, bn: u32, math_epilogue: bool) -> u32 {
-    let per = if math_epilogue { 2048 } else { 4096 };
+pub fn mma_sync_default_warps(bm: u32, bn: u32, heavy_epilogue: bool) -> u32 {
+    let per = if heavy_epilogue { 2048 } else { 4096 };
     (bm * bn / per).clamp(4, 8)
 }
 
@@ -395,7 +397,7 @@ fn divisibility_in_loops(k: &Kernel, v: ValueId) -> u64 {
 /// why the path cannot take it. Each operand is copied in 16-byte chunks along its
 /// tensor's unit-stride dimension, so the offset there must be a multiple of 16 bytes.
 #[allow(clippy::too_many_arguments)]
-fn mma_sync_plan(k: &Kernel, spec: &Spec, loads: [OpId; 2], majors: [Major; 2], [bm, bn, bk]: [u32; 3], esz: u32, math: bool) -> Result<([u32; 2], [u32; 2]), String> {
+fn mma_sync_plan(k: &Kernel, spec: &Spec, loads: [OpId; 2], majors: [Major; 2], [bm, bn, bk]: [u32; 3], esz: u32, heavy: bool) -> Result<([u32; 2], [u32; 2]), String> {
     if bk % 16 != 0 {
         return Err(format!("BK = {bk}: the mma.sync path takes K tiles of a multiple of 16 elements"));
     }
@@ -405,7 +407,7 @@ fn mma_sync_plan(k: &Kernel, spec: &Spec, loads: [OpId; 2], majors: [Major; 2], 
     let warps = match spec.threads {
         Some(t) if t.is_power_of_two() && (32..=1024).contains(&t) => t / 32,
         Some(t) => return Err(format!("threads override {t}: a power of two from 32 to 1024")),
-        None => mma_sync_default_warps(bm, bn, math),
+        None => mma_sync_default_warps(bm, bn, heavy),
     };
     let w = mma_sync_warps(bm, bn, warps)
         .ok_or_else(|| format!("a {bm}x{bn} dot tile cannot be shared by {warps} warps (warp tiles of at least 16x16)"))?;

@@ -112,6 +112,18 @@ fn range_of(e: &mut Emitter, load: OpId, d: usize, ext: u32) -> Result<(String, 
     Ok((lo, hi))
 }
 
+/// True when an `i64` scalar is provably ≥ 0, seeing through loop indices: the dot
+/// loop's step is positive (the kernel traps otherwise), so its index is at least its
+/// start.
+fn non_negative_in_loop(k: &Kernel, v: ValueId) -> bool {
+    let ops = k.operands(v.op());
+    match k.op(v.op()) {
+        Op::LoopIndex { id } => k.loop_info(*id).is_some_and(|info| non_negative_in_loop(k, k.operands(info.for_op)[0])),
+        Op::Binary(BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max) => non_negative_in_loop(k, ops[0]) && non_negative_in_loop(k, ops[1]),
+        _ => non_negative(k, v),
+    }
+}
+
 /// The tensor dimensions of a load's two tile axes.
 fn tile_dims(k: &Kernel, load: OpId) -> Vec<usize> {
     let Op::Load { dims, .. } = k.op(load) else { return vec![] };
@@ -334,7 +346,7 @@ pub(super) fn emit_kernel(
             e.line(format!("const long long ru = ({nu} - ({ou} + {j0} * {per})) * {esz};"))?;
             let mut okc = ok.clone();
             okc.push("ru > 0".into());
-            if !non_negative(k, offs[op.unit]) {
+            if !non_negative_in_loop(k, offs[op.unit]) {
                 okc.push(format!("{ou} + {j0} * {per} >= 0"));
             }
             e.line(format!("const bool okc = {};", okc.join(" && ")))?;
@@ -343,7 +355,7 @@ pub(super) fn emit_kernel(
                 e.line(format!("if ({r0} + i * {sweep} >= {}) break;", op.rows))?;
             }
             let mut cond = vec!["okc".to_string(), format!("i * {sweep} < ro")];
-            if !non_negative(k, offs[op.outer]) {
+            if !non_negative_in_loop(k, offs[op.outer]) {
                 cond.push(format!("{oo} + {r0} + i * {sweep} >= 0"));
             }
             e.line(format!("const bool in = {};", cond.join(" && ")))?;
