@@ -67,7 +67,7 @@ fn pre_ampere_gemm_is_refused_clearly() {
 fn gemm_kernels_compile_without_spills() {
     let mut failures = Vec::new();
     let mut checked = 0;
-    // shape classes: wide tiles (BN 256), M = 127 (BN 64, 8 stages), and in between
+    // shape classes: wide tiles (BN 256), M = 127 (64x64, 8 stages), and in between
     // (BN 128)
     for (m, n, kk) in [(4096, 4096, 4096), (127, 4096, 4096), (1024, 2048, 1024)] {
         for (name, def) in [("gemm", &kfuse::ops::kernels::gemm::DEF), ("gemm_bias_gelu", &gemm_bias_gelu::DEF)] {
@@ -91,6 +91,7 @@ fn gemm_kernels_compile_without_spills() {
         let def = &kfuse::ops::kernels::gemm::DEF;
         let k = (def.build)(&[DType::BF16]).unwrap();
         let mut spec = spec_mnk(def, 127, 4096, 4096);
+        spec.tiles.insert("BM".into(), 128);
         spec.tiles.insert("BN".into(), 128);
         spec.tiles.insert("SPLITK".into(), split);
         let e = compile(&k, &spec, &Target::sm90a()).unwrap();

@@ -206,7 +206,7 @@ fn reference_erf_is_accurate() {
 fn gemm_with_the_loop_split_across_a_cluster() {
     let Some(dev) = gpu() else { return };
     // the split is an override (it did not pay by default); the numerics must hold
-    std::env::set_var("KFUSE_TILES", "BN=128,SPLITK=4");
+    std::env::set_var("KFUSE_TILES", "BM=128,BN=128,SPLITK=4");
     let r = std::panic::catch_unwind(|| {
         let mut out = Vec::new();
         for &(m, n, k) in &[(127, 4096, 4096), (300, 200, 1000), (1, 129, 77)] {

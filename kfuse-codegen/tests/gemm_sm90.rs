@@ -84,15 +84,17 @@ fn gemm_takes_the_wgmma_path_on_sm90() {
 fn small_m_gets_narrow_tiles_and_deep_pipelines() {
     let k = gemm_kernel(DType::F16, false, false, false);
     let e = compile(&k, &spec(&k, [127, 4096, 4096]), &Target::sm90a()).unwrap();
-    assert_eq!(e.tiles["BN"], 64, "{:?}", e.tiles);
+    assert_eq!((e.tiles["BM"], e.tiles["BN"]), (64, 64), "{:?}", e.tiles);
     assert!(e.source.contains("m64n64k16.f32.f16.f16"));
-    assert!(e.ir.contains("8 stages"), "{}", e.ir);
+    assert!(e.ir.contains("8 stages") && e.ir.contains("1 consumer warpgroups"), "{}", e.ir);
+    assert_eq!(e.block_threads, 256);
 }
 
 #[test]
 fn the_loop_splits_across_a_cluster_on_request() {
     let k = gemm_kernel(DType::F16, false, false, false);
     let mut s = spec(&k, [127, 4096, 4096]);
+    s.tiles.insert("BM".into(), 128);
     s.tiles.insert("BN".into(), 128);
     s.tiles.insert("SPLITK".into(), 4);
     let e = compile(&k, &s, &Target::sm90a()).unwrap();

@@ -195,9 +195,10 @@ fn access_extents(k: &Kernel, op: kfuse_ir::OpId) -> Vec<Extent> {
 /// 128 (two consumer warpgroups of 64 rows). `BN` is the widest of 256, 128, 64 that
 /// still gives every multiprocessor a tile (`ceil(M/BM) * ceil(N/BN) >= SMs`), or 64:
 /// wide tiles reuse each A byte more, but a small problem (M = 127) needs narrow ones
-/// to keep the machine busy (M127 N4096 K4096 on the H100: 64 wide with 8 stages
-/// 213 TFLOP/s; 128 wide 160; 128 wide with the loop split over a cluster of 2 or 4,
-/// 162 / 107 — the split stays an override, `SPLITK`, until it pays). Measured on the H100: 128x256x64 reaches 683-737 TFLOP/s
+/// to keep the machine busy, and 64 rows when even 128x64 leaves multiprocessors idle
+/// (M127 N4096 K4096 on the H100: 64x64 with 8 stages 226 TFLOP/s; 128x64 214; 128
+/// wide 160; 128 wide with the loop split over a cluster of 2 or 4, 162 / 107 — the
+/// split stays an override, `SPLITK`, until it pays). Measured on the H100: 128x256x64 reaches 683-737 TFLOP/s
 /// at 4096^3 and 8192^3 (NOTES.md). `Spec::tiles` overrides any of them by name.
 /// The problem extents `(M, N, K)` a `dot`'s operands tile (their tensors' shape
 /// symbols, rounded up to powers of two as the spec gives them).
@@ -237,7 +238,7 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
         }
     };
     let (m, n, _) = dot_problem(k, spec, dot);
-    let bm = 128u32;
+    let mut bm = 128u32;
     let bk = 128 / esz;
     let mut bn = 64u32;
     for cand in [256u32, 128] {
@@ -245,6 +246,11 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
             bn = cand;
             break;
         }
+    }
+    // still fewer tiles than multiprocessors at 128x64: 64-row tiles (one consumer
+    // warpgroup) double them (M127 N4096 K4096 on the H100: 226 TFLOP/s against 214)
+    if bn == 64 && m.div_ceil(128) * n.div_ceil(64) < target.num_sms as u64 && m > 64 {
+        bm = 64;
     }
     // sm_80/sm_89 (mma.sync): their own heuristic
     let (bm, bk, bn) = if target.sm == 90 { (bm, bk, bn) } else { mma_sync_tiles(m, n, esz, target) };
