@@ -75,7 +75,7 @@ fn main() -> kfuse::Result<()> {
     rows.push(Row { name: "kfuse transpose", shape: format!("{T}x{T} bf16"), ms: t, bytes: 2.0 * (T * T * 2) as f64 });
 
     let ceiling = rows[0].bytes / rows[0].ms / 1e6;
-    let mut md = format!("| kernel | shape | time (ms) | GB/s | of copy bandwidth |\n|---|---|---|---|---|\n");
+    let mut md = String::from("| kernel | shape | time (ms) | GB/s | of copy bandwidth |\n|---|---|---|---|---|\n");
     let mut json = Vec::new();
     for r in &rows {
         let gbs = r.bytes / r.ms / 1e6;

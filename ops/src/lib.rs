@@ -558,9 +558,9 @@ fn tma_readable(t: &Tensor) -> Result<Tensor> {
     let esz = t.dtype().size_bytes();
     let (r, c) = (t.shape()[0], t.shape()[1]);
     let st = t.strides();
-    let aligned = |s: isize| s > 0 && (s as usize * esz) % 16 == 0;
+    let aligned = |s: isize| s > 0 && (s as usize * esz).is_multiple_of(16);
     let ok = (st[1] == 1 && aligned(st[0])) || (st[0] == 1 && aligned(st[1]));
-    if ok && t.address() % 16 == 0 {
+    if ok && t.address().is_multiple_of(16) {
         return Ok(t.clone());
     }
     // whole 128-byte lines a row: TMA boxes then start on line boundaries

@@ -1,0 +1,72 @@
+//! Builders shared by the matrix-path tests: a GEMM kernel built with the IR builder
+//! (optionally transposed operands, a bias epilogue, a K loop starting elsewhere) and a
+//! spec for aligned row-major tensors of given sizes.
+#![allow(dead_code)]
+
+use kfuse_codegen::{Spec, TensorSpec};
+use kfuse_ir::{AccessDim, BinaryOp, Builder, DType, Extent, Kernel};
+
+/// `c = a @ b` (optionally `a^T`/`b^T` stored transposed), with an epilogue that adds
+/// `bias[n]` when asked.
+pub fn gemm_kernel(dt: DType, ta: bool, tb: bool, bias: bool) -> Kernel {
+    gemm_kernel_from(dt, ta, tb, bias, 0)
+}
+
+/// [`gemm_kernel`] with the K loop starting at `k0`.
+pub fn gemm_kernel_from(dt: DType, ta: bool, tb: bool, bias: bool, k0: i64) -> Kernel {
+    let mut b = Builder::new("gemm");
+    let (m, n, kk) = (b.shape_sym("M"), b.shape_sym("N"), b.shape_sym("K"));
+    let ad = if ta { [kk, m] } else { [m, kk] };
+    let pa = b.tensor_param("a", dt, &ad, false);
+    let bd = if tb { [n, kk] } else { [kk, n] };
+    let pb = b.tensor_param("b", dt, &bd, false);
+    let pbias = bias.then(|| b.tensor_param("bias", dt, &[n], false));
+    let pc = b.tensor_param("c", dt, &[m, n], true);
+    let (bm, bn, bk) = (b.tile_sym("BM"), b.tile_sym("BN"), b.tile_sym("BK"));
+    let i = b.program_id(0).unwrap();
+    let j = b.program_id(1).unwrap();
+    let tm = b.tile_extent(Extent::Tile(bm));
+    let tn = b.tile_extent(Extent::Tile(bn));
+    let tk = b.tile_extent(Extent::Tile(bk));
+    let oi = b.binary(BinaryOp::Mul, i, tm).unwrap();
+    let oj = b.binary(BinaryOp::Mul, j, tn).unwrap();
+    let acc = b.zeros(DType::F32, &[Extent::Tile(bm), Extent::Tile(bn)]).unwrap();
+    let zero = b.literal(kfuse_ir::Literal::Int(k0));
+    let kdim = b.shape_dim(kk);
+    let (id, kv, carried) = b.begin_for(zero, kdim, tk, &[acc]).unwrap();
+    let t = |e| AccessDim::Tile(Extent::Tile(e));
+    let x = if ta {
+        let l = b.load(pa, &[kv, oi], &[t(bk), t(bm)]).unwrap();
+        b.permute(l, &[1, 0]).unwrap()
+    } else {
+        b.load(pa, &[oi, kv], &[t(bm), t(bk)]).unwrap()
+    };
+    let y = if tb {
+        let l = b.load(pb, &[oj, kv], &[t(bn), t(bk)]).unwrap();
+        b.permute(l, &[1, 0]).unwrap()
+    } else {
+        b.load(pb, &[kv, oj], &[t(bk), t(bn)]).unwrap()
+    };
+    let d = b.dot(x, y).unwrap();
+    let s = b.binary(BinaryOp::Add, carried[0], d).unwrap();
+    let res = b.end_for(id, &[s]).unwrap();
+    let mut out = res[0];
+    if let Some(pbias) = pbias {
+        let bv = b.load(pbias, &[oj], &[t(bn)]).unwrap();
+        let bf = b.cast(bv, DType::F32).unwrap();
+        let bb = b.broadcast_to(bf, &[Extent::Tile(bm), Extent::Tile(bn)], "+").unwrap();
+        out = b.binary(BinaryOp::Add, out, bb).unwrap();
+    }
+    let o = b.cast(out, dt).unwrap();
+    b.store(pc, &[oi, oj], &[t(bm), t(bn)], o).unwrap();
+    b.finish().unwrap()
+}
+
+pub fn spec(k: &Kernel, mnk: [u32; 3]) -> Spec {
+    let tensors = k
+        .params
+        .iter()
+        .map(|p| p.is_tensor().then(|| TensorSpec { ptr_align: 16, stride_div: (0..p.dims().len()).map(|i| if i + 1 == p.dims().len() { 0 } else { 16 }).collect() }))
+        .collect();
+    Spec { tensors, shape_pow2: mnk.iter().map(|v| v.next_power_of_two()).collect(), tiles: Default::default(), threads: None, min_blocks: None }
+}
