@@ -12,14 +12,19 @@
 //! writer its plan names (`cuda/emit/wgmma.rs` on sm_90a, `cuda/emit/mma_sm80.rs` on
 //! sm_80/sm_89). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
 //! of this list.
+//!
+//! [`tuning_candidates`] (`tuning.rs`) lists tile overrides around the heuristic for a
+//! runtime autotuner to time (`KFUSE_AUTOTUNE=1`); codegen itself never measures.
 
 pub mod analysis;
 pub mod cuda;
 pub mod layout;
 pub mod passes;
 pub mod target;
+pub mod tuning;
 
 pub use target::{EmittedKernel, GridAxisEval, KernelParam, Spec, Target, TensorSpec};
+pub use tuning::tuning_candidates;
 
 use kfuse_ir::{verify::verify, Extent, Kernel};
 

@@ -14,7 +14,8 @@
 //!    per process, then cached with its grid);
 //! 3. skip the launch when the grid or an output is empty ([`Launched::skipped_empty`]);
 //! 4. on CPU tensors, run the IR interpreter ([`Backend::Interpreter`]);
-//! 5. on GPU tensors, compute the [`Spec`], look the kernel up in the device's cache, or
+//! 5. on GPU tensors, compute the [`Spec`] (with `KFUSE_AUTOTUNE=1`, a `dot` kernel's tiles
+//!    come from its tuned bucket, tuned here on first sight: [`crate::autotune`]), look the kernel up in the device's cache, or
 //!    else generate code, compile it through the PTX cache and load it; then launch it on
 //!    the device's stream with the grid ([`EmittedKernel::grid_dims`]: persistent
 //!    kernels and clusters included), block and shared memory the codegen chose and the
@@ -502,23 +503,85 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
         }
         Some(device) => {
             let gpu = device.gpu_ref().expect("a GPU");
-            let spec = spec_for(kernel, args)?;
+            let mut spec = spec_for(kernel, args)?;
             let target = gpu.target()?;
-            let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: checked.dtypes, spec, target };
-            let (loaded, outcome) = match gpu.functions.get(&key) {
-                Some(k) => (k, CacheOutcome::Memory),
-                None => {
-                    let emitted = kfuse_codegen::compile(kernel, &key.spec, &key.target)?;
-                    let (k, o) = gpu.functions.get_or_load(&emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes))?;
-                    gpu.functions.insert(key, k.clone());
-                    (k, o)
+            if crate::autotune::enabled() {
+                if let Some(tiles) = autotune(def, &checked.dtypes, kernel, &spec, &target, device, args, &shapes)? {
+                    spec.tiles = tiles;
                 }
-            };
+            }
+            let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: checked.dtypes, spec, target };
+            let (loaded, outcome) = load(device, kernel, key)?;
             launched.skipped_empty = !issue(device, &loaded, kernel, args, &shapes)?;
             launched.cache = Some(outcome);
         }
     }
     Ok(launched)
+}
+
+/// The loaded kernel of a module key on a GPU: from the device's cache, or else
+/// generated, compiled through the PTX cache and loaded.
+fn load(device: &Device, kernel: &Kernel, key: ModuleKey) -> Result<(Arc<LoadedKernel>, CacheOutcome)> {
+    let gpu = device.gpu_ref().expect("a GPU");
+    if let Some(k) = gpu.functions.get(&key) {
+        return Ok((k, CacheOutcome::Memory));
+    }
+    let emitted = kfuse_codegen::compile(kernel, &key.spec, &key.target)?;
+    let (k, o) = gpu.functions.get_or_load(&emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes))?;
+    gpu.functions.insert(key, k.clone());
+    Ok((k, o))
+}
+
+/// `KFUSE_AUTOTUNE=1` (see [`crate::autotune`]): the tiles to launch a GPU kernel with,
+/// `None` to keep the heuristic's (no `dot`, a single candidate, or no candidate ran).
+/// A known bucket gives its winner (explicit `KFUSE_TILES` entries on top) and times
+/// nothing. An unknown one times each candidate with the real arguments — 2 warm-up
+/// launches, then the median of 5 timed with CUDA events — skipping those that fail to
+/// compile, load or launch, and stores the fastest. The timing launches write the
+/// outputs, which the launch that follows overwrites; no output shares storage with an
+/// input (`check`), so the inputs are the same for every run.
+#[allow(clippy::too_many_arguments)]
+fn autotune(
+    def: &KernelDef,
+    dtypes: &[DType],
+    kernel: &Kernel,
+    spec: &Spec,
+    target: &Target,
+    device: &Device,
+    args: &[Arg<'_>],
+    shapes: &[u64],
+) -> Result<Option<std::collections::BTreeMap<String, u32>>> {
+    use crate::autotune::{bucket_key, count_timing, merge_tiles, Store, Winner};
+    let store = Store::current();
+    let ir = kfuse_ir::print::print(kernel);
+    let bucket = bucket_key(def.name, &ir, spec, &device.name(), target);
+    if let Some(w) = store.get(&bucket) {
+        return Ok(Some(merge_tiles(&w, &spec.tiles)));
+    }
+    let candidates = kfuse_codegen::tuning_candidates(kernel, spec, target);
+    if candidates.len() < 2 {
+        return Ok(None);
+    }
+    let mut best: Option<(f64, std::collections::BTreeMap<String, u32>)> = None;
+    for tiles in candidates {
+        let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: dtypes.to_vec(), spec: Spec { tiles: tiles.clone(), ..spec.clone() }, target: target.clone() };
+        let Ok((loaded, _)) = load(device, kernel, key) else { continue };
+        count_timing();
+        let Ok(mut times) = device.time_ms(2, 5, || issue(device, &loaded, kernel, args, shapes).map(|_| ())) else {
+            // a failed launch may leave an error on the stream: clear it before the next
+            let _ = device.synchronize();
+            continue;
+        };
+        times.sort_by(f32::total_cmp);
+        let median = times[times.len() / 2] as f64;
+        if best.as_ref().is_none_or(|(b, _)| median < *b) {
+            best = Some((median, tiles));
+        }
+    }
+    let Some((ms, tiles)) = best else { return Ok(None) };
+    let w = Winner { kernel: def.name.to_string(), device: device.name(), arch: target.arch(), tiles: tiles.clone(), ms };
+    store.put(&bucket, &w);
+    Ok(Some(tiles))
 }
 
 /// The IR of `def` for `dtypes` and its grid, built once per process: building is

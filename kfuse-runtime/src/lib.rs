@@ -14,6 +14,8 @@
 //! - [`tensor`]: [`Tensor`], strided views of host or device storage;
 //! - [`nvrtc`]: finding libnvrtc and the CUDA headers, compiling to PTX;
 //! - [`cache`]: PTX cache in memory and on disk, loaded kernels per device;
+//! - [`autotune`]: optional tuning of `dot` kernels' tiles (`KFUSE_AUTOTUNE=1`), winners
+//!   kept in `autotune.json` beside the PTX cache;
 //! - [`launch`](mod@launch): argument checking, specialization, dispatch;
 //! - [`tma`]: TMA tensor maps (`cuTensorMapEncodeTiled`) for kernels that take them;
 //! - [`vendor`]: cuBLAS / cuBLASLt GEMMs on kfuse tensors — benchmark and test support
@@ -28,8 +30,11 @@
 //! `KFUSE_CACHE_DIR` moves (or, empty, disables) the disk cache; `KFUSE_CUDA_PIP` names
 //! a pip `--target` folder holding `nvidia-cuda-nvrtc`; `KFUSE_SYNC=1` synchronizes after
 //! every GPU launch so that a failing kernel reports its own error; `KFUSE_TARGET`
-//! (`sm_80`, `sm_89`, `sm_90a`) compiles for an older architecture than the GPU's.
+//! (`sm_80`, `sm_89`, `sm_90a`) compiles for an older architecture than the GPU's;
+//! `KFUSE_AUTOTUNE=1` times a few tile settings of each `dot` kernel once per shape
+//! bucket and device ([`autotune`]).
 
+pub mod autotune;
 pub mod cache;
 pub mod device;
 pub mod error;
