@@ -18,6 +18,7 @@ use crate::layout::RegMap;
 use crate::target::{KernelParam, Spec, Target};
 use crate::CodegenError;
 
+mod mma_common;
 mod mma_sm80;
 mod wgmma;
 

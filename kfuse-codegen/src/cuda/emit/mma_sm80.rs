@@ -30,6 +30,7 @@
 //! rows, one logical chunk) land in 8 different 16-byte bank groups, and so do the
 //! chunks of 8 consecutive threads' copies (consecutive chunks of whole rows).
 
+use super::mma_common::{range_of, scalar_slice, tensor_dim_of, tile_dims};
 use super::*;
 use kfuse_ir::{Major, MmaPlan, ParamId};
 
@@ -93,25 +94,6 @@ impl Operand {
     }
 }
 
-/// The valid range along the tile axis of a load that tensor dimension `d` feeds.
-fn range_of(e: &mut Emitter, load: OpId, d: usize, ext: u32) -> Result<(String, String), CodegenError> {
-    let k = e.k;
-    let Op::Load { tensor, .. } = k.op(load) else { unreachable!() };
-    let off_v = k.operands(load)[d];
-    let off = e.val(off_v).name.clone();
-    let n = e.shape_var(k.tensor_dims(*tensor)[d]);
-    let lo = if non_negative(k, off_v) {
-        "0".to_string()
-    } else {
-        let v = e.fresh("kf_b");
-        e.line(format!("const long long {v} = kf_mini(kf_maxi(-{off}, 0LL), {ext}LL);"))?;
-        v
-    };
-    let hi = e.fresh("kf_b");
-    e.line(format!("const long long {hi} = kf_maxi(0LL, kf_mini({n} - {off}, {ext}LL));"))?;
-    Ok((lo, hi))
-}
-
 /// True when an `i64` scalar is provably ≥ 0, seeing through loop indices: the dot
 /// loop's step is positive (the kernel traps otherwise), so its index is at least its
 /// start.
@@ -122,38 +104,6 @@ fn non_negative_in_loop(k: &Kernel, v: ValueId) -> bool {
         Op::Binary(BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max) => non_negative_in_loop(k, ops[0]) && non_negative_in_loop(k, ops[1]),
         _ => non_negative(k, v),
     }
-}
-
-/// The tensor dimensions of a load's two tile axes.
-fn tile_dims(k: &Kernel, load: OpId) -> Vec<usize> {
-    let Op::Load { dims, .. } = k.op(load) else { return vec![] };
-    dims.iter().enumerate().filter(|(_, d)| matches!(d, AccessDim::Tile(_))).map(|(i, _)| i).collect()
-}
-
-/// The tensor dimension of `load` behind tile axis `axis` of the dot operand `v` (which
-/// is the load or its transpose).
-fn tensor_dim_of(k: &Kernel, v: ValueId, load: OpId, axis: usize) -> usize {
-    let axis = if v.op() == load { axis } else { 1 - axis };
-    tile_dims(k, load).get(axis).copied().unwrap_or(0)
-}
-
-/// The ops inside the loop (in program order) that the values `roots` depend on.
-fn in_loop_slice(k: &Kernel, roots: &[ValueId], for_pos: usize) -> Result<Vec<OpId>, CodegenError> {
-    let mut seen = std::collections::BTreeSet::new();
-    let mut stack: Vec<ValueId> = roots.to_vec();
-    while let Some(v) = stack.pop() {
-        if k.position(v.op()) < for_pos || !seen.insert(v.op()) {
-            continue;
-        }
-        match k.op(v.op()) {
-            Op::LoopIndex { .. } => continue,
-            _ if !k.ty(v).is_scalar() => {
-                return Err(CodegenError::Unsupported("a block offset computed from a tile value".into()));
-            }
-            _ => stack.extend(k.operands(v.op())),
-        }
-    }
-    Ok(k.ops().filter(|o| seen.contains(o) && !matches!(k.op(*o), Op::LoopIndex { .. })).collect())
 }
 
 pub(super) fn emit_kernel(
@@ -301,7 +251,7 @@ pub(super) fn emit_kernel(
     for o in &operands {
         roots.extend(k.operands(o.load));
     }
-    let slice = in_loop_slice(k, &roots, info.for_pos)?;
+    let slice = scalar_slice(k, &roots, info.for_pos)?;
     let issue = |e: &mut Emitter, it: &str, dst: &str| -> R {
         if let Some(ix) = index {
             let name = format!("v{}", ix.index());

@@ -27,6 +27,7 @@
 //! 1024 bytes apart (SBO) and boxes `BK * 128` bytes apart (LBO), each `k16` step +2048
 //! bytes. TMA writes exactly these boxes (box inner extent = 128 bytes).
 
+use super::mma_common::{range_of, scalar_slice, tensor_dim_of};
 use super::*;
 use kfuse_ir::{Major, MmaOperand, MmaPlan};
 
@@ -75,52 +76,6 @@ fn boxes_of(k: &Kernel, o: &MmaOperand, order: &[u32]) -> Result<(Vec<u32>, u32,
     }
     let box_bytes = b.iter().product::<u32>() * esz;
     Ok((b, nq, box_bytes))
-}
-
-/// The valid range along the tile axis of a load that tensor dimension `d` feeds.
-fn range_of(e: &mut Emitter, load: OpId, d: usize, ext: u32) -> Result<(String, String), CodegenError> {
-    let k = e.k;
-    let Op::Load { tensor, .. } = k.op(load) else { unreachable!() };
-    let off_v = k.operands(load)[d];
-    let off = e.val(off_v).name.clone();
-    let n = e.shape_var(k.tensor_dims(*tensor)[d]);
-    let lo = if non_negative(k, off_v) {
-        "0".to_string()
-    } else {
-        let v = e.fresh("kf_b");
-        e.line(format!("const long long {v} = kf_mini(kf_maxi(-{off}, 0LL), {ext}LL);"))?;
-        v
-    };
-    let hi = e.fresh("kf_b");
-    e.line(format!("const long long {hi} = kf_maxi(0LL, kf_mini({n} - {off}, {ext}LL));"))?;
-    Ok((lo, hi))
-}
-
-/// The tensor dimension of `load` behind tile axis `axis` of the dot operand `v` (which
-/// is the load or its transpose).
-fn tensor_dim_of(k: &Kernel, v: ValueId, load: OpId, axis: usize) -> usize {
-    let axis = if v.op() == load { axis } else { 1 - axis };
-    let Op::Load { dims, .. } = k.op(load) else { unreachable!() };
-    dims.iter().enumerate().filter(|(_, d)| matches!(d, AccessDim::Tile(_))).nth(axis).map(|(i, _)| i).unwrap_or(0)
-}
-
-/// The scalar ops (in program order) that the values `roots` depend on.
-fn scalar_slice(k: &Kernel, roots: &[ValueId]) -> Result<Vec<OpId>, CodegenError> {
-    let mut seen = std::collections::BTreeSet::new();
-    let mut stack: Vec<ValueId> = roots.to_vec();
-    while let Some(v) = stack.pop() {
-        if !seen.insert(v.op()) {
-            continue;
-        }
-        match k.op(v.op()) {
-            Op::LoopIndex { .. } => continue,
-            _ if !k.ty(v).is_scalar() => {
-                return Err(CodegenError::Unsupported("a TMA coordinate computed from a tile value".into()));
-            }
-            _ => stack.extend(k.operands(v.op())),
-        }
-    }
-    Ok(k.ops().filter(|o| seen.contains(o)).collect())
 }
 
 fn wgmma_fn(dtype: DType, n: u32, trans_a: bool, trans_b: bool) -> String {
@@ -345,7 +300,7 @@ pub(super) fn emit_kernel(
     for o in [&plan.a, &plan.b] {
         roots.extend(k.operands(o.load));
     }
-    let slice = scalar_slice(k, &roots)?;
+    let slice = scalar_slice(k, &roots, 0)?;
     for &o in slice.iter().filter(|o| k.position(**o) < info.for_pos) {
         e.op(o)?;
     }
@@ -353,9 +308,7 @@ pub(super) fn emit_kernel(
     let head = loop_head(&mut e)?;
     e.open(head)?;
     for &o in slice.iter().filter(|o| k.position(**o) > info.for_pos) {
-        if !matches!(k.op(o), Op::LoopIndex { .. }) {
-            e.op(o)?;
-        }
+        e.op(o)?;
     }
     e.line("kf_mbar_wait(&kf_empty[kf_stage], kf_phase ^ 1u);")?;
     e.line(format!("kf_mbar_expect_tx(&kf_full[kf_stage], {stage_bytes}u);"))?;
