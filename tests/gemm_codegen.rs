@@ -7,29 +7,10 @@
 
 mod common;
 
-use kfuse::codegen::{compile, Spec, Target};
-use kfuse::prelude::*;
+use common::gemm::{gemm_bias_gelu, spec_mnk};
+
+use kfuse::codegen::{compile, Target};
 use kfuse::DType;
-
-/// A user kernel: GEMM with bias and GELU in the epilogue (as in tests/gpu_gemm.rs).
-#[kfuse]
-pub fn gemm_bias_gelu<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, bias: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>) {
-    let (i, j) = (program_id(0), program_id(1));
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k in (0..K).step_by(BK) {
-        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
-    }
-    let x = acc + bias.block([j * BN], [BN]).load().to_f32();
-    out.block([i * BM, j * BN], [BM, BN]).store((0.5 * x * (1.0 + erf(x * 0.7071067811865476))).cast::<T>());
-}
-
-/// The snapshot spec with M, N, K set (powers of two: what the heuristic sees).
-fn spec_mnk(def: &kfuse::ir::KernelDef, m: u32, n: u32, k: u32) -> Spec {
-    let mut s = common::snapshot_spec(def);
-    // shape symbols in order of first appearance: M, K, N for both kernels here
-    s.shape_pow2 = vec![m.next_power_of_two(), k.next_power_of_two(), n.next_power_of_two()];
-    s
-}
 
 #[test]
 fn sm90a_gemm_has_the_matrix_path() {

@@ -6,21 +6,9 @@ mod common;
 
 use kfuse::{Backend, DType, Device};
 
-fn gpu() -> Option<Device> {
-    let dev = Device::best();
-    if dev.is_gpu() {
-        return Some(dev);
-    }
-    if std::env::var("KFUSE_REQUIRE_GPU").as_deref() == Ok("1") {
-        panic!("KFUSE_REQUIRE_GPU=1 but no GPU was found (is the CUDA driver installed?)");
-    }
-    eprintln!("no GPU: skipping GPU checks");
-    None
-}
-
 #[test]
 fn every_op_on_the_gpu() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     let mut failures = Vec::new();
     let mut rows = Vec::new();
     for (i, case) in common::ops().iter().enumerate() {
@@ -44,7 +32,7 @@ fn every_op_on_the_gpu() {
 
 #[test]
 fn gpu_launch_reports_the_gpu_backend() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     let (a, _) = common::random_tensor(&[1000], DType::BF16, 1, 0.0, &dev);
     let (b, _) = common::random_tensor(&[1000], DType::BF16, 2, 0.0, &dev);
     let mut out = common::poisoned(&[1000], DType::BF16, &dev);
@@ -54,7 +42,7 @@ fn gpu_launch_reports_the_gpu_backend() {
 
 #[test]
 fn gpu_and_cpu_tensors_do_not_mix() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     let (a, _) = common::random_tensor(&[10], DType::F32, 1, 0.0, &dev);
     let (b, _) = common::random_tensor(&[10], DType::F32, 2, 0.0, &Device::cpu());
     let err = kfuse::ops::add(&a, &b).unwrap_err();
@@ -64,7 +52,7 @@ fn gpu_and_cpu_tensors_do_not_mix() {
 #[test]
 fn misaligned_views_are_still_right() {
     // a view starting one element in: not 16-byte aligned, so no vector accesses
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     let (x, xv) = common::random_tensor(&[1001], DType::BF16, 5, 0.0, &dev);
     let v = x.narrow(0, 1, 1000).unwrap();
     let y = kfuse::ops::copy(&v).unwrap();

@@ -8,61 +8,10 @@
 
 mod common;
 
+use common::gemm::{gemm_bias_gelu, operand, reference_rows, sample_rows};
+
 use kfuse::prelude::*;
 use kfuse::{Backend, DType};
-
-fn gpu() -> Option<Device> {
-    let dev = Device::best();
-    if dev.is_gpu() {
-        return Some(dev);
-    }
-    if std::env::var("KFUSE_REQUIRE_GPU").as_deref() == Ok("1") {
-        panic!("KFUSE_REQUIRE_GPU=1 but no GPU was found (is the CUDA driver installed?)");
-    }
-    eprintln!("no GPU: skipping GPU checks");
-    None
-}
-
-/// An operand `[r, c]` with values `v` (row-major), stored either row-major or as the
-/// transpose of a `[c, r]` tensor.
-fn operand(r: usize, c: usize, dt: DType, seed: u64, transposed: bool, dev: &Device) -> (Tensor, Vec<f64>) {
-    if transposed {
-        let (t, tv) = common::random_tensor(&[c, r], dt, seed, 0.05, dev);
-        let v = (0..r * c).map(|x| tv[(x % c) * r + x / c]).collect();
-        (t.t(), v)
-    } else {
-        common::random_tensor(&[r, c], dt, seed, 0.05, dev)
-    }
-}
-
-/// Rows of `a·b` (float64) for the given row indices.
-fn reference_rows(a: &[f64], b: &[f64], k: usize, n: usize, rows: &[usize]) -> Vec<f64> {
-    let mut out = Vec::with_capacity(rows.len() * n);
-    for &i in rows {
-        let mut acc = vec![0.0f64; n];
-        for q in 0..k {
-            let x = a[i * k + q];
-            let br = &b[q * n..(q + 1) * n];
-            for j in 0..n {
-                acc[j] += x * br[j];
-            }
-        }
-        out.extend(acc);
-    }
-    out
-}
-
-fn sample_rows(m: usize) -> Vec<usize> {
-    if m <= 64 {
-        (0..m).collect()
-    } else {
-        let mut r: Vec<usize> = (0..48).map(|i| (i * 7919 + 13) % m).collect();
-        r.extend([0, 1, m / 2, m - 2, m - 1]);
-        r.sort();
-        r.dedup();
-        r
-    }
-}
 
 fn check_gemm(m: usize, n: usize, k: usize, dt: DType, ta: bool, tb: bool, dev: &Device, seed: u64) -> Result<f64, String> {
     let (a, av) = operand(m, k, dt, seed, ta, dev);
@@ -82,7 +31,7 @@ fn check_gemm(m: usize, n: usize, k: usize, dt: DType, ta: bool, tb: bool, dev: 
 
 #[test]
 fn gemm_on_the_gpu_against_float64() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     let mut failures = Vec::new();
     let mut rows = Vec::new();
     let shapes = [(1, 1, 1), (17, 33, 65), (1, 4096, 4096), (127, 4096, 4096), (300, 200, 1000), (4095, 4097, 4095)];
@@ -105,7 +54,7 @@ fn gemm_on_the_gpu_against_float64() {
 
 #[test]
 fn gemm_kernel_runs_on_the_gpu_into_a_poisoned_output() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     let (m, n, k) = (257, 320, 192);
     let (a, av) = common::random_tensor(&[m, k], DType::BF16, 5, 0.05, &dev);
     let (b, bv) = common::random_tensor(&[k, n], DType::BF16, 6, 0.05, &dev);
@@ -117,21 +66,9 @@ fn gemm_kernel_runs_on_the_gpu_into_a_poisoned_output() {
     assert!(e <= 1e-2, "relative error {e:.3e}");
 }
 
-/// A user kernel: GEMM with bias and GELU fused into the epilogue.
-#[kfuse]
-pub fn gemm_bias_gelu<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, bias: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>) {
-    let (i, j) = (program_id(0), program_id(1));
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k in (0..K).step_by(BK) {
-        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
-    }
-    let x = acc + bias.block([j * BN], [BN]).load().to_f32();
-    out.block([i * BM, j * BN], [BM, BN]).store((0.5 * x * (1.0 + erf(x * 0.7071067811865476))).cast::<T>());
-}
-
 #[test]
 fn user_gemm_with_bias_gelu_epilogue() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     for &(m, n, k) in &[(129, 320, 200), (64, 64, 64), (1000, 520, 336)] {
         let (a, av) = common::random_tensor(&[m, k], DType::BF16, 1, 0.05, &dev);
         let (b, bv) = common::random_tensor(&[k, n], DType::BF16, 2, 0.05, &dev);
@@ -204,7 +141,7 @@ fn reference_erf_is_accurate() {
 
 #[test]
 fn gemm_with_the_loop_split_across_a_cluster() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     // the split is an override (it did not pay by default); the numerics must hold
     std::env::set_var("KFUSE_TILES", "BM=128,BN=128,SPLITK=4");
     let r = std::panic::catch_unwind(|| {
@@ -222,7 +159,7 @@ fn gemm_with_the_loop_split_across_a_cluster() {
 
 #[test]
 fn gemm_with_a_tiles_multicast_across_a_cluster() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     // multicast is an override for now; the numerics must hold, transposed A included
     for mc in ["MCAST=2", "MCAST=4", "MCAST=2,BN=64"] {
         std::env::set_var("KFUSE_TILES", mc);

@@ -7,21 +7,11 @@
 
 mod common;
 
+use common::gemm::{operand, reference_rows_ex, rows_of, sample_rows};
+
 use kfuse::ops::{gemm_batched, gemm_batched_ex, gemm_ex, GemmOptions};
 use kfuse::prelude::*;
 use kfuse::{Backend, DType};
-
-fn gpu() -> Option<Device> {
-    let dev = Device::best();
-    if dev.is_gpu() {
-        return Some(dev);
-    }
-    if std::env::var("KFUSE_REQUIRE_GPU").as_deref() == Ok("1") {
-        panic!("KFUSE_REQUIRE_GPU=1 but no GPU was found (is the CUDA driver installed?)");
-    }
-    eprintln!("no GPU: skipping GPU checks");
-    None
-}
 
 /// The bound on ‖out − ref‖/‖ref‖ for results of dtype `od` from 16-bit operands.
 fn tol(od: DType) -> f64 {
@@ -30,56 +20,6 @@ fn tol(od: DType) -> f64 {
     } else {
         1e-2
     }
-}
-
-/// An operand `[r, c]` (values `v`, row-major), stored row-major or as the transpose of
-/// a `[c, r]` tensor.
-fn operand(r: usize, c: usize, dt: DType, seed: u64, transposed: bool, dev: &Device) -> (Tensor, Vec<f64>) {
-    if transposed {
-        let (t, tv) = common::random_tensor(&[c, r], dt, seed, 0.05, dev);
-        let v = (0..r * c).map(|x| tv[(x % c) * r + x / c]).collect();
-        (t.t(), v)
-    } else {
-        common::random_tensor(&[r, c], dt, seed, 0.05, dev)
-    }
-}
-
-fn sample_rows(m: usize) -> Vec<usize> {
-    if m <= 64 {
-        (0..m).collect()
-    } else {
-        let mut r: Vec<usize> = (0..48).map(|i| (i * 7919 + 13) % m).collect();
-        r.extend([0, 1, m / 2, m - 2, m - 1]);
-        r.sort();
-        r.dedup();
-        r
-    }
-}
-
-/// Rows `rows` of `alpha · a·b + beta · c` in float64 (`a: [m, k]`, `b: [k, n]`, `c:
-/// [m, n]` row-major values).
-#[allow(clippy::too_many_arguments)]
-fn reference_rows(a: &[f64], b: &[f64], c: Option<&[f64]>, k: usize, n: usize, rows: &[usize], alpha: f64, beta: f64) -> Vec<f64> {
-    let mut out = Vec::with_capacity(rows.len() * n);
-    for &i in rows {
-        let mut acc = vec![0.0f64; n];
-        for q in 0..k {
-            let x = a[i * k + q];
-            for (o, bv) in acc.iter_mut().zip(&b[q * n..(q + 1) * n]) {
-                *o += x * bv;
-            }
-        }
-        for (j, o) in acc.iter_mut().enumerate() {
-            *o = alpha * *o + c.map_or(0.0, |c| beta * c[i * n + j]);
-        }
-        out.extend(acc);
-    }
-    out
-}
-
-/// The sampled rows of `got` (`[.., n]` row-major values).
-fn rows_of(got: &[f64], n: usize, rows: &[usize]) -> Vec<f64> {
-    rows.iter().flat_map(|&i| got[i * n..(i + 1) * n].to_vec()).collect()
 }
 
 struct Case {
@@ -107,7 +47,7 @@ fn check_gemm_ex(cs: &Case, dev: &Device, seed: u64) -> Result<f64, String> {
     }
     let rows = sample_rows(m);
     let got = rows_of(&out.to_vec_f64().map_err(|e| e.to_string())?, n, &rows);
-    let want = reference_rows(&av, &bv, with_c.then_some(&cv[..]), k, n, &rows, alpha as f64, beta as f64);
+    let want = reference_rows_ex(&av, &bv, with_c.then_some(&cv[..]), k, n, &rows, alpha as f64, beta as f64);
     let e = common::rel_err(&got, &want);
     if e <= tol(od) {
         Ok(e)
@@ -118,7 +58,7 @@ fn check_gemm_ex(cs: &Case, dev: &Device, seed: u64) -> Result<f64, String> {
 
 #[test]
 fn gemm_ex_on_the_gpu_against_float64() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     let mut failures = Vec::new();
     let mut report = Vec::new();
     let pairs = [(DType::BF16, DType::BF16), (DType::F16, DType::F16), (DType::BF16, DType::F32), (DType::F16, DType::F32), (DType::BF16, DType::F16)];
@@ -146,14 +86,14 @@ fn gemm_ex_on_the_gpu_against_float64() {
 
 #[test]
 fn gemm_ex_with_beta_zero_ignores_c_and_k_zero_gives_beta_c() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     let (m, n, k) = (130, 72, 64);
     let (a, av) = common::random_tensor(&[m, k], DType::BF16, 1, 0.05, &dev);
     let (b, bv) = common::random_tensor(&[k, n], DType::BF16, 2, 0.05, &dev);
     let c = Tensor::full(&[m, n], f64::NAN, DType::BF16, &dev).unwrap();
     let out = gemm_ex(&a, &b, &GemmOptions { alpha: 2.0, beta: 0.0, c: Some(&c), out_dtype: None }).unwrap();
     let rows: Vec<usize> = (0..m).collect();
-    let e = common::rel_err(&out.to_vec_f64().unwrap(), &reference_rows(&av, &bv, None, k, n, &rows, 2.0, 0.0));
+    let e = common::rel_err(&out.to_vec_f64().unwrap(), &reference_rows_ex(&av, &bv, None, k, n, &rows, 2.0, 0.0));
     assert!(e <= 1e-2, "beta = 0: relative error {e:.3e}");
     // K = 0: beta · c
     let (c, cv) = common::random_tensor(&[m, n], DType::F32, 3, 0.05, &dev);
@@ -197,7 +137,7 @@ fn check_batched(batch: &[usize], (m, n, k): (usize, usize, usize), b_shared: bo
         let bz = if b_shared { &bv[..] } else { &bv[z * k * n..(z + 1) * k * n] };
         got.extend(rows_of(&ov[z * m * n..(z + 1) * m * n], n, &rows));
         let cz = with_c.then_some(&cv[z * m * n..(z + 1) * m * n]);
-        want.extend(reference_rows(&av[z * m * k..(z + 1) * m * k], bz, cz, k, n, &rows, alpha as f64, beta as f64));
+        want.extend(reference_rows_ex(&av[z * m * k..(z + 1) * m * k], bz, cz, k, n, &rows, alpha as f64, beta as f64));
     }
     let e = common::rel_err(&got, &want);
     if e <= tol(od) {
@@ -209,7 +149,7 @@ fn check_batched(batch: &[usize], (m, n, k): (usize, usize, usize), b_shared: bo
 
 #[test]
 fn gemm_batched_on_the_gpu_against_float64() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     let (bf, f16, f32_) = (DType::BF16, DType::F16, DType::F32);
     let mut failures = Vec::new();
     let mut report = Vec::new();
@@ -242,7 +182,7 @@ fn gemm_batched_on_the_gpu_against_float64() {
 
 #[test]
 fn gemm_ex_kernels_run_on_the_gpu_into_poisoned_outputs() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = common::gpu() else { return };
     use kfuse::ops::kernels as k;
     let (m, n, kk) = (257, 320, 192);
     let (a, av) = common::random_tensor(&[m, kk], DType::BF16, 5, 0.05, &dev);
@@ -252,11 +192,11 @@ fn gemm_ex_kernels_run_on_the_gpu_into_poisoned_outputs() {
     let mut out = common::poisoned(&[m, n], DType::F32, &dev);
     let l = k::gemm_axpby(&a, &b, &c, &mut out, 0.5, 2.0).unwrap();
     assert!(matches!(l.backend, Backend::Gpu { .. }), "{:?}", l.backend);
-    let e = common::rel_err(&out.to_vec_f64().unwrap(), &reference_rows(&av, &bv, Some(&cv), kk, n, &rows, 0.5, 2.0));
+    let e = common::rel_err(&out.to_vec_f64().unwrap(), &reference_rows_ex(&av, &bv, Some(&cv), kk, n, &rows, 0.5, 2.0));
     assert!(e <= 1e-4, "gemm_axpby: relative error {e:.3e}");
     let mut out = common::poisoned(&[m, n], DType::BF16, &dev);
     k::gemm_scaled(&a, &b, &mut out, -3.0).unwrap();
-    let e = common::rel_err(&out.to_vec_f64().unwrap(), &reference_rows(&av, &bv, None, kk, n, &rows, -3.0, 0.0));
+    let e = common::rel_err(&out.to_vec_f64().unwrap(), &reference_rows_ex(&av, &bv, None, kk, n, &rows, -3.0, 0.0));
     assert!(e <= 1e-2, "gemm_scaled: relative error {e:.3e}");
     // batched: three products
     let nb = 3;
@@ -271,10 +211,10 @@ fn gemm_ex_kernels_run_on_the_gpu_into_poisoned_outputs() {
     let (v1, v2) = (o1.to_vec_f64().unwrap(), o2.to_vec_f64().unwrap());
     for z in 0..nb {
         let (sa, sb, sc) = (z * m * kk..(z + 1) * m * kk, z * kk * n..(z + 1) * kk * n, z * m * n..(z + 1) * m * n);
-        let want = reference_rows(&a3v[sa.clone()], &b3v[sb.clone()], None, kk, n, &rows, 1.0, 0.0);
+        let want = reference_rows_ex(&a3v[sa.clone()], &b3v[sb.clone()], None, kk, n, &rows, 1.0, 0.0);
         let e = common::rel_err(&v1[sc.clone()], &want);
         assert!(e <= 1e-2, "gemm_batched_scaled product {z}: relative error {e:.3e}");
-        let want = reference_rows(&a3v[sa], &b3v[sb], Some(&c3v[sc.clone()]), kk, n, &rows, 1.0, -1.0);
+        let want = reference_rows_ex(&a3v[sa], &b3v[sb], Some(&c3v[sc.clone()]), kk, n, &rows, 1.0, -1.0);
         let e = common::rel_err(&v2[sc], &want);
         assert!(e <= 1e-2, "gemm_batched_axpby product {z}: relative error {e:.3e}");
     }

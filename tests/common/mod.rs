@@ -9,6 +9,22 @@ use rand::{Rng, SeedableRng};
 
 pub const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
+pub mod gemm;
+
+/// The GPU to test on: `None` (with a note) where there is none, unless
+/// `KFUSE_REQUIRE_GPU=1` is set (the GPU-host script sets it): then the test fails.
+pub fn gpu() -> Option<Device> {
+    let dev = Device::best();
+    if dev.is_gpu() {
+        return Some(dev);
+    }
+    if std::env::var("KFUSE_REQUIRE_GPU").as_deref() == Ok("1") {
+        panic!("KFUSE_REQUIRE_GPU=1 but no GPU was found (is the CUDA driver installed?)");
+    }
+    eprintln!("no GPU: skipping GPU checks");
+    None
+}
+
 /// How an op is called and checked.
 #[derive(Clone, Copy)]
 pub enum Kind {

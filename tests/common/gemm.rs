@@ -1,0 +1,85 @@
+//! What the GEMM tests share: a user GEMM with a fused bias + GELU epilogue, specs with
+//! the problem's sizes, operands stored row-major or transposed, and a float64
+//! reference evaluated on a sample of rows (the whole product of the large shapes would
+//! take minutes on the host).
+
+use kfuse::codegen::Spec;
+use kfuse::ir::KernelDef;
+use kfuse::prelude::*;
+use kfuse::DType;
+
+/// A user kernel: GEMM with bias and GELU (erf form) in the epilogue.
+#[kfuse]
+pub fn gemm_bias_gelu<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, bias: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    let x = acc + bias.block([j * BN], [BN]).load().to_f32();
+    out.block([i * BM, j * BN], [BM, BN]).store((0.5 * x * (1.0 + erf(x * 0.7071067811865476))).cast::<T>());
+}
+
+/// The snapshot spec of a GEMM-shaped kernel with M, N, K set (powers of two: what the
+/// heuristic sees). Shape symbols in order of first appearance: M, K, N.
+pub fn spec_mnk(def: &KernelDef, m: u32, n: u32, k: u32) -> Spec {
+    let mut s = super::snapshot_spec(def);
+    s.shape_pow2 = vec![m.next_power_of_two(), k.next_power_of_two(), n.next_power_of_two()];
+    s
+}
+
+/// An operand `[r, c]` with values `v` (row-major), stored either row-major or as the
+/// transpose of a `[c, r]` tensor.
+pub fn operand(r: usize, c: usize, dt: DType, seed: u64, transposed: bool, dev: &Device) -> (Tensor, Vec<f64>) {
+    if transposed {
+        let (t, tv) = super::random_tensor(&[c, r], dt, seed, 0.05, dev);
+        let v = (0..r * c).map(|x| tv[(x % c) * r + x / c]).collect();
+        (t.t(), v)
+    } else {
+        super::random_tensor(&[r, c], dt, seed, 0.05, dev)
+    }
+}
+
+/// All rows of a small matrix, or 48 spread rows plus both ends and the middle.
+pub fn sample_rows(m: usize) -> Vec<usize> {
+    if m <= 64 {
+        (0..m).collect()
+    } else {
+        let mut r: Vec<usize> = (0..48).map(|i| (i * 7919 + 13) % m).collect();
+        r.extend([0, 1, m / 2, m - 2, m - 1]);
+        r.sort();
+        r.dedup();
+        r
+    }
+}
+
+/// Rows `rows` of `alpha · a·b + beta · c` in float64 (`a: [m, k]`, `b: [k, n]`, `c:
+/// [m, n]` row-major values).
+#[allow(clippy::too_many_arguments)]
+pub fn reference_rows_ex(a: &[f64], b: &[f64], c: Option<&[f64]>, k: usize, n: usize, rows: &[usize], alpha: f64, beta: f64) -> Vec<f64> {
+    let mut out = Vec::with_capacity(rows.len() * n);
+    for &i in rows {
+        let mut acc = vec![0.0f64; n];
+        for q in 0..k {
+            let x = a[i * k + q];
+            for (o, bv) in acc.iter_mut().zip(&b[q * n..(q + 1) * n]) {
+                *o += x * bv;
+            }
+        }
+        for (j, o) in acc.iter_mut().enumerate() {
+            *o = alpha * *o + c.map_or(0.0, |c| beta * c[i * n + j]);
+        }
+        out.extend(acc);
+    }
+    out
+}
+
+/// Rows `rows` of `a·b` in float64.
+pub fn reference_rows(a: &[f64], b: &[f64], k: usize, n: usize, rows: &[usize]) -> Vec<f64> {
+    reference_rows_ex(a, b, None, k, n, rows, 1.0, 0.0)
+}
+
+/// The rows `rows` of `got` (`[.., n]` row-major values).
+pub fn rows_of(got: &[f64], n: usize, rows: &[usize]) -> Vec<f64> {
+    rows.iter().flat_map(|&i| got[i * n..(i + 1) * n].to_vec()).collect()
+}
