@@ -505,7 +505,8 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
             let gpu = device.gpu_ref().expect("a GPU");
             let mut spec = spec_for(kernel, args)?;
             let target = gpu.target()?;
-            if crate::autotune::enabled() {
+            // only `dot` kernels have anything to tune: no work for the others
+            if crate::autotune::enabled() && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot)) {
                 if let Some(tiles) = autotune(def, &checked.dtypes, kernel, &spec, &target, device, args, &shapes)? {
                     spec.tiles = tiles;
                 }
@@ -553,7 +554,16 @@ fn autotune(
 ) -> Result<Option<std::collections::BTreeMap<String, u32>>> {
     use crate::autotune::{bucket_key, count_timing, merge_tiles, Store, Winner};
     let store = Store::current();
-    let ir = kfuse_ir::print::print(kernel);
+    // the printed IR (part of the bucket key) once per kernel and dtypes, not per launch
+    type IrText = Mutex<HashMap<(usize, &'static str, Vec<DType>), Arc<String>>>;
+    static IR: OnceLock<IrText> = OnceLock::new();
+    let ir = IR
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry((def.build as usize, def.name, dtypes.to_vec()))
+        .or_insert_with(|| Arc::new(kfuse_ir::print::print(kernel)))
+        .clone();
     let bucket = bucket_key(def.name, &ir, spec, &device.name(), target);
     if let Some(w) = store.get(&bucket) {
         return Ok(Some(merge_tiles(&w, &spec.tiles)));

@@ -499,55 +499,8 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<(Tenso
 /// dtypes (`Error::DTypeMismatch`), inner dimensions that differ (`Error::ShapeMismatch`),
 /// different devices (`Error::DeviceMismatch`).
 pub fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    const WHAT: &str = "kfuse::ops::gemm";
-    for (t, arg) in [(a, "a"), (b, "b")] {
-        if t.rank() != 2 {
-            return Err(Error::InvalidArgument(format!("{WHAT}: `{arg}` must be a matrix (rank 2), got shape {:?}", t.shape())));
-        }
-        if !t.dtype().is_float() {
-            return Err(Error::InvalidArgument(format!("{WHAT}: `{arg}` has dtype {}; gemm takes f32, f16 or bf16", t.dtype())));
-        }
-    }
-    if a.dtype() != b.dtype() {
-        return Err(Error::DTypeMismatch(format!("{WHAT}: `a` is {} but `b` is {}", a.dtype(), b.dtype())));
-    }
-    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
-    if b.shape()[0] != k {
-        return Err(Error::ShapeMismatch(format!(
-            "{WHAT}: `a` is {:?} and `b` is {:?}; the columns of `a` must match the rows of `b`",
-            a.shape(),
-            b.shape()
-        )));
-    }
-    if a.device() != b.device() {
-        return Err(Error::DeviceMismatch(format!("{WHAT}: `a` is on {} but `b` is on {}", a.device().name(), b.device().name())));
-    }
-    let mut c = Tensor::empty(&[m, n], a.dtype(), &a.device())?;
-    if m == 0 || n == 0 {
-        return Ok(c);
-    }
-    if k == 0 {
-        c.fill(0.0)?;
-        return Ok(c);
-    }
-    if a.device().is_gpu() {
-        // the GPU matrix path reads operands with TMA: a copy for those it cannot read;
-        // and writes through TMA: rows not 16-byte aligned go to a padded buffer first
-        let (a, b) = (tma_readable(a)?, tma_readable(b)?);
-        let per = 16 / c.dtype().size_bytes().max(1);
-        if n % per != 0 {
-            let line = 128 / c.dtype().size_bytes().max(1);
-            let storage = Tensor::empty(&[m, n.div_ceil(line) * line], c.dtype(), &c.device())?;
-            let mut padded = storage.narrow(1, 0, n)?;
-            kernels::gemm(&a, &b, &mut padded)?;
-            kernels::copy2d(&padded, &mut c)?;
-        } else {
-            kernels::gemm(&a, &b, &mut c)?;
-        }
-    } else {
-        kernels::gemm(a, b, &mut c)?;
-    }
-    Ok(c)
+    // the default case of the configurable product: same checks, same launch
+    matmul::product("kfuse::ops::gemm", a, b, &GemmOptions::default())
 }
 
 /// `t` itself when the tensor-memory accelerator can read it (one unit-stride

@@ -100,25 +100,30 @@ fn check_float(what: &str, t: &Tensor, arg: &str) -> Result<()> {
 /// that differ or a `c` not `[M, N]` (`ShapeMismatch`), different devices
 /// (`DeviceMismatch`).
 pub fn gemm_ex(a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>) -> Result<Tensor> {
-    const WHAT: &str = "kfuse::ops::gemm_ex";
+    product("kfuse::ops::gemm_ex", a, b, opts)
+}
+
+/// [`gemm_ex`] (and [`crate::gemm`], its default case) under the caller's name for
+/// error messages.
+pub(crate) fn product(what: &str, a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>) -> Result<Tensor> {
     for (t, arg) in [(a, "a"), (b, "b")] {
         if t.rank() != 2 {
             return Err(Error::InvalidArgument(format!(
-                "{WHAT}: `{arg}` must be a matrix (rank 2), got shape {:?} (batched products: gemm_batched_ex)",
+                "{what}: `{arg}` must be a matrix (rank 2), got shape {:?} (batched products: gemm_batched_ex)",
                 t.shape()
             )));
         }
-        check_float(WHAT, t, arg)?;
+        check_float(what, t, arg)?;
     }
     let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
     if b.shape()[0] != k {
         return Err(Error::ShapeMismatch(format!(
-            "{WHAT}: `a` is {:?} and `b` is {:?}; the columns of `a` must match the rows of `b`",
+            "{what}: `a` is {:?} and `b` is {:?}; the columns of `a` must match the rows of `b`",
             a.shape(),
             b.shape()
         )));
     }
-    let od = check_common(WHAT, a, b, opts, &[m, n])?;
+    let od = check_common(what, a, b, opts, &[m, n])?;
     let mut out = Tensor::empty(&[m, n], od, &a.device())?;
     if m == 0 || n == 0 {
         return Ok(out);

@@ -189,17 +189,6 @@ fn access_extents(k: &Kernel, op: kfuse_ir::OpId) -> Vec<Extent> {
     }
 }
 
-/// Tiles of a kernel with a `dot` (matrix-bound): the dot's `[BM, BK] x [BK, BN]`.
-///
-/// Heuristic (sm_90, f16/bf16 WGMMA): `BK` spans 128 bytes (one swizzle span), `BM` is
-/// 128 (two consumer warpgroups of 64 rows). `BN` is the widest of 256, 128, 64 that
-/// still gives every multiprocessor a tile (`ceil(M/BM) * ceil(N/BN) >= SMs`), or 64:
-/// wide tiles reuse each A byte more, but a small problem (M = 127) needs narrow ones
-/// to keep the machine busy, and 64 rows when even 128x64 leaves multiprocessors idle
-/// (M127 N4096 K4096 on the H100: 64x64 with 8 stages 226 TFLOP/s; 128x64 214; 128
-/// wide 160; 128 wide with the loop split over a cluster of 2 or 4, 162 / 107 — the
-/// split stays an override, `SPLITK`, until it pays). Measured on the H100: 128x256x64 reaches 683-737 TFLOP/s
-/// at 4096^3 and 8192^3 (NOTES.md). `Spec::tiles` overrides any of them by name.
 /// The problem extents `(M, N, K)` a `dot`'s operands tile (their tensors' shape
 /// symbols, rounded up to powers of two as the spec gives them).
 pub fn dot_problem(k: &Kernel, spec: &Spec, dot: kfuse_ir::OpId) -> (u64, u64, u64) {
@@ -227,6 +216,18 @@ pub fn dot_problem(k: &Kernel, spec: &Spec, dot: kfuse_ir::OpId) -> (u64, u64, u
     (dim_size(ops[0], 0), dim_size(ops[1], 1), dim_size(ops[0], 1))
 }
 
+/// Tiles of a kernel with a `dot` (matrix-bound): the dot's `[BM, BK] x [BK, BN]`.
+///
+/// Heuristic (sm_90, f16/bf16 WGMMA): `BK` spans 128 bytes (one swizzle span), `BM` is
+/// 128 (two consumer warpgroups of 64 rows). `BN` is the widest of 256, 128, 64 that
+/// still gives every multiprocessor a tile (`ceil(M/BM) * ceil(N/BN) >= SMs`), or 64:
+/// wide tiles reuse each A byte more, but a small problem (M = 127) needs narrow ones
+/// to keep the machine busy, and 64 rows when even 128x64 leaves multiprocessors idle
+/// (M127 N4096 K4096 on the H100: 64x64 with 8 stages 226 TFLOP/s; 128x64 214; 128
+/// wide 160; 128 wide with the loop split over a cluster of 2 or 4, 162 / 107 — the
+/// split stays an override, `SPLITK`, until it pays). The 128x256x64 kernel ran
+/// 755-807 TFLOP/s at 4096³ and 8192³ on the H100 (BENCHMARKS.md, NOTES.md).
+/// `Spec::tiles` overrides any of them by name.
 fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir::OpId) -> Result<(), CodegenError> {
     let ops = k.operands(dot);
     let (at, bt) = (k.ty(ops[0]).clone(), k.ty(ops[1]).clone());

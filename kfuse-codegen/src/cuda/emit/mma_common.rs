@@ -57,3 +57,18 @@ pub(super) fn scalar_slice(k: &Kernel, roots: &[ValueId], from: usize) -> Result
     }
     Ok(k.ops().filter(|o| seen.contains(o) && !matches!(k.op(*o), Op::LoopIndex { .. })).collect())
 }
+
+/// The ops behind the dot loop's zero init that nothing else uses (a broadcast of a
+/// literal): the writers zero the accumulator registers instead of materializing them.
+pub(super) fn init_only_ops(k: &Kernel, init: ValueId) -> Vec<OpId> {
+    let mut v = vec![];
+    let mut x = init;
+    while k.users(x).len() == 1 && !k.ty(x).is_scalar() {
+        v.push(x.op());
+        match k.op(x.op()) {
+            Op::Broadcast => x = k.operands(x.op())[0],
+            _ => break,
+        }
+    }
+    v
+}

@@ -30,7 +30,7 @@
 //! rows, one logical chunk) land in 8 different 16-byte bank groups, and so do the
 //! chunks of 8 consecutive threads' copies (consecutive chunks of whole rows).
 
-use super::mma_common::{range_of, scalar_slice, tensor_dim_of, tile_dims};
+use super::mma_common::{init_only_ops, range_of, scalar_slice, tensor_dim_of, tile_dims};
 use super::*;
 use kfuse_ir::{Major, MmaPlan, ParamId};
 
@@ -172,18 +172,7 @@ pub(super) fn emit_kernel(
     let for_ops = k.operands(plan.for_op);
     let (lo, hi, step) = (for_ops[0], for_ops[1], for_ops[2]);
     let init = for_ops[3];
-    let init_only: Vec<OpId> = {
-        let mut v = vec![];
-        let mut x = init;
-        while k.users(x).len() == 1 && !k.ty(x).is_scalar() {
-            v.push(x.op());
-            match k.op(x.op()) {
-                Op::Broadcast => x = k.operands(x.op())[0],
-                _ => break,
-            }
-        }
-        v
-    };
+    let init_only = init_only_ops(k, init);
     for &o in &k.order[..info.for_pos] {
         if !init_only.contains(&o) {
             e.op(o)?;

@@ -2,9 +2,9 @@
 //! path [`MmaPath::WgmmaTma`].
 //!
 //! Shape of the generated kernel (the plan decides every number):
-//! - one producer warpgroup (threads 0..128, registers lowered with `setmaxnreg` — to
-//!   24 when the consumers need 240 for 256-wide tiles, else 56: at 40 the split-loop
-//!   index arithmetic spilled) whose
+//! - one producer warpgroup (threads 0..128, registers lowered with `setmaxnreg`: 24
+//!   beside consumers of 256-wide tiles, which take 240; 40 when such a kernel also
+//!   multicasts; else 56, since the split loop's index arithmetic spilled at 40) whose
 //!   first thread issues the TMA loads of both operands into a ring of `stages`
 //!   shared-memory stages, each completing on its `full` mbarrier;
 //! - `consumers` warpgroups (registers raised) that wait on `full`, issue `wgmma`
@@ -18,7 +18,12 @@
 //!   bias, activations, stores — any tile ops) through the ordinary writer, on the
 //!   accumulator registers in the instruction's layout
 //!   ([`crate::layout::mma_accumulator`]), with a named barrier over the consumers
-//!   wherever the writer needs one.
+//!   wherever the writer needs one; a `[BM, BN]` store leaves through swizzled shared
+//!   memory and a TMA bulk store when the plan says so (`MmaPlan::store`);
+//! - on request, thread-block clusters: `split_k` blocks share one tile's loop and sum
+//!   their partial accumulators in the first block through distributed shared memory,
+//!   or `multicast` blocks on neighbouring tiles of one tile row share A by TMA
+//!   multicast (each stage then released in every block of the cluster).
 //!
 //! Shared memory of one operand in one stage, by majorness (swizzle 128 B, 2-byte
 //! elements): K-major — `rows × 64` elements, 128-byte rows, 8-row atoms 1024 bytes
@@ -27,7 +32,7 @@
 //! 1024 bytes apart (SBO) and boxes `BK * 128` bytes apart (LBO), each `k16` step +2048
 //! bytes. TMA writes exactly these boxes (box inner extent = 128 bytes).
 
-use super::mma_common::{range_of, scalar_slice, tensor_dim_of};
+use super::mma_common::{init_only_ops, range_of, scalar_slice, tensor_dim_of};
 use super::*;
 use kfuse_ir::{Major, MmaOperand, MmaPlan};
 
@@ -361,19 +366,7 @@ pub(super) fn emit_kernel(
     e.open(tile_walk.clone())?;
     pids(&mut e)?;
     let init = for_ops[3];
-    let init_only: Vec<OpId> = {
-        // the zeros feeding only the loop's init are not materialized
-        let mut v = vec![];
-        let mut x = init;
-        while k.users(x).len() == 1 && !k.ty(x).is_scalar() {
-            v.push(x.op());
-            match k.op(x.op()) {
-                Op::Broadcast => x = k.operands(x.op())[0],
-                _ => break,
-            }
-        }
-        v
-    };
+    let init_only = init_only_ops(k, init);
     for &o in &pre {
         if !init_only.contains(&o) {
             e.op(o)?;
