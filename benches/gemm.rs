@@ -1,8 +1,9 @@
 //! GEMM against cuBLAS and cuBLASLt in the same process: row-major `C[M, N] = A[M, K] ·
 //! B[K, N]`, bf16 on 4096³, 8192³, M8192 N14336 K4096, M8192 N4096 K14336, M16384 N4096
 //! K4096, 2048³, M127 N4096 K4096 and M4095 N4097 K4096 (unaligned); f16 4096³; f32
-//! 8192³ in full fp32 and with TF32 tensor cores (vendor only for TF32). fp8 e4m3 8192³
-//! joins when `DType` has fp8 (TODO in `kfuse_runtime::vendor`).
+//! 8192³ in full fp32 and with TF32 tensor cores (vendor only for TF32); and fp8 e4m3
+//! (bf16 out, per-tensor scales) at 4096³ and 8192³ against cuBLASLt's fp8 GEMM with its
+//! default and with its fast accumulation, in a table of their own.
 //!
 //! Prints a table — TFLOP/s (2·M·N·K per call) of cuBLAS (`cublasGemmEx`), cuBLASLt
 //! (`cublasLtMatmul`, heuristic algorithm, 32 MiB workspace) and `kfuse::ops::gemm`, and
@@ -23,7 +24,9 @@
 
 mod common;
 
+use common::gemm::{first_line, kfuse_gemm, panic_message, rel_err, sampled_err, tolerance, Case, Inputs, CASES};
 use common::{median, random};
+use kfuse::ops::{gemm_ex, GemmOptions};
 use kfuse::prelude::*;
 use kfuse::runtime::vendor::{Blas, Library, Math};
 use kfuse::{DType, Device, Tensor};
@@ -79,75 +82,69 @@ fn fused_epilogue(blas: &Blas, dev: &Device, m: usize, n: usize, k: usize, warm:
     ))
 }
 
-/// kfuse's GEMM under test. Returns `None` where kfuse has no such GEMM (the kfuse
-/// column then reads "—"): `math` is the vendor's TF32 request, which kfuse has no
-/// counterpart for.
-fn kfuse_gemm(a: &Tensor, b: &Tensor, math: Math) -> Option<kfuse::Result<Tensor>> {
-    if math == Math::Tf32 {
-        return None;
-    }
-    Some(kfuse::ops::gemm(a, b))
-}
-
-#[derive(Clone, Copy)]
-struct Case {
-    dtype: DType,
-    math: Math,
-    m: usize,
-    n: usize,
-    k: usize,
-}
-
-const fn bf16(m: usize, n: usize, k: usize) -> Case {
-    Case { dtype: DType::BF16, math: Math::Fp32, m, n, k }
-}
-
-const CASES: [Case; 11] = [
-    bf16(4096, 4096, 4096),
-    bf16(8192, 8192, 8192),
-    bf16(8192, 14336, 4096),
-    bf16(8192, 4096, 14336),
-    bf16(16384, 4096, 4096),
-    bf16(2048, 2048, 2048),
-    bf16(127, 4096, 4096),
-    bf16(4095, 4097, 4096),
-    Case { dtype: DType::F16, math: Math::Fp32, m: 4096, n: 4096, k: 4096 },
-    Case { dtype: DType::F32, math: Math::Fp32, m: 8192, n: 8192, k: 8192 },
-    Case { dtype: DType::F32, math: Math::Tf32, m: 8192, n: 8192, k: 8192 },
-    // TODO(fp8): e4m3 8192³ through cuBLASLt once DType has fp8 (see kfuse_runtime::vendor).
-];
-
-/// Relative-error bound of kfuse against cuBLAS per dtype: both round the same f32
-/// accumulation to the output dtype, in different orders.
-fn tolerance(dt: DType, math: Math) -> f64 {
-    match (dt, math) {
-        (DType::BF16, _) => 1e-2,
-        (DType::F16, _) => 2e-3,
-        (_, Math::Tf32) => 5e-3,
-        _ => 1e-4,
-    }
-}
-
-impl Case {
-    fn label(&self) -> String {
-        if self.m == self.n && self.n == self.k {
-            format!("{}³", self.m)
-        } else {
-            format!("M{} N{} K{}", self.m, self.n, self.k)
+/// fp8 e4m3 products with bf16 output and per-tensor scales, B given K-major (the
+/// transpose of a packed `[N, K]`, the only layout cuBLASLt's fp8 GEMM takes): kfuse's
+/// `gemm_ex` against cuBLASLt with its default accumulation and with fast accumulation.
+/// Returns a markdown row: TFLOP/s of each, kfuse ÷ the faster cuBLASLt, and the
+/// relative differences from cuBLASLt (default) and from float64 on sampled elements.
+fn fp8_row(blas: &Blas, dev: &Device, n3: usize, warm: usize, iters: usize) -> kfuse::Result<String> {
+    let (m, n, k) = (n3, n3, n3);
+    let (sa, sb) = (0.5f32, 0.25f32);
+    let dt = DType::F8E4M3;
+    let sets = (150_000_000 / (m * k + n * k + 2 * m * n)).clamp(1, 8);
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    let mut host = None;
+    for s in 0..sets {
+        let (x, xv) = random(&[m, k], dt, 300 + 2 * s as u64, dev);
+        let (w, wv) = random(&[n, k], dt, 301 + 2 * s as u64, dev);
+        if s == 0 {
+            host = Some((xv, wv));
         }
+        a.push(x);
+        b.push(w.t());
     }
-    fn dtype_label(&self) -> String {
-        match self.math {
-            Math::Tf32 => "f32 (tf32)".to_string(),
-            Math::Fp32 => self.dtype.to_string(),
-        }
+    let (av, wv) = host.expect("one set");
+    let opts = GemmOptions { out_dtype: Some(DType::BF16), scale_a: sa, scale_b: sb, ..Default::default() };
+    let mut outs: Vec<Tensor> = (0..sets).map(|_| Tensor::empty(&[m, n], DType::BF16, dev)).collect::<kfuse::Result<_>>()?;
+    // numerics: cuBLASLt (default accumulation) against float64, kfuse against both
+    let mut reference = Tensor::empty(&[m, n], DType::BF16, dev)?;
+    blas.gemm_fp8_into(&a[0], &b[0], &mut reference, sa, sb, false)?;
+    let kf = gemm_ex(&a[0], &b[0], &opts)?;
+    let rb = reference.to_bytes()?;
+    let kb = kf.to_bytes()?;
+    let (mut num_v, mut num_k, mut den) = (0f64, 0f64, 0f64);
+    for s in 0..64usize {
+        let (i, j) = ((s * 7919) % m, (s * 104729 + 13) % n);
+        let want: f64 = (sa * sb) as f64 * (0..k).map(|p| av[i * k + p] as f64 * wv[j * k + p] as f64).sum::<f64>();
+        let (v, q) = (DType::BF16.read(&rb, i * n + j), DType::BF16.read(&kb, i * n + j));
+        num_v += (v - want) * (v - want);
+        num_k += (q - want) * (q - want);
+        den += want * want;
     }
-    fn flops(&self) -> f64 {
-        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+    let (ev, ek) = ((num_v / den).sqrt(), (num_k / den).sqrt());
+    let e = rel_err(&kf, &reference)?;
+    if !(e <= 1e-2 && ek <= 1e-2) {
+        return Ok(format!("| {n3}³ | e4m3 → bf16 | | | WRONG RESULT: {e:.2e} from cuBLASLt, {ek:.2e} from float64 | | |\n"));
     }
-    fn bytes(&self) -> usize {
-        (self.m * self.k + self.k * self.n + self.m * self.n) * self.dtype.size_bytes()
-    }
+    let time = |f: &mut dyn FnMut(usize) -> kfuse::Result<()>| -> kfuse::Result<f64> {
+        let mut i = 0;
+        Ok(median(dev.time_ms(warm, iters, || {
+            i += 1;
+            f(i % sets)
+        })?))
+    };
+    let t_def = time(&mut |s| blas.gemm_fp8_into(&a[s], &b[s], &mut outs[s], sa, sb, false))?;
+    let t_fast = time(&mut |s| blas.gemm_fp8_into(&a[s], &b[s], &mut outs[s], sa, sb, true))?;
+    let t_k = time(&mut |s| gemm_ex(&a[s], &b[s], &opts).map(drop))?;
+    let tf = |ms: f64| 2.0 * (m * n * k) as f64 / ms / 1e9;
+    Ok(format!(
+        "| {n3}³ | e4m3 → bf16 | {:.0} | {:.0} | {:.0} | {:.2}× | {e:.1e} / {ek:.1e} (cuBLASLt {ev:.1e}) |\n",
+        tf(t_def),
+        tf(t_fast),
+        tf(t_k),
+        tf(t_k) / tf(t_def).max(tf(t_fast))
+    ))
 }
 
 struct Row {
@@ -162,68 +159,14 @@ struct Row {
     vendor_err: Option<f64>,
 }
 
-/// Several input sets when one is small next to L2 (module docs).
-fn sets_for(c: &Case) -> usize {
-    (150_000_000 / c.bytes().max(1)).clamp(1, 8)
-}
-
-fn tflops(c: &Case, ms: f64) -> f64 {
-    c.flops() / ms / 1e9
-}
-
-fn first_line(e: impl ToString) -> String {
-    e.to_string().lines().next().unwrap_or("").replace('|', "/")
-}
-
-/// ‖x − y‖ / ‖y‖ over two tensors of one shape.
-fn rel_err(x: &Tensor, y: &Tensor) -> kfuse::Result<f64> {
-    let (xb, yb) = (x.to_bytes()?, y.to_bytes()?);
-    let (dx, dy) = (x.dtype(), y.dtype());
-    let (mut num, mut den) = (0f64, 0f64);
-    for i in 0..x.numel() {
-        let (a, b) = (dx.read(&xb, i), dy.read(&yb, i));
-        num += (a - b) * (a - b);
-        den += b * b;
-    }
-    Ok(if den == 0.0 { num.sqrt() } else { (num / den).sqrt() })
-}
-
-/// cuBLAS's output against float64 on 64 sampled elements.
-fn vendor_check(c: &Case, av: &[f32], bv: &[f32], out: &Tensor) -> kfuse::Result<f64> {
-    let ob = out.to_bytes()?;
-    let (mut num, mut den) = (0f64, 0f64);
-    for s in 0..64usize {
-        let i = (s * 7919) % c.m;
-        let j = (s * 104729 + 13) % c.n;
-        let want: f64 = (0..c.k).map(|p| av[i * c.k + p] as f64 * bv[p * c.n + j] as f64).sum();
-        let got = c.dtype.read(&ob, i * c.n + j);
-        num += (got - want) * (got - want);
-        den += want * want;
-    }
-    Ok((num / den.max(f64::MIN_POSITIVE)).sqrt())
-}
-
 fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> kfuse::Result<Row> {
-    let sets = sets_for(c);
-    let mut a = Vec::new();
-    let mut b = Vec::new();
-    let mut outs = Vec::new();
-    let (mut av, mut bv) = (Vec::new(), Vec::new());
-    for s in 0..sets {
-        let (x, xv) = random(&[c.m, c.k], c.dtype, 100 + 2 * s as u64, dev);
-        let (y, yv) = random(&[c.k, c.n], c.dtype, 101 + 2 * s as u64, dev);
-        if s == 0 {
-            (av, bv) = (xv, yv);
-        }
-        a.push(x);
-        b.push(y);
-        outs.push(Tensor::empty(&[c.m, c.n], c.dtype, dev)?);
-    }
+    let mut inputs = Inputs::new(c, dev)?;
+    let sets = inputs.sets();
     let mut row = Row { case: *c, cublas: Err(String::new()), cublaslt: Err(String::new()), kfuse: None, err: None, vendor_err: None };
 
     // vendor: checked once (cuBLAS vs f64, cuBLASLt vs cuBLAS), then timed
     let mut reference = Tensor::empty(&[c.m, c.n], c.dtype, dev)?;
-    let vendor_ok = blas.gemm_into(&a[0], &b[0], &mut reference, Library::Cublas, c.math).and_then(|_| vendor_check(c, &av, &bv, &reference));
+    let vendor_ok = blas.gemm_into(&inputs.a[0], &inputs.b[0], &mut reference, Library::Cublas, c.math).and_then(|_| sampled_err(c, &inputs, &reference));
     match vendor_ok {
         Err(e) => {
             row.cublas = Err(format!("cuBLAS failed: {}", first_line(e)));
@@ -238,6 +181,7 @@ fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> k
             }
         }
     }
+    let Inputs { a, b, outs, .. } = &mut inputs;
     for lib in [Library::Cublas, Library::CublasLt] {
         let mut i = 0;
         let t = dev.time_ms(warm, iters, || {
@@ -280,8 +224,7 @@ fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> k
     row.kfuse = match first {
         Ok(None) => None,
         Err(p) => {
-            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
-            Some(Err(format!("kfuse panicked: {}", first_line(msg))))
+            Some(Err(format!("kfuse panicked: {}", first_line(panic_message(&*p)))))
         }
         Ok(Some(Err(e))) => Some(Err(format!("refused: {}", first_line(e)))),
         Ok(Some(Ok(out))) => Some(match rel_err(&out, &reference) {
@@ -308,7 +251,7 @@ fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> k
 
 fn fmt_t(c: &Case, r: &Result<f64, String>) -> String {
     match r {
-        Ok(ms) => format!("{:.0}", tflops(c, *ms)),
+        Ok(ms) => format!("{:.0}", c.tflops(*ms)),
         Err(_) => "—".into(),
     }
 }
@@ -350,6 +293,19 @@ fn main() -> kfuse::Result<()> {
         }
     }
 
+    let mut fp8_md = String::from(
+        "| shape | dtype | cuBLASLt fp8 TFLOP/s (default accumulation) | cuBLASLt fp8 TFLOP/s (fast accumulation) | kfuse TFLOP/s | kfuse ÷ best cuBLASLt | kfuse rel. err vs cuBLASLt / vs f64 (sampled) |\n|---|---|---|---|---|---|---|\n",
+    );
+    for n3 in [4096, 8192] {
+        if filter.as_ref().is_some_and(|f| !"fp8".contains(f.as_str()) && !format!("{n3}³").contains(f.as_str())) {
+            continue;
+        }
+        match fp8_row(&blas, &dev, n3, warm, iters) {
+            Ok(r) => fp8_md.push_str(&r),
+            Err(e) => fp8_md.push_str(&format!("| {n3}³ | e4m3 → bf16 | failed: {} | | | | |\n", first_line(e))),
+        }
+    }
+
     let device = dev.describe();
     let mut md = String::from(
         "| shape | dtype | cuBLAS TFLOP/s | cuBLASLt TFLOP/s | kfuse TFLOP/s | kfuse ÷ best vendor | kfuse vs cuBLAS (rel. err) | cuBLAS vs f64 (sampled) | note |\n\
@@ -359,8 +315,8 @@ fn main() -> kfuse::Result<()> {
     let mut ratios = Vec::new();
     for r in &rows {
         let c = &r.case;
-        let vendor_best = [&r.cublas, &r.cublaslt].iter().filter_map(|x| x.as_ref().ok()).map(|ms| tflops(c, *ms)).fold(f64::NAN, f64::max);
-        let kf = r.kfuse.as_ref().and_then(|k| k.as_ref().ok()).map(|ms| tflops(c, *ms));
+        let vendor_best = [&r.cublas, &r.cublaslt].iter().filter_map(|x| x.as_ref().ok()).map(|ms| c.tflops(*ms)).fold(f64::NAN, f64::max);
+        let kf = r.kfuse.as_ref().and_then(|k| k.as_ref().ok()).map(|ms| c.tflops(*ms));
         let ratio = kf.map(|k| k / vendor_best).filter(|x| x.is_finite());
         if let (Some(x), DType::BF16) = (ratio, c.dtype) {
             ratios.push(x);
@@ -388,7 +344,7 @@ fn main() -> kfuse::Result<()> {
             opt(r.vendor_err, &|x| format!("{x:.1e}")),
             note
         ));
-        let num = |x: &Result<f64, String>| x.as_ref().map(|ms| format!("{:.1}", tflops(c, *ms))).unwrap_or_default();
+        let num = |x: &Result<f64, String>| x.as_ref().map(|ms| format!("{:.1}", c.tflops(*ms))).unwrap_or_default();
         csv.push_str(&format!(
             "{},{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
             c.label(),
@@ -405,20 +361,24 @@ fn main() -> kfuse::Result<()> {
             note.replace('"', "'")
         ));
     }
-    let first = &rows[0];
     let geo = if ratios.is_empty() { None } else { Some((ratios.iter().map(|x| x.ln()).sum::<f64>() / ratios.len() as f64).exp()) };
-    let summary = format!(
-        "gemm summary: bf16 4096³ cuBLAS {} / cuBLASLt {} / kfuse {} TFLOP/s; kfuse ÷ best vendor, geometric mean over {} bf16 shape(s): {}",
-        fmt_t(&first.case, &first.cublas),
-        fmt_t(&first.case, &first.cublaslt),
-        first.kfuse.as_ref().map(|k| fmt_t(&first.case, k)).unwrap_or_else(|| "—".into()),
-        ratios.len(),
-        geo.map(|g| format!("{g:.2}×")).unwrap_or_else(|| "—".into())
-    );
-    println!("device: {device}\n{md}\n{fused_md}\n{summary}");
+    let summary = match rows.first() {
+        Some(first) => format!(
+            "gemm summary: {} {} cuBLAS {} / cuBLASLt {} / kfuse {} TFLOP/s; kfuse ÷ best vendor, geometric mean over {} bf16 shape(s): {}",
+            first.case.dtype_label(),
+            first.case.label(),
+            fmt_t(&first.case, &first.cublas),
+            fmt_t(&first.case, &first.cublaslt),
+            first.kfuse.as_ref().map(|k| fmt_t(&first.case, k)).unwrap_or_else(|| "—".into()),
+            ratios.len(),
+            geo.map(|g| format!("{g:.2}×")).unwrap_or_else(|| "—".into())
+        ),
+        None => "gemm summary: no shape of the main table matched the filter".to_string(),
+    };
+    println!("device: {device}\n{md}\n{fp8_md}\n{fused_md}\n{summary}");
     if let Ok(out) = std::env::var("KFUSE_BENCH_OUT") {
         let out = std::path::PathBuf::from(out);
-        std::fs::write(out.join("gemm.md"), format!("device: {device}\n\n{md}\n{fused_md}\n{summary}\n")).ok();
+        std::fs::write(out.join("gemm.md"), format!("device: {device}\n\n{md}\n{fp8_md}\n{fused_md}\n{summary}\n")).ok();
         std::fs::write(out.join("gemm.csv"), csv).ok();
     }
     Ok(())

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # First half of the GPU round trip, on a machine without a GPU: builds the GPU test
-# binaries, the benchmarks (memory, rows, gemm) and the quickstart example in release
-# mode, strips them and collects them with the host script in .gpu/ (git-ignored; carry
-# it to the GPU host).
+# binaries, the benchmarks (memory, rows, gemm, gemm_criterion) and the quickstart
+# example in release mode, strips them and collects them with the host script in .gpu/
+# (git-ignored; carry it to the GPU host).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cuda-env.sh
@@ -22,9 +22,9 @@ for n, k, path in arts:
     print(n + "_bench" if "bench" in k and n in tests else n, path)'
 }
 {
-  cargo test --release --no-run --message-format=json --test gpu --test errors --test user_kernels --test rope --test rows --test gpu_gemm --test gpu_gemm_ex --test autotune
-  cargo test --release --no-run --message-format=json -p kfuse-runtime --lib --test gpu_runtime
-  cargo bench --no-run --message-format=json --bench memory --bench rows --bench gemm
+  cargo test --release --no-run --message-format=json --test gpu --test errors --test user_kernels --test rope --test rows --test gpu_gemm --test gpu_gemm_f32 --test gpu_gemm_fp8 --test gpu_gemm_ex --test autotune
+  cargo test --release --no-run --message-format=json -p kfuse-runtime --lib --test gpu_runtime --test vendor_fp8
+  cargo bench --no-run --message-format=json --bench memory --bench rows --bench gemm --bench gemm_criterion
   cargo build --release --message-format=json --example quickstart
 } 2>/dev/null | collect | while read -r name path; do
   cp "$path" ".gpu/bin/$name"

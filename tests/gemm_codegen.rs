@@ -33,15 +33,45 @@ fn sm90a_gemm_has_the_matrix_path() {
 #[test]
 fn pre_ampere_gemm_is_refused_clearly() {
     // sm_80 and sm_89 take the mma.sync path (tests/gemm_sm80_codegen.rs); older
-    // targets have no matrix path, and an f32 `dot` none yet
+    // targets have none, not even the f32 FMA path (tests/gemm_fma_codegen.rs)
     let def = &kfuse::ops::kernels::gemm::DEF;
     let k = (def.build)(&[DType::BF16]).unwrap();
     let turing = Target { sm: 75, num_sms: 72, smem_per_block: 64 * 1024 };
     let err = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &turing).unwrap_err().to_string();
     assert!(err.contains("sm_75") && err.contains("sm_80 and newer"), "{err}");
     let k = (def.build)(&[DType::F32]).unwrap();
-    let err = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm80()).unwrap_err().to_string();
-    assert!(err.contains("mma.sync") && err.contains("f16 and bf16"), "{err}");
+    let err = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &turing).unwrap_err().to_string();
+    assert!(err.contains("sm_75") && err.contains("sm_80 and newer"), "{err}");
+}
+
+#[test]
+fn fp8_gemm_kernels_assemble_without_spills() {
+    // `gemm_scaled` on 8-bit operands (`out = scale · a·b`, the per-tensor scales folded
+    // into one f32), B read K-major (a transposed view of an [N, K] tensor)
+    let def = &kfuse::ops::kernels::gemm_scaled::DEF;
+    let mut failures = Vec::new();
+    for (dt, out, m) in [(DType::F8E4M3, DType::BF16, 8192), (DType::F8E5M2, DType::F16, 127), (DType::F8E4M3, DType::F8E4M3, 4096), (DType::F8E4M3, DType::F32, 1024)] {
+        let k = (def.build)(&[dt, out]).unwrap();
+        let mut spec = spec_mnk(def, m, 8192, 8192);
+        spec.tensors[1] = Some(kfuse::codegen::TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
+        let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+        let ty = if dt == DType::F8E4M3 { "e4m3" } else { "e5m2" };
+        assert!(e.source.contains(&format!("k32.f32.{ty}.{ty}")), "{}", e.source);
+        match common::assemble(&e.source, &e.arch, &e.options, &format!("gemm_fp8_{dt}_{out}_{m}")) {
+            Ok((regs, spill)) if spill > 0 => failures.push(format!("{dt}->{out} M{m}: {spill} bytes of spills ({regs} registers)")),
+            Ok(_) => {}
+            Err(err) => failures.push(format!("{dt}->{out} M{m}: {err}")),
+        }
+    }
+    // a 1x1x1 product with an 8-bit output (its store goes through a layout conversion)
+    let k = (def.build)(&[DType::F8E4M3, DType::F8E4M3]).unwrap();
+    let mut spec = spec_mnk(def, 1, 1, 1);
+    // as the runtime sees the 1x1 views gemm_ex passes: a and b padded copies, out packed
+    spec.tensors[0] = Some(kfuse::codegen::TensorSpec { ptr_align: 16, stride_div: vec![128, 0] });
+    spec.tensors[1] = Some(kfuse::codegen::TensorSpec { ptr_align: 16, stride_div: vec![0, 128] });
+    spec.tensors[2] = Some(kfuse::codegen::TensorSpec { ptr_align: 16, stride_div: vec![0, 0] });
+    compile(&k, &spec, &Target::sm90a()).unwrap();
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 #[test]

@@ -20,6 +20,10 @@ fn cpu() -> Device {
 fn tol(dt: DType) -> f64 {
     match dt {
         DType::F32 => 1e-5,
+        // one rounding to 3 (e4m3) or 2 (e5m2) mantissa bits: up to 2^-4 / 2^-3 of each
+        // element, about a third of that in the norm
+        DType::F8E4M3 => 4e-2,
+        DType::F8E5M2 => 8e-2,
         _ => 1e-2,
     }
 }
@@ -67,7 +71,7 @@ fn gemm_ex_every_dtype_pair_with_alpha_beta_and_c() {
                 let (b, bv) = rand(&[k, n], dt, seed + 1);
                 let (c, cv) = rand(&[m, n], od, seed + 2);
                 // with c
-                let opts = GemmOptions { alpha, beta, c: Some(&c), out_dtype: Some(od) };
+                let opts = GemmOptions { alpha, beta, c: Some(&c), out_dtype: Some(od), ..Default::default() };
                 let got = gemm_ex(&a, &b, &opts).unwrap();
                 check(&what, &got, &[m, n], od, &reference(&av, &bv, Some(&cv), 1, m, k, n, false, alpha as f64, beta as f64));
                 // the kernel itself into a poisoned output: the same bits
@@ -88,6 +92,32 @@ fn gemm_ex_every_dtype_pair_with_alpha_beta_and_c() {
 }
 
 #[test]
+fn fp8_operands_with_per_tensor_scales() {
+    // `out = alpha · scale_a · scale_b · a·b + beta · c`, operands of either 8-bit type
+    // (the values the kernel sees are the fp8-rounded ones), outputs of every float
+    // dtype, B given both ways (row-major [K, N] and as the transpose of [N, K])
+    let (sa, sb, alpha) = (0.5f32, 3.0f32, 1.5f32);
+    for (i, &(m, n, k)) in SHAPES.iter().enumerate() {
+        for dt in [DType::F8E4M3, DType::F8E5M2] {
+            for od in [DType::BF16, DType::F32, DType::F8E4M3] {
+                let (a, av) = rand(&[m, k], dt, 60 + i as u64);
+                let (b, bv) = common::gemm::operand(k, n, dt, 70 + i as u64, i % 2 == 1, &cpu());
+                let (c, cv) = rand(&[m, n], od, 80 + i as u64);
+                let opts = GemmOptions { alpha, beta: 0.25, c: Some(&c), out_dtype: Some(od), scale_a: sa, scale_b: sb };
+                let got = gemm_ex(&a, &b, &opts).unwrap();
+                let want = reference(&av, &bv, Some(&cv), 1, m, k, n, false, (alpha * sa * sb) as f64, 0.25);
+                check(&format!("{dt}->{od} {m}x{n}x{k}"), &got, &[m, n], od, &want);
+            }
+        }
+    }
+    // scales reach the plain product too
+    let (a, av) = rand(&[5, 9], DType::F8E4M3, 1);
+    let (b, bv) = rand(&[9, 4], DType::F8E4M3, 2);
+    let got = gemm_ex(&a, &b, &GemmOptions { out_dtype: Some(DType::F32), scale_a: 2.0, scale_b: 0.125, ..Default::default() }).unwrap();
+    check("fp8 scales", &got, &[5, 4], DType::F32, &reference(&av, &bv, None, 1, 5, 9, 4, false, 0.25, 0.0));
+}
+
+#[test]
 fn gemm_ex_defaults_match_gemm_bit_for_bit() {
     for dt in common::DTYPES {
         let (a, _) = rand(&[19, 37], dt, 5);
@@ -105,7 +135,7 @@ fn beta_zero_does_not_read_c() {
     let (b, bv) = rand(&[k, n], DType::BF16, 2);
     for poison in [f64::NAN, f64::INFINITY] {
         let c = Tensor::full(&[m, n], poison, DType::BF16, &cpu()).unwrap();
-        let got = gemm_ex(&a, &b, &GemmOptions { alpha: 1.5, beta: 0.0, c: Some(&c), out_dtype: None }).unwrap();
+        let got = gemm_ex(&a, &b, &GemmOptions { alpha: 1.5, beta: 0.0, c: Some(&c), out_dtype: None, ..Default::default() }).unwrap();
         check("beta = 0", &got, &[m, n], DType::BF16, &reference(&av, &bv, None, 1, m, k, n, false, 1.5, 0.0));
     }
 }
@@ -120,7 +150,7 @@ fn gemm_ex_reads_strided_operands_and_c() {
     let (a, b, c) = (at.t(), wide.narrow(1, 2, n).unwrap(), ct.t());
     assert!(!a.is_contiguous() && !b.is_contiguous() && !c.is_contiguous());
     let (av, bv, cv) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap(), c.to_vec_f64().unwrap());
-    let opts = GemmOptions { alpha: 0.5, beta: 2.0, c: Some(&c), out_dtype: Some(DType::F32) };
+    let opts = GemmOptions { alpha: 0.5, beta: 2.0, c: Some(&c), out_dtype: Some(DType::F32), ..Default::default() };
     let got = gemm_ex(&a, &b, &opts).unwrap();
     check("strided gemm_ex", &got, &[m, n], DType::F32, &reference(&av, &bv, Some(&cv), 1, m, k, n, false, 0.5, 2.0));
 }
@@ -139,7 +169,7 @@ fn empty_sizes_and_the_empty_sum() {
     assert_eq!(z.to_vec_f64().unwrap(), vec![0.0; 6]);
     // K = 0 with c: beta · c (rounded once)
     let (c, cv) = rand(&[2, 3], DType::F16, 4);
-    let z = gemm_ex(&t(&[2, 0], DType::BF16), &t(&[0, 3], DType::BF16), &GemmOptions { beta: 0.5, c: Some(&c), out_dtype: Some(DType::F16), alpha: 1.0 })
+    let z = gemm_ex(&t(&[2, 0], DType::BF16), &t(&[0, 3], DType::BF16), &GemmOptions { beta: 0.5, c: Some(&c), out_dtype: Some(DType::F16), alpha: 1.0, ..Default::default() })
         .unwrap();
     assert_eq!(z.to_vec_f64().unwrap(), cv.iter().map(|v| DType::F16.round(0.5 * v)).collect::<Vec<_>>());
     let (c, cv) = rand(&[2, 2, 3], DType::F32, 5);
@@ -157,7 +187,7 @@ fn batched_case(batch: &[usize], (m, n, k): (usize, usize, usize), b_shared: boo
     let oshape = [batch, &[m, n]].concat();
     let (c, cv) = rand(&oshape, od, seed + 2);
     let (alpha, beta) = if with_c { (1.25f32, 0.5f32) } else { (1.0, 0.0) };
-    let opts = GemmOptions { alpha, beta, c: with_c.then_some(&c), out_dtype: Some(od) };
+    let opts = GemmOptions { alpha, beta, c: with_c.then_some(&c), out_dtype: Some(od), ..Default::default() };
     let got = gemm_batched_ex(&a, &b, &opts).unwrap();
     let want = reference(&av, &bv, with_c.then_some(&cv[..]), nb, m, k, n, b_shared, alpha as f64, beta as f64);
     check(&format!("batched {batch:?} {m}x{n}x{k} shared={b_shared} {dt}->{od} c={with_c}"), &got, &oshape, od, &want);
@@ -191,7 +221,7 @@ fn gemm_batched_against_float64() {
     let (c, _) = rand(&[3, 5, 4], DType::F32, 13);
     let mut out = common::poisoned(&[3, 5, 4], DType::F32, &cpu());
     kfuse::ops::kernels::gemm_batched_axpby(&a, &b, &c, &mut out, 2.0, -1.0).unwrap();
-    let opts = GemmOptions { alpha: 2.0, beta: -1.0, c: Some(&c), out_dtype: Some(DType::F32) };
+    let opts = GemmOptions { alpha: 2.0, beta: -1.0, c: Some(&c), out_dtype: Some(DType::F32), ..Default::default() };
     assert_eq!(out.to_vec_f64().unwrap(), gemm_batched_ex(&a, &b, &opts).unwrap().to_vec_f64().unwrap());
     // no batch dimensions: the 2-D product
     let (a, av) = rand(&[6, 9], DType::F32, 14);
@@ -222,7 +252,7 @@ fn gemm_batched_reads_strided_batches() {
     assert!(!a.is_contiguous() && !a.t().is_contiguous());
     let (c4, _) = rand(&[2, 3, n, m], DType::F32, 26);
     let c = c4.t();
-    let opts = GemmOptions { alpha: -1.0, beta: 0.25, c: Some(&c), out_dtype: Some(DType::F32) };
+    let opts = GemmOptions { alpha: -1.0, beta: 0.25, c: Some(&c), out_dtype: Some(DType::F32), ..Default::default() };
     let got = gemm_batched_ex(&a, &b, &opts).unwrap();
     check("rank-4 permuted", &got, &[2, 3, m, n], DType::F32, &reference(&vals(&a), &bv, Some(&vals(&c)), 6, m, k, n, false, -1.0, 0.25));
     // a shared `b` with strided `a` and `c`: `a` and `c` packed, then one tall product
@@ -230,7 +260,7 @@ fn gemm_batched_reads_strided_batches() {
     let (bs, bsv) = rand(&[k, n], dt, 28);
     let (ct, _) = rand(&[4, n, m], dt, 29);
     let (a, c) = (at.t(), ct.t());
-    let opts = GemmOptions { alpha: 0.5, beta: 1.0, c: Some(&c), out_dtype: None };
+    let opts = GemmOptions { alpha: 0.5, beta: 1.0, c: Some(&c), out_dtype: None, ..Default::default() };
     let got = gemm_batched_ex(&a, &bs, &opts).unwrap();
     check("shared b, strided a and c", &got, &[4, m, n], dt, &reference(&vals(&a), &bsv, Some(&vals(&c)), 4, m, k, n, true, 0.5, 1.0));
     // a shared `b` with a rank-4 transposed `a`

@@ -40,7 +40,7 @@ fn check_gemm_ex(cs: &Case, dev: &Device, seed: u64) -> Result<f64, String> {
     let (b, bv) = operand(k, n, dt, seed + 1, tb, dev);
     let (c, cv) = common::random_tensor(&[m, n], od, seed + 2, 0.05, dev);
     let (alpha, beta) = if with_c { (0.5f32, 1.25f32) } else { (-1.5f32, 0.0f32) };
-    let opts = GemmOptions { alpha, beta, c: with_c.then_some(&c), out_dtype: Some(od) };
+    let opts = GemmOptions { alpha, beta, c: with_c.then_some(&c), out_dtype: Some(od), ..Default::default() };
     let out = gemm_ex(&a, &b, &opts).map_err(|e| format!("{what}: {e}"))?;
     if (out.shape(), out.dtype()) != (&[m, n][..], od) {
         return Err(format!("{what}: got shape {:?} dtype {}", out.shape(), out.dtype()));
@@ -91,7 +91,7 @@ fn gemm_ex_with_beta_zero_ignores_c_and_k_zero_gives_beta_c() {
     let (a, av) = common::random_tensor(&[m, k], DType::BF16, 1, 0.05, &dev);
     let (b, bv) = common::random_tensor(&[k, n], DType::BF16, 2, 0.05, &dev);
     let c = Tensor::full(&[m, n], f64::NAN, DType::BF16, &dev).unwrap();
-    let out = gemm_ex(&a, &b, &GemmOptions { alpha: 2.0, beta: 0.0, c: Some(&c), out_dtype: None }).unwrap();
+    let out = gemm_ex(&a, &b, &GemmOptions { alpha: 2.0, beta: 0.0, c: Some(&c), out_dtype: None, ..Default::default() }).unwrap();
     let rows: Vec<usize> = (0..m).collect();
     let e = common::rel_err(&out.to_vec_f64().unwrap(), &reference_rows_ex(&av, &bv, None, k, n, &rows, 2.0, 0.0));
     assert!(e <= 1e-2, "beta = 0: relative error {e:.3e}");
@@ -99,7 +99,7 @@ fn gemm_ex_with_beta_zero_ignores_c_and_k_zero_gives_beta_c() {
     let (c, cv) = common::random_tensor(&[m, n], DType::F32, 3, 0.05, &dev);
     let a0 = Tensor::empty(&[m, 0], DType::BF16, &dev).unwrap();
     let b0 = Tensor::empty(&[0, n], DType::BF16, &dev).unwrap();
-    let out = gemm_ex(&a0, &b0, &GemmOptions { alpha: 1.0, beta: -0.5, c: Some(&c), out_dtype: Some(DType::F32) }).unwrap();
+    let out = gemm_ex(&a0, &b0, &GemmOptions { alpha: 1.0, beta: -0.5, c: Some(&c), out_dtype: Some(DType::F32), ..Default::default() }).unwrap();
     assert_eq!(out.to_vec_f64().unwrap(), cv.iter().map(|v| -0.5 * v).collect::<Vec<_>>());
 }
 
@@ -122,7 +122,7 @@ fn check_batched(batch: &[usize], (m, n, k): (usize, usize, usize), b_shared: bo
     let (c, cv) = common::random_tensor(&oshape, od, seed + 2, 0.05, dev);
     let (alpha, beta) = if with_c { (1.5f32, -0.75f32) } else { (1.0, 0.0) };
     let out = if with_c || od != dt {
-        gemm_batched_ex(&a, &b, &GemmOptions { alpha, beta, c: with_c.then_some(&c), out_dtype: Some(od) })
+        gemm_batched_ex(&a, &b, &GemmOptions { alpha, beta, c: with_c.then_some(&c), out_dtype: Some(od), ..Default::default() })
     } else {
         gemm_batched(&a, &b)
     }

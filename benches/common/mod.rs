@@ -1,8 +1,11 @@
 //! Pieces the benchmarks share: random inputs, the median, and the
-//! device-to-device copy that gives the bandwidth ceiling measured in the same run.
+//! device-to-device copy that gives the bandwidth ceiling measured in the same run;
+//! `gemm`: what the two GEMM benchmarks share.
 #![allow(dead_code)]
 
 use kfuse::{DType, Device, Tensor};
+
+pub mod gemm;
 
 /// `n` random bf16 values, uniform in [-2, 2) (random data, never a zero fill)
 /// on `dev`, and the same values on the host.

@@ -46,3 +46,8 @@ pub fn non_negative(k: &Kernel, v: ValueId) -> bool {
         _ => false,
     }
 }
+
+/// True when the kernel touches an 8-bit float: a tensor parameter or any value.
+pub fn uses_fp8(k: &Kernel) -> bool {
+    k.params.iter().any(|p| p.dtype.is_fp8()) || k.ops().any(|o| k.node(o).ty.as_ref().is_some_and(|t| t.dtype.is_fp8()))
+}

@@ -99,6 +99,34 @@ pub fn mma_tiles_accumulator(rows: u32, cols: u32, warps: [u32; 2]) -> Blocked {
     }
 }
 
+/// The accumulator layout of the FMA path ([`kfuse_ir::MmaPath::FmaSimt`]) for a
+/// `[rows, cols]` tile held by `warps[0] × warps[1]` warps: a plain blocked layout
+/// (no [`AxisSteps`]) with runs of 4 consecutive rows and 4 consecutive columns a
+/// thread (`min(4, extent)`), up to 8 lanes along the columns and the rest of the warp
+/// along the rows, the warps as given, columns fastest. A thread's registers repeat
+/// every sweep of the block (`4 · lanes · warps` along an axis): 128x128 over 4x2
+/// warps is a 16x16 grid of threads with 8x8 registers each, rows `4 t_r + {0..3}`
+/// and `64 + 4 t_r + {0..3}`, likewise the columns.
+///
+/// Why runs of 4: per `k` a thread reads each of its runs of A and of B as one 16-byte
+/// vector from shared memory; the 8 lanes along the columns read 8 consecutive vectors
+/// of a B row (128 bytes) and the 4 lanes along the rows 4 of an A row, the other lanes
+/// the same addresses — one conflict-free access each. Where a sweep covers more than
+/// the tile (tiny tiles), the extra threads hold replicas, as in [`blocked`].
+pub fn fma_accumulator(rows: u32, cols: u32, warps: [u32; 2]) -> Blocked {
+    let spt = [rows.clamp(1, 4), cols.clamp(1, 4)];
+    let tc = (cols / spt[1]).clamp(1, 8);
+    Blocked {
+        shape: vec![rows, cols],
+        size_per_thread: spt.to_vec(),
+        threads_per_warp: vec![32 / tc, tc],
+        warps_per_block: warps.to_vec(),
+        order: vec![1, 0],
+        ctas_per_cluster: vec![1, 1],
+        steps: vec![],
+    }
+}
+
 /// Reorders a blocked layout's axes: result axis `i` is axis `perm[i]`.
 pub fn permute(b: &Blocked, perm: &[u32]) -> Blocked {
     let pick = |v: &Vec<u32>| perm.iter().map(|&p| v[p as usize]).collect::<Vec<u32>>();

@@ -10,7 +10,7 @@
 //! `verify → hoist_invariants → choose_tiles → select_mma_path → pipeline_stages → assign_layouts →
 //! vectorize → verify → emit`. A pipelined `dot` loop is written by the matrix-path
 //! writer its plan names (`cuda/emit/wgmma.rs` on sm_90a, `cuda/emit/mma_sm80.rs` on
-//! sm_80/sm_89). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
+//! sm_80/sm_89, `cuda/emit/dot_fma.rs` for exact f32 FMAs on any target). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
 //! of this list.
 //!
 //! [`tuning_candidates`] (`tuning.rs`) lists tile overrides around the heuristic for a
@@ -52,6 +52,12 @@ pub fn schedule(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kernel,
         return Err(CodegenError::Target(
             format!("sm_{}", target.sm),
             "kfuse generates code for sm_80 and newer (Ampere, Ada, Hopper)".into(),
+        ));
+    }
+    if target.sm < 89 && analysis::uses_fp8(kernel) {
+        return Err(CodegenError::Target(
+            format!("sm_{}", target.sm),
+            format!("kernel `{}` uses 8-bit floats (f8e4m3/f8e5m2), which need sm_89 or newer", kernel.name),
         ));
     }
     verify(kernel, "input")?;

@@ -9,7 +9,9 @@
 //! - sm_90 (WGMMA): `BM` ∈ {128, 64} × `BN` ∈ {256, 128, 64} with the default pipeline
 //!   depth, and the heuristic's own tiles with `STAGES=4` when the default is deeper;
 //! - sm_80/sm_89 (mma.sync): `BM × BN` ∈ {128x128, 128x64, 64x128, 64x64}, default
-//!   stages.
+//!   stages;
+//! - the FMA path (f32 operands, any target): the target's list above; `BK` follows
+//!   `BM` (`choose_tiles::fma_bk`) and the stages are always two.
 //!
 //! Invariants:
 //! - The heuristic's own choice comes first (as explicit `BM`/`BN` entries); a kernel

@@ -305,7 +305,7 @@ impl Builder {
             let expected = match op {
                 UnaryOp::Not => "bool",
                 UnaryOp::Neg | UnaryOp::Abs => "a number",
-                _ => "a float (f32, f16, bf16)",
+                _ => "a float (f32, f16, bf16, f8e4m3, f8e5m2)",
             };
             return Err(IrError::Expected { op: format!("{op:?}").to_lowercase(), expected: expected.into(), found: t.dtype.to_string() });
         }
@@ -484,7 +484,7 @@ impl Builder {
                 return Err(IrError::Expected { op: "dot".into(), expected: "rank-2 tiles ([M, K] and [K, N])".into(), found });
             }
             if !t.dtype.is_float() {
-                return Err(IrError::Expected { op: "dot".into(), expected: "float tiles (f32, f16, bf16)".into(), found: t.dtype.to_string() });
+                return Err(IrError::Expected { op: "dot".into(), expected: "float tiles (f32, f16, bf16, f8e4m3, f8e5m2)".into(), found: t.dtype.to_string() });
             }
         }
         if ta.dtype != tb.dtype {

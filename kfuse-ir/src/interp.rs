@@ -90,7 +90,7 @@
 //! # Arithmetic
 //!
 //! Every result is rounded to its dtype with [`DType::round`].
-//! - Floats (`f32`, `f16`, `bf16`) compute in `f32`: operands converted to `f32`, the
+//! - Floats (`f32`, `f16`, `bf16`, `f8e4m3`, `f8e5m2`) compute in `f32`: operands converted to `f32`, the
 //!   op done in `f32`, the result rounded to the dtype (so a `bf16` add is
 //!   `round_bf16(a as f32 + b as f32)`). `exp`, `ln`, `sqrt`, `tanh`, `sin`, `cos` are
 //!   Rust's `f32` functions; `rsqrt(x) = 1 / sqrt(x)`, `sigmoid(x) = 1 / (1 + exp(-x))`, both in `f32`;

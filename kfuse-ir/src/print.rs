@@ -180,6 +180,14 @@ pub fn print(k: &Kernel) -> String {
                         m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle
                     );
                 }
+                crate::schedule::MmaPath::FmaSimt => {
+                    let _ = writeln!(
+                        out,
+                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, f32 fma, thread tile {}x{}, warps {}x{}, {} stages (register prefetch), A {} {}, B {} {}",
+                        m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instr[0], m.instr[1],
+                        m.warps[0], m.warps[1], m.stages, m.a.load.value(), maj(&m.a), m.b.load.value(), maj(&m.b)
+                    );
+                }
             }
             if m.multicast > 1 {
                 let _ = writeln!(out, "  mma multicast: clusters of {} blocks on one tile row share its A tile (TMA multicast)", m.multicast);

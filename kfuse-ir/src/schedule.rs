@@ -130,9 +130,37 @@ pub enum MmaPath {
     /// of one `ldmatrix` matrix, and the chunks a warp's `cp.async`s write, fall in
     /// distinct banks. `MmaOperand::swizzle` records `min(row_bytes, 128)`.
     MmaSyncCpAsync,
+    /// Every sm_80+ target, no matrix unit: plain f32 fused multiply-adds (`fmaf`, one
+    /// FFMA each, round-to-nearest, no TF32) on the CUDA cores into exact f32
+    /// accumulators. Taken by f32 operands, and as the fallback of the two paths above
+    /// for f16/bf16 operands they cannot read (strides or data not 16-byte aligned, a
+    /// `cp.async` block offset off a 16-byte boundary); 16-bit elements become f32 as
+    /// they are loaded. One output tile per block, on the ordinary program-id grid.
+    ///
+    /// Data movement: every thread loads its share of both operand tiles from global
+    /// memory into registers with plain masked loads (any strides, any majorness;
+    /// elements outside the tensor read as 0), the warp's lanes consecutive along the
+    /// tensor's unit-stride dimension, and stores them as f32 into shared memory laid
+    /// out `[BK][BM + 4]` (A transposed: M contiguous) and `[BK][BN + 4]` (N contiguous);
+    /// the 4 floats of padding a row keep the transposing stores of a K-major operand
+    /// apart in the banks and every row 16-byte aligned (`MmaOperand::swizzle` is 0).
+    /// Two stages (`stages = 2`): the loads of iteration `it + 1` are in flight in
+    /// registers while the block computes on stage `it % 2`, then go to the other
+    /// stage; one barrier an iteration.
+    ///
+    /// Compute: thread tiles of `instr[0] × instr[1]` accumulators (`instr = [tm, tn,
+    /// 1]`), in the accumulator layout `fma_accumulator` of `kfuse-codegen`: runs of 4
+    /// consecutive rows and 4 consecutive columns repeated every sweep of the block,
+    /// lanes 8 along the columns (4 along the rows), warps arranged `warps[0] ×
+    /// warps[1]`. Per `k` a thread reads its rows of A and its columns of B as 16-byte
+    /// vectors (lanes of one vector read the same address or consecutive ones: no bank
+    /// conflicts) and issues `tm × tn` FMAs.
+    FmaSimt,
 }
 
-/// Which dimension of an operand tile is contiguous in shared memory.
+/// Which dimension of an operand tile is contiguous in shared memory (on
+/// [`MmaPath::FmaSimt`]: in the tensor it is loaded from; that path's shared memory
+/// holds every operand with `M` or `N` contiguous).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Major {
     /// The reduction dimension (`K`) is contiguous.
@@ -161,7 +189,8 @@ pub struct MmaPlan {
     pub carried: u32,
     pub a: MmaOperand,
     pub b: MmaOperand,
-    /// Block tile `[BM, BN, BK]` and instruction shape `[m, n, k]`.
+    /// Block tile `[BM, BN, BK]` and instruction shape `[m, n, k]` (on
+    /// [`MmaPath::FmaSimt`]: the thread tile `[tm, tn, 1]`, `tm × tn` FMAs per `k`).
     pub tile: [u32; 3],
     pub instr: [u32; 3],
     /// Consumer warpgroups (each owns `BM / consumers` rows of the tile); 0 on paths
@@ -170,7 +199,8 @@ pub struct MmaPlan {
     /// Warps sharing the accumulator tile, along M and along N (`[4 * consumers, 1]`
     /// for WGMMA). With `wm × wn` warps, warp `(a, b)` holds the `m16n8` instruction
     /// tiles at rows `16 (a + wm i)` and columns `8 (b + wn j)`: warps interleave at
-    /// instruction-tile granularity ([`AxisSteps`] in the layout).
+    /// instruction-tile granularity ([`AxisSteps`] in the layout). On
+    /// [`MmaPath::FmaSimt`] the warps hold thread tiles in a plain blocked layout.
     pub warps: [u32; 2],
     /// Shared-memory pipeline depth (`pipeline_stages`).
     pub stages: u32,

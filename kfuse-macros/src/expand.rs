@@ -205,7 +205,7 @@ fn build_body(k: &Kernel, ir: &TokenStream, dtypes: &Ident, plan: &Plan) -> Toke
         }
     };
     for (i, g) in k.generics.iter().enumerate() {
-        let expected = string(&format!("a float dtype (f32, f16, bf16) for `{g}`"));
+        let expected = string(&format!("a float dtype (f32, f16, bf16, f8e4m3, f8e5m2) for `{g}`"));
         let op = string(&name);
         out.extend(quote! {
             if !#dtypes[#i].is_float() {

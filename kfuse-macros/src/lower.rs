@@ -520,7 +520,7 @@ impl Lower<'_> {
             "zeros" => {
                 let [ty] = turbofish else {
                     return Err(Sp::single(func.span())
-                        .error("`zeros` takes its dtype as a type argument: `zeros::<f32>([BM, BN])` (`f32`, `f16`, `bf16`, or a generic)"));
+                        .error("`zeros` takes its dtype as a type argument: `zeros::<f32>([BM, BN])` (`f32`, `f16`, `bf16`, `f8e4m3`, `f8e5m2`, or a generic)"));
                 };
                 let dtype = crate::parse::dtype(ty, &self.k.generics)?;
                 check_arity(&name, 1, args, sp)?;

@@ -209,12 +209,13 @@ impl<T: quote::ToTokens> TokenString for T {
     }
 }
 
-/// A dtype as written: a generic of the kernel, or `f32`, `f16`, `bf16`, `i64`.
+/// A dtype as written: a generic of the kernel, or `f32`, `f16`, `bf16`, `f8e4m3`,
+/// `f8e5m2`, `i64`.
 pub fn dtype(ty: &syn::Type, generics: &[proc_macro2::Ident]) -> syn::Result<DTy> {
     let msg = || {
         let g: Vec<String> = generics.iter().map(|g| format!("`{g}`")).collect();
         let g = if g.is_empty() { String::new() } else { format!("a generic of the kernel ({}) or ", g.join(", ")) };
-        Sp::of(ty).error(format!("expected a dtype: {g}`f32`, `f16`, `bf16` or `i64`"))
+        Sp::of(ty).error(format!("expected a dtype: {g}`f32`, `f16`, `bf16`, `f8e4m3`, `f8e5m2` or `i64`"))
     };
     let syn::Type::Path(p) = ty else { return Err(msg()) };
     let Some(id) = p.path.get_ident().filter(|_| p.qself.is_none()) else { return Err(msg()) };

@@ -206,7 +206,7 @@ fn errors_of_the_new_forms() {
             out.block([i * BN], [BN]).store(x.block([i * BN], [BN]).load() + iota(BN).sin());
         }
     });
-    assert_eq!(e, "`sin` expects a float (f32, f16, bf16), found i64");
+    assert_eq!(e, "`sin` expects a float (f32, f16, bf16, f8e4m3, f8e5m2), found i64");
     // An i64 tensor is a tensor of i64 values: no implicit float arithmetic.
     let e = err(quote! {
         fn k(p: Tensor<i64, (N,)>, out: &mut Tensor<f32, (N,)>) {

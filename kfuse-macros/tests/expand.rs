@@ -279,7 +279,7 @@ fn build_checks_its_dtypes() {
     );
     assert_eq!(
         (add::DEF.build)(&[DType::I64]).unwrap_err().to_string(),
-        "`add` expects a float dtype (f32, f16, bf16) for `T`, found i64"
+        "`add` expects a float dtype (f32, f16, bf16, f8e4m3, f8e5m2) for `T`, found i64"
     );
 }
 

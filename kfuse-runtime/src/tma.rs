@@ -91,7 +91,7 @@ pub fn data_type(dtype: DType) -> CUtensorMapDataType {
         DType::BF16 => CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         DType::I64 => CU_TENSOR_MAP_DATA_TYPE_INT64,
         // one byte per element (fp8 formats, when the IR has them, map here too)
-        DType::Bool => CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        DType::Bool | DType::F8E4M3 | DType::F8E5M2 => CU_TENSOR_MAP_DATA_TYPE_UINT8,
     }
 }
 

@@ -7,10 +7,12 @@
 //! output against the vendor's.
 //!
 //! Owns: finding libcublas / libcublasLt ([`ensure_cublas`]), one cuBLAS and one
-//! cuBLASLt handle per [`Blas`], its workspace, and the row-major GEMM
+//! cuBLASLt handle per [`Blas`], its workspace, the row-major GEMM
 //! `C[M, N] = A[M, K] · B[K, N]` ([`Blas::gemm_into`], [`Blas::gemm`]) for bf16 and f16
 //! (f32 accumulation, output of the input dtype), and f32 (full fp32, or TF32 tensor
-//! cores when asked with [`Math::Tf32`]).
+//! cores when asked with [`Math::Tf32`]), and the fp8 GEMM
+//! `C[M, N] = scale_a · scale_b · (A[M, K] · B[K, N])` ([`Blas::gemm_fp8_into`],
+//! [`Blas::gemm_fp8`]; see "fp8" below).
 //!
 //! Row-major through column-major cuBLAS: a row-major `X[r, c]` with row stride `ld` is
 //! the column-major `Xᵀ[c, r]` with leading dimension `ld`, so the call computes
@@ -26,12 +28,39 @@
 //! cudarc's by-name request then matches their sonames. `scripts/gpu-run.sh` also puts
 //! `/usr/local/cuda/lib64` on `LD_LIBRARY_PATH`.
 //!
-//! TODO(fp8): `DType` has no fp8 yet. When it does, e4m3 goes through cuBLASLt only
-//! (`CUDA_R_8F_E4M3`, compute `CUBLAS_COMPUTE_32F`, scale type f32, output bf16/f16),
-//! which for fp8 supports only the "TN" layout: the first column-major operand
-//! transposed. For row-major `C = A · B` that means `B` must be stored `[N, K]`
-//! (K-major, `b.t()` of a packed `[N, K]` tensor here becomes `CUBLAS_OP_T`) while `A`
-//! stays a packed `[M, K]`; `Blas::gemm_lt` (private) notes where the dtype plugs in.
+//! fp8. A and B of dtype f8e4m3 or f8e5m2 (e4m3 × e4m3, e4m3 × e5m2, e5m2 × e4m3;
+//! cuBLASLt has no e5m2 × e5m2 on Ada / Hopper, which is refused with an error), C of
+//! bf16 (the main case), f16 or f32, through cuBLASLt only (`cublasGemmEx` has no fp8:
+//! [`Library::Cublas`] is refused): `CUDA_R_8F_E4M3` / `CUDA_R_8F_E5M2` operands,
+//! compute type `CUBLAS_COMPUTE_32F`, scale type f32, and
+//! `CUBLASLT_MATMUL_DESC_FAST_ACCUM` set from the `fast_accum` argument (`false` is
+//! cuBLASLt's default, which promotes the tensor cores' partial sums into f32 at
+//! intervals; `true` skips that: faster, less accurate). Needs compute capability 8.9
+//! or newer.
+//!
+//! *Layout rule.* On Ada and Hopper cuBLASLt runs fp8 only in the "TN" layout: the
+//! first column-major operand transposed, the second not, i.e. both with K contiguous.
+//! For row-major `C = A · B` that means `A` a row-major `[M, K]` (unit stride along K)
+//! and `B` *K-major*: `w.t()` of a row-major `[N, K]` tensor `w` (a weight stored as
+//! `[out, in]`), which becomes `CUBLAS_OP_T`. Any other layout is refused with
+//! [`Error::InvalidArgument`] naming the layout needed; nothing is copied behind the
+//! caller's back (`b.t().contiguous()?.t()` makes a K-major copy of a `[K, N]` `b`).
+//! cuBLASLt's fp8 kernels also need 16-byte alignment everywhere, checked first with an
+//! error saying which: K a multiple of 16, `N · size_of(C)` a multiple of 16 (N a
+//! multiple of 8 for a bf16 / f16 output, of 4 for f32), the row strides of `A`, of
+//! `w` and of `C` multiples of 16 bytes, and each operand's first element 16-byte aligned.
+//!
+//! *Scales.* The per-tensor scales are folded into cuBLASLt's `alpha`
+//! (`alpha = scale_a · scale_b`, host f32, `beta = 0`) rather than passed through
+//! `CUBLASLT_MATMUL_DESC_A_SCALE_POINTER` / `B_SCALE_POINTER`. cuBLASLt computes
+//! `D = alpha · scale_a · scale_b · (A · B)` on the f32 accumulator either way, so the
+//! result is the same (up to the rounding of the one f32 product of the scales), while
+//! the scale pointers would need device f32 scalars written before every call: an extra
+//! host-to-device copy on the stream inside a benchmark's timed region, or a device
+//! buffer whose contents the caller must manage.
+//!
+//! The cuBLASLt plan cache keys on the whole problem: sizes, operand layouts, the three
+//! dtypes, [`Math`] and `fast_accum` (not on the scales, which are per call).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -186,7 +215,8 @@ struct Operand {
 }
 
 /// `C[M, N] = A[M, K] · B[K, N]` mapped onto column-major `Cᵀ = op(B') · op(A')`
-/// (module docs): sizes, operands, `ldc` and dtypes.
+/// (module docs): sizes, operands, `ldc`, dtypes and options. The key of the cuBLASLt
+/// plan cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Problem {
     m: i64,
@@ -197,75 +227,194 @@ pub(crate) struct Problem {
     /// The second cuBLAS operand: our `A`.
     second: Operand,
     ldc: i64,
-    dtype: DType,
+    /// Element types of our `A`, `B` and `C` (all three equal outside fp8).
+    a_dtype: DType,
+    b_dtype: DType,
+    c_dtype: DType,
     math: Math,
+    /// fp8 only: `CUBLASLT_MATMUL_DESC_FAST_ACCUM` (false: cuBLASLt's default).
+    fast_accum: bool,
 }
 
-/// A row-major `[rows, cols]` operand: unit inner stride (leading dimension = row
-/// stride) or a transposed view (unit outer stride). Dimensions of extent 1 may have any
-/// stride.
-fn operand(what: &str, t: &Tensor) -> Result<Operand> {
+/// `t` seen as a cuBLAS operand with the given orientation, if its strides allow it:
+/// not transposed needs a unit inner stride (leading dimension = row stride), transposed
+/// a unit outer stride (a transposed view, e.g. `x.t()`). Dimensions of extent 1 may
+/// have any stride.
+fn operand_as(t: &Tensor, trans: bool) -> Option<Operand> {
     let (r, c) = (t.shape()[0] as i64, t.shape()[1] as i64);
     let (s0, s1) = (t.strides()[0] as i64, t.strides()[1] as i64);
-    if s1 == 1 || c == 1 {
-        let ld = if r == 1 { s0.max(c) } else { s0 };
-        if ld >= c.max(1) {
-            return Ok(Operand { trans: false, ld });
+    let (ld, ok) = if trans {
+        (if c == 1 { s1.max(r) } else { s1 }, s0 == 1 || r == 1)
+    } else {
+        (if r == 1 { s0.max(c) } else { s0 }, s1 == 1 || c == 1)
+    };
+    let rows = if trans { r } else { c };
+    (ok && ld >= rows.max(1)).then_some(Operand { trans, ld })
+}
+
+/// A row-major `[rows, cols]` operand: not transposed where its strides allow
+/// ([`operand_as`]), else transposed.
+fn operand(what: &str, t: &Tensor) -> Result<Operand> {
+    operand_as(t, false)
+        .or_else(|| operand_as(t, true))
+        .ok_or_else(|| Error::NonContiguous { what: format!("a cuBLAS GEMM operand ({what})"), shape: t.shape().to_vec(), strides: t.strides().to_vec() })
+}
+
+/// Ranks and shapes of `C[M, N] = A[M, K] · B[K, N]`; returns `(M, K, N)`.
+fn shapes(a: &Tensor, b: &Tensor, c: &Tensor) -> Result<(usize, usize, usize)> {
+    for (n, t) in [("A", a), ("B", b), ("C", c)] {
+        if t.rank() != 2 {
+            return Err(Error::ShapeMismatch(format!("vendor GEMM: {n} must be a matrix, but it has shape {:?}", t.shape())));
         }
     }
-    if s0 == 1 || r == 1 {
-        let ld = if c == 1 { s1.max(r) } else { s1 };
-        if ld >= r.max(1) {
-            return Ok(Operand { trans: true, ld });
+    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    if b.shape()[0] != k || c.shape() != [m, n] {
+        return Err(Error::ShapeMismatch(format!(
+            "vendor GEMM: C[M, N] = A[M, K] · B[K, N], but A is {:?}, B is {:?} and C is {:?}",
+            a.shape(),
+            b.shape(),
+            c.shape()
+        )));
+    }
+    Ok((m, k, n))
+}
+
+/// All three tensors on one GPU, and sizes fitting cuBLAS's `int`s.
+fn on_one_gpu(a: &Tensor, b: &Tensor, c: &Tensor, (m, k, n): (usize, usize, usize)) -> Result<()> {
+    if a.device() != b.device() || a.device() != c.device() || !a.device().is_gpu() {
+        return Err(Error::DeviceMismatch(format!("vendor GEMM runs on a GPU: A is on {}, B on {}, C on {}", a.device(), b.device(), c.device())));
+    }
+    if [m, n, k].iter().any(|&x| x > i32::MAX as usize) {
+        return Err(Error::InvalidArgument(format!("vendor GEMM: M={m} N={n} K={k} exceeds cuBLAS's 32-bit sizes")));
+    }
+    Ok(())
+}
+
+/// `ldc` of an output `C[M, N]`: a unit inner stride (or a single row or column).
+fn output_ld(c: &Tensor) -> Result<i64> {
+    let (m, n) = (c.shape()[0], c.shape()[1]);
+    let cl = operand("C", c)?;
+    if cl.trans && m > 1 && n > 1 {
+        return Err(Error::NonContiguous { what: "the output of a cuBLAS GEMM (C)".into(), shape: c.shape().to_vec(), strides: c.strides().to_vec() });
+    }
+    Ok(if cl.trans { n.max(1) as i64 } else { cl.ld })
+}
+
+/// The dtypes cuBLASLt's fp8 GEMM takes (module docs): fp8 `A` and `B`, not both
+/// e5m2, and a bf16, f16 or f32 `C`.
+fn fp8_dtypes(a: DType, b: DType, c: DType) -> Result<()> {
+    if !a.is_fp8() || !b.is_fp8() {
+        return Err(Error::DTypeMismatch(format!("vendor fp8 GEMM: A and B must be f8e4m3 or f8e5m2, but A is {a} and B is {b}")));
+    }
+    if a == DType::F8E5M2 && b == DType::F8E5M2 {
+        return Err(Error::InvalidArgument(
+            "vendor fp8 GEMM: cuBLASLt has no f8e5m2 × f8e5m2 GEMM; make A or B f8e4m3 \
+             (f8e4m3 × f8e4m3, f8e4m3 × f8e5m2 and f8e5m2 × f8e4m3 are supported)"
+                .into(),
+        ));
+    }
+    if !matches!(c, DType::BF16 | DType::F16 | DType::F32) {
+        return Err(Error::InvalidArgument(format!("vendor fp8 GEMM: C is {c}, but the output of an fp8 GEMM must be bf16, f16 or f32")));
+    }
+    Ok(())
+}
+
+/// The "TN" layout and 16-byte alignments cuBLASLt's fp8 GEMMs need (module docs):
+/// checks `a`, `b`, `c` (of matching shapes) and returns the first cuBLAS operand (our
+/// `B`, transposed), the second (our `A`, not transposed) and `ldc`. Never copies.
+fn fp8_layout(a: &Tensor, b: &Tensor, c: &Tensor) -> Result<(Operand, Operand, i64)> {
+    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    let bad = |msg: String| Error::InvalidArgument(format!("vendor fp8 GEMM: {msg}"));
+    let second = operand_as(a, false).ok_or_else(|| {
+        bad(format!(
+            "A[M, K] must be row-major with K contiguous (unit stride along K), as cuBLASLt runs fp8 only in the \"TN\" layout, \
+             but A has shape {:?} and strides {:?}; pass a packed [M, K] tensor (`a.contiguous()?` makes one)",
+            a.shape(),
+            a.strides()
+        ))
+    })?;
+    let first = operand_as(b, true).ok_or_else(|| {
+        bad(format!(
+            "B[K, N] must be K-major, `w.t()` of a row-major [N, K] tensor `w` (unit stride along K), as cuBLASLt runs fp8 only \
+             in the \"TN\" layout, but B has shape {:?} and strides {:?}; store the weight as [N, K] \
+             (`b.t().contiguous()?.t()` makes a K-major copy of a [K, N] `b`)",
+            b.shape(),
+            b.strides()
+        ))
+    })?;
+    let ldc = output_ld(c)?;
+    let cs = c.dtype().size_bytes();
+    if !k.is_multiple_of(16) {
+        return Err(bad(format!("K = {k} must be a multiple of 16 (cuBLASLt's fp8 kernels read 16-byte-aligned rows of A and of B's [N, K] storage)")));
+    }
+    if m > 0 && !(n * cs).is_multiple_of(16) {
+        return Err(bad(format!(
+            "N = {n} must be a multiple of {} for a {} output (cuBLASLt's fp8 kernels need 16-byte rows of C)",
+            16 / cs,
+            c.dtype()
+        )));
+    }
+    // leading dimensions in bytes (irrelevant where a matrix has a single row, or no K)
+    let lds = [("A (its row stride)", second.ld as usize, m > 1 && k > 0), ("B (the row stride of its [N, K] storage)", first.ld as usize, n > 1 && k > 0), ("C (its row stride)", ldc as usize * cs, m > 1)];
+    for (what, ld, matters) in lds {
+        if matters && !ld.is_multiple_of(16) {
+            return Err(bad(format!("the leading dimension of {what} is {ld} bytes; cuBLASLt's fp8 kernels need a multiple of 16")));
         }
     }
-    Err(Error::NonContiguous { what: format!("a cuBLAS GEMM operand ({what})"), shape: t.shape().to_vec(), strides: t.strides().to_vec() })
+    for (what, t) in [("A", a), ("B", b), ("C", c)] {
+        // the device address; on the CPU (argument checks only) the offset into the storage
+        let addr = t.device_ptr().unwrap_or(t.byte_offset() as u64);
+        if !addr.is_multiple_of(16) {
+            return Err(bad(format!("{what} starts at byte offset {} of its storage; cuBLASLt's fp8 kernels need 16-byte-aligned operands", t.byte_offset())));
+        }
+    }
+    Ok((first, second, ldc))
 }
 
 impl Problem {
-    /// Checks `a`, `b`, `c` (ranks, shapes, dtypes, layouts, devices) and maps them.
+    /// Checks `a`, `b`, `c` (ranks, shapes, dtypes, devices, layouts) for a bf16, f16 or
+    /// f32 GEMM and maps them.
     pub(crate) fn new(a: &Tensor, b: &Tensor, c: &Tensor, math: Math) -> Result<Problem> {
-        for (n, t) in [("A", a), ("B", b), ("C", c)] {
-            if t.rank() != 2 {
-                return Err(Error::ShapeMismatch(format!("vendor GEMM: {n} must be a matrix, but it has shape {:?}", t.shape())));
-            }
-        }
-        let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
-        if b.shape()[0] != k || c.shape() != [m, n] {
-            return Err(Error::ShapeMismatch(format!(
-                "vendor GEMM: C[M, N] = A[M, K] · B[K, N], but A is {:?}, B is {:?} and C is {:?}",
-                a.shape(),
-                b.shape(),
-                c.shape()
-            )));
-        }
+        let mkn = shapes(a, b, c)?;
+        let (m, k, n) = mkn;
         let dtype = a.dtype();
         if b.dtype() != dtype || c.dtype() != dtype {
             return Err(Error::DTypeMismatch(format!("vendor GEMM: A is {dtype}, B is {}, C is {}; they must match", b.dtype(), c.dtype())));
         }
         if !matches!(dtype, DType::BF16 | DType::F16 | DType::F32) {
-            return Err(Error::InvalidArgument(format!("vendor GEMM: {dtype} is not supported (bf16, f16, f32)")));
+            let hint = if dtype.is_fp8() { "; fp8 runs through cuBLASLt (`Blas::gemm_fp8_into`) with a bf16, f16 or f32 output" } else { "" };
+            return Err(Error::InvalidArgument(format!("vendor GEMM: {dtype} is not supported (bf16, f16, f32){hint}")));
         }
-        if a.device() != b.device() || a.device() != c.device() || !a.device().is_gpu() {
-            return Err(Error::DeviceMismatch(format!(
-                "vendor GEMM runs on a GPU: A is on {}, B on {}, C on {}",
-                a.device(),
-                b.device(),
-                c.device()
-            )));
-        }
-        let too_big = [m, n, k].iter().any(|&x| x > i32::MAX as usize);
-        if too_big {
-            return Err(Error::InvalidArgument(format!("vendor GEMM: M={m} N={n} K={k} exceeds cuBLAS's 32-bit sizes")));
-        }
+        on_one_gpu(a, b, c, mkn)?;
         let first = operand("B", b)?;
         let second = operand("A", a)?;
-        let cl = operand("C", c)?;
-        if cl.trans && m > 1 && n > 1 {
-            return Err(Error::NonContiguous { what: "the output of a cuBLAS GEMM (C)".into(), shape: c.shape().to_vec(), strides: c.strides().to_vec() });
-        }
-        let ldc = if cl.trans { n.max(1) as i64 } else { cl.ld };
-        let pr = Problem { m: n as i64, n: m as i64, k: k as i64, first, second, ldc, dtype, math };
+        let ldc = output_ld(c)?;
+        let pr = Problem { m: n as i64, n: m as i64, k: k as i64, first, second, ldc, a_dtype: dtype, b_dtype: dtype, c_dtype: dtype, math, fast_accum: false };
+        pr.check_ld()?;
+        Ok(pr)
+    }
+
+    /// Checks `a`, `b`, `c` for an fp8 GEMM (shapes, [`fp8_dtypes`], devices,
+    /// [`fp8_layout`]) and maps them.
+    pub(crate) fn fp8(a: &Tensor, b: &Tensor, c: &Tensor, fast_accum: bool) -> Result<Problem> {
+        let mkn = shapes(a, b, c)?;
+        let (m, k, n) = mkn;
+        fp8_dtypes(a.dtype(), b.dtype(), c.dtype())?;
+        on_one_gpu(a, b, c, mkn)?;
+        let (first, second, ldc) = fp8_layout(a, b, c)?;
+        let pr = Problem {
+            m: n as i64,
+            n: m as i64,
+            k: k as i64,
+            first,
+            second,
+            ldc,
+            a_dtype: a.dtype(),
+            b_dtype: b.dtype(),
+            c_dtype: c.dtype(),
+            math: Math::Fp32,
+            fast_accum,
+        };
         pr.check_ld()?;
         Ok(pr)
     }
@@ -283,24 +432,32 @@ impl Problem {
         Ok(())
     }
 
+    fn is_fp8(&self) -> bool {
+        self.a_dtype.is_fp8()
+    }
+
+    /// The one dtype of a non-fp8 problem, as `cublasGemmEx` names it.
     fn data_type(&self) -> cb::cudaDataType {
-        match self.dtype {
+        match self.c_dtype {
             DType::BF16 => cb::cudaDataType::CUDA_R_16BF,
             DType::F16 => cb::cudaDataType::CUDA_R_16F,
             _ => cb::cudaDataType::CUDA_R_32F,
         }
     }
 
-    fn lt_data_type(&self) -> lt::cudaDataType {
-        match self.dtype {
-            DType::BF16 => lt::cudaDataType::CUDA_R_16BF,
-            DType::F16 => lt::cudaDataType::CUDA_R_16F,
-            _ => lt::cudaDataType::CUDA_R_32F,
-        }
-    }
-
     fn tf32(&self) -> bool {
-        self.dtype == DType::F32 && self.math == Math::Tf32
+        self.c_dtype == DType::F32 && self.math == Math::Tf32
+    }
+}
+
+/// An element type as cuBLASLt names it (the dtypes [`Problem`] admits).
+fn lt_type(d: DType) -> lt::cudaDataType {
+    match d {
+        DType::BF16 => lt::cudaDataType::CUDA_R_16BF,
+        DType::F16 => lt::cudaDataType::CUDA_R_16F,
+        DType::F8E4M3 => lt::cudaDataType::CUDA_R_8F_E4M3,
+        DType::F8E5M2 => lt::cudaDataType::CUDA_R_8F_E5M2,
+        _ => lt::cudaDataType::CUDA_R_32F,
     }
 }
 
@@ -383,12 +540,14 @@ impl Blas {
         &self.device
     }
 
-    /// `C = A · B` into a new tensor (see [`Blas::gemm_into`]).
+    /// `C = A · B` into a new tensor (see [`Blas::gemm_into`]). `C` has the dtype of the
+    /// operands, except for fp8 operands, which give a bf16 `C`.
     pub fn gemm(&self, a: &Tensor, b: &Tensor, lib: Library, math: Math) -> Result<Tensor> {
         if a.rank() != 2 || b.rank() != 2 {
             return Err(Error::ShapeMismatch(format!("vendor GEMM: A {:?} and B {:?} must be matrices", a.shape(), b.shape())));
         }
-        let mut c = Tensor::empty(&[a.shape()[0], b.shape()[1]], a.dtype(), &a.device())?;
+        let out = if a.dtype().is_fp8() { DType::BF16 } else { a.dtype() };
+        let mut c = Tensor::empty(&[a.shape()[0], b.shape()[1]], out, &a.device())?;
         self.gemm_into(a, b, &mut c, lib, math)?;
         Ok(c)
     }
@@ -396,11 +555,23 @@ impl Blas {
     /// Row-major `C[M, N] = A[M, K] · B[K, N]` (overwriting `C`) with `lib`, queued on
     /// the device's stream like a kfuse launch. bf16 and f16 accumulate in f32; f32 uses
     /// `math`. Shapes, dtypes, devices and layouts are checked first (module docs).
+    ///
+    /// fp8 operands (either of `A`, `B`) go to [`Blas::gemm_fp8_into`] with unit scales and
+    /// cuBLASLt's default accumulation (`math` has no effect): with
+    /// [`Library::CublasLt`] only, as `cublasGemmEx` has no fp8.
     pub fn gemm_into(&self, a: &Tensor, b: &Tensor, c: &mut Tensor, lib: Library, math: Math) -> Result<()> {
-        let p = Problem::new(a, b, c, math)?;
-        if a.device() != self.device {
-            return Err(Error::DeviceMismatch(format!("vendor GEMM: the tensors are on {} but this cuBLAS handle is for {}", a.device(), self.device)));
+        if a.dtype().is_fp8() || b.dtype().is_fp8() {
+            return match lib {
+                Library::CublasLt => self.gemm_fp8_into(a, b, c, 1.0, 1.0, false),
+                Library::Cublas => Err(Error::InvalidArgument(format!(
+                    "vendor GEMM: {} × {} runs through cuBLASLt only (Library::CublasLt); cublasGemmEx has no fp8",
+                    a.dtype(),
+                    b.dtype()
+                ))),
+            };
         }
+        let p = Problem::new(a, b, c, math)?;
+        self.check_device(a)?;
         if p.m == 0 || p.n == 0 {
             return Ok(());
         }
@@ -409,8 +580,64 @@ impl Blas {
         let ptrs = (b.address(), a.address(), c.address());
         match lib {
             Library::Cublas => self.gemm_ex(&p, ptrs),
-            Library::CublasLt => self.gemm_lt(&p, ptrs, gpu.stream.cu_stream() as lt::cudaStream_t),
+            Library::CublasLt => self.gemm_lt(&p, ptrs, 1.0, gpu.stream.cu_stream() as lt::cudaStream_t),
         }
+    }
+
+    /// fp8 `C = scale_a · scale_b · (A · B)` into a new tensor of dtype `out` (bf16, f16
+    /// or f32); see [`Blas::gemm_fp8_into`].
+    pub fn gemm_fp8(&self, a: &Tensor, b: &Tensor, out: DType, scale_a: f32, scale_b: f32, fast_accum: bool) -> Result<Tensor> {
+        if a.rank() != 2 || b.rank() != 2 {
+            return Err(Error::ShapeMismatch(format!("vendor fp8 GEMM: A {:?} and B {:?} must be matrices", a.shape(), b.shape())));
+        }
+        // checked before allocating, so that an fp8 or integer `out` is refused as such
+        fp8_dtypes(a.dtype(), b.dtype(), out)?;
+        let mut c = Tensor::empty(&[a.shape()[0], b.shape()[1]], out, &a.device())?;
+        self.gemm_fp8_into(a, b, &mut c, scale_a, scale_b, fast_accum)?;
+        Ok(c)
+    }
+
+    /// Row-major fp8 `C[M, N] = scale_a · scale_b · (A[M, K] · B[K, N])` (overwriting
+    /// `C`) through cuBLASLt, queued on the device's stream, f32 accumulation.
+    ///
+    /// `A`, `B`: f8e4m3 or f8e5m2, not both e5m2; `C`: bf16, f16 or f32. Layout ("TN"):
+    /// `A` row-major `[M, K]`, `B` K-major (`w.t()` of a row-major `[N, K]` `w`), with the
+    /// 16-byte alignments of the module docs (K a multiple of 16, …); anything else is
+    /// refused with [`Error::InvalidArgument`] before cuBLASLt is called. The scales are
+    /// per tensor (dequantization factors: the real `A` is `scale_a · A`), folded into
+    /// `alpha`. `fast_accum` sets `CUBLASLT_MATMUL_DESC_FAST_ACCUM` (`false`: cuBLASLt's
+    /// default, more accurate; `true`: faster). Needs compute capability 8.9+.
+    pub fn gemm_fp8_into(&self, a: &Tensor, b: &Tensor, c: &mut Tensor, scale_a: f32, scale_b: f32, fast_accum: bool) -> Result<()> {
+        let p = Problem::fp8(a, b, c, fast_accum)?;
+        self.check_device(a)?;
+        if let Some(cc) = self.device.compute_capability() {
+            if cc < (8, 9) {
+                return Err(Error::Vendor(format!(
+                    "cuBLASLt's fp8 GEMMs need compute capability 8.9 or newer (Ada, Hopper, Blackwell); {} is sm_{}{}",
+                    self.device.describe(),
+                    cc.0,
+                    cc.1
+                )));
+            }
+        }
+        if p.m == 0 || p.n == 0 {
+            return Ok(());
+        }
+        if p.k == 0 {
+            // an empty sum: nothing for cuBLASLt to read
+            return c.fill(0.0);
+        }
+        let gpu = self.device.gpu_ref().expect("a GPU");
+        gpu.bind()?;
+        let ptrs = (b.address(), a.address(), c.address());
+        self.gemm_lt(&p, ptrs, scale_a * scale_b, gpu.stream.cu_stream() as lt::cudaStream_t)
+    }
+
+    fn check_device(&self, a: &Tensor) -> Result<()> {
+        if a.device() != self.device {
+            return Err(Error::DeviceMismatch(format!("vendor GEMM: the tensors are on {} but this cuBLAS handle is for {}", a.device(), self.device)));
+        }
+        Ok(())
     }
 
     fn gemm_ex(&self, p: &Problem, (first, second, c): (u64, u64, u64)) -> Result<()> {
@@ -453,7 +680,6 @@ impl Blas {
     /// The plan of `p`, made on first use (descriptors, heuristic).
     fn plan(&self, p: &Problem) -> Result<LtPlan> {
         let compute = if p.tf32() { lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32 } else { lt::cublasComputeType_t::CUBLAS_COMPUTE_32F };
-        let ty = p.lt_data_type();
         guarded("planning a cuBLASLt matmul", || {
             // SAFETY: out-pointers to locals; attribute buffers are locals of the size
             // passed; descriptors are owned by the returned plan (or destroyed on error
@@ -476,12 +702,21 @@ impl Blas {
                     let v: i32 = t as i32; // cublasOperation_t: N = 0, T = 1
                     lt_ok("cublasLtMatmulDescSetAttribute", lt::cublasLtMatmulDescSetAttribute(desc, attr, (&v as *const i32).cast(), 4))?;
                 }
+                if p.is_fp8() {
+                    // int8_t; 0 (the default) promotes partial sums to f32 at intervals
+                    let fast: i8 = p.fast_accum as i8;
+                    lt_ok(
+                        "cublasLtMatmulDescSetAttribute(FAST_ACCUM)",
+                        lt::cublasLtMatmulDescSetAttribute(desc, lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_FAST_ACCUM, (&fast as *const i8).cast(), 1),
+                    )?;
+                }
                 // stored shapes (column-major rows × cols) of each operand
                 let (fr, fc) = if p.first.trans { (p.k, p.m) } else { (p.m, p.k) };
                 let (sr, sc) = if p.second.trans { (p.n, p.k) } else { (p.k, p.n) };
-                lt_ok("cublasLtMatrixLayoutCreate", lt::cublasLtMatrixLayoutCreate(&mut plan.first, ty, fr as u64, fc as u64, p.first.ld))?;
-                lt_ok("cublasLtMatrixLayoutCreate", lt::cublasLtMatrixLayoutCreate(&mut plan.second, ty, sr as u64, sc as u64, p.second.ld))?;
-                lt_ok("cublasLtMatrixLayoutCreate", lt::cublasLtMatrixLayoutCreate(&mut plan.c, ty, p.m as u64, p.n as u64, p.ldc))?;
+                let (ft, st, ct) = (lt_type(p.b_dtype), lt_type(p.a_dtype), lt_type(p.c_dtype));
+                lt_ok("cublasLtMatrixLayoutCreate", lt::cublasLtMatrixLayoutCreate(&mut plan.first, ft, fr as u64, fc as u64, p.first.ld))?;
+                lt_ok("cublasLtMatrixLayoutCreate", lt::cublasLtMatrixLayoutCreate(&mut plan.second, st, sr as u64, sc as u64, p.second.ld))?;
+                lt_ok("cublasLtMatrixLayoutCreate", lt::cublasLtMatrixLayoutCreate(&mut plan.c, ct, p.m as u64, p.n as u64, p.ldc))?;
                 let mut pref: lt::cublasLtMatmulPreference_t = std::ptr::null_mut();
                 lt_ok("cublasLtMatmulPreferenceCreate", lt::cublasLtMatmulPreferenceCreate(&mut pref))?;
                 let ws: u64 = WORKSPACE_BYTES as u64;
@@ -515,17 +750,15 @@ impl Blas {
         })
     }
 
-    /// `cublasLtMatmul` of `p` with its cached plan. (fp8 plugs in here and in
-    /// [`Problem::lt_data_type`]: `CUDA_R_8F_E4M3` inputs, a bf16/f16 output layout, and
-    /// "TN" operands; see the module docs.)
-    fn gemm_lt(&self, p: &Problem, (first, second, c): (u64, u64, u64), stream: lt::cudaStream_t) -> Result<()> {
+    /// `cublasLtMatmul` of `p` with its cached plan: `C = alpha · op(B') · op(A')`.
+    fn gemm_lt(&self, p: &Problem, (first, second, c): (u64, u64, u64), alpha: f32, stream: lt::cudaStream_t) -> Result<()> {
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         if !plans.contains_key(p) {
             let plan = self.plan(p)?;
             plans.insert(*p, plan);
         }
         let plan = &plans[p];
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let beta = 0.0f32;
         guarded("cublasLtMatmul", || {
             // SAFETY: as in `gemm_ex`; the plan's layouts describe these operands; the
             // workspace is ours, WORKSPACE_BYTES ≥ the plan's, on the same stream.
@@ -608,5 +841,89 @@ mod tests {
         let i = DType::I64;
         assert!(matches!(Problem::new(&cpu(&[4, 8], i), &cpu(&[8, 16], i), &cpu(&[4, 16], i), Math::Fp32), Err(Error::InvalidArgument(_))));
         assert!(Blas::new(&Device::cpu()).is_err());
+        // fp8 is pointed at its own entry point
+        let e8 = DType::F8E4M3;
+        match Problem::new(&cpu(&[4, 16], e8), &cpu(&[16, 16], e8), &cpu(&[4, 16], e8), Math::Fp32) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("gemm_fp8_into"), "{m}"),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn invalid(r: Result<impl std::fmt::Debug>) -> String {
+        match r {
+            Err(Error::InvalidArgument(m)) => m,
+            r => panic!("expected InvalidArgument, got {r:?}"),
+        }
+    }
+
+    #[test]
+    fn fp8_dtype_combinations() {
+        let (e4, e5) = (DType::F8E4M3, DType::F8E5M2);
+        for (a, b) in [(e4, e4), (e4, e5), (e5, e4)] {
+            for c in [DType::BF16, DType::F16, DType::F32] {
+                fp8_dtypes(a, b, c).unwrap();
+            }
+        }
+        assert!(invalid(fp8_dtypes(e5, e5, DType::BF16)).contains("f8e5m2 × f8e5m2"));
+        assert!(invalid(fp8_dtypes(e4, e4, e4)).contains("bf16, f16 or f32"));
+        assert!(invalid(fp8_dtypes(e4, e4, DType::I64)).contains("bf16, f16 or f32"));
+        assert!(matches!(fp8_dtypes(DType::BF16, e4, DType::BF16), Err(Error::DTypeMismatch(_))));
+        assert!(matches!(fp8_dtypes(e4, DType::F16, DType::F16), Err(Error::DTypeMismatch(_))));
+    }
+
+    #[test]
+    fn fp8_needs_the_tn_layout_and_16_byte_alignment() {
+        let e4 = DType::F8E4M3;
+        let (m, n, k) = (129, 144, 160);
+        let a = cpu(&[m, k], e4);
+        let w = cpu(&[n, k], e4); // B = w.t(): K-major
+        let c = cpu(&[m, n], DType::BF16);
+        let (first, second, ldc) = fp8_layout(&a, &w.t(), &c).unwrap();
+        // "TN": the first cuBLAS operand (our B) transposed, the second (our A) not
+        assert_eq!(first, Operand { trans: true, ld: k as i64 });
+        assert_eq!(second, Operand { trans: false, ld: k as i64 });
+        assert_eq!(ldc, n as i64);
+        // f32 and f16 outputs lay out the same way
+        fp8_layout(&a, &w.t(), &cpu(&[m, n], DType::F32)).unwrap();
+
+        // B stored [K, N] (N contiguous) is refused with the layout needed, not copied
+        let msg = invalid(fp8_layout(&a, &cpu(&[k, n], e4), &c));
+        assert!(msg.contains("K-major") && msg.contains("[N, K]"), "{msg}");
+        // A as a transposed view
+        let msg = invalid(fp8_layout(&cpu(&[k, m], e4).t(), &w.t(), &c));
+        assert!(msg.contains("A[M, K] must be row-major"), "{msg}");
+        // a transposed output
+        assert!(matches!(fp8_layout(&a, &w.t(), &cpu(&[n, m], DType::BF16).t()), Err(Error::NonContiguous { .. })));
+
+        // K not a multiple of 16
+        let msg = invalid(fp8_layout(&cpu(&[m, 40], e4), &cpu(&[n, 40], e4).t(), &c));
+        assert!(msg.contains("K = 40") && msg.contains("multiple of 16"), "{msg}");
+        // N · size_of(C) not a multiple of 16: N = 12 is fine for f32 (48 bytes), not for bf16
+        let w12 = cpu(&[12, k], e4);
+        fp8_layout(&a, &w12.t(), &cpu(&[m, 12], DType::F32)).unwrap();
+        let msg = invalid(fp8_layout(&a, &w12.t(), &cpu(&[m, 12], DType::BF16)));
+        assert!(msg.contains("N = 12") && msg.contains("multiple of 8"), "{msg}");
+        // a row stride that is not a multiple of 16 bytes (A: columns 0..160 of [M, 168])
+        let wide = cpu(&[m, k + 8], e4).narrow(1, 0, k).unwrap();
+        let msg = invalid(fp8_layout(&wide, &w.t(), &c));
+        assert!(msg.contains("leading dimension of A") && msg.contains("168 bytes"), "{msg}");
+        // columns 16.. of [M, 176]: row stride 176 bytes, start 16 bytes in: fine
+        let wide = cpu(&[m, k + 16], e4).narrow(1, 16, k).unwrap();
+        assert_eq!(fp8_layout(&wide, &w.t(), &c).unwrap().1, Operand { trans: false, ld: (k + 16) as i64 });
+        // ... but 8 bytes in is misaligned
+        let wide = cpu(&[m, k + 16], e4).narrow(1, 8, k).unwrap();
+        let msg = invalid(fp8_layout(&wide, &w.t(), &c));
+        assert!(msg.contains("A starts at byte offset 8"), "{msg}");
+    }
+
+    #[test]
+    fn fp8_problems_are_checked_before_any_call() {
+        let (e4, e5) = (DType::F8E4M3, DType::F8E5M2);
+        let (a, w, c) = (cpu(&[32, 64], e4), cpu(&[48, 64], e4), cpu(&[32, 48], DType::BF16));
+        // shapes, then dtypes, then the device (vendor GEMMs run on a GPU)
+        assert!(matches!(Problem::fp8(&a, &w, &c, false), Err(Error::ShapeMismatch(_))));
+        assert!(matches!(Problem::fp8(&cpu(&[32, 64], e5), &cpu(&[48, 64], e5).t(), &c, false), Err(Error::InvalidArgument(_))));
+        assert!(matches!(Problem::fp8(&a, &w.t(), &cpu(&[32, 48], e4), true), Err(Error::InvalidArgument(_))));
+        assert!(matches!(Problem::fp8(&a, &w.t(), &c, true), Err(Error::DeviceMismatch(_))));
     }
 }

@@ -489,7 +489,7 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<(Tenso
 /// The matrix product `a · b` of `a: [M, K]` and `b: [K, N]`, as a new contiguous `[M, N]`
 /// tensor of their dtype on `a`'s device.
 ///
-/// `a` and `b` are 2-D, of one float dtype (f32, f16, bf16), on one device, with any
+/// `a` and `b` are 2-D, of one float dtype (f32, f16, bf16, f8e4m3, f8e5m2), on one device, with any
 /// strides. Products are accumulated in f32 (the interpreter sums each `BK`-wide slice
 /// of `K` exactly in f64 and then adds it in f32; the GPU's order of summation may
 /// differ) and the result is rounded to the dtype once. `M = 0` or `N = 0` gives an
@@ -506,8 +506,12 @@ pub fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// `t` itself when the tensor-memory accelerator can read it (one unit-stride
 /// dimension, the other stride a multiple of 16 bytes, data 16-byte aligned), else a
 /// copy with its rows padded to whole 128-byte lines (viewed at `t`'s shape). The copy costs one
-/// read and one write of `t`; the matrix product reads it many times.
+/// read and one write of `t`; the matrix product reads it many times. f32 operands are
+/// returned as they are: their path (exact FMAs, `MmaPath::FmaSimt`) reads any strides.
 fn tma_readable(t: &Tensor) -> Result<Tensor> {
+    if t.dtype() == DType::F32 {
+        return Ok(t.clone());
+    }
     let esz = t.dtype().size_bytes();
     let (r, c) = (t.shape()[0], t.shape()[1]);
     let st = t.strides();
@@ -516,11 +520,15 @@ fn tma_readable(t: &Tensor) -> Result<Tensor> {
     if ok && t.address().is_multiple_of(16) {
         return Ok(t.clone());
     }
-    // whole 128-byte lines a row: TMA boxes then start on line boundaries
+    // whole 128-byte lines a row: TMA boxes then start on line boundaries. The copy
+    // keeps the operand's contiguous axis (a transposed view stays transposed), which
+    // decides how the matrix path reads it (8-bit operands must stay K-major).
     let per = 128 / esz.max(1);
-    let cp = c.div_ceil(per) * per;
-    let storage = Tensor::empty(&[r, cp], t.dtype(), &t.device())?;
-    let mut view = storage.narrow(1, 0, c)?;
+    let transposed = st[0] == 1 && st[1] != 1 && r > 1;
+    let (rows, cols) = if transposed { (c, r) } else { (r, c) };
+    let storage = Tensor::empty(&[rows, cols.div_ceil(per) * per], t.dtype(), &t.device())?;
+    let view = storage.narrow(1, 0, cols)?;
+    let mut view = if transposed { view.t() } else { view };
     kernels::copy2d(t, &mut view)?;
     Ok(view)
 }

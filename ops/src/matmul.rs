@@ -36,14 +36,28 @@ pub struct GemmOptions<'a> {
     /// The addend, of the output's shape (`[M, N]`, or `[B.., M, N]` batched; any
     /// strides) and of the output's dtype.
     pub c: Option<&'a Tensor>,
-    /// The output dtype (f32, f16 or bf16); `None`: the operands' dtype. The sum is f32
-    /// whatever it is, rounded to this dtype once.
+    /// The output dtype (f32, f16, bf16, f8e4m3 or f8e5m2); `None`: the operands'
+    /// dtype. The sum is f32 whatever it is, rounded to this dtype once (8-bit outputs
+    /// saturate at their largest finite value).
     pub out_dtype: Option<DType>,
+    /// Per-tensor dequantization scales of `a` and `b` (for 8-bit operands: the real
+    /// values are `scale_a · a` and `scale_b · b`). They multiply the product with
+    /// `alpha` — `out = alpha · scale_a · scale_b · (a · b) + beta · c` — as one f32
+    /// factor in the epilogue; any operand dtype takes them.
+    pub scale_a: f32,
+    pub scale_b: f32,
 }
 
 impl Default for GemmOptions<'_> {
     fn default() -> Self {
-        GemmOptions { alpha: 1.0, beta: 0.0, c: None, out_dtype: None }
+        GemmOptions { alpha: 1.0, beta: 0.0, c: None, out_dtype: None, scale_a: 1.0, scale_b: 1.0 }
+    }
+}
+
+impl GemmOptions<'_> {
+    /// The factor of the product: `alpha · scale_a · scale_b`.
+    fn product_scale(&self) -> f32 {
+        self.alpha * self.scale_a * self.scale_b
     }
 }
 
@@ -59,7 +73,7 @@ fn check_common(what: &str, a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>, out_
     }
     let od = opts.out_dtype.unwrap_or(a.dtype());
     if !od.is_float() {
-        return Err(Error::InvalidArgument(format!("{what}: the output dtype must be f32, f16 or bf16, got {od}")));
+        return Err(Error::InvalidArgument(format!("{what}: the output dtype must be a float (f32, f16, bf16, f8e4m3, f8e5m2), got {od}")));
     }
     if let Some(c) = opts.c {
         if c.dtype() != od {
@@ -79,7 +93,7 @@ fn check_float(what: &str, t: &Tensor, arg: &str) -> Result<()> {
     if t.dtype().is_float() {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!("{what}: `{arg}` has dtype {}; the product takes f32, f16 or bf16", t.dtype())))
+        Err(Error::InvalidArgument(format!("{what}: `{arg}` has dtype {}; the product takes f32, f16, bf16, f8e4m3 or f8e5m2", t.dtype())))
     }
 }
 
@@ -91,8 +105,9 @@ fn check_float(what: &str, t: &Tensor, arg: &str) -> Result<()> {
 /// transposed view `x.t()` is read as it lies). Products are accumulated in f32, the
 /// scaling and the addition happen in f32 in the kernel's epilogue (one launch), and the
 /// result is rounded to the output dtype once. Every pair of operand and output dtypes
-/// among f32, f16 and bf16 works on the interpreter; the GPU's matrix path (sm_90a) takes
-/// f16 and bf16 operands. `M = 0` or `N = 0` gives an empty result, `K = 0` gives
+/// among f32, f16 and bf16 works on the interpreter and on the GPU: f16 and bf16 operands
+/// take the matrix path (WGMMA on sm_90a, mma.sync on sm_80/sm_89), f32 operands exact
+/// f32 FMAs on the CUDA cores (no TF32), reading any strides without a copy. `M = 0` or `N = 0` gives an empty result, `K = 0` gives
 /// `beta · c` (or zeros).
 ///
 /// Errors: a rank other than 2 or an integer dtype (`InvalidArgument`), operands of
@@ -133,7 +148,7 @@ pub(crate) fn product(what: &str, a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>
         empty_sum(a, b, c, &mut out, opts.beta, None)?;
         return Ok(out);
     }
-    product_2d(a, b, c, &mut out, opts.alpha, opts.beta)?;
+    product_2d(a, b, c, &mut out, opts.product_scale(), opts.beta)?;
     Ok(out)
 }
 
@@ -168,7 +183,8 @@ fn product_2d(a: &Tensor, b: &Tensor, c: Option<&Tensor>, out: &mut Tensor, alph
     if !a.device().is_gpu() {
         return run(a, b, out);
     }
-    let (a, b) = (crate::tma_readable(a)?, crate::tma_readable(b)?);
+    let (a, b) = (k_contiguous(a, 1)?, k_contiguous(b, 0)?);
+    let (a, b) = (crate::tma_readable(&a)?, crate::tma_readable(&b)?);
     let (m, n) = (out.shape()[0], out.shape()[1]);
     let esz = out.dtype().size_bytes().max(1);
     let tma_store = matches!(out.dtype(), DType::F16 | DType::BF16);
@@ -255,7 +271,7 @@ pub fn gemm_batched_ex(a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>) -> Result
         empty_sum(a, b, c, &mut out, opts.beta, Some(batch))?;
         return Ok(out);
     }
-    batched(a, b, c, &mut out, opts.alpha, opts.beta)?;
+    batched(a, b, c, &mut out, opts.product_scale(), opts.beta)?;
     Ok(out)
 }
 
@@ -277,7 +293,12 @@ fn batched(a: &Tensor, b: &Tensor, c: Option<&Tensor>, out: &mut Tensor, alpha: 
     let (a3, b3) = (batch_view(a)?, batch_view(b)?);
     let c3 = c.map(batch_view).transpose()?;
     let mut o3 = out.reshape(&[nb, m, n])?;
-    let (a3, b3) = if a.device().is_gpu() { (tma_readable3(&a3)?, tma_readable3(&b3)?) } else { (a3, b3) };
+    let (a3, b3) = if a.device().is_gpu() {
+        let (a3, b3) = (k_contiguous(&a3, 2)?, k_contiguous(&b3, 1)?);
+        (tma_readable3(&a3)?, tma_readable3(&b3)?)
+    } else {
+        (a3, b3)
+    };
     match c3 {
         None => kernels::gemm_batched_scaled(&a3, &b3, &mut o3, alpha)?,
         Some(c3) => kernels::gemm_batched_axpby(&a3, &b3, &c3, &mut o3, alpha, beta)?,
@@ -331,8 +352,12 @@ fn packed(x: &Tensor) -> Result<Tensor> {
 /// The rank-3 [`crate::tma_readable`]: `t` itself when TMA can read it (a unit stride
 /// on one of the two matrix dimensions, every other stride a positive multiple of 16
 /// bytes, data 16-byte aligned), else a copy with its rows padded to whole 128-byte
-/// lines (viewed at `t`'s shape).
+/// lines (viewed at `t`'s shape). f32 operands as they are (the FMA path reads any
+/// strides).
 fn tma_readable3(t: &Tensor) -> Result<Tensor> {
+    if t.dtype() == DType::F32 {
+        return Ok(t.clone());
+    }
     let esz = t.dtype().size_bytes();
     let st = t.strides();
     let aligned = |s: isize| s > 0 && (s as usize * esz) & 15 == 0;
@@ -346,4 +371,34 @@ fn tma_readable3(t: &Tensor) -> Result<Tensor> {
     let mut view = storage.narrow(2, 0, c)?;
     kernels::copy3d(t, &mut view)?;
     Ok(view)
+}
+
+/// An 8-bit operand (rank 2 or 3) with unit stride along its K dimension `k_axis`:
+/// itself when it has it, else a copy laid out that way (rows padded to 128-byte
+/// lines), viewed at its shape. The GPU's matrix units read 8-bit operands only with K
+/// contiguous (A row-major, B as the transpose of an `[N, K]` matrix); 16-bit and f32
+/// operands pass through untouched.
+fn k_contiguous(t: &Tensor, k_axis: usize) -> Result<Tensor> {
+    let r = t.rank();
+    // the other matrix axis, and the layout [batch.., other, K] the copy is made in
+    let other = if k_axis == r - 1 { r - 2 } else { r - 1 };
+    // K must be the one unit-stride axis (a `[1, 1]` view has two: ambiguous)
+    if !t.dtype().is_fp8() || (t.strides()[k_axis] == 1 && t.strides()[other] != 1) {
+        return Ok(t.clone());
+    }
+    let mut perm: Vec<usize> = (0..r - 2).collect();
+    perm.extend([other, k_axis]);
+    let src = t.permute(&perm)?;
+    let kk = t.shape()[k_axis];
+    let padded = kk.div_ceil(128) * 128;
+    let storage_shape: Vec<usize> = src.shape()[..r - 1].iter().copied().chain([padded]).collect();
+    let storage = Tensor::empty(&storage_shape, t.dtype(), &t.device())?;
+    let mut view = storage.narrow(r - 1, 0, kk)?;
+    if r == 2 {
+        kernels::copy2d(&src, &mut view)?;
+    } else {
+        kernels::copy3d(&src, &mut view)?;
+    }
+    // back to the operand's axis order (the permutation is its own inverse)
+    view.permute(&perm)
 }

@@ -12,12 +12,13 @@ use std::collections::HashMap;
 use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, Op, OpId, ParamKind, ReduceOp, SmemLayout, UnaryOp, ValueId};
 
 use crate::analysis::{concrete_shape, extent_value, non_negative};
-use crate::cuda::prelude::{CLUSTER_PRELUDE, PRELUDE};
+use crate::cuda::prelude::CLUSTER_PRELUDE;
 use crate::cuda::writer::Writer;
 use crate::layout::RegMap;
 use crate::target::{KernelParam, Spec, Target};
 use crate::CodegenError;
 
+mod dot_fma;
 mod mma_common;
 mod mma_sm80;
 mod wgmma;
@@ -42,7 +43,7 @@ struct Val {
 
 fn ctype(d: DType) -> &'static str {
     match d {
-        DType::F32 | DType::F16 | DType::BF16 => "float",
+        DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => "float",
         DType::I64 => "long long",
         DType::Bool => "bool",
     }
@@ -53,7 +54,7 @@ fn stype(d: DType) -> &'static str {
         DType::F32 => "float",
         DType::F16 | DType::BF16 => "kf_u16",
         DType::I64 => "long long",
-        DType::Bool => "unsigned char",
+        DType::Bool | DType::F8E4M3 | DType::F8E5M2 => "unsigned char",
     }
 }
 
@@ -61,6 +62,8 @@ fn to_reg(d: DType, e: &str) -> String {
     match d {
         DType::BF16 => format!("kf_bf16_f32({e})"),
         DType::F16 => format!("kf_f16_f32({e})"),
+        DType::F8E4M3 => format!("kf_e4m3_f32({e})"),
+        DType::F8E5M2 => format!("kf_e5m2_f32({e})"),
         DType::Bool => format!("({e} != 0)"),
         _ => e.to_string(),
     }
@@ -70,6 +73,8 @@ fn from_reg(d: DType, e: &str) -> String {
     match d {
         DType::BF16 => format!("kf_f32_bf16({e})"),
         DType::F16 => format!("kf_f32_f16({e})"),
+        DType::F8E4M3 => format!("kf_f32_e4m3({e})"),
+        DType::F8E5M2 => format!("kf_f32_e5m2({e})"),
         DType::Bool => format!("(unsigned char)({e})"),
         _ => e.to_string(),
     }
@@ -79,6 +84,8 @@ fn round(d: DType, e: String) -> String {
     match d {
         DType::BF16 => format!("kf_rbf16({e})"),
         DType::F16 => format!("kf_rf16({e})"),
+        DType::F8E4M3 => format!("kf_e4m3_f32(kf_f32_e4m3({e}))"),
+        DType::F8E5M2 => format!("kf_e5m2_f32(kf_f32_e5m2({e}))"),
         _ => e,
     }
 }
@@ -811,12 +818,13 @@ impl<'a> Emitter<'a> {
                 })
                 .collect()
         };
-        // the vector width each side moves: whole swizzle chunks along the row
+        // the vector width each side moves: whole swizzle chunks along the row, when they
+        // are whole 32-bit words (8-bit elements in pairs go one at a time)
         let side_vec = |map: &RegMap, axis_map: &[Option<usize>]| -> u32 {
             match sl {
                 SmemLayout::Swizzled { vec, .. } => {
                     let last = axis_map.last().copied().flatten();
-                    if last.is_some() && map.fastest_axis() == last && map.axes[last.unwrap()].spt >= vec { vec } else { 1 }
+                    if last.is_some() && map.fastest_axis() == last && map.axes[last.unwrap()].spt >= vec && vec * esz >= 4 { vec } else { 1 }
                 }
                 _ => 1,
             }
@@ -870,6 +878,10 @@ impl<'a> Emitter<'a> {
             let e = match d.size_bytes() {
                 4 => format!("__float_as_uint({arr}[{k} + {wi}])"),
                 2 => format!("kf_pack16({}, {})", from_reg(d, &format!("{arr}[{k} + {}]", 2 * wi)), from_reg(d, &format!("{arr}[{k} + {}]", 2 * wi + 1))),
+                1 if w >= 4 => {
+                    let b: Vec<String> = (0..4).map(|j| from_reg(d, &format!("{arr}[{k} + {}]", 4 * wi + j))).collect();
+                    format!("kf_pack8({}, {}, {}, {})", b[0], b[1], b[2], b[3])
+                }
                 n => return Err(CodegenError::Unsupported(format!("vectors of {n}-byte elements"))),
             };
             self.line(format!("{q}.w[{wi}] = {e};"))?;
@@ -883,6 +895,7 @@ impl<'a> Emitter<'a> {
             let e = match d.size_bytes() {
                 4 => format!("__uint_as_float({q}.w[{j}])"),
                 2 => to_reg(d, &format!("kf_{}16({q}.w[{}])", if j % 2 == 0 { "lo" } else { "hi" }, j / 2)),
+                1 if w >= 4 => to_reg(d, &format!("kf_byte({q}.w[{}], {})", j / 4, j % 4)),
                 n => return Err(CodegenError::Unsupported(format!("vectors of {n}-byte elements"))),
             };
             self.line(format!("{arr}[{k} + {j}] = {e};"))?;
@@ -1136,6 +1149,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         return match plan.path {
             kfuse_ir::MmaPath::WgmmaTma => wgmma::emit_kernel(k, spec, target, grid, plan, params, decls),
             kfuse_ir::MmaPath::MmaSyncCpAsync => mma_sm80::emit_kernel(k, spec, target, grid, plan, params, decls),
+            kfuse_ir::MmaPath::FmaSimt => dot_fma::emit_kernel(k, spec, target, grid, plan, params, decls),
         };
     }
     // The body first (its shared-memory needs are known only afterwards).
@@ -1156,7 +1170,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     let mut w = Writer::new(String::new());
     let mut head = || -> std::fmt::Result {
         w.line(format!("// Generated by kfuse from kernel `{}` for {}. Do not edit.", k.name, target.arch()))?;
-        w.raw(PRELUDE)?;
+        w.raw(&crate::cuda::prelude::base_prelude(k))?;
         if cluster > 1 {
             w.raw(CLUSTER_PRELUDE)?;
         }

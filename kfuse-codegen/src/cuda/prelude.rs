@@ -15,11 +15,33 @@ static __device__ __forceinline__ float kf_rf16(float f) { return kf_f16_f32(kf_
 static __device__ __forceinline__ kf_u16 kf_lo16(unsigned int w) { return (kf_u16)(w & 0xffffu); }
 static __device__ __forceinline__ kf_u16 kf_hi16(unsigned int w) { return (kf_u16)(w >> 16); }
 static __device__ __forceinline__ unsigned int kf_pack16(kf_u16 lo, kf_u16 hi) { return ((unsigned int)hi << 16) | (unsigned int)lo; }
+static __device__ __forceinline__ unsigned char kf_byte(unsigned int w, int i) { return (unsigned char)(w >> (8 * i)); }
+static __device__ __forceinline__ unsigned int kf_pack8(unsigned char a, unsigned char b, unsigned char c, unsigned char d) { return (unsigned int)a | ((unsigned int)b << 8) | ((unsigned int)c << 16) | ((unsigned int)d << 24); }
 static __device__ __forceinline__ float kf_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static __device__ __forceinline__ long long kf_maxi(long long a, long long b) { return a > b ? a : b; }
 static __device__ __forceinline__ long long kf_mini(long long a, long long b) { return a < b ? a : b; }
 #define KF_INF __int_as_float(0x7f800000)
 #define KF_NAN __int_as_float(0x7fc00000)
+"#;
+
+/// The helpers every kernel carries ([`PRELUDE`]) and, when the kernel touches an fp8
+/// tensor or value, [`FP8_PRELUDE`].
+pub fn base_prelude(k: &kfuse_ir::Kernel) -> String {
+    if crate::analysis::uses_fp8(k) {
+        format!("{PRELUDE}{FP8_PRELUDE}")
+    } else {
+        PRELUDE.to_string()
+    }
+}
+
+/// Conversions of the 8-bit floats (sm_89 and newer, PTX `cvt … e4m3x2 / e5m2x2`),
+/// carried only by kernels that touch an fp8 tensor or value: to f32 through an exact
+/// f16 (both formats fit in f16), from f32 to nearest even with `satfinite` (beyond the
+/// largest finite value: that value; NaN stays NaN).
+pub const FP8_PRELUDE: &str = r#"static __device__ __forceinline__ float kf_e4m3_f32(unsigned char b) { unsigned int r; asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"((kf_u16)b)); return kf_f16_f32(kf_lo16(r)); }
+static __device__ __forceinline__ float kf_e5m2_f32(unsigned char b) { unsigned int r; asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(r) : "h"((kf_u16)b)); return kf_f16_f32(kf_lo16(r)); }
+static __device__ __forceinline__ unsigned char kf_f32_e4m3(float f) { kf_u16 r; asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(f)); return (unsigned char)(r & 0xffu); }
+static __device__ __forceinline__ unsigned char kf_f32_e5m2(float f) { kf_u16 r; asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(f)); return (unsigned char)(r & 0xffu); }
 "#;
 
 /// Helpers of kernels whose blocks form a thread-block cluster (sm_90): a barrier over

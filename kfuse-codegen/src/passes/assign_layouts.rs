@@ -9,7 +9,8 @@
 //! - the accumulator of a pipelined dot loop (`schedule.mma`): the `Dot`, the carried
 //!   value it is added to, the sum and the loop result take the matrix instruction's
 //!   accumulator layout ([`crate::layout::mma_accumulator`] for WGMMA,
-//!   [`crate::layout::mma_tiles_accumulator`] over the plan's warps for mma.sync), so
+//!   [`crate::layout::mma_tiles_accumulator`] over the plan's warps for mma.sync,
+//!   the plain blocked [`crate::layout::fma_accumulator`] of the FMA path), so
 //!   the epilogue works on the registers where the instruction left them; other
 //!   carried values keep their init's layout;
 //! - a `Load` is an anchor: a blocked layout whose fastest axis is the tile axis over
@@ -156,6 +157,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
         Layout::Blocked(match p.path {
             MmaPath::WgmmaTma => crate::layout::mma_accumulator(p.tile[0], p.tile[1], 4 * p.consumers),
             MmaPath::MmaSyncCpAsync => crate::layout::mma_tiles_accumulator(p.tile[0], p.tile[1], p.warps),
+            MmaPath::FmaSimt => crate::layout::fma_accumulator(p.tile[0], p.tile[1], p.warps),
         })
     });
     let mma_loop = mma.as_ref().and_then(|p| match k.op(p.for_op) {

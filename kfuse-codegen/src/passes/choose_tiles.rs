@@ -227,7 +227,9 @@ pub fn dot_problem(k: &Kernel, spec: &Spec, dot: kfuse_ir::OpId) -> (u64, u64, u
 /// wide 160; 128 wide with the loop split over a cluster of 2 or 4, 162 / 107 — the
 /// split stays an override, `SPLITK`, until it pays). The 128x256x64 kernel ran
 /// 755-807 TFLOP/s at 4096³ and 8192³ on the H100 (BENCHMARKS.md, NOTES.md).
-/// `Spec::tiles` overrides any of them by name.
+/// `Spec::tiles` overrides any of them by name. sm_80/sm_89: [`mma_sync_tiles`]. A
+/// `dot` bound for the FMA path (f32 operands, or 16-bit ones the matrix path cannot
+/// read; `select_mma_path::fma::expected`): [`fma_tiles`] and [`fma_bk`], any target.
 fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir::OpId) -> Result<(), CodegenError> {
     let ops = k.operands(dot);
     let (at, bt) = (k.ty(ops[0]).clone(), k.ty(ops[1]).clone());
@@ -275,6 +277,19 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
             }
         }
     }
+    // the FMA path (f32 operands, or 16-bit ones the matrix path cannot read, which it
+    // judges with the tiles above in place): its own tiles, the overrides still winning
+    if crate::passes::select_mma_path::fma::expected(k, spec, target, dot) {
+        let over = |e: Extent| if let Extent::Tile(t) = e { spec.tiles.get(k.tile_name(t)).copied() } else { None };
+        let (fbm, fbn) = fma_tiles(m, n, target);
+        let fbm = over(at.shape[0]).unwrap_or(if let Extent::Tile(_) = at.shape[0] { fbm } else { crate::analysis::extent_value(k, at.shape[0]) });
+        for (e, v) in [(at.shape[0], fbm), (at.shape[1], fma_bk(fbm)), (bt.shape[1], fbn)] {
+            if let Extent::Tile(t) = e {
+                let v = spec.tiles.get(k.tile_name(t)).copied().unwrap_or(v);
+                k.schedule.tiles.insert(t, v);
+            }
+        }
+    }
     // every other tile symbol and full extent of the kernel
     for op in k.order.clone() {
         let mut extents = access_extents(k, op);
@@ -304,6 +319,34 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     k.schedule.min_blocks = 1;
     k.schedule.cluster = 1;
     Ok(())
+}
+
+/// Tiles `(BM, BN)` of a `dot` loop on the FMA path (`MmaPath::FmaSimt`: f32
+/// operands, or 16-bit ones no matrix path can read), any target; `BK` is [`fma_bk`].
+///
+/// Heuristic: 128x128 (256 threads with 8x8 thread tiles: per `k` a thread reads four
+/// 16-byte vectors from shared memory for 64 FMAs — one conflict-free access per warp
+/// and FMA instruction, the ratio at which a multiprocessor's 128 bytes a clock of
+/// shared memory keep its 128 FP32 lanes busy; the classic SGEMM shape) when that still
+/// gives every multiprocessor a tile, then 128x64 (4x8 thread tiles), else 64x64 (4x4:
+/// half the FMAs per shared-memory read, but four times the tiles for small problems).
+/// `Spec::tiles` overrides any of them by name.
+pub fn fma_tiles(m: u64, n: u64, target: &Target) -> (u32, u32) {
+    let sms = target.num_sms as u64;
+    for (bm, bn) in [(128u32, 128u32), (128, 64)] {
+        if m.div_ceil(bm as u64) * n.div_ceil(bn as u64) >= sms {
+            return (bm, bn);
+        }
+    }
+    (64, 64)
+}
+
+/// `BK` of the FMA path: `1024 / BM` (8 for BM = 128, 16 for 64; 8 to 32), so that
+/// each of 256 threads copies 4 elements of the A tile a slab and a slab of a
+/// 128x128 tile is 8 KiB of f32 (two stages with their row padding: 16.5 KiB, leaving
+/// room for two or more blocks a multiprocessor on every target).
+pub fn fma_bk(bm: u32) -> u32 {
+    (1024 / bm.max(1)).clamp(8, 32)
 }
 
 /// Tiles `(BM, BK, BN)` of a `dot` loop on the mma.sync path (sm_80, sm_89).

@@ -6,7 +6,8 @@
 //! leaves through a TMA store, and a reserve for layout conversions and the barriers), at most [`MAX_STAGES`], at least 2. The
 //! override `KFUSE_STAGES` reaches it through `Spec::tiles["STAGES"]`. The mma.sync
 //! path (sm_80/sm_89) sizes its ring for two blocks a multiprocessor instead
-//! (`mma_sync_stages`).
+//! (`mma_sync_stages`). The FMA path (`MmaPath::FmaSimt`) has two stages by design
+//! (register prefetch of the next slab); this pass leaves it alone.
 
 use kfuse_ir::{Kernel, MmaPath};
 
@@ -50,7 +51,9 @@ pub fn stage_bytes(k: &Kernel) -> u32 {
 }
 
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
-    if k.schedule.mma.is_none() {
+    // the FMA path keeps two stages, one computed while the next waits in registers
+    // (`select_mma_path` records them)
+    if k.schedule.mma.as_ref().is_none_or(|p| p.path == MmaPath::FmaSimt) {
         return Ok(());
     }
     let per = stage_bytes(k);

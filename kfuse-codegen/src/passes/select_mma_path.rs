@@ -16,31 +16,41 @@
 //! result's valid ranges do not move while it accumulates).
 //!
 //! Paths, by target:
-//! 1. [`MmaPath::WgmmaTma`] on sm_90: f16/bf16 operands whose tensors TMA can read
-//!    (unit innermost stride, other strides multiples of 16 bytes, 16-byte aligned
-//!    data). Each operand is K-major or MN-major as its tensor's unit-stride dimension
-//!    says; shared memory is swizzled in 128-byte spans.
+//! 1. [`MmaPath::WgmmaTma`] on sm_90: f16/bf16/f8e4m3/f8e5m2 operands whose tensors
+//!    TMA can read (unit innermost stride, other strides multiples of 16 bytes, 16-byte
+//!    aligned data). Each 16-bit operand is K-major or MN-major as its tensor's
+//!    unit-stride dimension says; 8-bit operands must be K-major (WGMMA transposes only
+//!    16-bit ones; an MN-major one is refused with the fix in the message). Shared memory
+//!    is swizzled in 128-byte spans; one instruction covers 32 bytes of K (`k16` for
+//!    16-bit, `k32` for 8-bit).
 //! 2. [`MmaPath::MmaSyncCpAsync`] on the other sm_80+ targets (sm_80, sm_89): f16/bf16
 //!    operands whose rows `cp.async` can copy in 16-byte chunks — the same tensor
 //!    conditions as TMA's, plus a block offset along the unit-stride dimension known to
 //!    be a multiple of 16 bytes (`(0..K).step_by(BK)` and `j * BN` are). Majorness as
 //!    for WGMMA (`ldmatrix.trans` reads the MN-major operands); the warps of the block
 //!    ([`mma_sync_warps`]) share the tile, each holding `m16n8` instruction tiles.
-//! 3. Otherwise: a clear error naming what is missing (an FMA path is not written
-//!    yet); `kfuse::ops::gemm` makes aligned copies of operands neither path can read.
-//!    Since both paths read 16-byte pieces, an operand one cannot read the other cannot
-//!    either: sm_90 has no fallback to mma.sync.
+//! 3. [`MmaPath::FmaSimt`] on every sm_80+ target (`fma.rs`): f32 operands always
+//!    (exact f32 FMAs; no matrix instruction takes f32 without TF32 rounding), and the
+//!    fallback for f16/bf16 operands the target's matrix path cannot read (the
+//!    `tma_obstacle` and `cp_async_obstacle` conditions above), converted to f32 as
+//!    they are loaded. `kfuse::ops::gemm` still makes aligned copies of such operands
+//!    for the matrix path. Since paths 1 and 2 both read 16-byte pieces, an operand one
+//!    cannot read the other cannot either: sm_90 falls back to FMAs, not to mma.sync.
+//! 4. Otherwise (other dtypes, a loop of another structure, tiles a matrix path cannot
+//!    take): a clear error naming what is missing.
 //!
 //! Invariant on success: `schedule.mma` names the `For`, the `Dot`, the carried index
 //! and the two operand loads, and `schedule.num_threads` counts the threads that hold
 //! the accumulator (on WGMMA the consumer warpgroups; the block has one more
-//! warpgroup, the producer; on mma.sync all of the block's warps).
+//! warpgroup, the producer; on mma.sync and FMA all of the block's warps).
 
 use kfuse_ir::{AccessDim, BinaryOp, DType, Kernel, Literal, Major, MmaOperand, MmaPath, MmaPlan, Op, OpId, ValueId};
 
 use crate::analysis::extent_value;
 use crate::target::{Spec, Target};
 use crate::CodegenError;
+
+pub mod fma;
 
 fn unsupported(m: impl Into<String>) -> CodegenError {
     CodegenError::Unsupported(m.into())
@@ -205,17 +215,28 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         }
     }
     let dtype = k.ty(dops[0]).dtype;
+    let fma_loop = fma::DotLoop { for_op: info.for_op, dot, carried: index, yield_pos: info.yield_pos, a: (a_load, a_t), b: (b_load, b_t) };
+    // f32 operands: exact FMAs on every target
+    if dtype == DType::F32 {
+        return fma::plan(k, spec, &fma_loop);
+    }
     // WGMMA on sm_90, mma.sync on every other sm_80+ target (`schedule` refuses older
     // ones). Both read operands in 16-byte pieces (TMA boxes, cp.async chunks), so an
     // operand one path cannot read the other cannot either: no fallback between them.
     let mma_sync_only = target.sm != 90;
     let what = if mma_sync_only { "mma.sync" } else { "WGMMA" };
-    if !matches!(dtype, DType::F16 | DType::BF16) {
-        return Err(unsupported(format!("`dot` of {dtype} tiles: the {what} path takes f16 and bf16 (an exact f32 path is not written yet)")));
+    let takes = if mma_sync_only { matches!(dtype, DType::F16 | DType::BF16) } else { matches!(dtype, DType::F16 | DType::BF16) || dtype.is_fp8() };
+    if !takes {
+        let list = if mma_sync_only { "f16 and bf16" } else { "f16, bf16, f8e4m3 and f8e5m2" };
+        return Err(unsupported(format!("`dot` of {dtype} tiles: the {what} path takes {list}")));
     }
     let copy = if mma_sync_only { "cp.async" } else { "tensor-memory-accelerator" };
     for l in [a_load, b_load] {
         if let Some(why) = tma_obstacle(k, spec, l) {
+            // 16-bit operands the copy engines cannot read: FMAs instead
+            if matches!(dtype, DType::F16 | DType::BF16) {
+                return fma::plan(k, spec, &fma_loop);
+            }
             return Err(unsupported(format!("the {copy} path cannot read this `dot` operand: {why}")));
         }
     }
@@ -227,11 +248,27 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     };
     let a_major = major(a_load, a_t, 1)?;
     let b_major = major(b_load, b_t, 0)?;
+    // WGMMA transposes only 16-bit operands in shared memory: 8-bit ones must lie with K
+    // contiguous (A row-major, B as the transpose of an `[N, K]` row-major tensor)
+    if dtype.size_bytes() != 2 {
+        for (maj, l, what) in [(a_major, a_load, "first"), (b_major, b_load, "second")] {
+            if maj != Major::K {
+                let Op::Load { tensor, .. } = k.op(l) else { unreachable!() };
+                return Err(unsupported(format!(
+                    "the {what} operand of a {dtype} `dot` (`{}`) has its unit stride along M/N; WGMMA reads {dtype} operands only with K contiguous (pass B as the transpose `.t()` of an [N, K] tensor; `kfuse::ops::gemm` makes such a copy)",
+                    k.param(*tensor).name
+                )));
+            }
+        }
+    }
     let at = &k.ty(dops[0]).shape;
     let bt = &k.ty(dops[1]).shape;
     let (bm, bk, bn) = (extent_value(k, at[0]), extent_value(k, at[1]), extent_value(k, bt[1]));
     let esz = dtype.size_bytes() as u32;
     if mma_sync_only {
+        if [a_load, b_load].iter().any(|&l| cp_async_obstacle(k, spec, l, esz).is_some()) {
+            return fma::plan(k, spec, &fma_loop);
+        }
         let heavy = heavy_epilogue(k, info.yield_pos);
         let plan = mma_sync_plan(k, spec, [a_load, b_load], [a_major, b_major], [bm, bn, bk], esz, heavy).map_err(unsupported)?;
         k.schedule.num_threads = 32 * plan.1[0] * plan.1[1];
@@ -296,7 +333,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         a: MmaOperand { load: a_load, major: a_major, swizzle: 128 },
         b: MmaOperand { load: b_load, major: b_major, swizzle: 128 },
         tile: [bm, bn, bk],
-        instr: [64, bn, 16],
+        instr: [64, bn, 32 / esz],
         consumers,
         warps: [4 * consumers, 1],
         stages: 0,
@@ -393,6 +430,22 @@ fn divisibility_in_loops(k: &Kernel, v: ValueId) -> u64 {
     }
 }
 
+/// Why `cp.async` cannot copy this operand's block in 16-byte chunks, if it cannot:
+/// the block's offset along the tensor's unit-stride dimension must be a multiple of
+/// 16 bytes (beyond the tensor conditions of [`tma_obstacle`]).
+fn cp_async_obstacle(k: &Kernel, spec: &Spec, load: OpId, esz: u32) -> Option<String> {
+    let Op::Load { tensor, .. } = k.op(load) else { return Some("not a load".into()) };
+    let Some(order) = tma_order(k, spec, load) else { return Some("a `dot` operand with no unit-stride dimension".into()) };
+    let off = k.operands(load)[order[0] as usize];
+    let per = 16 / esz.max(1);
+    (divisibility_in_loops(k, off) < per as u64).then(|| {
+        format!(
+            "the offset of the `{}` block along its unit-stride dimension is not known to be a multiple of {per} elements (16 bytes), which the cp.async path copies at once",
+            k.param(*tensor).name
+        )
+    })
+}
+
 /// The mma.sync plan's operand swizzle spans and warps for a `[bm, bn, bk]` tile, or
 /// why the path cannot take it. Each operand is copied in 16-byte chunks along its
 /// tensor's unit-stride dimension, so the offset there must be a multiple of 16 bytes.
@@ -413,15 +466,8 @@ fn mma_sync_plan(k: &Kernel, spec: &Spec, loads: [OpId; 2], majors: [Major; 2], 
         .ok_or_else(|| format!("a {bm}x{bn} dot tile cannot be shared by {warps} warps (warp tiles of at least 16x16)"))?;
     let mut swz = [0u32; 2];
     for (i, (&load, &maj)) in loads.iter().zip(majors.iter()).enumerate() {
-        let Op::Load { tensor, .. } = k.op(load) else { unreachable!() };
-        let order = tma_order(k, spec, load).ok_or("a `dot` operand with no unit-stride dimension")?;
-        let off = k.operands(load)[order[0] as usize];
-        let per = 16 / esz;
-        if divisibility_in_loops(k, off) < per as u64 {
-            return Err(format!(
-                "the offset of the `{}` block along its unit-stride dimension is not known to be a multiple of {per} elements (16 bytes), which the cp.async path copies at once",
-                k.param(*tensor).name
-            ));
+        if let Some(why) = cp_async_obstacle(k, spec, load, esz) {
+            return Err(why);
         }
         // the stored row: the extent along the unit-stride dimension
         let row_elems = match (i, maj) {

@@ -63,6 +63,9 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
             }
             _ => 1,
         };
+        // vectors are whole 32-bit words (the writer packs 16-bit and 8-bit elements
+        // into words): a narrower run of 8-bit elements goes one at a time
+        let width = if width > 1 && width * (dt.size_bytes() as u64) < 4 { 1 } else { width };
         k.schedule.vector.insert(op, width as u32);
     }
     Ok(())

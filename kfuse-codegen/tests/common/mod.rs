@@ -14,14 +14,23 @@ pub fn gemm_kernel(dt: DType, ta: bool, tb: bool, bias: bool) -> Kernel {
 
 /// [`gemm_kernel`] with the K loop starting at `k0`.
 pub fn gemm_kernel_from(dt: DType, ta: bool, tb: bool, bias: bool, k0: i64) -> Kernel {
+    gemm_kernel_full(dt, dt, ta, tb, bias, k0)
+}
+
+/// [`gemm_kernel`] with its own output (and bias) dtype.
+pub fn gemm_kernel_out(dt: DType, out: DType, ta: bool, tb: bool, bias: bool) -> Kernel {
+    gemm_kernel_full(dt, out, ta, tb, bias, 0)
+}
+
+fn gemm_kernel_full(dt: DType, out_dt: DType, ta: bool, tb: bool, bias: bool, k0: i64) -> Kernel {
     let mut b = Builder::new("gemm");
     let (m, n, kk) = (b.shape_sym("M"), b.shape_sym("N"), b.shape_sym("K"));
     let ad = if ta { [kk, m] } else { [m, kk] };
     let pa = b.tensor_param("a", dt, &ad, false);
     let bd = if tb { [n, kk] } else { [kk, n] };
     let pb = b.tensor_param("b", dt, &bd, false);
-    let pbias = bias.then(|| b.tensor_param("bias", dt, &[n], false));
-    let pc = b.tensor_param("c", dt, &[m, n], true);
+    let pbias = bias.then(|| b.tensor_param("bias", out_dt, &[n], false));
+    let pc = b.tensor_param("c", out_dt, &[m, n], true);
     let (bm, bn, bk) = (b.tile_sym("BM"), b.tile_sym("BN"), b.tile_sym("BK"));
     let i = b.program_id(0).unwrap();
     let j = b.program_id(1).unwrap();
@@ -57,7 +66,7 @@ pub fn gemm_kernel_from(dt: DType, ta: bool, tb: bool, bias: bool, k0: i64) -> K
         let bb = b.broadcast_to(bf, &[Extent::Tile(bm), Extent::Tile(bn)], "+").unwrap();
         out = b.binary(BinaryOp::Add, out, bb).unwrap();
     }
-    let o = b.cast(out, dt).unwrap();
+    let o = b.cast(out, out_dt).unwrap();
     b.store(pc, &[oi, oj], &[t(bm), t(bn)], o).unwrap();
     b.finish().unwrap()
 }

@@ -48,7 +48,7 @@ fn dot_types() {
     assert_eq!(b.dot(v, y).unwrap_err().to_string(), "`dot` expects rank-2 tiles ([M, K] and [K, N]), found bf16[BK]");
     let xi = b.zeros(DType::I64, &[tm, tk]).unwrap();
     let yi = b.zeros(DType::I64, &[tk, tn]).unwrap();
-    assert_eq!(b.dot(xi, yi).unwrap_err().to_string(), "`dot` expects float tiles (f32, f16, bf16), found i64");
+    assert_eq!(b.dot(xi, yi).unwrap_err().to_string(), "`dot` expects float tiles (f32, f16, bf16, f8e4m3, f8e5m2), found i64");
 }
 
 #[test]

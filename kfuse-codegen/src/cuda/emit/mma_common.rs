@@ -1,4 +1,4 @@
-//! What both matrix-path writers (`wgmma.rs`, `mma_sm80.rs`) need of a pipelined dot
+//! What the dot-loop writers (`wgmma.rs`, `mma_sm80.rs`, `dot_fma.rs`) need of a pipelined dot
 //! loop's operands: which tensor dimension feeds which tile axis, the valid range of
 //! the accumulator along it, and the scalar index arithmetic that addresses the loads.
 
@@ -71,4 +71,16 @@ pub(super) fn init_only_ops(k: &Kernel, init: ValueId) -> Vec<OpId> {
         }
     }
     v
+}
+
+/// True when an `i64` scalar is provably ≥ 0, seeing through loop indices: a dot
+/// loop's step is positive (the writers trap otherwise), so its index is at least its
+/// start.
+pub(super) fn non_negative_in_loop(k: &Kernel, v: ValueId) -> bool {
+    let ops = k.operands(v.op());
+    match k.op(v.op()) {
+        Op::LoopIndex { id } => k.loop_info(*id).is_some_and(|info| non_negative_in_loop(k, k.operands(info.for_op)[0])),
+        Op::Binary(BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max) => non_negative_in_loop(k, ops[0]) && non_negative_in_loop(k, ops[1]),
+        _ => non_negative(k, v),
+    }
 }

@@ -1,0 +1,173 @@
+//! What the GEMM benchmarks share (`benches/gemm.rs`, the table against cuBLAS and
+//! cuBLASLt, and `benches/gemm_criterion.rs`, the same products under criterion): the
+//! problems, their inputs, kfuse's call and the numerical checks.
+
+use super::random;
+use kfuse::runtime::vendor::Math;
+use kfuse::{DType, Device, Tensor};
+
+/// One product `C[M, N] = A[M, K] · B[K, N]`, row-major, of `dtype` operands and output;
+/// `math` is what the vendor libraries are asked for (TF32 tensor cores or not).
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub dtype: DType,
+    pub math: Math,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+pub const fn bf16(m: usize, n: usize, k: usize) -> Case {
+    Case { dtype: DType::BF16, math: Math::Fp32, m, n, k }
+}
+
+/// The problems of issue 4's bars (bf16 and f16), then f32 in full precision and with
+/// TF32 tensor cores (vendor only for TF32).
+pub const CASES: [Case; 11] = [
+    bf16(4096, 4096, 4096),
+    bf16(8192, 8192, 8192),
+    bf16(8192, 14336, 4096),
+    bf16(8192, 4096, 14336),
+    bf16(16384, 4096, 4096),
+    bf16(2048, 2048, 2048),
+    bf16(127, 4096, 4096),
+    bf16(4095, 4097, 4096),
+    Case { dtype: DType::F16, math: Math::Fp32, m: 4096, n: 4096, k: 4096 },
+    Case { dtype: DType::F32, math: Math::Fp32, m: 8192, n: 8192, k: 8192 },
+    Case { dtype: DType::F32, math: Math::Tf32, m: 8192, n: 8192, k: 8192 },
+    // TODO(fp8): e4m3 8192³ through cuBLASLt once DType has fp8 (see kfuse_runtime::vendor).
+];
+
+impl Case {
+    /// `4096³` or `M127 N4096 K4096`.
+    pub fn label(&self) -> String {
+        if self.m == self.n && self.n == self.k {
+            format!("{}³", self.m)
+        } else {
+            format!("M{} N{} K{}", self.m, self.n, self.k)
+        }
+    }
+    /// An ASCII name for file names and command-line filters: `bf16_M4096_N4096_K4096`.
+    pub fn id(&self) -> String {
+        let dt = match self.math {
+            Math::Tf32 => "tf32".to_string(),
+            Math::Fp32 => self.dtype.to_string(),
+        };
+        format!("{dt}_M{}_N{}_K{}", self.m, self.n, self.k)
+    }
+    pub fn dtype_label(&self) -> String {
+        match self.math {
+            Math::Tf32 => "f32 (tf32)".to_string(),
+            Math::Fp32 => self.dtype.to_string(),
+        }
+    }
+    /// 2·M·N·K: the floating-point operations of one product.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+    /// One set of A, B and C.
+    pub fn bytes(&self) -> usize {
+        (self.m * self.k + self.k * self.n + self.m * self.n) * self.dtype.size_bytes()
+    }
+    /// How many input sets to rotate through: several when one is small next to the
+    /// 50 MB L2, so that no call finds its inputs in L2 from the call before.
+    pub fn sets(&self) -> usize {
+        (150_000_000 / self.bytes().max(1)).clamp(1, 8)
+    }
+    /// TFLOP/s of one call taking `ms` milliseconds.
+    pub fn tflops(&self, ms: f64) -> f64 {
+        self.flops() / ms / 1e9
+    }
+}
+
+/// Relative-error bound of kfuse against cuBLAS (or float64) per dtype: both round the
+/// same f32 accumulation to the output dtype, in different orders.
+pub fn tolerance(dt: DType, math: Math) -> f64 {
+    match (dt, math) {
+        (DType::BF16, _) => 1e-2,
+        (DType::F16, _) => 2e-3,
+        (_, Math::Tf32) => 5e-3,
+        _ => 1e-4,
+    }
+}
+
+/// The case's input sets (random, uniform in [-1, 1), never zeros) and one output
+/// tensor per set; the host values of the first set, for float64 checks.
+pub struct Inputs {
+    pub a: Vec<Tensor>,
+    pub b: Vec<Tensor>,
+    pub outs: Vec<Tensor>,
+    pub av: Vec<f32>,
+    pub bv: Vec<f32>,
+}
+
+impl Inputs {
+    pub fn new(c: &Case, dev: &Device) -> kfuse::Result<Inputs> {
+        let mut x = Inputs { a: Vec::new(), b: Vec::new(), outs: Vec::new(), av: Vec::new(), bv: Vec::new() };
+        for s in 0..c.sets() {
+            let (a, av) = random(&[c.m, c.k], c.dtype, 100 + 2 * s as u64, dev);
+            let (b, bv) = random(&[c.k, c.n], c.dtype, 101 + 2 * s as u64, dev);
+            if s == 0 {
+                (x.av, x.bv) = (av, bv);
+            }
+            x.a.push(a);
+            x.b.push(b);
+            x.outs.push(Tensor::empty(&[c.m, c.n], c.dtype, dev)?);
+        }
+        Ok(x)
+    }
+    pub fn sets(&self) -> usize {
+        self.a.len()
+    }
+}
+
+/// kfuse's GEMM under test. Returns `None` where kfuse has no such GEMM: `math` is the
+/// vendor's TF32 request, which kfuse has no counterpart for. `kfuse::ops::gemm`
+/// allocates its output on each call (stream-ordered, no synchronization), like a
+/// user's call would.
+pub fn kfuse_gemm(a: &Tensor, b: &Tensor, math: Math) -> Option<kfuse::Result<Tensor>> {
+    if math == Math::Tf32 {
+        return None;
+    }
+    Some(kfuse::ops::gemm(a, b))
+}
+
+/// The first line of an error or panic message, without `|` (it goes into tables).
+pub fn first_line(e: impl ToString) -> String {
+    e.to_string().lines().next().unwrap_or("").replace('|', "/")
+}
+
+/// The message of a caught panic.
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+}
+
+/// ‖x − y‖ / ‖y‖ over two tensors of one shape.
+pub fn rel_err(x: &Tensor, y: &Tensor) -> kfuse::Result<f64> {
+    let (xb, yb) = (x.to_bytes()?, y.to_bytes()?);
+    let (dx, dy) = (x.dtype(), y.dtype());
+    let (mut num, mut den) = (0f64, 0f64);
+    for i in 0..x.numel() {
+        let (a, b) = (dx.read(&xb, i), dy.read(&yb, i));
+        num += (a - b) * (a - b);
+        den += b * b;
+    }
+    Ok(if den == 0.0 { num.sqrt() } else { (num / den).sqrt() })
+}
+
+/// An output of the case's first input set against float64 on 64 sampled elements,
+/// relative.
+pub fn sampled_err(c: &Case, inputs: &Inputs, out: &Tensor) -> kfuse::Result<f64> {
+    let (av, bv) = (&inputs.av, &inputs.bv);
+    let ob = out.to_bytes()?;
+    let (mut num, mut den) = (0f64, 0f64);
+    for s in 0..64usize {
+        let i = (s * 7919) % c.m;
+        let j = (s * 104729 + 13) % c.n;
+        let want: f64 = (0..c.k).map(|p| av[i * c.k + p] as f64 * bv[p * c.n + j] as f64).sum();
+        let got = out.dtype().read(&ob, i * c.n + j);
+        num += (got - want) * (got - want);
+        den += want * want;
+    }
+    Ok((num / den.max(f64::MIN_POSITIVE)).sqrt())
+}

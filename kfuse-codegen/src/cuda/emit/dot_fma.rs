@@ -1,0 +1,413 @@
+//! The FMA path: prints a kernel whose schedule holds an [`MmaPlan`] of path
+//! [`MmaPath::FmaSimt`](kfuse_ir::MmaPath::FmaSimt) — exact f32 fused multiply-adds on
+//! the CUDA cores, on every target (no matrix instruction, no TF32, no fast math).
+//!
+//! Shape of the generated kernel (the plan and the accumulator layout decide every
+//! number):
+//! - one output tile per block on the ordinary program-id grid; all threads compute,
+//!   each holding its `tm × tn` thread tile of the `[BM, BN]` accumulator
+//!   ([`crate::layout::fma_accumulator`]) in f32 registers;
+//! - shared memory: two stages, each the A slab stored transposed, `[BK][BM + 4]`
+//!   (M contiguous), and the B slab `[BK][BN + 4]` (N contiguous), as f32 whatever the
+//!   operands' dtype. The 4 floats of padding a row keep every row 16-byte aligned and
+//!   spread the transposing stores of a K-major operand over the banks;
+//! - copies: for each operand, thread `t` loads elements `t + q · threads` of the slab
+//!   (`q` below `ceil(slab / threads)`), numbered along the tile axis over the tensor's
+//!   unit-stride dimension first (consecutive lanes read consecutive addresses; the
+//!   last tile axis when no dimension has a unit stride), with plain loads at any
+//!   strides: elements outside the tensor (either tile axis, and the indexed
+//!   dimensions) read as 0, 16-bit ones are converted to f32 on the way. The loads of
+//!   iteration `it + 1` are issued into registers before the block computes on the
+//!   stage of iteration `it`, and stored to the other stage after it; one
+//!   `__syncthreads()` an iteration (the stage written in iteration `it` was last read
+//!   in `it - 1`, before that iteration's barrier);
+//! - compute: per `k` of the slab, a thread reads its runs of 4 rows of A and of 4
+//!   columns of B as 16-byte vectors (the lanes of a warp read one address or
+//!   consecutive ones: no bank conflicts) and issues `tm × tn` `fmaf`s. Each
+//!   accumulator sums its products in `k` order, one rounding per FMA;
+//! - after the loop the rest of the kernel (the epilogue: casts, bias, activations,
+//!   `alpha · acc + beta · c`, stores — any tile ops) runs through the ordinary writer
+//!   on the accumulator registers; its shared memory (layout conversions, reductions)
+//!   reuses the stages'.
+
+use super::mma_common::{init_only_ops, non_negative_in_loop, range_of, scalar_slice, tensor_dim_of, tile_dims};
+use super::*;
+use kfuse_ir::{MmaPlan, ParamId};
+
+use crate::target::GridAxisEval;
+
+/// Floats of padding at the end of every shared-memory row (module docs).
+pub const SMEM_PAD: u32 = 4;
+
+/// 16- and 8-byte vectors of floats for the shared-memory reads.
+const FMA_PRELUDE: &str = r#"struct __align__(16) kf_f4 { float x, y, z, w; };
+struct __align__(8) kf_f2 { float x, y; };
+"#;
+
+/// One operand as the writer needs it.
+struct Operand {
+    load: OpId,
+    tensor: ParamId,
+    dtype: DType,
+    /// The tensor dimensions of the load's tile axes 0 and 1, and the axes' extents.
+    td: [usize; 2],
+    ext: [u32; 2],
+    /// The load's tile axis along K (0 or 1).
+    k_axis: usize,
+    /// The tile axis the copying threads walk first (over the unit-stride dimension).
+    fast: usize,
+    /// Shared-memory row length in floats (`M` or `N` extent plus the padding), and
+    /// where stage 0 begins and how long a stage is, in floats.
+    ld: u32,
+    base: u32,
+    stage: u32,
+}
+
+impl Operand {
+    fn elems(&self) -> u32 {
+        self.ext[0] * self.ext[1]
+    }
+    /// Elements each thread copies a slab.
+    fn per_thread(&self, threads: u32) -> u32 {
+        self.elems().div_ceil(threads)
+    }
+    /// C expressions of the tile coordinates `(fast, slow)` of this thread's copy `q`
+    /// (`q` an unrolled loop variable).
+    fn copy_coords(&self, threads: u32) -> (String, String) {
+        let e = self.ext[self.fast];
+        if e >= threads {
+            (format!("(kf_tid + ((q * {threads}) % {e}))"), format!("((q * {threads}) / {e})"))
+        } else {
+            (format!("(kf_tid % {e})"), format!("(kf_tid / {e} + q * {})", threads / e))
+        }
+    }
+}
+
+pub(super) fn emit_kernel(
+    k: &Kernel,
+    spec: &Spec,
+    target: &Target,
+    grid: &[GridAxisEval],
+    plan: &MmaPlan,
+    params: Vec<KernelParam>,
+    decls: Vec<String>,
+) -> Result<Emitted, CodegenError> {
+    let unsupported = |m: String| CodegenError::Unsupported(m);
+    let _ = grid;
+    let [bm, bn, bk] = plan.tile;
+    let threads = k.schedule.num_threads;
+    let Op::For { id: loop_id, carried } = *k.op(plan.for_op) else { return Err(unsupported("the plan's loop is not a `for`".into())) };
+    if carried != 1 {
+        return Err(unsupported("a dot loop that carries more than its accumulator".into()));
+    }
+    let info = k.loop_info(loop_id).ok_or_else(|| unsupported("a loop without its yield".into()))?;
+    let dops = k.operands(plan.dot);
+
+    // the accumulator: the layout the plan's warps give it
+    let res = info.results[0].ok_or_else(|| unsupported("a dot loop whose result is unused".into()))?;
+    let acc_layout = k.schedule.layouts.get(&res).cloned().ok_or_else(|| unsupported("the dot loop's result has no layout".into()))?;
+    let map = RegMap::of(&acc_layout).ok_or_else(|| unsupported("a uniform accumulator".into()))?;
+    let (mr, mc) = (&map.axes[0], &map.axes[1]);
+    if map.axes.len() != 2 || (mr.shape, mc.shape) != (bm, bn) || mr.lane_step != mr.spt || mc.lane_step != mc.spt {
+        return Err(unsupported(format!("the FMA path's {bm}x{bn} accumulator in a layout it does not hold")));
+    }
+    let (tm, tn) = (mr.reps * mr.spt, mc.reps * mc.spt);
+    if tm * tn != map.regs || [tm, tn, 1] != plan.instr || 32 * plan.warps[0] * plan.warps[1] != threads {
+        return Err(unsupported(format!("thread tiles of {tm}x{tn} in {} registers for a plan of {:?} over {:?} warps", map.regs, plan.instr, plan.warps)));
+    }
+
+    // the operands' shared-memory slabs
+    let mut operands: Vec<Operand> = Vec::new();
+    let mut floats = 0u32;
+    for (o, v, mn, k_axis_of_dot) in [(&plan.a, dops[0], bm, 1usize), (&plan.b, dops[1], bn, 0usize)] {
+        let Op::Load { tensor, dims } = k.op(o.load) else { return Err(unsupported("a dot operand that is not a load".into())) };
+        let td = tile_dims(k, o.load);
+        if td.len() != 2 {
+            return Err(unsupported("a dot operand that is not a 2-D tile load".into()));
+        }
+        let ext_of = |d: usize| match dims[d] {
+            AccessDim::Tile(e) => extent_value(k, e),
+            AccessDim::Index => 1,
+        };
+        let ext = [ext_of(td[0]), ext_of(td[1])];
+        // the load's tile axis along K: the dot's axis, through a transpose
+        let k_axis = if v.op() == o.load { k_axis_of_dot } else { 1 - k_axis_of_dot };
+        if (ext[k_axis], ext[1 - k_axis]) != (bk, mn) {
+            return Err(unsupported(format!("a dot operand tile of {}x{}, expected K {bk} and M/N {mn}", ext[0], ext[1])));
+        }
+        let ts = spec.tensors.get(tensor.0 as usize).cloned().flatten();
+        let unit = ts.and_then(|ts| td.iter().rposition(|&d| ts.stride_div.get(d) == Some(&0)));
+        let ld = mn + SMEM_PAD;
+        let stage = bk * ld;
+        operands.push(Operand {
+            load: o.load,
+            tensor: *tensor,
+            dtype: k.param(*tensor).dtype,
+            td: [td[0], td[1]],
+            ext,
+            k_axis,
+            fast: unit.unwrap_or(1),
+            ld,
+            base: floats,
+            stage,
+        });
+        floats += 2 * stage;
+    }
+    let pipe_bytes = floats * 4;
+
+    let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0, barrier: "__syncthreads();", pid: None };
+    e.w.indent();
+    // everything before the loop, but the zeros that only feed its init
+    let for_ops = k.operands(plan.for_op);
+    let (lo, hi, step) = (for_ops[0], for_ops[1], for_ops[2]);
+    let init_only = init_only_ops(k, for_ops[3]);
+    for &o in &k.order[..info.for_pos] {
+        if !init_only.contains(&o) {
+            e.op(o)?;
+        }
+    }
+    // the accumulator's valid ranges: rows of A, columns of B
+    let a_dim = tensor_dim_of(k, dops[0], plan.a.load, 0);
+    let b_dim = tensor_dim_of(k, dops[1], plan.b.load, 1);
+    let (rlo, rhi) = range_of(&mut e, plan.a.load, a_dim, bm)?;
+    let (clo, chi) = range_of(&mut e, plan.b.load, b_dim, bn)?;
+    let regs = map.regs;
+    e.line(format!("float kf_acc[{regs}];"))?;
+    e.unroll("i", regs)?;
+    e.line("kf_acc[i] = 0.0f;")?;
+    e.close()?;
+    let (l, h, s) = (e.val(lo).name.clone(), e.val(hi).name.clone(), e.val(step).name.clone());
+    e.line(format!("if (!({s} > 0)) __trap();"))?;
+    e.line(format!("const long long kf_n = {h} > {l} ? ({h} - {l} + {s} - 1) / {s} : 0LL;"))?;
+    e.line("float* const kf_sf = reinterpret_cast<float*>(kf_smem);")?;
+    // this thread's first row and column of the accumulator (its thread tile repeats
+    // every sweep of the block)
+    e.line(format!("const int kf_tr = {};", coord(&map, 0, "0")))?;
+    e.line(format!("const int kf_tc = {};", coord(&map, 1, "0")))?;
+    // the prefetched slab
+    let names = ["kf_ga", "kf_gb"];
+    for (op, name) in operands.iter().zip(names) {
+        e.line(format!("float {name}[{}];", op.per_thread(threads)))?;
+    }
+    // each thread's element offsets within a slab, loop-invariant: `kf_t` at copy 0,
+    // `kf_d` from one copy to the next (where the copies step along the slow axis)
+    for (oi, op) in operands.iter().enumerate() {
+        let st = |axis: usize| e.stride(op.tensor, op.td[axis]);
+        let (sf, ss) = (st(op.fast), st(1 - op.fast));
+        let mul = |c: &str, st: &str| if st == "1" { format!("(long long)({c})") } else { format!("(long long)({c}) * {st}") };
+        let e_f = op.ext[op.fast];
+        let (f0, s0) = if e_f >= threads { ("kf_tid".to_string(), "0".to_string()) } else { (format!("kf_tid % {e_f}"), format!("kf_tid / {e_f}")) };
+        e.line(format!("const long long kf_t{oi} = {} + {};", mul(&f0, &sf), mul(&s0, &ss)))?;
+        if e_f < threads {
+            e.line(format!("const long long kf_d{oi} = {};", mul(&(threads / e_f).to_string(), &ss)))?;
+        }
+    }
+
+    // the loads of loop iteration `it` into the prefetch registers
+    let index = info.index;
+    let mut roots = vec![];
+    for o in &operands {
+        roots.extend(k.operands(o.load));
+    }
+    let slice = scalar_slice(k, &roots, info.for_pos)?;
+    let issue = |e: &mut Emitter, it: &str| -> R {
+        if let Some(ix) = index {
+            let name = format!("v{}", ix.index());
+            e.line(format!("const long long {name} = {l} + ({it}) * {s};"))?;
+            e.vals.insert(ix, Val { name, dtype: DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
+        }
+        for &o in &slice {
+            e.op(o)?;
+        }
+        for (oi, (op, name)) in operands.iter().zip(names).enumerate() {
+            let k = e.k;
+            let p = k.param(op.tensor);
+            let tdims = k.tensor_dims(op.tensor).to_vec();
+            let offs: Vec<ValueId> = k.operands(op.load);
+            let Op::Load { dims, .. } = k.op(op.load) else { unreachable!() };
+            let vname = |v: ValueId, e: &Emitter| e.val(v).name.clone();
+            // the block's corner along its indexed dimensions, and their bounds
+            let mut corner = format!("p_{}", p.name);
+            let mut ok = Vec::new();
+            for (d, ad) in dims.iter().enumerate() {
+                if matches!(ad, AccessDim::Index) {
+                    let (o, st) = (vname(offs[d], e), e.stride(op.tensor, d));
+                    corner = if st == "1" { format!("{corner} + {o}") } else { format!("{corner} + {o} * {st}") };
+                    let n = e.shape_var(tdims[d]);
+                    ok.push(if non_negative(k, offs[d]) { format!("{o} < {n}") } else { format!("{o} >= 0 && {o} < {n}") });
+                }
+            }
+            let per = op.per_thread(threads);
+            let (f, sl) = op.copy_coords(threads);
+            e.open("")?;
+            // the block's corner, and along each tile axis the 32-bit range of thread
+            // coordinates inside the tensor (`lo <= c < r`): per copy, one 32-bit
+            // compare an axis and a loop-invariant offset `c * stride`
+            let mut bound = Vec::new();
+            for axis in 0..2 {
+                let d = op.td[axis];
+                let (o, st, n) = (vname(offs[d], e), e.stride(op.tensor, d), e.shape_var(tdims[d]));
+                corner = if st == "1" { format!("{corner} + {o}") } else { format!("{corner} + {o} * {st}") };
+                e.line(format!("const int kf_r{axis} = (int)kf_mini(kf_maxi({n} - {o}, -1LL), 1LL << 30);"))?;
+                let lo = !non_negative_in_loop(k, offs[d]);
+                if lo {
+                    e.line(format!("const int kf_l{axis} = (int)kf_mini(kf_maxi(-{o}, -1LL), 1LL << 30);"))?;
+                }
+                bound.push((lo, st));
+            }
+            e.line(format!("const {}* const g = {corner};", stype(op.dtype)))?;
+            e.line(format!("const bool okc = {};", if ok.is_empty() { "true".to_string() } else { ok.join(" && ") }))?;
+            e.unroll("q", per)?;
+            e.line(format!("const int kf_f = {f};"))?;
+            e.line(format!("const int kf_s = {sl};"))?;
+            let mut cond = vec!["okc".to_string()];
+            if op.elems() < threads {
+                cond.push(format!("kf_tid < {}", op.elems()));
+            }
+            for (axis, (lo, _)) in bound.iter().enumerate() {
+                let c = if axis == op.fast { "kf_f" } else { "kf_s" };
+                cond.push(format!("{c} < kf_r{axis}"));
+                if *lo {
+                    cond.push(format!("{c} >= kf_l{axis}"));
+                }
+            }
+            // the element's offset from the corner: this thread's, plus copy q's step
+            let e_f = op.ext[op.fast];
+            let at = if e_f < threads {
+                format!("kf_t{oi} + q * kf_d{oi}")
+            } else {
+                let st = |axis: usize| bound[axis].1.clone();
+                let (sf, ss) = (st(op.fast), st(1 - op.fast));
+                let m = |c: String, st: &str| if st == "1" { format!("(long long)({c})") } else { format!("(long long)({c}) * {st}") };
+                format!("kf_t{oi} + {} + {}", m(format!("(q * {threads}) % {e_f}"), &sf), m(format!("(q * {threads}) / {e_f}"), &ss))
+            };
+            e.line(format!("const bool in = {};", cond.join(" && ")))?;
+            e.line(format!("{name}[q] = in ? {} : 0.0f;", to_reg(op.dtype, &format!("g[{at}]"))))?;
+            e.close()?;
+            e.close()?;
+        }
+        Ok(())
+    };
+    // the prefetch registers into stage `buf`
+    let store = |e: &mut Emitter, buf: &str| -> R {
+        for (op, name) in operands.iter().zip(names) {
+            let (f, sl) = op.copy_coords(threads);
+            let (i0, i1) = if op.fast == 0 { ("kf_f", "kf_s") } else { ("kf_s", "kf_f") };
+            let (kc, mnc) = if op.k_axis == 0 { (i0, i1) } else { (i1, i0) };
+            e.open("")?;
+            e.line(format!("float* const s = kf_sf + {} + ({buf}) * {};", op.base, op.stage))?;
+            e.unroll("q", op.per_thread(threads))?;
+            e.line(format!("const int kf_f = {f};"))?;
+            e.line(format!("const int kf_s = {sl};"))?;
+            let put = format!("s[{kc} * {} + {mnc}] = {name}[q];", op.ld);
+            if op.elems() < threads {
+                e.line(format!("if (kf_tid < {}) {put}", op.elems()))?;
+            } else {
+                e.line(put)?;
+            }
+            e.close()?;
+            e.close()?;
+        }
+        Ok(())
+    };
+    // per `k` of a slab: this thread's rows of A and columns of B, then its FMAs
+    let (oa, ob) = (&operands[0], &operands[1]);
+    let frag = |e: &mut Emitter, name: &str, m: &crate::layout::AxisMap, src: &str| -> R {
+        let v = m.spt;
+        e.unroll("r", m.reps)?;
+        let at = format!("{src} + r * {}", m.chunk);
+        match v {
+            4 => {
+                e.line(format!("const kf_f4 t = *reinterpret_cast<const kf_f4*>({at});"))?;
+                e.line(format!("{name}[r * 4] = t.x; {name}[r * 4 + 1] = t.y; {name}[r * 4 + 2] = t.z; {name}[r * 4 + 3] = t.w;"))?;
+            }
+            2 => {
+                e.line(format!("const kf_f2 t = *reinterpret_cast<const kf_f2*>({at});"))?;
+                e.line(format!("{name}[r * 2] = t.x; {name}[r * 2 + 1] = t.y;"))?;
+            }
+            _ => e.line(format!("{name}[r] = *({at});"))?,
+        }
+        e.close()
+    };
+    let reg = format!(
+        "(i / {}) * {} + (i % {}) * {} + (j / {}) * {} + (j % {}) * {}",
+        mr.spt, mr.rep_stride, mr.spt, mr.e_stride, mc.spt, mc.rep_stride, mc.spt, mc.e_stride
+    );
+    let compute = |e: &mut Emitter, buf: &str| -> R {
+        e.open("")?;
+        e.line(format!("const float* const kf_xa = kf_sf + {} + ({buf}) * {} + kf_tr;", oa.base, oa.stage))?;
+        e.line(format!("const float* const kf_xb = kf_sf + {} + ({buf}) * {} + kf_tc;", ob.base, ob.stage))?;
+        e.unroll("kk", bk)?;
+        e.line(format!("float kf_a[{tm}];"))?;
+        e.line(format!("float kf_b[{tn}];"))?;
+        frag(e, "kf_a", mr, &format!("kf_xa + kk * {}", oa.ld))?;
+        frag(e, "kf_b", mc, &format!("kf_xb + kk * {}", ob.ld))?;
+        e.unroll("i", tm)?;
+        e.unroll("j", tn)?;
+        e.line(format!("kf_acc[{reg}] = fmaf(kf_a[i], kf_b[j], kf_acc[{reg}]);"))?;
+        e.close()?;
+        e.close()?;
+        e.close()?; // kk
+        e.close()
+    };
+
+    e.line(format!(
+        "// f32 FMAs: {bm}x{bn}x{bk} tiles, {tm}x{tn} a thread, two stages of {} bytes (A [{bk}][{}], B [{bk}][{}] floats)",
+        pipe_bytes / 2,
+        oa.ld,
+        ob.ld
+    ))?;
+    e.open("if (kf_n > 0)")?;
+    issue(&mut e, "0")?;
+    store(&mut e, "0")?;
+    e.close()?;
+    e.line("__syncthreads();")?;
+    e.open("for (long long kf_it = 0; kf_it < kf_n; ++kf_it)")?;
+    e.line("const int kf_buf = (int)(kf_it & 1);")?;
+    e.line("const bool kf_more = kf_it + 1 < kf_n;")?;
+    e.open("if (kf_more)")?;
+    issue(&mut e, "kf_it + 1")?;
+    e.close()?;
+    compute(&mut e, "kf_buf")?;
+    e.open("if (kf_more)")?;
+    store(&mut e, "kf_buf ^ 1")?;
+    e.close()?;
+    e.line("__syncthreads();")?;
+    e.close()?; // k loop
+
+    // the epilogue: everything after the loop, on the accumulator registers
+    e.vals.insert(res, Val { name: "kf_acc".into(), dtype: DType::F32, map: Some(map.clone()), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo: vec![rlo, clo], hi: vec![rhi, chi] });
+    for &o in &k.order[info.yield_pos + 1..] {
+        if !matches!(k.op(o), Op::LoopResult { .. }) {
+            e.op(o)?;
+        }
+    }
+    let dynamic_smem = pipe_bytes.max(e.smem.div_ceil(16) * 16);
+    let body = e.w.finish();
+    if dynamic_smem > target.smem_per_block {
+        return Err(unsupported(format!(
+            "{dynamic_smem} bytes of shared memory (two stages of {}, the epilogue {}); the target allows {}",
+            pipe_bytes / 2,
+            e.smem,
+            target.smem_per_block
+        )));
+    }
+    let bounds = if k.schedule.min_blocks > 0 { format!("{threads}, {}", k.schedule.min_blocks) } else { threads.to_string() };
+    let mut w = Writer::new(String::new());
+    let mut head = || -> std::fmt::Result {
+        w.line(format!("// Generated by kfuse from kernel `{}` for {}. Do not edit.", k.name, target.arch()))?;
+        w.raw(&crate::cuda::prelude::base_prelude(k))?;
+        w.raw(FMA_PRELUDE)?;
+        w.line("")?;
+        w.open(format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {}({})", entry_name(k), decls.join(", ")))?;
+        w.line("const int kf_tid = threadIdx.x;")?;
+        w.line("const int kf_lane = kf_tid & 31;")?;
+        w.line("const int kf_warp = kf_tid >> 5;")?;
+        w.line("(void)kf_lane; (void)kf_warp;")?;
+        w.line("extern __shared__ __align__(16) unsigned char kf_smem[];")?;
+        w.raw(&body)?;
+        w.close()
+    };
+    head().map_err(fmt_err)?;
+    Ok(Emitted { source: w.finish(), params, static_smem: 0, dynamic_smem, block_threads: threads, persistent: None })
+}

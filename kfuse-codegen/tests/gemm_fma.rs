@@ -1,0 +1,241 @@
+//! The exact f32 FMA path (`MmaPath::FmaSimt`) on a GEMM built with the IR builder:
+//! which `dot` loops take it (f32 operands on every target; f16/bf16 operands the
+//! matrix paths cannot read), the plan and tiles recorded in the IR, the structure of
+//! the emitted source for every operand layout, the overrides, and the accumulator
+//! layout against what the writer's FMAs assume. NVRTC + ptxas checks live in the
+//! workspace tests (tests/gemm_fma_codegen.rs), GPU numerics in tests/gpu_gemm_f32.rs.
+
+mod common;
+
+use common::{gemm_kernel, gemm_kernel_from, spec};
+use kfuse_codegen::layout::RegMap;
+use kfuse_codegen::{compile, EmittedKernel, Spec, Target, TensorSpec};
+use kfuse_ir::{DType, Kernel, Layout};
+
+fn targets() -> [Target; 3] {
+    [Target::sm80(), Target::sm89(), Target::sm90a()]
+}
+
+/// The source is plain f32 FMAs: no matrix instruction, no asynchronous copies.
+fn assert_fma(e: &EmittedKernel, what: &str) {
+    assert!(e.ir.contains("mma FmaSimt"), "{what}: {}", e.ir);
+    assert!(e.source.contains("= fmaf(kf_a[i], kf_b[j], kf_acc["), "{what}: {}", e.source);
+    for no in ["mma", "cp.async", "ldmatrix", "CUtensorMap", "mbarrier", "__cluster_dims__"] {
+        assert!(!e.source.contains(no), "{what}: `{no}` in the FMA kernel");
+    }
+    assert!(!e.source.contains("tf32") && !e.source.contains("__fmul_rz"), "{what}");
+    assert_eq!((e.persistent, e.cluster_x), (None, 1), "{what}");
+}
+
+/// `a` and `b` stored with their unit stride on the first dimension (a transposed view)
+/// when asked, else the last; `None`: no unit stride at all (both strides 2·x).
+fn spec_major(k: &Kernel, mnk: [u32; 3], a_first: Option<bool>, b_first: Option<bool>) -> Spec {
+    let mut s = spec(k, mnk);
+    for (i, first) in [(0, a_first), (1, b_first)] {
+        s.tensors[i] = Some(match first {
+            Some(true) => TensorSpec { ptr_align: 16, stride_div: vec![0, 16] },
+            Some(false) => TensorSpec { ptr_align: 16, stride_div: vec![16, 0] },
+            None => TensorSpec { ptr_align: 4, stride_div: vec![2, 2] },
+        });
+    }
+    s
+}
+
+#[test]
+fn f32_dots_take_the_fma_path_on_every_target() {
+    let k = gemm_kernel(DType::F32, false, false, true);
+    for t in targets() {
+        let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &t).unwrap();
+        assert_fma(&e, &t.arch());
+        assert!(e.ir.contains("tile 128x128x8, f32 fma, thread tile 8x8, warps 4x2, 2 stages"), "{}", e.ir);
+        assert!(e.ir.contains("schedule: threads=256 min_blocks=2"), "{}", e.ir);
+        assert_eq!((e.block_threads, e.arch.clone()), (256, t.arch()));
+        // two stages of [8][128 + 4] floats for A (transposed) and for B
+        assert_eq!(e.smem_bytes, 2 * 2 * 8 * 132 * 4);
+        assert!(e.source.contains("__launch_bounds__(256, 2)") && e.source.contains("extern __shared__"), "{}", e.source);
+        // operands read from shared memory as 16-byte vectors, two runs of 4 each a k
+        assert_eq!(e.source.matches("*reinterpret_cast<const kf_f4*>(").count(), 2, "{}", e.source);
+        // the prefetch of the next slab and one barrier an iteration
+        assert!(e.source.contains("if (kf_more)") && e.source.contains("kf_buf ^ 1"), "{}", e.source);
+        // the grid is the kernel's own program ids
+        assert!(e.source.contains("blockIdx.x") && e.source.contains("blockIdx.y"));
+        assert_eq!(e.grid_dims(&[300, 200, 1000]), [3, 2, 1]); // M, N, K
+    }
+}
+
+#[test]
+fn every_operand_layout_compiles() {
+    // a: [M, K] or [K, M] (`.t()` in the kernel), b: [K, N] or [N, K]; each stored
+    // row-major, as a transposed view, or with no unit stride at all
+    let layouts = [Some(false), Some(true), None];
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            for a_first in layouts {
+                for b_first in layouts {
+                    let k = gemm_kernel(dt, ta, tb, true);
+                    let s = spec_major(&k, [4096, 4096, 4096], a_first, b_first);
+                    // f16/bf16 take the matrix path when both are readable
+                    let readable = a_first.is_some() && b_first.is_some();
+                    if dt != DType::F32 && readable {
+                        continue;
+                    }
+                    for t in targets() {
+                        let what = format!("{dt} ta={ta} tb={tb} a_first={a_first:?} b_first={b_first:?} {}", t.arch());
+                        let e = compile(&k, &s, &t).unwrap_or_else(|err| panic!("{what}: {err}"));
+                        assert_fma(&e, &what);
+                        // the recorded majorness is the tensor's: K-major when K has the unit stride
+                        let plan = e.ir.lines().find(|l| l.contains("mma FmaSimt")).unwrap();
+                        let a_k = a_first.is_some_and(|f| f == ta);
+                        let b_k = b_first.is_some_and(|f| f != tb);
+                        let maj = |km: bool| if km { "K-major" } else { "MN-major" };
+                        let (a_part, b_part) = (&plan[plan.find(", A ").unwrap()..plan.find(", B ").unwrap()], &plan[plan.find(", B ").unwrap()..]);
+                        assert!(a_part.contains(maj(a_k)) && b_part.contains(maj(b_k)), "{what}: {plan}");
+                        // 16-bit elements become f32 as they are loaded
+                        if dt != DType::F32 {
+                            let conv = if dt == DType::F16 { "kf_f16_f32(g[" } else { "kf_bf16_f32(g[" };
+                            assert!(e.source.contains(conv), "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sixteen_bit_operands_fall_back_only_where_the_matrix_path_cannot_read() {
+    let k = gemm_kernel(DType::F16, false, false, false);
+    // aligned: the matrix paths
+    let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &Target::sm80()).unwrap();
+    assert!(e.ir.contains("mma MmaSyncCpAsync"), "{}", e.ir);
+    let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &Target::sm90a()).unwrap();
+    assert!(e.ir.contains("mma WgmmaTma"), "{}", e.ir);
+    // an unaligned operand: the FMA path with its own tiles, on every target
+    for t in targets() {
+        for (i, bad) in [(0, TensorSpec { ptr_align: 2, stride_div: vec![16, 0] }), (1, TensorSpec { ptr_align: 16, stride_div: vec![1, 0] })] {
+            let mut s = spec(&k, [4096, 4096, 4096]);
+            s.tensors[i] = Some(bad);
+            let e = compile(&k, &s, &t).unwrap();
+            assert_fma(&e, &format!("f16 operand {i} unaligned on {}", t.arch()));
+            assert!(e.ir.contains("tile 128x128x8"), "{}", e.ir);
+        }
+    }
+    // a K loop from 4: cp.async cannot copy the rows of `a` in 16-byte chunks (sm_80,
+    // sm_89) — TMA can (sm_90)
+    let k4 = gemm_kernel_from(DType::BF16, false, false, false, 4);
+    let s = spec(&k4, [4096, 4096, 4096]);
+    assert_fma(&compile(&k4, &s, &Target::sm80()).unwrap(), "k0 = 4 on sm_80");
+    assert_fma(&compile(&k4, &s, &Target::sm89()).unwrap(), "k0 = 4 on sm_89");
+    assert!(compile(&k4, &s, &Target::sm90a()).unwrap().ir.contains("mma WgmmaTma"));
+}
+
+#[test]
+fn tiles_follow_the_shape_class() {
+    let k = gemm_kernel(DType::F32, false, false, false);
+    // the widest tile that still gives each multiprocessor one (108 on sm_80, 132 on sm_90)
+    for (mnk, t, tile, thread_tile) in [
+        ([4096, 4096, 4096], Target::sm80(), "tile 128x128x8", "thread tile 8x8, warps 4x2"),
+        ([1024, 1024, 1024], Target::sm80(), "tile 128x64x8", "thread tile 4x8, warps 8x1"),
+        ([1024, 1024, 1024], Target::sm90a(), "tile 64x64x16", "thread tile 4x4, warps 4x2"),
+        ([127, 4096, 4096], Target::sm90a(), "tile 64x64x16", "thread tile 4x4, warps 4x2"),
+        ([1, 1, 1], Target::sm80(), "tile 64x64x16", "thread tile 4x4, warps 4x2"),
+    ] {
+        let e = compile(&k, &spec(&k, mnk), &t).unwrap();
+        assert!(e.ir.contains(tile) && e.ir.contains(thread_tile), "{mnk:?} {}: {}", t.arch(), e.ir);
+        assert_eq!(e.block_threads, 256);
+    }
+}
+
+#[test]
+fn overrides_reach_the_plan() {
+    let k = gemm_kernel(DType::F32, true, false, false);
+    let mut s = spec(&k, [4096, 4096, 4096]);
+    s.tiles = [("BM".to_string(), 64), ("BN".to_string(), 128), ("BK".to_string(), 32)].into_iter().collect();
+    let e = compile(&k, &s, &Target::sm80()).unwrap();
+    assert!(e.ir.contains("tile 64x128x32, f32 fma, thread tile 4x8, warps 4x2"), "{}", e.ir);
+    assert_eq!(e.smem_bytes, 2 * (32 * 68 + 32 * 132) * 4);
+    // BM alone: BK follows it (1024 / BM)
+    s.tiles = [("BM".to_string(), 64)].into_iter().collect();
+    let e = compile(&k, &s, &Target::sm80()).unwrap();
+    assert!(e.ir.contains("tile 64x128x16"), "{}", e.ir);
+    // threads and minimum blocks
+    s.tiles.clear();
+    s.threads = Some(128);
+    s.min_blocks = Some(1);
+    let e = compile(&k, &s, &Target::sm80()).unwrap();
+    assert!(e.ir.contains("thread tile 8x16, warps 4x1") && e.ir.contains("threads=128 min_blocks=1"), "{}", e.ir);
+    assert!(e.source.contains("__launch_bounds__(128, 1)"));
+    // tiles smaller than a sweep of the block: replicas, still one source
+    s.threads = None;
+    s.min_blocks = None;
+    s.tiles = [("BM".to_string(), 16), ("BN".to_string(), 8), ("BK".to_string(), 4)].into_iter().collect();
+    let e = compile(&k, &s, &Target::sm80()).unwrap();
+    assert!(e.ir.contains("tile 16x8x4") && e.ir.contains("threads=32"), "{}", e.ir);
+}
+
+/// The coordinate of register `reg` of thread (`warp`, `lane`) along map axis `a`.
+fn coord(map: &RegMap, a: usize, reg: u32, warp: u32, lane: u32) -> u32 {
+    let m = &map.axes[a];
+    let rep = (reg / m.rep_stride) % m.reps;
+    let e = (reg / m.e_stride) % m.spt;
+    rep * m.chunk + ((warp / m.warp_div) % m.wpb) * m.warp_step + ((lane / m.lane_div) % m.tpw) * m.lane_step + e * m.elem_step
+}
+
+#[test]
+fn the_accumulator_layout_is_what_the_fmas_assume() {
+    // the writer's FMA `i, j` updates register `(i/4)·RS_r + (i%4)·ES_r + (j/4)·RS_c +
+    // (j%4)·ES_c`, with row `kf_tr + (i/4)·chunk_r + i%4` and column likewise: every
+    // element of the tile exactly once, runs of 4 a thread
+    let k = gemm_kernel(DType::F32, false, false, false);
+    for (mnk, t) in [([4096, 4096, 4096], Target::sm80()), ([1024, 1024, 1024], Target::sm80()), ([127, 4096, 4096], Target::sm90a())] {
+        let sched = kfuse_codegen::schedule(&k, &spec(&k, mnk), &t).unwrap();
+        let plan = sched.schedule.mma.clone().unwrap();
+        let res = sched.order.iter().find(|&&o| matches!(sched.op(o), kfuse_ir::Op::LoopResult { .. })).unwrap().value();
+        let Some(l @ Layout::Blocked(b)) = sched.schedule.layouts.get(&res) else { panic!() };
+        assert!(b.steps.is_empty() && b.size_per_thread == [4, 4] && b.order == [1, 0]);
+        let map = RegMap::of(l).unwrap();
+        let [bm, bn, _] = plan.tile;
+        let [tm, tn, _] = plan.instr;
+        assert_eq!(map.regs, tm * tn);
+        let (r, c) = (&map.axes[0], &map.axes[1]);
+        let mut seen = std::collections::BTreeSet::new();
+        for warp in 0..plan.warps[0] * plan.warps[1] {
+            for lane in 0..32 {
+                let (r0, c0) = (coord(&map, 0, 0, warp, lane), coord(&map, 1, 0, warp, lane));
+                assert_eq!((r0 % 4, c0 % 4), (0, 0), "16-byte aligned runs");
+                for i in 0..tm {
+                    for j in 0..tn {
+                        let reg = (i / 4) * r.rep_stride + (i % 4) * r.e_stride + (j / 4) * c.rep_stride + (j % 4) * c.e_stride;
+                        let (row, col) = (r0 + (i / 4) * r.chunk + i % 4, c0 + (j / 4) * c.chunk + j % 4);
+                        assert_eq!((coord(&map, 0, reg, warp, lane), coord(&map, 1, reg, warp, lane)), (row, col));
+                        assert!(seen.insert((row, col)));
+                    }
+                }
+            }
+        }
+        assert_eq!(seen.len() as u32, bm * bn, "every element once");
+    }
+}
+
+#[test]
+fn codegen_is_deterministic() {
+    let k = gemm_kernel(DType::F32, true, true, true);
+    let s = spec_major(&k, [300, 200, 1000], Some(false), None);
+    let a = compile(&k, &s, &Target::sm89()).unwrap();
+    let b = compile(&k.clone(), &s.clone(), &Target::sm89()).unwrap();
+    assert_eq!(a.source, b.source);
+    assert_eq!(a.ir, b.ir);
+}
+
+#[test]
+fn the_autotuner_gets_fma_candidates() {
+    // the heuristic's tiles first, then the BM x BN alternatives the FMA path takes
+    let k = gemm_kernel(DType::F32, false, false, false);
+    let c = kfuse_codegen::tuning_candidates(&k, &spec(&k, [4096, 4096, 4096]), &Target::sm80());
+    assert!(c.len() >= 3, "{c:?}");
+    assert_eq!((c[0]["BM"], c[0]["BN"]), (128, 128));
+    for t in &c {
+        let s = Spec { tiles: t.clone(), ..spec(&k, [4096, 4096, 4096]) };
+        assert!(compile(&k, &s, &Target::sm80()).unwrap().ir.contains("mma FmaSimt"));
+    }
+}

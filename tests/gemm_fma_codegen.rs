@@ -1,0 +1,124 @@
+//! What the compiler emits for f32 matrix products (the exact FMA path,
+//! `MmaPath::FmaSimt`), on a machine without a GPU: `kfuse::ops::gemm` and its
+//! configurable and batched kernels with f32 operands, a user GEMM with a fused bias +
+//! GELU epilogue, and the f16/bf16 fallback for operands the matrix path cannot read —
+//! on sm_80, sm_89 and sm_90a, for each shape class the tile heuristic distinguishes:
+//! NVRTC + `ptxas -v` with no spills, PTX of exact f32 FMAs (`fma.rn.f32`, no TF32, no
+//! flush to zero), and a snapshot of the scheduled IR.
+
+mod common;
+
+use common::gemm::{gemm_bias_gelu, spec_mnk};
+
+use kfuse::codegen::{compile, Target};
+use kfuse::ir::KernelDef;
+use kfuse::DType;
+
+fn targets() -> [Target; 3] {
+    [Target::sm80(), Target::sm89(), Target::sm90a()]
+}
+
+/// The snapshot spec of `def` with its shape symbols set (in order of first appearance).
+fn spec_shape(def: &KernelDef, shape: &[u32]) -> kfuse::codegen::Spec {
+    let mut s = common::snapshot_spec(def);
+    s.shape_pow2 = shape.iter().map(|v| v.next_power_of_two()).collect();
+    s
+}
+
+#[test]
+fn f32_gemm_takes_the_fma_path() {
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let k = (def.build)(&[DType::F32]).unwrap();
+    for t in targets() {
+        let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &t).unwrap();
+        assert!(e.ir.contains("mma FmaSimt") && e.ir.contains("tile 128x128x8, f32 fma, thread tile 8x8"), "{}", e.ir);
+        assert!(e.source.contains("fmaf(") && !e.source.contains("mma") && !e.source.contains("cp.async"), "{}", e.source);
+        assert_eq!((e.block_threads, e.persistent, e.cluster_x), (256, None, 1));
+        // the PTX: exact f32 FMAs, nothing of the matrix units, no TF32, no flush to zero
+        let ptx = kfuse::runtime::nvrtc::compile_ptx(&e.source, &e.arch, &e.options).unwrap();
+        assert!(ptx.matches("fma.rn.f32").count() >= 8 * 8 * 8, "the 8x8 thread tile over BK = 8, unrolled");
+        for no in ["mma", "tf32", ".ftz", "approx", "cp.async"] {
+            assert!(!ptx.contains(no), "`{no}` in the PTX of the f32 gemm on {}", e.arch);
+        }
+        if t == Target::sm80() {
+            insta::assert_snapshot!("gemm_f32_sm80_ir", e.ir);
+        }
+    }
+}
+
+#[test]
+fn f32_gemm_kernels_compile_without_spills() {
+    use kfuse::ops::kernels as k;
+    let mut failures = Vec::new();
+    let mut report = Vec::new();
+    let mut checked = 0;
+    // shape classes: 128x128 (8x8 a thread), 128x64 on sm_80/89 or 64x64 on sm_90
+    // (1024³), 64x64 (M = 127)
+    for (m, n, kk) in [(4096, 4096, 4096), (1024, 1024, 1024), (127, 4096, 4096)] {
+        for target in targets() {
+            let cases: Vec<(&str, &KernelDef, Vec<DType>, Vec<u32>)> = vec![
+                ("gemm", &k::gemm::DEF, vec![DType::F32], vec![m, kk, n]),
+                ("gemm_bias_gelu", &gemm_bias_gelu::DEF, vec![DType::F32], vec![m, kk, n]),
+                ("gemm_scaled", &k::gemm_scaled::DEF, vec![DType::F32, DType::F32], vec![m, kk, n]),
+                ("gemm_scaled_to_bf16", &k::gemm_scaled::DEF, vec![DType::F32, DType::BF16], vec![m, kk, n]),
+                ("gemm_axpby", &k::gemm_axpby::DEF, vec![DType::F32, DType::F32], vec![m, kk, n]),
+                ("gemm_batched_axpby", &k::gemm_batched_axpby::DEF, vec![DType::F32, DType::F32], vec![4, m, kk, n]),
+            ];
+            for (name, def, dts, shape) in cases {
+                let e = match compile(&(def.build)(&dts).unwrap(), &spec_shape(def, &shape), &target) {
+                    Ok(e) => e,
+                    Err(err) => {
+                        failures.push(format!("{name} {} M{m} N{n}: {err}", target.arch()));
+                        continue;
+                    }
+                };
+                assert!(e.ir.contains("mma FmaSimt"), "{name}: {}", e.ir);
+                let plan = e.ir.lines().find(|l| l.contains("mma FmaSimt")).unwrap().to_string();
+                let tile = plan.split(", ").find(|p| p.starts_with("tile ")).unwrap_or("").to_string();
+                match common::assemble(&e.source, &e.arch, &e.options, &format!("fma_{name}_{m}_{n}")) {
+                    Ok((regs, spill)) => {
+                        let sched = e.ir.lines().find(|l| l.starts_with("schedule:")).unwrap_or("");
+                        report.push(format!("{name} {} {tile} ({sched}): {regs} registers, {spill} bytes of spills", e.arch));
+                        if spill > 0 {
+                            failures.push(format!("{name} {} M{m} N{n} K{kk} ({tile}): {spill} bytes of spills ({regs} registers)", e.arch));
+                        }
+                    }
+                    Err(err) => failures.push(format!("{name} {} M{m} N{n}: {err}", e.arch)),
+                }
+                checked += 1;
+            }
+        }
+    }
+    println!("{}", report.join("\n"));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(checked, 54);
+}
+
+#[test]
+fn unreadable_16_bit_operands_fall_back_and_assemble() {
+    // `b` with rows 2 bytes off a 16-byte multiple: neither TMA nor cp.async can copy it;
+    // the user kernel takes the FMA path (16-bit elements converted as they load)
+    let def = &gemm_bias_gelu::DEF;
+    let mut failures = Vec::new();
+    for dt in [DType::BF16, DType::F16] {
+        for target in targets() {
+            let k = (def.build)(&[dt]).unwrap();
+            let mut s = spec_mnk(def, 4096, 4096, 4096);
+            s.tensors[1] = Some(kfuse::codegen::TensorSpec { ptr_align: 16, stride_div: vec![1, 0] });
+            let e = compile(&k, &s, &target).unwrap();
+            assert!(e.ir.contains("mma FmaSimt") && !e.source.contains("mma") && !e.source.contains("cp.async"), "{}", e.ir);
+            let conv = if dt == DType::F16 { "kf_f16_f32(g[" } else { "kf_bf16_f32(g[" };
+            assert!(e.source.contains(conv), "{}", e.source);
+            match common::assemble(&e.source, &e.arch, &e.options, &format!("fma_fallback_{dt}")) {
+                Ok((regs, spill)) => {
+                    println!("gemm_bias_gelu {dt} {} (FMA fallback): {regs} registers, {spill} bytes of spills", e.arch);
+                    if spill > 0 {
+                        failures.push(format!("{dt} {}: {spill} bytes of spills", e.arch));
+                    }
+                }
+                Err(err) => failures.push(format!("{dt} {}: {err}", e.arch)),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
