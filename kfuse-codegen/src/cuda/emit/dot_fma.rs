@@ -30,7 +30,10 @@
 //!   on the accumulator registers; its shared memory (layout conversions, reductions)
 //!   reuses the stages'.
 
-use super::mma_common::{init_only_ops, non_negative_in_loop, range_of, scalar_slice, tensor_dim_of, tile_dims};
+use super::mma_common::{
+    accumulator_map, accumulator_val, bind_iteration, block_kernel_source, dot_loop, epilogue, non_negative_in_loop, operand_slice, tile_dims, trip_count,
+    zeroed_accumulator,
+};
 use super::*;
 use kfuse_ir::{MmaPlan, ParamId};
 
@@ -96,17 +99,11 @@ pub(super) fn emit_kernel(
     let _ = grid;
     let [bm, bn, bk] = plan.tile;
     let threads = k.schedule.num_threads;
-    let Op::For { id: loop_id, carried } = *k.op(plan.for_op) else { return Err(unsupported("the plan's loop is not a `for`".into())) };
-    if carried != 1 {
-        return Err(unsupported("a dot loop that carries more than its accumulator".into()));
-    }
-    let info = k.loop_info(loop_id).ok_or_else(|| unsupported("a loop without its yield".into()))?;
+    let info = dot_loop(k, plan)?;
     let dops = k.operands(plan.dot);
 
     // the accumulator: the layout the plan's warps give it
-    let res = info.results[0].ok_or_else(|| unsupported("a dot loop whose result is unused".into()))?;
-    let acc_layout = k.schedule.layouts.get(&res).cloned().ok_or_else(|| unsupported("the dot loop's result has no layout".into()))?;
-    let map = RegMap::of(&acc_layout).ok_or_else(|| unsupported("a uniform accumulator".into()))?;
+    let (res, map) = accumulator_map(k, &info)?;
     let (mr, mc) = (&map.axes[0], &map.axes[1]);
     if map.axes.len() != 2 || (mr.shape, mc.shape) != (bm, bn) || mr.lane_step != mr.spt || mc.lane_step != mc.spt {
         return Err(unsupported(format!("the FMA path's {bm}x{bn} accumulator in a layout it does not hold")));
@@ -157,28 +154,10 @@ pub(super) fn emit_kernel(
 
     let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0, barrier: "__syncthreads();", pid: None };
     e.w.indent();
-    // everything before the loop, but the zeros that only feed its init
-    let for_ops = k.operands(plan.for_op);
-    let (lo, hi, step) = (for_ops[0], for_ops[1], for_ops[2]);
-    let init_only = init_only_ops(k, for_ops[3]);
-    for &o in &k.order[..info.for_pos] {
-        if !init_only.contains(&o) {
-            e.op(o)?;
-        }
-    }
-    // the accumulator's valid ranges: rows of A, columns of B
-    let a_dim = tensor_dim_of(k, dops[0], plan.a.load, 0);
-    let b_dim = tensor_dim_of(k, dops[1], plan.b.load, 1);
-    let (rlo, rhi) = range_of(&mut e, plan.a.load, a_dim, bm)?;
-    let (clo, chi) = range_of(&mut e, plan.b.load, b_dim, bn)?;
-    let regs = map.regs;
-    e.line(format!("float kf_acc[{regs}];"))?;
-    e.unroll("i", regs)?;
-    e.line("kf_acc[i] = 0.0f;")?;
-    e.close()?;
-    let (l, h, s) = (e.val(lo).name.clone(), e.val(hi).name.clone(), e.val(step).name.clone());
-    e.line(format!("if (!({s} > 0)) __trap();"))?;
-    e.line(format!("const long long kf_n = {h} > {l} ? ({h} - {l} + {s} - 1) / {s} : 0LL;"))?;
+    // everything before the loop (but the zeros that only feed its init), the zeroed
+    // accumulator, the trip count
+    let ranges = zeroed_accumulator(&mut e, plan, info.for_pos, map.regs)?;
+    let (l, s) = trip_count(&mut e, plan)?;
     e.line("float* const kf_sf = reinterpret_cast<float*>(kf_smem);")?;
     // this thread's first row and column of the accumulator (its thread tile repeats
     // every sweep of the block)
@@ -204,21 +183,9 @@ pub(super) fn emit_kernel(
     }
 
     // the loads of loop iteration `it` into the prefetch registers
-    let index = info.index;
-    let mut roots = vec![];
-    for o in &operands {
-        roots.extend(k.operands(o.load));
-    }
-    let slice = scalar_slice(k, &roots, info.for_pos)?;
+    let slice = operand_slice(k, plan, &info)?;
     let issue = |e: &mut Emitter, it: &str| -> R {
-        if let Some(ix) = index {
-            let name = format!("v{}", ix.index());
-            e.line(format!("const long long {name} = {l} + ({it}) * {s};"))?;
-            e.vals.insert(ix, Val { name, dtype: DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
-        }
-        for &o in &slice {
-            e.op(o)?;
-        }
+        bind_iteration(e, &info, (&l, &s), it, &slice)?;
         for (oi, (op, name)) in operands.iter().zip(names).enumerate() {
             let k = e.k;
             let p = k.param(op.tensor);
@@ -376,12 +343,7 @@ pub(super) fn emit_kernel(
     e.close()?; // k loop
 
     // the epilogue: everything after the loop, on the accumulator registers
-    e.vals.insert(res, Val { name: "kf_acc".into(), dtype: DType::F32, map: Some(map.clone()), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo: vec![rlo, clo], hi: vec![rhi, chi] });
-    for &o in &k.order[info.yield_pos + 1..] {
-        if !matches!(k.op(o), Op::LoopResult { .. }) {
-            e.op(o)?;
-        }
-    }
+    epilogue(&mut e, &info, res, accumulator_val(plan, map.clone(), ranges))?;
     let dynamic_smem = pipe_bytes.max(e.smem.div_ceil(16) * 16);
     let body = e.w.finish();
     if dynamic_smem > target.smem_per_block {
@@ -392,22 +354,6 @@ pub(super) fn emit_kernel(
             target.smem_per_block
         )));
     }
-    let bounds = if k.schedule.min_blocks > 0 { format!("{threads}, {}", k.schedule.min_blocks) } else { threads.to_string() };
-    let mut w = Writer::new(String::new());
-    let mut head = || -> std::fmt::Result {
-        w.line(format!("// Generated by kfuse from kernel `{}` for {}. Do not edit.", k.name, target.arch()))?;
-        w.raw(&crate::cuda::prelude::base_prelude(k))?;
-        w.raw(FMA_PRELUDE)?;
-        w.line("")?;
-        w.open(format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {}({})", entry_name(k), decls.join(", ")))?;
-        w.line("const int kf_tid = threadIdx.x;")?;
-        w.line("const int kf_lane = kf_tid & 31;")?;
-        w.line("const int kf_warp = kf_tid >> 5;")?;
-        w.line("(void)kf_lane; (void)kf_warp;")?;
-        w.line("extern __shared__ __align__(16) unsigned char kf_smem[];")?;
-        w.raw(&body)?;
-        w.close()
-    };
-    head().map_err(fmt_err)?;
-    Ok(Emitted { source: w.finish(), params, static_smem: 0, dynamic_smem, block_threads: threads, persistent: None })
+    let source = block_kernel_source(k, target, threads, &[FMA_PRELUDE], 16, &decls, &body)?;
+    Ok(Emitted { source, params, static_smem: 0, dynamic_smem, block_threads: threads, persistent: None })
 }

@@ -3,6 +3,7 @@
 //! the accumulator along it, and the scalar index arithmetic that addresses the loads.
 
 use super::*;
+use kfuse_ir::{LoopInfo, MmaPlan};
 
 /// The tensor dimensions of a load's tile axes, in tile-axis order.
 pub(super) fn tile_dims(k: &Kernel, load: OpId) -> Vec<usize> {
@@ -83,4 +84,113 @@ pub(super) fn non_negative_in_loop(k: &Kernel, v: ValueId) -> bool {
         Op::Binary(BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max) => non_negative_in_loop(k, ops[0]) && non_negative_in_loop(k, ops[1]),
         _ => non_negative(k, v),
     }
+}
+
+/// The plan's dot loop: a `for` that carries its accumulator alone.
+pub(super) fn dot_loop(k: &Kernel, plan: &MmaPlan) -> Result<LoopInfo, CodegenError> {
+    let unsupported = |m: &str| CodegenError::Unsupported(m.into());
+    let Op::For { id, carried } = *k.op(plan.for_op) else { return Err(unsupported("the plan's loop is not a `for`")) };
+    if carried != 1 {
+        return Err(unsupported("a dot loop that carries more than its accumulator"));
+    }
+    k.loop_info(id).ok_or_else(|| unsupported("a loop without its yield"))
+}
+
+/// The dot loop's result and the register map of its layout.
+pub(super) fn accumulator_map(k: &Kernel, info: &LoopInfo) -> Result<(ValueId, RegMap), CodegenError> {
+    let unsupported = |m: &str| CodegenError::Unsupported(m.into());
+    let res = info.results[0].ok_or_else(|| unsupported("a dot loop whose result is unused"))?;
+    let layout = k.schedule.layouts.get(&res).ok_or_else(|| unsupported("the dot loop's result has no layout"))?;
+    let map = RegMap::of(layout).ok_or_else(|| unsupported("a uniform accumulator"))?;
+    Ok((res, map))
+}
+
+/// The valid ranges of a `[BM, BN]` accumulator: `lo` and `hi` (C expressions) per axis.
+pub(super) type AccRanges = (Vec<String>, Vec<String>);
+
+/// Writes the ops before the dot loop (program positions below `for_pos`) but those
+/// that only feed its zero init, then the accumulator's valid ranges (rows of A,
+/// columns of B) and its `regs` f32 registers `kf_acc`, zeroed.
+pub(super) fn zeroed_accumulator(e: &mut Emitter, plan: &MmaPlan, for_pos: usize, regs: u32) -> Result<AccRanges, CodegenError> {
+    let k = e.k;
+    let init_only = init_only_ops(k, k.operands(plan.for_op)[3]);
+    for &o in &k.order[..for_pos] {
+        if !init_only.contains(&o) {
+            e.op(o)?;
+        }
+    }
+    let [bm, bn, _] = plan.tile;
+    let dops = k.operands(plan.dot);
+    let a_dim = tensor_dim_of(k, dops[0], plan.a.load, 0);
+    let b_dim = tensor_dim_of(k, dops[1], plan.b.load, 1);
+    let (rlo, rhi) = range_of(e, plan.a.load, a_dim, bm)?;
+    let (clo, chi) = range_of(e, plan.b.load, b_dim, bn)?;
+    e.line(format!("float kf_acc[{regs}];"))?;
+    e.unroll("i", regs)?;
+    e.line("kf_acc[i] = 0.0f;")?;
+    e.close()?;
+    Ok((vec![rlo, clo], vec![rhi, chi]))
+}
+
+/// The accumulator registers `kf_acc` as a `[BM, BN]` f32 value of register map `map`.
+pub(super) fn accumulator_val(plan: &MmaPlan, map: RegMap, (lo, hi): AccRanges) -> Val {
+    let [bm, bn, _] = plan.tile;
+    Val { name: "kf_acc".into(), dtype: DType::F32, map: Some(map), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo, hi }
+}
+
+/// Traps on a non-positive step and writes the dot loop's trip count `kf_n`; gives the
+/// C names of the loop's start and step.
+pub(super) fn trip_count(e: &mut Emitter, plan: &MmaPlan) -> Result<(String, String), CodegenError> {
+    let for_ops = e.k.operands(plan.for_op);
+    let (l, h, s) = (e.val(for_ops[0]).name.clone(), e.val(for_ops[1]).name.clone(), e.val(for_ops[2]).name.clone());
+    e.line(format!("if (!({s} > 0)) __trap();"))?;
+    e.line(format!("const long long kf_n = {h} > {l} ? ({h} - {l} + {s} - 1) / {s} : 0LL;"))?;
+    Ok((l, s))
+}
+
+/// The scalar ops inside the dot loop that the operand loads' offsets depend on.
+pub(super) fn operand_slice(k: &Kernel, plan: &MmaPlan, info: &LoopInfo) -> Result<Vec<OpId>, CodegenError> {
+    let roots: Vec<ValueId> = [plan.a.load, plan.b.load].into_iter().flat_map(|o| k.operands(o)).collect();
+    scalar_slice(k, &roots, info.for_pos)
+}
+
+/// Writes the dot loop's index at iteration `it` (a C expression; `start` and `step`
+/// name the loop's bounds) and the scalar ops `slice` that depend on it.
+pub(super) fn bind_iteration(e: &mut Emitter, info: &LoopInfo, (start, step): (&str, &str), it: &str, slice: &[OpId]) -> R {
+    if let Some(ix) = info.index {
+        let name = format!("v{}", ix.index());
+        e.line(format!("const long long {name} = {start} + ({it}) * {step};"))?;
+        e.vals.insert(ix, Val { name, dtype: DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
+    }
+    for &o in slice {
+        e.op(o)?;
+    }
+    Ok(())
+}
+
+/// Binds the dot loop's result to the accumulator `acc` and writes everything after
+/// the loop (the epilogue) on it.
+pub(super) fn epilogue(e: &mut Emitter, info: &LoopInfo, res: ValueId, acc: Val) -> R {
+    e.vals.insert(res, acc);
+    let k = e.k;
+    for &o in &k.order[info.yield_pos + 1..] {
+        if !matches!(k.op(o), Op::LoopResult { .. }) {
+            e.op(o)?;
+        }
+    }
+    Ok(())
+}
+
+/// The source of a one-tile-per-block kernel: the header of [`open_kernel`] with
+/// `preludes`, the dynamic shared memory `kf_smem` aligned to `align` bytes, `body`.
+pub(super) fn block_kernel_source(k: &Kernel, target: &Target, threads: u32, preludes: &[&str], align: u32, decls: &[String], body: &str) -> Result<String, CodegenError> {
+    let mut w = Writer::new(String::new());
+    let mut write = || -> std::fmt::Result {
+        open_kernel(&mut w, k, target, preludes, "", &launch_bounds(k, threads), decls)?;
+        w.line(format!("extern __shared__ __align__({align}) unsigned char kf_smem[];"))?;
+        w.raw(body)?;
+        w.close()
+    };
+    write().map_err(fmt_err)?;
+    Ok(w.finish())
 }
