@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::gemm::{operand, reference_rows_ex, rows_of, sample_rows};
+use common::gemm::{operand, reference_rows_ex, rows_of, sample_rows, Outcomes};
 
 use kfuse::ops::{gemm_batched, gemm_batched_ex, gemm_ex, GemmOptions};
 use kfuse::prelude::*;
@@ -59,8 +59,7 @@ fn check_gemm_ex(cs: &Case, dev: &Device, seed: u64) -> Result<f64, String> {
 #[test]
 fn gemm_ex_on_the_gpu_against_float64() {
     let Some(dev) = common::gpu() else { return };
-    let mut failures = Vec::new();
-    let mut report = Vec::new();
+    let mut out = Outcomes::default();
     let pairs = [(DType::BF16, DType::BF16), (DType::F16, DType::F16), (DType::BF16, DType::F32), (DType::F16, DType::F32), (DType::BF16, DType::F16)];
     for (s, &(m, n, k)) in [(1, 1, 1), (17, 33, 65), (300, 200, 1000), (4095, 4097, 4095)].iter().enumerate() {
         let big = m * n * k > 1 << 30;
@@ -72,16 +71,12 @@ fn gemm_ex_on_the_gpu_against_float64() {
                         continue;
                     }
                     let cs = Case { m, n, k, dt, od, ta, tb, with_c };
-                    match check_gemm_ex(&cs, &dev, 10 * s as u64) {
-                        Ok(e) => report.push(format!("{m}x{n}x{k} {dt}->{od} ta={ta} tb={tb} c={with_c}: rel err {e:.2e}")),
-                        Err(e) => failures.push(e),
-                    }
+                    out.add(format!("{m}x{n}x{k} {dt}->{od} ta={ta} tb={tb} c={with_c}"), check_gemm_ex(&cs, &dev, 10 * s as u64));
                 }
             }
         }
     }
-    println!("{}", report.join("\n"));
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    out.finish();
 }
 
 #[test]
@@ -151,8 +146,7 @@ fn check_batched(batch: &[usize], (m, n, k): (usize, usize, usize), b_shared: bo
 fn gemm_batched_on_the_gpu_against_float64() {
     let Some(dev) = common::gpu() else { return };
     let (bf, f16, f32_) = (DType::BF16, DType::F16, DType::F32);
-    let mut failures = Vec::new();
-    let mut report = Vec::new();
+    let mut out = Outcomes::default();
     // (batch, mnk, shared b, transposed a, operand dtype, output dtype, with c)
     type BatchCase = (Vec<usize>, (usize, usize, usize), bool, bool, DType, DType, bool);
     let cases: Vec<BatchCase> = vec![
@@ -171,13 +165,10 @@ fn gemm_batched_on_the_gpu_against_float64() {
         (vec![8], (1000, 520, 336), false, false, bf, bf, false),
     ];
     for (s, (batch, mnk, shared, ta, dt, od, with_c)) in cases.into_iter().enumerate() {
-        match check_batched(&batch, mnk, shared, ta, dt, od, with_c, &dev, 100 + 10 * s as u64) {
-            Ok(e) => report.push(format!("{batch:?} x {mnk:?} shared_b={shared} ta={ta} {dt}->{od} c={with_c}: rel err {e:.2e}")),
-            Err(e) => failures.push(e),
-        }
+        let what = format!("{batch:?} x {mnk:?} shared_b={shared} ta={ta} {dt}->{od} c={with_c}");
+        out.add(what, check_batched(&batch, mnk, shared, ta, dt, od, with_c, &dev, 100 + 10 * s as u64));
     }
-    println!("{}", report.join("\n"));
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    out.finish();
 }
 
 #[test]

@@ -91,20 +91,7 @@ pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedK
         };
         axes.push(GridAxisEval { dim: a.dim, step });
     }
-    let out = cuda::emit::emit(&k, spec, target, &axes);
-    // KFUSE_TMP_DUMP_BEGIN
-    if let Some(d) = std::env::var_os("KFUSE_TMP_DUMP") {
-        use std::hash::{Hash, Hasher};
-        let text = match &out {
-            Ok(o) => format!("{}\n// static {} dynamic {} threads {} persistent {:?} params {:?}\n", o.source, o.static_smem, o.dynamic_smem, o.block_threads, o.persistent, o.params),
-            Err(e) => format!("ERR {e}\n"),
-        };
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        text.hash(&mut h);
-        let _ = std::fs::write(std::path::Path::new(&d).join(format!("{}_{:016x}.cu", k.name, h.finish())), text);
-    }
-    // KFUSE_TMP_DUMP_END
-    let out = out?;
+    let out = cuda::emit::emit(&k, spec, target, &axes)?;
     // the writer sizes the shared memory it declares (statically, in the source, plus
     // the dynamic pipeline buffers of the matrix path); recorded for the printer
     k.schedule.smem_bytes = out.static_smem + out.dynamic_smem;

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{gemm_kernel, gemm_kernel_from, spec};
+use common::{accumulator_layout, coord, gemm_kernel, gemm_kernel_from, spec};
 use kfuse_codegen::layout::RegMap;
 use kfuse_codegen::{compile, EmittedKernel, Spec, Target, TensorSpec};
 use kfuse_ir::{DType, Kernel, Layout};
@@ -173,14 +173,6 @@ fn overrides_reach_the_plan() {
     assert!(e.ir.contains("tile 16x8x4") && e.ir.contains("threads=32"), "{}", e.ir);
 }
 
-/// The coordinate of register `reg` of thread (`warp`, `lane`) along map axis `a`.
-fn coord(map: &RegMap, a: usize, reg: u32, warp: u32, lane: u32) -> u32 {
-    let m = &map.axes[a];
-    let rep = (reg / m.rep_stride) % m.reps;
-    let e = (reg / m.e_stride) % m.spt;
-    rep * m.chunk + ((warp / m.warp_div) % m.wpb) * m.warp_step + ((lane / m.lane_div) % m.tpw) * m.lane_step + e * m.elem_step
-}
-
 #[test]
 fn the_accumulator_layout_is_what_the_fmas_assume() {
     // the writer's FMA `i, j` updates register `(i/4)·RS_r + (i%4)·ES_r + (j/4)·RS_c +
@@ -190,8 +182,7 @@ fn the_accumulator_layout_is_what_the_fmas_assume() {
     for (mnk, t) in [([4096, 4096, 4096], Target::sm80()), ([1024, 1024, 1024], Target::sm80()), ([127, 4096, 4096], Target::sm90a())] {
         let sched = kfuse_codegen::schedule(&k, &spec(&k, mnk), &t).unwrap();
         let plan = sched.schedule.mma.clone().unwrap();
-        let res = sched.order.iter().find(|&&o| matches!(sched.op(o), kfuse_ir::Op::LoopResult { .. })).unwrap().value();
-        let Some(l @ Layout::Blocked(b)) = sched.schedule.layouts.get(&res) else { panic!() };
+        let Some(l @ Layout::Blocked(b)) = accumulator_layout(&sched) else { panic!() };
         assert!(b.steps.is_empty() && b.size_per_thread == [4, 4] && b.order == [1, 0]);
         let map = RegMap::of(l).unwrap();
         let [bm, bn, _] = plan.tile;

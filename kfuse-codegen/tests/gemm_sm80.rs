@@ -7,10 +7,10 @@
 
 mod common;
 
-use common::{gemm_kernel, gemm_kernel_from, spec};
+use common::{accumulator_layout, coord, gemm_erf_kernel, gemm_kernel, gemm_kernel_from, spec};
 use kfuse_codegen::layout::RegMap;
 use kfuse_codegen::{compile, Spec, Target, TensorSpec};
-use kfuse_ir::{AccessDim, BinaryOp, Builder, DType, Extent, Kernel, Layout};
+use kfuse_ir::{DType, Kernel, Layout};
 
 /// The spec of [`gemm_kernel`] with `a` and `b` contiguous along their first dimension
 /// when asked (a transposed view), else along their last.
@@ -75,40 +75,9 @@ fn tiles_follow_the_shape_class_and_the_target() {
     assert!(e.ir.contains("tile 128x128x32") && e.ir.contains("3 stages"), "{}", e.ir);
     assert_eq!((e.arch.as_str(), e.smem_bytes), ("sm_89", 3 * 16384));
     // a transcendental epilogue keeps 64 accumulators a thread: 8 warps of 64x32
-    let g = gelu_kernel();
+    let g = gemm_erf_kernel();
     let e = compile(&g, &spec(&g, [4096, 4096, 4096]), &Target::sm80()).unwrap();
     assert!(e.ir.contains("warps 2x4 (warp tile 64x32)") && e.ir.contains("threads=256 min_blocks=1"), "{}", e.ir);
-}
-
-/// `gemm_kernel` with `erf` in the epilogue.
-fn gelu_kernel() -> Kernel {
-    let mut b = Builder::new("gemm_erf");
-    let (m, n, kk) = (b.shape_sym("M"), b.shape_sym("N"), b.shape_sym("K"));
-    let pa = b.tensor_param("a", DType::BF16, &[m, kk], false);
-    let pb = b.tensor_param("b", DType::BF16, &[kk, n], false);
-    let pc = b.tensor_param("c", DType::BF16, &[m, n], true);
-    let (bm, bn, bk) = (b.tile_sym("BM"), b.tile_sym("BN"), b.tile_sym("BK"));
-    let i = b.program_id(0).unwrap();
-    let j = b.program_id(1).unwrap();
-    let tm = b.tile_extent(Extent::Tile(bm));
-    let tn = b.tile_extent(Extent::Tile(bn));
-    let tk = b.tile_extent(Extent::Tile(bk));
-    let oi = b.binary(BinaryOp::Mul, i, tm).unwrap();
-    let oj = b.binary(BinaryOp::Mul, j, tn).unwrap();
-    let acc = b.zeros(DType::F32, &[Extent::Tile(bm), Extent::Tile(bn)]).unwrap();
-    let zero = b.literal(kfuse_ir::Literal::Int(0));
-    let kdim = b.shape_dim(kk);
-    let (id, kv, carried) = b.begin_for(zero, kdim, tk, &[acc]).unwrap();
-    let t = |e| AccessDim::Tile(Extent::Tile(e));
-    let x = b.load(pa, &[oi, kv], &[t(bm), t(bk)]).unwrap();
-    let y = b.load(pb, &[kv, oj], &[t(bk), t(bn)]).unwrap();
-    let d = b.dot(x, y).unwrap();
-    let s = b.binary(BinaryOp::Add, carried[0], d).unwrap();
-    let res = b.end_for(id, &[s]).unwrap();
-    let r = b.unary(kfuse_ir::UnaryOp::Erf, res[0]).unwrap();
-    let o = b.cast(r, DType::BF16).unwrap();
-    b.store(pc, &[oi, oj], &[t(bm), t(bn)], o).unwrap();
-    b.finish().unwrap()
 }
 
 #[test]
@@ -125,14 +94,6 @@ fn overrides_reach_the_plan() {
     assert!(e.ir.contains(" K-major swizzle 128B, B "), "{}", e.ir);
 }
 
-/// The coordinate of register `reg` of thread (`warp`, `lane`) along map axis `a`.
-fn coord(map: &RegMap, a: usize, reg: u32, warp: u32, lane: u32) -> u32 {
-    let m = &map.axes[a];
-    let rep = (reg / m.rep_stride) % m.reps;
-    let e = (reg / m.e_stride) % m.spt;
-    rep * m.chunk + ((warp / m.warp_div) % m.wpb) * m.warp_step + ((lane / m.lane_div) % m.tpw) * m.lane_step + e * m.elem_step
-}
-
 #[test]
 fn the_accumulator_layout_is_the_instruction_fragment() {
     // registers 4 (i * J + j) + r of warp (a, b) are d0..d3 of m16n8 tile (i, j) at
@@ -144,8 +105,7 @@ fn the_accumulator_layout_is_the_instruction_fragment() {
         let sched = kfuse_codegen::schedule(&k, &spec(&k, mnk), &Target::sm80()).unwrap();
         let plan = sched.schedule.mma.clone().unwrap();
         assert_eq!(plan.warps, [wm, wn]);
-        let res = sched.order.iter().find(|&&o| matches!(sched.op(o), kfuse_ir::Op::LoopResult { .. })).unwrap().value();
-        let Some(l @ Layout::Blocked(_)) = sched.schedule.layouts.get(&res) else { panic!("{}", e.ir) };
+        let Some(l @ Layout::Blocked(_)) = accumulator_layout(&sched) else { panic!("{}", e.ir) };
         let map = RegMap::of(l).unwrap();
         let [bm, bn, _] = plan.tile;
         let (mi_n, ni_n) = (bm / (16 * wm), bn / (8 * wn));

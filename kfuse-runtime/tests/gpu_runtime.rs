@@ -12,19 +12,6 @@ use kfuse_codegen::{EmittedKernel, GridAxisEval, KernelParam};
 use kfuse_ir::{ParamId, ShapeSym};
 use kfuse_runtime::{launch, launch_emitted, spec_for, Arg, Backend, CacheOutcome, DType, Device, Error, Tensor};
 
-fn gpu() -> Option<Device> {
-    match Device::gpu(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            if std::env::var("KFUSE_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("KFUSE_REQUIRE_GPU=1 but: {e}");
-            }
-            eprintln!("no GPU, skipping: {e}");
-            None
-        }
-    }
-}
-
 #[test]
 fn device_facts() {
     let Some(d) = gpu() else { return };

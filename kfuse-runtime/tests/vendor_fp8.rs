@@ -6,24 +6,14 @@
 //! refusals (layouts other than "TN", misalignment, e5m2 × e5m2, cuBLAS). Without a GPU
 //! these tests print why and pass, unless `KFUSE_REQUIRE_GPU=1` is set: then they fail.
 
+mod common;
+
+use common::gpu;
 use kfuse_runtime::vendor::{Blas, Library, Math};
 use kfuse_runtime::{DType, Device, Error, Tensor};
 
 const E4: DType = DType::F8E4M3;
 const E5: DType = DType::F8E5M2;
-
-fn gpu() -> Option<Device> {
-    match Device::gpu(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            if std::env::var("KFUSE_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("KFUSE_REQUIRE_GPU=1 but: {e}");
-            }
-            eprintln!("no GPU, skipping: {e}");
-            None
-        }
-    }
-}
 
 /// A GPU that runs fp8 (compute capability 8.9+) and its handles; on an older GPU,
 /// checks that fp8 is refused with the reason and gives `None`.

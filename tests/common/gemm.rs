@@ -1,7 +1,7 @@
-//! What the GEMM tests share: a user GEMM with a fused bias + GELU epilogue, specs with
-//! the problem's sizes, operands stored row-major or transposed, and a float64
-//! reference evaluated on a sample of rows (the whole product of the large shapes would
-//! take minutes on the host).
+//! What the GEMM tests share: a user GEMM with a fused bias + GELU epilogue and its
+//! check, specs with the problem's sizes, operands stored row-major or transposed, a
+//! float64 reference evaluated on a sample of rows (the whole product of the large
+//! shapes would take minutes on the host), and the report of a table of cases.
 
 use kfuse::codegen::Spec;
 use kfuse::ir::KernelDef;
@@ -82,4 +82,46 @@ pub fn reference_rows(a: &[f64], b: &[f64], k: usize, n: usize, rows: &[usize]) 
 /// The rows `rows` of `got` (`[.., n]` row-major values).
 pub fn rows_of(got: &[f64], n: usize, rows: &[usize]) -> Vec<f64> {
     rows.iter().flat_map(|&i| got[i * n..(i + 1) * n].to_vec()).collect()
+}
+
+/// [`gemm_bias_gelu`] on random `[m, k]`, `[k, n]` operands and `[n]` bias of dtype `dt`
+/// (seeds 1, 2, 3) into a NaN-poisoned output: the launch, and the relative error of
+/// the whole output against the float64 reference.
+pub fn bias_gelu_error(m: usize, n: usize, k: usize, dt: DType, dev: &Device) -> (kfuse::Launched, f64) {
+    let (a, av) = super::random_tensor(&[m, k], dt, 1, 0.05, dev);
+    let (b, bv) = super::random_tensor(&[k, n], dt, 2, 0.05, dev);
+    let (bias, biasv) = super::random_tensor(&[n], dt, 3, 0.05, dev);
+    let mut out = super::poisoned(&[m, n], dt, dev);
+    let l = gemm_bias_gelu(&a, &b, &bias, &mut out).unwrap();
+    let rows: Vec<usize> = (0..m).collect();
+    let mut want = reference_rows(&av, &bv, k, n, &rows);
+    for (x, idx) in want.iter_mut().zip(0..) {
+        let v = *x + biasv[idx % n];
+        *x = 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2));
+    }
+    (l, super::rel_err(&out.to_vec_f64().unwrap(), &want))
+}
+
+/// The outcomes of a table of cases: a report line for each that passed, the message of
+/// each that failed.
+#[derive(Default)]
+pub struct Outcomes {
+    report: Vec<String>,
+    failures: Vec<String>,
+}
+
+impl Outcomes {
+    /// Case `what`: its relative error, or why it failed.
+    pub fn add(&mut self, what: impl std::fmt::Display, r: Result<f64, String>) {
+        match r {
+            Ok(e) => self.report.push(format!("{what}: rel err {e:.2e}")),
+            Err(e) => self.failures.push(e),
+        }
+    }
+
+    /// Prints the report; fails with every failure, if any.
+    pub fn finish(self) {
+        println!("{}", self.report.join("\n"));
+        assert!(self.failures.is_empty(), "{}", self.failures.join("\n"));
+    }
 }

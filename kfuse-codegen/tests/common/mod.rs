@@ -1,10 +1,22 @@
 //! Builders shared by the matrix-path tests: a GEMM kernel built with the IR builder
-//! (optionally transposed operands, a bias epilogue, a K loop starting elsewhere) and a
-//! spec for aligned row-major tensors of given sizes.
+//! (optionally transposed operands, a bias or `erf` epilogue, a K loop starting
+//! elsewhere), a spec for aligned row-major tensors of given sizes, and what the
+//! accumulator-layout tests read of a schedule.
 #![allow(dead_code)]
 
+use kfuse_codegen::layout::RegMap;
 use kfuse_codegen::{Spec, TensorSpec};
-use kfuse_ir::{AccessDim, BinaryOp, Builder, DType, Extent, Kernel};
+use kfuse_ir::{AccessDim, BinaryOp, Builder, DType, Extent, Kernel, Layout};
+
+/// What the GEMM kernels do between the K loop and the cast to the output dtype.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Epilogue {
+    Plain,
+    /// `+ bias[n]`.
+    Bias,
+    /// `erf(·)` (the kernel is named `gemm_erf`).
+    Erf,
+}
 
 /// `c = a @ b` (optionally `a^T`/`b^T` stored transposed), with an epilogue that adds
 /// `bias[n]` when asked.
@@ -14,22 +26,27 @@ pub fn gemm_kernel(dt: DType, ta: bool, tb: bool, bias: bool) -> Kernel {
 
 /// [`gemm_kernel`] with the K loop starting at `k0`.
 pub fn gemm_kernel_from(dt: DType, ta: bool, tb: bool, bias: bool, k0: i64) -> Kernel {
-    gemm_kernel_full(dt, dt, ta, tb, bias, k0)
+    gemm_kernel_full(dt, dt, ta, tb, if bias { Epilogue::Bias } else { Epilogue::Plain }, k0)
 }
 
 /// [`gemm_kernel`] with its own output (and bias) dtype.
 pub fn gemm_kernel_out(dt: DType, out: DType, ta: bool, tb: bool, bias: bool) -> Kernel {
-    gemm_kernel_full(dt, out, ta, tb, bias, 0)
+    gemm_kernel_full(dt, out, ta, tb, if bias { Epilogue::Bias } else { Epilogue::Plain }, 0)
 }
 
-fn gemm_kernel_full(dt: DType, out_dt: DType, ta: bool, tb: bool, bias: bool, k0: i64) -> Kernel {
-    let mut b = Builder::new("gemm");
+/// `gemm_erf`: the bf16 [`gemm_kernel`] with `erf` in the epilogue.
+pub fn gemm_erf_kernel() -> Kernel {
+    gemm_kernel_full(DType::BF16, DType::BF16, false, false, Epilogue::Erf, 0)
+}
+
+fn gemm_kernel_full(dt: DType, out_dt: DType, ta: bool, tb: bool, epilogue: Epilogue, k0: i64) -> Kernel {
+    let mut b = Builder::new(if epilogue == Epilogue::Erf { "gemm_erf" } else { "gemm" });
     let (m, n, kk) = (b.shape_sym("M"), b.shape_sym("N"), b.shape_sym("K"));
     let ad = if ta { [kk, m] } else { [m, kk] };
     let pa = b.tensor_param("a", dt, &ad, false);
     let bd = if tb { [n, kk] } else { [kk, n] };
     let pb = b.tensor_param("b", dt, &bd, false);
-    let pbias = bias.then(|| b.tensor_param("bias", out_dt, &[n], false));
+    let pbias = (epilogue == Epilogue::Bias).then(|| b.tensor_param("bias", out_dt, &[n], false));
     let pc = b.tensor_param("c", out_dt, &[m, n], true);
     let (bm, bn, bk) = (b.tile_sym("BM"), b.tile_sym("BN"), b.tile_sym("BK"));
     let i = b.program_id(0).unwrap();
@@ -66,6 +83,9 @@ fn gemm_kernel_full(dt: DType, out_dt: DType, ta: bool, tb: bool, bias: bool, k0
         let bb = b.broadcast_to(bf, &[Extent::Tile(bm), Extent::Tile(bn)], "+").unwrap();
         out = b.binary(BinaryOp::Add, out, bb).unwrap();
     }
+    if epilogue == Epilogue::Erf {
+        out = b.unary(kfuse_ir::UnaryOp::Erf, out).unwrap();
+    }
     let o = b.cast(out, out_dt).unwrap();
     b.store(pc, &[oi, oj], &[t(bm), t(bn)], o).unwrap();
     b.finish().unwrap()
@@ -78,4 +98,18 @@ pub fn spec(k: &Kernel, mnk: [u32; 3]) -> Spec {
         .map(|p| p.is_tensor().then(|| TensorSpec { ptr_align: 16, stride_div: (0..p.dims().len()).map(|i| if i + 1 == p.dims().len() { 0 } else { 16 }).collect() }))
         .collect();
     Spec { tensors, shape_pow2: mnk.iter().map(|v| v.next_power_of_two()).collect(), tiles: Default::default(), threads: None, min_blocks: None }
+}
+
+/// The layout the schedule gives the K loop's result (the accumulator).
+pub fn accumulator_layout(k: &Kernel) -> Option<&Layout> {
+    let res = k.order.iter().find(|&&o| matches!(k.op(o), kfuse_ir::Op::LoopResult { .. }))?.value();
+    k.schedule.layouts.get(&res)
+}
+
+/// The coordinate of register `reg` of thread (`warp`, `lane`) along map axis `a`.
+pub fn coord(map: &RegMap, a: usize, reg: u32, warp: u32, lane: u32) -> u32 {
+    let m = &map.axes[a];
+    let rep = (reg / m.rep_stride) % m.reps;
+    let e = (reg / m.e_stride) % m.spt;
+    rep * m.chunk + ((warp / m.warp_div) % m.wpb) * m.warp_step + ((lane / m.lane_div) % m.tpw) * m.lane_step + e * m.elem_step
 }

@@ -1,8 +1,25 @@
-//! Hand-written kernels for the runtime's tests, built with `kfuse_ir::Builder` the way
-//! `#[kfuse]` would.
+//! What the runtime's tests share: the GPU or a skip, and hand-written kernels built
+//! with `kfuse_ir::Builder` the way `#[kfuse]` would.
 #![allow(dead_code)]
 
 use kfuse_ir::{AccessDim, BinaryOp, Builder, DType, DTypeSig, Extent, Kernel, KernelDef, ParamSig};
+use kfuse_runtime::Device;
+
+/// GPU 0, or `None` (with a note) where there is none, unless `KFUSE_REQUIRE_GPU=1` is
+/// set (the GPU-host script sets it): then the test fails.
+pub fn gpu() -> Option<Device> {
+    match Device::gpu(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            if std::env::var("KFUSE_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("KFUSE_REQUIRE_GPU=1 but: {e}");
+            }
+            eprintln!("no GPU, skipping: {e}");
+            None
+        }
+    }
+}
+
 
 /// `add<T>(a: Tensor<T, (N,)>, b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>)`, one
 /// `BN`-tile per program.

@@ -30,7 +30,10 @@
 //! rows, one logical chunk) land in 8 different 16-byte bank groups, and so do the
 //! chunks of 8 consecutive threads' copies (consecutive chunks of whole rows).
 
-use super::mma_common::{init_only_ops, range_of, scalar_slice, tensor_dim_of, tile_dims};
+use super::mma_common::{
+    accumulator_map, accumulator_val, bind_iteration, block_kernel_source, dot_loop, epilogue, non_negative_in_loop, operand_slice, tile_dims, trip_count,
+    zeroed_accumulator,
+};
 use super::*;
 use kfuse_ir::{Major, MmaPlan, ParamId};
 
@@ -94,18 +97,6 @@ impl Operand {
     }
 }
 
-/// True when an `i64` scalar is provably ≥ 0, seeing through loop indices: the dot
-/// loop's step is positive (the kernel traps otherwise), so its index is at least its
-/// start.
-fn non_negative_in_loop(k: &Kernel, v: ValueId) -> bool {
-    let ops = k.operands(v.op());
-    match k.op(v.op()) {
-        Op::LoopIndex { id } => k.loop_info(*id).is_some_and(|info| non_negative_in_loop(k, k.operands(info.for_op)[0])),
-        Op::Binary(BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max) => non_negative_in_loop(k, ops[0]) && non_negative_in_loop(k, ops[1]),
-        _ => non_negative(k, v),
-    }
-}
-
 pub(super) fn emit_kernel(
     k: &Kernel,
     spec: &Spec,
@@ -131,11 +122,7 @@ pub(super) fn emit_kernel(
         return Err(unsupported(format!("a {bm}x{bn}x{bk} tile over {wm}x{wn} warps in {stages} stages on the mma.sync path")));
     }
     let _ = grid;
-    let Op::For { id: loop_id, carried } = *k.op(plan.for_op) else { return Err(unsupported("the plan's loop is not a `for`".into())) };
-    if carried != 1 {
-        return Err(unsupported("a dot loop that carries more than its accumulator".into()));
-    }
-    let info = k.loop_info(loop_id).ok_or_else(|| unsupported("a loop without its yield".into()))?;
+    let info = dot_loop(k, plan)?;
 
     // the operands' shared-memory tiles
     let mut operands = Vec::new();
@@ -168,29 +155,11 @@ pub(super) fn emit_kernel(
 
     let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0, barrier: "__syncthreads();", pid: None };
     e.w.indent();
-    // everything before the loop, but the zeros that only feed its init
-    let for_ops = k.operands(plan.for_op);
-    let (lo, hi, step) = (for_ops[0], for_ops[1], for_ops[2]);
-    let init = for_ops[3];
-    let init_only = init_only_ops(k, init);
-    for &o in &k.order[..info.for_pos] {
-        if !init_only.contains(&o) {
-            e.op(o)?;
-        }
-    }
-    // the accumulator's valid ranges: rows of A, columns of B
-    let a_dim = tensor_dim_of(k, dops[0], plan.a.load, 0);
-    let b_dim = tensor_dim_of(k, dops[1], plan.b.load, 1);
-    let (rlo, rhi) = range_of(&mut e, plan.a.load, a_dim, bm)?;
-    let (clo, chi) = range_of(&mut e, plan.b.load, b_dim, bn)?;
+    // everything before the loop (but the zeros that only feed its init), the zeroed
+    // accumulator, the trip count
     let regs = mi_n * ni_n * 4;
-    e.line(format!("float kf_acc[{regs}];"))?;
-    e.unroll("i", regs)?;
-    e.line("kf_acc[i] = 0.0f;")?;
-    e.close()?;
-    let (l, h, s) = (e.val(lo).name.clone(), e.val(hi).name.clone(), e.val(step).name.clone());
-    e.line(format!("if (!({s} > 0)) __trap();"))?;
-    e.line(format!("const long long kf_n = {h} > {l} ? ({h} - {l} + {s} - 1) / {s} : 0LL;"))?;
+    let ranges = zeroed_accumulator(&mut e, plan, info.for_pos, regs)?;
+    let (l, s) = trip_count(&mut e, plan)?;
     e.line("const unsigned kf_pipe = kf_smem_u32(kf_smem);")?;
     // this warp's place in the warp grid (the accumulator layout's warp digits)
     e.line(format!("const int kf_wm = (kf_warp / {wn}) % {wm};"))?;
@@ -235,21 +204,9 @@ pub(super) fn emit_kernel(
         e.line(format!("const int kf_j{oi} = kf_tid % {c};"))?;
     }
     // the copies of loop iteration `it` into the stage at shared address `dst`
-    let index = info.index;
-    let mut roots = vec![];
-    for o in &operands {
-        roots.extend(k.operands(o.load));
-    }
-    let slice = scalar_slice(k, &roots, info.for_pos)?;
+    let slice = operand_slice(k, plan, &info)?;
     let issue = |e: &mut Emitter, it: &str, dst: &str| -> R {
-        if let Some(ix) = index {
-            let name = format!("v{}", ix.index());
-            e.line(format!("const long long {name} = {l} + ({it}) * {s};"))?;
-            e.vals.insert(ix, Val { name, dtype: DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
-        }
-        for &o in &slice {
-            e.op(o)?;
-        }
+        bind_iteration(e, &info, (&l, &s), it, &slice)?;
         let mut base = 0;
         for (oi, op) in operands.iter().enumerate() {
             let k = e.k;
@@ -361,18 +318,11 @@ pub(super) fn emit_kernel(
     e.line("kf_cp_async_wait<0>();")?;
 
     // the epilogue: everything after the loop, on the accumulator registers
-    let res = info.results[0].ok_or_else(|| unsupported("a dot loop whose result is unused".into()))?;
-    let acc_layout = k.schedule.layouts.get(&res).cloned().ok_or_else(|| unsupported("the dot loop's result has no layout".into()))?;
-    let map = RegMap::of(&acc_layout).ok_or_else(|| unsupported("a uniform accumulator".into()))?;
+    let (res, map) = accumulator_map(k, &info)?;
     if map.regs != regs {
         return Err(unsupported(format!("accumulator layout of {} registers, the instructions give {regs}", map.regs)));
     }
-    e.vals.insert(res, Val { name: "kf_acc".into(), dtype: DType::F32, map: Some(map), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo: vec![rlo, clo], hi: vec![rhi, chi] });
-    for &o in &k.order[info.yield_pos + 1..] {
-        if !matches!(k.op(o), Op::LoopResult { .. }) {
-            e.op(o)?;
-        }
-    }
+    epilogue(&mut e, &info, res, accumulator_val(plan, map, ranges))?;
     let dynamic_smem = (stages * stage_bytes).max(e.smem.div_ceil(16) * 16);
     let body = e.w.finish();
     if dynamic_smem > target.smem_per_block {
@@ -381,23 +331,6 @@ pub(super) fn emit_kernel(
             e.smem, target.smem_per_block
         )));
     }
-    let bounds = if k.schedule.min_blocks > 0 { format!("{threads}, {}", k.schedule.min_blocks) } else { threads.to_string() };
-    let mut w = Writer::new(String::new());
-    let mut head = || -> std::fmt::Result {
-        w.line(format!("// Generated by kfuse from kernel `{}` for {}. Do not edit.", k.name, target.arch()))?;
-        w.raw(&crate::cuda::prelude::base_prelude(k))?;
-        w.raw(MMA_SYNC_PRELUDE)?;
-        w.raw(&mma_fn(dtype))?;
-        w.line("")?;
-        w.open(format!("extern \"C\" __global__ void __launch_bounds__({bounds}) {}({})", entry_name(k), decls.join(", ")))?;
-        w.line("const int kf_tid = threadIdx.x;")?;
-        w.line("const int kf_lane = kf_tid & 31;")?;
-        w.line("const int kf_warp = kf_tid >> 5;")?;
-        w.line("(void)kf_lane; (void)kf_warp;")?;
-        w.line("extern __shared__ __align__(128) unsigned char kf_smem[];")?;
-        w.raw(&body)?;
-        w.close()
-    };
-    head().map_err(fmt_err)?;
-    Ok(Emitted { source: w.finish(), params, static_smem: 0, dynamic_smem, block_threads: threads, persistent: None })
+    let source = block_kernel_source(k, target, threads, &[MMA_SYNC_PRELUDE, &mma_fn(dtype)], 128, &decls, &body)?;
+    Ok(Emitted { source, params, static_smem: 0, dynamic_smem, block_threads: threads, persistent: None })
 }

@@ -33,7 +33,7 @@
 //! 1024 bytes apart (SBO) and boxes `BK * 128` bytes apart (LBO), each `k16` step +2048
 //! bytes. TMA writes exactly these boxes (box inner extent = 128 bytes).
 
-use super::mma_common::{init_only_ops, range_of, scalar_slice, tensor_dim_of};
+use super::mma_common::{accumulator_map, accumulator_val, dot_loop, scalar_slice, zeroed_accumulator};
 use super::*;
 use kfuse_ir::{Major, MmaOperand, MmaPlan};
 
@@ -126,11 +126,7 @@ pub(super) fn emit_kernel(
     if grid.is_empty() || grid.len() > 3 {
         return Err(CodegenError::Unsupported("a dot kernel must index its output by program ids (1 to 3 grid axes)".into()));
     }
-    let Op::For { id: loop_id, carried } = *k.op(plan.for_op) else { return Err(CodegenError::Unsupported("the plan's loop is not a `for`".into())) };
-    if carried != 1 {
-        return Err(CodegenError::Unsupported("a dot loop that carries more than its accumulator".into()));
-    }
-    let info = k.loop_info(loop_id).ok_or_else(|| CodegenError::Unsupported("a loop without its yield".into()))?;
+    let info = dot_loop(k, plan)?;
 
     let split = plan.split_k.max(1);
     let mcast = plan.multicast.max(1);
@@ -290,7 +286,6 @@ pub(super) fn emit_kernel(
     } else {
         format!("for (long long kf_t = blockIdx.x / {cluster}; kf_t < kf_tiles; kf_t += gridDim.x / {cluster})")
     };
-    let pre: Vec<OpId> = k.order[..info.for_pos].to_vec();
 
     // ---- producer
     e.open("if (kf_tid < 128)")?;
@@ -374,23 +369,10 @@ pub(super) fn emit_kernel(
     e.line("(void)kf_rphase;")?;
     e.open(tile_walk.clone())?;
     pids(&mut e)?;
-    let init = for_ops[3];
-    let init_only = init_only_ops(k, init);
-    for &o in &pre {
-        if !init_only.contains(&o) {
-            e.op(o)?;
-        }
-    }
-    // the accumulator's valid ranges: rows of A, columns of B
-    let a_dim = tensor_dim_of(k, dops[0], plan.a.load, 0);
-    let b_dim = tensor_dim_of(k, dops[1], plan.b.load, 1);
-    let (rlo, rhi) = range_of(&mut e, plan.a.load, a_dim, bm)?;
-    let (clo, chi) = range_of(&mut e, plan.b.load, b_dim, bn)?;
+    // everything before the loop (but the zeros that only feed its init), the zeroed
+    // accumulator
     let regs = bn / 2;
-    e.line(format!("float kf_acc[{regs}];"))?;
-    e.unroll("i", regs)?;
-    e.line("kf_acc[i] = 0.0f;")?;
-    e.close()?;
+    let ranges = zeroed_accumulator(&mut e, plan, info.for_pos, regs)?;
     e.line("int kf_prev = -1;")?;
     // a stage is free once every block that multicasts into it may overwrite it: the
     // consumers release it in every block of the cluster (an arrive with the default
@@ -460,20 +442,11 @@ pub(super) fn emit_kernel(
         e.line("kf_rphase ^= 1u;")?;
     }
     // the epilogue: everything after the loop, on the accumulator registers
-    let acc_layout = k
-        .schedule
-        .layouts
-        .get(&info.results[0].ok_or_else(|| CodegenError::Unsupported("a dot loop whose result is unused".into()))?)
-        .cloned()
-        .ok_or_else(|| CodegenError::Unsupported("the dot loop's result has no layout".into()))?;
-    let map = RegMap::of(&acc_layout).ok_or_else(|| CodegenError::Unsupported("a uniform accumulator".into()))?;
+    let (res, map) = accumulator_map(k, &info)?;
     if map.regs != regs {
         return Err(CodegenError::Unsupported(format!("accumulator layout of {} registers, instruction gives {regs}", map.regs)));
     }
-    e.vals.insert(
-        info.results[0].unwrap(),
-        Val { name: "kf_acc".into(), dtype: DType::F32, map: Some(map), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo: vec![rlo, clo], hi: vec![rhi, chi] },
-    );
+    e.vals.insert(res, accumulator_val(plan, map, ranges));
     for &o in &k.order[info.yield_pos + 1..] {
         if matches!(k.op(o), Op::LoopResult { .. }) {
             continue;
