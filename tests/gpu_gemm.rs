@@ -29,8 +29,17 @@ fn check_gemm(m: usize, n: usize, k: usize, dt: DType, ta: bool, tb: bool, dev: 
     }
 }
 
+/// Two tests here set `KFUSE_TILES` (process-wide) for a while: every test of this file
+/// holds this lock, so that under a parallel test runner none compiles under another's
+/// override.
+fn env_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn gemm_on_the_gpu_against_float64() {
+    let _env = env_lock();
     let Some(dev) = common::gpu() else { return };
     let mut out = Outcomes::default();
     let shapes = [(1, 1, 1), (17, 33, 65), (1, 4096, 4096), (127, 4096, 4096), (300, 200, 1000), (4095, 4097, 4095)];
@@ -49,6 +58,7 @@ fn gemm_on_the_gpu_against_float64() {
 
 #[test]
 fn gemm_kernel_runs_on_the_gpu_into_a_poisoned_output() {
+    let _env = env_lock();
     let Some(dev) = common::gpu() else { return };
     let (m, n, k) = (257, 320, 192);
     let (a, av) = common::random_tensor(&[m, k], DType::BF16, 5, 0.05, &dev);
@@ -63,6 +73,7 @@ fn gemm_kernel_runs_on_the_gpu_into_a_poisoned_output() {
 
 #[test]
 fn user_gemm_with_bias_gelu_epilogue() {
+    let _env = env_lock();
     let Some(dev) = common::gpu() else { return };
     for &(m, n, k) in &[(129, 320, 200), (64, 64, 64), (1000, 520, 336)] {
         let (l, e) = bias_gelu_error(m, n, k, DType::BF16, &dev);
@@ -77,6 +88,7 @@ fn user_gemm_with_bias_gelu_epilogue() {
 
 #[test]
 fn gemm_with_the_loop_split_across_a_cluster() {
+    let _env = env_lock();
     let Some(dev) = common::gpu() else { return };
     // the split is an override (it did not pay by default); the numerics must hold
     std::env::set_var("KFUSE_TILES", "BM=128,BN=128,SPLITK=4");
@@ -95,6 +107,7 @@ fn gemm_with_the_loop_split_across_a_cluster() {
 
 #[test]
 fn gemm_with_a_tiles_multicast_across_a_cluster() {
+    let _env = env_lock();
     let Some(dev) = common::gpu() else { return };
     // multicast is an override for now; the numerics must hold, transposed A included
     for mc in ["MCAST=2", "MCAST=4", "MCAST=2,BN=64"] {
