@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::gemm::{bias_gelu_error, operand, reference_rows, sample_rows, Outcomes};
+use common::gemm::{bias_gelu_error, operand, reference_rows, sample_rows, within, Outcomes};
 
 use kfuse::prelude::*;
 use kfuse::{Backend, DType};
@@ -21,12 +21,7 @@ fn check_gemm(m: usize, n: usize, k: usize, dt: DType, ta: bool, tb: bool, dev: 
     let cv = c.to_vec_f64().map_err(|e| e.to_string())?;
     let got: Vec<f64> = rows.iter().flat_map(|&i| cv[i * n..(i + 1) * n].to_vec()).collect();
     let want = reference_rows(&av, &bv, k, n, &rows);
-    let e = common::rel_err(&got, &want);
-    if e <= 1e-2 {
-        Ok(e)
-    } else {
-        Err(format!("gemm {m}x{n}x{k} {dt} ta={ta} tb={tb}: relative error {e:.3e}"))
-    }
+    within(&format!("gemm {m}x{n}x{k} {dt} ta={ta} tb={tb}"), common::rel_err(&got, &want), 1e-2)
 }
 
 /// Two tests here set `KFUSE_TILES` (process-wide) for a while: every test of this file

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::gemm::{operand, reference_rows_ex, rows_of, sample_rows, Outcomes};
+use common::gemm::{operand, reference_rows_ex, rows_of, sample_rows, within, Outcomes};
 
 use kfuse::ops::{gemm_batched, gemm_batched_ex, gemm_ex, GemmOptions};
 use kfuse::prelude::*;
@@ -48,12 +48,7 @@ fn check_gemm_ex(cs: &Case, dev: &Device, seed: u64) -> Result<f64, String> {
     let rows = sample_rows(m);
     let got = rows_of(&out.to_vec_f64().map_err(|e| e.to_string())?, n, &rows);
     let want = reference_rows_ex(&av, &bv, with_c.then_some(&cv[..]), k, n, &rows, alpha as f64, beta as f64);
-    let e = common::rel_err(&got, &want);
-    if e <= tol(od) {
-        Ok(e)
-    } else {
-        Err(format!("{what}: relative error {e:.3e}"))
-    }
+    within(&what, common::rel_err(&got, &want), tol(od))
 }
 
 #[test]
@@ -134,12 +129,7 @@ fn check_batched(batch: &[usize], (m, n, k): (usize, usize, usize), b_shared: bo
         let cz = with_c.then_some(&cv[z * m * n..(z + 1) * m * n]);
         want.extend(reference_rows_ex(&av[z * m * k..(z + 1) * m * k], bz, cz, k, n, &rows, alpha as f64, beta as f64));
     }
-    let e = common::rel_err(&got, &want);
-    if e <= tol(od) {
-        Ok(e)
-    } else {
-        Err(format!("{what}: relative error {e:.3e}"))
-    }
+    within(&what, common::rel_err(&got, &want), tol(od))
 }
 
 #[test]

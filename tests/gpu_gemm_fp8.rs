@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::gemm::{operand, reference_rows_ex, rows_of, sample_rows};
+use common::gemm::{operand, reference_rows_ex, rows_of, sample_rows, within, Outcomes};
 
 use kfuse::ops::{gemm_ex, GemmOptions};
 use kfuse::{Backend, DType};
@@ -27,8 +27,7 @@ fn tol(od: DType) -> f64 {
 fn fp8_gemm_ex_on_the_gpu_against_float64() {
     let Some(dev) = common::gpu() else { return };
     let (sa, sb) = (0.75f32, 2.5f32);
-    let mut failures = Vec::new();
-    let mut report = Vec::new();
+    let mut out = Outcomes::default();
     let shapes = [(1, 1, 1), (17, 33, 65), (300, 200, 1000), (1, 4096, 4096), (127, 4096, 4096), (4095, 4097, 4095)];
     for (s, &(m, n, k)) in shapes.iter().enumerate() {
         let big = m * n * k > 1 << 30;
@@ -38,33 +37,24 @@ fn fp8_gemm_ex_on_the_gpu_against_float64() {
                     continue;
                 }
                 let what = format!("{m}x{n}x{k} {dt}->{od} b_transposed={tb}");
-                let (a, av) = operand(m, k, dt, 100 + s as u64, false, &dev);
-                let (b, bv) = operand(k, n, dt, 200 + s as u64, tb, &dev);
-                // an 8-bit output keeps the sums in range (|x| ≤ 448 for e4m3): scale
-                // them to about unit size (sums of K products of size ~3 grow as √K)
-                let sa = if od.is_fp8() { 1.0 / (3.0 * (k as f32).sqrt()) } else { sa };
-                let opts = GemmOptions { out_dtype: Some(od), scale_a: sa, scale_b: sb, ..Default::default() };
-                let out = match gemm_ex(&a, &b, &opts) {
-                    Ok(o) => o,
-                    Err(e) => {
-                        failures.push(format!("{what}: {e}"));
-                        continue;
-                    }
+                let case = || -> Result<f64, String> {
+                    let (a, av) = operand(m, k, dt, 100 + s as u64, false, &dev);
+                    let (b, bv) = operand(k, n, dt, 200 + s as u64, tb, &dev);
+                    // an 8-bit output keeps the sums in range (|x| ≤ 448 for e4m3): scale
+                    // them to about unit size (sums of K products of size ~3 grow as √K)
+                    let sa = if od.is_fp8() { 1.0 / (3.0 * (k as f32).sqrt()) } else { sa };
+                    let opts = GemmOptions { out_dtype: Some(od), scale_a: sa, scale_b: sb, ..Default::default() };
+                    let res = gemm_ex(&a, &b, &opts).map_err(|e| format!("{what}: {e}"))?;
+                    let rows = sample_rows(m);
+                    let got = rows_of(&res.to_vec_f64().map_err(|e| e.to_string())?, n, &rows);
+                    let want = reference_rows_ex(&av, &bv, None, k, n, &rows, (sa * sb) as f64, 0.0);
+                    within(&what, common::rel_err(&got, &want), tol(od))
                 };
-                let rows = sample_rows(m);
-                let got = rows_of(&out.to_vec_f64().unwrap(), n, &rows);
-                let want = reference_rows_ex(&av, &bv, None, k, n, &rows, (sa * sb) as f64, 0.0);
-                let e = common::rel_err(&got, &want);
-                if e <= tol(od) {
-                    report.push(format!("{what}: rel err {e:.2e}"));
-                } else {
-                    failures.push(format!("{what}: relative error {e:.3e} > {:.0e}", tol(od)));
-                }
+                out.add(&what, case());
             }
         }
     }
-    println!("{}", report.join("\n"));
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    out.finish();
 }
 
 #[test]

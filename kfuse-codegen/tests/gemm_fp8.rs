@@ -61,3 +61,11 @@ fn non_fp8_kernels_carry_no_fp8_helpers() {
     assert!(!e.source.contains("e4m3"));
 }
 
+
+#[test]
+fn fp8_dot_on_sm89_is_refused_clearly() {
+    // sm_89 converts fp8 but has no fp8 matrix path in kfuse (mma.sync takes 16-bit)
+    let k = gemm_kernel_out(DType::F8E4M3, DType::BF16, false, true, false);
+    let err = compile(&k, &spec(&k, [256, 256, 256]), &Target::sm89()).unwrap_err().to_string();
+    assert!(err.contains("f8e4m3") && err.contains("mma.sync") && err.contains("f16 and bf16"), "{err}");
+}

@@ -150,17 +150,8 @@ fn fp8_encode(d: DType, v: f64) -> u8 {
         exp_field += 1;
         mant = 0;
     }
-    let bits = ((exp_field << mb) | mant) as u8;
-    let bits = if decode_magnitude(d, bits) > max { encode_max(d) } else { bits };
-    sign | bits
-}
-
-/// The largest finite magnitude's bits.
-fn encode_max(d: DType) -> u8 {
-    match d {
-        DType::F8E4M3 => 0x7e,
-        _ => 0x7b,
-    }
+    // `a ≤ max` and `max` is representable, so rounding never passes it
+    sign | ((exp_field << mb) | mant) as u8
 }
 
 fn decode_magnitude(d: DType, bits: u8) -> f64 {

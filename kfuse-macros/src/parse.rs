@@ -228,6 +228,16 @@ pub fn dtype(ty: &syn::Type, generics: &[proc_macro2::Ident]) -> syn::Result<DTy
     }
 }
 
+/// The type arguments of a turbofish (`zeros::<f32>`, `.cast::<T>()`): dtypes only.
+fn type_args<P>(args: &syn::punctuated::Punctuated<syn::GenericArgument, P>) -> syn::Result<Vec<syn::Type>> {
+    args.iter()
+        .map(|a| match a {
+            syn::GenericArgument::Type(ty) => Ok(ty.clone()),
+            other => Err(Sp::of(other).error("expected a dtype")),
+        })
+        .collect()
+}
+
 fn unsupported(what: &str, sp: Sp) -> syn::Error {
     sp.error(format!("{what} not supported in a #[kfuse] kernel (yet)"))
 }
@@ -480,14 +490,7 @@ pub fn expr(e: &syn::Expr) -> syn::Result<Expr> {
                     let seg = &p.path.segments[0];
                     let turbofish = match &seg.arguments {
                         syn::PathArguments::None => Vec::new(),
-                        syn::PathArguments::AngleBracketed(a) => a
-                            .args
-                            .iter()
-                            .map(|a| match a {
-                                syn::GenericArgument::Type(ty) => Ok(ty.clone()),
-                                other => Err(Sp::of(other).error("expected a dtype")),
-                            })
-                            .collect::<syn::Result<_>>()?,
+                        syn::PathArguments::AngleBracketed(a) => type_args(&a.args)?,
                         syn::PathArguments::Parenthesized(a) => return Err(Sp::of(a).error(CALLS)),
                     };
                     (seg.ident.clone(), turbofish)
@@ -499,14 +502,7 @@ pub fn expr(e: &syn::Expr) -> syn::Result<Expr> {
         E::MethodCall(m) => {
             let turbofish = match &m.turbofish {
                 None => Vec::new(),
-                Some(t) => t
-                    .args
-                    .iter()
-                    .map(|a| match a {
-                        syn::GenericArgument::Type(ty) => Ok(ty.clone()),
-                        other => Err(Sp::of(other).error("expected a dtype")),
-                    })
-                    .collect::<syn::Result<_>>()?,
+                Some(t) => type_args(&t.args)?,
             };
             ExprKind::Method {
                 receiver: Box::new(expr(&m.receiver)?),

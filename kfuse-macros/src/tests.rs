@@ -479,33 +479,3 @@ fn zeros_and_dot_errors() {
     });
     assert_eq!(e, "`dot` takes 2 arguments, found 1");
 }
-
-#[test]
-#[ignore = "prints IR of a loop kernel"]
-fn print_loop_ir() {
-    println!(
-        "{}",
-        ir(
-            quote! {
-                fn k(x: Tensor<f32, (N,)>, out: &mut Tensor<f32, (N,)>) {
-                    let i = program_id(0);
-                    let mut s = x.block([i * BN], [BN]).load();
-                    let mut t = s;
-                    let mut untouched = s;
-                    let u = untouched;
-                    for r in 0..4 {
-                        let mut t = s;
-                        t += 1.0;
-                        for q in (r..8).step_by(2) {
-                            s = s * 0.5 + t;
-                        }
-                        let t = 3;
-                    }
-                    t = t + u;
-                    out.block([i * BN], [BN]).store(s + t);
-                }
-            },
-            &[],
-        )
-    );
-}

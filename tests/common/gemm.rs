@@ -102,6 +102,15 @@ pub fn bias_gelu_error(m: usize, n: usize, k: usize, dt: DType, dev: &Device) ->
     (l, super::rel_err(&out.to_vec_f64().unwrap(), &want))
 }
 
+/// `Ok(e)` when the relative error `e` is within `tol`, else the failure for case `what`.
+pub fn within(what: &str, e: f64, tol: f64) -> Result<f64, String> {
+    if e <= tol {
+        Ok(e)
+    } else {
+        Err(format!("{what}: relative error {e:.3e} > {tol:.0e}"))
+    }
+}
+
 /// The outcomes of a table of cases: a report line for each that passed, the message of
 /// each that failed.
 #[derive(Default)]
