@@ -1,7 +1,8 @@
 //! GEMM against cuBLAS and cuBLASLt in the same process: row-major `C[M, N] = A[M, K] ·
 //! B[K, N]`, bf16 on 4096³, 8192³, M8192 N14336 K4096, M8192 N4096 K14336, M16384 N4096
 //! K4096, 2048³, M127 N4096 K4096 and M4095 N4097 K4096 (unaligned); f16 4096³; f32
-//! 8192³ in full fp32 and with TF32 tensor cores (vendor only for TF32); and fp8 e4m3
+//! 8192³ in full fp32 and with TF32 tensor cores (cuBLAS `CUBLAS_COMPUTE_32F_FAST_TF32`
+//! against kfuse's `gemm_ex` with `GemmOptions::tf32`, B given K-major to both); and fp8 e4m3
 //! (bf16 out, per-tensor scales) at 4096³ and 8192³ against cuBLASLt's fp8 GEMM with its
 //! default and with its fast accumulation, in a table of their own.
 //!

@@ -9,7 +9,11 @@
 //! `--table-only`). `scripts/bench_torch.py` measures PyTorch on the same ops and shapes
 //! and `scripts/compare_rows.py` joins the two.
 //!
-//! Timing: CUDA events around each launch, 10 warm-ups, 50 timed launches, median.
+//! Timing: CUDA events around each launch, 10 warm-ups, 50 timed launches, median; the
+//! L2 cache is evicted before every launch, outside the timed interval, by reading a
+//! 256 MiB buffer (`common::L2Flush`; `scripts/bench_torch.py` does the same on the
+//! PyTorch side), so every launch reads its input from DRAM and its interval holds GPU
+//! time, not the host's launch latency. `KFUSE_BENCH_DIAG=1` also prints other timings of each launch (see `diagnose`).
 //! Inputs are random bf16 (never all zeros). Each kernel's output is checked once, on
 //! sampled rows against a float64 CPU reference, before it is timed; a shape the compiler
 //! refuses, or a wrong result, gets a row saying so instead of a time.
@@ -19,7 +23,7 @@ use std::time::Duration;
 use criterion::Criterion;
 mod common;
 
-use common::{dtod, median, random_bf16};
+use common::{dtod, median, random_bf16, L2Flush};
 use kfuse::ops::kernels;
 use kfuse::{DType, Device, Tensor};
 
@@ -36,6 +40,9 @@ enum Op {
     RmsNorm,
     LayerNorm,
     Sum,
+    /// kfuse's 2-D copy of the same tensor: what moving these bytes costs at this size
+    /// (a reference row, no bar).
+    Copy,
 }
 
 impl Op {
@@ -45,6 +52,7 @@ impl Op {
             Op::RmsNorm => "rms_norm",
             Op::LayerNorm => "layer_norm",
             Op::Sum => "sum",
+            Op::Copy => "copy",
         }
     }
     fn label(self) -> &'static str {
@@ -53,13 +61,14 @@ impl Op {
             Op::RmsNorm => "RMSNorm (weight)",
             Op::LayerNorm => "LayerNorm (weight, bias)",
             Op::Sum => "sum (last axis)",
+            Op::Copy => "copy (reference)",
         }
     }
     /// Minimum bytes moved: inputs read once, outputs (statistics included) written once.
     fn bytes(self, m: usize, n: usize) -> f64 {
         let (x, v, row16, row32) = ((m * n * 2) as f64, (n * 2) as f64, (m * 2) as f64, (m * 4) as f64);
         match self {
-            Op::Softmax => 2.0 * x,
+            Op::Softmax | Op::Copy => 2.0 * x,
             Op::RmsNorm => 2.0 * x + v + row32,
             Op::LayerNorm => 2.0 * x + 2.0 * v + 2.0 * row32,
             Op::Sum => x + row16,
@@ -67,7 +76,7 @@ impl Op {
     }
 }
 
-const OPS: [Op; 4] = [Op::Softmax, Op::RmsNorm, Op::LayerNorm, Op::Sum];
+const OPS: [Op; 5] = [Op::Softmax, Op::RmsNorm, Op::LayerNorm, Op::Sum, Op::Copy];
 
 /// The tensors of one shape: inputs, outputs, and the host copies the check needs.
 struct Bufs {
@@ -91,6 +100,7 @@ fn launch(op: Op, t: &mut Bufs) -> kfuse::Result<()> {
         Op::RmsNorm => kernels::rms_norm_w(&t.x, &t.w, &mut t.y, &mut t.rstd, EPS)?,
         Op::LayerNorm => kernels::layer_norm(&t.x, &t.w, &t.b, &mut t.y, &mut t.mean, &mut t.rstd, EPS)?,
         Op::Sum => kernels::row_sum(&t.x, &mut t.s)?,
+        Op::Copy => kernels::copy2d(&t.x, &mut t.y)?,
     };
     Ok(())
 }
@@ -108,6 +118,7 @@ fn check(op: Op, t: &Bufs) -> Result<f64, String> {
         let nf = n as f64;
         let (want, got): (Vec<f64>, Vec<f64>) = match op {
             Op::Sum => (vec![x.iter().sum()], vec![y[i] as f64]),
+            Op::Copy => (x.clone(), y[i * n..(i + 1) * n].iter().map(|&v| v as f64).collect()),
             Op::Softmax => {
                 let mx = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = x.iter().map(|v| (v - mx).exp()).sum();
@@ -153,6 +164,7 @@ struct Row {
 
 fn main() -> kfuse::Result<()> {
     let table_only = std::env::args().any(|a| a == "--table-only");
+    let diag = std::env::var_os("KFUSE_BENCH_DIAG").is_some();
     let dev = Device::best();
     if !dev.is_gpu() {
         println!("no GPU: nothing to measure (this benchmark needs a CUDA device)");
@@ -163,7 +175,8 @@ fn main() -> kfuse::Result<()> {
     // the ceiling: a device-to-device copy of 2^28 bf16, in this process
     let (ca, _) = random_bf16(COPY_N, 1, &dev);
     let mut cb = Tensor::empty(&[COPY_N], DType::BF16, &dev)?;
-    let copy_ms = median(dev.time_ms(w, it, || dtod(&dev, &ca, &mut cb))?);
+    let mut l2 = L2Flush::new(&dev)?;
+    let copy_ms = median(dev.time_ms_with(w, it, || l2.flush(), || dtod(&dev, &ca, &mut cb))?);
     let copy_gbps = 2.0 * (COPY_N * 2) as f64 / copy_ms / 1e6;
     drop((ca, cb));
 
@@ -202,7 +215,10 @@ fn main() -> kfuse::Result<()> {
                     Err(e) => Err(format!("WRONG RESULT: {e}")),
                     Ok(e) => {
                         row.err = Some(e);
-                        dev.time_ms(w, it, || launch(op, &mut t)).map(median).map_err(|e| format!("timing failed: {e}"))
+                        if diag {
+                            diagnose(op, &mut t, &dev);
+                        }
+                        dev.time_ms_with(w, it, || l2.flush(), || launch(op, &mut t)).map(median).map_err(|e| format!("timing failed: {e}"))
                     }
                 },
             };
@@ -288,6 +304,31 @@ fn main() -> kfuse::Result<()> {
     Ok(())
 }
 
+/// With `KFUSE_BENCH_DIAG` set: other ways to time the same launch, for the notes — per
+/// launch with a warm L2 and the stream idle between launches (host launch latency
+/// included), 20 launches back to back between two events (per launch), and the host's
+/// own time to issue one launch.
+fn diagnose(op: Op, t: &mut Bufs, dev: &Device) {
+    let warm = dev.time_ms(10, 50, || launch(op, t)).map(median).unwrap_or(f64::NAN);
+    let batch = dev
+        .time_ms(1, 10, || {
+            for _ in 0..20 {
+                launch(op, t)?;
+            }
+            Ok(())
+        })
+        .map(|v| median(v) / 20.0)
+        .unwrap_or(f64::NAN);
+    dev.synchronize().ok();
+    let t0 = std::time::Instant::now();
+    for _ in 0..200 {
+        launch(op, t).ok();
+    }
+    let host_us = t0.elapsed().as_secs_f64() * 1e6 / 200.0;
+    dev.synchronize().ok();
+    println!("diag {:10} {}x{}: warm per-launch {:.4} ms, back-to-back {:.4} ms, host issue {:.1} us", op.name(), t.m, t.n, warm, batch, host_us);
+}
+
 /// What the scheduler chose for `op` on these tensors (threads, tiles), for the table.
 fn schedule(op: Op, t: &mut Bufs, dev: &Device) -> String {
     let def = launch_def(op);
@@ -309,6 +350,7 @@ fn launch_def(op: Op) -> &'static kfuse::ir::KernelDef {
         Op::RmsNorm => &kernels::rms_norm_w::DEF,
         Op::LayerNorm => &kernels::layer_norm::DEF,
         Op::Sum => &kernels::row_sum::DEF,
+        Op::Copy => &kernels::copy2d::DEF,
     }
 }
 
@@ -327,5 +369,6 @@ fn launch_args(op: Op, t: &mut Bufs) -> Vec<kfuse::runtime::Arg<'_>> {
             Arg::Scalar(Scalar::F32(EPS)),
         ],
         Op::Sum => vec![Arg::In(&t.x), Arg::Out(&mut t.s)],
+        Op::Copy => vec![Arg::In(&t.x), Arg::Out(&mut t.y)],
     }
 }

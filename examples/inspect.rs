@@ -3,6 +3,9 @@
 //!
 //!     source scripts/cuda-env.sh && cargo run --release --example inspect [KERNEL_SUBSTRING]
 //!
+//! With a path ending in `.cu` (a source an earlier run wrote, perhaps edited by hand) it
+//! prints that file's registers and spills instead.
+//!
 //! `MB=N` in the environment overrides `__launch_bounds__`'s minimum blocks (`Spec::min_blocks`).
 
 use kfuse::codegen::{compile, Spec, Target, TensorSpec};
@@ -23,12 +26,22 @@ fn spec(def: &KernelDef, m: u32, n: u32) -> Spec {
         })
         .collect();
     let mb = std::env::var("MB").ok().and_then(|v| v.parse().ok());
-    Spec { tensors, shape_pow2: vec![m, n], tiles: Default::default(), threads: None, min_blocks: mb }
+    Spec { tensors, shape_pow2: vec![m, n], shape_div: vec![m, n], tiles: Default::default(), threads: None, min_blocks: mb }
 }
 
 fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
     let ptxas = std::env::var("KFUSE_PTXAS").expect("source scripts/cuda-env.sh first (KFUSE_PTXAS)");
+    if filter.ends_with(".cu") {
+        // a (hand-edited) source written by an earlier run: registers and spills only
+        let src = std::fs::read_to_string(&filter).expect("read the source");
+        let ptx = kfuse::runtime::nvrtc::compile_ptx(&src, "sm_90a", &[]).unwrap();
+        let f = std::path::Path::new(&filter).with_extension("ptx");
+        std::fs::write(&f, ptx).unwrap();
+        let out = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-v"]).arg(&f).arg("-o").arg(f.with_extension("cubin")).output().unwrap();
+        print!("{}", String::from_utf8_lossy(&out.stderr));
+        return;
+    }
     let defs: [&KernelDef; 4] = [&k::softmax::DEF, &k::rms_norm_w::DEF, &k::layer_norm::DEF, &k::row_sum::DEF];
     let dir = std::env::temp_dir().join("kfuse-inspect");
     std::fs::create_dir_all(&dir).unwrap();
@@ -45,6 +58,7 @@ fn main() {
             let ptx = kfuse::runtime::nvrtc::compile_ptx(&e.source, &e.arch, &e.options).unwrap();
             let f = dir.join(format!("{}_{m}x{n}.ptx", def.name));
             std::fs::write(&f, ptx).unwrap();
+            std::fs::write(f.with_extension("cu"), &e.source).unwrap();
             let out = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-v"]).arg(&f).arg("-o").arg(f.with_extension("cubin")).output().unwrap();
             let log = String::from_utf8_lossy(&out.stderr);
             let regs = log.lines().find(|l| l.contains("Used")).map(|l| l.trim().to_string()).unwrap_or_default();

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-LABELS = {"softmax": "softmax", "rms_norm": "RMSNorm (weight)", "layer_norm": "LayerNorm (weight, bias)", "sum": "sum (last axis)"}
+LABELS = {"softmax": "softmax", "rms_norm": "RMSNorm (weight)", "layer_norm": "LayerNorm (weight, bias)", "sum": "sum (last axis)", "copy": "copy (reference)"}
 
 
 def load(path):

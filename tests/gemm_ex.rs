@@ -103,7 +103,7 @@ fn fp8_operands_with_per_tensor_scales() {
                 let (a, av) = rand(&[m, k], dt, 60 + i as u64);
                 let (b, bv) = common::gemm::operand(k, n, dt, 70 + i as u64, i % 2 == 1, &cpu());
                 let (c, cv) = rand(&[m, n], od, 80 + i as u64);
-                let opts = GemmOptions { alpha, beta: 0.25, c: Some(&c), out_dtype: Some(od), scale_a: sa, scale_b: sb };
+                let opts = GemmOptions { alpha, beta: 0.25, c: Some(&c), out_dtype: Some(od), scale_a: sa, scale_b: sb, tf32: false };
                 let got = gemm_ex(&a, &b, &opts).unwrap();
                 let want = reference(&av, &bv, Some(&cv), 1, m, k, n, false, (alpha * sa * sb) as f64, 0.25);
                 check(&format!("{dt}->{od} {m}x{n}x{k}"), &got, &[m, n], od, &want);

@@ -6,7 +6,8 @@
 //! Every check draws fresh random inputs (the run's seed is printed with any failure;
 //! `KFUSE_SEED=<seed>` replays it) and runs each op twice: through the public API
 //! (`kfuse::ops::…`) and through its kernel launcher into outputs poisoned with NaN.
-//! Shapes are odd on purpose (N = 1, 3, 1000, 4097; M = 1, 7 and one M > 64); rows with
+//! Shapes are odd on purpose (N = 1, 3, 1000, 4097; M = 1, 7 and one M > 64), plus the
+//! powers of two 1024 and 4096 (compiled without masks); rows with
 //! large magnitudes (±1e4) and with `-inf` (whole rows and single elements) are checked
 //! too: where the reference is NaN or infinite, the result must be the same special
 //! value; elsewhere ‖out − ref‖ / ‖ref‖ must be under the dtype's tolerance
@@ -353,7 +354,9 @@ fn check(op: Op, dt: DType, m: usize, n: usize, fill: Fill, api_shape: Option<&[
     Ok(worst)
 }
 
-const SHAPES: [(usize, usize); 9] = [(1, 1), (1, 3), (1, 1000), (1, 4097), (7, 1), (7, 3), (7, 1000), (7, 4097), (130, 257)];
+// N = 1024 and 4096 are powers of two: the compiler drops the row masks there
+// (`Schedule::full_exact`), so both kinds of code are checked.
+const SHAPES: [(usize, usize); 11] = [(1, 1), (1, 3), (1, 1000), (1, 4097), (7, 1), (7, 3), (7, 1000), (7, 4097), (130, 257), (7, 1024), (5, 4096)];
 
 fn run_table(ops: &[Op]) {
     let mut failures = Vec::new();

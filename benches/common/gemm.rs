@@ -22,7 +22,8 @@ pub const fn bf16(m: usize, n: usize, k: usize) -> Case {
 }
 
 /// The problems of issue 4's bars (bf16 and f16), then f32 in full precision and with
-/// TF32 tensor cores (vendor only for TF32).
+/// TF32 tensor cores (kfuse: `gemm_ex` with `GemmOptions::tf32`; B K-major for both, see
+/// [`Inputs::new`]).
 pub const CASES: [Case; 11] = [
     bf16(4096, 4096, 4096),
     bf16(8192, 8192, 8192),
@@ -65,6 +66,12 @@ impl Case {
     pub fn flops(&self) -> f64 {
         2.0 * self.m as f64 * self.n as f64 * self.k as f64
     }
+    /// B is given K-major (the transpose of a row-major `[N, K]` tensor): the TF32 case,
+    /// whose tensor-core path reads only that layout (kfuse would otherwise copy B on
+    /// every call; cuBLAS takes it as `CUBLAS_OP_T`).
+    pub fn b_k_major(&self) -> bool {
+        self.math == Math::Tf32
+    }
     /// One set of A, B and C.
     pub fn bytes(&self) -> usize {
         (self.m * self.k + self.k * self.n + self.m * self.n) * self.dtype.size_bytes()
@@ -92,7 +99,8 @@ pub fn tolerance(dt: DType, math: Math) -> f64 {
 }
 
 /// The case's input sets (random, uniform in [-1, 1), never zeros) and one output
-/// tensor per set; the host values of the first set, for float64 checks.
+/// tensor per set; the host values of the first set, for float64 checks (`bv` row-major
+/// `[K, N]` whatever B's layout: [`Case::b_k_major`]).
 pub struct Inputs {
     pub a: Vec<Tensor>,
     pub b: Vec<Tensor>,
@@ -106,7 +114,13 @@ impl Inputs {
         let mut x = Inputs { a: Vec::new(), b: Vec::new(), outs: Vec::new(), av: Vec::new(), bv: Vec::new() };
         for s in 0..c.sets() {
             let (a, av) = random(&[c.m, c.k], c.dtype, 100 + 2 * s as u64, dev);
-            let (b, bv) = random(&[c.k, c.n], c.dtype, 101 + 2 * s as u64, dev);
+            let (b, bv) = if c.b_k_major() {
+                let (w, wv) = random(&[c.n, c.k], c.dtype, 101 + 2 * s as u64, dev);
+                let bv = if s == 0 { (0..c.k * c.n).map(|x| wv[(x % c.n) * c.k + x / c.n]).collect() } else { Vec::new() };
+                (w.t(), bv)
+            } else {
+                random(&[c.k, c.n], c.dtype, 101 + 2 * s as u64, dev)
+            };
             if s == 0 {
                 (x.av, x.bv) = (av, bv);
             }
@@ -121,15 +135,15 @@ impl Inputs {
     }
 }
 
-/// kfuse's GEMM under test. Returns `None` where kfuse has no such GEMM: `math` is the
-/// vendor's TF32 request, which kfuse has no counterpart for. `kfuse::ops::gemm`
-/// allocates its output on each call (stream-ordered, no synchronization), like a
-/// user's call would.
+/// kfuse's GEMM under test: `kfuse::ops::gemm`, or for the vendor's TF32 request
+/// `gemm_ex` with `GemmOptions::tf32` (TF32 WGMMA on sm_90a). Both allocate their output
+/// on each call (stream-ordered, no synchronization), like a user's call would. `None`
+/// where kfuse has no such GEMM (none today).
 pub fn kfuse_gemm(a: &Tensor, b: &Tensor, math: Math) -> Option<kfuse::Result<Tensor>> {
-    if math == Math::Tf32 {
-        return None;
+    match math {
+        Math::Tf32 => Some(kfuse::ops::gemm_ex(a, b, &kfuse::ops::GemmOptions { tf32: true, ..Default::default() })),
+        Math::Fp32 => Some(kfuse::ops::gemm(a, b)),
     }
-    Some(kfuse::ops::gemm(a, b))
 }
 
 /// The first line of an error or panic message, without `|` (it goes into tables).

@@ -56,3 +56,28 @@ pub fn random(shape: &[usize], dtype: DType, seed: u64, dev: &Device) -> (Tensor
     }
     (Tensor::from_bytes(&bytes, shape, dtype, dev).expect("upload"), vals)
 }
+
+/// Evicts the L2 cache (50 MB on an H100) before a timed launch by *reading* 256 MiB
+/// (kfuse's own last-axis sum over a [32768, 4096] bf16 tensor): afterwards the L2 holds
+/// clean lines of an unrelated buffer, so the timed kernel reads its inputs from DRAM
+/// and pays for nothing but its own traffic. (A memset flush, as in
+/// `triton.testing.do_bench`, leaves up to 50 MB of dirty lines that the next kernel
+/// writes back: ~9 µs on the H100, a fifth of a 45 µs row kernel.) The flush also keeps
+/// the stream busy while the host issues the timed launch.
+pub struct L2Flush {
+    buf: Tensor,
+    out: Tensor,
+}
+
+impl L2Flush {
+    pub fn new(dev: &Device) -> kfuse::Result<Self> {
+        let (buf, _) = random_bf16(32768 * 4096, 99, dev);
+        Ok(L2Flush { buf: buf.reshape(&[32768, 4096])?, out: Tensor::empty(&[32768], DType::BF16, dev)? })
+    }
+
+    /// Issues the read on the device's stream (asynchronous).
+    pub fn flush(&mut self) -> kfuse::Result<()> {
+        kfuse::ops::kernels::row_sum(&self.buf, &mut self.out)?;
+        Ok(())
+    }
+}

@@ -35,6 +35,16 @@ pub fn divisibility(k: &Kernel, v: ValueId) -> u64 {
     }
 }
 
+/// True when an `i64` scalar value is provably 0 (a literal 0, or a product with one).
+pub fn is_zero(k: &Kernel, v: ValueId) -> bool {
+    let ops = k.operands(v.op());
+    match k.op(v.op()) {
+        Op::Const { value: Literal::Int(c) } => *c == 0,
+        Op::Binary(BinaryOp::Mul) => is_zero(k, ops[0]) || is_zero(k, ops[1]),
+        _ => false,
+    }
+}
+
 /// True when an `i64` scalar value is provably ≥ 0.
 pub fn non_negative(k: &Kernel, v: ValueId) -> bool {
     let ops = k.operands(v.op());

@@ -56,6 +56,11 @@ pub struct Spec {
     /// Per shape symbol: its value rounded up to a power of two (used where the symbol
     /// is a full tile extent, and to cap tile sizes for small tensors).
     pub shape_pow2: Vec<u32>,
+    /// Per shape symbol: the largest power of two dividing its value, capped at its
+    /// `shape_pow2` (so `shape_div == shape_pow2` says the value is exactly that power of
+    /// two). Empty or missing entries: unknown (1). A full tile extent whose value is
+    /// exact needs no bounds masks (`Schedule::full_exact`).
+    pub shape_div: Vec<u32>,
     /// Tile-size overrides by tile-symbol name (`BN` → 1024); powers of two.
     pub tiles: BTreeMap<String, u32>,
     /// Threads-per-block override (a power of two, 32..=1024).
@@ -117,8 +122,9 @@ pub struct EmittedKernel {
     /// is the program count times this.
     pub cluster_x: u32,
     /// A persistent kernel: at most this many programs (clusters, when `cluster_x > 1`)
-    /// are launched along x, and each walks the program ids itself (`grid` still gives
-    /// the total).
+    /// are launched along x — times the blocks one multiprocessor holds at once, for a
+    /// kernel without clusters ([`EmittedKernel::grid_dims_resident`]) — and each walks
+    /// the program ids itself (`grid` still gives the total).
     pub persistent: Option<u32>,
     /// The scheduled IR, printed (for snapshots and debugging).
     pub ir: String,
@@ -129,13 +135,27 @@ pub struct EmittedKernel {
 impl EmittedKernel {
     /// The launch grid for concrete shape-symbol values (indexed by `ShapeSym`).
     pub fn grid_dims(&self, shapes: &[u64]) -> [u64; 3] {
+        self.grid_dims_resident(shapes, 0)
+    }
+
+    /// [`EmittedKernel::grid_dims`] given what the device holds of this kernel at once
+    /// (the driver's occupancy; 0: unknown): blocks per multiprocessor without clusters
+    /// (it multiplies the persistent program count), clusters per device with them (it
+    /// caps the count). Either way every launched block is resident, and none of a
+    /// persistent grid waits for a second wave.
+    pub fn grid_dims_resident(&self, shapes: &[u64], resident: u32) -> [u64; 3] {
         let mut g = [1u64; 3];
         for (i, a) in self.grid.iter().enumerate() {
             g[i] = shapes[a.dim.0 as usize].div_ceil(a.step.max(1));
         }
         if let Some(p) = self.persistent {
             let total: u64 = g.iter().product();
-            g = [total.min(p as u64), 1, 1];
+            let cap = match (self.cluster_x > 1, resident) {
+                (_, 0) => p as u64,
+                (false, r) => p as u64 * r as u64,
+                (true, r) => (p as u64).min(r as u64),
+            };
+            g = [total.min(cap), 1, 1];
         }
         g[0] *= self.cluster_x.max(1) as u64;
         g

@@ -70,6 +70,7 @@ fn spec(ranks: &[Option<usize>], shapes: &[u32]) -> Spec {
     Spec {
         tensors: ranks.iter().map(|r| r.map(|r| TensorSpec { ptr_align: 16, stride_div: (0..r).map(|d| if d + 1 == r { 0 } else { 16 }).collect() })).collect(),
         shape_pow2: shapes.iter().map(|s| s.next_power_of_two()).collect(),
+        shape_div: vec![],
         tiles: Default::default(),
         threads: None,
         min_blocks: None,

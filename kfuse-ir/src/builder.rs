@@ -475,30 +475,46 @@ impl Builder {
     }
 
     /// The matrix product of `a: [M, K]` and `b: [K, N]` (one float dtype, the same `K`
-    /// extent), as `f32 [M, N]`.
+    /// extent), as `f32 [M, N]`, every product exact.
     pub fn dot(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.dot_with(a, b, DotPrecision::Exact)
+    }
+
+    /// [`Builder::dot`] of f32 tiles whose operands may be read as TF32
+    /// ([`DotPrecision::Tf32`]): the tensor cores' fast f32 product, where the target
+    /// has one.
+    pub fn dot_tf32(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.dot_with(a, b, DotPrecision::Tf32)
+    }
+
+    /// The matrix product at a chosen [`DotPrecision`] (`Tf32` takes f32 tiles only).
+    pub fn dot_with(&mut self, a: ValueId, b: ValueId, precision: DotPrecision) -> Result<ValueId> {
+        let name = Op::Dot { precision }.mnemonic();
         let (ta, tb) = (self.k.ty(a).clone(), self.k.ty(b).clone());
         for t in [&ta, &tb] {
             if t.rank() != 2 {
                 let found = type_str(&self.k, t);
-                return Err(IrError::Expected { op: "dot".into(), expected: "rank-2 tiles ([M, K] and [K, N])".into(), found });
+                return Err(IrError::Expected { op: name.into(), expected: "rank-2 tiles ([M, K] and [K, N])".into(), found });
             }
             if !t.dtype.is_float() {
-                return Err(IrError::Expected { op: "dot".into(), expected: "float tiles (f32, f16, bf16, f8e4m3, f8e5m2)".into(), found: t.dtype.to_string() });
+                return Err(IrError::Expected { op: name.into(), expected: "float tiles (f32, f16, bf16, f8e4m3, f8e5m2)".into(), found: t.dtype.to_string() });
             }
         }
         if ta.dtype != tb.dtype {
-            return Err(IrError::DTypeMismatch { op: "dot".into(), left: ta.dtype.to_string(), right: tb.dtype.to_string() });
+            return Err(IrError::DTypeMismatch { op: name.into(), left: ta.dtype.to_string(), right: tb.dtype.to_string() });
         }
         if ta.shape[1] != tb.shape[0] {
             return Err(IrError::ShapeMismatch {
-                op: "dot".into(),
+                op: name.into(),
                 left: shape_str(&self.k, &ta.shape),
                 right: shape_str(&self.k, &tb.shape),
             });
         }
+        if precision == DotPrecision::Tf32 && ta.dtype != DType::F32 {
+            return Err(IrError::Expected { op: name.into(), expected: "f32 tiles (TF32 is a reading of f32 operands)".into(), found: ta.dtype.to_string() });
+        }
         let ty = Type::tile(DType::F32, vec![ta.shape[0], tb.shape[1]]);
-        Ok(self.k.push(Op::Dot, Some(ty), &[a, b]).value())
+        Ok(self.k.push(Op::Dot { precision }, Some(ty), &[a, b]).value())
     }
 
     /// Opens a loop `for (i = lo; i < hi; i += step)` carrying `inits` from one

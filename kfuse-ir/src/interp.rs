@@ -72,7 +72,9 @@
 //!   the `k` valid in *both* operands (`a`'s axis-1 range met with `b`'s axis-0 range),
 //!   each product and the sum in `f64` (ascending `k`), rounded to `f32` once at the
 //!   end; no valid `k` gives 0. The result is valid on `a`'s axis-0 range × `b`'s axis-1
-//!   range.
+//!   range. With `DotPrecision::Tf32` each operand element is first read as TF32 (the
+//!   low 13 bits of its f32 mantissa cleared, [`crate::DotPrecision::operand`]), as the
+//!   tensor cores read f32 data; the products of those are exact in `f64`.
 //!
 //! # Loops
 //!
@@ -213,7 +215,7 @@ enum Kind<'k> {
     Yield { for_pos: usize },
     /// `LoopIndex`, `LoopCarried`, `LoopResult`: written by their `For` and `Yield`.
     LoopValue,
-    Dot,
+    Dot { precision: DotPrecision },
 }
 
 struct Step<'k> {
@@ -362,7 +364,7 @@ pub fn run(k: &Kernel, args: &mut [Arg<'_>], opts: &Options) -> Result<()> {
             }
             Op::Yield { id } => Kind::Yield { for_pos: k.loop_body(*id).expect("verified").0 },
             Op::LoopIndex { .. } | Op::LoopCarried { .. } | Op::LoopResult { .. } => Kind::LoopValue,
-            Op::Dot => Kind::Dot,
+            Op::Dot { precision } => Kind::Dot { precision: *precision },
         };
         steps.push(Step { kind, args: operands, dtype, shape, strides, len });
     }
@@ -777,8 +779,9 @@ fn run_program(
                 out.data.clone_from(&x.data);
                 out.valid.clone_from(&x.valid);
             }
-            Kind::Dot => {
+            Kind::Dot { precision } => {
                 let (x, y) = (a(0), a(1));
+                let p = *precision;
                 let kk = steps[step.args[0]].shape[1];
                 let n = steps[step.args[1]].shape[1];
                 out.valid.clear();
@@ -790,7 +793,7 @@ fn run_program(
                     let row = base as usize / n.max(1);
                     for j in 0..len {
                         let col = base as usize % n.max(1) + j;
-                        let s: f64 = (klo..khi).map(|q| x.data[row * kk + q] * y.data[q * n + col]).sum();
+                        let s: f64 = (klo..khi).map(|q| p.operand(x.data[row * kk + q]) * p.operand(y.data[q * n + col])).sum();
                         out.data[base as usize + j] = s as f32 as f64;
                     }
                 });

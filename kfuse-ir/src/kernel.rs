@@ -319,9 +319,42 @@ pub enum Op {
     /// outside the body, in the loop that holds the `For` (if any).
     LoopResult { id: LoopId, index: u32 },
     /// Matrix product of tiles. Operands: `a: [M, K]` and `b: [K, N]` of one float dtype
-    /// (`F16`, `BF16` or `F32`), `a`'s axis 1 and `b`'s axis 0 the same extent. Result:
-    /// `F32 [M, N]`, `M` from `a`'s axis 0 and `N` from `b`'s axis 1.
-    Dot,
+    /// (`F16`, `BF16`, `F32`, `F8E4M3` or `F8E5M2`), `a`'s axis 1 and `b`'s axis 0 the
+    /// same extent. Result: `F32 [M, N]`, `M` from `a`'s axis 0 and `N` from `b`'s
+    /// axis 1. `precision` says how exactly the products must be formed (see
+    /// [`DotPrecision`]; `Tf32` only with `F32` operands).
+    Dot { precision: DotPrecision },
+}
+
+/// How exactly a [`Op::Dot`] must multiply its operands. The sum is f32 either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DotPrecision {
+    /// The operands as they are: every product exact (the default; what `dot` writes).
+    #[default]
+    Exact,
+    /// f32 operands may be read as TF32 (8-bit exponent, 10-bit mantissa: the low 13
+    /// mantissa bits dropped) before they are multiplied — what the tensor cores'
+    /// `tf32` instructions do (`dot_tf32`). A permission, not a promise: a target
+    /// without a TF32 path computes the exact product. The interpreter drops the bits.
+    Tf32,
+}
+
+impl DotPrecision {
+    /// `value` as a TF32 operand under this precision: with [`DotPrecision::Tf32`] an
+    /// f32 value with the low 13 bits of its mantissa cleared (toward zero; infinities
+    /// and NaN keep their class), else `value` itself.
+    pub fn operand(self, value: f64) -> f64 {
+        match self {
+            DotPrecision::Exact => value,
+            DotPrecision::Tf32 => {
+                let x = value as f32;
+                if !x.is_finite() {
+                    return x as f64;
+                }
+                f32::from_bits(x.to_bits() & !0x1fff) as f64
+            }
+        }
+    }
 }
 
 impl Op {
@@ -350,7 +383,8 @@ impl Op {
             Op::LoopCarried { .. } => "loop_carried",
             Op::Yield { .. } => "yield",
             Op::LoopResult { .. } => "loop_result",
-            Op::Dot => "dot",
+            Op::Dot { precision: DotPrecision::Exact } => "dot",
+            Op::Dot { precision: DotPrecision::Tf32 } => "dot_tf32",
         }
     }
 

@@ -153,6 +153,9 @@ pub fn print(k: &Kernel) -> String {
     let s = &k.schedule;
     if s.is_scheduled() {
         let _ = writeln!(out, "schedule: threads={} min_blocks={} smem={}B", s.num_threads, s.min_blocks, s.smem_bytes);
+        if s.persistent > 0 {
+            let _ = writeln!(out, "  persistent: at most {} blocks walk the programs, each loading the next program's tiles ahead", s.persistent);
+        }
         if s.cluster > 1 {
             let split = s.split.map(|e| k.extent_name(e)).unwrap_or_default();
             let _ = writeln!(out, "  cluster {} blocks along x, splitting {split}", s.cluster);
@@ -162,11 +165,15 @@ pub fn print(k: &Kernel) -> String {
                 crate::schedule::Major::K => "K-major",
                 crate::schedule::Major::MN => "MN-major",
             };
+            // a `dot_tf32`: how the target reads its operands
+            let tf32 = matches!(k.op(m.dot), Op::Dot { precision: DotPrecision::Tf32 });
+            let wg_tf32 = if tf32 { " tf32" } else { "" };
+            let fma_tf32 = if tf32 { " (dot_tf32 computed exactly: no TF32 path here)" } else { "" };
             match m.path {
                 crate::schedule::MmaPath::WgmmaTma => {
                     let _ = writeln!(
                         out,
-                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr m{}n{}k{}, {} consumer warpgroups, {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B, persistent raster group_m={}",
+                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr m{}n{}k{}{wg_tf32}, {} consumer warpgroups, {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B, persistent raster group_m={}",
                         m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instr[0], m.instr[1], m.instr[2],
                         m.consumers, m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle, m.group_m
                     );
@@ -183,7 +190,7 @@ pub fn print(k: &Kernel) -> String {
                 crate::schedule::MmaPath::FmaSimt => {
                     let _ = writeln!(
                         out,
-                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, f32 fma, thread tile {}x{}, warps {}x{}, {} stages (register prefetch), A {} {}, B {} {}",
+                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, f32 fma{fma_tf32}, thread tile {}x{}, warps {}x{}, {} stages (register prefetch), A {} {}, B {} {}",
                         m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instr[0], m.instr[1],
                         m.warps[0], m.warps[1], m.stages, m.a.load.value(), maj(&m.a), m.b.load.value(), maj(&m.b)
                     );
@@ -203,7 +210,8 @@ pub fn print(k: &Kernel) -> String {
             let _ = writeln!(out, "  tile {} = {v}", k.tile_name(*t));
         }
         for (sym, v) in &s.full {
-            let _ = writeln!(out, "  full {} -> {v}", k.shape_name(*sym));
+            let exact = if s.full_exact.contains(sym) { " (exact: no masks)" } else { "" };
+            let _ = writeln!(out, "  full {} -> {v}{exact}", k.shape_name(*sym));
         }
         for op in k.ops() {
             if let Some(l) = s.layouts.get(&op.value()) {

@@ -11,7 +11,7 @@
 //! - every value of rank ≥ 1 has a layout whose shape is the value's concrete shape, and
 //!   whose thread count is `num_threads`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::kernel::{OpId, ShapeSym, TileSym, ValueId};
 
@@ -89,6 +89,11 @@ pub struct Schedule {
     pub cluster: u32,
     /// The extent whose tile axes are split across the cluster.
     pub split: Option<crate::kernel::Extent>,
+    /// 0: one block per program. n > 0: a persistent grid of at most n blocks, each
+    /// walking the programs `blockIdx.x, + gridDim.x, …` and issuing the next program's
+    /// tile loads before it works on the current one (only for a kernel whose programs
+    /// index one grid axis; `persist_programs`).
+    pub persistent: u32,
     /// Blocks per multiprocessor the register allocator must leave room for
     /// (`__launch_bounds__`'s second argument); 0 leaves the choice to the assembler.
     pub min_blocks: u32,
@@ -96,6 +101,10 @@ pub struct Schedule {
     pub tiles: BTreeMap<TileSym, u32>,
     /// The compiled extent of each shape symbol used as a full tile extent.
     pub full: BTreeMap<ShapeSym, u32>,
+    /// The shape symbols of `full` whose run-time value is known to equal the compiled
+    /// extent: a tile axis spanning such a symbol from offset 0 is in bounds everywhere,
+    /// so its loads, stores and reductions carry no masks.
+    pub full_exact: BTreeSet<ShapeSym>,
     /// The layout of each value of rank ≥ 1.
     pub layouts: BTreeMap<ValueId, Layout>,
     /// Elements per vector access for each load and store (1 = scalar accesses).
@@ -179,16 +188,34 @@ pub struct MmaOperand {
     pub swizzle: u32,
 }
 
-/// The decisions for a kernel whose loop accumulates `dot(load, load)`.
+/// A further `dot` of the loop a [`MmaPlan`] pipelines, beside its first one: the same
+/// tile shape, operand dtype and precision, its own accumulator (a carried value of
+/// the loop) and its own B tile; its A tile is either the first dot's (the same `Load`:
+/// loaded once a stage and read by both) or one of its own.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MmaDot {
+    pub dot: OpId,
+    pub carried: u32,
+    pub a: MmaOperand,
+    pub b: MmaOperand,
+}
+
+/// The decisions for a kernel whose loop accumulates `dot(load, load)` (or several such
+/// dots, each into its own accumulator: [`MmaPlan::more`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MmaPlan {
     pub path: MmaPath,
-    /// The loop's `For` op, its `Dot`, and the loop-carried accumulator index.
+    /// The loop's `For` op, its (first) `Dot`, and that dot's loop-carried accumulator
+    /// index.
     pub for_op: OpId,
     pub dot: OpId,
     pub carried: u32,
     pub a: MmaOperand,
     pub b: MmaOperand,
+    /// The loop's other dots, in program order (empty for a loop of one dot; only
+    /// [`MmaPath::WgmmaTma`] takes more). A stage holds every distinct operand tile
+    /// once: A, B, then for each of these its A when it has its own, and its B.
+    pub more: Vec<MmaDot>,
     /// Block tile `[BM, BN, BK]` and instruction shape `[m, n, k]` (on
     /// [`MmaPath::FmaSimt`]: the thread tile `[tm, tn, 1]`, `tm × tn` FMAs per `k`).
     pub tile: [u32; 3],
@@ -223,5 +250,28 @@ pub struct MmaPlan {
 impl Schedule {
     pub fn is_scheduled(&self) -> bool {
         self.num_threads > 0
+    }
+}
+
+impl MmaPlan {
+    /// Every dot of the plan, the first one first: `(dot, carried, a, b)`.
+    pub fn all_dots(&self) -> Vec<MmaDot> {
+        let mut v = vec![MmaDot { dot: self.dot, carried: self.carried, a: self.a.clone(), b: self.b.clone() }];
+        v.extend(self.more.iter().cloned());
+        v
+    }
+
+    /// The distinct operand loads of one pipeline stage in the order a stage holds
+    /// them (see [`MmaPlan::more`]), each with its majorness and swizzle.
+    pub fn stage_operands(&self) -> Vec<MmaOperand> {
+        let mut v: Vec<MmaOperand> = Vec::new();
+        for d in self.all_dots() {
+            for o in [d.a, d.b] {
+                if !v.iter().any(|x| x.load == o.load) {
+                    v.push(o);
+                }
+            }
+        }
+        v
     }
 }

@@ -9,7 +9,8 @@
 //!    scalars, one per tensor dimension; elementwise operands share shape and dtype;
 //!    comparisons give `bool`; a `Broadcast` only adds leading axes or widens extent-1
 //!    axes; `Permute` is a permutation; `Convert` keeps the type; `Dot` takes rank-2
-//!    tiles `[M, K]`, `[K, N]` of one float dtype and gives `f32 [M, N]`.
+//!    tiles `[M, K]`, `[K, N]` of one float dtype (f32 for `DotPrecision::Tf32`) and
+//!    gives `f32 [M, N]`.
 //! 4. Parameters, shape symbols and tile symbols referenced by ops exist; loads read
 //!    tensors, stores write output tensors, `ScalarParam` reads a scalar.
 //! 5. Loops (see [`crate::kernel`] on their representation):
@@ -293,9 +294,12 @@ fn check_op(k: &Kernel, op: OpId) -> Result<(), String> {
         // operand counts and types against the loop's `For`: `check_loops`
         Op::LoopCarried { .. } | Op::LoopResult { .. } => arity(0)?,
         Op::Yield { .. } => {}
-        Op::Dot => {
+        Op::Dot { precision } => {
             arity(2)?;
             let (ta, tb) = (k.ty(ops[0]), k.ty(ops[1]));
+            if *precision == DotPrecision::Tf32 && ta.dtype != DType::F32 {
+                return Err(format!("dot_tf32 takes f32 tiles, has {}", ta.dtype));
+            }
             if ta.rank() != 2 || tb.rank() != 2 {
                 return Err(format!("dot takes rank-2 tiles, has ranks {} and {}", ta.rank(), tb.rank()));
             }

@@ -330,9 +330,13 @@ fn build_body(k: &Kernel, ir: &TokenStream, dtypes: &Ident, plan: &Plan) -> Toke
                 let e = extents.iter().map(|e| extent(*e));
                 quote_spanned!(sp=> let #v = #b.zeros(#d, &[#(#e),*])?;)
             }
-            StepKind::Dot(x, y) => {
+            StepKind::Dot(x, y, tf32) => {
                 let (x, y) = (slot(*x), slot(*y));
-                quote_spanned!(sp=> let #v = #b.dot(#x, #y)?;)
+                if *tf32 {
+                    quote_spanned!(sp=> let #v = #b.dot_tf32(#x, #y)?;)
+                } else {
+                    quote_spanned!(sp=> let #v = #b.dot(#x, #y)?;)
+                }
             }
             StepKind::BeginFor { lo, hi, step, inits } => {
                 let (lo, hi, st, inits) = (slot(*lo), slot(*hi), slot(*step), slots(inits));

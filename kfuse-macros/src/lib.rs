@@ -65,7 +65,8 @@ mod tests;
 /// functions `program_id(k)` (k = 0, 1, 2), `iota(E)` (the `i64` tile `[0, 1, .., E-1]`,
 /// `E` a tile symbol, integer literal or shape symbol), `zeros::<D>([E0, ..])` (a tile
 /// of zeros of dtype `D`), `dot(a, b)` (the `f32 [M, N]` product of `[M, K]` and
-/// `[K, N]` tiles of one float dtype), `exp(x)` and the other unary ones, `max(a, b)`,
+/// `[K, N]` tiles of one float dtype), `dot_tf32(a, b)` (the same of f32 tiles, whose
+/// operands the tensor cores may read as TF32: the fast f32 product), `exp(x)` and the other unary ones, `max(a, b)`,
 /// `min(a, b)`, `select(c, a, b)`.
 /// Typing (dtypes, broadcasting, what may be stored where) is `kfuse_ir::Builder`'s,
 /// checked at compile time for every dtype of the generics.

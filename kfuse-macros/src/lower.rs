@@ -97,8 +97,8 @@ pub enum StepKind {
     Name(Slot, String),
     /// `zeros(dtype, extents)?`
     Zeros { dtype: DTy, extents: Vec<ExtentRef> },
-    /// `dot(a, b)?`
-    Dot(Slot, Slot),
+    /// `dot(a, b)?`, or `dot_tf32(a, b)?` when the flag is set.
+    Dot(Slot, Slot, bool),
     /// `begin_for(lo, hi, step, inits)?` → `(LoopId, index, carried)`, which the next
     /// steps take apart.
     BeginFor { lo: Slot, hi: Slot, step: Slot, inits: Vec<Slot> },
@@ -153,7 +153,7 @@ pub fn lower(k: &Kernel) -> syn::Result<Plan> {
 
 /// Functions a kernel can call, for the "unknown function" message.
 const FUNCTIONS: &str =
-    "program_id, iota, zeros::<D>, dot, exp, ln, log, sqrt, rsqrt, sigmoid, tanh, erf, sin, cos, abs, max, min, select";
+    "program_id, iota, zeros::<D>, dot, dot_tf32, exp, ln, log, sqrt, rsqrt, sigmoid, tanh, erf, sin, cos, abs, max, min, select";
 /// Methods of a value, for the "unknown method" message.
 const METHODS: &str = "exp, ln, log, sqrt, rsqrt, sigmoid, tanh, erf, sin, cos, abs, max, min, sum, mean, \
      sum_axis, mean_axis, max_axis, min_axis, sum_keepdim, mean_keepdim, max_keepdim, min_keepdim, \
@@ -530,11 +530,11 @@ impl Lower<'_> {
                 let extents = items.iter().map(|e| self.extent(e, ZEROS_EXTENT)).collect::<syn::Result<Vec<_>>>()?;
                 Ok(self.push(StepKind::Zeros { dtype, extents }, sp))
             }
-            "dot" => {
+            "dot" | "dot_tf32" => {
                 check_arity(&name, 2, args, sp)?;
                 let a = self.value(&args[0], "an argument")?;
                 let b = self.value(&args[1], "an argument")?;
-                Ok(self.push(StepKind::Dot(a, b), sp))
+                Ok(self.push(StepKind::Dot(a, b, name == "dot_tf32"), sp))
             }
             "program_id" => {
                 check_arity(&name, 1, args, sp)?;

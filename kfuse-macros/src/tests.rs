@@ -478,4 +478,37 @@ fn zeros_and_dot_errors() {
         }
     });
     assert_eq!(e, "`dot` takes 2 arguments, found 1");
+    // `dot_tf32` reads f32 operands only, checked for every dtype of the generics
+    let e = err(quote! {
+        fn k<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, c: &mut Tensor<f32, (M, N)>) {
+            let (i, j) = (program_id(0), program_id(1));
+            c.block([i * BM, j * BN], [BM, BN]).store(dot_tf32(a.block([i * BM, 0], [BM, BK]).load(), b.block([0, j * BN], [BK, BN]).load()));
+        }
+    });
+    assert!(e.contains("`dot_tf32` expects f32 tiles") && e.contains("found f16"), "{e}");
+    let e = err(quote! {
+        fn k(a: Tensor<f32, (M, K)>, c: &mut Tensor<f32, (M, N)>) {
+            let (i, j) = (program_id(0), program_id(1));
+            c.block([i * BM, j * BN], [BM, BN]).store(dot_tf32(a.block([i * BM, 0], [BM, BK]).load()));
+        }
+    });
+    assert_eq!(e, "`dot_tf32` takes 2 arguments, found 1");
+}
+
+#[test]
+fn dot_tf32_records_its_precision() {
+    let text = ir(
+        quote! {
+            fn gemm(a: Tensor<f32, (M, K)>, b: Tensor<f32, (K, N)>, c: &mut Tensor<f32, (M, N)>) {
+                let (i, j) = (program_id(0), program_id(1));
+                let mut acc = zeros::<f32>([BM, BN]);
+                for k in (0..K).step_by(BK) {
+                    acc += dot_tf32(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+                }
+                c.block([i * BM, j * BN], [BM, BN]).store(acc);
+            }
+        },
+        &[],
+    );
+    assert!(text.contains("= dot_tf32 %") && !text.contains("= dot %"), "{text}");
 }

@@ -220,7 +220,8 @@ fn exec(b: &mut Builder, kind: &StepKind, res: &[Res], dtypes: &[DType]) -> Resu
             let e: Vec<Extent> = extents.iter().map(|e| extent(*e)).collect();
             Res::Value(b.zeros(dtype(*d, dtypes), &e)?)
         }
-        StepKind::Dot(x, y) => Res::Value(b.dot(v(*x), v(*y))?),
+        StepKind::Dot(x, y, false) => Res::Value(b.dot(v(*x), v(*y))?),
+        StepKind::Dot(x, y, true) => Res::Value(b.dot_tf32(v(*x), v(*y))?),
         StepKind::BeginFor { lo, hi, step, inits } => {
             let (id, index, carried) = b.begin_for(v(*lo), v(*hi), v(*step), &vs(inits))?;
             Res::Loop(id, index, carried)

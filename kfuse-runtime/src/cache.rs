@@ -233,6 +233,11 @@ pub(crate) struct ModuleKey {
 pub(crate) struct LoadedKernel {
     pub func: CudaFunction,
     pub emitted: EmittedKernel,
+    /// What of this kernel the device holds at once, from the driver's occupancy
+    /// calculator on the first launch (`launch::resident`): blocks per multiprocessor
+    /// without clusters, clusters per device with them; 0 when it cannot say. Sizes a
+    /// persistent grid.
+    pub resident: std::sync::OnceLock<u32>,
 }
 
 /// Per-device loaded kernels, by `ModuleKey` and by source hash (see module docs).
@@ -264,7 +269,7 @@ impl FunctionCache {
         }
         let (ptx, outcome) = compile_cached(emitted)?;
         let func = load(&ptx)?;
-        let k = Arc::new(LoadedKernel { func, emitted: emitted.clone() });
+        let k = Arc::new(LoadedKernel { func, emitted: emitted.clone(), resident: Default::default() });
         self.by_source.lock().unwrap_or_else(|e| e.into_inner()).insert(skey, k.clone());
         Ok((k, outcome))
     }

@@ -299,13 +299,24 @@ impl Device {
     /// before and after each call (wall-clock on the CPU), and returns the `iters`
     /// per-call times in milliseconds. `f` should only issue work to this device (e.g.
     /// [`crate::launch()`]); it must not synchronize if the times are to mean GPU time.
-    pub fn time_ms(&self, warmup: usize, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f32>> {
+    pub fn time_ms(&self, warmup: usize, iters: usize, f: impl FnMut() -> Result<()>) -> Result<Vec<f32>> {
+        self.time_ms_with(warmup, iters, || Ok(()), f)
+    }
+
+    /// Like [`Device::time_ms`], with `before` issued ahead of every call of `f` (warm-ups
+    /// included) and outside its timed interval: for work each measurement needs but
+    /// must not count, such as evicting the L2 cache. Work `before` leaves on the GPU
+    /// also keeps the stream busy while the host issues `f`, so the interval holds the
+    /// GPU time of `f` rather than the host's launch latency.
+    pub fn time_ms_with(&self, warmup: usize, iters: usize, mut before: impl FnMut() -> Result<()>, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f32>> {
         for _ in 0..warmup {
+            before()?;
             f()?;
         }
         match &self.kind {
             Kind::Cpu => (0..iters)
                 .map(|_| {
+                    before()?;
                     let t = Instant::now();
                     f()?;
                     Ok(t.elapsed().as_secs_f32() * 1e3)
@@ -316,6 +327,7 @@ impl Device {
                 let ev = || g.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver("creating a CUDA event"));
                 let events = (0..iters).map(|_| Ok((ev()?, ev()?))).collect::<Result<Vec<_>>>()?;
                 for (start, end) in &events {
+                    before()?;
                     start.record(&g.stream).map_err(driver("recording a CUDA event"))?;
                     f()?;
                     end.record(&g.stream).map_err(driver("recording a CUDA event"))?;

@@ -423,14 +423,15 @@ pub fn spec_for(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Spec> {
             _ => None,
         })
         .collect();
-    let shape_pow2 = vals.iter().map(|&v| v.max(1).next_power_of_two().min(1 << 31) as u32).collect();
+    let shape_pow2: Vec<u32> = vals.iter().map(|&v| v.max(1).next_power_of_two().min(1 << 31) as u32).collect();
+    let shape_div = vals.iter().zip(&shape_pow2).map(|(&v, &p)| (1u64 << v.max(1).trailing_zeros()).min(p as u64) as u32).collect();
     let num = |var: &str| -> Result<Option<u32>> {
         match std::env::var(var) {
             Ok(v) => Ok(Some(v.trim().parse::<u32>().map_err(|_| Error::InvalidArgument(format!("{var}: `{v}` is not a number")))?)),
             Err(_) => Ok(None),
         }
     };
-    Ok(Spec { tensors, shape_pow2, tiles: tile_overrides()?, threads: num("KFUSE_THREADS")?, min_blocks: num("KFUSE_MIN_BLOCKS")? })
+    Ok(Spec { tensors, shape_pow2, shape_div, tiles: tile_overrides()?, threads: num("KFUSE_THREADS")?, min_blocks: num("KFUSE_MIN_BLOCKS")? })
 }
 
 /// Tile-size overrides from `KFUSE_TILES` (`BM=128,BN=64`): every kernel with a tile
@@ -506,7 +507,7 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
             let mut spec = spec_for(kernel, args)?;
             let target = gpu.target()?;
             // only `dot` kernels have anything to tune: no work for the others
-            if crate::autotune::enabled() && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot)) {
+            if crate::autotune::enabled() && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot { .. })) {
                 if let Some(tiles) = autotune(def, &checked.dtypes, kernel, &spec, &target, device, args, &shapes)? {
                     spec.tiles = tiles;
                 }
@@ -669,7 +670,10 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
     if e.grid.iter().any(|a| a.dim.0 as usize >= shapes.len()) {
         return Err(Error::InvalidArgument(format!("the grid of `{name}` refers to a shape symbol the kernel does not have")));
     }
-    let g = e.grid_dims(shapes);
+    let g = match e.persistent {
+        Some(_) => e.grid_dims_resident(shapes, *k.resident.get_or_init(|| resident(k, &gpu.stream))),
+        None => e.grid_dims(shapes),
+    };
     if g.contains(&0) {
         return Ok(false);
     }
@@ -747,6 +751,18 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
         gpu.sync().map_err(|err| Error::Driver(format!("kernel `{name}` failed: {err}")))?;
     }
     Ok(true)
+}
+
+/// What of a loaded kernel the device holds at once (see `LoadedKernel::resident`): the
+/// driver's occupancy calculator, 0 when it cannot say.
+fn resident(k: &LoadedKernel, stream: &cudarc::driver::CudaStream) -> u32 {
+    let e = &k.emitted;
+    if e.cluster_x > 1 {
+        let cfg = LaunchConfig { grid_dim: (e.cluster_x, 1, 1), block_dim: (e.block_threads, 1, 1), shared_mem_bytes: e.smem_bytes };
+        k.func.occupancy_max_active_clusters(cfg, stream).unwrap_or(0)
+    } else {
+        k.func.occupancy_max_active_blocks_per_multiprocessor(e.block_threads, e.smem_bytes as usize, None).unwrap_or(0)
+    }
 }
 
 /// A lock on host storage held during an interpreter run.

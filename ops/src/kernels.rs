@@ -496,3 +496,76 @@ pub fn gemm_batched_axpby<T: Float, O: Float>(
     let y = acc * alpha + c.block([z, i * BM, j * BN], [_, BM, BN]).load().to_f32() * beta;
     out.block([z, i * BM, j * BN], [_, BM, BN]).store(y.cast::<O>());
 }
+
+// The same products with f32 operands whose `dot` may read them as TF32 (`dot_tf32`):
+// `kfuse::ops::gemm_ex` and `gemm_batched_ex` with `GemmOptions::tf32`. On sm_90a the
+// loop runs on the tensor cores (`wgmma … k8 … tf32`, operands K-major); elsewhere the
+// products are exact (the FMA path). `O` is the output's dtype (and `c`'s).
+
+/// `out = alpha * (a · b)` for f32 `a: [M, K]`, `b: [K, N]` read as TF32, rounded to `O`.
+#[kfuse(crate = "crate::deps")]
+pub fn gemm_tf32_scaled<O: Float>(a: Tensor<f32, (M, K)>, b: Tensor<f32, (K, N)>, out: &mut Tensor<O, (M, N)>, alpha: f32) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot_tf32(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    out.block([i * BM, j * BN], [BM, BN]).store((acc * alpha).cast::<O>());
+}
+
+/// `out = alpha * (a · b) + beta * c` for f32 `a: [M, K]`, `b: [K, N]` read as TF32,
+/// `c: [M, N]`, in f32, rounded to `O`.
+#[kfuse(crate = "crate::deps")]
+pub fn gemm_tf32_axpby<O: Float>(
+    a: Tensor<f32, (M, K)>,
+    b: Tensor<f32, (K, N)>,
+    c: Tensor<O, (M, N)>,
+    out: &mut Tensor<O, (M, N)>,
+    alpha: f32,
+    beta: f32,
+) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot_tf32(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    let y = acc * alpha + c.block([i * BM, j * BN], [BM, BN]).load().to_f32() * beta;
+    out.block([i * BM, j * BN], [BM, BN]).store(y.cast::<O>());
+}
+
+/// `out[z] = alpha * (a[z] · b[z])`, batched as [`gemm_batched_scaled`], f32 operands
+/// read as TF32.
+#[kfuse(crate = "crate::deps")]
+pub fn gemm_batched_tf32_scaled<O: Float>(
+    a: Tensor<f32, (NB, M, K)>,
+    b: Tensor<f32, (NB, K, N)>,
+    out: &mut Tensor<O, (NB, M, N)>,
+    alpha: f32,
+) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot_tf32(a.block([z, i * BM, k], [_, BM, BK]).load(), b.block([z, k, j * BN], [_, BK, BN]).load());
+    }
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store((acc * alpha).cast::<O>());
+}
+
+/// `out[z] = alpha * (a[z] · b[z]) + beta * c[z]`, batched as [`gemm_batched_axpby`],
+/// f32 operands read as TF32.
+#[kfuse(crate = "crate::deps")]
+pub fn gemm_batched_tf32_axpby<O: Float>(
+    a: Tensor<f32, (NB, M, K)>,
+    b: Tensor<f32, (NB, K, N)>,
+    c: Tensor<O, (NB, M, N)>,
+    out: &mut Tensor<O, (NB, M, N)>,
+    alpha: f32,
+    beta: f32,
+) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot_tf32(a.block([z, i * BM, k], [_, BM, BK]).load(), b.block([z, k, j * BN], [_, BK, BN]).load());
+    }
+    let y = acc * alpha + c.block([z, i * BM, j * BN], [_, BM, BN]).load().to_f32() * beta;
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store(y.cast::<O>());
+}

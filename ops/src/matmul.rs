@@ -8,7 +8,9 @@
 //! - `gemm_batched_scaled<T, O>`, `gemm_batched_axpby<T, O>`: the same on `[NB, .., ..]`
 //!   operands, the batch index a third program id;
 //! - `kernels::gemm` itself when `alpha = 1`, no `c` and `O = T` (the module `gemm`
-//!   compiles for).
+//!   compiles for);
+//! - `gemm_tf32_scaled<O>`, `gemm_tf32_axpby<O>` and their batched forms: the same on
+//!   f32 operands with `dot_tf32`, when [`GemmOptions::tf32`] asks for it.
 //!
 //! Batch dimensions become one (`NB`) by a reshape where the strides allow it (packed
 //! batches of row-major or of transposed matrices); any other layout of rank > 3 is
@@ -46,11 +48,20 @@ pub struct GemmOptions<'a> {
     /// factor in the epilogue; any operand dtype takes them.
     pub scale_a: f32,
     pub scale_b: f32,
+    /// Lets f32 operands be read as TF32 (8-bit exponent, 10-bit mantissa) by the
+    /// tensor cores: on sm_90a the product runs as `wgmma … tf32` (about 7x the exact
+    /// path's speed, relative errors ~1e-3 instead of ~1e-6); the operands are given
+    /// K-contiguous, TMA-readable copies where they are not. Elsewhere (sm_80/sm_89,
+    /// the interpreter) the products stay exact, except that the interpreter reads the
+    /// operands as TF32 too (the low 13 mantissa bits dropped), so that it reproduces
+    /// the GPU's rounding. Default `false`: f32 products are exact f32 FMAs. Other
+    /// operand dtypes ignore it (their products are exact in f32 already).
+    pub tf32: bool,
 }
 
 impl Default for GemmOptions<'_> {
     fn default() -> Self {
-        GemmOptions { alpha: 1.0, beta: 0.0, c: None, out_dtype: None, scale_a: 1.0, scale_b: 1.0 }
+        GemmOptions { alpha: 1.0, beta: 0.0, c: None, out_dtype: None, scale_a: 1.0, scale_b: 1.0, tf32: false }
     }
 }
 
@@ -58,6 +69,11 @@ impl GemmOptions<'_> {
     /// The factor of the product: `alpha · scale_a · scale_b`.
     fn product_scale(&self) -> f32 {
         self.alpha * self.scale_a * self.scale_b
+    }
+
+    /// Whether the products of `a` (of the operands' dtype) go through TF32.
+    fn tf32_for(&self, a: &Tensor) -> bool {
+        self.tf32 && a.dtype() == DType::F32
     }
 }
 
@@ -107,7 +123,8 @@ fn check_float(what: &str, t: &Tensor, arg: &str) -> Result<()> {
 /// result is rounded to the output dtype once. Every pair of operand and output dtypes
 /// among f32, f16 and bf16 works on the interpreter and on the GPU: f16 and bf16 operands
 /// take the matrix path (WGMMA on sm_90a, mma.sync on sm_80/sm_89), f32 operands exact
-/// f32 FMAs on the CUDA cores (no TF32), reading any strides without a copy. `M = 0` or `N = 0` gives an empty result, `K = 0` gives
+/// f32 FMAs on the CUDA cores, reading any strides without a copy — or, with
+/// `opts.tf32`, TF32 WGMMA on sm_90a (see [`GemmOptions::tf32`]). `M = 0` or `N = 0` gives an empty result, `K = 0` gives
 /// `beta · c` (or zeros).
 ///
 /// Errors: a rank other than 2 or an integer dtype (`InvalidArgument`), operands of
@@ -148,7 +165,7 @@ pub(crate) fn product(what: &str, a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>
         empty_sum(a, b, c, &mut out, opts.beta, None)?;
         return Ok(out);
     }
-    product_2d(a, b, c, &mut out, opts.product_scale(), opts.beta)?;
+    product_2d(a, b, c, &mut out, opts.product_scale(), opts.beta, opts.tf32_for(a))?;
     Ok(out)
 }
 
@@ -161,30 +178,35 @@ fn empty_sum(a: &Tensor, b: &Tensor, c: Option<&Tensor>, out: &mut Tensor, beta:
     let dev = a.device();
     let b0 = Tensor::zeros(&[1, n], b.dtype(), &dev)?;
     match batch {
-        None => product_2d(&Tensor::zeros(&[m, 1], a.dtype(), &dev)?, &b0, Some(c), out, 1.0, beta),
-        Some(batch) => batched(&Tensor::zeros(&[batch, &[m, 1]].concat(), a.dtype(), &dev)?, &b0, Some(c), out, 1.0, beta),
+        None => product_2d(&Tensor::zeros(&[m, 1], a.dtype(), &dev)?, &b0, Some(c), out, 1.0, beta, false),
+        Some(batch) => batched(&Tensor::zeros(&[batch, &[m, 1]].concat(), a.dtype(), &dev)?, &b0, Some(c), out, 1.0, beta, false),
     }
 }
 
-/// Launches the 2-D product into `out` (`[M, N]`, any strides), `K > 0`. On a GPU the
-/// operands get TMA-readable copies where needed and a 16-bit output whose rows are not
-/// 16-byte aligned goes through a padded buffer (as in [`crate::gemm`]), so that the
-/// epilogue can leave by a TMA store.
-fn product_2d(a: &Tensor, b: &Tensor, c: Option<&Tensor>, out: &mut Tensor, alpha: f32, beta: f32) -> Result<()> {
+/// Launches the 2-D product into `out` (`[M, N]`, any strides), `K > 0`; `tf32`: f32
+/// operands read as TF32 (the `*_tf32_*` kernels). On a GPU the operands get
+/// TMA-readable copies where needed and a 16-bit output whose rows are not 16-byte
+/// aligned goes through a padded buffer (as in [`crate::gemm`]), so that the epilogue
+/// can leave by a TMA store.
+#[allow(clippy::too_many_arguments)]
+fn product_2d(a: &Tensor, b: &Tensor, c: Option<&Tensor>, out: &mut Tensor, alpha: f32, beta: f32, tf32: bool) -> Result<()> {
     let plain = c.is_none() && alpha == 1.0 && out.dtype() == a.dtype();
     let run = |a: &Tensor, b: &Tensor, o: &mut Tensor| -> Result<()> {
-        match c {
-            None if plain => kernels::gemm(a, b, o)?,
-            None => kernels::gemm_scaled(a, b, o, alpha)?,
-            Some(c) => kernels::gemm_axpby(a, b, c, o, alpha, beta)?,
+        match (c, tf32) {
+            (None, false) if plain => kernels::gemm(a, b, o)?,
+            (None, false) => kernels::gemm_scaled(a, b, o, alpha)?,
+            (Some(c), false) => kernels::gemm_axpby(a, b, c, o, alpha, beta)?,
+            (None, true) => kernels::gemm_tf32_scaled(a, b, o, alpha)?,
+            (Some(c), true) => kernels::gemm_tf32_axpby(a, b, c, o, alpha, beta)?,
         };
         Ok(())
     };
     if !a.device().is_gpu() {
         return run(a, b, out);
     }
-    let (a, b) = (k_contiguous(a, 1)?, k_contiguous(b, 0)?);
-    let (a, b) = (crate::tma_readable(&a)?, crate::tma_readable(&b)?);
+    let tc = tensor_core_f32(a, tf32);
+    let (a, b) = (k_contiguous(a, 1, tc)?, k_contiguous(b, 0, tc)?);
+    let (a, b) = (crate::tma_readable(&a, tc)?, crate::tma_readable(&b, tc)?);
     let (m, n) = (out.shape()[0], out.shape()[1]);
     let esz = out.dtype().size_bytes().max(1);
     let tma_store = matches!(out.dtype(), DType::F16 | DType::BF16);
@@ -271,37 +293,42 @@ pub fn gemm_batched_ex(a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>) -> Result
         empty_sum(a, b, c, &mut out, opts.beta, Some(batch))?;
         return Ok(out);
     }
-    batched(a, b, c, &mut out, opts.product_scale(), opts.beta)?;
+    batched(a, b, c, &mut out, opts.product_scale(), opts.beta, opts.tf32_for(a))?;
     Ok(out)
 }
 
-/// The batched product into a fresh contiguous `out` (`[B.., M, N]`, not empty), `K > 0`.
-fn batched(a: &Tensor, b: &Tensor, c: Option<&Tensor>, out: &mut Tensor, alpha: f32, beta: f32) -> Result<()> {
+/// The batched product into a fresh contiguous `out` (`[B.., M, N]`, not empty), `K > 0`;
+/// `tf32` as in [`product_2d`].
+#[allow(clippy::too_many_arguments)]
+fn batched(a: &Tensor, b: &Tensor, c: Option<&Tensor>, out: &mut Tensor, alpha: f32, beta: f32, tf32: bool) -> Result<()> {
     let r = a.rank();
     let (m, k, n) = (a.shape()[r - 2], a.shape()[r - 1], b.shape()[b.rank() - 1]);
     let nb: usize = a.shape()[..r - 2].iter().product();
     if r == 2 {
-        return product_2d(a, b, c, out, alpha, beta);
+        return product_2d(a, b, c, out, alpha, beta, tf32);
     }
     if b.rank() == 2 {
         // one `b` for all: the batch is one tall matrix
         let a2 = packed(a)?.reshape(&[nb * m, k])?;
         let c2 = c.map(|c| packed(c)?.reshape(&[nb * m, n])).transpose()?;
         let mut o2 = out.reshape(&[nb * m, n])?;
-        return product_2d(&a2, b, c2.as_ref(), &mut o2, alpha, beta);
+        return product_2d(&a2, b, c2.as_ref(), &mut o2, alpha, beta, tf32);
     }
     let (a3, b3) = (batch_view(a)?, batch_view(b)?);
     let c3 = c.map(batch_view).transpose()?;
     let mut o3 = out.reshape(&[nb, m, n])?;
     let (a3, b3) = if a.device().is_gpu() {
-        let (a3, b3) = (k_contiguous(&a3, 2)?, k_contiguous(&b3, 1)?);
-        (tma_readable3(&a3)?, tma_readable3(&b3)?)
+        let tc = tensor_core_f32(a, tf32);
+        let (a3, b3) = (k_contiguous(&a3, 2, tc)?, k_contiguous(&b3, 1, tc)?);
+        (tma_readable3(&a3, tc)?, tma_readable3(&b3, tc)?)
     } else {
         (a3, b3)
     };
-    match c3 {
-        None => kernels::gemm_batched_scaled(&a3, &b3, &mut o3, alpha)?,
-        Some(c3) => kernels::gemm_batched_axpby(&a3, &b3, &c3, &mut o3, alpha, beta)?,
+    match (c3, tf32) {
+        (None, false) => kernels::gemm_batched_scaled(&a3, &b3, &mut o3, alpha)?,
+        (Some(c3), false) => kernels::gemm_batched_axpby(&a3, &b3, &c3, &mut o3, alpha, beta)?,
+        (None, true) => kernels::gemm_batched_tf32_scaled(&a3, &b3, &mut o3, alpha)?,
+        (Some(c3), true) => kernels::gemm_batched_tf32_axpby(&a3, &b3, &c3, &mut o3, alpha, beta)?,
     };
     Ok(())
 }
@@ -353,9 +380,9 @@ fn packed(x: &Tensor) -> Result<Tensor> {
 /// on one of the two matrix dimensions, every other stride a positive multiple of 16
 /// bytes, data 16-byte aligned), else a copy with its rows padded to whole 128-byte
 /// lines (viewed at `t`'s shape). f32 operands as they are (the FMA path reads any
-/// strides).
-fn tma_readable3(t: &Tensor) -> Result<Tensor> {
-    if t.dtype() == DType::F32 {
+/// strides), unless `tf32` sends them to the tensor cores.
+fn tma_readable3(t: &Tensor, tf32: bool) -> Result<Tensor> {
+    if t.dtype() == DType::F32 && !tf32 {
         return Ok(t.clone());
     }
     let esz = t.dtype().size_bytes();
@@ -373,24 +400,27 @@ fn tma_readable3(t: &Tensor) -> Result<Tensor> {
     Ok(view)
 }
 
-/// An 8-bit operand (rank 2 or 3) with unit stride along its K dimension `k_axis`:
-/// itself when it has it, else a copy laid out that way (rows padded to 128-byte
-/// lines), viewed at its shape. The GPU's matrix units read 8-bit operands only with K
-/// contiguous (A row-major, B as the transpose of an `[N, K]` matrix); 16-bit and f32
-/// operands pass through untouched.
-fn k_contiguous(t: &Tensor, k_axis: usize) -> Result<Tensor> {
+/// An 8-bit operand (rank 2 or 3), or an f32 one bound for the tensor cores (`tf32`),
+/// with unit stride along its K dimension `k_axis`: itself when it has it, else a copy
+/// laid out that way (rows padded to 128-byte lines), viewed at its shape. The GPU's
+/// matrix units read 8-bit and TF32 operands only with K contiguous (A row-major, B as
+/// the transpose of an `[N, K]` matrix); 16-bit operands, and f32 ones for the exact
+/// path, pass through untouched.
+fn k_contiguous(t: &Tensor, k_axis: usize, tf32: bool) -> Result<Tensor> {
     let r = t.rank();
     // the other matrix axis, and the layout [batch.., other, K] the copy is made in
     let other = if k_axis == r - 1 { r - 2 } else { r - 1 };
     // K must be the one unit-stride axis (a `[1, 1]` view has two: ambiguous)
-    if !t.dtype().is_fp8() || (t.strides()[k_axis] == 1 && t.strides()[other] != 1) {
+    let wants = t.dtype().is_fp8() || (tf32 && t.dtype() == DType::F32);
+    if !wants || (t.strides()[k_axis] == 1 && t.strides()[other] != 1) {
         return Ok(t.clone());
     }
     let mut perm: Vec<usize> = (0..r - 2).collect();
     perm.extend([other, k_axis]);
     let src = t.permute(&perm)?;
     let kk = t.shape()[k_axis];
-    let padded = kk.div_ceil(128) * 128;
+    let per = 128 / t.dtype().size_bytes().max(1);
+    let padded = kk.div_ceil(per) * per;
     let storage_shape: Vec<usize> = src.shape()[..r - 1].iter().copied().chain([padded]).collect();
     let storage = Tensor::empty(&storage_shape, t.dtype(), &t.device())?;
     let mut view = storage.narrow(r - 1, 0, kk)?;
@@ -401,4 +431,12 @@ fn k_contiguous(t: &Tensor, k_axis: usize) -> Result<Tensor> {
     }
     // back to the operand's axis order (the permutation is its own inverse)
     view.permute(&perm)
+}
+
+/// True when f32 operands of a product with `tf32` set will be read by the tensor
+/// cores — the GPU compiles for sm_90a (`kfuse_codegen`'s TF32 path is WGMMA) — and
+/// so need the K-major, TMA-readable layout; on other targets the exact path reads
+/// them as they lie.
+fn tensor_core_f32(a: &Tensor, tf32: bool) -> bool {
+    tf32 && a.dtype() == DType::F32 && a.device().target().is_some_and(|t| t.sm == 90)
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, Op, OpId, ParamKind, ReduceOp, SmemLayout, UnaryOp, ValueId};
 
-use crate::analysis::{concrete_shape, extent_value, non_negative};
+use crate::analysis::{concrete_shape, extent_value, is_zero, non_negative};
 use crate::cuda::prelude::CLUSTER_PRELUDE;
 use crate::cuda::writer::Writer;
 use crate::layout::RegMap;
@@ -261,9 +261,36 @@ struct Emitter<'a> {
     barrier: &'static str,
     /// Program ids when the kernel walks them itself (persistent kernels).
     pid: Option<Vec<String>>,
+    /// Tile loads whose registers live in arrays declared outside the current scope (a
+    /// persistent kernel's current and next program): the value is a reference to that
+    /// array; loads in `bound_only` are not issued again (the prefetch did it).
+    bind: HashMap<ValueId, String>,
+    /// Prefetched loads kept as raw vectors (`kf_v16` …) until their program runs, so
+    /// that nothing waits for them early: the array, per load. The load scopes fill it;
+    /// the body (`bound_only`) unpacks it into the value's registers.
+    raw: HashMap<ValueId, String>,
+    bound_only: bool,
 }
 
 type R = Result<(), CodegenError>;
+
+impl<'a> Emitter<'a> {
+    fn new(k: &'a Kernel, spec: &'a Spec, barrier: &'static str) -> Self {
+        Emitter {
+            k,
+            spec,
+            w: Writer::new(String::new()),
+            vals: HashMap::new(),
+            smem: 0,
+            tmp: 0,
+            barrier,
+            pid: None,
+            bind: HashMap::new(),
+            raw: HashMap::new(),
+            bound_only: false,
+        }
+    }
+}
 
 fn fmt_err(_: std::fmt::Error) -> CodegenError {
     CodegenError::Unsupported("formatting failed".into())
@@ -323,7 +350,10 @@ impl<'a> Emitter<'a> {
         let axis_map = axis_map.unwrap_or_else(|| (0..shape.len()).map(Some).collect());
         let name = format!("v{}", v.index());
         let note = self.k.names.get(&v).map(|n| format!("  // {n}")).unwrap_or_default();
-        self.line(format!("{} {name}[{}];{note}", ctype(dtype), map.regs))?;
+        match self.bind.get(&v) {
+            Some(arr) => self.line(format!("{} (&{name})[{}] = {arr};{note}", ctype(dtype), map.regs))?,
+            None => self.line(format!("{} {name}[{}];{note}", ctype(dtype), map.regs))?,
+        }
         Ok(Val { name, dtype, map: Some(map), axis_map, shape, lo, hi })
     }
 
@@ -435,13 +465,93 @@ impl<'a> Emitter<'a> {
                 self.close()
             }
             Op::Convert => self.convert(op, ops[0]),
-            Op::For { .. } | Op::LoopIndex { .. } | Op::LoopCarried { .. } | Op::Yield { .. } | Op::LoopResult { .. } | Op::Dot => {
+            Op::For { .. } | Op::LoopIndex { .. } | Op::LoopCarried { .. } | Op::Yield { .. } | Op::LoopResult { .. } | Op::Dot { .. } => {
                 Err(CodegenError::Unsupported(format!(
                     "`{}` outside a pipelined dot loop: loops compile only as `acc += dot(load, load)` over K for now",
                     node.op.mnemonic()
                 )))
             }
         }
+    }
+
+    /// The body of a persistent kernel (`Schedule::persistent`): each block walks the
+    /// programs `blockIdx.x, + gridDim.x, …`. A prologue loads the first program's
+    /// prefetched tiles (`persist_programs::prefetch_loads`) into `kf_cur*`; each turn
+    /// loads the next program's into `kf_nxt*` (when there is one), then runs the whole
+    /// body on the current program with those loads bound to `kf_cur*`, then moves the
+    /// next registers into the current ones. Every scope recomputes the scalars it needs
+    /// (cheap index arithmetic), so nothing but the tile registers crosses a scope.
+    fn persistent_body(&mut self, grid: &[crate::target::GridAxisEval]) -> R {
+        let k = self.k;
+        let heads = crate::passes::persist_programs::prefetch_loads(k);
+        let pre = crate::passes::persist_programs::closure(k, &heads);
+        let g = grid.first().ok_or_else(|| CodegenError::Unsupported("a persistent kernel without a grid axis".into()))?;
+        self.line(format!("const long long kf_nprog = ({} + {}LL) / {}LL;", self.shape_var(g.dim), g.step - 1, g.step))?;
+        // a cluster's blocks share a program id and walk together
+        let c = k.schedule.cluster.max(1);
+        let (first, step) = if c > 1 { (format!("(long long)(blockIdx.x / {c})"), format!("(long long)(gridDim.x / {c})")) } else { ("(long long)blockIdx.x".to_string(), "(long long)gridDim.x".to_string()) };
+        self.line(format!("const long long kf_step = {step};"))?;
+        // per load: value, index, element type of the array, its length, raw?
+        let mut arrays = Vec::new();
+        for (i, h) in heads.iter().enumerate() {
+            let Op::Load { tensor, .. } = k.op(*h) else { unreachable!("prefetch_loads returns loads") };
+            let d = k.param(*tensor).dtype;
+            let regs = RegMap::of(&self.layout(h.value())?).map(|m| m.regs).unwrap_or(1);
+            let w = k.schedule.vector.get(h).copied().unwrap_or(1).max(1);
+            // whole words of a float type stay raw; anything else is converted on arrival
+            let raw = d.is_float() && w > 1 && (w * d.size_bytes() as u32) % 4 == 0 && regs % w == 0;
+            arrays.push(match raw {
+                true => (h.value(), i, vec_type(w * d.size_bytes() as u32)?, regs / w, true),
+                false => (h.value(), i, ctype(d), regs, false),
+            });
+        }
+        let declare = |e: &mut Self, prefix: &str| -> R {
+            for (v, i, ct, n, raw) in &arrays {
+                e.line(format!("{ct} kf_{prefix}{i}[{n}];"))?;
+                let map = if *raw { &mut e.raw } else { &mut e.bind };
+                map.insert(*v, format!("kf_{prefix}{i}"));
+            }
+            Ok(())
+        };
+        declare(self, "cur")?;
+        self.line("// the first program's loads")?;
+        self.open("")?;
+        self.pid = Some(vec![first.clone()]);
+        for &op in &pre {
+            self.op(op)?;
+        }
+        self.close()?;
+        self.open(format!("for (long long kf_pid = {first}; kf_pid < kf_nprog; kf_pid += kf_step)"))?;
+        declare(self, "nxt")?;
+        self.line("// the next program's loads, in flight while this one runs")?;
+        self.open("if (kf_pid + kf_step < kf_nprog)")?;
+        self.pid = Some(vec!["(kf_pid + kf_step)".into()]);
+        for &op in &pre {
+            self.op(op)?;
+        }
+        self.close()?;
+        self.open("")?;
+        for (v, i, _, _, raw) in &arrays {
+            let map = if *raw { &mut self.raw } else { &mut self.bind };
+            map.insert(*v, format!("kf_cur{i}"));
+        }
+        self.pid = Some(vec!["kf_pid".into()]);
+        self.bound_only = true;
+        for op in k.ops() {
+            self.op(op)?;
+        }
+        self.bound_only = false;
+        self.close()?;
+        for (_, i, _, n, _) in &arrays {
+            self.unroll("k", *n)?;
+            self.line(format!("kf_cur{i}[k] = kf_nxt{i}[k];"))?;
+            self.close()?;
+        }
+        self.close()?;
+        self.pid = None;
+        self.bind.clear();
+        self.raw.clear();
+        Ok(())
     }
 
     fn elementwise(&mut self, op: OpId, ops: &[ValueId]) -> R {
@@ -458,7 +568,8 @@ impl<'a> Emitter<'a> {
                         (UnaryOp::Neg, _) => format!("(-{a})"),
                         (UnaryOp::Abs, DType::I64) => format!("({a} < 0 ? -{a} : {a})"),
                         (UnaryOp::Abs, _) => format!("fabsf({a})"),
-                        (UnaryOp::Exp, _) => format!("expf({a})"),
+                        // the hardware's ex2 of a scaled argument (prelude::EXP_PRELUDE)
+                        (UnaryOp::Exp, _) => format!("kf_exp({a})"),
                         (UnaryOp::Log, _) => format!("logf({a})"),
                         (UnaryOp::Sqrt, _) => format!("sqrtf({a})"),
                         (UnaryOp::Rsqrt, _) => format!("rsqrtf({a})"),
@@ -643,18 +754,33 @@ impl<'a> Emitter<'a> {
         self.close()?;
         // 1. within the thread
         let (slo, shi) = (s.lo[axis].clone(), s.hi[axis].clone());
+        // the bounds lie in [0, extent]: compared in 32 bits (64-bit compares of every
+        // register's coordinate cost a 4096-element softmax 32 registers)
+        let (blo, bhi) = (self.fresh("kf_lo"), self.fresh("kf_hi"));
+        let full = shi == s.shape[axis].to_string();
+        if slo != "0" {
+            self.line(format!("const int {blo} = (int)({slo});"))?;
+        }
+        if !full {
+            self.line(format!("const int {bhi} = (int)({shi});"))?;
+        }
         self.unroll("k", smap.regs)?;
         let c = coord_raw(&smap, mi, "k");
         let dst = match &rmap {
             Some(rm) => project(&smap, rm, "k"),
             None => "0".into(),
         };
-        let mut lo_check = if slo == "0" { String::new() } else { format!("{c} >= {slo} && ") };
+        let mut lo_check = if slo == "0" { String::new() } else { format!("{c} >= {blo} && ") };
         if am.replicated() {
             // a replica's element belongs to another thread (or block): skip it
             lo_check = format!("{} < {} && {lo_check}", local_raw(&smap, mi, "k"), am.piece);
         }
-        self.line(format!("if ({lo_check}{c} < {shi}) {name}[{dst}] = {};", comb(&format!("{name}[{dst}]"), &format!("{}[k]", s.name))))?;
+        // a bound equal to the axis's extent masks nothing
+        let hi_check = if full { String::new() } else { format!("{c} < {bhi}") };
+        let check = format!("{lo_check}{hi_check}");
+        let check = check.trim_end_matches(" && ");
+        let update = format!("{name}[{dst}] = {};", comb(&format!("{name}[{dst}]"), &format!("{}[k]", s.name)));
+        self.line(if check.is_empty() { update } else { format!("if ({check}) {update}") })?;
         self.close()?;
         // 2. across lanes
         if am.tpw > 1 {
@@ -936,14 +1062,22 @@ impl<'a> Emitter<'a> {
                     }
                 }
                 AccessDim::Tile(e) => {
-                    let rem = self.fresh("kf_r");
-                    self.line(format!("const long long {rem} = {n} - {};", off[dd]))?;
+                    // a full extent known exact, from offset 0: in bounds everywhere
+                    let exact = matches!(e, Extent::Full(s) if k.schedule.full_exact.contains(s)) && is_zero(k, offs[dd]);
+                    let rem = if exact {
+                        None
+                    } else {
+                        let rem = self.fresh("kf_r");
+                        self.line(format!("const long long {rem} = {n} - {};", off[dd]))?;
+                        Some(rem)
+                    };
                     let lo = if nonneg[dd] { None } else { Some(format!("(-{})", off[dd])) };
                     tile_dims.push((dd, rem, lo, extent_value(k, *e)));
                 }
             }
         }
         let okv = self.fresh("kf_ok");
+        let okv_true = ok.is_empty();
         self.line(format!("const bool {okv} = {};", if ok.is_empty() { "true".to_string() } else { ok.join(" && ") }))?;
         let value_ty = store.map(|s| k.ty(s).clone()).unwrap_or_else(|| k.ty(op.value()).clone());
         if value_ty.is_scalar() {
@@ -975,9 +1109,20 @@ impl<'a> Emitter<'a> {
                             n
                         }
                     });
-                    let n = self.fresh("kf_b");
-                    self.line(format!("const long long {n} = {okv} ? kf_maxi(0LL, kf_mini({rem}, {e}LL)) : 0LL;"))?;
-                    hi.push(n);
+                    match rem {
+                        // the literal extent: readers of the bound drop the mask
+                        None if okv_true => hi.push(e.to_string()),
+                        None => {
+                            let n = self.fresh("kf_b");
+                            self.line(format!("const long long {n} = {okv} ? {e}LL : 0LL;"))?;
+                            hi.push(n);
+                        }
+                        Some(rem) => {
+                            let n = self.fresh("kf_b");
+                            self.line(format!("const long long {n} = {okv} ? kf_maxi(0LL, kf_mini({rem}, {e}LL)) : 0LL;"))?;
+                            hi.push(n);
+                        }
+                    }
                 }
                 let val = self.new_tile(op.value(), d, &layout, lo, hi, None)?;
                 let map = val.map.clone().unwrap();
@@ -989,9 +1134,27 @@ impl<'a> Emitter<'a> {
                 (val, map)
             }
         };
+        if store.is_none() && self.bound_only && self.bind.contains_key(&op.value()) {
+            // the registers were loaded one program ahead
+            self.vals.insert(op.value(), val);
+            return Ok(());
+        }
         let fast = map.fastest_axis();
         let w = width.max(1);
         let groups = map.regs / w;
+        let raw = if store.is_none() { self.raw.get(&op.value()).cloned() } else { None };
+        if let (Some(arr), true) = (&raw, self.bound_only) {
+            // loaded one program ahead, as raw words: unpack now
+            let vt = vec_type(w * d.size_bytes() as u32)?;
+            let vname = val.name.clone();
+            self.unroll("g", groups)?;
+            self.line(format!("const int k0 = g * {w};"))?;
+            self.line(format!("const {vt} q = {arr}[g];"))?;
+            self.unpack("q", d, &vname, "k0", w)?;
+            self.close()?;
+            self.vals.insert(op.value(), val);
+            return Ok(());
+        }
         self.unroll("g", groups)?;
         self.line(format!("const int k0 = g * {w};"))?;
         // coordinates of the group's first register, per tile axis
@@ -1017,12 +1180,14 @@ impl<'a> Emitter<'a> {
         };
         let inb = |cv: &[String], extra: &str| -> String {
             let mut c = vec![okv.clone()];
-            for (t, (_, rem, lo, _)) in tile_dims.iter().enumerate() {
-                c.push(format!("{} < {rem}", cv[t]));
+            for (t, (_, rem, lo, e)) in tile_dims.iter().enumerate() {
+                if let Some(rem) = rem {
+                    c.push(format!("{} < {rem}", cv[t]));
+                }
                 if let Some(l) = lo {
                     c.push(format!("{} >= {l}", cv[t]));
                 }
-                if store.is_some() {
+                if store.is_some() && val.hi[t] != e.to_string() {
                     c.push(format!("{} < {}", cv[t], val.hi[t]));
                     if val.lo[t] != "0" {
                         c.push(format!("{} >= {}", cv[t], val.lo[t]));
@@ -1038,6 +1203,36 @@ impl<'a> Emitter<'a> {
         let own_c = if own == "true" { String::new() } else { own.clone() };
         let vname = val.name.clone();
         let fast_t = fast.and_then(|f| val.axis_map.iter().position(|m| *m == Some(f)));
+        if let Some(arr) = raw {
+            // a prefetch: the raw words into the program's array, nothing converted (so
+            // nothing waits for the load until the program's turn)
+            let ft = fast_t.ok_or_else(|| CodegenError::Unsupported("vector access without a fastest axis".into()))?;
+            let vt = vec_type(w * d.size_bytes() as u32)?;
+            let at = |j: u32| {
+                let mut cj = cvars.clone();
+                cj[ft] = format!("({} + {j})", cvars[ft]);
+                cj
+            };
+            self.open(format!("if ({} && {})", inb(&at(w - 1), ""), inb(&cvars, "")))?;
+            self.line(format!("{arr}[g] = *reinterpret_cast<const {vt}*>({base} + {});", addr(&cvars, self)))?;
+            self.close()?;
+            self.open("else")?;
+            // element by element, masked lanes zero (the value a masked load reads)
+            self.line(format!("{vt} q = {{}};"))?;
+            let esz = d.size_bytes() as u32;
+            for j in 0..w {
+                let (c, a) = (inb(&at(j), ""), addr(&at(j), self));
+                self.line(match esz {
+                    4 => format!("if ({c}) q.w[{j}] = __float_as_uint({base}[{a}]);"),
+                    b => format!("if ({c}) q.w[{}] |= (unsigned int){base}[{a}] << {};", j * b / 4, 8 * ((j * b) % 4)),
+                })?;
+            }
+            self.line(format!("{arr}[g] = q;"))?;
+            self.close()?;
+            self.close()?;
+            self.vals.insert(op.value(), val);
+            return Ok(());
+        }
         if w > 1 {
             let ft = fast_t.ok_or_else(|| CodegenError::Unsupported("vector access without a fastest axis".into()))?;
             // the whole vector inside: last element in bounds too
@@ -1180,10 +1375,14 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         };
     }
     // The body first (its shared-memory needs are known only afterwards).
-    let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0, barrier: "__syncthreads();", pid: None };
+    let mut e = Emitter::new(k, spec, "__syncthreads();");
     e.w.indent();
-    for op in k.ops() {
-        e.op(op)?;
+    if k.schedule.persistent > 0 {
+        e.persistent_body(grid)?;
+    } else {
+        for op in k.ops() {
+            e.op(op)?;
+        }
     }
     let smem = e.smem;
     let body = e.w.finish();
@@ -1207,5 +1406,6 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         w.close()
     };
     head().map_err(fmt_err)?;
-    Ok(Emitted { source: w.finish(), params, static_smem: smem, dynamic_smem: 0, block_threads: threads, persistent: None })
+    let persistent = (k.schedule.persistent > 0).then_some(k.schedule.persistent);
+    Ok(Emitted { source: w.finish(), params, static_smem: smem, dynamic_smem: 0, block_threads: threads, persistent })
 }

@@ -236,7 +236,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
             }
             // the same registers with an extent-1 axis added (see the writer)
             Op::ExpandDims { .. } => Some(layout_of(k, ops[0])),
-            Op::Dot => match &mma_layout {
+            Op::Dot { .. } => match &mma_layout {
                 Some(l) => Some(l.clone()),
                 None => return Err(CodegenError::Unsupported("`dot` outside a pipelined dot loop".into())),
             },

@@ -66,6 +66,9 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             if let Extent::Full(s) = e {
                 let v = spec.shape_pow2.get(s.0 as usize).copied().unwrap_or(1).max(1).next_power_of_two();
                 k.schedule.full.insert(s, v);
+                if spec.shape_div.get(s.0 as usize).is_some_and(|&d| d >= v) {
+                    k.schedule.full_exact.insert(s);
+                }
             }
         }
     }
@@ -172,8 +175,9 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let reduces = k.order.iter().any(|&op| matches!(k.op(op), Op::Reduce { .. }));
     k.schedule.min_blocks = match spec.min_blocks {
         Some(b) => b,
-        // (a block of 1024 threads holds the multiprocessor alone either way)
-        None => u32::from(math && (!reduces || threads >= 1024)),
+        // (a block of 1024 threads gets at most 64 registers either way, and ptxas
+        // spilled a 262144-element cluster softmax under `(1024, 1)`, not under `(1024)`)
+        None => u32::from(math && !reduces && threads < 1024),
     };
     Ok(())
 }

@@ -16,21 +16,25 @@
 //! result's valid ranges do not move while it accumulates).
 //!
 //! Paths, by target:
-//! 1. [`MmaPath::WgmmaTma`] on sm_90: f16/bf16/f8e4m3/f8e5m2 operands whose tensors
-//!    TMA can read (unit innermost stride, other strides multiples of 16 bytes, 16-byte
-//!    aligned data). Each 16-bit operand is K-major or MN-major as its tensor's
-//!    unit-stride dimension says; 8-bit operands must be K-major (WGMMA transposes only
+//! 1. [`MmaPath::WgmmaTma`] on sm_90: f16/bf16/f8e4m3/f8e5m2 operands, and the f32
+//!    operands of a `dot_tf32` ([`DotPrecision::Tf32`]), whose tensors TMA can read
+//!    (unit innermost stride, other strides multiples of 16 bytes, 16-byte aligned
+//!    data). Each 16-bit operand is K-major or MN-major as its tensor's unit-stride
+//!    dimension says; 8-bit and TF32 operands must be K-major (WGMMA transposes only
 //!    16-bit ones; an MN-major one is refused with the fix in the message). Shared memory
 //!    is swizzled in 128-byte spans; one instruction covers 32 bytes of K (`k16` for
-//!    16-bit, `k32` for 8-bit).
+//!    16-bit, `k32` for 8-bit, `k8` for TF32). A `dot_tf32` whose operands TMA cannot
+//!    read takes path 3 (exact products are within what it allows).
 //! 2. [`MmaPath::MmaSyncCpAsync`] on the other sm_80+ targets (sm_80, sm_89): f16/bf16
 //!    operands whose rows `cp.async` can copy in 16-byte chunks — the same tensor
 //!    conditions as TMA's, plus a block offset along the unit-stride dimension known to
 //!    be a multiple of 16 bytes (`(0..K).step_by(BK)` and `j * BN` are). Majorness as
 //!    for WGMMA (`ldmatrix.trans` reads the MN-major operands); the warps of the block
 //!    ([`mma_sync_warps`]) share the tile, each holding `m16n8` instruction tiles.
-//! 3. [`MmaPath::FmaSimt`] on every sm_80+ target (`fma.rs`): f32 operands always
-//!    (exact f32 FMAs; no matrix instruction takes f32 without TF32 rounding), and the
+//! 3. [`MmaPath::FmaSimt`] on every sm_80+ target (`fma.rs`): f32 operands of a plain
+//!    `dot` always (exact f32 FMAs; no matrix instruction takes f32 without TF32
+//!    rounding) and those of a `dot_tf32` on sm_80/sm_89 (no TF32 `mma.sync` path in
+//!    kfuse yet: the exact product, which TF32 permits but does not require), and the
 //!    fallback for f16/bf16 operands the target's matrix path cannot read (the
 //!    `tma_obstacle` and `cp_async_obstacle` conditions above), converted to f32 as
 //!    they are loaded. `kfuse::ops::gemm` still makes aligned copies of such operands
@@ -44,7 +48,7 @@
 //! the accumulator (on WGMMA the consumer warpgroups; the block has one more
 //! warpgroup, the producer; on mma.sync and FMA all of the block's warps).
 
-use kfuse_ir::{AccessDim, BinaryOp, DType, Kernel, Literal, Major, MmaOperand, MmaPath, MmaPlan, Op, OpId, ValueId};
+use kfuse_ir::{AccessDim, BinaryOp, DType, DotPrecision, Kernel, Literal, Major, MmaOperand, MmaPath, MmaPlan, Op, OpId, ValueId};
 
 use crate::analysis::extent_value;
 use crate::target::{Spec, Target};
@@ -58,7 +62,7 @@ fn unsupported(m: impl Into<String>) -> CodegenError {
 
 /// The `Dot` ops of a kernel, in program order.
 pub fn dots(k: &Kernel) -> Vec<OpId> {
-    k.ops().filter(|&o| matches!(k.op(o), Op::Dot)).collect()
+    k.ops().filter(|&o| matches!(k.op(o), Op::Dot { .. })).collect()
 }
 
 /// An operand of the dot: the load behind it, and whether a permute swaps its axes.
@@ -183,7 +187,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // the body holds only scalars, the loads, their permutes, the dot and the add
     for &o in &k.order[info.for_pos + 1..info.yield_pos] {
         let ok = match k.op(o) {
-            Op::LoopIndex { .. } | Op::Dot => true,
+            Op::LoopIndex { .. } | Op::Dot { .. } => true,
             Op::LoopCarried { index: i, .. } => *i == index,
             Op::Load { .. } => o == a_load || o == b_load,
             Op::Permute { .. } => o == dops[0].op() || o == dops[1].op(),
@@ -215,9 +219,11 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         }
     }
     let dtype = k.ty(dops[0]).dtype;
+    let tf32 = matches!(k.op(dot), Op::Dot { precision: DotPrecision::Tf32 });
     let fma_loop = fma::DotLoop { for_op: info.for_op, dot, carried: index, yield_pos: info.yield_pos, a: (a_load, a_t), b: (b_load, b_t) };
-    // f32 operands: exact FMAs on every target
-    if dtype == DType::F32 {
+    // f32 operands: exact FMAs on every target, unless the dot allows TF32 and the
+    // target has a TF32 path (WGMMA, sm_90); elsewhere `dot_tf32` is computed exactly
+    if dtype == DType::F32 && (!tf32 || target.sm != 90) {
         return fma::plan(k, spec, &fma_loop);
     }
     // WGMMA on sm_90, mma.sync on every other sm_80+ target (`schedule` refuses older
@@ -225,7 +231,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // operand one path cannot read the other cannot either: no fallback between them.
     let mma_sync_only = target.sm != 90;
     let what = if mma_sync_only { "mma.sync" } else { "WGMMA" };
-    let takes = if mma_sync_only { matches!(dtype, DType::F16 | DType::BF16) } else { matches!(dtype, DType::F16 | DType::BF16) || dtype.is_fp8() };
+    let takes = if mma_sync_only { matches!(dtype, DType::F16 | DType::BF16) } else { matches!(dtype, DType::F16 | DType::BF16) || dtype.is_fp8() || tf32 };
     if !takes {
         let list = if mma_sync_only { "f16 and bf16" } else { "f16, bf16, f8e4m3 and f8e5m2" };
         return Err(unsupported(format!("`dot` of {dtype} tiles: the {what} path takes {list}")));
@@ -233,8 +239,9 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let copy = if mma_sync_only { "cp.async" } else { "tensor-memory-accelerator" };
     for l in [a_load, b_load] {
         if let Some(why) = tma_obstacle(k, spec, l) {
-            // 16-bit operands the copy engines cannot read: FMAs instead
-            if matches!(dtype, DType::F16 | DType::BF16) {
+            // 16-bit operands the copy engines cannot read: FMAs instead; so do f32
+            // operands of `dot_tf32` (exact products are within what it allows)
+            if matches!(dtype, DType::F16 | DType::BF16) || tf32 {
                 return fma::plan(k, spec, &fma_loop);
             }
             return Err(unsupported(format!("the {copy} path cannot read this `dot` operand: {why}")));
@@ -248,14 +255,21 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     };
     let a_major = major(a_load, a_t, 1)?;
     let b_major = major(b_load, b_t, 0)?;
-    // WGMMA transposes only 16-bit operands in shared memory: 8-bit ones must lie with K
-    // contiguous (A row-major, B as the transpose of an `[N, K]` row-major tensor)
+    // WGMMA transposes only 16-bit operands in shared memory: 8-bit and TF32 ones must
+    // lie with K contiguous (A row-major, B as the transpose of an `[N, K]` row-major
+    // tensor)
     if dtype.size_bytes() != 2 {
+        let (name, fix) = if tf32 {
+            ("`dot_tf32` of f32".to_string(), "`kfuse::ops::gemm_ex` with `tf32: true` makes such a copy")
+        } else {
+            (format!("{dtype} `dot`"), "`kfuse::ops::gemm` makes such a copy")
+        };
+        let read = if tf32 { "TF32".to_string() } else { dtype.to_string() };
         for (maj, l, what) in [(a_major, a_load, "first"), (b_major, b_load, "second")] {
             if maj != Major::K {
                 let Op::Load { tensor, .. } = k.op(l) else { unreachable!() };
                 return Err(unsupported(format!(
-                    "the {what} operand of a {dtype} `dot` (`{}`) has its unit stride along M/N; WGMMA reads {dtype} operands only with K contiguous (pass B as the transpose `.t()` of an [N, K] tensor; `kfuse::ops::gemm` makes such a copy)",
+                    "the {what} operand of a {name} (`{}`) has its unit stride along M/N; WGMMA reads {read} operands only with K contiguous (pass B as the transpose `.t()` of an [N, K] tensor; {fix})",
                     k.param(*tensor).name
                 )));
             }

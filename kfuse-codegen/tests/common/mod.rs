@@ -6,7 +6,7 @@
 
 use kfuse_codegen::layout::RegMap;
 use kfuse_codegen::{Spec, TensorSpec};
-use kfuse_ir::{AccessDim, BinaryOp, Builder, DType, Extent, Kernel, Layout};
+use kfuse_ir::{AccessDim, BinaryOp, Builder, DType, DotPrecision, Extent, Kernel, Layout};
 
 /// What the GEMM kernels do between the K loop and the cast to the output dtype.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -39,7 +39,17 @@ pub fn gemm_erf_kernel() -> Kernel {
     gemm_kernel_full(DType::BF16, DType::BF16, false, false, Epilogue::Erf, 0)
 }
 
+/// The f32 [`gemm_kernel`] whose `dot` may read its operands as TF32 (`dot_tf32`),
+/// with its own output dtype.
+pub fn gemm_kernel_tf32(out: DType, ta: bool, tb: bool) -> Kernel {
+    gemm_kernel_prec(DType::F32, out, ta, tb, Epilogue::Plain, 0, DotPrecision::Tf32)
+}
+
 fn gemm_kernel_full(dt: DType, out_dt: DType, ta: bool, tb: bool, epilogue: Epilogue, k0: i64) -> Kernel {
+    gemm_kernel_prec(dt, out_dt, ta, tb, epilogue, k0, DotPrecision::Exact)
+}
+
+fn gemm_kernel_prec(dt: DType, out_dt: DType, ta: bool, tb: bool, epilogue: Epilogue, k0: i64, precision: DotPrecision) -> Kernel {
     let mut b = Builder::new(if epilogue == Epilogue::Erf { "gemm_erf" } else { "gemm" });
     let (m, n, kk) = (b.shape_sym("M"), b.shape_sym("N"), b.shape_sym("K"));
     let ad = if ta { [kk, m] } else { [m, kk] };
@@ -73,7 +83,7 @@ fn gemm_kernel_full(dt: DType, out_dt: DType, ta: bool, tb: bool, epilogue: Epil
     } else {
         b.load(pb, &[kv, oj], &[t(bk), t(bn)]).unwrap()
     };
-    let d = b.dot(x, y).unwrap();
+    let d = b.dot_with(x, y, precision).unwrap();
     let s = b.binary(BinaryOp::Add, carried[0], d).unwrap();
     let res = b.end_for(id, &[s]).unwrap();
     let mut out = res[0];
@@ -97,7 +107,7 @@ pub fn spec(k: &Kernel, mnk: [u32; 3]) -> Spec {
         .iter()
         .map(|p| p.is_tensor().then(|| TensorSpec { ptr_align: 16, stride_div: (0..p.dims().len()).map(|i| if i + 1 == p.dims().len() { 0 } else { 16 }).collect() }))
         .collect();
-    Spec { tensors, shape_pow2: mnk.iter().map(|v| v.next_power_of_two()).collect(), tiles: Default::default(), threads: None, min_blocks: None }
+    Spec { tensors, shape_pow2: mnk.iter().map(|v| v.next_power_of_two()).collect(), shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None }
 }
 
 /// The layout the schedule gives the K loop's result (the accumulator).

@@ -141,7 +141,7 @@ fn loop_helpers() {
     assert!(matches!(k.op(info.index.unwrap().op()), Op::LoopIndex { .. }));
     assert!(matches!(k.op(info.carried_values[0].unwrap().op()), Op::LoopCarried { index: 0, .. }));
     assert!(matches!(k.op(info.results[0].unwrap().op()), Op::LoopResult { index: 0, .. }));
-    let dot = find(&k, |o| matches!(o, Op::Dot));
+    let dot = find(&k, |o| matches!(o, Op::Dot { .. }));
     let store = find(&k, |o| matches!(o, Op::Store { .. }));
     assert_eq!(k.loop_of(dot), Some(l));
     assert_eq!(k.loop_of(info.yield_op), Some(l));
@@ -152,7 +152,7 @@ fn loop_helpers() {
     assert_eq!(nest.len(), k.order.len());
     assert_eq!(nest.iter().filter(|n| n.is_some()).count(), info.yield_pos - info.for_pos);
     assert_eq!(k.fresh_loop_id(), LoopId(1));
-    assert_eq!(Op::Dot.loop_id(), None);
+    assert_eq!(Op::Dot { precision: Default::default() }.loop_id(), None);
     assert!(!Op::For { id: l, carried: 0 }.has_result() && !Op::Yield { id: l }.has_result());
 }
 
@@ -268,7 +268,7 @@ fn loop_value_types_and_counts() {
 #[test]
 fn dot_rules() {
     let mut k = gemm(DType::F32);
-    let d = find(&k, |o| matches!(o, Op::Dot));
+    let d = find(&k, |o| matches!(o, Op::Dot { .. }));
     k.graph[d.0].ty = Some(Type::tile(DType::F16, k.ty(d.value()).shape.clone()));
     assert!(verify_msg(&k).contains("dot gives f32 [M, N]"), "{}", verify_msg(&k));
     let mut k = gemm(DType::F32);

@@ -152,7 +152,7 @@ pub(super) fn emit_kernel(
     }
     let pipe_bytes = floats * 4;
 
-    let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0, barrier: "__syncthreads();", pid: None };
+    let mut e = Emitter::new(k, spec, "__syncthreads();");
     e.w.indent();
     // everything before the loop (but the zeros that only feed its init), the zeroed
     // accumulator, the trip count

@@ -8,7 +8,8 @@
 //!   first thread issues the TMA loads of both operands into a ring of `stages`
 //!   shared-memory stages, each completing on its `full` mbarrier;
 //! - `consumers` warpgroups (registers raised) that wait on `full`, issue `wgmma`
-//!   (`m64nBNk16` for 16-bit operands, `k32` for 8-bit ones: 32 bytes of K either way;
+//!   (`m64nBNk16` for 16-bit operands, `k32` for 8-bit ones, `k8 … .tf32` for the f32
+//!   operands of a `dot_tf32`: 32 bytes of K every time;
 //!   operands from 128-byte-swizzled shared memory through matrix
 //!   descriptors) into f32 accumulators, and free a stage on its `empty` mbarrier once
 //!   the instructions reading it have completed (one group kept in flight);
@@ -27,7 +28,7 @@
 //!   multicast (each stage then released in every block of the cluster).
 //!
 //! Shared memory of one operand in one stage, by majorness (swizzle 128 B): K-major —
-//! `rows × 128` bytes (64 16-bit or 128 8-bit elements), 8-row atoms 1024 bytes apart
+//! `rows × 128` bytes (64 16-bit, 128 8-bit or 32 f32 elements), 8-row atoms 1024 bytes apart
 //! (descriptor SBO 1024, each instruction's K step +32 bytes); MN-major (16-bit only) — boxes of
 //! `BK × 64` elements (`BK` rows of 128 bytes), one per 64 rows/columns, 8-row atoms
 //! 1024 bytes apart (SBO) and boxes `BK * 128` bytes apart (LBO), each `k16` step +2048
@@ -85,7 +86,9 @@ fn boxes_of(k: &Kernel, o: &MmaOperand, order: &[u32]) -> Result<(Vec<u32>, u32,
 }
 
 /// The `kf_wgmma` helper: one `m64nNkK` instruction (K = 32 bytes of the dtype) with
-/// f32 accumulators; the transpose immediates exist only for 16-bit operands.
+/// f32 accumulators; the transpose immediates exist only for 16-bit operands. f32
+/// operands are read as TF32 (`k8 … .tf32`): the plan takes them only from a
+/// `dot_tf32`.
 fn wgmma_fn(dtype: DType, n: u32, trans_a: bool, trans_b: bool) -> Result<String, CodegenError> {
     let regs = n / 2;
     let ty = match dtype {
@@ -93,6 +96,7 @@ fn wgmma_fn(dtype: DType, n: u32, trans_a: bool, trans_b: bool) -> Result<String
         DType::BF16 => "bf16",
         DType::F8E4M3 => "e4m3",
         DType::F8E5M2 => "e5m2",
+        DType::F32 => "tf32",
         d => return Err(CodegenError::Unsupported(format!("WGMMA of {d} operands"))),
     };
     let kk = 32 / dtype.size_bytes();
@@ -197,7 +201,7 @@ pub(super) fn emit_kernel(
     }
     let dynamic_smem = 1024 + c_off + c_bytes.max(part_bytes);
 
-    let mut e = Emitter { k, spec, w: Writer::new(String::new()), vals: HashMap::new(), smem: 0, tmp: 0, barrier: "asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");", pid: None };
+    let mut e = Emitter::new(k, spec, "asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");");
     e.w.indent();
     let pipe = |e: &mut Emitter| -> R {
         e.line("extern __shared__ __align__(1024) unsigned char kf_dsmem[];")?;

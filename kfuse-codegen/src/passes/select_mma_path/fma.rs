@@ -2,8 +2,10 @@
 //! CUDA cores, for every sm_80+ target.
 //!
 //! Taken by (the fallback list, in `select_mma_path::run`):
-//! 1. f32 operands, always: no matrix instruction multiplies f32 without rounding the
-//!    operands to TF32, and `dot` promises exact f32 arithmetic;
+//! 1. f32 operands of `dot`, always: no matrix instruction multiplies f32 without
+//!    reading the operands as TF32, and `dot` promises exact f32 arithmetic; and those
+//!    of `dot_tf32` where the target has no TF32 path (sm_80, sm_89) or TMA cannot
+//!    read them — TF32 is a permission, the exact product is within it;
 //! 2. f16/bf16 operands that the target's matrix path cannot read — a tensor TMA or
 //!    `cp.async` cannot copy (no unit-stride dimension, a stride or the data pointer
 //!    not a multiple of 16 bytes) or, on sm_80/sm_89, a block offset along the
@@ -23,7 +25,7 @@
 //! a tie, so that the block's grid of threads is as square as the tile allows (fewest
 //! shared-memory reads per FMA).
 
-use kfuse_ir::{DType, Kernel, Major, MmaOperand, MmaPath, MmaPlan, OpId};
+use kfuse_ir::{DType, DotPrecision, Kernel, Major, MmaOperand, MmaPath, MmaPlan, Op, OpId};
 
 use super::{contiguous_tile_axis, cp_async_obstacle, heavy_epilogue, operand_load, tma_obstacle};
 use crate::analysis::extent_value;
@@ -86,11 +88,17 @@ pub fn fma_min_blocks(threads: u32, accumulators: u32, heavy: bool) -> u32 {
 }
 
 /// True when a `dot` of this kernel will take the FMA path (for `choose_tiles`, which
-/// runs first and picks this path's tiles then): f32 operands, or f16/bf16 operands one
-/// of which the target's matrix path cannot read, with the tiles chosen so far.
+/// runs first and picks this path's tiles then): f32 operands (but those of a
+/// `dot_tf32` on sm_90 that TMA can read), or f16/bf16 operands one of which the
+/// target's matrix path cannot read, with the tiles chosen so far.
 pub fn expected(k: &Kernel, spec: &Spec, target: &Target, dot: OpId) -> bool {
     let dops = k.operands(dot);
+    let tf32 = matches!(k.op(dot), Op::Dot { precision: DotPrecision::Tf32 });
     match k.ty(dops[0]).dtype {
+        DType::F32 if tf32 && target.sm == 90 => {
+            let (Ok((a, _)), Ok((b, _))) = (operand_load(k, dops[0]), operand_load(k, dops[1])) else { return true };
+            [a, b].iter().any(|&l| tma_obstacle(k, spec, l).is_some())
+        }
         DType::F32 => true,
         dt @ (DType::F16 | DType::BF16) => {
             let (Ok((a, _)), Ok((b, _))) = (operand_load(k, dops[0]), operand_load(k, dops[1])) else { return false };
