@@ -4,7 +4,11 @@
 //! 8192³ in full fp32 and with TF32 tensor cores (cuBLAS `CUBLAS_COMPUTE_32F_FAST_TF32`
 //! against kfuse's `gemm_ex` with `GemmOptions::tf32`, B given K-major to both); and fp8 e4m3
 //! (bf16 out, per-tensor scales) at 4096³ and 8192³ against cuBLASLt's fp8 GEMM with its
-//! default and with its fast accumulation, in a table of their own.
+//! default and with its fast accumulation, in a table of their own; and the SwiGLU
+//! projection pair `silu(x·Wg) ⊙ (x·Wu)` (bf16, `kfuse::ops::swiglu_gemm`, one kernel)
+//! against cuBLAS doing the two GEMMs, or one GEMM of the concatenated `[Wg | Wu]`,
+//! followed by kfuse's elementwise SwiGLU, at 4096³, M8192 N14336 K4096 and M127 N14336
+//! K4096 (`KFUSE_BENCH_FILTER=swiglu` runs only these).
 //!
 //! Prints a table — TFLOP/s (2·M·N·K per call) of cuBLAS (`cublasGemmEx`), cuBLASLt
 //! (`cublasLtMatmul`, heuristic algorithm, 32 MiB workspace) and `kfuse::ops::gemm`, and
@@ -50,6 +54,65 @@ pub fn bias_gelu<T: Float>(x: Tensor<T, (M, N)>, bias: Tensor<T, (N,)>, out: &mu
     let (i, j) = (program_id(0), program_id(1));
     let v = x.block([i * BM, j * BN], [BM, BN]).load().to_f32() + bias.block([j * BN], [BN]).load().to_f32();
     out.block([i * BM, j * BN], [BM, BN]).store((0.5 * v * (1.0 + erf(v * 0.7071067811865476))).cast::<T>());
+}
+
+/// The SwiGLU activation of two `[M, N]` halves, any strides (`h[:, :N]` and `h[:, N:]`
+/// of a concatenated projection): what follows a vendor GEMM of `[Wg | Wu]`.
+#[kfuse]
+pub fn swiglu_2d<T: Float>(g: Tensor<T, (M, N)>, u: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let gv = g.block([i * BM, j * BN], [BM, BN]).load().to_f32();
+    let uv = u.block([i * BM, j * BN], [BM, BN]).load().to_f32();
+    out.block([i * BM, j * BN], [BM, BN]).store((gv * sigmoid(gv) * uv).cast::<T>());
+}
+
+/// The SwiGLU projection pair `silu(x · Wg) ⊙ (x · Wu)`, bf16, `x: [M, K]`, the weights
+/// the two halves of one row-major `[K, 2N]` tensor `[Wg | Wu]` (read as they lie by
+/// every variant): kfuse's `swiglu_gemm` (one kernel, two accumulators sharing the x
+/// tile) against cuBLAS doing the two GEMMs and kfuse's elementwise `swiglu`, and
+/// against cuBLAS doing one GEMM of the concatenated weights (`[M, 2N]`) and
+/// [`swiglu_2d`] on its halves. Returns a markdown row: the times, TFLOP/s (4·M·N·K per
+/// call), the speed-up over the faster baseline, and kfuse's relative difference from the first.
+fn swiglu_row(blas: &Blas, dev: &Device, m: usize, n: usize, k: usize, warm: usize, iters: usize) -> kfuse::Result<String> {
+    let dt = DType::BF16;
+    let (x, _) = random(&[m, k], dt, 21, dev);
+    let (wcat, _) = random(&[k, 2 * n], dt, 22, dev);
+    let (wg, wu) = (wcat.narrow(1, 0, n)?, wcat.narrow(1, n, n)?);
+    let mut g = Tensor::empty(&[m, n], dt, dev)?;
+    let mut u = Tensor::empty(&[m, n], dt, dev)?;
+    let mut h = Tensor::empty(&[m, 2 * n], dt, dev)?;
+    let mut out = Tensor::empty(&[m, n], dt, dev)?;
+    // numerics: kfuse against the two-GEMM baseline
+    let fused = kfuse::ops::swiglu_gemm(&x, &wg, &wu)?;
+    blas.gemm_into(&x, &wg, &mut g, Library::Cublas, Math::Fp32)?;
+    blas.gemm_into(&x, &wu, &mut u, Library::Cublas, Math::Fp32)?;
+    let two = kfuse::ops::swiglu(&g, &u)?;
+    let e = rel_err(&fused, &two)?;
+    if e.is_nan() || e > 1e-2 {
+        return Ok(format!("| M{m} N{n} K{k} | bf16 | WRONG RESULT: {e:.2e} from cuBLAS ×2 + swiglu | | | | |
+"));
+    }
+    let t_k = median(dev.time_ms(warm, iters, || kfuse::ops::swiglu_gemm(&x, &wg, &wu).map(drop))?);
+    let t_two = median(dev.time_ms(warm, iters, || {
+        blas.gemm_into(&x, &wg, &mut g, Library::Cublas, Math::Fp32)?;
+        blas.gemm_into(&x, &wu, &mut u, Library::Cublas, Math::Fp32)?;
+        kfuse::ops::swiglu(&g, &u).map(drop)
+    })?);
+    let t_cat = median(dev.time_ms(warm, iters, || {
+        blas.gemm_into(&x, &wcat, &mut h, Library::Cublas, Math::Fp32)?;
+        swiglu_2d(&h.narrow(1, 0, n)?, &h.narrow(1, n, n)?, &mut out).map(drop)
+    })?);
+    let tf = |ms: f64| 4.0 * (m * n * k) as f64 / ms / 1e9;
+    Ok(format!(
+        "| M{m} N{n} K{k} | bf16 | {:.1} µs ({:.0} TFLOP/s) | {:.1} µs ({:.0}) | {:.1} µs ({:.0}) | {:.2}× | {e:.1e} |\n",
+        t_k * 1e3,
+        tf(t_k),
+        t_two * 1e3,
+        tf(t_two),
+        t_cat * 1e3,
+        tf(t_cat),
+        t_two.min(t_cat) / t_k
+    ))
 }
 
 /// Fused GEMM + bias + GELU (kfuse, one kernel) against cuBLAS GEMM then a separate
@@ -294,6 +357,19 @@ fn main() -> kfuse::Result<()> {
         }
     }
 
+    let mut swiglu_md = String::from(
+        "| shape | dtype | kfuse swiglu_gemm (one kernel) | cuBLAS GEMM ×2, then swiglu | cuBLAS GEMM of [Wg \\| Wu], then swiglu | speed-up over the faster baseline | rel. err vs cuBLAS ×2 |\n|---|---|---|---|---|---|---|\n",
+    );
+    for (m, n, k) in [(4096, 4096, 4096), (8192, 14336, 4096), (127, 14336, 4096)] {
+        if filter.as_ref().is_some_and(|f| !"swiglu".contains(f.as_str()) && !format!("M{m} N{n} K{k}").contains(f.as_str())) {
+            continue;
+        }
+        match swiglu_row(&blas, &dev, m, n, k, warm, iters) {
+            Ok(r) => swiglu_md.push_str(&r),
+            Err(e) => swiglu_md.push_str(&format!("| M{m} N{n} K{k} | bf16 | failed: {} | | | | |\n", first_line(e))),
+        }
+    }
+
     let mut fp8_md = String::from(
         "| shape | dtype | cuBLASLt fp8 TFLOP/s (default accumulation) | cuBLASLt fp8 TFLOP/s (fast accumulation) | kfuse TFLOP/s | kfuse ÷ best cuBLASLt | kfuse rel. err vs cuBLASLt / vs f64 (sampled) |\n|---|---|---|---|---|---|---|\n",
     );
@@ -376,10 +452,10 @@ fn main() -> kfuse::Result<()> {
         ),
         None => "gemm summary: no shape of the main table matched the filter".to_string(),
     };
-    println!("device: {device}\n{md}\n{fp8_md}\n{fused_md}\n{summary}");
+    println!("device: {device}\n{md}\n{fp8_md}\n{fused_md}\n{swiglu_md}\n{summary}");
     if let Ok(out) = std::env::var("KFUSE_BENCH_OUT") {
         let out = std::path::PathBuf::from(out);
-        std::fs::write(out.join("gemm.md"), format!("device: {device}\n\n{md}\n{fp8_md}\n{fused_md}\n{summary}\n")).ok();
+        std::fs::write(out.join("gemm.md"), format!("device: {device}\n\n{md}\n{fp8_md}\n{fused_md}\n{swiglu_md}\n{summary}\n")).ok();
         std::fs::write(out.join("gemm.csv"), csv).ok();
     }
     Ok(())

@@ -12,13 +12,7 @@ fn cpu() -> Device {
     Device::cpu()
 }
 
-/// The bound on ‖out − ref‖/‖ref‖ for results rounded to `dt` (f32 accumulation).
-fn tol(dt: DType) -> f64 {
-    match dt {
-        DType::F32 => 1e-5,
-        _ => 1e-2,
-    }
-}
+use common::gemm::product_tol as tol;
 
 /// `a[m×k] · b[k×n]` in f64 (row-major).
 fn matmul(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {

@@ -196,6 +196,18 @@ pub fn print(k: &Kernel) -> String {
                     );
                 }
             }
+            for d in &m.more {
+                let a = if d.a.load == m.a.load { "shared".to_string() } else { format!("{} {} swizzle {}B", d.a.load.value(), maj(&d.a), d.a.swizzle) };
+                let _ = writeln!(
+                    out,
+                    "  mma also: dot {} into carried {}, A {a}, B {} {} swizzle {}B",
+                    d.dot.value(),
+                    d.carried,
+                    d.b.load.value(),
+                    maj(&d.b),
+                    d.b.swizzle
+                );
+            }
             if m.multicast > 1 {
                 let _ = writeln!(out, "  mma multicast: clusters of {} blocks on one tile row share its A tile (TMA multicast)", m.multicast);
             }

@@ -569,3 +569,21 @@ pub fn gemm_batched_tf32_axpby<O: Float>(
     let y = acc * alpha + c.block([z, i * BM, j * BN], [_, BM, BN]).load().to_f32() * beta;
     out.block([z, i * BM, j * BN], [_, BM, BN]).store(y.cast::<O>());
 }
+
+/// The SwiGLU projection pair in one kernel: `out = silu(x · wg) ⊙ (x · wu)` for
+/// `x: [M, K]`, `wg`, `wu: [K, N]`. One loop over `K` carries two f32 accumulators that
+/// share the `x` tile (read once per step: the matrix path loads it once a stage and
+/// both products read it); the epilogue applies `silu(g) · u` in f32 on the
+/// accumulators and rounds to `T` once.
+#[kfuse(crate = "crate::deps")]
+pub fn swiglu_gemm<T: Float>(x: Tensor<T, (M, K)>, wg: Tensor<T, (K, N)>, wu: Tensor<T, (K, N)>, out: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut g = zeros::<f32>([BM, BN]);
+    let mut u = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        let a = x.block([i * BM, k], [BM, BK]).load();
+        g += dot(a, wg.block([k, j * BN], [BK, BN]).load());
+        u += dot(a, wu.block([k, j * BN], [BK, BN]).load());
+    }
+    out.block([i * BM, j * BN], [BM, BN]).store((g * sigmoid(g) * u).cast::<T>());
+}

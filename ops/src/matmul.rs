@@ -1,6 +1,8 @@
 //! The configurable matrix products: [`gemm_ex`] (`out = alpha · a·b + beta · c`, any
 //! output dtype) and [`gemm_batched`] / [`gemm_batched_ex`] (leading batch dimensions,
-//! a shared `b` broadcast over them). The plain [`crate::gemm`] lives in the crate root.
+//! a shared `b` broadcast over them); and [`swiglu_gemm`], the SwiGLU projection pair
+//! `silu(x · wg) ⊙ (x · wu)` in one kernel (`kernels::swiglu_gemm`: two accumulators in
+//! one loop). The plain [`crate::gemm`] lives in the crate root.
 //!
 //! Kernels (`crate::kernels`), each the loop of `kernels::gemm` with its epilogue:
 //! - `gemm_scaled<T, O>`: `out = alpha · a·b` rounded to `O` (no `c`);
@@ -207,6 +209,13 @@ fn product_2d(a: &Tensor, b: &Tensor, c: Option<&Tensor>, out: &mut Tensor, alph
     let tc = tensor_core_f32(a, tf32);
     let (a, b) = (k_contiguous(a, 1, tc)?, k_contiguous(b, 0, tc)?);
     let (a, b) = (crate::tma_readable(&a, tc)?, crate::tma_readable(&b, tc)?);
+    through_aligned_rows(out, |o| run(&a, &b, o))
+}
+
+/// Runs `run` on `out` (`[M, N]`), or, for a 16-bit `out` whose rows are not 16-byte
+/// aligned, on a buffer with rows padded to 128-byte lines that is then copied into
+/// `out`: the matrix path's epilogue leaves by a TMA store only into aligned rows.
+fn through_aligned_rows(out: &mut Tensor, run: impl FnOnce(&mut Tensor) -> Result<()>) -> Result<()> {
     let (m, n) = (out.shape()[0], out.shape()[1]);
     let esz = out.dtype().size_bytes().max(1);
     let tma_store = matches!(out.dtype(), DType::F16 | DType::BF16);
@@ -214,12 +223,82 @@ fn product_2d(a: &Tensor, b: &Tensor, c: Option<&Tensor>, out: &mut Tensor, alph
         let line = 128 / esz;
         let storage = Tensor::empty(&[m, n.div_ceil(line) * line], out.dtype(), &out.device())?;
         let mut padded = storage.narrow(1, 0, n)?;
-        run(&a, &b, &mut padded)?;
+        run(&mut padded)?;
         kernels::copy2d(&padded, out)?;
         Ok(())
     } else {
-        run(&a, &b, out)
+        run(out)
     }
+}
+
+/// The SwiGLU projection pair: `silu(x · wg) ⊙ (x · wu)` for `x: [M, K]` and
+/// `wg`, `wu: [K, N]` (one float dtype, one device, any strides), as a new contiguous
+/// `[M, N]` tensor of their dtype. `silu(g) = g · sigmoid(g)`.
+///
+/// One kernel (`kernels::swiglu_gemm`) where the matrix path takes several products in
+/// one loop — the sm_90a WGMMA path with f16, bf16, f8e4m3 or f8e5m2 operands — and on
+/// the interpreter: both products accumulate in f32 in one loop over `K` that reads
+/// each `x` tile once, and the epilogue computes `silu(g) · u` in f32 and rounds once.
+/// Elsewhere (sm_80/sm_89, whose `mma.sync` path takes one product a loop; f32
+/// operands, whose exact FMA path does too) it is [`crate::gemm`] twice and the
+/// elementwise [`crate::swiglu`]: `g` and `u` are rounded to the dtype before the
+/// activation (one more rounding, within the dtype's precision). On a GPU the operands
+/// get the copies [`gemm_ex`] would make (TMA-readable rows; 8-bit weights K-major:
+/// pass `w.t()` of `[N, K]` weights to avoid them). `M = 0` or `N = 0` gives an empty
+/// result and `K = 0` zeros (`silu(0) · 0`), without a launch.
+///
+/// Errors: a rank other than 2 or an integer dtype (`InvalidArgument`), different
+/// dtypes (`DTypeMismatch`), shapes that do not fit (`ShapeMismatch`), different devices
+/// (`DeviceMismatch`).
+pub fn swiglu_gemm(x: &Tensor, wg: &Tensor, wu: &Tensor) -> Result<Tensor> {
+    const WHAT: &str = "kfuse::ops::swiglu_gemm";
+    for (t, arg) in [(x, "x"), (wg, "wg"), (wu, "wu")] {
+        if t.rank() != 2 {
+            return Err(Error::InvalidArgument(format!("{WHAT}: `{arg}` must be a matrix (rank 2), got shape {:?}", t.shape())));
+        }
+        check_float(WHAT, t, arg)?;
+    }
+    for (t, arg) in [(wg, "wg"), (wu, "wu")] {
+        if t.dtype() != x.dtype() {
+            return Err(Error::DTypeMismatch(format!("{WHAT}: `x` is {} but `{arg}` is {}", x.dtype(), t.dtype())));
+        }
+        if t.device() != x.device() {
+            return Err(Error::DeviceMismatch(format!("{WHAT}: `x` is on {} but `{arg}` is on {}", x.device().name(), t.device().name())));
+        }
+    }
+    let (m, k, n) = (x.shape()[0], x.shape()[1], wg.shape()[1]);
+    if wg.shape()[0] != k || wu.shape() != wg.shape() {
+        return Err(Error::ShapeMismatch(format!(
+            "{WHAT}: `x` is {:?}, `wg` {:?} and `wu` {:?}; the weights must both be [K, N] with K the columns of `x`",
+            x.shape(),
+            wg.shape(),
+            wu.shape()
+        )));
+    }
+    let dev = x.device();
+    let mut out = Tensor::empty(&[m, n], x.dtype(), &dev)?;
+    if m == 0 || n == 0 {
+        return Ok(out);
+    }
+    if k == 0 {
+        out.fill(0.0)?;
+        return Ok(out);
+    }
+    if !dev.is_gpu() {
+        kernels::swiglu_gemm(x, wg, wu, &mut out)?;
+        return Ok(out);
+    }
+    let fused = dev.target().is_some_and(|t| t.sm == 90) && (matches!(x.dtype(), DType::F16 | DType::BF16) || x.dtype().is_fp8());
+    if !fused {
+        let g = crate::gemm(x, wg)?;
+        let u = crate::gemm(x, wu)?;
+        return crate::swiglu(&g, &u);
+    }
+    let x = crate::tma_readable(&k_contiguous(x, 1, false)?, false)?;
+    let wg = crate::tma_readable(&k_contiguous(wg, 0, false)?, false)?;
+    let wu = crate::tma_readable(&k_contiguous(wu, 0, false)?, false)?;
+    through_aligned_rows(&mut out, |o| kernels::swiglu_gemm(&x, &wg, &wu, o).map(drop))?;
+    Ok(out)
 }
 
 /// Batched matrix products: `out[z] = a[z] · b[z]` for `a: [B.., M, K]` and

@@ -20,6 +20,30 @@ pub fn gemm_bias_gelu<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, bias
     out.block([i * BM, j * BN], [BM, BN]).store((0.5 * x * (1.0 + erf(x * 0.7071067811865476))).cast::<T>());
 }
 
+/// A user kernel of three products in one loop: `p + q ⊙ r` of `p = a1·b1`, `q = a2·b2`,
+/// `r = a2·b3` (two A tiles, one shared by two dots; three B tiles).
+#[kfuse]
+pub fn three_products<T: Float>(
+    a1: Tensor<T, (M, K)>,
+    b1: Tensor<T, (K, N)>,
+    a2: Tensor<T, (M, K)>,
+    b2: Tensor<T, (K, N)>,
+    b3: Tensor<T, (K, N)>,
+    out: &mut Tensor<T, (M, N)>,
+) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut p = zeros::<f32>([BM, BN]);
+    let mut q = zeros::<f32>([BM, BN]);
+    let mut r = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        let x2 = a2.block([i * BM, k], [BM, BK]).load();
+        p += dot(a1.block([i * BM, k], [BM, BK]).load(), b1.block([k, j * BN], [BK, BN]).load());
+        q += dot(x2, b2.block([k, j * BN], [BK, BN]).load());
+        r += dot(x2, b3.block([k, j * BN], [BK, BN]).load());
+    }
+    out.block([i * BM, j * BN], [BM, BN]).store((p + q * r).cast::<T>());
+}
+
 /// The snapshot spec of a GEMM-shaped kernel with M, N, K set (powers of two: what the
 /// heuristic sees). Shape symbols in order of first appearance: M, K, N.
 pub fn spec_mnk(def: &KernelDef, m: u32, n: u32, k: u32) -> Spec {
@@ -132,5 +156,14 @@ impl Outcomes {
     pub fn finish(self) {
         println!("{}", self.report.join("\n"));
         assert!(self.failures.is_empty(), "{}", self.failures.join("\n"));
+    }
+}
+
+/// The bound on ‖out − ref‖/‖ref‖ of a matrix product rounded to `dt` (f32
+/// accumulation): 1e-5 for f32, 1e-2 for 16-bit results.
+pub fn product_tol(dt: kfuse::DType) -> f64 {
+    match dt {
+        kfuse::DType::F32 => 1e-5,
+        _ => 1e-2,
     }
 }

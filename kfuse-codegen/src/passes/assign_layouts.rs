@@ -8,7 +8,8 @@
 //! Rules, in program order:
 //! - the accumulator of a pipelined dot loop (`schedule.mma`): the `Dot`, the carried
 //!   value it is added to, the sum and the loop result take the matrix instruction's
-//!   accumulator layout ([`crate::layout::mma_accumulator`] for WGMMA,
+//!   accumulator layout (every accumulator of a loop of several dots alike;
+//!   [`crate::layout::mma_accumulator`] for WGMMA,
 //!   [`crate::layout::mma_tiles_accumulator`] over the plan's warps for mma.sync,
 //!   the plain blocked [`crate::layout::fma_accumulator`] of the FMA path), so
 //!   the epilogue works on the registers where the instruction left them; other
@@ -160,8 +161,9 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
             MmaPath::FmaSimt => crate::layout::fma_accumulator(p.tile[0], p.tile[1], p.warps),
         })
     });
+    // the loop and its carried accumulators (one per dot)
     let mma_loop = mma.as_ref().and_then(|p| match k.op(p.for_op) {
-        Op::For { id, .. } => Some((*id, p.carried)),
+        Op::For { id, .. } => Some((*id, p.all_dots().iter().map(|d| d.carried).collect::<Vec<u32>>())),
         _ => None,
     });
     let order = k.order.clone();
@@ -241,7 +243,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
                 None => return Err(CodegenError::Unsupported("`dot` outside a pipelined dot loop".into())),
             },
             Op::LoopCarried { id, index } | Op::LoopResult { id, index } => {
-                if mma_loop == Some((*id, *index)) {
+                if mma_loop.as_ref().is_some_and(|(l, acc)| l == id && acc.contains(index)) {
                     mma_layout.clone()
                 } else {
                     // other carried values keep their init's layout

@@ -43,8 +43,21 @@ pub const MAX_ELEMS_PER_THREAD: u32 = 64;
 
 /// Elements per thread the thread count aims at. Measured on the H100 (NOTES.md): 32
 /// for row-reducing bodies kept rows inside fewer warps but cost registers (102 a
-/// thread for RMSNorm, 25% occupancy) and lost to 16 at every row length up to 4096.
+/// thread for RMSNorm, 25% occupancy) and lost to 16 at every row length up to 4096 —
+/// while every register's coordinate carried a mask. Since exact extents carry none,
+/// [`SMALL_ROW_ELEMS_PER_THREAD`] serves row tiles of up to [`SMALL_ROW_TILE`] elements.
 pub const ELEMS_PER_THREAD: u32 = 16;
+
+/// Elements per thread for a block whose tiles (with a full extent) hold at most
+/// [`SMALL_ROW_TILE`] elements: 128-thread blocks at 1024- and 4096-element rows, four
+/// 16-byte loads in flight per thread. H100, bf16, L2 evicted (NOTES.md, r5): softmax,
+/// RMSNorm, LayerNorm at 97-100% of the copy bandwidth against 84-99% with 256 threads.
+pub const SMALL_ROW_ELEMS_PER_THREAD: u32 = 32;
+
+/// See [`SMALL_ROW_ELEMS_PER_THREAD`]. Longer rows keep 16 elements a thread (1024
+/// threads at 16384, a persistent grid): with 32, LayerNorm's registers left one
+/// 512-thread block per multiprocessor (72% against 93%).
+pub const SMALL_ROW_TILE: u32 = 4096;
 
 /// Above this many elements per thread, a full-extent axis is cut across a cluster.
 pub const CLUSTER_ABOVE: u32 = 32;
@@ -141,7 +154,10 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let threads = match spec.threads {
         Some(t) if t.is_power_of_two() && (32..=1024).contains(&t) => t,
         Some(t) => return Err(CodegenError::Unsupported(format!("threads override {t}: a power of two from 32 to 1024"))),
-        None => (max_elems / ELEMS_PER_THREAD).next_power_of_two().clamp(32, cap),
+        None => {
+            let per = if has_full && max_elems <= SMALL_ROW_TILE { SMALL_ROW_ELEMS_PER_THREAD } else { ELEMS_PER_THREAD };
+            (max_elems / per).next_power_of_two().clamp(32, cap)
+        }
     };
     let mut per_thread = max_elems / threads;
     // Rows too long for one block: cut the full extent across a thread-block cluster.
@@ -267,6 +283,10 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
         matches!(k.op(o), Op::Load { .. }) && k.loop_of(o).is_none() && k.ty(o.value()).shape == [at.shape[0], bt.shape[1]]
     });
     let bn = if epilogue_tile && target.sm == 90 { bn.min(128) } else { bn };
+    // several dots in the loop (`select_mma_path::MAX_DOTS`): their accumulators share
+    // the registers of one 256-wide tile (two dots: 128 wide each)
+    let ndots = crate::passes::select_mma_path::dots(k).len() as u32;
+    let bn = if ndots > 1 && target.sm == 90 { bn.min((256 / ndots / 64).max(1) * 64) } else { bn };
     let want = [(at.shape[0], bm), (at.shape[1], bk), (bt.shape[1], bn)];
     for (e, v) in want {
         match e {

@@ -1,7 +1,8 @@
 //! `pipeline_stages`: how many shared-memory stages the pipelined dot loop keeps in
 //! flight.
 //!
-//! One stage holds an A tile `[BM, BK]` and a B tile `[BK, BN]`. The pass takes as many
+//! One stage holds an A tile `[BM, BK]` and a B tile `[BK, BN]` (several dots in one
+//! loop: each distinct A and B tile once). The pass takes as many
 //! stages as fit in the target's shared memory (less the epilogue's output tile when it
 //! leaves through a TMA store, and a reserve for layout conversions and the barriers), at most [`MAX_STAGES`], at least 2. The
 //! override `KFUSE_STAGES` reaches it through `Spec::tiles["STAGES"]`. The mma.sync
@@ -9,7 +10,7 @@
 //! (`mma_sync_stages`). The FMA path (`MmaPath::FmaSimt`) has two stages by design
 //! (register prefetch of the next slab); this pass leaves it alone.
 
-use kfuse_ir::{Kernel, MmaPath};
+use kfuse_ir::{Kernel, MmaPath, OpId};
 
 use crate::target::{Spec, Target};
 use crate::CodegenError;
@@ -43,11 +44,15 @@ pub fn partial_bytes(k: &Kernel) -> u32 {
     }
 }
 
-/// Bytes of one pipeline stage.
+/// Bytes of one pipeline stage: each distinct A tile `[BM, BK]` and B tile `[BK, BN]`
+/// of the plan's dots once (one of each for a single dot).
 pub fn stage_bytes(k: &Kernel) -> u32 {
     let Some(p) = &k.schedule.mma else { return 0 };
     let esz = k.ty(k.operands(p.dot)[0]).dtype.size_bytes() as u32;
-    (p.tile[0] * p.tile[2] + p.tile[2] * p.tile[1]) * esz
+    let dots = p.all_dots();
+    let distinct = |f: fn(&kfuse_ir::MmaDot) -> OpId| dots.iter().map(f).collect::<std::collections::BTreeSet<_>>().len() as u32;
+    let (na, nb) = (distinct(|d| d.a.load), distinct(|d| d.b.load));
+    (na * p.tile[0] * p.tile[2] + nb * p.tile[2] * p.tile[1]) * esz
 }
 
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {

@@ -15,6 +15,15 @@
 //! columns of `b` must be addressed by offsets computed before the loop (so the
 //! result's valid ranges do not move while it accumulates).
 //!
+//! Several dots in the loop (up to [`MAX_DOTS`]), each matching the pattern with an
+//! accumulator of its own and the loop carrying nothing else, are one plan
+//! ([`MmaPlan::more`]): `g += dot(a, bg); u += dot(a, bu)` (the SwiGLU pair) shares its
+//! A tile, and dots with their own A tiles are fine too. They must agree in operand
+//! dtype, precision and tile shape, and a load feeds either A or B operands. Only the
+//! WGMMA path takes them, with `n · BN ≤ 256` (the accumulators share one consumer's
+//! registers; `choose_tiles` narrows `BN`) and no cluster split or multicast; the
+//! other paths refuse several dots with the reason.
+//!
 //! Paths, by target:
 //! 1. [`MmaPath::WgmmaTma`] on sm_90: f16/bf16/f8e4m3/f8e5m2 operands, and the f32
 //!    operands of a `dot_tf32` ([`DotPrecision::Tf32`]), whose tensors TMA can read
@@ -44,11 +53,11 @@
 //!    take): a clear error naming what is missing.
 //!
 //! Invariant on success: `schedule.mma` names the `For`, the `Dot`, the carried index
-//! and the two operand loads, and `schedule.num_threads` counts the threads that hold
+//! and the two operand loads (and those of every further dot in `more`), and `schedule.num_threads` counts the threads that hold
 //! the accumulator (on WGMMA the consumer warpgroups; the block has one more
 //! warpgroup, the producer; on mma.sync and FMA all of the block's warps).
 
-use kfuse_ir::{AccessDim, BinaryOp, DType, DotPrecision, Kernel, Literal, Major, MmaOperand, MmaPath, MmaPlan, Op, OpId, ValueId};
+use kfuse_ir::{AccessDim, BinaryOp, DType, DotPrecision, Kernel, Literal, LoopInfo, Major, MmaDot, MmaOperand, MmaPath, MmaPlan, Op, OpId, ValueId};
 
 use crate::analysis::extent_value;
 use crate::target::{Spec, Target};
@@ -144,18 +153,20 @@ fn tma_obstacle(k: &Kernel, spec: &Spec, load: OpId) -> Option<String> {
     None
 }
 
-pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
-    let dots = dots(k);
-    let Some(&dot) = dots.first() else { return Ok(()) };
-    if dots.len() > 1 {
-        return Err(unsupported("more than one `dot` in a kernel (one pipelined dot loop per kernel for now)"));
-    }
-    let nest = k.loop_nest();
-    let pos = |o: OpId| k.position(o);
-    let Some(lid) = nest[pos(dot)] else {
-        return Err(unsupported("a `dot` outside a loop: accumulate it in a `for` loop over K (`acc += dot(..)`)"));
-    };
-    let info = k.loop_info(lid).ok_or_else(|| unsupported("a loop without its yield"))?;
+/// One `dot` of the loop as [`accumulation`] found it: the dot, its accumulator's carried
+/// index, the `acc + dot` op, and each operand's load and whether a `.t()` swaps its axes.
+struct Accumulated {
+    dot: OpId,
+    carried: u32,
+    add: OpId,
+    a: (OpId, bool),
+    b: (OpId, bool),
+}
+
+/// Checks that `dot` (in loop `info`) accumulates into a carried value of its loop
+/// that starts as zeros and is yielded as `acc + dot(..)`, of two tile loads whose rows
+/// (A) and columns (B) are addressed by offsets computed before the loop.
+fn accumulation(k: &Kernel, dot: OpId, info: &LoopInfo) -> Result<Accumulated, CodegenError> {
     // dot → add(carried, dot) → yield
     let users = k.users(dot.value());
     let [add] = users.as_slice() else { return Err(unsupported("the result of `dot` must only be added to the loop's accumulator")) };
@@ -168,7 +179,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let Op::LoopCarried { id, index } = *k.op(other.op()) else {
         return Err(unsupported("`dot` must be added to a value the loop carries (`acc += dot(..)`)"));
     };
-    if id != lid {
+    if id != info.id {
         return Err(unsupported("`dot` must accumulate into a value carried by its own loop"));
     }
     let yops = k.operands(info.yield_op);
@@ -184,24 +195,6 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let dops = k.operands(dot);
     let (a_load, a_t) = operand_load(k, dops[0])?;
     let (b_load, b_t) = operand_load(k, dops[1])?;
-    // the body holds only scalars, the loads, their permutes, the dot and the add
-    for &o in &k.order[info.for_pos + 1..info.yield_pos] {
-        let ok = match k.op(o) {
-            Op::LoopIndex { .. } | Op::Dot { .. } => true,
-            Op::LoopCarried { index: i, .. } => *i == index,
-            Op::Load { .. } => o == a_load || o == b_load,
-            Op::Permute { .. } => o == dops[0].op() || o == dops[1].op(),
-            Op::Binary(_) if o == add => true,
-            _ => k.node(o).ty.as_ref().is_some_and(|t| t.is_scalar()),
-        };
-        if !ok {
-            return Err(unsupported(format!(
-                "the loop around `dot` also computes `{}` ({}); the matrix path pipelines a loop of only tile loads, index arithmetic and the dot",
-                k.op(o).mnemonic(),
-                o.value()
-            )));
-        }
-    }
     for (load, t, what) in [(a_load, a_t, "rows of the first"), (b_load, b_t, "columns of the second")] {
         let Op::Load { dims, .. } = k.op(load) else { unreachable!() };
         let tiles: Vec<usize> = dims.iter().enumerate().filter(|(_, d)| matches!(d, AccessDim::Tile(_))).map(|(i, _)| i).collect();
@@ -212,18 +205,97 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         let fixed_axis = if what.starts_with("rows") { 0 } else { 1 };
         let tensor_dim = tiles[if t { 1 - fixed_axis } else { fixed_axis }];
         let off = k.operands(load)[tensor_dim];
-        if pos(off.op()) > info.for_pos {
+        if k.position(off.op()) > info.for_pos {
             return Err(unsupported(format!(
                 "the {what} operand of `dot` are addressed by an offset computed inside the loop; compute it before the loop"
             )));
         }
     }
+    Ok(Accumulated { dot, carried: index, add, a: (a_load, a_t), b: (b_load, b_t) })
+}
+
+/// Most dots one loop may accumulate at once on the WGMMA path: their accumulators
+/// share the registers of one 256-column tile (`choose_tiles` narrows `BN` to fit).
+pub const MAX_DOTS: usize = 4;
+
+pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
+    let dots = dots(k);
+    let Some(&dot) = dots.first() else { return Ok(()) };
+    let nest = k.loop_nest();
+    let pos = |o: OpId| k.position(o);
+    let Some(lid) = nest[pos(dot)] else {
+        return Err(unsupported("a `dot` outside a loop: accumulate it in a `for` loop over K (`acc += dot(..)`)"));
+    };
+    let info = k.loop_info(lid).ok_or_else(|| unsupported("a loop without its yield"))?;
+    // several dots: all in the one loop, each into its own accumulator
+    if dots.iter().any(|&d| nest[pos(d)] != Some(lid)) {
+        return Err(unsupported("`dot`s in more than one loop (the matrix path pipelines one dot loop per kernel)"));
+    }
+    if dots.len() > MAX_DOTS {
+        return Err(unsupported(format!("{} `dot`s in one loop: the matrix path accumulates at most {MAX_DOTS} at once", dots.len())));
+    }
+    let found = dots.iter().map(|&d| accumulation(k, d, &info)).collect::<Result<Vec<_>, _>>()?;
+    let first = &found[0];
+    let (index, (a_load, a_t), (b_load, b_t)) = (first.carried, first.a, first.b);
+    if info.carried as usize != found.len() {
+        return Err(unsupported("a dot loop that carries more than its accumulators"));
+    }
+    let dops = k.operands(dot);
+    // the body holds only scalars, the loads, their permutes, the dots and the adds
+    for &o in &k.order[info.for_pos + 1..info.yield_pos] {
+        let ok = match k.op(o) {
+            Op::LoopIndex { .. } | Op::Dot { .. } => true,
+            Op::LoopCarried { index: i, .. } => found.iter().any(|f| f.carried == *i),
+            Op::Load { .. } => found.iter().any(|f| o == f.a.0 || o == f.b.0),
+            Op::Permute { .. } => found.iter().any(|f| k.operands(f.dot).iter().any(|v| v.op() == o)),
+            Op::Binary(_) => found.iter().any(|f| f.add == o) || k.node(o).ty.as_ref().is_some_and(|t| t.is_scalar()),
+            _ => k.node(o).ty.as_ref().is_some_and(|t| t.is_scalar()),
+        };
+        if !ok {
+            return Err(unsupported(format!(
+                "the loop around `dot` also computes `{}` ({}); the matrix path pipelines a loop of only tile loads, index arithmetic and the dot",
+                k.op(o).mnemonic(),
+                o.value()
+            )));
+        }
+    }
     let dtype = k.ty(dops[0]).dtype;
     let tf32 = matches!(k.op(dot), Op::Dot { precision: DotPrecision::Tf32 });
+    // the other dots: the first one's dtype, precision and tile shape; a load is an A
+    // operand or a B operand, not both
+    for f in &found[1..] {
+        let fo = k.operands(f.dot);
+        if k.op(f.dot) != k.op(dot) || k.ty(fo[0]).dtype != dtype {
+            return Err(unsupported(format!(
+                "the `dot`s of one loop must share their operand dtype and precision (`{}` of {} and `{}` of {})",
+                k.op(dot).mnemonic(),
+                dtype,
+                k.op(f.dot).mnemonic(),
+                k.ty(fo[0]).dtype
+            )));
+        }
+        if k.ty(fo[0]).shape != k.ty(dops[0]).shape || k.ty(fo[1]).shape != k.ty(dops[1]).shape {
+            return Err(unsupported("the `dot`s of one loop must multiply tiles of one shape ([BM, BK] · [BK, BN])"));
+        }
+    }
+    if found.iter().any(|f| found.iter().any(|g| f.a.0 == g.b.0)) {
+        return Err(unsupported("a tile load feeds one `dot` as its first operand and another as its second"));
+    }
+    // paths that take one dot only: say so where several meet them
+    let one_dot = |why: &str| -> Result<(), CodegenError> {
+        if found.len() > 1 {
+            return Err(unsupported(format!(
+                "{} `dot`s in one loop: only the sm_90a WGMMA path accumulates several at once ({why})",
+                found.len()
+            )));
+        }
+        Ok(())
+    };
     let fma_loop = fma::DotLoop { for_op: info.for_op, dot, carried: index, yield_pos: info.yield_pos, a: (a_load, a_t), b: (b_load, b_t) };
     // f32 operands: exact FMAs on every target, unless the dot allows TF32 and the
     // target has a TF32 path (WGMMA, sm_90); elsewhere `dot_tf32` is computed exactly
     if dtype == DType::F32 && (!tf32 || target.sm != 90) {
+        one_dot("f32 operands take the FMA path here")?;
         return fma::plan(k, spec, &fma_loop);
     }
     // WGMMA on sm_90, mma.sync on every other sm_80+ target (`schedule` refuses older
@@ -237,11 +309,13 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         return Err(unsupported(format!("`dot` of {dtype} tiles: the {what} path takes {list}")));
     }
     let copy = if mma_sync_only { "cp.async" } else { "tensor-memory-accelerator" };
-    for l in [a_load, b_load] {
+    let loads: Vec<OpId> = found.iter().flat_map(|f| [f.a.0, f.b.0]).collect();
+    for &l in &loads {
         if let Some(why) = tma_obstacle(k, spec, l) {
             // 16-bit operands the copy engines cannot read: FMAs instead; so do f32
             // operands of `dot_tf32` (exact products are within what it allows)
             if matches!(dtype, DType::F16 | DType::BF16) || tf32 {
+                one_dot(&format!("the {copy} path cannot read an operand: {why}"))?;
                 return fma::plan(k, spec, &fma_loop);
             }
             return Err(unsupported(format!("the {copy} path cannot read this `dot` operand: {why}")));
@@ -253,8 +327,8 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         let c = if transposed { 1 - c } else { c };
         Ok(if c == k_axis { Major::K } else { Major::MN })
     };
-    let a_major = major(a_load, a_t, 1)?;
-    let b_major = major(b_load, b_t, 0)?;
+    let majors = found.iter().map(|f| Ok((major(f.a.0, f.a.1, 1)?, major(f.b.0, f.b.1, 0)?))).collect::<Result<Vec<_>, CodegenError>>()?;
+    let (a_major, b_major) = majors[0];
     // WGMMA transposes only 16-bit operands in shared memory: 8-bit and TF32 ones must
     // lie with K contiguous (A row-major, B as the transpose of an `[N, K]` row-major
     // tensor)
@@ -265,13 +339,15 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             (format!("{dtype} `dot`"), "`kfuse::ops::gemm` makes such a copy")
         };
         let read = if tf32 { "TF32".to_string() } else { dtype.to_string() };
-        for (maj, l, what) in [(a_major, a_load, "first"), (b_major, b_load, "second")] {
-            if maj != Major::K {
-                let Op::Load { tensor, .. } = k.op(l) else { unreachable!() };
-                return Err(unsupported(format!(
-                    "the {what} operand of a {name} (`{}`) has its unit stride along M/N; WGMMA reads {read} operands only with K contiguous (pass B as the transpose `.t()` of an [N, K] tensor; {fix})",
-                    k.param(*tensor).name
-                )));
+        for (f, &(am, bm)) in found.iter().zip(&majors) {
+            for (maj, l, what) in [(am, f.a.0, "first"), (bm, f.b.0, "second")] {
+                if maj != Major::K {
+                    let Op::Load { tensor, .. } = k.op(l) else { unreachable!() };
+                    return Err(unsupported(format!(
+                        "the {what} operand of a {name} (`{}`) has its unit stride along M/N; WGMMA reads {read} operands only with K contiguous (pass B as the transpose `.t()` of an [N, K] tensor; {fix})",
+                        k.param(*tensor).name
+                    )));
+                }
             }
         }
     }
@@ -280,6 +356,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let (bm, bk, bn) = (extent_value(k, at[0]), extent_value(k, at[1]), extent_value(k, bt[1]));
     let esz = dtype.size_bytes() as u32;
     if mma_sync_only {
+        one_dot("mma.sync takes one")?;
         if [a_load, b_load].iter().any(|&l| cp_async_obstacle(k, spec, l, esz).is_some()) {
             return fma::plan(k, spec, &fma_loop);
         }
@@ -294,6 +371,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             carried: index,
             a: MmaOperand { load: a_load, major: a_major, swizzle: plan.0[0] },
             b: MmaOperand { load: b_load, major: b_major, swizzle: plan.0[1] },
+            more: Vec::new(),
             tile: [bm, bn, bk],
             instr: [16, 8, 16],
             consumers: 0,
@@ -311,6 +389,17 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     }
     if !(bm == 64 || bm == 128) || !(64..=256).contains(&bn) || bn % 64 != 0 {
         return Err(unsupported(format!("a {bm}x{bn} dot tile: the WGMMA path takes BM of 64 or 128 and BN a multiple of 64 up to 256")));
+    }
+    // the accumulators of several dots share a consumer's registers: at most 256
+    // columns of f32 in all (128 registers a thread)
+    if found.len() as u32 * bn > 256 {
+        return Err(unsupported(format!(
+            "{} `dot`s of {bm}x{bn} tiles: their accumulators need {} f32 registers a consumer thread; the WGMMA path holds at most 128 (BN = {} for {} dots)",
+            found.len(),
+            found.len() as u32 * bn / 2,
+            (256 / found.len() as u32 / 64) * 64,
+            found.len()
+        )));
     }
     let consumers = bm / 64;
     // the epilogue store that can go out through shared memory and TMA: the one store
@@ -337,6 +426,19 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let split_k = spec.tiles.get("SPLITK").copied().unwrap_or(1).clamp(1, 8);
     // A tiles multicast across a cluster of neighbouring tiles (`MCAST`); not with a split
     let multicast = if split_k > 1 { 1 } else { spec.tiles.get("MCAST").copied().unwrap_or(1).clamp(1, 4) };
+    if found.len() > 1 && (split_k > 1 || multicast > 1) {
+        return Err(unsupported(format!("SPLITK / MCAST with {} `dot`s in one loop (the cluster paths take one)", found.len())));
+    }
+    let more = found[1..]
+        .iter()
+        .zip(&majors[1..])
+        .map(|(f, &(am, bm))| MmaDot {
+            dot: f.dot,
+            carried: f.carried,
+            a: MmaOperand { load: f.a.0, major: am, swizzle: 128 },
+            b: MmaOperand { load: f.b.0, major: bm, swizzle: 128 },
+        })
+        .collect();
     k.schedule.num_threads = 128 * consumers;
     k.schedule.min_blocks = 1;
     k.schedule.mma = Some(MmaPlan {
@@ -346,6 +448,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         carried: index,
         a: MmaOperand { load: a_load, major: a_major, swizzle: 128 },
         b: MmaOperand { load: b_load, major: b_major, swizzle: 128 },
+        more,
         tile: [bm, bn, bk],
         instr: [64, bn, 32 / esz],
         consumers,

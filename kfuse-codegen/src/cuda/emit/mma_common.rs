@@ -1,6 +1,7 @@
 //! What the dot-loop writers (`wgmma.rs`, `mma_sm80.rs`, `dot_fma.rs`) need of a pipelined dot
 //! loop's operands: which tensor dimension feeds which tile axis, the valid range of
-//! the accumulator along it, and the scalar index arithmetic that addresses the loads.
+//! the accumulator along it, and the scalar index arithmetic that addresses the loads;
+//! the accumulators' registers (one array per dot of the loop: `kf_acc`, `kf_acc1`, …).
 
 use super::*;
 use kfuse_ir::{LoopInfo, MmaPlan};
@@ -59,16 +60,21 @@ pub(super) fn scalar_slice(k: &Kernel, roots: &[ValueId], from: usize) -> Result
     Ok(k.ops().filter(|o| seen.contains(o) && !matches!(k.op(*o), Op::LoopIndex { .. })).collect())
 }
 
-/// The ops behind the dot loop's zero init that nothing else uses (a broadcast of a
-/// literal): the writers zero the accumulator registers instead of materializing them.
-pub(super) fn init_only_ops(k: &Kernel, init: ValueId) -> Vec<OpId> {
-    let mut v = vec![];
-    let mut x = init;
-    while k.users(x).len() == 1 && !k.ty(x).is_scalar() {
-        v.push(x.op());
-        match k.op(x.op()) {
-            Op::Broadcast => x = k.operands(x.op())[0],
-            _ => break,
+/// The tile ops behind the dot loop's zero inits that nothing but the loop's `For`
+/// (and each other) uses (a broadcast of a literal): the writers zero the accumulator
+/// registers instead of materializing them.
+pub(super) fn init_only_ops(k: &Kernel, for_op: OpId, inits: &[ValueId]) -> Vec<OpId> {
+    let mut v: Vec<OpId> = vec![];
+    for &init in inits {
+        let mut x = init;
+        while !k.ty(x).is_scalar() && k.users(x).iter().all(|&u| u == for_op || v.contains(&u)) {
+            if !v.contains(&x.op()) {
+                v.push(x.op());
+            }
+            match k.op(x.op()) {
+                Op::Broadcast => x = k.operands(x.op())[0],
+                _ => break,
+            }
         }
     }
     v
@@ -86,20 +92,26 @@ pub(super) fn non_negative_in_loop(k: &Kernel, v: ValueId) -> bool {
     }
 }
 
-/// The plan's dot loop: a `for` that carries its accumulator alone.
+/// The plan's dot loop: a `for` that carries its accumulators alone (one per dot).
 pub(super) fn dot_loop(k: &Kernel, plan: &MmaPlan) -> Result<LoopInfo, CodegenError> {
     let unsupported = |m: &str| CodegenError::Unsupported(m.into());
     let Op::For { id, carried } = *k.op(plan.for_op) else { return Err(unsupported("the plan's loop is not a `for`")) };
-    if carried != 1 {
-        return Err(unsupported("a dot loop that carries more than its accumulator"));
+    if carried as usize != 1 + plan.more.len() {
+        return Err(unsupported("a dot loop that carries more than its accumulators"));
     }
     k.loop_info(id).ok_or_else(|| unsupported("a loop without its yield"))
 }
 
-/// The dot loop's result and the register map of its layout.
+/// The dot loop's result (of the plan's first dot) and the register map of its layout.
 pub(super) fn accumulator_map(k: &Kernel, info: &LoopInfo) -> Result<(ValueId, RegMap), CodegenError> {
+    accumulator_map_of(k, info, 0)
+}
+
+/// The loop's result `carried` (the accumulator of one dot) and the register map of its
+/// layout.
+pub(super) fn accumulator_map_of(k: &Kernel, info: &LoopInfo, carried: u32) -> Result<(ValueId, RegMap), CodegenError> {
     let unsupported = |m: &str| CodegenError::Unsupported(m.into());
-    let res = info.results[0].ok_or_else(|| unsupported("a dot loop whose result is unused"))?;
+    let res = info.results.get(carried as usize).copied().flatten().ok_or_else(|| unsupported("a dot loop whose result is unused"))?;
     let layout = k.schedule.layouts.get(&res).ok_or_else(|| unsupported("the dot loop's result has no layout"))?;
     let map = RegMap::of(layout).ok_or_else(|| unsupported("a uniform accumulator"))?;
     Ok((res, map))
@@ -112,30 +124,60 @@ pub(super) type AccRanges = (Vec<String>, Vec<String>);
 /// that only feed its zero init, then the accumulator's valid ranges (rows of A,
 /// columns of B) and its `regs` f32 registers `kf_acc`, zeroed.
 pub(super) fn zeroed_accumulator(e: &mut Emitter, plan: &MmaPlan, for_pos: usize, regs: u32) -> Result<AccRanges, CodegenError> {
+    let mut all = zeroed_accumulators(e, plan, for_pos, regs)?;
+    Ok(all.remove(0))
+}
+
+/// The C name of dot `i`'s accumulator registers (in [`MmaPlan::all_dots`] order):
+/// `kf_acc`, `kf_acc1`, `kf_acc2`, …
+pub(super) fn accumulator_name(i: usize) -> String {
+    if i == 0 {
+        "kf_acc".into()
+    } else {
+        format!("kf_acc{i}")
+    }
+}
+
+/// [`zeroed_accumulator`] for every dot of the plan: the ops before the loop but those
+/// that only feed the zero inits, then per dot its accumulator's valid ranges and its
+/// `regs` registers ([`accumulator_name`]), zeroed; the ranges in dot order.
+pub(super) fn zeroed_accumulators(e: &mut Emitter, plan: &MmaPlan, for_pos: usize, regs: u32) -> Result<Vec<AccRanges>, CodegenError> {
     let k = e.k;
-    let init_only = init_only_ops(k, k.operands(plan.for_op)[3]);
+    let dots = plan.all_dots();
+    let inits: Vec<ValueId> = dots.iter().map(|d| k.operands(plan.for_op)[3 + d.carried as usize]).collect();
+    let init_only = init_only_ops(k, plan.for_op, &inits);
     for &o in &k.order[..for_pos] {
         if !init_only.contains(&o) {
             e.op(o)?;
         }
     }
     let [bm, bn, _] = plan.tile;
-    let dops = k.operands(plan.dot);
-    let a_dim = tensor_dim_of(k, dops[0], plan.a.load, 0);
-    let b_dim = tensor_dim_of(k, dops[1], plan.b.load, 1);
-    let (rlo, rhi) = range_of(e, plan.a.load, a_dim, bm)?;
-    let (clo, chi) = range_of(e, plan.b.load, b_dim, bn)?;
-    e.line(format!("float kf_acc[{regs}];"))?;
-    e.unroll("i", regs)?;
-    e.line("kf_acc[i] = 0.0f;")?;
-    e.close()?;
-    Ok((vec![rlo, clo], vec![rhi, chi]))
+    let mut out = Vec::new();
+    for (i, d) in dots.iter().enumerate() {
+        let dops = k.operands(d.dot);
+        let a_dim = tensor_dim_of(k, dops[0], d.a.load, 0);
+        let b_dim = tensor_dim_of(k, dops[1], d.b.load, 1);
+        let (rlo, rhi) = range_of(e, d.a.load, a_dim, bm)?;
+        let (clo, chi) = range_of(e, d.b.load, b_dim, bn)?;
+        let acc = accumulator_name(i);
+        e.line(format!("float {acc}[{regs}];"))?;
+        e.unroll("i", regs)?;
+        e.line(format!("{acc}[i] = 0.0f;"))?;
+        e.close()?;
+        out.push((vec![rlo, clo], vec![rhi, chi]));
+    }
+    Ok(out)
 }
 
 /// The accumulator registers `kf_acc` as a `[BM, BN]` f32 value of register map `map`.
-pub(super) fn accumulator_val(plan: &MmaPlan, map: RegMap, (lo, hi): AccRanges) -> Val {
+pub(super) fn accumulator_val(plan: &MmaPlan, map: RegMap, ranges: AccRanges) -> Val {
+    accumulator_val_named(plan, "kf_acc", map, ranges)
+}
+
+/// Registers `name` as a `[BM, BN]` f32 accumulator value of register map `map`.
+pub(super) fn accumulator_val_named(plan: &MmaPlan, name: &str, map: RegMap, (lo, hi): AccRanges) -> Val {
     let [bm, bn, _] = plan.tile;
-    Val { name: "kf_acc".into(), dtype: DType::F32, map: Some(map), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo, hi }
+    Val { name: name.into(), dtype: DType::F32, map: Some(map), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo, hi }
 }
 
 /// Traps on a non-positive step and writes the dot loop's trip count `kf_n`; gives the

@@ -22,6 +22,12 @@
 //!   ([`crate::layout::mma_accumulator`]), with a named barrier over the consumers
 //!   wherever the writer needs one; a `[BM, BN]` store leaves through swizzled shared
 //!   memory and a TMA bulk store when the plan says so (`MmaPlan::store`);
+//! - several dots in the loop ([`MmaPlan::more`]): a stage holds each distinct operand
+//!   tile once (the producer loads a shared A tile once for all of them, tensor maps
+//!   `kf_tm0…` in [`MmaPlan::stage_operands`] order, the output's map after them);
+//!   each consumer keeps one accumulator array per dot (`kf_acc`, `kf_acc1`, …) and
+//!   issues every dot's `wgmma` per K step into one commit group; the epilogue sees
+//!   each loop result on its own registers;
 //! - on request, thread-block clusters: `split_k` blocks share one tile's loop and sum
 //!   their partial accumulators in the first block through distributed shared memory,
 //!   or `multicast` blocks on neighbouring tiles of one tile row share A by TMA
@@ -34,9 +40,9 @@
 //! 1024 bytes apart (SBO) and boxes `BK * 128` bytes apart (LBO), each `k16` step +2048
 //! bytes. TMA writes exactly these boxes (box inner extent = 128 bytes).
 
-use super::mma_common::{accumulator_map, accumulator_val, dot_loop, scalar_slice, zeroed_accumulator};
+use super::mma_common::{accumulator_map_of, accumulator_name, accumulator_val_named, dot_loop, scalar_slice, zeroed_accumulators};
 use super::*;
-use kfuse_ir::{Major, MmaOperand, MmaPlan};
+use kfuse_ir::{Major, MmaDot, MmaOperand, MmaPlan};
 
 use crate::target::GridAxisEval;
 
@@ -58,6 +64,8 @@ struct Operand {
     box_bytes: u32,
     bytes: u32,
     major: Major,
+    /// An A tile `[BM, BK]` (else a B tile `[BK, BN]`).
+    is_a: bool,
 }
 
 /// The TMA boxes of an operand load: per tensor dimension the tile extent (1 for an
@@ -85,11 +93,21 @@ fn boxes_of(k: &Kernel, o: &MmaOperand, order: &[u32]) -> Result<(Vec<u32>, u32,
     Ok((b, nq, box_bytes))
 }
 
-/// The `kf_wgmma` helper: one `m64nNkK` instruction (K = 32 bytes of the dtype) with
+/// The name of the WGMMA helper dot `d` calls: `kf_wgmma` for the majorness of the
+/// plan's first dot `first`, `kf_wgmma_MK`-style (A's then B's: `K` or `M`) for another.
+fn wgmma_name(first: &MmaDot, d: &MmaDot) -> String {
+    if (d.a.major, d.b.major) == (first.a.major, first.b.major) {
+        return "kf_wgmma".into();
+    }
+    let m = |x: Major| if x == Major::K { "K" } else { "M" };
+    format!("kf_wgmma_{}{}", m(d.a.major), m(d.b.major))
+}
+
+/// A `kf_wgmma`-style helper `name`: one `m64nNkK` instruction (K = 32 bytes of the dtype) with
 /// f32 accumulators; the transpose immediates exist only for 16-bit operands. f32
 /// operands are read as TF32 (`k8 … .tf32`): the plan takes them only from a
 /// `dot_tf32`.
-fn wgmma_fn(dtype: DType, n: u32, trans_a: bool, trans_b: bool) -> Result<String, CodegenError> {
+fn wgmma_fn(name: &str, dtype: DType, n: u32, trans_a: bool, trans_b: bool) -> Result<String, CodegenError> {
     let regs = n / 2;
     let ty = match dtype {
         DType::F16 => "f16",
@@ -104,7 +122,7 @@ fn wgmma_fn(dtype: DType, n: u32, trans_a: bool, trans_b: bool) -> Result<String
     let list: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
     let outs: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
     Ok(format!(
-        "static __device__ __forceinline__ void kf_wgmma(float* d, unsigned long long da, unsigned long long db) {{\n  asm volatile(\"wgmma.mma_async.sync.aligned.m64n{n}k{kk}.f32.{ty}.{ty} {{{}}}, %{}, %{}, 1, 1, 1{trans};\"\n    : {}\n    : \"l\"(da), \"l\"(db));\n}}\n",
+        "static __device__ __forceinline__ void {name}(float* d, unsigned long long da, unsigned long long db) {{\n  asm volatile(\"wgmma.mma_async.sync.aligned.m64n{n}k{kk}.f32.{ty}.{ty} {{{}}}, %{}, %{}, 1, 1, 1{trans};\"\n    : {}\n    : \"l\"(da), \"l\"(db));\n}}\n",
         list.join(", "),
         regs,
         regs + 1,
@@ -138,9 +156,11 @@ pub(super) fn emit_kernel(
     if split > 1 && mcast > 1 {
         return Err(CodegenError::Unsupported("a dot loop split across a cluster and multicast at once".into()));
     }
-    // tensor maps
+    // tensor maps: one per distinct operand tile of a stage (A and B of a single dot)
+    let dots = plan.all_dots();
     let mut operands = Vec::new();
-    for (i, o) in [&plan.a, &plan.b].into_iter().enumerate() {
+    for (i, o) in plan.stage_operands().iter().enumerate() {
+        let is_a = dots.iter().any(|d| d.a.load == o.load);
         let Op::Load { tensor, .. } = k.op(o.load) else { unreachable!() };
         let order = crate::passes::select_mma_path::tma_order(k, spec, o.load)
             .ok_or_else(|| CodegenError::Unsupported("a dot operand without a unit-stride dimension".into()))?;
@@ -149,7 +169,7 @@ pub(super) fn emit_kernel(
         decls.push(format!("const __grid_constant__ CUtensorMap {map}"));
         params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: boxes.clone(), swizzle: o.swizzle, order: order.clone() });
         let offs = k.operands(o.load).iter().map(|v| format!("v{}", v.index())).collect();
-        operands.push(Operand { map, offs, order, boxes, nq, outer_slices: false, box_bytes, bytes: box_bytes * nq, major: o.major });
+        operands.push(Operand { map, offs, order, boxes, nq, outer_slices: false, box_bytes, bytes: box_bytes * nq, major: o.major, is_a });
     }
     // multicast: each block of the cluster loads a slice of the A tile for all of them
     // (whole boxes when A comes in several, else a slice of its rows)
@@ -179,10 +199,23 @@ pub(super) fn emit_kernel(
     }
     let a_bytes = bm * bk * esz;
     let b_bytes = bk * bn * esz;
-    if operands[0].bytes != a_bytes || operands[1].bytes != b_bytes {
+    if operands.iter().any(|o| o.bytes != if o.is_a { a_bytes } else { b_bytes }) {
         return Err(CodegenError::Unsupported("TMA boxes that do not cover the dot's tiles".into()));
     }
-    let stage_bytes = a_bytes + b_bytes;
+    // each operand's offset in a stage, in stage order
+    let mut at = Vec::new();
+    let mut stage_bytes = 0;
+    for o in &operands {
+        at.push(stage_bytes);
+        stage_bytes += o.bytes;
+    }
+    // the stage pointer of operand `i` (`kf_sa`, `kf_sb` for a single dot's A and B)
+    let sname = |i: usize| match i {
+        0 => "kf_sa".to_string(),
+        1 => "kf_sb".to_string(),
+        i => format!("kf_s{i}"),
+    };
+    let op_index = |load: OpId| plan.stage_operands().iter().position(|o| o.load == load).unwrap_or(0);
     // the epilogue's output tile (TMA store) and, under a cluster split, the partial
     // accumulator (the same bytes: only the first block stores): after the stages and
     // the barriers (full, empty per stage; two for the split's hand-off), 1024-aligned
@@ -190,12 +223,14 @@ pub(super) fn emit_kernel(
     let part_bytes = if split > 1 { bm * bn * 4 } else { 0 };
     let mut c_bytes = 0;
     let mut c_map = None;
+    // the output's tensor map follows the operands' (`kf_tm2` for a single dot)
+    let c_map_name = format!("kf_tm{}", operands.len());
     if let Some(st) = &plan.store {
         let Op::Store { tensor, .. } = k.op(st.load) else { unreachable!() };
         let esz = k.param(*tensor).dtype.size_bytes() as u32;
         let inner = st.swizzle / esz;
         c_bytes = bm * bn * esz;
-        decls.push("const __grid_constant__ CUtensorMap kf_tm2".to_string());
+        decls.push(format!("const __grid_constant__ CUtensorMap {c_map_name}"));
         params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: vec![bm, inner], swizzle: st.swizzle, order: vec![1, 0] });
         c_map = Some((st.load, inner, bm * inner * esz));
     }
@@ -295,8 +330,9 @@ pub(super) fn emit_kernel(
     e.open("if (kf_tid < 128)")?;
     // registers: the consumers of a 256-wide tile hold 128 accumulators each and take
     // 240 (232 spilled a bias epilogue), leaving the producer 24; narrower tiles leave
-    // the producer 56 (its split-loop index arithmetic spilled at 24 and at 40)
-    let (prod_regs, cons_regs) = match (consumers, bn > 128) {
+    // the producer 56 (its split-loop index arithmetic spilled at 24 and at 40). Several
+    // dots count their accumulators together (two 128-wide ones as one 256-wide).
+    let (prod_regs, cons_regs) = match (consumers, bn * dots.len() as u32 > 128) {
         (1, _) => (40, 256),
         // a multicasting producer needs a few more (it spilled at 24)
         (_, true) if cluster > 1 => (40, 232),
@@ -310,7 +346,7 @@ pub(super) fn emit_kernel(
     e.open(tile_walk.clone())?;
     pids(&mut e)?;
     let mut roots = vec![lo, hi, step];
-    for o in [&plan.a, &plan.b] {
+    for o in plan.stage_operands() {
         roots.extend(k.operands(o.load));
     }
     let slice = scalar_slice(k, &roots, 0)?;
@@ -326,8 +362,12 @@ pub(super) fn emit_kernel(
     e.line("kf_mbar_wait(&kf_empty[kf_stage], kf_phase ^ 1u);")?;
     e.line(format!("kf_mbar_expect_tx(&kf_full[kf_stage], {stage_bytes}u);"))?;
     e.line(format!("unsigned char* kf_sa = kf_pipe + kf_stage * {stage_bytes};"))?;
-    e.line(format!("unsigned char* kf_sb = kf_sa + {a_bytes};"))?;
-    for (op, dst) in operands.iter().zip(["kf_sa", "kf_sb"]) {
+    for (i, &off) in at.iter().enumerate().skip(1) {
+        e.line(format!("unsigned char* {} = kf_sa + {off};", sname(i)))?;
+    }
+    for (i, op) in operands.iter().enumerate() {
+        let dst = sname(i);
+        let dst = dst.as_str();
         let r = op.boxes.len();
         if !(2..=3).contains(&r) {
             return Err(CodegenError::Unsupported(format!("a rank-{r} dot operand tensor (TMA here takes rank 2 and 3)")));
@@ -373,10 +413,10 @@ pub(super) fn emit_kernel(
     e.line("(void)kf_rphase;")?;
     e.open(tile_walk.clone())?;
     pids(&mut e)?;
-    // everything before the loop (but the zeros that only feed its init), the zeroed
-    // accumulator
+    // everything before the loop (but the zeros that only feed the inits), the zeroed
+    // accumulators
     let regs = bn / 2;
-    let ranges = zeroed_accumulator(&mut e, plan, info.for_pos, regs)?;
+    let ranges = zeroed_accumulators(&mut e, plan, info.for_pos, regs)?;
     e.line("int kf_prev = -1;")?;
     // a stage is free once every block that multicasts into it may overwrite it: the
     // consumers release it in every block of the cluster (an arrive with the default
@@ -393,21 +433,34 @@ pub(super) fn emit_kernel(
     e.open(head)?;
     e.line("kf_mbar_wait(&kf_full[kf_stage], kf_phase);")?;
     e.line(format!("const unsigned char* kf_sa = kf_pipe + kf_stage * {stage_bytes};"))?;
-    e.line(format!("const unsigned char* kf_sb = kf_sa + {a_bytes};"))?;
+    for (i, &off) in at.iter().enumerate().skip(1) {
+        e.line(format!("const unsigned char* {} = kf_sa + {off};", sname(i)))?;
+    }
     e.line("kf_wgmma_fence();")?;
     e.unroll("kk", bk / plan.instr[2])?;
-    // A: this warpgroup's 64 rows; B: all columns
-    let (a_off, a_k, a_lbo) = match operands[0].major {
-        Major::K => (64 * 128, 32, 16),
-        Major::MN => (operands[0].box_bytes, 2048, operands[0].box_bytes),
-    };
-    let (b_k, b_lbo) = match operands[1].major {
-        Major::K => (32, 16),
-        Major::MN => (2048, operands[1].box_bytes),
-    };
-    e.line(format!("const unsigned long long da = kf_desc128(kf_sa + kf_wg * {a_off} + kk * {a_k}, {a_lbo}, 1024);"))?;
-    e.line(format!("const unsigned long long db = kf_desc128(kf_sb + kk * {b_k}, {b_lbo}, 1024);"))?;
-    e.line("kf_wgmma(kf_acc, da, db);")?;
+    // per dot: A, this warpgroup's 64 rows (a descriptor per distinct A tile); B, all
+    // columns; the instruction variant of its operands' majorness
+    let mut described = Vec::new();
+    for (j, d) in dots.iter().enumerate() {
+        let (ia, ib) = (op_index(d.a.load), op_index(d.b.load));
+        let (oa, ob) = (&operands[ia], &operands[ib]);
+        let (a_off, a_k, a_lbo) = match oa.major {
+            Major::K => (64 * 128, 32, 16),
+            Major::MN => (oa.box_bytes, 2048, oa.box_bytes),
+        };
+        let (b_k, b_lbo) = match ob.major {
+            Major::K => (32, 16),
+            Major::MN => (2048, ob.box_bytes),
+        };
+        let suffix = |i: usize| if i <= 1 { String::new() } else { i.to_string() };
+        let (da, db) = (format!("da{}", suffix(ia)), format!("db{}", suffix(ib)));
+        if !described.contains(&ia) {
+            e.line(format!("const unsigned long long {da} = kf_desc128({} + kf_wg * {a_off} + kk * {a_k}, {a_lbo}, 1024);", sname(ia)))?;
+            described.push(ia);
+        }
+        e.line(format!("const unsigned long long {db} = kf_desc128({} + kk * {b_k}, {b_lbo}, 1024);", sname(ib)))?;
+        e.line(format!("{}({}, {da}, {db});", wgmma_name(&dots[0], d), accumulator_name(j)))?;
+    }
     e.close()?;
     e.line("kf_wgmma_commit();")?;
     e.line("kf_wgmma_wait<1>();")?;
@@ -446,17 +499,19 @@ pub(super) fn emit_kernel(
         e.line("kf_rphase ^= 1u;")?;
     }
     // the epilogue: everything after the loop, on the accumulator registers
-    let (res, map) = accumulator_map(k, &info)?;
-    if map.regs != regs {
-        return Err(CodegenError::Unsupported(format!("accumulator layout of {} registers, instruction gives {regs}", map.regs)));
+    for ((j, d), r) in dots.iter().enumerate().zip(ranges) {
+        let (res, map) = accumulator_map_of(k, &info, d.carried)?;
+        if map.regs != regs {
+            return Err(CodegenError::Unsupported(format!("accumulator layout of {} registers, instruction gives {regs}", map.regs)));
+        }
+        e.vals.insert(res, accumulator_val_named(plan, &accumulator_name(j), map, r));
     }
-    e.vals.insert(res, accumulator_val(plan, map, ranges));
     for &o in &k.order[info.yield_pos + 1..] {
         if matches!(k.op(o), Op::LoopResult { .. }) {
             continue;
         }
         match c_map {
-            Some((st, inner, box_bytes)) if st == o => e.tma_store(o, c_off, inner, box_bytes)?,
+            Some((st, inner, box_bytes)) if st == o => e.tma_store(o, c_off, inner, box_bytes, &c_map_name)?,
             _ => e.op(o)?,
         }
     }
@@ -485,7 +540,16 @@ pub(super) fn emit_kernel(
         )));
     }
     let threads = 128 * (consumers + 1);
-    let wgmma_text = wgmma_fn(dtype, bn, plan.a.major == Major::MN, plan.b.major == Major::MN)?;
+    // one helper per majorness of the dots' operands (the first dot's is `kf_wgmma`)
+    let mut wgmma_text = String::new();
+    let mut helpers: Vec<String> = Vec::new();
+    for d in &dots {
+        let name = wgmma_name(&dots[0], d);
+        if !helpers.contains(&name) {
+            wgmma_text.push_str(&wgmma_fn(&name, dtype, bn, d.a.major == Major::MN, d.b.major == Major::MN)?);
+            helpers.push(name);
+        }
+    }
     let mut w = Writer::new(String::new());
     let mut head = || -> std::fmt::Result {
         w.line(format!("// Generated by kfuse from kernel `{}` for {}. Do not edit.", k.name, target.arch()))?;
@@ -523,7 +587,7 @@ impl Emitter<'_> {
     /// chunks. One thread (the first consumer) waits until the previous tile's bulk
     /// store has read the buffer, the consumers write, fence the writes for the async
     /// proxy, meet at the barrier, and the same thread issues the store.
-    fn tma_store(&mut self, op: OpId, c_off: u32, inner: u32, box_bytes: u32) -> R {
+    fn tma_store(&mut self, op: OpId, c_off: u32, inner: u32, box_bytes: u32, map_name: &str) -> R {
         let k = self.k;
         let Op::Store { tensor, dims } = k.op(op) else { unreachable!() };
         let ops = k.operands(op);
@@ -573,7 +637,7 @@ impl Emitter<'_> {
         self.open("if (kf_tid == 128)")?;
         for q in 0..val.shape[1] / inner {
             self.line(format!(
-                "asm volatile(\"cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {{%1, %2}}], [%3];\" :: \"l\"(&kf_tm2), \"r\"((int)({} + {})), \"r\"((int){}), \"r\"(kf_smem_addr(kf_cs + {})) : \"memory\");",
+                "asm volatile(\"cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {{%1, %2}}], [%3];\" :: \"l\"(&{map_name}), \"r\"((int)({} + {})), \"r\"((int){}), \"r\"(kf_smem_addr(kf_cs + {})) : \"memory\");",
                 offs[1],
                 q * inner,
                 offs[0],

@@ -139,6 +139,7 @@ pub(super) fn plan(k: &mut Kernel, spec: &Spec, l: &DotLoop) -> Result<(), Codeg
         carried: l.carried,
         a: MmaOperand { load: l.a.0, major: a_major, swizzle: 0 },
         b: MmaOperand { load: l.b.0, major: b_major, swizzle: 0 },
+        more: Vec::new(),
         tile: [bm, bn, bk],
         instr: [thread_tile[0], thread_tile[1], 1],
         consumers: 0,

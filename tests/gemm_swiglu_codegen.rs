@@ -1,0 +1,131 @@
+//! What the compiler emits for several `dot`s in one loop (the SwiGLU pair
+//! `silu(x · wg) ⊙ (x · wu)`, `kfuse::ops::kernels::swiglu_gemm`, and a user kernel of
+//! three products with their own A tiles), on a machine without a GPU: on sm_90a one
+//! WGMMA kernel whose producer loads each distinct operand tile once a stage (the
+//! shared `x` tile once) and whose consumers keep one accumulator per dot; NVRTC +
+//! `ptxas -v` without spills for each shape class; a snapshot of the scheduled IR;
+//! and the clear refusals (sm_80/sm_89, f32, too many or too wide accumulators).
+
+mod common;
+
+use common::gemm::{spec_mnk, three_products};
+
+use kfuse::codegen::{compile, Target, TensorSpec};
+use kfuse::prelude::*;
+use kfuse::DType;
+
+/// Five products in one loop: more than the matrix path takes.
+#[kfuse]
+pub fn five_products<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, out: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let (mut p, mut q, mut r, mut s, mut t) = (zeros::<f32>([BM, BN]), zeros::<f32>([BM, BN]), zeros::<f32>([BM, BN]), zeros::<f32>([BM, BN]), zeros::<f32>([BM, BN]));
+    for k in (0..K).step_by(BK) {
+        let x = a.block([i * BM, k], [BM, BK]).load();
+        let y = b.block([k, j * BN], [BK, BN]).load();
+        p += dot(x, y);
+        q += dot(x, y);
+        r += dot(x, y);
+        s += dot(x, y);
+        t += dot(x, y);
+    }
+    out.block([i * BM, j * BN], [BM, BN]).store((p + q + r + s + t).cast::<T>());
+}
+
+#[test]
+fn swiglu_gemm_is_one_wgmma_kernel_with_two_accumulators() {
+    let def = &kfuse::ops::kernels::swiglu_gemm::DEF;
+    for dt in [DType::BF16, DType::F16] {
+        let k = (def.build)(&[dt]).unwrap();
+        let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
+        let s = &e.source;
+        // one kernel: a producer loads x once and both weight tiles per stage
+        assert_eq!(s.matches("extern \"C\" __global__").count(), 1);
+        assert_eq!(s.matches("&kf_tm0, ").count(), 1, "x: one TMA box a stage\n{s}");
+        assert!(s.contains("&kf_tm1, ") && s.contains("&kf_tm2, "), "both weights by TMA\n{s}");
+        assert!(s.contains("cp.async.bulk.tensor.2d.shared::cluster.global"));
+        // two accumulators, each fed by its own wgmma on the shared A descriptor
+        assert!(s.contains("float kf_acc[64];") && s.contains("float kf_acc1[64];"), "{s}");
+        assert!(s.contains("kf_wgmma(kf_acc, da, db);") && s.contains("kf_wgmma(kf_acc1, da, db2);"), "{s}");
+        assert!(s.contains("wgmma.mma_async.sync.aligned.m64n128k16"), "{s}");
+        // the epilogue leaves through the fourth tensor map, a TMA store
+        assert!(s.contains("cp.async.bulk.tensor.2d.global.shared::cta") && s.contains("&kf_tm3"), "{s}");
+        assert!(e.ir.contains("tile 128x128x64") && e.ir.contains("mma also: dot") && e.ir.contains("A shared"), "{}", e.ir);
+        assert_eq!(e.persistent, Some(Target::sm90a().num_sms));
+        if dt == DType::BF16 {
+            insta::assert_snapshot!("swiglu_gemm_bf16_sm90a_ir", e.ir);
+        }
+    }
+}
+
+#[test]
+fn several_dot_kernels_assemble_without_spills() {
+    let mut failures = Vec::new();
+    let mut report = Vec::new();
+    let mut check = |name: &str, e: kfuse::codegen::EmittedKernel| {
+        match common::assemble(&e.source, &e.arch, &e.options, name) {
+            Ok((regs, spill)) => {
+                report.push(format!("{name} tiles {:?}: {regs} registers, {spill} bytes of spills", e.tiles));
+                if spill > 0 {
+                    failures.push(format!("{name} (tiles {:?}): {spill} bytes of spills ({regs} registers)", e.tiles));
+                }
+            }
+            Err(err) => failures.push(format!("{name}: {err}")),
+        }
+    };
+    // shape classes: 128x128 per accumulator, 64x64 (M = 127), and odd sizes
+    let def = &kfuse::ops::kernels::swiglu_gemm::DEF;
+    for (m, n, kk) in [(4096, 4096, 4096), (127, 4096, 4096), (1024, 2048, 1024), (17, 33, 65)] {
+        for dt in [DType::BF16, DType::F16] {
+            let e = compile(&(def.build)(&[dt]).unwrap(), &spec_mnk(def, m, n, kk), &Target::sm90a()).unwrap();
+            assert!(e.source.contains("kf_acc1"), "{}", e.ir);
+            check(&format!("swiglu_gemm_{dt}_{m}_{n}_{kk}"), e);
+        }
+    }
+    // fp8 weights K-major (transposed views of [N, K] tensors)
+    let k = (def.build)(&[DType::F8E4M3]).unwrap();
+    let mut spec = spec_mnk(def, 4096, 4096, 4096);
+    spec.tensors[1] = Some(TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
+    spec.tensors[2] = Some(TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
+    let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+    assert!(e.source.contains("k32.f32.e4m3.e4m3") && e.source.contains("kf_acc1"), "{}", e.ir);
+    check("swiglu_gemm_fp8", e);
+    // three products: two A tiles (one shared by two dots) and three B tiles a stage
+    let def = &three_products::DEF;
+    let e = compile(&(def.build)(&[DType::BF16]).unwrap(), &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
+    assert_eq!(e.tiles["BN"], 64, "three 64-wide accumulators: {:?}", e.tiles);
+    assert!(e.source.contains("kf_acc2") && e.source.contains("&kf_tm4, ") && e.source.contains("&kf_tm5"), "{}", e.source);
+    assert!(e.ir.contains("mma also") && e.ir.matches("mma also").count() == 2, "{}", e.ir);
+    check("three_products", e);
+    println!("{}", report.join("\n"));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn several_dots_elsewhere_are_refused_clearly() {
+    let def = &kfuse::ops::kernels::swiglu_gemm::DEF;
+    // sm_80 / sm_89: mma.sync takes one product a loop
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    for t in [Target::sm80(), Target::sm89()] {
+        let err = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &t).unwrap_err().to_string();
+        assert!(err.contains("2 `dot`s in one loop") && err.contains("sm_90a WGMMA"), "{err}");
+    }
+    // f32 operands: the exact FMA path takes one
+    let k = (def.build)(&[DType::F32]).unwrap();
+    let err = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap_err().to_string();
+    assert!(err.contains("2 `dot`s") && err.contains("f32"), "{err}");
+    // accumulators wider than the registers hold: two of 256 columns
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let mut spec = spec_mnk(def, 4096, 4096, 4096);
+    spec.tiles.insert("BN".into(), 256);
+    let err = compile(&k, &spec, &Target::sm90a()).unwrap_err().to_string();
+    assert!(err.contains("at most 128") && err.contains("BN = 128"), "{err}");
+    // the cluster paths take one dot
+    let mut spec = spec_mnk(def, 4096, 4096, 4096);
+    spec.tiles.insert("MCAST".into(), 2);
+    let err = compile(&k, &spec, &Target::sm90a()).unwrap_err().to_string();
+    assert!(err.contains("MCAST"), "{err}");
+    // five dots in one loop
+    let def = &five_products::DEF;
+    let err = compile(&(def.build)(&[DType::BF16]).unwrap(), &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap_err().to_string();
+    assert!(err.contains("5 `dot`s") && err.contains("at most 4"), "{err}");
+}
