@@ -825,11 +825,20 @@ impl<'a> Emitter<'a> {
             self.close()?;
             self.line(self.barrier)?;
             self.unroll("k", nregs)?;
-            self.line(format!("{ct} kf_acc = kf_red[{sl}];"))?;
-            self.line("#pragma unroll")?;
-            self.open(format!("for (int w = 1; w < {}; ++w)", am.wpb))?;
-            self.line(format!("kf_acc = {};", comb("kf_acc", &format!("kf_red[w * {slots} + {sl}]"))))?;
-            self.close()?;
+            if am.wpb >= 8 {
+                // lane w of every warp takes warp w's partial, a butterfly over the warp
+                // combines them: one shared-memory read a thread instead of `wpb`
+                self.line(format!("{ct} kf_acc = kf_lane < {} ? kf_red[kf_lane * {slots} + {sl}] : {ident};", am.wpb))?;
+                for m in [1, 2, 4, 8, 16] {
+                    self.line(format!("kf_acc = {};", comb("kf_acc", &format!("__shfl_xor_sync(0xffffffffu, kf_acc, {m})"))))?;
+                }
+            } else {
+                self.line(format!("{ct} kf_acc = kf_red[{sl}];"))?;
+                self.line("#pragma unroll")?;
+                self.open(format!("for (int w = 1; w < {}; ++w)", am.wpb))?;
+                self.line(format!("kf_acc = {};", comb("kf_acc", &format!("kf_red[w * {slots} + {sl}]"))))?;
+                self.close()?;
+            }
             self.line(format!("{name}[k] = kf_acc;"))?;
             self.close()?;
             self.close()?;
