@@ -74,9 +74,10 @@ fn old_target_refused() {
 }
 
 /// The row kernels as the benchmark compiles them: rows whose length is a power of two
-/// (the spec says the extent is exact: no masks), and 16384-element rows walked by a
-/// persistent grid that loads the next row ahead. Snapshots of the IR and CUDA for
-/// softmax bf16 at 4096x16384, plus structure checks.
+/// (the spec says the extent is exact: no masks), and — with 1024-thread blocks asked
+/// for (`KFUSE_THREADS=1024`) — 16384-element rows walked by a persistent grid that
+/// loads the next row ahead. Snapshots of the IR and CUDA for softmax bf16 at
+/// 4096x16384 with 1024 threads, plus structure checks.
 #[test]
 fn row_kernels_at_exact_shapes() {
     use kfuse::ops::kernels as k;
@@ -87,7 +88,9 @@ fn row_kernels_at_exact_shapes() {
         spec.shape_div = vec![m, n];
         spec
     };
-    let e = compile(&(k::softmax::DEF.build)(&[bf16]).unwrap(), &exact(&k::softmax::DEF, 4096, 16384), &Target::sm90a()).unwrap();
+    let mut spec = exact(&k::softmax::DEF, 4096, 16384);
+    spec.threads = Some(1024);
+    let e = compile(&(k::softmax::DEF.build)(&[bf16]).unwrap(), &spec, &Target::sm90a()).unwrap();
     insta::assert_snapshot!("softmax_bf16_4096x16384_exact_ir", e.ir);
     insta::assert_snapshot!("softmax_bf16_4096x16384_exact_sm90a", e.source);
     assert!(e.ir.contains("full N -> 16384 (exact: no masks)"), "{}", e.ir);
@@ -96,10 +99,14 @@ fn row_kernels_at_exact_shapes() {
     assert!(e.source.contains("kf_nxt0") && e.source.contains("kf_pid += kf_step"));
     // no per-element masks left in the reductions
     assert!(!e.source.contains("< kf_hi"), "{}", e.source);
-    // 4096-element rows: one program per block, no masks either
+    // by default: 512 threads of 32 elements, one program per block, no masks either
+    let e = compile(&(k::softmax::DEF.build)(&[bf16]).unwrap(), &exact(&k::softmax::DEF, 4096, 16384), &Target::sm90a()).unwrap();
+    assert!(e.ir.contains("(exact: no masks)") && !e.ir.contains("persistent"), "{}", e.ir);
+    assert_eq!((e.persistent, e.block_threads), (None, 512));
+    // 4096-element rows: 128 threads
     let e = compile(&(k::rms_norm_w::DEF.build)(&[bf16]).unwrap(), &exact(&k::rms_norm_w::DEF, 8192, 4096), &Target::sm90a()).unwrap();
     assert!(e.ir.contains("(exact: no masks)") && !e.ir.contains("persistent"), "{}", e.ir);
-    assert_eq!(e.persistent, None);
+    assert_eq!((e.persistent, e.block_threads), (None, 128));
     // a row length that is not a power of two keeps its masks and its one-program blocks
     let mut spec = exact(&k::softmax::DEF, 4096, 16384);
     spec.shape_div = vec![4096, 2];

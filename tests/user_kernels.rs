@@ -151,6 +151,11 @@ fn long_rows_use_a_cluster() {
     assert!(regs > 0 && spill == 0, "{regs} registers, {spill} bytes of spills");
     let err = compile(&k, &spec, &Target::sm80()).unwrap_err();
     assert!(err.to_string().contains("thread-block cluster"), "{err}");
+    // a row padded to 2^19 (N = 262147) still compiles: 1024-thread blocks of 64
+    // elements each (it spills — a cluster of 16 would halve that; NOTES.md)
+    let spec = Spec { shape_pow2: vec![2, 524_288], ..spec };
+    let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+    assert_eq!((e.cluster_x, e.block_threads), (8, 1024));
 }
 
 #[test]

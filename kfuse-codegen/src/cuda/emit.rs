@@ -825,9 +825,11 @@ impl<'a> Emitter<'a> {
             self.close()?;
             self.line(self.barrier)?;
             self.unroll("k", nregs)?;
-            if am.wpb >= 8 {
+            if am.wpb >= 8 && slots == 1 {
                 // lane w of every warp takes warp w's partial, a butterfly over the warp
-                // combines them: one shared-memory read a thread instead of `wpb`
+                // combines them: one shared-memory read a thread instead of `wpb` (only
+                // for one partial per warp: with several slots, lanes would need
+                // different ones and the butterfly would mix them)
                 self.line(format!("{ct} kf_acc = kf_lane < {} ? kf_red[kf_lane * {slots} + {sl}] : {ident};", am.wpb))?;
                 for m in [1, 2, 4, 8, 16] {
                     self.line(format!("kf_acc = {};", comb("kf_acc", &format!("__shfl_xor_sync(0xffffffffu, kf_acc, {m})"))))?;

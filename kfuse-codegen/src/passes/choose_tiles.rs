@@ -41,25 +41,25 @@ use crate::CodegenError;
 /// Largest number of elements of one value a thread may hold.
 pub const MAX_ELEMS_PER_THREAD: u32 = 64;
 
-/// Elements per thread the thread count aims at. Measured on the H100 (NOTES.md): 32
-/// for row-reducing bodies kept rows inside fewer warps but cost registers (102 a
-/// thread for RMSNorm, 25% occupancy) and lost to 16 at every row length up to 4096 —
-/// while every register's coordinate carried a mask. Since exact extents carry none,
-/// [`SMALL_ROW_ELEMS_PER_THREAD`] serves row tiles of up to [`SMALL_ROW_TILE`] elements.
+/// Elements per thread the thread count aims at, for tiles without a full extent
+/// (elementwise kernels: 256-thread blocks of 4096-element tiles).
 pub const ELEMS_PER_THREAD: u32 = 16;
 
-/// Elements per thread for a block whose tiles (with a full extent) hold at most
-/// [`SMALL_ROW_TILE`] elements: 128-thread blocks at 1024- and 4096-element rows, four
-/// 16-byte loads in flight per thread. H100, bf16, L2 evicted (NOTES.md, r5): softmax,
-/// RMSNorm, LayerNorm at 97-100% of the copy bandwidth against 84-99% with 256 threads.
-pub const SMALL_ROW_ELEMS_PER_THREAD: u32 = 32;
+/// Elements per thread for kernels with a full extent (rows): four 16-byte loads in
+/// flight per thread for 16-bit data. H100, bf16, L2 evicted (NOTES.md, r9/r10): 128
+/// threads at 1024- and 4096-element rows, 512 at 16384: softmax, RMSNorm, LayerNorm at
+/// 97-103% of the copy bandwidth, against 84-99% with 16 a thread (which once won, while
+/// every register's coordinate carried a 64-bit mask and 32 a thread cost RMSNorm 102
+/// registers).
+pub const ROW_ELEMS_PER_THREAD: u32 = 32;
 
-/// See [`SMALL_ROW_ELEMS_PER_THREAD`]. Longer rows keep 16 elements a thread (1024
-/// threads at 16384, a persistent grid): with 32, LayerNorm's registers left one
-/// 512-thread block per multiprocessor (72% against 93%).
-pub const SMALL_ROW_TILE: u32 = 4096;
+/// Threads of each block of a row split across a cluster: 512 (32 or 64 elements a
+/// thread, two blocks per multiprocessor) beat 1024 (16 a thread, one) on 7 of the 8
+/// cluster-split benchmark rows (NOTES.md, r10).
+pub const CLUSTER_THREADS: u32 = 512;
 
-/// Above this many elements per thread, a full-extent axis is cut across a cluster.
+/// Above this many elements per thread, a full-extent axis is cut across a cluster (of
+/// as many blocks as bring it down to this many, at most [`MAX_CLUSTER`]).
 pub const CLUSTER_ABOVE: u32 = 32;
 
 /// Largest (portable) cluster.
@@ -151,14 +151,24 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         }
     }
     let cap = if has_full { 1024 } else { 256 };
-    let threads = match spec.threads {
+    let mut threads = match spec.threads {
         Some(t) if t.is_power_of_two() && (32..=1024).contains(&t) => t,
         Some(t) => return Err(CodegenError::Unsupported(format!("threads override {t}: a power of two from 32 to 1024"))),
         None => {
-            let per = if has_full && max_elems <= SMALL_ROW_TILE { SMALL_ROW_ELEMS_PER_THREAD } else { ELEMS_PER_THREAD };
+            let per = if has_full { ROW_ELEMS_PER_THREAD } else { ELEMS_PER_THREAD };
             (max_elems / per).next_power_of_two().clamp(32, cap)
         }
     };
+    // a row split across a cluster: blocks of CLUSTER_THREADS, unless even the largest
+    // cluster of them leaves a thread more than it may hold
+    if spec.threads.is_none()
+        && has_full
+        && max_elems / threads > CLUSTER_ABOVE
+        && target.sm >= 90
+        && max_elems / (CLUSTER_THREADS * MAX_CLUSTER) <= MAX_ELEMS_PER_THREAD
+    {
+        threads = CLUSTER_THREADS;
+    }
     let mut per_thread = max_elems / threads;
     // Rows too long for one block: cut the full extent across a thread-block cluster.
     if per_thread > CLUSTER_ABOVE {
@@ -169,7 +179,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
                     target.arch()
                 )));
             }
-            let c = (per_thread / 16).next_power_of_two().min(MAX_CLUSTER);
+            let c = (per_thread / CLUSTER_ABOVE).next_power_of_two().min(MAX_CLUSTER);
             k.schedule.cluster = c;
             k.schedule.split = Some(e);
             per_thread /= c;

@@ -3,11 +3,13 @@
 //!
 //! A block of 1024 threads has a multiprocessor to itself: between its loads and its
 //! stores (a row reduction, its barriers, the math) nothing else keeps memory busy, so
-//! a row kernel with 16384-element rows reached only 50–77% of the copy bandwidth on the
-//! H100. With one block per multiprocessor walking the programs and the next program's
-//! loads issued ahead (the writer's prologue / prefetch / body), the loads of program
-//! `i + grid` are in flight during program `i`'s reductions (a hand-written prototype of
-//! that loop: 90–93%; NOTES.md).
+//! a row kernel with 16384-element rows in 1024-thread blocks reached only 50–77% of the
+//! copy bandwidth on the H100. With one block per multiprocessor walking the programs
+//! and the next program's loads issued ahead (the writer's prologue / prefetch / body),
+//! the loads of program `i + grid` are in flight during program `i`'s reductions:
+//! RMSNorm 96%, LayerNorm 94%, sum 92% (NOTES.md, r7). `choose_tiles` now gives such
+//! rows 512-thread blocks (two per multiprocessor, 97–100%), so this applies where a
+//! kernel gets 1024-thread blocks anyway (`KFUSE_THREADS=1024`, user schedules).
 //!
 //! The rule, for kernels without a matrix loop: blocks of 1024 threads (one or two fit
 //! on a multiprocessor), programs on grid axis 0 only, and at least one tile load whose
