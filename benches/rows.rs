@@ -1,6 +1,7 @@
 //! Row kernels against the device's own copy bandwidth, measured in the same run: softmax,
 //! RMSNorm (with weight), LayerNorm (weight and bias) and the last-axis sum, bf16, on
-//! M×N = 32768×1024, 8192×4096, 4096×16384, 1024×131072, 256×262144 (2^25 elements each).
+//! M×N = 32768×1024, 8192×4096, 4096×16384, 1024×131072, 256×262144 (2^25 to 2^27
+//! elements), plus kfuse's copy of the same tensor as a reference row.
 //!
 //! Prints a table (GB/s counting each input read once and each output written once, the
 //! f32 statistics included; and the fraction of a device-to-device `cuMemcpyDtoD` of
@@ -13,7 +14,9 @@
 //! L2 cache is evicted before every launch, outside the timed interval, by reading a
 //! 256 MiB buffer (`common::L2Flush`; `scripts/bench_torch.py` does the same on the
 //! PyTorch side), so every launch reads its input from DRAM and its interval holds GPU
-//! time, not the host's launch latency. `KFUSE_BENCH_DIAG=1` also prints other timings of each launch (see `diagnose`).
+//! time, not the host's launch latency. `KFUSE_BENCH_DIAG=1` also prints other timings
+//! of each launch (see `diagnose`). The criterion runs time launches back to back with
+//! no eviction (warm throughput); the table, not criterion, is what the bar reads.
 //! Inputs are random bf16 (never all zeros). Each kernel's output is checked once, on
 //! sampled rows against a float64 CPU reference, before it is timed; a shape the compiler
 //! refuses, or a wrong result, gets a row saying so instead of a time.
