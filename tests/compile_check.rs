@@ -63,3 +63,37 @@ fn ptxas_log_parsing() {
     let log = "ptxas info    : Used 98 registers, used 0 barriers\n    8 bytes stack frame, 12 bytes spill stores, 4 bytes spill loads";
     assert_eq!(common::ptxas_resources(log), (98, 16));
 }
+
+/// The row kernels at the benchmark's row lengths (1024 … 262144, powers of two: no
+/// masks), every dtype, sm_90a, and masked lengths up to 4096: they compile and assemble
+/// without spills. (Masked longer rows are known to spill at 64 registers — softmax at
+/// 16384 16 bytes, the norms at 262144 160-530 bytes: NOTES.md.)
+#[test]
+fn row_kernels_at_benchmark_lengths_do_not_spill() {
+    use kfuse::ops::kernels as k;
+    let defs: [&kfuse::ir::KernelDef; 5] = [&k::softmax::DEF, &k::log_softmax::DEF, &k::rms_norm_w::DEF, &k::layer_norm::DEF, &k::row_sum::DEF];
+    let mut failures = Vec::new();
+    for def in defs {
+        for dt in common::DTYPES {
+            let kern = (def.build)(&[dt]).unwrap();
+            for (m, n) in [(32768u32, 1024u32), (8192, 4096), (4096, 16384), (1024, 131072), (256, 262144)] {
+                for exact in [true, false] {
+                    if !exact && n > 4096 {
+                        continue;
+                    }
+                    let mut spec = common::snapshot_spec(def);
+                    spec.shape_pow2 = vec![m, n];
+                    spec.shape_div = if exact { vec![m, n] } else { vec![m, 1] };
+                    let e = compile(&kern, &spec, &Target::sm90a()).unwrap_or_else(|e| panic!("{} {dt} {m}x{n}: {e}", def.name));
+                    let name = format!("{}_{dt}_{m}x{n}_{exact}", def.name);
+                    match common::assemble(&e.source, &e.arch, &e.options, &name) {
+                        Ok((_, 0)) => {}
+                        Ok((regs, spill)) => failures.push(format!("{name}: {spill} bytes of spills ({regs} registers)")),
+                        Err(err) => failures.push(format!("{name}: {err}")),
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -160,13 +160,12 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         }
     };
     // a row split across a cluster: blocks of CLUSTER_THREADS, unless even the largest
-    // cluster of them leaves a thread more than it may hold
-    if spec.threads.is_none()
-        && has_full
-        && max_elems / threads > CLUSTER_ABOVE
-        && target.sm >= 90
-        && max_elems / (CLUSTER_THREADS * MAX_CLUSTER) <= MAX_ELEMS_PER_THREAD
-    {
+    // cluster of them leaves a thread more than it may hold — or, for a row with masks
+    // (a length that is not its padded power of two), more than CLUSTER_ABOVE: masked
+    // 262144-element rows at 64 a thread spilled 400-1300 bytes
+    let masked = k.schedule.full.keys().any(|s| !k.schedule.full_exact.contains(s));
+    let most = if masked { CLUSTER_ABOVE } else { MAX_ELEMS_PER_THREAD };
+    if spec.threads.is_none() && has_full && max_elems / threads > CLUSTER_ABOVE && target.sm >= 90 && max_elems / (CLUSTER_THREADS * MAX_CLUSTER) <= most {
         threads = CLUSTER_THREADS;
     }
     let mut per_thread = max_elems / threads;
