@@ -487,10 +487,11 @@ impl<'a> Emitter<'a> {
         let pre = crate::passes::persist_programs::closure(k, &heads);
         let g = grid.first().ok_or_else(|| CodegenError::Unsupported("a persistent kernel without a grid axis".into()))?;
         self.line(format!("const long long kf_nprog = ({} + {}LL) / {}LL;", self.shape_var(g.dim), g.step - 1, g.step))?;
-        // a cluster's blocks share a program id and walk together
-        let c = k.schedule.cluster.max(1);
-        let (first, step) = if c > 1 { (format!("(long long)(blockIdx.x / {c})"), format!("(long long)(gridDim.x / {c})")) } else { ("(long long)blockIdx.x".to_string(), "(long long)gridDim.x".to_string()) };
-        self.line(format!("const long long kf_step = {step};"))?;
+        if k.schedule.cluster > 1 {
+            return Err(CodegenError::Unsupported("a persistent kernel split across a thread-block cluster".into()));
+        }
+        let first = "(long long)blockIdx.x".to_string();
+        self.line("const long long kf_step = (long long)gridDim.x;")?;
         // per load: value, index, element type of the array, its length, raw?
         let mut arrays = Vec::new();
         for (i, h) in heads.iter().enumerate() {
@@ -765,8 +766,9 @@ impl<'a> Emitter<'a> {
         let (slo, shi) = (s.lo[axis].clone(), s.hi[axis].clone());
         // the bounds lie in [0, extent]: compared in 32 bits (64-bit compares of every
         // register's coordinate cost a 4096-element softmax 32 registers)
-        let (blo, bhi) = (self.fresh("kf_lo"), self.fresh("kf_hi"));
         let full = shi == s.shape[axis].to_string();
+        let blo = if slo == "0" { String::new() } else { self.fresh("kf_lo") };
+        let bhi = if full { String::new() } else { self.fresh("kf_hi") };
         if slo != "0" {
             self.line(format!("const int {blo} = (int)({slo});"))?;
         }

@@ -12,14 +12,17 @@
 //! (rounded up to a power of two), so small tensors get small tiles. A symbol used by
 //! several accesses takes the smallest choice. `Spec::tiles` overrides by name.
 //!
-//! Threads: one per 16 elements of the largest tile, between 32 and 256 (1024 for
-//! full-extent rows), so each thread keeps a few 16-byte vectors in flight.
+//! Threads: one per 16 elements of the largest tile, between 32 and 256, for tiles
+//! without a full extent; one per 32 elements, up to 1024, for rows
+//! ([`ROW_ELEMS_PER_THREAD`]: 128 threads at 1024- and 4096-element rows, 512 at 16384).
 //!
 //! Long rows: when a full-extent tile would need more than 32 elements per thread,
 //! its widest full extent is cut across a thread-block cluster of up to 8 blocks
 //! (sm_90; `schedule.cluster`, `schedule.split`): each block holds one piece of every
 //! such axis, reductions along it meet in distributed shared memory, and the row is
-//! still read once and written once. Past 64 elements per thread the kernel is refused.
+//! still read once and written once. Those blocks have [`CLUSTER_THREADS`] threads —
+//! 1024 where 512 would leave a thread more than 64 elements, or more than 32 of a row
+//! with masks. Past 64 elements per thread the kernel is refused.
 //!
 //! Register room: an elementwise body with transcendental math (exp, log, erf, tanh,
 //! sigmoid, …) on whole tiles asks for one block per multiprocessor (`min_blocks = 1`), which lets the assembler
@@ -28,7 +31,8 @@
 //! keeps registers low and occupancy — the bytes in flight — high. A body with a
 //! reduction (softmax: `exp` and two row reductions) is bound by occupancy (its blocks
 //! wait on loads and barriers) and leaves the choice to the assembler too: 64 registers
-//! instead of 72 at 256 threads, a fourth block per multiprocessor, no spills.
+//! instead of 72 at 256 threads, a fourth block per multiprocessor, no spills. So does
+//! any block of 1024 threads (64 registers at most either way).
 
 use std::collections::BTreeMap;
 

@@ -19,10 +19,10 @@
 //! holds (`EmittedKernel::grid_dims_resident`): every block is resident, so none of them
 //! waits for a second wave.
 //!
-//! Not for rows split across a thread-block cluster: the writer can walk programs per
-//! cluster (a cluster's blocks share the program id), and the runtime caps such a grid
-//! by the clusters the device holds, but on the H100 it lost to one cluster per program
-//! (1024x131072 bf16: RMSNorm 70% -> 58%, sum 54% -> 38% of the copy bandwidth).
+//! Not for rows split across a thread-block cluster (the writer refuses that): walking
+//! programs per cluster, capped by the clusters the device holds (15 of 8 x 1024
+//! threads), lost on the H100 to one cluster per program (1024x131072 bf16: RMSNorm
+//! 70% -> 58%, sum 54% -> 38% of the copy bandwidth).
 //!
 //! Invariant: `persistent > 0` only when the writer can find those loads again
 //! (`prefetch_loads`).
