@@ -15,7 +15,8 @@
 //! 256 MiB buffer (`common::L2Flush`; `scripts/bench_torch.py` does the same on the
 //! PyTorch side), so every launch reads its input from DRAM and its interval holds GPU
 //! time, not the host's launch latency. `KFUSE_BENCH_DIAG=1` also prints other timings
-//! of each launch (see `diagnose`). The criterion runs time launches back to back with
+//! of each launch (see `diagnose`); `KFUSE_BENCH_SHAPES=1024x131072,…` measures only
+//! those shapes. The criterion runs time launches back to back with
 //! no eviction (warm throughput); the table, not criterion, is what the bar reads.
 //! Inputs are random bf16 (never all zeros). Each kernel's output is checked once, on
 //! sampled rows against a float64 CPU reference, before it is timed; a shape the compiler
@@ -185,7 +186,12 @@ fn main() -> kfuse::Result<()> {
 
     let mut rows = Vec::new();
     let mut bufs = Vec::new();
+    // `KFUSE_BENCH_SHAPES=1024x131072,256x262144`: only those shapes (experiments)
+    let only: Option<Vec<String>> = std::env::var("KFUSE_BENCH_SHAPES").ok().map(|v| v.split(',').map(str::to_string).collect());
     for (si, &(m, n)) in SHAPES.iter().enumerate() {
+        if only.as_ref().is_some_and(|o| !o.contains(&format!("{m}x{n}"))) {
+            continue;
+        }
         let (x, xv) = random_bf16(m * n, 10 + si as u64, &dev);
         let (w_, wv) = random_bf16(n, 20 + si as u64, &dev);
         let (b_, bv) = random_bf16(n, 30 + si as u64, &dev);

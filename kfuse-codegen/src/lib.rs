@@ -70,6 +70,7 @@ pub fn schedule(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kernel,
     passes::pipeline_stages::run(&mut k, spec, target)?;
     check(&k, "select_mma_path")?;
     passes::persist_programs::run(&mut k, target)?;
+    passes::rematerialize::run(&mut k, spec)?;
     passes::assign_layouts::run(&mut k, spec)?;
     check(&k, "assign_layouts")?;
     passes::vectorize::run(&mut k, spec)?;

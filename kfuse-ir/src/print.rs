@@ -160,6 +160,9 @@ pub fn print(k: &Kernel) -> String {
             let split = s.split.map(|e| k.extent_name(e)).unwrap_or_default();
             let _ = writeln!(out, "  cluster {} blocks along x, splitting {split}", s.cluster);
         }
+        if s.remat {
+            let _ = writeln!(out, "  rematerialized: 16/8-bit loads kept as raw words, elementwise values recomputed at each use");
+        }
         if let Some(m) = &s.mma {
             let maj = |o: &crate::schedule::MmaOperand| match o.major {
                 crate::schedule::Major::K => "K-major",

@@ -94,6 +94,11 @@ pub struct Schedule {
     /// tile loads before it works on the current one (only for a kernel whose programs
     /// index one grid axis; `persist_programs`).
     pub persistent: u32,
+    /// Tile values that are cheap to recompute (16- and 8-bit float loads kept as their
+    /// raw words, and elementwise math over them) are recomputed at each use instead of
+    /// held in registers (`rematerialize`): fewer registers a thread, more blocks a
+    /// multiprocessor.
+    pub remat: bool,
     /// Blocks per multiprocessor the register allocator must leave room for
     /// (`__launch_bounds__`'s second argument); 0 leaves the choice to the assembler.
     pub min_blocks: u32,

@@ -39,7 +39,23 @@ struct Val {
     shape: Vec<u32>,
     lo: Vec<String>,
     hi: Vec<String>,
+    /// A value recomputed at each use (`Schedule::remat`): the expression of register
+    /// `@k@`, which [`Emitter::reg`] instantiates; no array is declared for it.
+    lazy: Option<String>,
 }
+
+/// The placeholder of a register index in a [`Val::lazy`] expression.
+const LAZY_K: &str = "@k@";
+
+/// Instantiates a lazy expression (or `name[@k@]`) at register index `k`. Templates
+/// parenthesize the placeholder wherever it is an operand.
+fn at(template: &str, k: &str) -> String {
+    template.replace(LAZY_K, k)
+}
+
+/// Longest lazy expression kept lazy; a longer one is computed into registers once
+/// (values used by several lazy values would otherwise grow without bound).
+const MAX_LAZY_LEN: usize = 1500;
 
 fn ctype(d: DType) -> &'static str {
     match d {
@@ -270,6 +286,14 @@ struct Emitter<'a> {
     /// the body (`bound_only`) unpacks it into the value's registers.
     raw: HashMap<ValueId, String>,
     bound_only: bool,
+    /// Bytes of the cluster reductions' own `__shared__` slots.
+    cluster_smem: u32,
+    /// Cluster reductions written so far (the kernel then ends with a cluster barrier).
+    cluster_reductions: u32,
+    /// Cluster reductions by pushed partials (`kf_clbar[i]` is the i-th one's mbarrier).
+    cluster_pushes: u32,
+    /// The raw vector arrays of rematerialized loads: name, vectors, 32-bit words each.
+    remat_arrays: Vec<(String, u32, u32)>,
 }
 
 type R = Result<(), CodegenError>;
@@ -288,6 +312,10 @@ impl<'a> Emitter<'a> {
             bind: HashMap::new(),
             raw: HashMap::new(),
             bound_only: false,
+            cluster_smem: 0,
+            cluster_reductions: 0,
+            cluster_pushes: 0,
+            remat_arrays: Vec::new(),
         }
     }
 }
@@ -337,11 +365,25 @@ impl<'a> Emitter<'a> {
     /// layout, or a layout `v` broadcasts into).
     fn reg(&self, v: ValueId, k: &str) -> String {
         let x = self.val(v);
-        if x.map.is_none() {
-            x.name.clone()
-        } else {
-            format!("{}[{k}]", x.name)
+        match (&x.map, &x.lazy) {
+            (None, _) => x.name.clone(),
+            (Some(_), Some(t)) => at(t, k),
+            (Some(_), None) => format!("{}[{k}]", x.name),
         }
+    }
+
+    /// The expression of `v`'s register `@k@` ([`LAZY_K`]): its lazy expression, or an
+    /// element of its array.
+    fn template(&self, v: ValueId) -> String {
+        self.reg(v, LAZY_K)
+    }
+
+    /// A tile computed at each use (`Schedule::remat`): no array declared.
+    fn lazy_tile(&mut self, v: ValueId, dtype: DType, layout: &Layout, lo: Vec<String>, hi: Vec<String>, expr: String) -> Result<Val, CodegenError> {
+        let map = RegMap::of(layout).ok_or_else(|| CodegenError::Unsupported("tile with a uniform layout".into()))?;
+        let shape = concrete_shape(self.k, self.k.ty(v));
+        let axis_map = (0..shape.len()).map(Some).collect();
+        Ok(Val { name: format!("v{}", v.index()), dtype, map: Some(map), axis_map, shape, lo, hi, lazy: Some(expr) })
     }
 
     fn new_tile(&mut self, v: ValueId, dtype: DType, layout: &Layout, lo: Vec<String>, hi: Vec<String>, axis_map: Option<Vec<Option<usize>>>) -> Result<Val, CodegenError> {
@@ -354,7 +396,7 @@ impl<'a> Emitter<'a> {
             Some(arr) => self.line(format!("{} (&{name})[{}] = {arr};{note}", ctype(dtype), map.regs))?,
             None => self.line(format!("{} {name}[{}];{note}", ctype(dtype), map.regs))?,
         }
-        Ok(Val { name, dtype, map: Some(map), axis_map, shape, lo, hi })
+        Ok(Val { name, dtype, map: Some(map), axis_map, shape, lo, hi, lazy: None })
     }
 
     fn layout(&self, v: ValueId) -> Result<Layout, CodegenError> {
@@ -370,7 +412,7 @@ impl<'a> Emitter<'a> {
         let scalar = |e: &mut Self, d: DType, expr: String| -> R {
             let note = k.names.get(&v).map(|n| format!("  // {n}")).unwrap_or_default();
             e.line(format!("const {} {vname} = {expr};{note}", ctype(d)))?;
-            e.vals.insert(v, Val { name: vname.clone(), dtype: d, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
+            e.vals.insert(v, Val { name: vname.clone(), dtype: d, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![], lazy: None });
             Ok(())
         };
         match &node.op {
@@ -426,6 +468,7 @@ impl<'a> Emitter<'a> {
                     shape: perm.iter().map(|&p| src.shape[p as usize]).collect(),
                     lo: pick(&src.lo),
                     hi: pick(&src.hi),
+                    lazy: src.lazy.clone(),
                 };
                 // Permuting a blocked layout keeps every register where it is; the map
                 // axes follow the value axes.
@@ -633,7 +676,7 @@ impl<'a> Emitter<'a> {
             let e = fmt(&args);
             let name = format!("v{}", v.index());
             self.line(format!("const {} {name} = {e};", ctype(d)))?;
-            self.vals.insert(v, Val { name, dtype: d, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
+            self.vals.insert(v, Val { name, dtype: d, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![], lazy: None });
             return Ok(());
         }
         // valid range: intersection of the operands'
@@ -646,6 +689,15 @@ impl<'a> Emitter<'a> {
             hi.push(self.combine_bound(&his, "kf_mini")?);
         }
         let layout = self.layout(v)?;
+        if k.schedule.remat {
+            let args: Vec<String> = ops.iter().map(|o| self.template(*o)).collect();
+            let e = fmt(&args);
+            if e.len() <= MAX_LAZY_LEN {
+                let val = self.lazy_tile(v, d, &layout, lo, hi, e)?;
+                self.vals.insert(v, val);
+                return Ok(());
+            }
+        }
         let val = self.new_tile(v, d, &layout, lo, hi, None)?;
         let regs = val.map.as_ref().unwrap().regs;
         let name = val.name.clone();
@@ -655,6 +707,24 @@ impl<'a> Emitter<'a> {
         let e = fmt(&args);
         self.line(format!("{name}[k] = {e};"))?;
         self.close()
+    }
+
+    /// After a reduction of a rematerialized kernel: tells the compiler the raw words of
+    /// the loads may have changed (an empty `asm volatile` that reads and writes them),
+    /// so that it recomputes the values after the reduction from them instead of keeping
+    /// what it computed before (common-subexpression elimination across the reduction's
+    /// barriers would hold every such value in registers again). Costs no instruction.
+    fn remat_fence(&mut self) -> R {
+        if !self.k.schedule.remat {
+            return Ok(());
+        }
+        for (arr, n, words) in self.remat_arrays.clone() {
+            let ops: Vec<String> = (0..words).map(|i| format!("\"+r\"({arr}[g].w[{i}])")).collect();
+            self.unroll("g", n)?;
+            self.line(format!("asm volatile(\"\" : {});", ops.join(", ")))?;
+            self.close()?;
+        }
+        Ok(())
     }
 
     /// Combines bound expressions, dropping duplicates.
@@ -700,6 +770,18 @@ impl<'a> Emitter<'a> {
             }
         }
         let layout = self.layout(v)?;
+        if k.schedule.remat {
+            let map = RegMap::of(&layout).ok_or_else(|| CodegenError::Unsupported("tile with a uniform layout".into()))?;
+            let e = match &s.map {
+                None => s.name.clone(),
+                Some(sm) => at(&self.template(src), &project(&map, sm, LAZY_K)),
+            };
+            if e.len() <= MAX_LAZY_LEN {
+                let val = self.lazy_tile(v, ty.dtype, &layout, lo, hi, e)?;
+                self.vals.insert(v, val);
+                return Ok(());
+            }
+        }
         let val = self.new_tile(v, ty.dtype, &layout, lo, hi, None)?;
         let map = val.map.clone().unwrap();
         let name = val.name.clone();
@@ -707,7 +789,7 @@ impl<'a> Emitter<'a> {
         self.unroll("k", map.regs)?;
         let e = match &s.map {
             None => s.name.clone(),
-            Some(sm) => format!("{}[{}]", s.name, project(&map, sm, "k")),
+            Some(sm) => self.reg(src, &project(&map, sm, "k")),
         };
         self.line(format!("{name}[k] = {e};"))?;
         self.close()
@@ -790,7 +872,7 @@ impl<'a> Emitter<'a> {
         let hi_check = if full { String::new() } else { format!("{c} < {bhi}") };
         let check = format!("{lo_check}{hi_check}");
         let check = check.trim_end_matches(" && ");
-        let update = format!("{name}[{dst}] = {};", comb(&format!("{name}[{dst}]"), &format!("{}[k]", s.name)));
+        let update = format!("{name}[{dst}] = {};", comb(&format!("{name}[{dst}]"), &self.reg(src, "k")));
         self.line(if check.is_empty() { update } else { format!("if ({check}) {update}") })?;
         self.close()?;
         // 2. across lanes
@@ -804,8 +886,52 @@ impl<'a> Emitter<'a> {
                 m *= 2;
             }
         }
+        // 3+4. across the warps of the cluster at once: each warp pushes its partial
+        // into every block's shared memory (`st.async`, counted by the receiving block's
+        // mbarrier), every warp then combines all of them in one fixed order. No
+        // block-wide or cluster-wide barrier on the way (a cluster barrier with release
+        // semantics is a GPU-wide memory fence: `MEMBAR.ALL.GPU` in the SASS).
+        let nwarps = k.schedule.num_threads / 32;
+        let push = am.ctas > 1
+            && !int
+            && nregs == 1
+            && am.tpw == 32
+            && am.lane_div == 1
+            && am.wpb == nwarps
+            && am.warp_div == 1
+            && am.ctas <= 32
+            && rmap.as_ref().is_none_or(|rm| rm.regs == 1 && owner(&RegMap { dropped: vec![], ..rm.clone() }, "0") == "true");
+        if push {
+            let n = am.ctas * am.wpb;
+            let r = self.cluster_pushes;
+            self.cluster_pushes += 1;
+            let cl = format!("kf_cl{}", v.index());
+            self.cluster_smem += n * 4;
+            self.open("")?;
+            self.line(format!("__shared__ float {cl}[{n}];"))?;
+            if r == 0 {
+                // the mbarriers' initialization (the kernel's start) is visible in every block
+                self.line("asm volatile(\"barrier.cluster.wait.aligned;\" ::: \"memory\");")?;
+            }
+            self.line(format!("if (kf_tid == 0) kf_cl_expect(&kf_clbar[{r}], {});", n * 4))?;
+            self.line(format!("if (kf_lane < {}) kf_cl_push_f32(&{cl}[kf_crank * {} + kf_warp], {name}[0], &kf_clbar[{r}], kf_lane);", am.ctas, am.wpb))?;
+            self.line(format!("kf_cl_wait(&kf_clbar[{r}]);"))?;
+            self.line(format!("float kf_acc = {ident};"))?;
+            self.unroll("i", n.div_ceil(32))?;
+            if n % 32 == 0 {
+                self.line(format!("kf_acc = {};", comb("kf_acc", &format!("{cl}[i * 32 + kf_lane]"))))?;
+            } else {
+                self.line(format!("if (i * 32 + kf_lane < {n}) kf_acc = {};", comb("kf_acc", &format!("{cl}[i * 32 + kf_lane]"))))?;
+            }
+            self.close()?;
+            for m in [1, 2, 4, 8, 16] {
+                self.line(format!("kf_acc = {};", comb("kf_acc", &format!("__shfl_xor_sync(0xffffffffu, kf_acc, {m})"))))?;
+            }
+            self.line(format!("{name}[0] = kf_acc;"))?;
+            self.close()?;
+        }
         // 3. across warps, through shared memory
-        if am.wpb > 1 {
+        if am.wpb > 1 && !push {
             let rshape: Vec<u32> = match &rmap {
                 Some(rm) => rm.axes.iter().map(|a| a.shape).collect(),
                 None => vec![],
@@ -848,7 +974,7 @@ impl<'a> Emitter<'a> {
             self.close()?;
         }
         // 4. across the blocks of a cluster, through distributed shared memory
-        if am.ctas > 1 {
+        if am.ctas > 1 && !push {
             if int {
                 return Err(CodegenError::Unsupported("a cluster-split reduction of an i64 value".into()));
             }
@@ -857,7 +983,6 @@ impl<'a> Emitter<'a> {
                 None => vec![],
             };
             let slots: u32 = rm_shape.iter().product::<u32>().max(1);
-            self.smem = self.smem.max(slots * 4);
             let sl = slot_of(rmap.as_ref());
             // every block writes its own partial: ownership here is about replicas
             // along the kept axes only, not along the reduced one
@@ -878,26 +1003,45 @@ impl<'a> Emitter<'a> {
                 }
                 if c.is_empty() { "true".to_string() } else { c.join(" && ") }
             };
+            // Each cluster reduction has its own slots, so that no block waits for the
+            // others to finish reading before it goes on (one cluster barrier per
+            // reduction; the kernel's last statement is a cluster barrier, so that no
+            // block's shared memory goes away while another may still read it).
+            let cl = format!("kf_cl{}", v.index());
+            self.cluster_smem += slots * 4;
+            self.cluster_reductions += 1;
             self.open("")?;
-            self.line(self.barrier)?;
-            self.line("float* kf_cl = reinterpret_cast<float*>(kf_smem);")?;
+            self.line(format!("__shared__ float {cl}[{slots}];"))?;
             self.open(format!("if ({first})"))?;
             self.unroll("k", nregs)?;
-            self.line(format!("kf_cl[{sl}] = {name}[k];"))?;
+            self.line(format!("{cl}[{sl}] = {name}[k];"))?;
             self.close()?;
             self.close()?;
             self.line("kf_cluster_sync();")?;
             self.unroll("k", nregs)?;
-            self.line(format!("float kf_acc = kf_ld_cluster_f32(kf_cl + {sl}, 0);"))?;
-            self.line("#pragma unroll")?;
-            self.open(format!("for (unsigned c = 1; c < {}; ++c)", am.ctas))?;
-            self.line(format!("kf_acc = {};", comb("kf_acc", &format!("kf_ld_cluster_f32(kf_cl + {sl}, c)"))))?;
-            self.close()?;
+            if am.ctas.is_power_of_two() && am.ctas <= 32 {
+                // lane c reads block c's partial, a butterfly over the first `ctas`
+                // lanes combines them (the same bits in each: every step combines the
+                // same two values), lane 0 hands the total to the warp
+                self.line(format!("float kf_acc = kf_lane < {} ? kf_ld_cluster_f32({cl} + {sl}, kf_lane) : {ident};", am.ctas))?;
+                let mut m = 1;
+                while m < am.ctas {
+                    self.line(format!("kf_acc = {};", comb("kf_acc", &format!("__shfl_xor_sync(0xffffffffu, kf_acc, {m})"))))?;
+                    m *= 2;
+                }
+                self.line("kf_acc = __shfl_sync(0xffffffffu, kf_acc, 0);")?;
+            } else {
+                self.line(format!("float kf_acc = kf_ld_cluster_f32({cl} + {sl}, 0);"))?;
+                self.line("#pragma unroll")?;
+                self.open(format!("for (unsigned c = 1; c < {}; ++c)", am.ctas))?;
+                self.line(format!("kf_acc = {};", comb("kf_acc", &format!("kf_ld_cluster_f32({cl} + {sl}, c)"))))?;
+                self.close()?;
+            }
             self.line(format!("{name}[k] = kf_acc;"))?;
             self.close()?;
-            self.line("kf_cluster_sync();")?;
             self.close()?;
         }
+        self.remat_fence()?;
         // mean and rounding
         self.unroll("k", nregs)?;
         let fin = if r == ReduceOp::Mean {
@@ -912,10 +1056,10 @@ impl<'a> Emitter<'a> {
             let sname = self.fresh("v");
             let sname = format!("{sname}_{}", v.index());
             self.line(format!("const {} {sname} = {name}[0];", ctype(d)))?;
-            self.vals.insert(v, Val { name: sname, dtype: d, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
+            self.vals.insert(v, Val { name: sname, dtype: d, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![], lazy: None });
         } else {
             let shape = concrete_shape(k, k.ty(v));
-            self.vals.insert(v, Val { name, dtype: d, map: rmap, axis_map, shape, lo, hi });
+            self.vals.insert(v, Val { name, dtype: d, map: rmap, axis_map, shape, lo, hi, lazy: None });
         }
         Ok(())
     }
@@ -994,10 +1138,11 @@ impl<'a> Emitter<'a> {
         if wv > 1 {
             let vt = vec_type(wv * esz)?;
             self.line(format!("{vt} q;"))?;
-            self.pack("q", d, &s.name, "k", wv)?;
+            let t = self.template(src);
+            self.pack("q", d, &t, "k", wv)?;
             self.line(format!("*reinterpret_cast<{vt}*>(kf_cv + {widx}) = q;"))?;
         } else {
-            self.line(format!("kf_cv[{widx}] = {};", from_reg(d, &format!("{}[k]", s.name))))?;
+            self.line(format!("kf_cv[{widx}] = {};", from_reg(d, &self.reg(src, "k"))))?;
         }
         if own != "true" {
             self.close()?;
@@ -1019,15 +1164,17 @@ impl<'a> Emitter<'a> {
         self.close()
     }
 
-    /// Packs registers `arr[k + 0 .. k + w]` into the words of vector `q`.
-    fn pack(&mut self, q: &str, d: DType, arr: &str, k: &str, w: u32) -> R {
+    /// Packs registers `k + 0 .. k + w` of a value (its [`Emitter::template`]) into the
+    /// words of vector `q`.
+    fn pack(&mut self, q: &str, d: DType, t: &str, k: &str, w: u32) -> R {
         let words = (w * d.size_bytes() as u32 / 4).max(1);
+        let r = |j: u32| at(t, &format!("{k} + {j}"));
         for wi in 0..words {
             let e = match d.size_bytes() {
-                4 => format!("__float_as_uint({arr}[{k} + {wi}])"),
-                2 => format!("kf_pack16({}, {})", from_reg(d, &format!("{arr}[{k} + {}]", 2 * wi)), from_reg(d, &format!("{arr}[{k} + {}]", 2 * wi + 1))),
+                4 => format!("__float_as_uint({})", r(wi)),
+                2 => format!("kf_pack16({}, {})", from_reg(d, &r(2 * wi)), from_reg(d, &r(2 * wi + 1))),
                 1 if w >= 4 => {
-                    let b: Vec<String> = (0..4).map(|j| from_reg(d, &format!("{arr}[{k} + {}]", 4 * wi + j))).collect();
+                    let b: Vec<String> = (0..4).map(|j| from_reg(d, &r(4 * wi + j))).collect();
                     format!("kf_pack8({}, {}, {}, {})", b[0], b[1], b[2], b[3])
                 }
                 n => return Err(CodegenError::Unsupported(format!("vectors of {n}-byte elements"))),
@@ -1107,7 +1254,7 @@ impl<'a> Emitter<'a> {
                 None => {
                     let name = format!("v{}", op.index());
                     self.line(format!("const {} {name} = {okv} ? {} : {};", ctype(d), to_reg(d, &format!("{base}[0]")), if d == DType::Bool { "false" } else { "0" }))?;
-                    self.vals.insert(op.value(), Val { name, dtype: d, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
+                    self.vals.insert(op.value(), Val { name, dtype: d, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![], lazy: None });
                     Ok(())
                 }
                 Some(sv) => {
@@ -1146,9 +1293,41 @@ impl<'a> Emitter<'a> {
                         }
                     }
                 }
-                let val = self.new_tile(op.value(), d, &layout, lo, hi, None)?;
-                let map = val.map.clone().unwrap();
-                (val, map)
+                // rematerialized (`Schedule::remat`): a 16- or 8-bit float tile stays in
+                // the raw vectors it is loaded as (half or a quarter of the registers
+                // of f32s), each use converting its element
+                let lmap = RegMap::of(&layout);
+                let w = width.max(1);
+                let esz = d.size_bytes() as u32;
+                let remat_raw = k.schedule.remat
+                    && !self.bound_only
+                    && d.is_float()
+                    && esz < 4
+                    && w > 1
+                    && (w * esz) % 4 == 0
+                    && lmap.as_ref().is_some_and(|m| m.regs % w == 0 && m.fastest_axis().is_some());
+                if remat_raw {
+                    let vt = vec_type(w * esz)?;
+                    let arr = format!("v{}w", op.value().index());
+                    let note = k.names.get(&op.value()).map(|n| format!("  // {n}")).unwrap_or_default();
+                    self.line(format!("{vt} {arr}[{}];{note}", lmap.as_ref().unwrap().regs / w))?;
+                    let g = format!("{arr}[({LAZY_K}) / {w}]");
+                    let j = format!("(({LAZY_K}) % {w})");
+                    let word = if esz == 2 {
+                        format!("((({LAZY_K}) & 1) ? kf_hi16({g}.w[{j} / 2]) : kf_lo16({g}.w[{j} / 2]))")
+                    } else {
+                        format!("kf_byte({g}.w[{j} / 4], {j} % 4)")
+                    };
+                    let val = self.lazy_tile(op.value(), d, &layout, lo, hi, to_reg(d, &word))?;
+                    self.remat_arrays.push((arr.clone(), lmap.as_ref().unwrap().regs / w, w * esz / 4));
+                    self.raw.insert(op.value(), arr);
+                    let map = val.map.clone().unwrap();
+                    (val, map)
+                } else {
+                    let val = self.new_tile(op.value(), d, &layout, lo, hi, None)?;
+                    let map = val.map.clone().unwrap();
+                    (val, map)
+                }
             }
             Some(sv) => {
                 let val = self.val(sv).clone();
@@ -1270,9 +1449,10 @@ impl<'a> Emitter<'a> {
                     self.line(format!("const {vt} q = *reinterpret_cast<const {vt}*>({base} + {a0});"))?;
                     self.unpack("q", d, &vname, "k0", w)?;
                 }
-                Some(_) => {
+                Some(sv) => {
                     self.line(format!("{vt} q;"))?;
-                    self.pack("q", d, &vname, "k0", w)?;
+                    let t = self.template(sv);
+                    self.pack("q", d, &t, "k0", w)?;
                     self.line(format!("*reinterpret_cast<{vt}*>({base} + {a0}) = q;"))?;
                 }
             }
@@ -1297,8 +1477,8 @@ impl<'a> Emitter<'a> {
                 let zero = if d == DType::Bool { "false" } else { "0" };
                 self.line(format!("{vname}[k0 + j] = ({cond}) ? {} : {zero};", to_reg(d, &format!("{base}[{aj}]"))))?;
             }
-            Some(_) => {
-                self.line(format!("if ({cond}) {base}[{aj}] = {};", from_reg(d, &format!("{vname}[k0 + j]"))))?;
+            Some(sv) => {
+                self.line(format!("if ({cond}) {base}[{aj}] = {};", from_reg(d, &self.reg(sv, "k0 + j"))))?;
             }
         }
         self.close()?;
@@ -1406,7 +1586,17 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             e.op(op)?;
         }
     }
+    if e.cluster_reductions > 0 {
+        // the partials in this block's shared memory stay until every block has read them
+        e.line("kf_cluster_sync();")?;
+    }
+    let pushes = e.cluster_pushes;
+    if pushes > 0 {
+        // no block leaves while a push it sent may still be on its way
+        e.line("asm volatile(\"barrier.cluster.arrive.relaxed.aligned;\\n\\tbarrier.cluster.wait.aligned;\" ::: \"memory\");")?;
+    }
     let smem = e.smem;
+    let static_smem = smem + e.cluster_smem;
     let body = e.w.finish();
     if smem > MAX_STATIC_SMEM {
         return Err(CodegenError::Unsupported(format!("{smem} bytes of shared memory (static limit {MAX_STATIC_SMEM})")));
@@ -1424,10 +1614,20 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         if smem > 0 {
             w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", smem.div_ceil(16) * 16))?;
         }
+        if pushes > 0 {
+            // one mbarrier per pushed cluster reduction, initialized before any block
+            // pushes (the first reduction waits on this arrival)
+            w.line(format!("__shared__ __align__(8) unsigned long long kf_clbar[{pushes}];"))?;
+            w.open("if (kf_tid == 0)")?;
+            w.line(format!("for (int i = 0; i < {pushes}; ++i) kf_cl_init(&kf_clbar[i]);"))?;
+            w.line("asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");")?;
+            w.close()?;
+            w.line("asm volatile(\"barrier.cluster.arrive.relaxed.aligned;\" ::: \"memory\");")?;
+        }
         w.raw(&body)?;
         w.close()
     };
     head().map_err(fmt_err)?;
     let persistent = (k.schedule.persistent > 0).then_some(k.schedule.persistent);
-    Ok(Emitted { source: w.finish(), params, static_smem: smem, dynamic_smem: 0, block_threads: threads, persistent })
+    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem: 0, block_threads: threads, persistent })
 }

@@ -56,7 +56,9 @@ static __device__ __forceinline__ unsigned char kf_f32_e5m2(float f) { kf_u16 r;
 
 /// Helpers of kernels whose blocks form a thread-block cluster (sm_90): a barrier over
 /// the cluster (release/acquire, so shared-memory writes before it are visible to
-/// every block after it) and a load from another block's shared memory.
+/// every block after it), a load from another block's shared memory, and a value pushed
+/// into another block's shared memory (`st.async`) whose arrival that block's mbarrier
+/// counts (phase 0 only: each mbarrier serves one reduction).
 pub const CLUSTER_PRELUDE: &str = r#"static __device__ __forceinline__ void kf_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
@@ -66,6 +68,22 @@ static __device__ __forceinline__ float kf_ld_cluster_f32(const float* p, unsign
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
   return v;
+}
+static __device__ __forceinline__ unsigned kf_cl_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void kf_cl_init(unsigned long long* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(kf_cl_addr(bar)) : "memory");
+}
+static __device__ __forceinline__ void kf_cl_expect(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(kf_cl_addr(bar)), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void kf_cl_push_f32(float* slot, float v, unsigned long long* bar, unsigned rank) {
+  unsigned a, b;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(kf_cl_addr(slot)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(kf_cl_addr(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" :: "r"(a), "r"(__float_as_uint(v)), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void kf_cl_wait(unsigned long long* bar) {
+  asm volatile("{\n\t.reg .pred p;\n\tKF_CLW_%=:\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n\t@!p bra KF_CLW_%=;\n\t}" :: "r"(kf_cl_addr(bar)) : "memory");
 }
 "#;
 

@@ -177,7 +177,7 @@ pub(super) fn accumulator_val(plan: &MmaPlan, map: RegMap, ranges: AccRanges) ->
 /// Registers `name` as a `[BM, BN]` f32 accumulator value of register map `map`.
 pub(super) fn accumulator_val_named(plan: &MmaPlan, name: &str, map: RegMap, (lo, hi): AccRanges) -> Val {
     let [bm, bn, _] = plan.tile;
-    Val { name: name.into(), dtype: DType::F32, map: Some(map), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo, hi }
+    Val { name: name.into(), dtype: DType::F32, map: Some(map), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo, hi, lazy: None }
 }
 
 /// Traps on a non-positive step and writes the dot loop's trip count `kf_n`; gives the
@@ -202,7 +202,7 @@ pub(super) fn bind_iteration(e: &mut Emitter, info: &LoopInfo, (start, step): (&
     if let Some(ix) = info.index {
         let name = format!("v{}", ix.index());
         e.line(format!("const long long {name} = {start} + ({it}) * {step};"))?;
-        e.vals.insert(ix, Val { name, dtype: DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![] });
+        e.vals.insert(ix, Val { name, dtype: DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![], lazy: None });
     }
     for &o in slice {
         e.op(o)?;
