@@ -358,9 +358,8 @@ impl Device {
 
     /// Loads PTX into a module of this GPU and returns its function `entry`; when
     /// `smem_bytes` exceeds the 48 KiB default, raises the function's dynamic shared
-    /// memory limit to it; a kernel of clusters larger than the portable 8 blocks
-    /// (`cluster`) is allowed them.
-    pub(crate) fn load_ptx(&self, ptx: &str, entry: &str, smem_bytes: u32, cluster: u32) -> Result<CudaFunction> {
+    /// memory limit to it.
+    pub(crate) fn load_ptx(&self, ptx: &str, entry: &str, smem_bytes: u32) -> Result<CudaFunction> {
         let g = self.gpu_ref().ok_or_else(|| Error::InvalidArgument("PTX can only be loaded on a GPU".into()))?;
         if smem_bytes > g.smem_optin {
             return Err(Error::InvalidArgument(format!(
@@ -382,11 +381,6 @@ impl Device {
                 g.bind()?;
                 f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes as i32)
                     .map_err(driver(format_args!("allowing `{entry}` {smem_bytes} bytes of dynamic shared memory")))?;
-            }
-            if cluster > 8 {
-                g.bind()?;
-                f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-                    .map_err(driver(format_args!("allowing `{entry}` clusters of {cluster} blocks")))?;
             }
             Ok(f)
         }));

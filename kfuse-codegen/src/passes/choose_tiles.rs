@@ -17,7 +17,7 @@
 //! ([`ROW_ELEMS_PER_THREAD`]: 128 threads at 1024- and 4096-element rows, 512 at 16384).
 //!
 //! Long rows: when a full-extent tile would need more than 32 elements per thread,
-//! its widest full extent is cut across a thread-block cluster of up to 16 blocks
+//! its widest full extent is cut across a thread-block cluster of up to 8 blocks
 //! (sm_90; `schedule.cluster`, `schedule.split`): each block holds one piece of every
 //! such axis, reductions along it meet in distributed shared memory, and the row is
 //! still read once and written once. Those blocks have [`CLUSTER_THREADS`] threads —
@@ -66,11 +66,8 @@ pub const CLUSTER_THREADS: u32 = 512;
 /// as many blocks as bring it down to this many, at most [`MAX_CLUSTER`]).
 pub const CLUSTER_ABOVE: u32 = 32;
 
-/// Largest cluster: 16 blocks, past the portable 8 (Hopper holds 16; the runtime allows
-/// it per function, `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`). At
-/// 256x262144 bf16, 16 blocks of 512 threads x 32 elements against 8 of 512 x 64 (NOTES.md,
-/// r12).
-pub const MAX_CLUSTER: u32 = 16;
+/// Largest (portable) cluster.
+pub const MAX_CLUSTER: u32 = 8;
 
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     if let Some(&dot) = crate::passes::select_mma_path::dots(k).first() {
