@@ -113,3 +113,37 @@ fn row_kernels_at_exact_shapes() {
     let e = compile(&(k::softmax::DEF.build)(&[bf16]).unwrap(), &spec, &Target::sm90a()).unwrap();
     assert!(!e.ir.contains("exact") && e.source.contains("< kf_hi"), "{}", e.ir);
 }
+
+/// A row split across a cluster: the loads stay raw words in registers, the values
+/// computed from them are recomputed where they are used (`rematerialized`), each
+/// reduction pushes every warp's partial into every block (`st.async` on mbarriers,
+/// no block or cluster barrier per reduction).
+#[test]
+fn cluster_rows_rematerialize_and_push() {
+    use kfuse::ops::kernels as k;
+    let bf16 = kfuse::DType::BF16;
+    let def = &k::layer_norm::DEF;
+    let e = compile(&(def.build)(&[bf16]).unwrap(), &spec_n(def, 1024, 131072), &Target::sm90a()).unwrap();
+    insta::assert_snapshot!("layer_norm_bf16_1024x131072_exact_ir", e.ir);
+    insta::assert_snapshot!("layer_norm_bf16_1024x131072_exact_sm90a", e.source);
+    assert!(e.ir.contains("cluster 8 blocks") && e.ir.contains("rematerialized"), "{}", e.ir);
+    // the row's slice as raw 16-byte words, no f32 array of it
+    assert!(e.source.contains("kf_v16 v5w[4];") && !e.source.contains("float v5[32]"), "{}", e.source);
+    // two reductions, each by pushed partials; no cluster barrier with release semantics
+    assert_eq!(e.source.matches("kf_cl_push_f32(&").count(), 2, "{}", e.source);
+    assert!(!e.source.contains("kf_cluster_sync();"), "{}", e.source);
+    // 262144-element rows: the portable 8 blocks of 512 threads, 64 elements a thread
+    let e = compile(&(k::softmax::DEF.build)(&[bf16]).unwrap(), &spec_n(&k::softmax::DEF, 256, 262144), &Target::sm90a()).unwrap();
+    assert_eq!((e.cluster_x, e.block_threads), (8, 512), "{}", e.ir);
+    assert!(e.source.contains("kf_v16 v4w[8];"), "{}", e.source);
+    // f32 rows gain nothing from raw words: values stay in registers
+    let e = compile(&(def.build)(&[kfuse::DType::F32]).unwrap(), &spec_n(def, 1024, 131072), &Target::sm90a()).unwrap();
+    assert!(!e.ir.contains("rematerialized") && e.source.contains("kf_cl_push_f32"), "{}", e.ir);
+}
+
+fn spec_n(def: &kfuse::ir::KernelDef, m: u32, n: u32) -> kfuse::codegen::Spec {
+    let mut spec = common::snapshot_spec(def);
+    spec.shape_pow2 = vec![m, n];
+    spec.shape_div = vec![m, n];
+    spec
+}
