@@ -26,7 +26,7 @@ fn spec(def: &KernelDef, m: u32, n: u32) -> Spec {
         })
         .collect();
     let mb = std::env::var("MB").ok().and_then(|v| v.parse().ok());
-    Spec { tensors, shape_pow2: vec![m, n], shape_div: vec![m, n], tiles: Default::default(), threads: None, min_blocks: mb }
+    Spec { tensors, shape_pow2: vec![m, n], shape_div: vec![m, n], tiles: Default::default(), threads: None, min_blocks: mb, grouped: false }
 }
 
 fn main() {

@@ -23,7 +23,7 @@ pub mod passes;
 pub mod target;
 pub mod tuning;
 
-pub use target::{EmittedKernel, GridAxisEval, KernelParam, Spec, Target, TensorSpec};
+pub use target::{group_record_words, EmittedKernel, GridAxisEval, KernelParam, Spec, Target, TensorSpec};
 pub use tuning::tuning_candidates;
 
 use kfuse_ir::{verify::verify, Extent, Kernel};
@@ -62,6 +62,7 @@ pub fn schedule(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kernel,
     }
     verify(kernel, "input")?;
     let mut k = kernel.clone();
+    k.schedule.grouped = spec.grouped;
     passes::hoist_invariants::run(&mut k)?;
     check(&k, "hoist_invariants")?;
     passes::choose_tiles::run(&mut k, spec, target)?;
@@ -109,6 +110,7 @@ pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedK
         grid: axes,
         cluster_x: k.schedule.mma.as_ref().map_or(k.schedule.cluster, |p| p.split_k.max(p.multicast)).max(1),
         persistent: out.persistent,
+        grouped: spec.grouped,
         ir: kfuse_ir::print::print(&k),
         tiles,
     })

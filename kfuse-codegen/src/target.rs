@@ -67,6 +67,10 @@ pub struct Spec {
     pub threads: Option<u32>,
     /// Override of `__launch_bounds__`'s minimum blocks per multiprocessor (0: none).
     pub min_blocks: Option<u32>,
+    /// A grouped launch: one launch runs the programs of several problems (each its
+    /// own tensors, shapes and scalars), listed in a table the kernel reads; the other
+    /// facts here hold for every problem (`kfuse_runtime::launch_grouped`).
+    pub grouped: bool,
 }
 
 /// One CUDA kernel parameter, in order.
@@ -116,6 +120,12 @@ pub struct EmittedKernel {
     /// Dynamic shared memory in bytes.
     pub smem_bytes: u32,
     pub params: Vec<KernelParam>,
+    /// A grouped launch (`Spec::grouped`): the kernel takes `(const long long* kf_grp,
+    /// long long kf_ngrp)` instead of `params`; `kf_grp` holds one record of
+    /// [`group_record_words`] 64-bit words per problem: its grid (3 words), the number of
+    /// programs before it, then one word per entry of `params` (pointers, strides and
+    /// shapes as integers, an f32 scalar in the low 32 bits).
+    pub grouped: bool,
     /// One entry per grid axis in use (x, y, z); empty means a single program.
     pub grid: Vec<GridAxisEval>,
     /// Blocks per thread-block cluster along x (1: no clusters); the launch grid's x
@@ -160,4 +170,10 @@ impl EmittedKernel {
         g[0] *= self.cluster_x.max(1) as u64;
         g
     }
+}
+
+/// Words of one problem's record in a grouped launch's table (see
+/// [`EmittedKernel::grouped`]): grid (3), programs before it (1), one per parameter.
+pub fn group_record_words(params: &[KernelParam]) -> usize {
+    4 + params.len()
 }

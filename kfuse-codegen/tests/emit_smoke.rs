@@ -74,6 +74,7 @@ fn spec(ranks: &[Option<usize>], shapes: &[u32]) -> Spec {
         tiles: Default::default(),
         threads: None,
         min_blocks: None,
+        grouped: false,
     }
 }
 

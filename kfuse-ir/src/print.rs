@@ -153,6 +153,9 @@ pub fn print(k: &Kernel) -> String {
     let s = &k.schedule;
     if s.is_scheduled() {
         let _ = writeln!(out, "schedule: threads={} min_blocks={} smem={}B", s.num_threads, s.min_blocks, s.smem_bytes);
+        if s.grouped {
+            let _ = writeln!(out, "  grouped: one launch runs the programs of several problems, each block reading its problem's parameters from a table");
+        }
         if s.persistent > 0 {
             let _ = writeln!(out, "  persistent: at most {} blocks walk the programs, each loading the next program's tiles ahead", s.persistent);
         }

@@ -99,6 +99,10 @@ pub struct Schedule {
     /// held in registers (`rematerialize`): fewer registers a thread, more blocks a
     /// multiprocessor.
     pub remat: bool,
+    /// A grouped launch (`Spec::grouped`): the programs of several problems in one
+    /// launch; each block finds its problem and program in a table the runtime passes,
+    /// whose entries bind the parameters' names (pointers, strides, shapes, scalars).
+    pub grouped: bool,
     /// Blocks per multiprocessor the register allocator must leave room for
     /// (`__launch_bounds__`'s second argument); 0 leaves the choice to the assembler.
     pub min_blocks: u32,

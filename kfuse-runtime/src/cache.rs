@@ -308,6 +308,7 @@ mod tests {
             arch: "sm_90a".into(),
             options: vec![],
             block_threads: 128,
+            grouped: false,
             smem_bytes: 0,
             params: vec![KernelParam::TensorMap { tensor: ParamId(0), box_dims: vec![64, 64], swizzle: 128, order: vec![1, 0] }],
             grid: vec![GridAxisEval { dim: ShapeSym(0), step: 64 }],

@@ -431,7 +431,7 @@ pub fn spec_for(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Spec> {
             Err(_) => Ok(None),
         }
     };
-    Ok(Spec { tensors, shape_pow2, shape_div, tiles: tile_overrides()?, threads: num("KFUSE_THREADS")?, min_blocks: num("KFUSE_MIN_BLOCKS")? })
+    Ok(Spec { tensors, shape_pow2, shape_div, tiles: tile_overrides()?, threads: num("KFUSE_THREADS")?, min_blocks: num("KFUSE_MIN_BLOCKS")?, grouped: false })
 }
 
 /// Tile-size overrides from `KFUSE_TILES` (`BM=128,BN=64`): every kernel with a tile
@@ -519,6 +519,187 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
         }
     }
     Ok(launched)
+}
+
+/// Launches `def` once over several problems (`groups`, each a full argument list of
+/// its own tensors and scalars, shapes free to differ): a grouped launch. On a GPU the
+/// kernel is compiled once for facts every problem shares (`Spec::grouped`: the meet
+/// of their specializations) and one launch runs all of their programs, each block
+/// reading its problem's pointers, strides, shapes and scalars from a table copied to
+/// the device with the launch; on the CPU the interpreter runs the problems in turn.
+/// Every problem must pass the checks of [`launch`] and instantiate the kernel with the
+/// same dtypes. Problems with nothing to compute are left out; `skipped_empty` says
+/// that none had anything.
+pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<Launched> {
+    if groups.is_empty() {
+        return Err(Error::InvalidArgument(format!("a grouped launch of `{}` needs at least one problem", def.name)));
+    }
+    let mut dtypes: Option<Vec<DType>> = None;
+    let mut device: Option<Option<Device>> = None;
+    for (g, args) in groups.iter().enumerate() {
+        let checked = check(def.name, def.generics, &def_params(def), args)
+            .map_err(|e| Error::InvalidArgument(format!("problem #{g} of a grouped launch: {e}")))?;
+        if dtypes.as_ref().is_some_and(|d| *d != checked.dtypes) {
+            return Err(Error::InvalidArgument(format!(
+                "problem #{g} of a grouped launch of `{}` has dtypes {:?}, problem #0 {:?}: one launch runs one instantiation",
+                def.name,
+                checked.dtypes,
+                dtypes.unwrap()
+            )));
+        }
+        let same_device = match (&device, &checked.device) {
+            (None, _) => true,
+            (Some(a), b) => a.as_ref().map(|d| d.describe()) == b.as_ref().map(|d| d.describe()),
+        };
+        if !same_device {
+            return Err(Error::InvalidArgument(format!("problem #{g} of a grouped launch of `{}` lives on another device than problem #0", def.name)));
+        }
+        dtypes = Some(checked.dtypes);
+        device = Some(checked.device);
+    }
+    let dtypes = dtypes.unwrap();
+    let device = device.unwrap();
+    let built = built_ir(def, &dtypes)?;
+    let (kernel, grid) = (&built.0, &built.1);
+    let mut launched = Launched { backend: backend_of(&device), kernel: def.name.to_string(), skipped_empty: false, cache: None };
+    // the problems with work to do, and their shapes
+    let mut live = Vec::new();
+    for (g, args) in groups.iter().enumerate() {
+        let shapes = shape_values(kernel, args)?;
+        if !(grid.eval(|s| shapes[s.0 as usize], |_| 1).contains(&0) || any_output_empty(args)) {
+            live.push((g, shapes));
+        }
+    }
+    if live.is_empty() {
+        launched.skipped_empty = true;
+        return Ok(launched);
+    }
+    let Some(device) = device.filter(|d| d.is_gpu()) else {
+        for (g, _) in &live {
+            run_interpreter(kernel, &groups[*g])?;
+        }
+        return Ok(launched);
+    };
+    let gpu = device.gpu_ref().expect("a GPU");
+    // facts every problem shares
+    let mut spec: Option<Spec> = None;
+    for (g, _) in &live {
+        let s = spec_for(kernel, &groups[*g])?;
+        spec = Some(match spec {
+            None => s,
+            Some(m) => meet(m, &s),
+        });
+    }
+    let mut spec = spec.unwrap();
+    spec.grouped = true;
+    let target = gpu.target()?;
+    let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes, spec, target };
+    let (loaded, outcome) = load(&device, kernel, key)?;
+    launched.cache = Some(outcome);
+    let e = &loaded.emitted;
+    if !e.grouped || e.persistent.is_some() || e.cluster_x > 1 {
+        return Err(Error::InvalidArgument(format!("`{}` did not compile as a grouped kernel", def.name)));
+    }
+    // the table: per problem its grid, the programs before it, its parameter words
+    let rec = kfuse_codegen::group_record_words(&e.params);
+    let mut words: Vec<i64> = Vec::with_capacity(rec * live.len());
+    let mut total: u64 = 0;
+    for (g, shapes) in &live {
+        let args = &groups[*g];
+        let dims = e.grid_dims(shapes);
+        words.extend(dims.iter().map(|&d| d as i64));
+        words.push(total as i64);
+        total += dims.iter().product::<u64>();
+        for p in &e.params {
+            words.push(param_word(def.name, kernel, p, args, shapes)?);
+        }
+    }
+    if total >= 1 << 31 {
+        return Err(Error::InvalidArgument(format!("a grouped launch of `{}` needs {total} blocks; CUDA allows fewer than 2^31", def.name)));
+    }
+    let table = gpu
+        .stream
+        .clone_htod(&words)
+        .map_err(driver(format_args!("copying the problem table of a grouped `{}` to {}", def.name, device.describe())))?;
+    let ngroups = live.len() as i64;
+    let mut b = gpu.stream.launch_builder(&loaded.func);
+    b.arg(&table);
+    b.arg(&ngroups);
+    let cfg = LaunchConfig { grid_dim: (total as u32, 1, 1), block_dim: (e.block_threads, 1, 1), shared_mem_bytes: e.smem_bytes };
+    // SAFETY: the kernel takes (table, count) (`EmittedKernel::grouped`); each record
+    // holds the words `emitted.params` asks for, from live allocations of this device,
+    // and the kernel masks its accesses to each problem's shapes. The table is freed
+    // after the kernel, in stream order (cudarc frees device memory on the stream).
+    unsafe { b.launch(cfg) }.map_err(driver(format_args!(
+        "launching grouped `{}` ({} problems, {total} blocks, {} threads) on {}",
+        def.name,
+        live.len(),
+        e.block_threads,
+        device.describe()
+    )))?;
+    drop(table);
+    if sync_each_launch() {
+        gpu.sync().map_err(|err| Error::Driver(format!("kernel `{}` failed: {err}", def.name)))?;
+    }
+    Ok(launched)
+}
+
+/// The facts two specializations share: the smaller alignment and divisibility, the
+/// larger padded extent (a unit stride stays one only where both have it).
+fn meet(a: Spec, b: &Spec) -> Spec {
+    let tensors = a
+        .tensors
+        .iter()
+        .zip(&b.tensors)
+        .map(|(x, y)| match (x, y) {
+            (Some(x), Some(y)) => Some(TensorSpec {
+                ptr_align: x.ptr_align.min(y.ptr_align),
+                stride_div: x
+                    .stride_div
+                    .iter()
+                    .zip(&y.stride_div)
+                    .map(|(&p, &q)| if p == 0 && q == 0 { 0 } else { p.max(1).min(q.max(1)) })
+                    .collect(),
+            }),
+            _ => None,
+        })
+        .collect();
+    let shape_pow2: Vec<u32> = a.shape_pow2.iter().zip(&b.shape_pow2).map(|(&p, &q)| p.max(q)).collect();
+    // exact (div == pow2) only where both are exactly the same power of two
+    let shape_div = a
+        .shape_div
+        .iter()
+        .zip(&b.shape_div)
+        .zip(&shape_pow2)
+        .map(|((&p, &q), &m)| p.min(q).min(if p == q { m } else { m / 2 }).max(1))
+        .collect();
+    Spec { tensors, shape_pow2, shape_div, ..a }
+}
+
+/// One parameter's word in a grouped launch's table (see `EmittedKernel::grouped`).
+fn param_word(name: &str, kernel: &Kernel, p: &KernelParam, args: &[Arg<'_>], shapes: &[u64]) -> Result<i64> {
+    let tensor = |id: kfuse_ir::ParamId| -> Result<&Tensor> {
+        args.get(id.0 as usize)
+            .and_then(|a| a.tensor())
+            .ok_or_else(|| Error::InvalidArgument(format!("`{name}` takes parameter #{} as a tensor, but it is not one", id.0)))
+    };
+    Ok(match *p {
+        KernelParam::Ptr(id) => tensor(id)?.device_ptr().ok_or_else(|| Error::InvalidArgument("a CPU tensor in a GPU launch".into()))? as i64,
+        KernelParam::Stride { tensor: id, dim } => {
+            let t = tensor(id)?;
+            *t.strides().get(dim as usize).ok_or_else(|| Error::InvalidArgument(format!("`{name}` takes the stride of dimension {dim} of a tensor of rank {}", t.rank())))? as i64
+        }
+        KernelParam::Shape(s) => *shapes.get(s.0 as usize).ok_or_else(|| Error::InvalidArgument(format!("`{name}` takes shape symbol #{}, which the kernel does not have", s.0)))? as i64,
+        KernelParam::Scalar(id) => {
+            let pd = kernel.params.get(id.0 as usize).map(|p| p.dtype);
+            match (pd, args.get(id.0 as usize)) {
+                (Some(DType::F32), Some(Arg::Scalar(s))) => (s.as_f64() as f32).to_bits() as i64,
+                (Some(DType::I64), Some(Arg::Scalar(Scalar::I64(v)))) => *v,
+                _ => return Err(Error::InvalidArgument(format!("`{name}` takes parameter #{} as an f32 or i64 scalar", id.0))),
+            }
+        }
+        KernelParam::TensorMap { .. } => return Err(Error::InvalidArgument(format!("`{name}`: a grouped launch cannot pass tensor maps"))),
+    })
 }
 
 /// The loaded kernel of a module key on a GPU: from the device's cache, or else

@@ -29,6 +29,7 @@ fn compile_cached_uses_kfuse_cache_dir() {
         grid: vec![],
         cluster_x: 1,
         persistent: None,
+        grouped: false,
         ir: String::new(),
         tiles: BTreeMap::new(),
     };

@@ -107,6 +107,7 @@ extern "C" __global__ void __launch_bounds__(128) kf_add(const float* __restrict
         options: vec![],
         block_threads: 128,
         smem_bytes: 0,
+        grouped: false,
         params: vec![
             KernelParam::Ptr(p(0)),
             KernelParam::Stride { tensor: p(0), dim: 0 },
@@ -308,6 +309,7 @@ fn tma_box_kernel(arch: String, br: u32, bc: u32, swizzle: u32) -> EmittedKernel
         options: vec![],
         block_threads: 128,
         smem_bytes: br * bc * 2 + 1024,
+        grouped: false,
         params: vec![
             KernelParam::TensorMap { tensor: p(0), box_dims: vec![br, bc], swizzle, order: vec![1, 0] },
             KernelParam::Ptr(p(1)),

@@ -29,7 +29,7 @@ pub mod kernels;
 mod matmul;
 mod rope;
 
-pub use matmul::{gemm_batched, gemm_batched_ex, gemm_ex, swiglu_gemm, GemmOptions};
+pub use matmul::{gemm_batched, gemm_batched_ex, gemm_ex, gemm_grouped, gemm_grouped_ex, swiglu_gemm, GemmOptions};
 pub use rope::{rope, Freqs, Positions, RopeLayout, RopeOptions};
 
 #[doc(hidden)]

@@ -21,7 +21,7 @@
 //! first if it is strided) and the product is one 2-D GEMM.
 
 use kfuse_ir::DType;
-use kfuse_runtime::{Error, Result, Tensor};
+use kfuse_runtime::{Arg, Error, Result, Scalar, Tensor};
 
 use crate::kernels;
 
@@ -518,4 +518,88 @@ fn k_contiguous(t: &Tensor, k_axis: usize, tf32: bool) -> Result<Tensor> {
 /// them as they lie.
 fn tensor_core_f32(a: &Tensor, tf32: bool) -> bool {
     tf32 && a.dtype() == DType::F32 && a.device().target().is_some_and(|t| t.sm == 90)
+}
+
+/// Grouped products: `out[i] = a[i] · b[i]` for a list of independent problems of any
+/// sizes (`a[i]: [M_i, K_i]`, `b[i]: [K_i, N_i]`), in one launch. See
+/// [`gemm_grouped_ex`].
+pub fn gemm_grouped(a: &[&Tensor], b: &[&Tensor]) -> Result<Vec<Tensor>> {
+    gemm_grouped_ex(a, b, &GemmOptions::default())
+}
+
+/// Grouped products with scaling and an output dtype: `out[i] = alpha · scale_a ·
+/// scale_b · (a[i] · b[i])`, each a new contiguous `[M_i, N_i]` tensor of dtype
+/// `opts.out_dtype` (default: the operands').
+///
+/// One launch of the ordinary product kernel (`kernels::gemm_scaled`) over every
+/// problem (`kfuse_runtime::launch_grouped`): each block finds its problem in a table
+/// of pointers, strides and shapes, so the sizes need not agree. The operands are
+/// 2-D, of one float dtype for all problems, on one device, any strides (16-bit
+/// operands whose rows a 16-byte copy cannot read are copied to padded rows first, as
+/// in [`crate::gemm`]). On the GPU the problems run on the mma.sync path (also on
+/// sm_90a: a grouped launch has no per-problem TMA maps yet) for f16/bf16 operands and
+/// on exact f32 FMAs for f32 operands. `K_i = 0` gives zeros; `M_i = 0` or `N_i = 0` an
+/// empty result.
+///
+/// Errors: lists of different lengths, an empty list, a rank other than 2, `K` that
+/// differ within a problem, dtypes or devices that differ between problems, and
+/// `c`, `beta`, `tf32` or 8-bit operands (not taken by grouped products yet).
+pub fn gemm_grouped_ex(a: &[&Tensor], b: &[&Tensor], opts: &GemmOptions<'_>) -> Result<Vec<Tensor>> {
+    let what = "kfuse::ops::gemm_grouped";
+    if a.len() != b.len() {
+        return Err(Error::InvalidArgument(format!("{what}: {} `a` matrices but {} `b` matrices; one of each per problem", a.len(), b.len())));
+    }
+    if a.is_empty() {
+        return Err(Error::InvalidArgument(format!("{what}: no problems")));
+    }
+    if opts.c.is_some() || opts.beta != 0.0 || opts.tf32 {
+        return Err(Error::InvalidArgument(format!("{what}: `c`, `beta` and `tf32` are not taken by grouped products yet (use gemm_ex per problem)")));
+    }
+    let mut outs = Vec::with_capacity(a.len());
+    for (i, (x, w)) in a.iter().zip(b).enumerate() {
+        let at = |e: Error| Error::InvalidArgument(format!("problem #{i}: {e}"));
+        for (t, arg) in [(*x, "a"), (*w, "b")] {
+            if t.rank() != 2 {
+                return Err(at(Error::InvalidArgument(format!("{what}: `{arg}` must be a matrix (rank 2), got shape {:?}", t.shape()))));
+            }
+            check_float(what, t, arg).map_err(at)?;
+            if t.dtype().is_fp8() {
+                return Err(at(Error::InvalidArgument(format!("{what}: 8-bit operands are not taken by grouped products yet"))));
+            }
+        }
+        if x.dtype() != a[0].dtype() || x.device() != a[0].device() {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: problem #{i} is {} on {}, problem #0 {} on {}; one launch takes one dtype on one device",
+                x.dtype(),
+                x.device().name(),
+                a[0].dtype(),
+                a[0].device().name()
+            )));
+        }
+        let (m, k, n) = (x.shape()[0], x.shape()[1], w.shape()[1]);
+        if w.shape()[0] != k {
+            return Err(Error::ShapeMismatch(format!(
+                "{what}: problem #{i}: `a` is {:?} and `b` is {:?}; the columns of `a` must match the rows of `b`",
+                x.shape(),
+                w.shape()
+            )));
+        }
+        let od = check_common(what, x, w, opts, &[m, n]).map_err(at)?;
+        outs.push(Tensor::empty(&[m, n], od, &x.device())?);
+    }
+    // operands the copy engines can read (16-byte rows), on a GPU
+    let gpu = a[0].device().is_gpu();
+    let mut ops = Vec::with_capacity(a.len());
+    for (x, w) in a.iter().zip(b) {
+        ops.push(if gpu { (crate::tma_readable(x, false)?, crate::tma_readable(w, false)?) } else { ((*x).clone(), (*w).clone()) });
+    }
+    let alpha = opts.product_scale();
+    let mut groups: Vec<Vec<Arg<'_>>> = ops
+        .iter()
+        .zip(outs.iter_mut())
+        .map(|((x, w), o)| vec![Arg::In(x), Arg::In(w), Arg::Out(o), Arg::Scalar(Scalar::F32(alpha))])
+        .collect();
+    kfuse_runtime::launch_grouped(&kernels::gemm_scaled::DEF, &mut groups)?;
+    drop(groups);
+    Ok(outs)
 }

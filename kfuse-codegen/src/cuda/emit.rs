@@ -416,6 +416,7 @@ impl<'a> Emitter<'a> {
             Ok(())
         };
         match &node.op {
+            Op::ProgramId { axis } if k.schedule.grouped => scalar(self, DType::I64, format!("kf_pid{axis}")),
             Op::ProgramId { axis } if self.pid.is_some() => {
                 let e = self.pid.as_ref().unwrap()[*axis as usize].clone();
                 scalar(self, DType::I64, e)
@@ -1518,11 +1519,51 @@ fn open_kernel(w: &mut Writer<String>, k: &Kernel, target: &Target, preludes: &[
         w.raw(p)?;
     }
     w.line("")?;
-    w.open(format!("extern \"C\" __global__ void {attrs}__launch_bounds__({bounds}) {}({})", entry_name(k), decls.join(", ")))?;
+    if k.schedule.grouped {
+        w.open(format!(
+            "extern \"C\" __global__ void {attrs}__launch_bounds__({bounds}) {}(const long long* __restrict__ kf_grp, const long long kf_ngrp)",
+            entry_name(k)
+        ))?;
+        group_prologue(w, decls)?;
+    } else {
+        w.open(format!("extern \"C\" __global__ void {attrs}__launch_bounds__({bounds}) {}({})", entry_name(k), decls.join(", ")))?;
+    }
     w.line("const int kf_tid = threadIdx.x;")?;
     w.line("const int kf_lane = kf_tid & 31;")?;
     w.line("const int kf_warp = kf_tid >> 5;")?;
     w.line("(void)kf_lane; (void)kf_warp;")
+}
+
+/// The start of a grouped kernel (`Schedule::grouped`): the block finds its problem in
+/// the table (`EmittedKernel::grouped`: records of grid x/y/z, programs before it, then
+/// one word per parameter), its program ids within that problem's grid (`kf_pid0..2`),
+/// and binds each parameter's name (`decls`, in `KernelParam` order) to the problem's
+/// word, so that the body reads them as it would the kernel's own parameters.
+fn group_prologue(w: &mut Writer<String>, decls: &[String]) -> std::fmt::Result {
+    let rec = 4 + decls.len();
+    w.line("long long kf_g = 0;")?;
+    w.line(format!("while (kf_g + 1 < kf_ngrp && (long long)blockIdx.x >= kf_grp[(kf_g + 1) * {rec} + 3]) ++kf_g;"))?;
+    w.line(format!("const long long* kf_rec = kf_grp + kf_g * {rec};"))?;
+    w.line("const long long kf_local = (long long)blockIdx.x - kf_rec[3];")?;
+    w.line("const long long kf_pid0 = kf_local % kf_rec[0];")?;
+    w.line("const long long kf_pid1 = (kf_local / kf_rec[0]) % kf_rec[1];")?;
+    w.line("const long long kf_pid2 = kf_local / (kf_rec[0] * kf_rec[1]);")?;
+    w.line("(void)kf_pid1; (void)kf_pid2;")?;
+    for (i, d) in decls.iter().enumerate() {
+        let word = format!("kf_rec[{}]", 4 + i);
+        // `<type> <name>`: pointers, `long long` and `float` values
+        let (ty, name) = d.rsplit_once(' ').expect("a parameter declaration");
+        let ty = ty.replace(" __restrict__", "");
+        let value = if ty.contains('*') {
+            format!("reinterpret_cast<{ty}>({word})")
+        } else if ty.ends_with("float") {
+            format!("__int_as_float((int){word})")
+        } else {
+            word
+        };
+        w.line(format!("{ty} {name} = {value};"))?;
+    }
+    Ok(())
 }
 
 /// Writes the CUDA source and the parameter list of a scheduled kernel.

@@ -182,6 +182,11 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
                     target.arch()
                 )));
             }
+            if k.schedule.grouped {
+                return Err(CodegenError::Unsupported(format!(
+                    "a tile of {max_elems} elements needs a thread-block cluster, which a grouped launch does not take yet"
+                )));
+            }
             let c = (per_thread / CLUSTER_ABOVE).next_power_of_two().min(MAX_CLUSTER);
             k.schedule.cluster = c;
             k.schedule.split = Some(e);
@@ -288,18 +293,20 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     if bn == 64 && m.div_ceil(128) * n.div_ceil(64) < target.num_sms as u64 && m > 64 {
         bm = 64;
     }
-    // sm_80/sm_89 (mma.sync): their own heuristic
-    let (bm, bk, bn) = if target.sm == 90 { (bm, bk, bn) } else { mma_sync_tiles(m, n, esz, target) };
+    // sm_80/sm_89 (mma.sync) and grouped launches (mma.sync everywhere, see
+    // `select_mma_path`): their own heuristic
+    let wgmma = target.sm == 90 && !k.schedule.grouped;
+    let (bm, bk, bn) = if wgmma { (bm, bk, bn) } else { mma_sync_tiles(m, n, esz, target) };
     // an epilogue that loads a whole [BM, BN] tile (`beta * c`) holds it beside the
     // accumulators: 128 wide at most (256 spilled 0.5-1 KB)
     let epilogue_tile = k.ops().any(|o| {
         matches!(k.op(o), Op::Load { .. }) && k.loop_of(o).is_none() && k.ty(o.value()).shape == [at.shape[0], bt.shape[1]]
     });
-    let bn = if epilogue_tile && target.sm == 90 { bn.min(128) } else { bn };
+    let bn = if epilogue_tile && wgmma { bn.min(128) } else { bn };
     // several dots in the loop (`select_mma_path::MAX_DOTS`): their accumulators share
     // the registers of one 256-wide tile (two dots: 128 wide each)
     let ndots = crate::passes::select_mma_path::dots(k).len() as u32;
-    let bn = if ndots > 1 && target.sm == 90 { bn.min((256 / ndots / 64).max(1) * 64) } else { bn };
+    let bn = if ndots > 1 && wgmma { bn.min((256 / ndots / 64).max(1) * 64) } else { bn };
     let want = [(at.shape[0], bm), (at.shape[1], bk), (bt.shape[1], bn)];
     for (e, v) in want {
         match e {

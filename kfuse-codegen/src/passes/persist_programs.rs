@@ -39,6 +39,10 @@ pub const MAX_PREFETCH_PER_THREAD: u32 = 16;
 
 pub fn run(k: &mut Kernel, target: &Target) -> Result<(), CodegenError> {
     k.schedule.persistent = 0;
+    if k.schedule.grouped {
+        // a grouped launch's programs are found through its table, block by block
+        return Ok(());
+    }
     let only_axis0 = k.ops().all(|op| !matches!(k.op(op), Op::ProgramId { axis } if *axis != 0));
     let uses_pid = k.ops().any(|op| matches!(k.op(op), Op::ProgramId { .. }));
     let loads = prefetch_loads(k);

@@ -52,6 +52,9 @@
 //! 4. Otherwise (other dtypes, a loop of another structure, tiles a matrix path cannot
 //!    take): a clear error naming what is missing.
 //!
+//! A grouped launch (`Schedule::grouped`: several problems in one launch) takes path 2
+//! on sm_90 too: its TMA maps would have to follow the problem each block works on.
+//!
 //! Invariant on success: `schedule.mma` names the `For`, the `Dot`, the carried index
 //! and the two operand loads (and those of every further dot in `more`), and `schedule.num_threads` counts the threads that hold
 //! the accumulator (on WGMMA the consumer warpgroups; the block has one more
@@ -294,14 +297,17 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let fma_loop = fma::DotLoop { for_op: info.for_op, dot, carried: index, yield_pos: info.yield_pos, a: (a_load, a_t), b: (b_load, b_t) };
     // f32 operands: exact FMAs on every target, unless the dot allows TF32 and the
     // target has a TF32 path (WGMMA, sm_90); elsewhere `dot_tf32` is computed exactly
-    if dtype == DType::F32 && (!tf32 || target.sm != 90) {
+    // a grouped launch reads no tensor maps (one `__grid_constant__` map a parameter
+    // cannot follow the problem a block works on): mma.sync there, also on sm_90
+    let wgmma = target.sm == 90 && !k.schedule.grouped;
+    if dtype == DType::F32 && (!tf32 || !wgmma) {
         one_dot("f32 operands take the FMA path here")?;
         return fma::plan(k, spec, &fma_loop);
     }
     // WGMMA on sm_90, mma.sync on every other sm_80+ target (`schedule` refuses older
     // ones). Both read operands in 16-byte pieces (TMA boxes, cp.async chunks), so an
     // operand one path cannot read the other cannot either: no fallback between them.
-    let mma_sync_only = target.sm != 90;
+    let mma_sync_only = !wgmma;
     let what = if mma_sync_only { "mma.sync" } else { "WGMMA" };
     let takes = if mma_sync_only { matches!(dtype, DType::F16 | DType::BF16) } else { matches!(dtype, DType::F16 | DType::BF16) || dtype.is_fp8() || tf32 };
     if !takes {
