@@ -329,9 +329,10 @@ fn main() -> kfuse::Result<()> {
     let blas = Blas::new(&dev)?;
     let (warm, iters) = (10, 50);
     let mut rows = Vec::new();
-    // KFUSE_BENCH_FILTER=TEXT: only the shapes whose label contains TEXT (experiments)
+    // KFUSE_BENCH_FILTER=TEXT: only the shapes whose label contains TEXT, or whose id
+    // starts with it (`f16_`: the f16 rows) (experiments)
     let filter = std::env::var("KFUSE_BENCH_FILTER").ok();
-    for c in CASES.iter().filter(|c| filter.as_ref().is_none_or(|f| c.label().contains(f.as_str()))) {
+    for c in CASES.iter().filter(|c| filter.as_ref().is_none_or(|f| c.label().contains(f.as_str()) || c.id().starts_with(f.as_str()))) {
         let row = run_case(c, &blas, &dev, warm, iters)?;
         eprintln!(
             "{} {}: cuBLAS {} cuBLASLt {} kfuse {}",

@@ -21,10 +21,14 @@ pub const fn bf16(m: usize, n: usize, k: usize) -> Case {
     Case { dtype: DType::BF16, math: Math::Fp32, m, n, k }
 }
 
+const fn f16(m: usize, n: usize, k: usize) -> Case {
+    Case { dtype: DType::F16, math: Math::Fp32, m, n, k }
+}
+
 /// The problems of issue 4's bars (bf16 and f16), then f32 in full precision and with
 /// TF32 tensor cores (kfuse: `gemm_ex` with `GemmOptions::tf32`; B K-major for both, see
 /// [`Inputs::new`]).
-pub const CASES: [Case; 11] = [
+pub const CASES: [Case; 18] = [
     bf16(4096, 4096, 4096),
     bf16(8192, 8192, 8192),
     bf16(8192, 14336, 4096),
@@ -33,7 +37,15 @@ pub const CASES: [Case; 11] = [
     bf16(2048, 2048, 2048),
     bf16(127, 4096, 4096),
     bf16(4095, 4097, 4096),
-    Case { dtype: DType::F16, math: Math::Fp32, m: 4096, n: 4096, k: 4096 },
+    // f16 "like bf16": the same shapes
+    f16(4096, 4096, 4096),
+    f16(8192, 8192, 8192),
+    f16(8192, 14336, 4096),
+    f16(8192, 4096, 14336),
+    f16(16384, 4096, 4096),
+    f16(2048, 2048, 2048),
+    f16(127, 4096, 4096),
+    f16(4095, 4097, 4096),
     Case { dtype: DType::F32, math: Math::Fp32, m: 8192, n: 8192, k: 8192 },
     Case { dtype: DType::F32, math: Math::Tf32, m: 8192, n: 8192, k: 8192 },
     // fp8 e4m3 has a table of its own in benches/gemm.rs (cuBLASLt only, K-major B)
