@@ -12,18 +12,20 @@
 //! it is used.
 //!
 //! The rule: kernels without a matrix loop whose tiles are split across a cluster
-//! (`Schedule::cluster > 1`) and that load a 16- or 8-bit float tile. The writer then keeps each 16- or 8-bit float tile load as
-//! its raw vectors and emits elementwise operations and broadcasts as expressions
-//! evaluated at each use (`cuda::emit`, `Val::lazy`); reductions, layout conversions
-//! and stores evaluate them. Kernels whose rows fit a block are left as they are: they
-//! already reach 97-104% of the copy bandwidth with values in registers.
+//! (`Schedule::cluster > 1`) and that load a 16- or 8-bit float tile. The writer then
+//! keeps each such load as its raw vectors and emits elementwise operations and
+//! broadcasts as expressions evaluated at each use (`cuda::emit`, `Val::lazy`);
+//! reductions, layout conversions and stores evaluate them. Kernels whose rows fit a
+//! block are left as they are: they already reach 97-104% of the copy bandwidth with
+//! values in registers.
 //!
 //! Register room (`Schedule::min_blocks`, blocks under 1024 threads; `Spec::min_blocks`
 //! overrides), from the registers a thread holds its loaded data in (16- and 8-bit
 //! floats as raw words): up to [`FEW_DATA_REGS`] (and no math the hardware lacks an
 //! instruction for: log-softmax's `logf` spilled), three blocks a multiprocessor (40
 //! registers: softmax at 1024x131072 bf16 went from two blocks to three, 59% → 76% of
-//! the copy bandwidth on the H100); from [`MANY_DATA_REGS`], one (the assembler takes
+//! the copy bandwidth on the H100, and to 97% once the cluster reductions pushed their
+//! partials instead of meeting at cluster barriers); from [`MANY_DATA_REGS`], one (the assembler takes
 //! what it needs: RMSNorm at 256x262144 spilled at the 64 registers it chose by itself,
 //! not at 114); in between the assembler's own choice (`min_blocks` 0), which kept
 //! RMSNorm and LayerNorm at 1024x131072 to 60-62 registers and two blocks where a
