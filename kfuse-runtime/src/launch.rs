@@ -547,11 +547,7 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
                 dtypes.unwrap()
             )));
         }
-        let same_device = match (&device, &checked.device) {
-            (None, _) => true,
-            (Some(a), b) => a.as_ref().map(|d| d.describe()) == b.as_ref().map(|d| d.describe()),
-        };
-        if !same_device {
+        if device.as_ref().is_some_and(|d| *d != checked.device) {
             return Err(Error::InvalidArgument(format!("problem #{g} of a grouped launch of `{}` lives on another device than problem #0", def.name)));
         }
         dtypes = Some(checked.dtypes);

@@ -2,7 +2,9 @@
 //! output dtype) and [`gemm_batched`] / [`gemm_batched_ex`] (leading batch dimensions,
 //! a shared `b` broadcast over them); and [`swiglu_gemm`], the SwiGLU projection pair
 //! `silu(x · wg) ⊙ (x · wu)` in one kernel (`kernels::swiglu_gemm`: two accumulators in
-//! one loop). The plain [`crate::gemm`] lives in the crate root.
+//! one loop); and [`gemm_grouped`] / [`gemm_grouped_ex`], a list of independent
+//! problems of any sizes in one launch (`kfuse_runtime::launch_grouped` of
+//! `kernels::gemm_scaled`). The plain [`crate::gemm`] lives in the crate root.
 //!
 //! Kernels (`crate::kernels`), each the loop of `kernels::gemm` with its epilogue:
 //! - `gemm_scaled<T, O>`: `out = alpha · a·b` rounded to `O` (no `c`);
@@ -140,6 +142,23 @@ pub fn gemm_ex(a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>) -> Result<Tensor>
 /// [`gemm_ex`] (and [`crate::gemm`], its default case) under the caller's name for
 /// error messages.
 pub(crate) fn product(what: &str, a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>) -> Result<Tensor> {
+    let (m, k, n, od) = check_2d(what, a, b, opts)?;
+    let mut out = Tensor::empty(&[m, n], od, &a.device())?;
+    if m == 0 || n == 0 {
+        return Ok(out);
+    }
+    let c = opts.c.filter(|_| opts.beta != 0.0);
+    if k == 0 {
+        empty_sum(a, b, c, &mut out, opts.beta, None)?;
+        return Ok(out);
+    }
+    product_2d(a, b, c, &mut out, opts.product_scale(), opts.beta, opts.tf32_for(a))?;
+    Ok(out)
+}
+
+/// The checks of one 2-D product `a · b` ([`check_common`] and both operands float
+/// matrices whose inner sizes agree); returns `(M, K, N)` and the output dtype.
+fn check_2d(what: &str, a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>) -> Result<(usize, usize, usize, DType)> {
     for (t, arg) in [(a, "a"), (b, "b")] {
         if t.rank() != 2 {
             return Err(Error::InvalidArgument(format!(
@@ -158,17 +177,7 @@ pub(crate) fn product(what: &str, a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>
         )));
     }
     let od = check_common(what, a, b, opts, &[m, n])?;
-    let mut out = Tensor::empty(&[m, n], od, &a.device())?;
-    if m == 0 || n == 0 {
-        return Ok(out);
-    }
-    let c = opts.c.filter(|_| opts.beta != 0.0);
-    if k == 0 {
-        empty_sum(a, b, c, &mut out, opts.beta, None)?;
-        return Ok(out);
-    }
-    product_2d(a, b, c, &mut out, opts.product_scale(), opts.beta, opts.tf32_for(a))?;
-    Ok(out)
+    Ok((m, k, n, od))
 }
 
 /// `K = 0`: the product is the empty sum. Without `c` the result is zeros; with it,
@@ -557,15 +566,17 @@ pub fn gemm_grouped_ex(a: &[&Tensor], b: &[&Tensor], opts: &GemmOptions<'_>) -> 
     }
     let mut outs = Vec::with_capacity(a.len());
     for (i, (x, w)) in a.iter().zip(b).enumerate() {
-        let at = |e: Error| Error::InvalidArgument(format!("problem #{i}: {e}"));
-        for (t, arg) in [(*x, "a"), (*w, "b")] {
-            if t.rank() != 2 {
-                return Err(at(Error::InvalidArgument(format!("{what}: `{arg}` must be a matrix (rank 2), got shape {:?}", t.shape()))));
-            }
-            check_float(what, t, arg).map_err(at)?;
-            if t.dtype().is_fp8() {
-                return Err(at(Error::InvalidArgument(format!("{what}: 8-bit operands are not taken by grouped products yet"))));
-            }
+        // the error of one problem, said as such (its kind kept)
+        let at = |e: Error| match e {
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("problem #{i}: {m}")),
+            Error::ShapeMismatch(m) => Error::ShapeMismatch(format!("problem #{i}: {m}")),
+            Error::DTypeMismatch(m) => Error::DTypeMismatch(format!("problem #{i}: {m}")),
+            Error::DeviceMismatch(m) => Error::DeviceMismatch(format!("problem #{i}: {m}")),
+            e => e,
+        };
+        let (m, _, n, od) = check_2d(what, x, w, opts).map_err(at)?;
+        if x.dtype().is_fp8() {
+            return Err(at(Error::InvalidArgument(format!("{what}: 8-bit operands are not taken by grouped products yet"))));
         }
         if x.dtype() != a[0].dtype() || x.device() != a[0].device() {
             return Err(Error::InvalidArgument(format!(
@@ -576,15 +587,6 @@ pub fn gemm_grouped_ex(a: &[&Tensor], b: &[&Tensor], opts: &GemmOptions<'_>) -> 
                 a[0].device().name()
             )));
         }
-        let (m, k, n) = (x.shape()[0], x.shape()[1], w.shape()[1]);
-        if w.shape()[0] != k {
-            return Err(Error::ShapeMismatch(format!(
-                "{what}: problem #{i}: `a` is {:?} and `b` is {:?}; the columns of `a` must match the rows of `b`",
-                x.shape(),
-                w.shape()
-            )));
-        }
-        let od = check_common(what, x, w, opts, &[m, n]).map_err(at)?;
         outs.push(Tensor::empty(&[m, n], od, &x.device())?);
     }
     // operands the copy engines can read (16-byte rows), on a GPU

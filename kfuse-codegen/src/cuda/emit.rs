@@ -281,9 +281,11 @@ struct Emitter<'a> {
     /// persistent kernel's current and next program): the value is a reference to that
     /// array; loads in `bound_only` are not issued again (the prefetch did it).
     bind: HashMap<ValueId, String>,
-    /// Prefetched loads kept as raw vectors (`kf_v16` …) until their program runs, so
-    /// that nothing waits for them early: the array, per load. The load scopes fill it;
-    /// the body (`bound_only`) unpacks it into the value's registers.
+    /// Loads kept as raw vectors (`kf_v16` …), the array per load: prefetched ones of a
+    /// persistent kernel until their program runs (so that nothing waits for them
+    /// early; the load scopes fill it, the body — `bound_only` — unpacks it into the
+    /// value's registers), and rematerialized ones (`Schedule::remat`), which stay raw
+    /// and are read through their `Val::lazy` expression.
     raw: HashMap<ValueId, String>,
     bound_only: bool,
     /// Bytes of the cluster reductions' own `__shared__` slots.
@@ -710,6 +712,18 @@ impl<'a> Emitter<'a> {
         self.close()
     }
 
+    /// Combines `var` across the first `width` lanes of each aligned group (a power of
+    /// two up to 32) with xor shuffles: every lane of a group ends with the same bits
+    /// (each step combines the same two values in both lanes).
+    fn butterfly(&mut self, var: &str, width: u32, comb: &dyn Fn(&str, &str) -> String) -> R {
+        let mut m = 1;
+        while m < width {
+            self.line(format!("{var} = {};", comb(var, &format!("__shfl_xor_sync(0xffffffffu, {var}, {m})"))))?;
+            m *= 2;
+        }
+        Ok(())
+    }
+
     /// After a reduction of a rematerialized kernel: tells the compiler the raw words of
     /// the loads may have changed (an empty `asm volatile` that reads and writes them),
     /// so that it recomputes the values after the reduction from them instead of keeping
@@ -925,9 +939,7 @@ impl<'a> Emitter<'a> {
                 self.line(format!("if (i * 32 + kf_lane < {n}) kf_acc = {};", comb("kf_acc", &format!("{cl}[i * 32 + kf_lane]"))))?;
             }
             self.close()?;
-            for m in [1, 2, 4, 8, 16] {
-                self.line(format!("kf_acc = {};", comb("kf_acc", &format!("__shfl_xor_sync(0xffffffffu, kf_acc, {m})"))))?;
-            }
+            self.butterfly("kf_acc", 32, &comb)?;
             self.line(format!("{name}[0] = kf_acc;"))?;
             self.close()?;
         }
@@ -960,9 +972,7 @@ impl<'a> Emitter<'a> {
                 // for one partial per warp: with several slots, lanes would need
                 // different ones and the butterfly would mix them)
                 self.line(format!("{ct} kf_acc = kf_lane < {} ? kf_red[kf_lane * {slots} + {sl}] : {ident};", am.wpb))?;
-                for m in [1, 2, 4, 8, 16] {
-                    self.line(format!("kf_acc = {};", comb("kf_acc", &format!("__shfl_xor_sync(0xffffffffu, kf_acc, {m})"))))?;
-                }
+                self.butterfly("kf_acc", 32, &comb)?;
             } else {
                 self.line(format!("{ct} kf_acc = kf_red[{sl}];"))?;
                 self.line("#pragma unroll")?;
@@ -1025,11 +1035,7 @@ impl<'a> Emitter<'a> {
                 // lanes combines them (the same bits in each: every step combines the
                 // same two values), lane 0 hands the total to the warp
                 self.line(format!("float kf_acc = kf_lane < {} ? kf_ld_cluster_f32({cl} + {sl}, kf_lane) : {ident};", am.ctas))?;
-                let mut m = 1;
-                while m < am.ctas {
-                    self.line(format!("kf_acc = {};", comb("kf_acc", &format!("__shfl_xor_sync(0xffffffffu, kf_acc, {m})"))))?;
-                    m *= 2;
-                }
+                self.butterfly("kf_acc", am.ctas, &comb)?;
                 self.line("kf_acc = __shfl_sync(0xffffffffu, kf_acc, 0);")?;
             } else {
                 self.line(format!("float kf_acc = kf_ld_cluster_f32({cl} + {sl}, 0);"))?;
