@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use kfuse_codegen::{EmittedKernel, KernelParam, Spec, Target, TensorSpec};
 use kfuse_ir::{DType, DTypeSig, Kernel, KernelDef, ParamSig};
 
@@ -593,13 +593,36 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
     let (loaded, outcome) = load(&device, kernel, key)?;
     launched.cache = Some(outcome);
     let e = &loaded.emitted;
-    if !e.grouped || e.persistent.is_some() || e.cluster_x > 1 {
+    if !e.grouped || e.cluster_x > 1 {
         return Err(Error::InvalidArgument(format!("`{}` did not compile as a grouped kernel", def.name)));
     }
+    // the tensor maps of every problem (the matrix path on sm_90a), in global memory:
+    // each record holds the addresses of its problem's maps
+    let mut maps = Vec::new();
+    for (g, _) in &live {
+        for p in &e.params {
+            if let KernelParam::TensorMap { tensor: id, ref box_dims, swizzle, ref order } = *p {
+                let t = groups[*g].get(id.0 as usize).and_then(|a| a.tensor()).ok_or_else(|| {
+                    Error::InvalidArgument(format!("`{}` takes parameter #{} as a tensor, but it is not one", def.name, id.0))
+                })?;
+                maps.push(encode_map(def.name, t, id, box_dims, swizzle, order).map_err(|err| Error::InvalidArgument(format!("problem #{g}: {err}")))?);
+            }
+        }
+    }
+    let maps = if maps.is_empty() {
+        None
+    } else {
+        Some(gpu.stream.clone_htod(&maps).map_err(driver(format_args!("copying the tensor maps of a grouped `{}` to {}", def.name, device.describe())))?)
+    };
+    let maps_at = maps.as_ref().map_or(0, |m| {
+        let (ptr, _rec) = m.device_ptr(&gpu.stream);
+        ptr
+    });
     // the table: per problem its grid, the programs before it, its parameter words
     let rec = kfuse_codegen::group_record_words(&e.params);
     let mut words: Vec<i64> = Vec::with_capacity(rec * live.len());
     let mut total: u64 = 0;
+    let mut map_index = 0u64;
     for (g, shapes) in &live {
         let args = &groups[*g];
         let dims = e.grid_dims(shapes);
@@ -607,12 +630,27 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
         words.push(total as i64);
         total += dims.iter().product::<u64>();
         for p in &e.params {
-            words.push(param_word(def.name, kernel, p, args, shapes)?);
+            words.push(match p {
+                KernelParam::TensorMap { .. } => {
+                    map_index += 1;
+                    (maps_at + (map_index - 1) * std::mem::size_of::<crate::tma::TensorMap>() as u64) as i64
+                }
+                p => param_word(def.name, kernel, p, args, shapes)?,
+            });
         }
     }
     if total >= 1 << 31 {
         return Err(Error::InvalidArgument(format!("a grouped launch of `{}` needs {total} blocks; CUDA allows fewer than 2^31", def.name)));
     }
+    // a persistent kernel (the matrix path on sm_90a) walks every problem's tiles with
+    // as many blocks as the device holds at once
+    let blocks = match e.persistent {
+        Some(p) => {
+            let r = *loaded.resident.get_or_init(|| resident(&loaded, &gpu.stream));
+            total.min(p as u64 * r.max(1) as u64)
+        }
+        None => total,
+    };
     let table = gpu
         .stream
         .clone_htod(&words)
@@ -621,11 +659,13 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
     let mut b = gpu.stream.launch_builder(&loaded.func);
     b.arg(&table);
     b.arg(&ngroups);
-    let cfg = LaunchConfig { grid_dim: (total as u32, 1, 1), block_dim: (e.block_threads, 1, 1), shared_mem_bytes: e.smem_bytes };
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (e.block_threads, 1, 1), shared_mem_bytes: e.smem_bytes };
     // SAFETY: the kernel takes (table, count) (`EmittedKernel::grouped`); each record
-    // holds the words `emitted.params` asks for, from live allocations of this device,
-    // and the kernel masks its accesses to each problem's shapes. The table is freed
-    // after the kernel, in stream order (cudarc frees device memory on the stream).
+    // holds the words `emitted.params` asks for, from live allocations of this device
+    // (tensor maps: addresses in `maps`, 128-byte entries of a 256-byte aligned
+    // allocation), and the kernel masks its accesses to each problem's shapes. The
+    // table and the maps are freed after the kernel, in stream order (cudarc frees
+    // device memory on the stream).
     unsafe { b.launch(cfg) }.map_err(driver(format_args!(
         "launching grouped `{}` ({} problems, {total} blocks, {} threads) on {}",
         def.name,
@@ -634,10 +674,23 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
         device.describe()
     )))?;
     drop(table);
+    drop(maps);
     if sync_each_launch() {
         gpu.sync().map_err(|err| Error::Driver(format!("kernel `{}` failed: {err}", def.name)))?;
     }
     Ok(launched)
+}
+
+/// The TMA map of tensor parameter `id` (`KernelParam::TensorMap`).
+fn encode_map(name: &str, t: &Tensor, id: kfuse_ir::ParamId, box_dims: &[u32], swizzle: u32, order: &[u32]) -> Result<crate::tma::TensorMap> {
+    // view the tensor in memory order (outermost first), as the map wants it
+    let perm: Vec<usize> = order.iter().rev().map(|&d| d as usize).collect();
+    let view = t.permute(&perm).map_err(|err| Error::InvalidArgument(format!("`{name}`, parameter #{}: dimension order {order:?}: {err}", id.0)))?;
+    let boxes: Vec<u32> = perm.iter().map(|&d| box_dims.get(d).copied().unwrap_or(0)).collect();
+    crate::tma::encode_tiled(&view, &boxes, swizzle).map_err(|err| match err {
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("`{name}`, parameter #{}: {m}", id.0)),
+        other => other,
+    })
 }
 
 /// The facts two specializations share: the smaller alignment and divisibility, the
@@ -870,17 +923,7 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
     let mut vals = Vec::with_capacity(e.params.len());
     for p in &e.params {
         vals.push(match *p {
-            KernelParam::TensorMap { tensor: id, ref box_dims, swizzle, ref order } => {
-                let t = tensor(id)?;
-                // view the tensor in memory order (outermost first), as the map wants it
-                let perm: Vec<usize> = order.iter().rev().map(|&d| d as usize).collect();
-                let view = t.permute(&perm).map_err(|err| Error::InvalidArgument(format!("`{name}`, parameter #{}: dimension order {order:?}: {err}", id.0)))?;
-                let boxes: Vec<u32> = perm.iter().map(|&d| box_dims.get(d).copied().unwrap_or(0)).collect();
-                PVal::Map(crate::tma::encode_tiled(&view, &boxes, swizzle).map_err(|err| match err {
-                    Error::InvalidArgument(m) => Error::InvalidArgument(format!("`{name}`, parameter #{}: {m}", id.0)),
-                    other => other,
-                })?)
-            }
+            KernelParam::TensorMap { tensor: id, ref box_dims, swizzle, ref order } => PVal::Map(encode_map(name, tensor(id)?, id, box_dims, swizzle, order)?),
             KernelParam::Ptr(id) => PVal::U64(tensor(id)?.device_ptr().ok_or_else(|| Error::InvalidArgument("a CPU tensor in a GPU launch".into()))?),
             KernelParam::Stride { tensor: id, dim } => {
                 let t = tensor(id)?;

@@ -1555,19 +1555,32 @@ fn group_prologue(w: &mut Writer<String>, decls: &[String]) -> std::fmt::Result 
     w.line("const long long kf_pid1 = (kf_local / kf_rec[0]) % kf_rec[1];")?;
     w.line("const long long kf_pid2 = kf_local / (kf_rec[0] * kf_rec[1]);")?;
     w.line("(void)kf_pid1; (void)kf_pid2;")?;
+    bind_group_params(w, decls)
+}
+
+/// Binds each parameter's name (`decls`, in `KernelParam` order) to its word of the
+/// problem's record `kf_rec`: pointers, `long long` and `float` values, and tensor maps
+/// (the word is the address of the problem's map in global memory, fenced for the
+/// tensor-map proxy).
+pub(super) fn bind_group_params(w: &mut Writer<String>, decls: &[String]) -> std::fmt::Result {
     for (i, d) in decls.iter().enumerate() {
         let word = format!("kf_rec[{}]", 4 + i);
-        // `<type> <name>`: pointers, `long long` and `float` values
+        // `<type> <name>`
         let (ty, name) = d.rsplit_once(' ').expect("a parameter declaration");
         let ty = ty.replace(" __restrict__", "");
-        let value = if ty.contains('*') {
-            format!("reinterpret_cast<{ty}>({word})")
+        let line = if ty.contains("CUtensorMap") {
+            // written by a copy from the host, read by the tensor-map proxy: acquire
+            // those writes for that proxy before the map's first use
+            w.line(format!("const CUtensorMap& {name} = *reinterpret_cast<const CUtensorMap*>({word});"))?;
+            format!("asm volatile(\"fence.proxy.tensormap::generic.acquire.sys [%0], 128;\" :: \"l\"(&{name}) : \"memory\");")
+        } else if ty.contains('*') {
+            format!("{ty} {name} = reinterpret_cast<{ty}>({word});")
         } else if ty.ends_with("float") {
-            format!("__int_as_float((int){word})")
+            format!("{ty} {name} = __int_as_float((int){word});")
         } else {
-            word
+            format!("{ty} {name} = {word};")
         };
-        w.line(format!("{ty} {name} = {value};"))?;
+        w.line(line)?;
     }
     Ok(())
 }

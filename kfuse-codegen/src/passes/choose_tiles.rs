@@ -293,9 +293,8 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     if bn == 64 && m.div_ceil(128) * n.div_ceil(64) < target.num_sms as u64 && m > 64 {
         bm = 64;
     }
-    // sm_80/sm_89 (mma.sync) and grouped launches (mma.sync everywhere, see
-    // `select_mma_path`): their own heuristic
-    let wgmma = target.sm == 90 && !k.schedule.grouped;
+    // sm_80/sm_89 (mma.sync): their own heuristic
+    let wgmma = target.sm == 90;
     let (bm, bk, bn) = if wgmma { (bm, bk, bn) } else { mma_sync_tiles(m, n, esz, target) };
     // an epilogue that loads a whole [BM, BN] tile (`beta * c`) holds it beside the
     // accumulators: 128 wide at most (256 spilled 0.5-1 KB)

@@ -52,8 +52,9 @@
 //! 4. Otherwise (other dtypes, a loop of another structure, tiles a matrix path cannot
 //!    take): a clear error naming what is missing.
 //!
-//! A grouped launch (`Schedule::grouped`: several problems in one launch) takes path 2
-//! on sm_90 too: its TMA maps would have to follow the problem each block works on.
+//! A grouped launch (`Schedule::grouped`: several problems in one launch) takes the
+//! same paths; on WGMMA its tensor maps are per problem, in global memory (the writer
+//! reads them from the problem's record), and there is no cluster split or multicast.
 //!
 //! Invariant on success: `schedule.mma` names the `For`, the `Dot`, the carried index
 //! and the two operand loads (and those of every further dot in `more`), and `schedule.num_threads` counts the threads that hold
@@ -297,9 +298,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let fma_loop = fma::DotLoop { for_op: info.for_op, dot, carried: index, yield_pos: info.yield_pos, a: (a_load, a_t), b: (b_load, b_t) };
     // f32 operands: exact FMAs on every target, unless the dot allows TF32 and the
     // target has a TF32 path (WGMMA, sm_90); elsewhere `dot_tf32` is computed exactly
-    // a grouped launch reads no tensor maps (one `__grid_constant__` map a parameter
-    // cannot follow the problem a block works on): mma.sync there, also on sm_90
-    let wgmma = target.sm == 90 && !k.schedule.grouped;
+    let wgmma = target.sm == 90;
     if dtype == DType::F32 && (!tf32 || !wgmma) {
         one_dot("f32 operands take the FMA path here")?;
         return fma::plan(k, spec, &fma_loop);
@@ -411,8 +410,11 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // the epilogue store that can go out through shared memory and TMA: the one store
     // after the loop of a 16-bit `[BM, BN]` tile into a 2-D output TMA can write
     let stores: Vec<OpId> = k.order[info.yield_pos + 1..].iter().copied().filter(|&o| matches!(k.op(o), Op::Store { .. })).collect();
+    // (not in a grouped launch: its outputs were wrong on the H100 with per-problem
+    // output maps — MoE-sized problems, `tests/gemm_grouped.rs` — the ordinary store
+    // is used there)
     let store = match stores.as_slice() {
-        [st] => {
+        [st] if !k.schedule.grouped => {
             let Op::Store { tensor, dims } = k.op(*st) else { unreachable!() };
             let v = *k.operands(*st).last().unwrap();
             let ext = |e: &kfuse_ir::Extent| extent_value(k, *e);
@@ -430,6 +432,9 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // the loop split across a cluster: only on request (`Spec::tiles["SPLITK"]`); it
     // did not pay on the H100 yet (see `choose_tiles`)
     let split_k = spec.tiles.get("SPLITK").copied().unwrap_or(1).clamp(1, 8);
+    if k.schedule.grouped && (split_k > 1 || spec.tiles.get("MCAST").is_some_and(|&m| m > 1)) {
+        return Err(unsupported("a grouped launch with SPLITK or MCAST (clusters of tiles across problems)"));
+    }
     // A tiles multicast across a cluster of neighbouring tiles (`MCAST`); not with a split
     let multicast = if split_k > 1 { 1 } else { spec.tiles.get("MCAST").copied().unwrap_or(1).clamp(1, 4) };
     if found.len() > 1 && (split_k > 1 || multicast > 1) {

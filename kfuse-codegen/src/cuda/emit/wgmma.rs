@@ -236,6 +236,13 @@ pub(super) fn emit_kernel(
     }
     let dynamic_smem = 1024 + c_off + c_bytes.max(part_bytes);
 
+    // a grouped launch (`Schedule::grouped`): the parameters, tensor maps included, come
+    // from the record of the problem each tile belongs to
+    let grouped = k.schedule.grouped;
+    if grouped && cluster > 1 {
+        return Err(CodegenError::Unsupported("a grouped launch of a dot loop split or multicast across a cluster".into()));
+    }
+    let rec = 4 + decls.len();
     let mut e = Emitter::new(k, spec, "asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");");
     e.w.indent();
     let pipe = |e: &mut Emitter| -> R {
@@ -260,6 +267,12 @@ pub(super) fn emit_kernel(
         e.close()?;
         // the cluster's blocks reach each other's barriers: all initialized first
         e.line(if cluster > 1 { "kf_cluster_sync();" } else { "__syncthreads();" })?;
+        if grouped {
+            // a grouped launch: every problem's tiles, one walk (see `pids`)
+            e.line(format!("const long long* kf_last = kf_grp + (kf_ngrp - 1) * {rec};"))?;
+            e.line("const long long kf_tiles = kf_last[3] + kf_last[0] * kf_last[1] * kf_last[2];")?;
+            return Ok(());
+        }
         // program count per grid axis, and the walk over them
         let mut total = Vec::new();
         for (i, a) in grid.iter().enumerate() {
@@ -282,12 +295,25 @@ pub(super) fn emit_kernel(
     // program ids of tile `kf_t`: axes 0 and 1 grouped `group_m` along axis 0
     let pids = |e: &mut Emitter| -> R {
         let r = grid.len();
+        let t0 = if grouped {
+            // the tile's problem: the last whose first tile is at or before it; its
+            // record binds the parameters' names for this tile
+            e.line("long long kf_gi = 0;")?;
+            e.line(format!("while (kf_gi + 1 < kf_ngrp && kf_t >= kf_grp[(kf_gi + 1) * {rec} + 3]) ++kf_gi;"))?;
+            e.line(format!("const long long* kf_rec = kf_grp + kf_gi * {rec};"))?;
+            e.line("const long long kf_g0 = kf_rec[0], kf_g1 = kf_rec[1];")?;
+            e.line("(void)kf_g0; (void)kf_g1;")?;
+            super::bind_group_params(&mut e.w, &decls).map_err(fmt_err)?;
+            "(kf_t - kf_rec[3])"
+        } else {
+            "kf_t"
+        };
         e.line("long long kf_pid0 = 0, kf_pid1 = 0, kf_pid2 = 0;")?;
         if r == 1 {
-            e.line("kf_pid0 = kf_t;")?;
+            e.line(format!("kf_pid0 = {t0};"))?;
         } else {
             e.open("")?;
-            e.line("long long t = kf_t;")?;
+            e.line(format!("long long t = {t0};"))?;
             if r == 3 {
                 let g1 = if mcast > 1 { "kf_g1m" } else { "kf_g1" };
                 e.line(format!("kf_pid2 = t / (kf_g0 * {g1});"))?;
@@ -562,7 +588,8 @@ pub(super) fn emit_kernel(
         w.raw(&wgmma_text)?;
         w.line("")?;
         let cattr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
-        w.open(format!("extern \"C\" __global__ void {cattr}__launch_bounds__({threads}, 1) {}({})", entry_name(k), decls.join(", ")))?;
+        let sig = if grouped { "const long long* __restrict__ kf_grp, const long long kf_ngrp".to_string() } else { decls.join(", ") };
+        w.open(format!("extern \"C\" __global__ void {cattr}__launch_bounds__({threads}, 1) {}({sig})", entry_name(k)))?;
         w.line("const int kf_tid = threadIdx.x;")?;
         w.line("const int kf_lane = kf_tid & 31;")?;
         w.line("(void)kf_lane;")?;
