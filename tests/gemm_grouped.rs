@@ -98,8 +98,9 @@ fn lists_that_are_not_a_grouped_launch_are_refused() {
     assert!(launch_grouped(&kfuse::ops::kernels::gemm_scaled::DEF, &mut none).is_err());
 }
 
-/// The grouped kernel: each block reads its problem from the table; the matrix path is
-/// mma.sync on both targets (no per-problem TMA maps); no spills.
+/// The grouped kernel: its problems come from the table; on sm_90a the matrix path is
+/// WGMMA with each tile's tensor maps read from its problem's record (global memory),
+/// on sm_80 mma.sync with each block's problem found once; no spills.
 #[test]
 fn grouped_kernel_structure() {
     let def = &kfuse::ops::kernels::gemm_scaled::DEF;
@@ -110,9 +111,19 @@ fn grouped_kernel_structure() {
         let e = compile(&kernel, &spec, &target).unwrap();
         assert!(e.grouped && e.ir.contains("grouped:"), "{}", e.ir);
         assert!(e.source.contains("const long long* __restrict__ kf_grp, const long long kf_ngrp"), "{}", e.source);
-        assert!(e.source.contains("kf_pid0") && e.source.contains("mma.sync") && e.source.contains("cp.async"), "{}", e.source);
-        assert!(!e.source.contains("wgmma") && !e.source.contains("CUtensorMap"), "{}", e.source);
-        assert_eq!(e.persistent, None);
+        assert!(!e.source.contains("__grid_constant__"), "{}", e.source);
+        if target.sm == 90 {
+            assert!(e.source.contains("wgmma") && e.source.contains("cp.async.bulk.tensor"), "{}", e.source);
+            // per tile: its problem, then the maps of that problem
+            assert!(e.source.contains("kf_t >= kf_grp[(kf_gi + 1) *") && e.source.contains("const CUtensorMap& kf_tm0 = *reinterpret_cast<const CUtensorMap*>(kf_rec["), "{}", e.source);
+            assert!(e.persistent.is_some());
+            // the records hold per-axis program counts, not the persistent grid
+            assert_eq!(e.programs(&[4096, 4096, 4096]), [4096 / 128, 4096 / 256, 1]);
+            assert_eq!(e.grid_dims(&[4096, 4096, 4096])[1], 1);
+        } else {
+            assert!(e.source.contains("kf_pid0") && e.source.contains("mma.sync") && e.source.contains("cp.async"), "{}", e.source);
+            assert_eq!(e.persistent, None);
+        }
         if kfuse::runtime::nvrtc::nvrtc_available() {
             let (regs, spills) = common::assemble(&e.source, &e.arch, &e.options, &format!("grouped_gemm_{}", target.arch())).unwrap();
             assert_eq!(spills, 0, "{} registers, {spills} bytes of spills", regs);

@@ -144,6 +144,17 @@ pub struct EmittedKernel {
 
 impl EmittedKernel {
     /// The launch grid for concrete shape-symbol values (indexed by `ShapeSym`).
+    /// Programs along each grid axis for concrete shapes (x, y, z; 1 for an axis not in
+    /// use), before a persistent kernel folds them into its walk: what a grouped
+    /// launch's records hold.
+    pub fn programs(&self, shapes: &[u64]) -> [u64; 3] {
+        let mut g = [1u64; 3];
+        for (i, a) in self.grid.iter().enumerate() {
+            g[i] = shapes[a.dim.0 as usize].div_ceil(a.step.max(1));
+        }
+        g
+    }
+
     pub fn grid_dims(&self, shapes: &[u64]) -> [u64; 3] {
         self.grid_dims_resident(shapes, 0)
     }
@@ -154,10 +165,7 @@ impl EmittedKernel {
     /// caps the count). Either way every launched block is resident, and none of a
     /// persistent grid waits for a second wave.
     pub fn grid_dims_resident(&self, shapes: &[u64], resident: u32) -> [u64; 3] {
-        let mut g = [1u64; 3];
-        for (i, a) in self.grid.iter().enumerate() {
-            g[i] = shapes[a.dim.0 as usize].div_ceil(a.step.max(1));
-        }
+        let mut g = self.programs(shapes);
         if let Some(p) = self.persistent {
             let total: u64 = g.iter().product();
             let cap = match (self.cluster_x > 1, resident) {

@@ -625,7 +625,9 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
     let mut map_index = 0u64;
     for (g, shapes) in &live {
         let args = &groups[*g];
-        let dims = e.grid_dims(shapes);
+        // per-axis program counts (not `grid_dims`: a persistent kernel's grid folds
+        // them into its walk, and the records' raster needs them)
+        let dims = e.programs(shapes);
         words.extend(dims.iter().map(|&d| d as i64));
         words.push(total as i64);
         total += dims.iter().product::<u64>();
