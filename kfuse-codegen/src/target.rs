@@ -143,7 +143,6 @@ pub struct EmittedKernel {
 }
 
 impl EmittedKernel {
-    /// The launch grid for concrete shape-symbol values (indexed by `ShapeSym`).
     /// Programs along each grid axis for concrete shapes (x, y, z; 1 for an axis not in
     /// use), before a persistent kernel folds them into its walk: what a grouped
     /// launch's records hold.
@@ -155,6 +154,7 @@ impl EmittedKernel {
         g
     }
 
+    /// The launch grid for concrete shape-symbol values (indexed by `ShapeSym`).
     pub fn grid_dims(&self, shapes: &[u64]) -> [u64; 3] {
         self.grid_dims_resident(shapes, 0)
     }

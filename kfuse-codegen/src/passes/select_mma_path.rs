@@ -410,11 +410,9 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // the epilogue store that can go out through shared memory and TMA: the one store
     // after the loop of a 16-bit `[BM, BN]` tile into a 2-D output TMA can write
     let stores: Vec<OpId> = k.order[info.yield_pos + 1..].iter().copied().filter(|&o| matches!(k.op(o), Op::Store { .. })).collect();
-    // (not in a grouped launch: its outputs were wrong on the H100 with per-problem
-    // output maps — MoE-sized problems, `tests/gemm_grouped.rs` — the ordinary store
-    // is used there)
+    // (in a grouped launch too: the output map is the tile's problem's, in global memory)
     let store = match stores.as_slice() {
-        [st] if !k.schedule.grouped => {
+        [st] => {
             let Op::Store { tensor, dims } = k.op(*st) else { unreachable!() };
             let v = *k.operands(*st).last().unwrap();
             let ext = |e: &kfuse_ir::Extent| extent_value(k, *e);
