@@ -76,6 +76,7 @@ fn fp8_gemm_kernels_assemble_without_spills() {
 
 #[test]
 fn gemm_kernels_compile_without_spills() {
+    // (`common::assemble` also refuses a wgmma pipeline ptxas serialized)
     let mut failures = Vec::new();
     let mut checked = 0;
     // shape classes: wide tiles (BN 256), M = 127 (64x64, 8 stages), and in between

@@ -495,6 +495,17 @@ pub(super) fn emit_kernel(
     e.line(format!("if (++kf_stage == {stages}) {{ kf_stage = 0; kf_phase ^= 1u; }}"))?;
     e.close()?; // k loop
     e.line("kf_wgmma_wait<0>();")?;
+    // the epilogue reads the accumulators through an add of +0 (which the compilers
+    // cannot fold: it turns -0 into +0, a value the accumulators, zeroed to +0, never
+    // hold): read directly by some instructions (f16 conversions at 64- and 128-wide
+    // tiles), ptxas serializes every wgmma of the loop (C7514: f16 at M127 ran 1.2x
+    // slower with 8 stages, 3.5x with 4); `tests/common::assemble` refuses that warning
+    for j in 0..dots.len() {
+        let acc = accumulator_name(j);
+        e.unroll("i", regs)?;
+        e.line(format!("{acc}[i] = {acc}[i] + 0.0f;"))?;
+        e.close()?;
+    }
     e.line(release)?;
     if split > 1 {
         // the partial sums meet in the first block of the cluster, which alone goes on
