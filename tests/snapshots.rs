@@ -127,8 +127,10 @@ fn cluster_rows_rematerialize_and_push() {
     insta::assert_snapshot!("layer_norm_bf16_1024x131072_exact_ir", e.ir);
     insta::assert_snapshot!("layer_norm_bf16_1024x131072_exact_sm90a", e.source);
     assert!(e.ir.contains("cluster 8 blocks") && e.ir.contains("rematerialized"), "{}", e.ir);
-    // the row's slice as raw 16-byte words, no f32 array of it
-    assert!(e.source.contains("kf_v16 v5w[4];") && !e.source.contains("float v5[32]"), "{}", e.source);
+    // 256 threads, 64 elements a thread (`CLUSTER_MIN_THREADS`); the row's slice as raw
+    // 16-byte words, no f32 array of it
+    assert_eq!((e.cluster_x, e.block_threads), (8, 256), "{}", e.ir);
+    assert!(e.source.contains("kf_v16 v5w[8];") && !e.source.contains("float v5[64]"), "{}", e.source);
     // two reductions, each by pushed partials; no cluster barrier with release semantics
     assert_eq!(e.source.matches("kf_cl_push_f32(&").count(), 2, "{}", e.source);
     assert!(!e.source.contains("kf_cluster_sync();"), "{}", e.source);

@@ -20,9 +20,11 @@
 //! its widest full extent is cut across a thread-block cluster of up to 8 blocks
 //! (sm_90; `schedule.cluster`, `schedule.split`): each block holds one piece of every
 //! such axis, reductions along it meet in distributed shared memory, and the row is
-//! still read once and written once. Those blocks have [`CLUSTER_THREADS`] threads —
-//! 1024 where 512 would leave a thread more than 64 elements, or more than 32 of a row
-//! with masks. Past 64 elements per thread the kernel is refused.
+//! still read once and written once. Those blocks have the fewest threads, from
+//! [`CLUSTER_MIN_THREADS`] to [`CLUSTER_THREADS`], that leave a thread at most 64
+//! elements in a cluster of 8 (at most 32 in a row with masks): 256 at 131072-element
+//! rows, 512 at 262144 — 1024 where 512 would leave a thread more. Past 64 elements per
+//! thread the kernel is refused.
 //!
 //! Register room: an elementwise body with transcendental math (exp, log, erf, tanh,
 //! sigmoid, …) on whole tiles asks for one block per multiprocessor (`min_blocks = 1`), which lets the assembler
@@ -57,10 +59,16 @@ pub const ELEMS_PER_THREAD: u32 = 16;
 /// registers).
 pub const ROW_ELEMS_PER_THREAD: u32 = 32;
 
-/// Threads of each block of a row split across a cluster: 512 (32 or 64 elements a
-/// thread, two blocks per multiprocessor) beat 1024 (16 a thread, one) on 7 of the 8
-/// cluster-split benchmark rows (NOTES.md, r10).
+/// Most threads of each block of a row split across a cluster (unless a row needs
+/// more): 512 (32 or 64 elements a thread, two blocks per multiprocessor) beat 1024 (16
+/// a thread, one) on 7 of the 8 cluster-split benchmark rows (NOTES.md, r10).
 pub const CLUSTER_THREADS: u32 = 512;
+
+/// Fewest threads of each block of a row split across a cluster. With rematerialized
+/// raw words and pushed partials, 64 elements a thread beat 32 at 131072-element bf16
+/// rows (256 threads against 512, H100: RMSNorm 92.5 vs 89.8% of copy bandwidth,
+/// LayerNorm 81.9 vs 77.2%, softmax and sum unchanged; NOTES.md, r12).
+pub const CLUSTER_MIN_THREADS: u32 = 256;
 
 /// Above this many elements per thread, a full-extent axis is cut across a cluster (of
 /// as many blocks as bring it down to this many, at most [`MAX_CLUSTER`]).
@@ -163,14 +171,15 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             (max_elems / per).next_power_of_two().clamp(32, cap)
         }
     };
-    // a row split across a cluster: blocks of CLUSTER_THREADS, unless even the largest
-    // cluster of them leaves a thread more than it may hold — or, for a row with masks
-    // (a length that is not its padded power of two), more than CLUSTER_ABOVE: masked
-    // 262144-element rows at 64 a thread spilled 400-1300 bytes
+    // a row split across a cluster: the fewest threads (CLUSTER_MIN_THREADS to
+    // CLUSTER_THREADS) that leave a thread at most what it may hold in the largest
+    // cluster — for a row with masks (a length that is not its padded power of two) at
+    // most CLUSTER_ABOVE: masked 262144-element rows at 64 a thread spilled 400-1300
+    // bytes; a row that needs more keeps its 1024 threads
     let masked = k.schedule.full.keys().any(|s| !k.schedule.full_exact.contains(s));
     let most = if masked { CLUSTER_ABOVE } else { MAX_ELEMS_PER_THREAD };
     if spec.threads.is_none() && has_full && max_elems / threads > CLUSTER_ABOVE && target.sm >= 90 && max_elems / (CLUSTER_THREADS * MAX_CLUSTER) <= most {
-        threads = CLUSTER_THREADS;
+        threads = (max_elems / (MAX_CLUSTER * most)).next_power_of_two().clamp(CLUSTER_MIN_THREADS, CLUSTER_THREADS);
     }
     let mut per_thread = max_elems / threads;
     // Rows too long for one block: cut the full extent across a thread-block cluster.
