@@ -545,9 +545,10 @@ pub fn gemm_grouped(a: &[&Tensor], b: &[&Tensor]) -> Result<Vec<Tensor>> {
 /// of pointers, strides and shapes, so the sizes need not agree. The operands are
 /// 2-D, of one float dtype for all problems, on one device, any strides (16-bit
 /// operands whose rows a 16-byte copy cannot read are copied to padded rows first, as
-/// in [`crate::gemm`]). On the GPU the problems run on the mma.sync path (also on
-/// sm_90a: a grouped launch has no per-problem TMA maps yet) for f16/bf16 operands and
-/// on exact f32 FMAs for f32 operands. `K_i = 0` gives zeros; `M_i = 0` or `N_i = 0` an
+/// in [`crate::gemm`]). On the GPU f16/bf16 operands take the matrix path of the
+/// target — on sm_90a TMA + WGMMA with each problem's tensor maps in global memory,
+/// one persistent walk over every problem's tiles and the TMA-store epilogue per
+/// problem; mma.sync on sm_80/sm_89 — and f32 operands exact f32 FMAs. `K_i = 0` gives zeros; `M_i = 0` or `N_i = 0` an
 /// empty result.
 ///
 /// Errors: lists of different lengths, an empty list, a rank other than 2, `K` that
