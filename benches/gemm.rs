@@ -330,7 +330,8 @@ fn main() -> kfuse::Result<()> {
     let (warm, iters) = (10, 50);
     let mut rows = Vec::new();
     // KFUSE_BENCH_FILTER=TEXT: only the shapes whose label contains TEXT, or whose id
-    // starts with it (`f16_`: the f16 rows) (experiments)
+    // starts with it (`f16_`: the f16 rows; `fused`, `swiglu`, `fp8`: only that table)
+    // (experiments)
     let filter = std::env::var("KFUSE_BENCH_FILTER").ok();
     for c in CASES.iter().filter(|c| filter.as_ref().is_none_or(|f| c.label().contains(f.as_str()) || c.id().starts_with(f.as_str()))) {
         let row = run_case(c, &blas, &dev, warm, iters)?;
@@ -349,8 +350,8 @@ fn main() -> kfuse::Result<()> {
         "| shape | dtype | kfuse fused GEMM+bias+GELU | cuBLAS GEMM, then bias+GELU kernel | speed-up | rel. err |\n|---|---|---|---|---|---|\n",
     );
     for (m, n, k) in [(4096, 4096, 4096), (8192, 8192, 8192)] {
-        if filter.is_some() {
-            break;
+        if filter.as_ref().is_some_and(|f| !"fused".contains(f.as_str()) && !format!("M{m} N{n} K{k}").contains(f.as_str())) {
+            continue;
         }
         match fused_epilogue(&blas, &dev, m, n, k, warm, iters) {
             Ok(r) => fused_md.push_str(&r),

@@ -134,3 +134,31 @@ fn gemm_kernels_compile_without_spills() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert_eq!(checked, 16);
 }
+
+#[test]
+fn pingpong_consumers_on_request() {
+    // `PINGPONG=1`: each consumer warpgroup a whole 128x128 tile (two m64 instructions a
+    // K step), alternate tiles, its own output tile in shared memory and its own bulk
+    // store; the turns pass through named barriers 3 and 4
+    let def = &gemm_bias_gelu::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let mut spec = spec_mnk(def, 4096, 4096, 4096);
+    spec.tiles.insert("PINGPONG".into(), 1);
+    let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+    assert!(e.ir.contains("tile 128x128x64") && e.ir.contains("2 consumer warpgroups (ping-pong"), "{}", e.ir);
+    assert!(e.source.contains("kf_wgmma(kf_acc + 64, da_hi, db);"), "{}", e.source);
+    assert!(e.source.contains("kf_t += 2 * gridDim.x") && e.source.contains("bar.arrive %0, 256;"), "{}", e.source);
+    assert!(e.source.contains("kf_cs = kf_pipe + ") && e.source.contains(" + kf_wg * 32768;"), "{}", e.source);
+    // assembles, and ptxas keeps the wgmma pipeline (`assemble` refuses C7514); its few
+    // bytes of spills are why this stays an override (select_mma_path::pingpong_wanted)
+    common::assemble(&e.source, &e.arch, &e.options, "gemm_bias_gelu_pingpong").unwrap();
+    // not by default, and not where the plan cannot take it (a plain product's epilogue
+    // has no math: the override alone does not make it ping-pong)
+    let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
+    assert!(!e.ir.contains("ping-pong") && e.ir.contains("tile 128x256x64"), "{}", e.ir);
+    let plain = &kfuse::ops::kernels::gemm::DEF;
+    let mut spec = spec_mnk(plain, 4096, 4096, 4096);
+    spec.tiles.insert("PINGPONG".into(), 1);
+    let e = compile(&(plain.build)(&[DType::BF16]).unwrap(), &spec, &Target::sm90a()).unwrap();
+    assert!(!e.ir.contains("ping-pong"), "{}", e.ir);
+}

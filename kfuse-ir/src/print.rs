@@ -179,9 +179,9 @@ pub fn print(k: &Kernel) -> String {
                 crate::schedule::MmaPath::WgmmaTma => {
                     let _ = writeln!(
                         out,
-                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr m{}n{}k{}{wg_tf32}, {} consumer warpgroups, {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B, persistent raster group_m={}",
+                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr m{}n{}k{}{wg_tf32}, {} consumer warpgroups{}, {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B, persistent raster group_m={}",
                         m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instr[0], m.instr[1], m.instr[2],
-                        m.consumers, m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle, m.group_m
+                        m.consumers, if m.pingpong { " (ping-pong: a tile each, alternate tiles)" } else { "" }, m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle, m.group_m
                     );
                 }
                 crate::schedule::MmaPath::MmaSyncCpAsync => {

@@ -254,6 +254,12 @@ pub struct MmaPlan {
     /// Blocks of a thread-block cluster that work on neighbouring tiles of one tile row
     /// and share its A tile: each loads a slice and multicasts it to all (1: none).
     pub multicast: u32,
+    /// Ping-pong consumers ([`MmaPath::WgmmaTma`]): each consumer warpgroup owns whole
+    /// tiles (all `BM` rows, two `m64` instructions a K step) and the warpgroups take
+    /// alternate tiles of the block's walk, so that one's epilogue runs while the other's
+    /// loop keeps the tensor cores busy (`warps` is then `[4, 1]`: one warpgroup's
+    /// warps hold the accumulator). False: the consumers share each tile, 64 rows each.
+    pub pingpong: bool,
 }
 
 impl Schedule {

@@ -156,7 +156,8 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     let mma = k.schedule.mma.clone();
     let mma_layout = mma.as_ref().map(|p| {
         Layout::Blocked(match p.path {
-            MmaPath::WgmmaTma => crate::layout::mma_accumulator(p.tile[0], p.tile[1], 4 * p.consumers),
+            // (`warps`: `[4 * consumers, 1]` sharing a tile, `[4, 1]` ping-pong)
+            MmaPath::WgmmaTma => crate::layout::mma_tiles_accumulator(p.tile[0], p.tile[1], p.warps),
             MmaPath::MmaSyncCpAsync => crate::layout::mma_tiles_accumulator(p.tile[0], p.tile[1], p.warps),
             MmaPath::FmaSimt => crate::layout::fma_accumulator(p.tile[0], p.tile[1], p.warps),
         })

@@ -315,6 +315,9 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     // the registers of one 256-wide tile (two dots: 128 wide each)
     let ndots = crate::passes::select_mma_path::dots(k).len() as u32;
     let bn = if ndots > 1 && wgmma { bn.min((256 / ndots / 64).max(1) * 64) } else { bn };
+    // ping-pong consumers (`select_mma_path::pingpong_wanted`: an epilogue of heavy
+    // math): each warpgroup holds a whole 128-row tile, 128 columns wide at most
+    let bn = if wgmma && bm == 128 && crate::passes::select_mma_path::pingpong_wanted(k, spec, target) { bn.min(128) } else { bn };
     let want = [(at.shape[0], bm), (at.shape[1], bk), (bt.shape[1], bn)];
     for (e, v) in want {
         match e {

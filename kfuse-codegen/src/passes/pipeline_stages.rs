@@ -23,13 +23,15 @@ pub const MAX_STAGES: u32 = 8;
 /// Shared memory kept back for the epilogue (static conversion buffers) and alignment.
 pub const RESERVE_BYTES: u32 = 8 * 1024;
 
-/// Bytes of the epilogue's output tile in shared memory (0 without a TMA store).
+/// Bytes of the epilogue's output tiles in shared memory (0 without a TMA store): one
+/// tile, or one per consumer warpgroup when they work ping-pong.
 pub fn store_bytes(k: &Kernel) -> u32 {
     let Some(p) = &k.schedule.mma else { return 0 };
     match &p.store {
         Some(st) => {
             let v = *k.operands(st.load).last().unwrap();
-            p.tile[0] * p.tile[1] * k.ty(v).dtype.size_bytes() as u32
+            let tiles = if p.pingpong { p.consumers } else { 1 };
+            tiles * p.tile[0] * p.tile[1] * k.ty(v).dtype.size_bytes() as u32
         }
         None => 0,
     }

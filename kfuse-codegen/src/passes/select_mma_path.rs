@@ -386,6 +386,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             store: None,
             split_k: 1,
             multicast: 1,
+            pingpong: false,
         });
         return Ok(());
     }
@@ -406,7 +407,14 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             found.len()
         )));
     }
-    let consumers = bm / 64;
+    // ping-pong consumers (`pingpong_wanted`): each warpgroup a whole 128-row tile
+    let pingpong = bm == 128
+        && bn <= 128
+        && found.len() == 1
+        && pingpong_wanted(k, spec, target)
+        && spec.tiles.get("SPLITK").is_none_or(|&s| s <= 1)
+        && spec.tiles.get("MCAST").is_none_or(|&m| m <= 1);
+    let consumers = if pingpong { 2 } else { bm / 64 };
     // the epilogue store that can go out through shared memory and TMA: the one store
     // after the loop of a 16-bit `[BM, BN]` tile into a 2-D output TMA can write
     let stores: Vec<OpId> = k.order[info.yield_pos + 1..].iter().copied().filter(|&o| matches!(k.op(o), Op::Store { .. })).collect();
@@ -461,14 +469,48 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         tile: [bm, bn, bk],
         instr: [64, bn, 32 / esz],
         consumers,
-        warps: [4 * consumers, 1],
+        warps: if pingpong { [4, 1] } else { [4 * consumers, 1] },
         stages: 0,
         group_m: 8,
         store,
         split_k,
         multicast,
+        pingpong,
     });
     Ok(())
+}
+
+/// Whether the WGMMA consumers of a dot kernel work ping-pong ([`MmaPlan::pingpong`]):
+/// only on request (`Spec::tiles["PINGPONG"] = 1`, e.g. `KFUSE_TILES=PINGPONG=1`), on
+/// sm_90, outside grouped launches, for a loop of one dot whose epilogue (the ops after
+/// the loop) applies transcendental math to whole tiles and reduces nothing (a
+/// reduction's shared memory would be the two warpgroups'). `choose_tiles` narrows
+/// such tiles to 128x128 (128 accumulator registers a consumer thread, as a 128x256
+/// cooperative tile).
+///
+/// Why not by default: it did not pay on the H100 yet. The fused bias + GELU product at
+/// 4096³ ran 216-217 µs with it against 218-219 µs without (the plain product: ~180):
+/// the epilogue now overlaps the other warpgroup's loop, but one warpgroup issuing
+/// alone runs its loop ~14% slower than two sharing a tile (64x256 tiles of one
+/// consumer: 653 against 756 TFLOP/s), which takes back what the overlap gains
+/// (NOTES.md, g11). It also leaves ptxas a few bytes short at 24 producer registers
+/// (20 bytes of spills in that kernel), so the no-spill checks do not cover it.
+pub fn pingpong_wanted(k: &Kernel, spec: &Spec, target: &Target) -> bool {
+    if target.sm != 90 || k.schedule.grouped || spec.tiles.get("PINGPONG") != Some(&1) {
+        return false;
+    }
+    let ds = dots(k);
+    let [dot] = ds.as_slice() else { return false };
+    let Some(l) = k.loop_of(*dot) else { return false };
+    let Some(for_pos) = k.order.iter().position(|&o| matches!(k.op(o), Op::For { id, .. } if *id == l)) else { return false };
+    let after = &k.order[for_pos + 1..];
+    let reduces = after.iter().any(|&o| matches!(k.op(o), Op::Reduce { .. }));
+    let math = after.iter().any(|&o| {
+        k.loop_of(o).is_none()
+            && matches!(k.op(o), Op::Unary(u) if !matches!(u, kfuse_ir::UnaryOp::Neg | kfuse_ir::UnaryOp::Abs | kfuse_ir::UnaryOp::Not | kfuse_ir::UnaryOp::Sqrt | kfuse_ir::UnaryOp::Rsqrt))
+            && !k.ty(o.value()).is_scalar()
+    });
+    math && !reduces
 }
 
 /// `__launch_bounds__`'s minimum blocks for the mma.sync kernel: two blocks per

@@ -28,6 +28,12 @@
 //!   each consumer keeps one accumulator array per dot (`kf_acc`, `kf_acc1`, …) and
 //!   issues every dot's `wgmma` per K step into one commit group; the epilogue sees
 //!   each loop result on its own registers;
+//! - on request (`MmaPlan::pingpong`), ping-pong consumers: each warpgroup holds whole
+//!   128-row tiles (two `m64` instructions a K step, rows 64..128 in the second half of
+//!   its accumulator), the two take alternate tiles of the block's walk, each skips the
+//!   other's stages in the ring and starts a loop only after the other has waited on
+//!   its last stage (named barriers 3 and 4), and each has its own output tile in shared
+//!   memory, barrier (1 + warpgroup) and bulk-store thread;
 //! - on request, thread-block clusters: `split_k` blocks share one tile's loop and sum
 //!   their partial accumulators in the first block through distributed shared memory,
 //!   or `multicast` blocks on neighbouring tiles of one tile row share A by TMA
@@ -153,6 +159,11 @@ pub(super) fn emit_kernel(
     let split = plan.split_k.max(1);
     let mcast = plan.multicast.max(1);
     let cluster = split.max(mcast);
+    // ping-pong consumers (`MmaPlan::pingpong`): each warpgroup a whole tile
+    let pp = plan.pingpong;
+    if pp && (cluster > 1 || k.schedule.grouped || !plan.more.is_empty() || consumers != 2 || bm != 128) {
+        return Err(CodegenError::Unsupported("ping-pong consumers with a cluster, a grouped launch, several dots, or other than two warpgroups on 128-row tiles".into()));
+    }
     if split > 1 && mcast > 1 {
         return Err(CodegenError::Unsupported("a dot loop split across a cluster and multicast at once".into()));
     }
@@ -234,7 +245,9 @@ pub(super) fn emit_kernel(
         params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: vec![bm, inner], swizzle: st.swizzle, order: vec![1, 0] });
         c_map = Some((st.load, inner, bm * inner * esz));
     }
-    let dynamic_smem = 1024 + c_off + c_bytes.max(part_bytes);
+    // (ping-pong: one output tile per warpgroup, the second `c_bytes` after the first)
+    let c_tiles = if pp { consumers } else { 1 };
+    let dynamic_smem = 1024 + c_off + (c_tiles * c_bytes).max(part_bytes);
 
     // a grouped launch (`Schedule::grouped`): the parameters, tensor maps included, come
     // from the record of the problem each tile belongs to
@@ -243,7 +256,14 @@ pub(super) fn emit_kernel(
         return Err(CodegenError::Unsupported("a grouped launch of a dot loop split or multicast across a cluster".into()));
     }
     let rec = 4 + decls.len();
-    let mut e = Emitter::new(k, spec, "asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");");
+    // the epilogue's barrier: the consumers of the tile — both warpgroups (named barrier
+    // 1), or under ping-pong the tile's own warpgroup (1 + kf_wg: 1 or 2)
+    let barrier = if pp {
+        "asm volatile(\"bar.sync %0, 128;\" :: \"r\"(1 + kf_wg) : \"memory\");"
+    } else {
+        "asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");"
+    };
+    let mut e = Emitter::new(k, spec, barrier);
     e.w.indent();
     let pipe = |e: &mut Emitter| -> R {
         e.line("extern __shared__ __align__(1024) unsigned char kf_dsmem[];")?;
@@ -255,7 +275,10 @@ pub(super) fn emit_kernel(
         e.open("if (kf_tid == 0)")?;
         e.unroll("s", stages)?;
         e.line("kf_mbar_init(&kf_full[s], 1);")?;
-        e.line(format!("kf_mbar_init(&kf_empty[s], {});", consumers * 4 * mcast))?;
+        // a stage is released by every warp that read it: all consumers' (ping-pong: the
+        // one warpgroup whose tile it holds), in every block that multicast into it
+        let readers = if pp { 4 } else { consumers * 4 };
+        e.line(format!("kf_mbar_init(&kf_empty[s], {});", readers * mcast))?;
         e.close()?;
         if split > 1 {
             // kf_red[0]: partials ready (the first block: every warp of the others);
@@ -358,7 +381,8 @@ pub(super) fn emit_kernel(
     // 240 (232 spilled a bias epilogue), leaving the producer 24; narrower tiles leave
     // the producer 56 (its split-loop index arithmetic spilled at 24 and at 40). Several
     // dots count their accumulators together (two 128-wide ones as one 256-wide).
-    let (prod_regs, cons_regs) = match (consumers, bn * dots.len() as u32 > 128) {
+    let acc_cols = if pp { 2 * bn } else { bn } * dots.len() as u32;
+    let (prod_regs, cons_regs) = match (consumers, acc_cols > 128) {
         (1, _) => (40, 256),
         // a multicasting producer needs a few more (it spilled at 24)
         (_, true) if cluster > 1 => (40, 232),
@@ -430,18 +454,29 @@ pub(super) fn emit_kernel(
     // ---- consumers
     e.open("else")?;
     e.line(format!("asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {cons_regs};\" ::: \"memory\");"))?;
-    e.line("const int kf_warp = (kf_tid >> 5) - 4;")?;
-    e.line("const int kf_wg = kf_warp >> 2;")?;
+    if pp {
+        // each warpgroup holds its own tiles: warps 0..3 of the layout, in each
+        e.line("const int kf_wg = ((kf_tid >> 5) - 4) >> 2;")?;
+        e.line("const int kf_warp = ((kf_tid >> 5) - 4) & 3;")?;
+    } else {
+        e.line("const int kf_warp = (kf_tid >> 5) - 4;")?;
+        e.line("const int kf_wg = kf_warp >> 2;")?;
+    }
     e.line("(void)kf_warp; (void)kf_wg;")?;
     e.line("int kf_stage = 0;")?;
     e.line("unsigned kf_phase = 0;")?;
     e.line("unsigned kf_rphase = 0;")?;
     e.line("(void)kf_rphase;")?;
-    e.open(tile_walk.clone())?;
+    // ping-pong: warpgroup w takes the block's tiles w, w + 2, …
+    let consumer_walk = if pp { format!("for (long long kf_t = blockIdx.x + kf_wg * gridDim.x; kf_t < kf_tiles; kf_t += {consumers} * gridDim.x)") } else { tile_walk.clone() };
+    e.open(consumer_walk)?;
     pids(&mut e)?;
     // everything before the loop (but the zeros that only feed the inits), the zeroed
     // accumulators
-    let regs = bn / 2;
+    // accumulator registers a consumer thread: one m64 instruction's (BN / 2), or under
+    // ping-pong two, rows 0..64 then 64..128 of the tile
+    let half = bn / 2;
+    let regs = if pp { 2 * half } else { half };
     let ranges = zeroed_accumulators(&mut e, plan, info.for_pos, regs)?;
     e.line("int kf_prev = -1;")?;
     // a stage is free once every block that multicasts into it may overwrite it: the
@@ -455,6 +490,21 @@ pub(super) fn emit_kernel(
     };
     let release = release.as_str();
     e.line(format!("if (!({} > 0)) __trap();", e.val(step).name))?;
+    if pp {
+        // the producer loads every tile of the block in walk order, so the other
+        // warpgroup's tile (the one before this, when this is not the block's first)
+        // takes the ring's next `iterations` stages: step over them. And wait for the
+        // turn: a warpgroup starts a loop only once the other has waited on the last
+        // stage of its tile (named barrier 3 + kf_wg, arrived at after the loop), so
+        // that this loop's first full barrier is at most one phase from its parity
+        let (l, h, s) = (e.val(lo).name.clone(), e.val(hi).name.clone(), e.val(step).name.clone());
+        e.open("if (kf_t >= (long long)blockIdx.x + gridDim.x)")?;
+        e.line("asm volatile(\"bar.sync %0, 256;\" :: \"r\"(3 + kf_wg) : \"memory\");")?;
+        e.line(format!("const int kf_skip = kf_stage + (int)({h} > {l} ? ({h} - {l} + {s} - 1) / {s} : 0LL);"))?;
+        e.line(format!("kf_phase ^= (unsigned)((kf_skip / {stages}) & 1);"))?;
+        e.line(format!("kf_stage = kf_skip % {stages};"))?;
+        e.close()?;
+    }
     let head = loop_head(&mut e)?;
     e.open(head)?;
     e.line("kf_mbar_wait(&kf_full[kf_stage], kf_phase);")?;
@@ -480,6 +530,17 @@ pub(super) fn emit_kernel(
         };
         let suffix = |i: usize| if i <= 1 { String::new() } else { i.to_string() };
         let (da, db) = (format!("da{}", suffix(ia)), format!("db{}", suffix(ib)));
+        if pp {
+            // the whole tile: rows 0..64 into the first half of the accumulator, rows
+            // 64..128 into the second
+            e.line(format!("const unsigned long long {da} = kf_desc128({} + kk * {a_k}, {a_lbo}, 1024);", sname(ia)))?;
+            e.line(format!("const unsigned long long {da}_hi = kf_desc128({} + {a_off} + kk * {a_k}, {a_lbo}, 1024);", sname(ia)))?;
+            e.line(format!("const unsigned long long {db} = kf_desc128({} + kk * {b_k}, {b_lbo}, 1024);", sname(ib)))?;
+            let (f, acc) = (wgmma_name(&dots[0], d), accumulator_name(j));
+            e.line(format!("{f}({acc}, {da}, {db});"))?;
+            e.line(format!("{f}({acc} + {half}, {da}_hi, {db});"))?;
+            continue;
+        }
         if !described.contains(&ia) {
             e.line(format!("const unsigned long long {da} = kf_desc128({} + kf_wg * {a_off} + kk * {a_k}, {a_lbo}, 1024);", sname(ia)))?;
             described.push(ia);
@@ -494,6 +555,10 @@ pub(super) fn emit_kernel(
     e.line("kf_prev = kf_stage;")?;
     e.line(format!("if (++kf_stage == {stages}) {{ kf_stage = 0; kf_phase ^= 1u; }}"))?;
     e.close()?; // k loop
+    if pp {
+        // the other warpgroup's turn (its next tile, if the block has one)
+        e.line("if (kf_t + gridDim.x < kf_tiles) asm volatile(\"bar.arrive %0, 256;\" :: \"r\"(3 + (kf_wg ^ 1)) : \"memory\");")?;
+    }
     e.line("kf_wgmma_wait<0>();")?;
     // the epilogue reads the accumulators through an add of +0 (which the compilers
     // cannot fold: it turns -0 into +0, a value the accumulators, zeroed to +0, never
@@ -535,6 +600,10 @@ pub(super) fn emit_kernel(
         e.close()?;
         e.line("kf_rphase ^= 1u;")?;
     }
+    // the output tile's shared memory and the thread that issues its bulk store: the
+    // first consumer thread, or under ping-pong each warpgroup's first and its own tile
+    let c_base = if pp { format!("{c_off} + kf_wg * {c_bytes}") } else { c_off.to_string() };
+    let lead = if pp { "(kf_tid & 127) == 0" } else { "kf_tid == 128" };
     // the epilogue: everything after the loop, on the accumulator registers
     for ((j, d), r) in dots.iter().enumerate().zip(ranges) {
         let (res, map) = accumulator_map_of(k, &info, d.carried)?;
@@ -548,9 +617,16 @@ pub(super) fn emit_kernel(
             continue;
         }
         match c_map {
-            Some((st, inner, box_bytes)) if st == o => e.tma_store(o, c_off, inner, box_bytes, &c_map_name)?,
+            Some((st, inner, box_bytes)) if st == o => e.tma_store(o, &c_base, inner, box_bytes, &c_map_name, lead)?,
             _ => e.op(o)?,
         }
+    }
+    if pp && e.smem > 0 {
+        // (static shared memory is one buffer for both warpgroups' epilogues)
+        return Err(CodegenError::Unsupported(format!(
+            "ping-pong consumers with an epilogue that needs {} bytes of static shared memory (leave PINGPONG out of the tile overrides)",
+            e.smem
+        )));
     }
     if e.smem > 0 {
         // the epilogue's shared memory is reused by the next tile
@@ -560,7 +636,7 @@ pub(super) fn emit_kernel(
     e.close()?; // tiles
     if c_map.is_some() {
         // shared memory must outlive the last bulk store's reads
-        e.line("if (kf_tid == 128) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");")?;
+        e.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");"))?;
     }
     e.close()?; // consumers
     if cluster > 1 {
@@ -622,10 +698,11 @@ impl Emitter<'_> {
     /// Shared memory holds the tile as `BN / inner` boxes of `[BM, inner]` elements,
     /// 128-byte rows swizzled like TMA's 128-byte mode (16-byte chunk `j` of row `r` at
     /// chunk `j ^ (r % 8)`), so that a warp's writes (8 rows x 4 lanes) hit 8 different
-    /// chunks. One thread (the first consumer) waits until the previous tile's bulk
-    /// store has read the buffer, the consumers write, fence the writes for the async
-    /// proxy, meet at the barrier, and the same thread issues the store.
-    fn tma_store(&mut self, op: OpId, c_off: u32, inner: u32, box_bytes: u32, map_name: &str) -> R {
+    /// chunks, at `kf_pipe + c_base`. One thread (`lead`: the first consumer, or each
+    /// ping-pong warpgroup's first) waits until the previous tile's bulk store has read
+    /// the buffer, the consumers write, fence the writes for the async proxy, meet at
+    /// the barrier, and the same thread issues the store.
+    fn tma_store(&mut self, op: OpId, c_base: &str, inner: u32, box_bytes: u32, map_name: &str, lead: &str) -> R {
         let k = self.k;
         let Op::Store { tensor, dims } = k.op(op) else { unreachable!() };
         let ops = k.operands(op);
@@ -652,10 +729,10 @@ impl Emitter<'_> {
         let ok = self.fresh("kf_tma_ok");
         self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
         self.open(format!("if ({ok})"))?;
-        self.line("if (kf_tid == 128) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");")?;
+        self.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");"))?;
         let b = self.barrier;
         self.line(b)?;
-        self.line(format!("unsigned char* kf_cs = kf_pipe + {c_off};"))?;
+        self.line(format!("unsigned char* kf_cs = kf_pipe + {c_base};"))?;
         let pairs = map.regs / 2;
         let e1 = map.axes[1].e_stride;
         self.unroll("p", pairs)?;
@@ -672,7 +749,7 @@ impl Emitter<'_> {
         self.close()?;
         self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")?;
         self.line(b)?;
-        self.open("if (kf_tid == 128)")?;
+        self.open(format!("if ({lead})"))?;
         for q in 0..val.shape[1] / inner {
             self.line(format!(
                 "asm volatile(\"cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {{%1, %2}}], [%3];\" :: \"l\"(&{map_name}), \"r\"((int)({} + {})), \"r\"((int){}), \"r\"(kf_smem_addr(kf_cs + {})) : \"memory\");",
