@@ -152,13 +152,12 @@ fn pingpong_consumers_on_request() {
     // assembles, and ptxas keeps the wgmma pipeline (`assemble` refuses C7514); its few
     // bytes of spills are why this stays an override (select_mma_path::pingpong_wanted)
     common::assemble(&e.source, &e.arch, &e.options, "gemm_bias_gelu_pingpong").unwrap();
-    // not by default, and not where the plan cannot take it (a plain product's epilogue
-    // has no math: the override alone does not make it ping-pong)
+    // not by default, and not where the plan cannot take it (two dots in the loop)
     let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
     assert!(!e.ir.contains("ping-pong") && e.ir.contains("tile 128x256x64"), "{}", e.ir);
-    let plain = &kfuse::ops::kernels::gemm::DEF;
-    let mut spec = spec_mnk(plain, 4096, 4096, 4096);
+    let pair = &kfuse::ops::kernels::swiglu_gemm::DEF;
+    let mut spec = spec_mnk(pair, 4096, 4096, 4096);
     spec.tiles.insert("PINGPONG".into(), 1);
-    let e = compile(&(plain.build)(&[DType::BF16]).unwrap(), &spec, &Target::sm90a()).unwrap();
+    let e = compile(&(pair.build)(&[DType::BF16]).unwrap(), &spec, &Target::sm90a()).unwrap();
     assert!(!e.ir.contains("ping-pong"), "{}", e.ir);
 }

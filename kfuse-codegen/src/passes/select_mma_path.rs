@@ -483,16 +483,17 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
 /// Whether the WGMMA consumers of a dot kernel work ping-pong ([`MmaPlan::pingpong`]):
 /// only on request (`Spec::tiles["PINGPONG"] = 1`, e.g. `KFUSE_TILES=PINGPONG=1`), on
 /// sm_90, outside grouped launches, for a loop of one dot whose epilogue (the ops after
-/// the loop) applies transcendental math to whole tiles and reduces nothing (a
-/// reduction's shared memory would be the two warpgroups'). `choose_tiles` narrows
-/// such tiles to 128x128 (128 accumulator registers a consumer thread, as a 128x256
+/// the loop) reduces nothing (a reduction's shared memory would be the two
+/// warpgroups'). It is meant for epilogues of heavy math (GELU, SiLU), which the
+/// cooperative kernel runs with the tensor cores idle. `choose_tiles` narrows such
+/// tiles to 128x128 (128 accumulator registers a consumer thread, as a 128x256
 /// cooperative tile).
 ///
 /// Why not by default: it did not pay on the H100 yet. The fused bias + GELU product at
-/// 4096³ ran 216-217 µs with it against 218-219 µs without (the plain product: ~180):
-/// the epilogue now overlaps the other warpgroup's loop, but one warpgroup issuing
-/// alone runs its loop ~14% slower than two sharing a tile (64x256 tiles of one
-/// consumer: 653 against 756 TFLOP/s), which takes back what the overlap gains
+/// 4096³ ran 216-218.5 µs with it against 218.7-220 µs without (the plain product:
+/// ~180): the epilogue now overlaps the other warpgroup's loop, but one warpgroup
+/// issuing alone runs the loop 12% slower than two sharing a tile (the plain product
+/// with it: 663 against 752 TFLOP/s at 4096³), which takes back what the overlap gains
 /// (NOTES.md, g11). It also leaves ptxas a few bytes short at 24 producer registers
 /// (20 bytes of spills in that kernel), so the no-spill checks do not cover it.
 pub fn pingpong_wanted(k: &Kernel, spec: &Spec, target: &Target) -> bool {
@@ -504,13 +505,7 @@ pub fn pingpong_wanted(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     let Some(l) = k.loop_of(*dot) else { return false };
     let Some(for_pos) = k.order.iter().position(|&o| matches!(k.op(o), Op::For { id, .. } if *id == l)) else { return false };
     let after = &k.order[for_pos + 1..];
-    let reduces = after.iter().any(|&o| matches!(k.op(o), Op::Reduce { .. }));
-    let math = after.iter().any(|&o| {
-        k.loop_of(o).is_none()
-            && matches!(k.op(o), Op::Unary(u) if !matches!(u, kfuse_ir::UnaryOp::Neg | kfuse_ir::UnaryOp::Abs | kfuse_ir::UnaryOp::Not | kfuse_ir::UnaryOp::Sqrt | kfuse_ir::UnaryOp::Rsqrt))
-            && !k.ty(o.value()).is_scalar()
-    });
-    math && !reduces
+    !after.iter().any(|&o| matches!(k.op(o), Op::Reduce { .. }))
 }
 
 /// `__launch_bounds__`'s minimum blocks for the mma.sync kernel: two blocks per
