@@ -321,11 +321,7 @@ fn fmt_t(c: &Case, r: &Result<f64, String>) -> String {
 }
 
 fn main() -> kfuse::Result<()> {
-    let dev = Device::best();
-    if !dev.is_gpu() {
-        println!("no GPU: nothing to measure (this benchmark needs a CUDA device)");
-        return Ok(());
-    }
+    let Some(dev) = common::gpu() else { return Ok(()); };
     let blas = Blas::new(&dev)?;
     let (warm, iters) = (10, 50);
     let mut rows = Vec::new();

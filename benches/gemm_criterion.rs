@@ -84,11 +84,7 @@ fn gpu_time(dev: &Device, iters: u64, sets: usize, mut f: impl FnMut(usize) -> k
 }
 
 fn main() {
-    let dev = Device::best();
-    if !dev.is_gpu() {
-        println!("no GPU: nothing to measure (this benchmark needs a CUDA device)");
-        return;
-    }
+    let Some(dev) = common::gpu() else { return; };
     let blas = match Blas::new(&dev) {
         Ok(b) => Some(b),
         Err(e) => {

@@ -17,14 +17,10 @@ mod common;
 use common::{median, random};
 use kfuse::ops::{gemm, gemm_grouped};
 use kfuse::runtime::vendor::{Blas, Library, Math};
-use kfuse::{DType, Device, Tensor};
+use kfuse::{DType, Tensor};
 
 fn main() -> kfuse::Result<()> {
-    let dev = Device::best();
-    if !dev.is_gpu() {
-        println!("no GPU: nothing to measure (this benchmark needs a CUDA device)");
-        return Ok(());
-    }
+    let Some(dev) = common::gpu() else { return Ok(()); };
     let blas = Blas::new(&dev)?;
     let moe: Vec<(usize, usize, usize)> = [128, 256, 384, 512, 768, 1024, 1536, 2048].iter().map(|&m| (m, 4096, 4096)).collect();
     let mixed = vec![(4096, 4096, 1024), (1000, 3000, 2000), (2048, 512, 8192), (127, 4097, 4095), (3000, 1000, 3000)];

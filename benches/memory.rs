@@ -17,7 +17,7 @@ mod common;
 
 use common::{dtod, median, random_bf16};
 use kfuse::ops::kernels;
-use kfuse::{DType, Device, Tensor};
+use kfuse::{DType, Tensor};
 
 const N: usize = 1 << 28;
 const T: usize = 16384;
@@ -34,11 +34,7 @@ struct Row {
 
 fn main() -> kfuse::Result<()> {
     let table_only = std::env::args().any(|a| a == "--table-only");
-    let dev = Device::best();
-    if !dev.is_gpu() {
-        println!("no GPU: nothing to measure (this benchmark needs a CUDA device)");
-        return Ok(());
-    }
+    let Some(dev) = common::gpu() else { return Ok(()); };
     let a = random_bf16(N, 1, &dev).0;
     let b = random_bf16(N, 2, &dev).0;
     let mut c = Tensor::empty(&[N], DType::BF16, &dev)?;

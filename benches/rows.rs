@@ -169,11 +169,7 @@ struct Row {
 fn main() -> kfuse::Result<()> {
     let table_only = std::env::args().any(|a| a == "--table-only");
     let diag = std::env::var_os("KFUSE_BENCH_DIAG").is_some();
-    let dev = Device::best();
-    if !dev.is_gpu() {
-        println!("no GPU: nothing to measure (this benchmark needs a CUDA device)");
-        return Ok(());
-    }
+    let Some(dev) = common::gpu() else { return Ok(()); };
     let (w, it) = (10, 50);
 
     // the ceiling: a device-to-device copy of 2^28 bf16, in this process

@@ -1,4 +1,4 @@
-//! Pieces the benchmarks share: random inputs, the median, and the
+//! Pieces the benchmarks share: the GPU they run on, random inputs, the median, and the
 //! device-to-device copy that gives the bandwidth ceiling measured in the same run;
 //! `gemm`: what the two GEMM benchmarks share.
 #![allow(dead_code)]
@@ -6,6 +6,18 @@
 use kfuse::{DType, Device, Tensor};
 
 pub mod gemm;
+
+/// The GPU to measure on, or `None` after saying there is nothing to measure (every
+/// benchmark needs a CUDA device; without one it exits cleanly).
+pub fn gpu() -> Option<Device> {
+    let dev = Device::best();
+    if dev.is_gpu() {
+        Some(dev)
+    } else {
+        println!("no GPU: nothing to measure (this benchmark needs a CUDA device)");
+        None
+    }
+}
 
 /// `n` random bf16 values, uniform in [-2, 2) (random data, never a zero fill)
 /// on `dev`, and the same values on the host.

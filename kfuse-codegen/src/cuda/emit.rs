@@ -546,7 +546,7 @@ impl<'a> Emitter<'a> {
             let regs = RegMap::of(&self.layout(h.value())?).map(|m| m.regs).unwrap_or(1);
             let w = k.schedule.vector.get(h).copied().unwrap_or(1).max(1);
             // whole words of a float type stay raw; anything else is converted on arrival
-            let raw = d.is_float() && w > 1 && (w * d.size_bytes() as u32) % 4 == 0 && regs % w == 0;
+            let raw = d.is_float() && w > 1 && (w * d.size_bytes() as u32).is_multiple_of(4) && regs.is_multiple_of(w);
             arrays.push(match raw {
                 true => (h.value(), i, vec_type(w * d.size_bytes() as u32)?, regs / w, true),
                 false => (h.value(), i, ctype(d), regs, false),
@@ -933,7 +933,7 @@ impl<'a> Emitter<'a> {
             self.line(format!("kf_cl_wait(&kf_clbar[{r}]);"))?;
             self.line(format!("float kf_acc = {ident};"))?;
             self.unroll("i", n.div_ceil(32))?;
-            if n % 32 == 0 {
+            if n.is_multiple_of(32) {
                 self.line(format!("kf_acc = {};", comb("kf_acc", &format!("{cl}[i * 32 + kf_lane]"))))?;
             } else {
                 self.line(format!("if (i * 32 + kf_lane < {n}) kf_acc = {};", comb("kf_acc", &format!("{cl}[i * 32 + kf_lane]"))))?;
@@ -1311,7 +1311,7 @@ impl<'a> Emitter<'a> {
                     && d.is_float()
                     && esz < 4
                     && w > 1
-                    && (w * esz) % 4 == 0
+                    && (w * esz).is_multiple_of(4)
                     && lmap.as_ref().is_some_and(|m| m.regs % w == 0 && m.fastest_axis().is_some());
                 if remat_raw {
                     let vt = vec_type(w * esz)?;
