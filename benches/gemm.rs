@@ -1,6 +1,7 @@
 //! GEMM against cuBLAS and cuBLASLt in the same process: row-major `C[M, N] = A[M, K] ·
 //! B[K, N]`, bf16 on 4096³, 8192³, M8192 N14336 K4096, M8192 N4096 K14336, M16384 N4096
-//! K4096, 2048³, M127 N4096 K4096 and M4095 N4097 K4096 (unaligned); f16 4096³; f32
+//! K4096, 2048³, M127 N4096 K4096 and M4095 N4097 K4096 (unaligned); f16 at the same
+//! shapes (`KFUSE_BENCH_FILTER=f16_` runs only those); f32
 //! 8192³ in full fp32 and with TF32 tensor cores (cuBLAS `CUBLAS_COMPUTE_32F_FAST_TF32`
 //! against kfuse's `gemm_ex` with `GemmOptions::tf32`, B given K-major to both); and fp8 e4m3
 //! (bf16 out, per-tensor scales) at 4096³ and 8192³ against cuBLASLt's fp8 GEMM with its
@@ -8,7 +9,9 @@
 //! projection pair `silu(x·Wg) ⊙ (x·Wu)` (bf16, `kfuse::ops::swiglu_gemm`, one kernel)
 //! against cuBLAS doing the two GEMMs, or one GEMM of the concatenated `[Wg | Wu]`,
 //! followed by kfuse's elementwise SwiGLU, at 4096³, M8192 N14336 K4096 and M127 N14336
-//! K4096 (`KFUSE_BENCH_FILTER=swiglu` runs only these).
+//! K4096 (`KFUSE_BENCH_FILTER=swiglu` runs only these); and a user GEMM with a fused
+//! bias + GELU epilogue against cuBLAS followed by a bias + GELU kernel, at 4096³ and
+//! 8192³ (`KFUSE_BENCH_FILTER=fused` runs only these).
 //!
 //! Prints a table — TFLOP/s (2·M·N·K per call) of cuBLAS (`cublasGemmEx`), cuBLASLt
 //! (`cublasLtMatmul`, heuristic algorithm, 32 MiB workspace) and `kfuse::ops::gemm`, and

@@ -233,7 +233,7 @@ pub struct MmaPlan {
     /// without warp specialization.
     pub consumers: u32,
     /// Warps sharing the accumulator tile, along M and along N (`[4 * consumers, 1]`
-    /// for WGMMA). With `wm × wn` warps, warp `(a, b)` holds the `m16n8` instruction
+    /// for WGMMA; `[4, 1]` under [`MmaPlan::pingpong`], one warpgroup a tile). With `wm × wn` warps, warp `(a, b)` holds the `m16n8` instruction
     /// tiles at rows `16 (a + wm i)` and columns `8 (b + wn j)`: warps interleave at
     /// instruction-tile granularity ([`AxisSteps`] in the layout). On
     /// [`MmaPath::FmaSimt`] the warps hold thread tiles in a plain blocked layout.

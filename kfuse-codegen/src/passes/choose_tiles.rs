@@ -274,7 +274,8 @@ pub fn dot_problem(k: &Kernel, spec: &Spec, dot: kfuse_ir::OpId) -> (u64, u64, u
 /// wide 160; 128 wide with the loop split over a cluster of 2 or 4, 162 / 107 — the
 /// split stays an override, `SPLITK`, until it pays). The 128x256x64 kernel ran
 /// 755-807 TFLOP/s at 4096³ and 8192³ on the H100 (BENCHMARKS.md, NOTES.md).
-/// `Spec::tiles` overrides any of them by name. sm_80/sm_89: [`mma_sync_tiles`]. A
+/// `Spec::tiles` overrides any of them by name; ping-pong consumers on request
+/// (`select_mma_path::pingpong_wanted`) cap `BN` at 128. sm_80/sm_89: [`mma_sync_tiles`]. A
 /// `dot` bound for the FMA path (f32 operands, or 16-bit ones the matrix path cannot
 /// read; `select_mma_path::fma::expected`): [`fma_tiles`] and [`fma_bk`], any target.
 fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir::OpId) -> Result<(), CodegenError> {
