@@ -117,6 +117,9 @@ fn grouped_kernel_structure() {
             // per tile: its problem, then the maps of that problem
             assert!(e.source.contains("kf_t >= kf_grp[(kf_gi + 1) *") && e.source.contains("const CUtensorMap& kf_tm0 = *reinterpret_cast<const CUtensorMap*>(kf_rec["), "{}", e.source);
             assert!(e.persistent.is_some());
+            // each role binds and fences only the maps it reads: the producer A's and
+            // B's, the consumers the output's (its TMA store)
+            assert_eq!(e.source.matches("fence.proxy.tensormap::generic.acquire").count(), 3, "{}", e.source);
             // the records hold per-axis program counts, not the persistent grid
             assert_eq!(e.programs(&[4096, 4096, 4096]), [4096 / 128, 4096 / 256, 1]);
             assert_eq!(e.grid_dims(&[4096, 4096, 4096])[1], 1);

@@ -1555,19 +1555,23 @@ fn group_prologue(w: &mut Writer<String>, decls: &[String]) -> std::fmt::Result 
     w.line("const long long kf_pid1 = (kf_local / kf_rec[0]) % kf_rec[1];")?;
     w.line("const long long kf_pid2 = kf_local / (kf_rec[0] * kf_rec[1]);")?;
     w.line("(void)kf_pid1; (void)kf_pid2;")?;
-    bind_group_params(w, decls)
+    bind_group_params(w, decls, &|_| true)
 }
 
 /// Binds each parameter's name (`decls`, in `KernelParam` order) to its word of the
-/// problem's record `kf_rec`: pointers, `long long` and `float` values, and tensor maps
-/// (the word is the address of the problem's map in global memory, fenced for the
-/// tensor-map proxy).
-pub(super) fn bind_group_params(w: &mut Writer<String>, decls: &[String]) -> std::fmt::Result {
+/// problem's record `kf_rec`: pointers, `long long` and `float` values, and the tensor
+/// maps `uses_map` names (the word is the address of the problem's map in global memory,
+/// fenced for the tensor-map proxy; a map the calling code never reads is neither
+/// bound nor fenced — the fence is an instruction every tile would execute).
+pub(super) fn bind_group_params(w: &mut Writer<String>, decls: &[String], uses_map: &dyn Fn(&str) -> bool) -> std::fmt::Result {
     for (i, d) in decls.iter().enumerate() {
         let word = format!("kf_rec[{}]", 4 + i);
         // `<type> <name>`
         let (ty, name) = d.rsplit_once(' ').expect("a parameter declaration");
         let ty = ty.replace(" __restrict__", "");
+        if ty.contains("CUtensorMap") && !uses_map(name) {
+            continue;
+        }
         let line = if ty.contains("CUtensorMap") {
             // written by a copy from the host, read by the tensor-map proxy: acquire
             // those writes for that proxy before the map's first use
@@ -1585,8 +1589,7 @@ pub(super) fn bind_group_params(w: &mut Writer<String>, decls: &[String]) -> std
     Ok(())
 }
 
-/// Writes the CUDA source and the parameter list of a scheduled kernel.
-/// What the writer produced for one kernel.
+/// What the writer produced for one kernel: the CUDA source and the parameter list.
 pub struct Emitted {
     pub source: String,
     pub params: Vec<KernelParam>,

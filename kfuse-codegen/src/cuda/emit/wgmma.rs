@@ -316,7 +316,8 @@ pub(super) fn emit_kernel(
     };
     pipe(&mut e)?;
     // program ids of tile `kf_t`: axes 0 and 1 grouped `group_m` along axis 0
-    let pids = |e: &mut Emitter| -> R {
+    // (`maps`: the tensor maps the caller reads — a grouped launch binds only those)
+    let pids = |e: &mut Emitter, maps: &dyn Fn(&str) -> bool| -> R {
         let r = grid.len();
         let t0 = if grouped {
             // the tile's problem: the last whose first tile is at or before it; its
@@ -326,7 +327,7 @@ pub(super) fn emit_kernel(
             e.line(format!("const long long* kf_rec = kf_grp + kf_gi * {rec};"))?;
             e.line("const long long kf_g0 = kf_rec[0], kf_g1 = kf_rec[1];")?;
             e.line("(void)kf_g0; (void)kf_g1;")?;
-            super::bind_group_params(&mut e.w, &decls).map_err(fmt_err)?;
+            super::bind_group_params(&mut e.w, &decls, maps).map_err(fmt_err)?;
             "(kf_t - kf_rec[3])"
         } else {
             "kf_t"
@@ -394,7 +395,8 @@ pub(super) fn emit_kernel(
     e.line("int kf_stage = 0;")?;
     e.line("unsigned kf_phase = 0;")?;
     e.open(tile_walk.clone())?;
-    pids(&mut e)?;
+    // the producer reads the operands' maps, the consumers only the output's
+    pids(&mut e, &|m: &str| m != c_map_name)?;
     let mut roots = vec![lo, hi, step];
     for o in plan.stage_operands() {
         roots.extend(k.operands(o.load));
@@ -470,7 +472,7 @@ pub(super) fn emit_kernel(
     // ping-pong: warpgroup w takes the block's tiles w, w + 2, …
     let consumer_walk = if pp { format!("for (long long kf_t = blockIdx.x + kf_wg * gridDim.x; kf_t < kf_tiles; kf_t += {consumers} * gridDim.x)") } else { tile_walk.clone() };
     e.open(consumer_walk)?;
-    pids(&mut e)?;
+    pids(&mut e, &|m: &str| m == c_map_name)?;
     // everything before the loop (but the zeros that only feed the inits), the zeroed
     // accumulators
     // accumulator registers a consumer thread: one m64 instruction's (BN / 2), or under
