@@ -19,7 +19,9 @@
 //! `$KFUSE_BENCH_OUT` when set, and ends with one `gemm summary:` line (what
 //! `scripts/gpu-run.sh` puts in its final table).
 //!
-//! Timing: CUDA events around each call, 10 warm-ups, 50 timed calls, median. Inputs are
+//! Timing: CUDA events around each call, 10 warm-ups, 50 timed calls, median; the
+//! competitors of a row take turns in 5 rounds of 10 calls (`common::interleaved`), so
+//! that the GPU's clock drift over the run falls on each alike. Inputs are
 //! random (uniform in [-1, 1), never zeros); when one set of A, B and C is smaller than
 //! 3× the 50 MB L2, several sets are rotated so that no call finds its inputs in L2 from
 //! the call before. `kfuse::ops::gemm` allocates its output on each call (stream-ordered,
@@ -33,31 +35,12 @@
 mod common;
 
 use common::gemm::{first_line, kfuse_gemm, panic_message, rel_err, sampled_err, tolerance, Case, Inputs, CASES};
-use common::{median, random};
+use common::epilogue::{bias_gelu, gemm_bias_gelu};
+use common::random;
 use kfuse::ops::{gemm_ex, GemmOptions};
 use kfuse::prelude::*;
 use kfuse::runtime::vendor::{Blas, Library, Math};
 use kfuse::{DType, Device, Tensor};
-
-/// GEMM with bias and GELU (erf form) fused into its epilogue: one kernel.
-#[kfuse]
-pub fn gemm_bias_gelu<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, bias: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>) {
-    let (i, j) = (program_id(0), program_id(1));
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k in (0..K).step_by(BK) {
-        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
-    }
-    let x = acc + bias.block([j * BN], [BN]).load().to_f32();
-    out.block([i * BM, j * BN], [BM, BN]).store((0.5 * x * (1.0 + erf(x * 0.7071067811865476))).cast::<T>());
-}
-
-/// The same bias + GELU as a separate elementwise kernel (what follows a vendor GEMM).
-#[kfuse]
-pub fn bias_gelu<T: Float>(x: Tensor<T, (M, N)>, bias: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>) {
-    let (i, j) = (program_id(0), program_id(1));
-    let v = x.block([i * BM, j * BN], [BM, BN]).load().to_f32() + bias.block([j * BN], [BN]).load().to_f32();
-    out.block([i * BM, j * BN], [BM, BN]).store((0.5 * v * (1.0 + erf(v * 0.7071067811865476))).cast::<T>());
-}
 
 /// The SwiGLU activation of two `[M, N]` halves, any strides (`h[:, :N]` and `h[:, N:]`
 /// of a concatenated projection): what follows a vendor GEMM of `[Wg | Wu]`.
@@ -95,16 +78,18 @@ fn swiglu_row(blas: &Blas, dev: &Device, m: usize, n: usize, k: usize, warm: usi
         return Ok(format!("| M{m} N{n} K{k} | bf16 | WRONG RESULT: {e:.2e} from cuBLAS ×2 + swiglu | | | | |
 "));
     }
-    let t_k = median(dev.time_ms(warm, iters, || kfuse::ops::swiglu_gemm(&x, &wg, &wu).map(drop))?);
-    let t_two = median(dev.time_ms(warm, iters, || {
+    let mut f_k = || kfuse::ops::swiglu_gemm(&x, &wg, &wu).map(drop);
+    let mut f_two = || {
         blas.gemm_into(&x, &wg, &mut g, Library::Cublas, Math::Fp32)?;
         blas.gemm_into(&x, &wu, &mut u, Library::Cublas, Math::Fp32)?;
         kfuse::ops::swiglu(&g, &u).map(drop)
-    })?);
-    let t_cat = median(dev.time_ms(warm, iters, || {
+    };
+    let mut f_cat = || {
         blas.gemm_into(&x, &wcat, &mut h, Library::Cublas, Math::Fp32)?;
         swiglu_2d(&h.narrow(1, 0, n)?, &h.narrow(1, n, n)?, &mut out).map(drop)
-    })?);
+    };
+    let mut t = common::interleaved(dev, warm, iters, &mut [&mut f_k, &mut f_two, &mut f_cat]).into_iter();
+    let (t_k, t_two, t_cat) = (t.next().unwrap()?, t.next().unwrap()?, t.next().unwrap()?);
     let tf = |ms: f64| 4.0 * (m * n * k) as f64 / ms / 1e9;
     Ok(format!(
         "| M{m} N{n} K{k} | bf16 | {:.1} µs ({:.0} TFLOP/s) | {:.1} µs ({:.0}) | {:.1} µs ({:.0}) | {:.2}× | {e:.1e} |\n",
@@ -131,12 +116,15 @@ fn fused_epilogue(blas: &Blas, dev: &Device, m: usize, n: usize, k: usize, warm:
     blas.gemm_into(&a, &b, &mut tmp, Library::Cublas, Math::Fp32)?;
     bias_gelu(&tmp, &bias, &mut two)?;
     let e = rel_err(&fused, &two)?;
-    let tf = median(dev.time_ms(warm, iters, || gemm_bias_gelu(&a, &b, &bias, &mut fused).map(drop))?);
-    let tv = median(dev.time_ms(warm, iters, || {
-        blas.gemm_into(&a, &b, &mut tmp, Library::Cublas, Math::Fp32)?;
-        bias_gelu(&tmp, &bias, &mut two).map(drop)
-    })?);
-    let tg = median(dev.time_ms(warm, iters, || blas.gemm_into(&a, &b, &mut tmp, Library::Cublas, Math::Fp32))?);
+    let tmp = std::cell::RefCell::new(tmp);
+    let mut t_fused = || gemm_bias_gelu(&a, &b, &bias, &mut fused).map(drop);
+    let mut t_two = || {
+        blas.gemm_into(&a, &b, &mut tmp.borrow_mut(), Library::Cublas, Math::Fp32)?;
+        bias_gelu(&tmp.borrow(), &bias, &mut two).map(drop)
+    };
+    let mut t_gemm = || blas.gemm_into(&a, &b, &mut tmp.borrow_mut(), Library::Cublas, Math::Fp32);
+    let mut t = common::interleaved(dev, warm, iters, &mut [&mut t_fused, &mut t_two, &mut t_gemm]).into_iter();
+    let (tf, tv, tg) = (t.next().unwrap()?, t.next().unwrap()?, t.next().unwrap()?);
     let fl = 2.0 * m as f64 * n as f64 * k as f64;
     Ok(format!(
         "| M{m} N{n} K{k} | bf16 | {:.1} µs ({:.0} TFLOP/s) | {:.1} µs = cuBLAS {:.1} + bias+GELU {:.1} | {:.2}× | {e:.1e} |\n",
@@ -173,7 +161,7 @@ fn fp8_row(blas: &Blas, dev: &Device, n3: usize, warm: usize, iters: usize) -> k
     }
     let (av, wv) = host.expect("one set");
     let opts = GemmOptions { out_dtype: Some(DType::BF16), scale_a: sa, scale_b: sb, ..Default::default() };
-    let mut outs: Vec<Tensor> = (0..sets).map(|_| Tensor::empty(&[m, n], DType::BF16, dev)).collect::<kfuse::Result<_>>()?;
+    let outs: Vec<Tensor> = (0..sets).map(|_| Tensor::empty(&[m, n], DType::BF16, dev)).collect::<kfuse::Result<_>>()?;
     // numerics: cuBLASLt (default accumulation) against float64, kfuse against both
     let mut reference = Tensor::empty(&[m, n], DType::BF16, dev)?;
     blas.gemm_fp8_into(&a[0], &b[0], &mut reference, sa, sb, false)?;
@@ -194,16 +182,22 @@ fn fp8_row(blas: &Blas, dev: &Device, n3: usize, warm: usize, iters: usize) -> k
     if !(e <= 1e-2 && ek <= 1e-2) {
         return Ok(format!("| {n3}³ | e4m3 → bf16 | | | WRONG RESULT: {e:.2e} from cuBLASLt, {ek:.2e} from float64 | | |\n"));
     }
-    let time = |f: &mut dyn FnMut(usize) -> kfuse::Result<()>| -> kfuse::Result<f64> {
-        let mut i = 0;
-        Ok(median(dev.time_ms(warm, iters, || {
-            i += 1;
-            f(i % sets)
-        })?))
+    let (mut i0, mut i1, mut i2) = (0, 0, 0);
+    let outs = std::cell::RefCell::new(outs);
+    let mut f_def = || {
+        i0 += 1;
+        blas.gemm_fp8_into(&a[i0 % sets], &b[i0 % sets], &mut outs.borrow_mut()[i0 % sets], sa, sb, false)
     };
-    let t_def = time(&mut |s| blas.gemm_fp8_into(&a[s], &b[s], &mut outs[s], sa, sb, false))?;
-    let t_fast = time(&mut |s| blas.gemm_fp8_into(&a[s], &b[s], &mut outs[s], sa, sb, true))?;
-    let t_k = time(&mut |s| gemm_ex(&a[s], &b[s], &opts).map(drop))?;
+    let mut f_fast = || {
+        i1 += 1;
+        blas.gemm_fp8_into(&a[i1 % sets], &b[i1 % sets], &mut outs.borrow_mut()[i1 % sets], sa, sb, true)
+    };
+    let mut f_k = || {
+        i2 += 1;
+        gemm_ex(&a[i2 % sets], &b[i2 % sets], &opts).map(drop)
+    };
+    let mut t = common::interleaved(dev, warm, iters, &mut [&mut f_def, &mut f_fast, &mut f_k]).into_iter();
+    let (t_def, t_fast, t_k) = (t.next().unwrap()?, t.next().unwrap()?, t.next().unwrap()?);
     let tf = |ms: f64| 2.0 * (m * n * k) as f64 / ms / 1e9;
     Ok(format!(
         "| {n3}³ | e4m3 → bf16 | {:.0} | {:.0} | {:.0} | {:.2}× | {e:.1e} / {ek:.1e} (cuBLASLt {ev:.1e}) |\n",
@@ -249,28 +243,11 @@ fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> k
         }
     }
     let Inputs { a, b, outs, .. } = &mut inputs;
-    for lib in [Library::Cublas, Library::CublasLt] {
-        let mut i = 0;
-        let t = dev.time_ms(warm, iters, || {
-            let s = i % sets;
-            i += 1;
-            blas.gemm_into(&a[s], &b[s], &mut outs[s], lib, c.math)
-        });
-        let r = t.map(median).map_err(|e| format!("{lib:?} failed: {}", first_line(e)));
-        if lib == Library::CublasLt {
-            if let Ok(e) = rel_err(&outs[0], &reference) {
-                if e > tolerance(c.dtype, c.math) {
-                    row.cublaslt = Err(format!("cuBLASLt differs from cuBLAS by {e:.2e}"));
-                    continue;
-                }
-            }
-        }
-        match lib {
-            Library::Cublas => row.cublas = r,
-            Library::CublasLt => row.cublaslt = r,
-        }
-    }
-
+    // cuBLASLt: one call checked against cuBLAS before it is timed
+    let lt_ok = blas.gemm_into(&a[0], &b[0], &mut outs[0], Library::CublasLt, c.math).map_err(|e| format!("CublasLt failed: {}", first_line(e))).and_then(|_| match rel_err(&outs[0], &reference) {
+        Ok(e) if e > tolerance(c.dtype, c.math) => Err(format!("cuBLASLt differs from cuBLAS by {e:.2e}")),
+        _ => Ok(()),
+    });
     // host cost of a kfuse call: wall time of a burst of calls (GPU work queued, not
     // waited on) — when it exceeds the kernel's time the GPU waits for the host
     if std::env::var("KFUSE_BENCH_HOST").is_ok() {
@@ -286,13 +263,11 @@ fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> k
             eprintln!("{} {}: kfuse host {host:.1} µs/call, host+GPU {total:.1} µs/call", c.dtype_label(), c.label());
         }
     }
-    // kfuse: the first call compiles (or is refused, or panics), is checked, then timed
+    // kfuse: the first call compiles (or is refused, or panics) and is checked
     let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kfuse_gemm(&a[0], &b[0], c.math)));
-    row.kfuse = match first {
+    let kfuse_ok: Option<Result<(), String>> = match first {
         Ok(None) => None,
-        Err(p) => {
-            Some(Err(format!("kfuse panicked: {}", first_line(panic_message(&*p)))))
-        }
+        Err(p) => Some(Err(format!("kfuse panicked: {}", first_line(panic_message(&*p))))),
         Ok(Some(Err(e))) => Some(Err(format!("refused: {}", first_line(e)))),
         Ok(Some(Ok(out))) => Some(match rel_err(&out, &reference) {
             Err(e) => Err(format!("reading the output failed: {}", first_line(e))),
@@ -301,18 +276,39 @@ fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> k
                 if e.is_nan() || e > tolerance(c.dtype, c.math) {
                     Err(format!("WRONG RESULT: relative error {e:.2e} against cuBLAS"))
                 } else {
-                    let mut i = 0;
-                    dev.time_ms(warm, iters, || {
-                        let s = i % sets;
-                        i += 1;
-                        kfuse_gemm(&a[s], &b[s], c.math).expect("checked above").map(drop)
-                    })
-                    .map(median)
-                    .map_err(|e| format!("timing failed: {}", first_line(e)))
+                    Ok(())
                 }
             }
         }),
     };
+    // then the three timed in interleaved rounds (common::interleaved), each rotating
+    // through the input sets
+    let (mut i0, mut i1, mut i2) = (0, 0, 0);
+    let outs = std::cell::RefCell::new(outs);
+    let mut t_cublas = || {
+        i0 += 1;
+        blas.gemm_into(&a[i0 % sets], &b[i0 % sets], &mut outs.borrow_mut()[i0 % sets], Library::Cublas, c.math)
+    };
+    let mut t_lt = || {
+        i1 += 1;
+        blas.gemm_into(&a[i1 % sets], &b[i1 % sets], &mut outs.borrow_mut()[i1 % sets], Library::CublasLt, c.math)
+    };
+    let mut t_kfuse = || {
+        i2 += 1;
+        kfuse_gemm(&a[i2 % sets], &b[i2 % sets], c.math).expect("checked above").map(drop)
+    };
+    let mut fns: Vec<&mut dyn FnMut() -> kfuse::Result<()>> = vec![&mut t_cublas];
+    if lt_ok.is_ok() {
+        fns.push(&mut t_lt);
+    }
+    if matches!(kfuse_ok, Some(Ok(()))) {
+        fns.push(&mut t_kfuse);
+    }
+    let mut times = common::interleaved(dev, warm, iters, &mut fns).into_iter();
+    let mut next = |what: &str| times.next().expect("one time per competitor").map_err(|e| format!("{what} failed: {}", first_line(e)));
+    row.cublas = next("Cublas");
+    row.cublaslt = lt_ok.and_then(|_| next("CublasLt"));
+    row.kfuse = kfuse_ok.map(|r| r.and_then(|_| next("timing")));
     Ok(row)
 }
 

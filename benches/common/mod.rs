@@ -1,10 +1,11 @@
 //! Pieces the benchmarks share: the GPU they run on, random inputs, the median, and the
 //! device-to-device copy that gives the bandwidth ceiling measured in the same run;
-//! `gemm`: what the two GEMM benchmarks share.
+//! `gemm`: what the two GEMM benchmarks share; `epilogue`: the fused-epilogue kernels.
 #![allow(dead_code)]
 
 use kfuse::{DType, Device, Tensor};
 
+pub mod epilogue;
 pub mod gemm;
 
 /// The GPU to measure on, or `None` after saying there is nothing to measure (every
@@ -40,6 +41,33 @@ pub fn random_bf16(n: usize, seed: u64, dev: &Device) -> (Tensor, Vec<f32>) {
 pub fn median(mut v: Vec<f32>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2] as f64
+}
+
+/// Rounds [`interleaved`] splits its timed calls into.
+pub const ROUNDS: usize = 5;
+
+/// Times competitors side by side: `warm` untimed calls of each, then [`ROUNDS`] rounds in
+/// which each competitor in turn makes `iters / ROUNDS` timed calls (CUDA events around
+/// each, a few untimed calls first so that each round starts from its own warm state).
+/// The GPU's clock and temperature drift over a run (under its power limit a long run
+/// slows by several percent); interleaving puts that drift on every competitor alike,
+/// where timing them one after another puts it on the last. Returns each competitor's
+/// median per-call time in ms, or its first error (a failed competitor is not called
+/// again).
+pub fn interleaved(dev: &Device, warm: usize, iters: usize, fns: &mut [&mut dyn FnMut() -> kfuse::Result<()>]) -> Vec<kfuse::Result<f64>> {
+    let per = iters.div_ceil(ROUNDS).max(1);
+    let mut samples: Vec<kfuse::Result<Vec<f32>>> = fns.iter().map(|_| Ok(Vec::new())).collect();
+    for round in 0..ROUNDS {
+        let w = if round == 0 { warm } else { 2 };
+        for (f, s) in fns.iter_mut().zip(samples.iter_mut()) {
+            let Ok(acc) = s else { continue };
+            match dev.time_ms(w, per, &mut **f) {
+                Ok(t) => acc.extend(t),
+                Err(e) => *s = Err(e),
+            }
+        }
+    }
+    samples.into_iter().map(|s| s.map(median)).collect()
 }
 
 /// `cuMemcpyDtoDAsync` of `src` into `dst` on the device's stream: the copy-bandwidth
