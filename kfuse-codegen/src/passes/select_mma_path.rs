@@ -471,7 +471,9 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         consumers,
         warps: if pingpong { [4, 1] } else { [4 * consumers, 1] },
         stages: 0,
-        group_m: 8,
+        // tile rows a persistent walk's group spans (`GROUPM` overrides; default 8:
+        // 4, 16 and 32 measured no better at M8192 N14336 / K14336, NOTES g13)
+        group_m: spec.tiles.get("GROUPM").copied().unwrap_or(8).clamp(1, 64),
         store,
         split_k,
         multicast,
