@@ -136,6 +136,19 @@ fn gemm_kernels_compile_without_spills() {
 }
 
 #[test]
+fn raster_group_on_request() {
+    // `GROUPM=n`: the persistent walk's groups span n tile rows (default 8)
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let e = compile(&k, &spec_mnk(def, 8192, 14336, 4096), &Target::sm90a()).unwrap();
+    assert!(e.ir.contains("group_m=8") && e.source.contains("kf_mini(kf_g0 - first, 8LL)"), "{}", e.ir);
+    let mut spec = spec_mnk(def, 8192, 14336, 4096);
+    spec.tiles.insert("GROUPM".into(), 32);
+    let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+    assert!(e.ir.contains("group_m=32") && e.source.contains("kf_mini(kf_g0 - first, 32LL)"), "{}", e.ir);
+}
+
+#[test]
 fn pingpong_consumers_on_request() {
     // `PINGPONG=1`: each consumer warpgroup a whole 128x128 tile (two m64 instructions a
     // K step), alternate tiles, its own output tile in shared memory and its own bulk
