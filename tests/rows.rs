@@ -420,11 +420,28 @@ fn long_rows_on_the_gpu() {
     let mut failures = Vec::new();
     for op in OPS {
         for dt in common::DTYPES {
-            for (m, n) in [(5, 16384), (3, 131072), (2, 262147)] {
+            for (m, n) in [(5, 16384), (3, 131072), (2, 262144), (2, 262147)] {
                 if let Err(e) = check(op, dt, m, n, Fill::Plain, None) {
                     failures.push(e);
                 }
             }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Rows of 262144 elements, which take clusters of 16 blocks (sm_90's non-portable
+/// size): one row per op in bf16 — small enough for compute-sanitizer's racecheck.
+#[test]
+fn rows_in_clusters_of_16_on_the_gpu() {
+    if !dev().is_gpu() {
+        eprintln!("no GPU: clusters of 16 are checked on the GPU host");
+        return;
+    }
+    let mut failures = Vec::new();
+    for op in OPS {
+        if let Err(e) = check(op, DType::BF16, 1, 262144, Fill::Plain, None) {
+            failures.push(e);
         }
     }
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));

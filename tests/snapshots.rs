@@ -134,10 +134,16 @@ fn cluster_rows_rematerialize_and_push() {
     // two reductions, each by pushed partials; no cluster barrier with release semantics
     assert_eq!(e.source.matches("kf_cl_push_f32(&").count(), 2, "{}", e.source);
     assert!(!e.source.contains("kf_cluster_sync();"), "{}", e.source);
-    // 262144-element rows: the portable 8 blocks of 512 threads, 64 elements a thread
+    // 262144-element rows: the same blocks in clusters of 16 (sm_90's non-portable
+    // size, `MAX_CLUSTER_NONPORTABLE`), 256 threads of 64 elements
     let e = compile(&(k::softmax::DEF.build)(&[bf16]).unwrap(), &spec_n(&k::softmax::DEF, 256, 262144), &Target::sm90a()).unwrap();
-    assert_eq!((e.cluster_x, e.block_threads), (8, 512), "{}", e.ir);
-    assert!(e.source.contains("kf_v16 v4w[8];"), "{}", e.source);
+    assert_eq!((e.cluster_x, e.block_threads), (16, 256), "{}", e.ir);
+    assert!(e.source.contains("kf_v16 v4w[8];") && e.source.contains("__cluster_dims__(16, 1, 1)"), "{}", e.source);
+    // a masked row of that length keeps the portable 8 blocks
+    let mut masked = spec_n(&k::softmax::DEF, 256, 262144);
+    masked.shape_div = vec![256, 1];
+    let e = compile(&(k::softmax::DEF.build)(&[bf16]).unwrap(), &masked, &Target::sm90a()).unwrap();
+    assert_eq!(e.cluster_x, 8, "{}", e.ir);
     // f32 rows gain nothing from raw words: values stay in registers
     let e = compile(&(def.build)(&[kfuse::DType::F32]).unwrap(), &spec_n(def, 1024, 131072), &Target::sm90a()).unwrap();
     assert!(!e.ir.contains("rematerialized") && e.source.contains("kf_cl_push_f32"), "{}", e.ir);

@@ -359,7 +359,7 @@ impl Device {
     /// Loads PTX into a module of this GPU and returns its function `entry`; when
     /// `smem_bytes` exceeds the 48 KiB default, raises the function's dynamic shared
     /// memory limit to it.
-    pub(crate) fn load_ptx(&self, ptx: &str, entry: &str, smem_bytes: u32) -> Result<CudaFunction> {
+    pub(crate) fn load_ptx(&self, ptx: &str, entry: &str, smem_bytes: u32, cluster: u32) -> Result<CudaFunction> {
         let g = self.gpu_ref().ok_or_else(|| Error::InvalidArgument("PTX can only be loaded on a GPU".into()))?;
         if smem_bytes > g.smem_optin {
             return Err(Error::InvalidArgument(format!(
@@ -381,6 +381,13 @@ impl Device {
                 g.bind()?;
                 f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes as i32)
                     .map_err(driver(format_args!("allowing `{entry}` {smem_bytes} bytes of dynamic shared memory")))?;
+            }
+            if cluster > 8 {
+                // clusters above the portable 8 blocks (sm_90 takes 16) need the
+                // function's permission
+                g.bind()?;
+                f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                    .map_err(driver(format_args!("allowing `{entry}` clusters of {cluster} blocks")))?;
             }
             Ok(f)
         }));

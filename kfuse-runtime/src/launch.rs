@@ -761,7 +761,7 @@ fn load(device: &Device, kernel: &Kernel, key: ModuleKey) -> Result<(Arc<LoadedK
         return Ok((k, CacheOutcome::Memory));
     }
     let emitted = kfuse_codegen::compile(kernel, &key.spec, &key.target)?;
-    let (k, o) = gpu.functions.get_or_load(&emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes))?;
+    let (k, o) = gpu.functions.get_or_load(&emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes, emitted.cluster_x))?;
     gpu.functions.insert(key, k.clone());
     Ok((k, o))
 }
@@ -861,7 +861,7 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
         return Ok(launched);
     }
     let gpu = device.gpu_ref().expect("a GPU");
-    let (loaded, outcome) = gpu.functions.get_or_load(emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes))?;
+    let (loaded, outcome) = gpu.functions.get_or_load(emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes, emitted.cluster_x))?;
     launched.skipped_empty = !issue(&device, &loaded, kernel, args, &shapes)?;
     launched.cache = Some(outcome);
     Ok(launched)

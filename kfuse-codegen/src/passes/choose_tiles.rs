@@ -77,6 +77,14 @@ pub const CLUSTER_ABOVE: u32 = 32;
 /// Largest (portable) cluster.
 pub const MAX_CLUSTER: u32 = 8;
 
+/// Largest cluster an unmasked row may take (sm_90's non-portable size, which the
+/// runtime allows per function): a row that would leave each thread more than
+/// [`MAX_ELEMS_PER_THREAD`] at [`CLUSTER_MIN_THREADS`] threads in a cluster of
+/// [`MAX_CLUSTER`] (262144 bf16 elements) is cut across 16 blocks of 256 threads — the
+/// shape of the 131072-element rows, two blocks a multiprocessor — instead of 8 blocks
+/// of 512 threads, one a multiprocessor.
+pub const MAX_CLUSTER_NONPORTABLE: u32 = 16;
+
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     if let Some(&dot) = crate::passes::select_mma_path::dots(k).first() {
         return choose_dot_tiles(k, spec, target, dot);
@@ -178,8 +186,11 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // bytes; a row that needs more keeps its 1024 threads
     let masked = k.schedule.full.keys().any(|s| !k.schedule.full_exact.contains(s));
     let most = if masked { CLUSTER_ABOVE } else { MAX_ELEMS_PER_THREAD };
-    if spec.threads.is_none() && has_full && max_elems / threads > CLUSTER_ABOVE && target.sm >= 90 && max_elems / (CLUSTER_THREADS * MAX_CLUSTER) <= most {
-        threads = (max_elems / (MAX_CLUSTER * most)).next_power_of_two().clamp(CLUSTER_MIN_THREADS, CLUSTER_THREADS);
+    // the largest cluster this row may take: 16 for an unmasked row too long for 8 of
+    // CLUSTER_MIN_THREADS threads (MAX_CLUSTER_NONPORTABLE)
+    let max_cluster = if !masked && max_elems / (CLUSTER_MIN_THREADS * MAX_CLUSTER) > most { MAX_CLUSTER_NONPORTABLE } else { MAX_CLUSTER };
+    if spec.threads.is_none() && has_full && max_elems / threads > CLUSTER_ABOVE && target.sm >= 90 && max_elems / (CLUSTER_THREADS * max_cluster) <= most {
+        threads = (max_elems / (max_cluster * most)).next_power_of_two().clamp(CLUSTER_MIN_THREADS, CLUSTER_THREADS);
     }
     let mut per_thread = max_elems / threads;
     // Rows too long for one block: cut the full extent across a thread-block cluster.
@@ -196,7 +207,10 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
                     "a tile of {max_elems} elements needs a thread-block cluster, which a grouped launch does not take yet"
                 )));
             }
-            let c = (per_thread / CLUSTER_ABOVE).next_power_of_two().min(MAX_CLUSTER);
+            let mut c = (per_thread / CLUSTER_ABOVE).next_power_of_two().min(MAX_CLUSTER);
+            if per_thread / c > most && max_cluster > MAX_CLUSTER {
+                c = (per_thread / most).next_power_of_two().min(max_cluster);
+            }
             k.schedule.cluster = c;
             k.schedule.split = Some(e);
             per_thread /= c;
