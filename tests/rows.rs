@@ -430,18 +430,22 @@ fn long_rows_on_the_gpu() {
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
-/// Rows of 262144 elements, which take clusters of 16 blocks (sm_90's non-portable
-/// size): one row per op in bf16 — small enough for compute-sanitizer's racecheck.
+/// One row per op in bf16 of 131072 elements (a cluster of 8 blocks) and of 262144
+/// (16 blocks, sm_90's non-portable size): the cluster kernels on a test small enough
+/// for compute-sanitizer's racecheck (`.gpu/gpu-run.sh` runs it there in place of the
+/// long-rows test).
 #[test]
-fn rows_in_clusters_of_16_on_the_gpu() {
+fn rows_in_clusters_of_8_and_16_on_the_gpu() {
     if !dev().is_gpu() {
-        eprintln!("no GPU: clusters of 16 are checked on the GPU host");
+        eprintln!("no GPU: cluster rows are checked on the GPU host");
         return;
     }
     let mut failures = Vec::new();
     for op in OPS {
-        if let Err(e) = check(op, DType::BF16, 1, 262144, Fill::Plain, None) {
-            failures.push(e);
+        for n in [131072, 262144] {
+            if let Err(e) = check(op, DType::BF16, 1, n, Fill::Plain, None) {
+                failures.push(e);
+            }
         }
     }
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
