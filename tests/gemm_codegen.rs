@@ -136,6 +136,25 @@ fn gemm_kernels_compile_without_spills() {
 }
 
 #[test]
+fn epilogue_bias_loads_are_branch_free_for_whole_tiles() {
+    // the fused epilogue's bias: 32 vector loads a thread (64 columns of a 256-wide
+    // tile); where the tile lies wholly inside `bias` they run without a branch per
+    // vector (`WHOLE_TILE_MIN_GROUPS`), so the assembler issues them together — behind
+    // per-vector branches they had cost one L2 round trip each (NOTES g12)
+    let def = &gemm_bias_gelu::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
+    let src = &e.source;
+    let test = src.find(" >= 256) {").unwrap_or_else(|| panic!("no whole-tile test on the bias load:\n{src}"));
+    let fast = &src[test..test + 600];
+    assert!(fast.contains("for (int g = 0; g < 32; ++g)") && fast.contains("const kf_v4 q = *reinterpret_cast<const kf_v4*>(kf_p"), "{fast}");
+    let loop_body = &fast[fast.find("for (int g").unwrap()..fast.find("}").unwrap()];
+    assert!(!loop_body.contains("if ("), "a branch inside the whole-tile loop: {loop_body}");
+    // the masked loop stays for tiles at the edge
+    assert!(src[test..].contains("else {") && src.contains("kf_bf16_f32(kf_p3[(c0 + j)])"), "{src}");
+}
+
+#[test]
 fn raster_group_on_request() {
     // `GROUPM=n`: the persistent walk's groups span n tile rows (default 8)
     let def = &kfuse::ops::kernels::gemm::DEF;

@@ -6,6 +6,12 @@
 //! register map); scalars become plain variables. Each tile value also carries its
 //! valid range per axis (`lo`, `hi`: C expressions), which loads derive from the
 //! tensor bounds and reductions and stores respect.
+//!
+//! A masked load is a loop over the thread's vectors, each behind its own in-bounds
+//! test; one of many vectors (`WHOLE_TILE_MIN_GROUPS`) is preceded by a branch-free copy
+//! of that loop for a tile the tensor holds whole (`whole_tile_test`), since the
+//! per-vector branches keep the loads one memory round trip apart. Both copies load the
+//! same registers from the same addresses; the test only picks which code runs.
 
 use std::collections::HashMap;
 
