@@ -3,7 +3,9 @@
 //! (erf and tanh forms) fused, and the separate elementwise kernels alone, next to cuBLAS
 //! in the same run. The difference between two rows is what one more piece of epilogue
 //! costs; the separate kernels' rows show whether they run at the copy floor or are
-//! compute-bound. `KFUSE_TILES` overrides apply to every kfuse kernel here.
+//! compute-bound. `KFUSE_TILES` overrides apply to every kfuse kernel here. The fused
+//! erf kernel's output is checked against cuBLAS followed by the separate kernel first
+//! (a wrong answer ends the run with an error instead of a table).
 //!
 //!     cargo bench --bench epilogue
 
@@ -84,17 +86,34 @@ fn main() -> kfuse::Result<()> {
         Ok(median(dev.time_ms(warm, iters, f)?) * 1e3)
     };
     let fl = 2.0 * (m * n * k) as f64;
-    let mut rows: Vec<(&str, f64)> = Vec::new();
-    rows.push(("cuBLAS GEMM", time(&mut || blas.gemm_into(&a, &b, &mut out, Library::Cublas, Math::Fp32))?));
-    rows.push(("kfuse user GEMM", time(&mut || user_gemm(&a, &b, &mut out).map(drop))?));
-    rows.push(("kfuse GEMM + bias", time(&mut || gemm_bias(&a, &b, &bias, &mut out).map(drop))?));
-    rows.push(("kfuse GEMM + bias + GELU (erf)", time(&mut || gemm_bias_gelu(&a, &b, &bias, &mut out).map(drop))?));
-    rows.push(("kfuse GEMM + bias + GELU (tanh)", time(&mut || gemm_bias_gelu_tanh(&a, &b, &bias, &mut out).map(drop))?));
-    rows.push(("separate bias add", time(&mut || bias_add(&x, &bias, &mut out).map(drop))?));
-    rows.push(("separate bias + GELU (erf)", time(&mut || bias_gelu(&x, &bias, &mut out).map(drop))?));
-    rows.push(("separate bias + GELU (tanh)", time(&mut || bias_gelu_tanh(&x, &bias, &mut out).map(drop))?));
+    // one after another, each 10 warm-ups then 50 timed calls (the figures in
+    // BENCHMARKS.md were taken this way)
+    let rows: Vec<(&str, f64)> = vec![
+        ("cuBLAS GEMM", time(&mut || blas.gemm_into(&a, &b, &mut out, Library::Cublas, Math::Fp32))?),
+        ("kfuse user GEMM", time(&mut || user_gemm(&a, &b, &mut out).map(drop))?),
+        ("kfuse GEMM + bias", time(&mut || gemm_bias(&a, &b, &bias, &mut out).map(drop))?),
+        ("kfuse GEMM + bias + GELU (erf)", time(&mut || gemm_bias_gelu(&a, &b, &bias, &mut out).map(drop))?),
+        ("kfuse GEMM + bias + GELU (tanh)", time(&mut || gemm_bias_gelu_tanh(&a, &b, &bias, &mut out).map(drop))?),
+        ("separate bias add", time(&mut || bias_add(&x, &bias, &mut out).map(drop))?),
+        ("separate bias + GELU (erf)", time(&mut || bias_gelu(&x, &bias, &mut out).map(drop))?),
+        ("separate bias + GELU (tanh)", time(&mut || bias_gelu_tanh(&x, &bias, &mut out).map(drop))?),
+    ];
+    // the fused erf kernel against cuBLAS followed by the separate kernel (a wrong answer
+    // would make its time meaningless)
+    let mut fused = Tensor::empty(&[m, n], DType::BF16, &dev)?;
+    let mut tmp = Tensor::empty(&[m, n], DType::BF16, &dev)?;
+    gemm_bias_gelu(&a, &b, &bias, &mut fused)?;
+    blas.gemm_into(&a, &b, &mut tmp, Library::Cublas, Math::Fp32)?;
+    bias_gelu(&tmp, &bias, &mut out)?;
+    let err = common::gemm::rel_err(&fused, &out)?;
     let bytes = 2.0 * 2.0 * (m * n) as f64;
-    println!("device: {}\nM{m} N{n} K{k} bf16, median of {iters}\n\n| kernel | µs | TFLOP/s or GB/s |\n|---|---|---|", dev.name());
+    println!(
+        "device: {}\nM{m} N{n} K{k} bf16, median of {iters}; fused (erf) vs cuBLAS + separate kernel: rel. err {err:.1e}\n\n| kernel | µs | TFLOP/s or GB/s |\n|---|---|---|",
+        dev.name()
+    );
+    if err.is_nan() || err > 1e-2 {
+        return Err(kfuse::Error::InvalidArgument(format!("WRONG RESULT: the fused kernel differs from cuBLAS + bias + GELU by {err:.2e}")));
+    }
     for (name, us) in rows {
         let rate = if name.starts_with("separate") { format!("{:.0} GB/s", bytes / us / 1e3) } else { format!("{:.0} TFLOP/s", fl / us / 1e6) };
         println!("| {name} | {us:.1} | {rate} |");
