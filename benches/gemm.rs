@@ -182,20 +182,10 @@ fn fp8_row(blas: &Blas, dev: &Device, n3: usize, warm: usize, iters: usize) -> k
     if !(e <= 1e-2 && ek <= 1e-2) {
         return Ok(format!("| {n3}³ | e4m3 → bf16 | | | WRONG RESULT: {e:.2e} from cuBLASLt, {ek:.2e} from float64 | | |\n"));
     }
-    let (mut i0, mut i1, mut i2) = (0, 0, 0);
     let outs = std::cell::RefCell::new(outs);
-    let mut f_def = || {
-        i0 += 1;
-        blas.gemm_fp8_into(&a[i0 % sets], &b[i0 % sets], &mut outs.borrow_mut()[i0 % sets], sa, sb, false)
-    };
-    let mut f_fast = || {
-        i1 += 1;
-        blas.gemm_fp8_into(&a[i1 % sets], &b[i1 % sets], &mut outs.borrow_mut()[i1 % sets], sa, sb, true)
-    };
-    let mut f_k = || {
-        i2 += 1;
-        gemm_ex(&a[i2 % sets], &b[i2 % sets], &opts).map(drop)
-    };
+    let mut f_def = common::rotating(sets, |s| blas.gemm_fp8_into(&a[s], &b[s], &mut outs.borrow_mut()[s], sa, sb, false));
+    let mut f_fast = common::rotating(sets, |s| blas.gemm_fp8_into(&a[s], &b[s], &mut outs.borrow_mut()[s], sa, sb, true));
+    let mut f_k = common::rotating(sets, |s| gemm_ex(&a[s], &b[s], &opts).map(drop));
     let mut t = common::interleaved(dev, warm, iters, &mut [&mut f_def, &mut f_fast, &mut f_k]).into_iter();
     let (t_def, t_fast, t_k) = (t.next().unwrap()?, t.next().unwrap()?, t.next().unwrap()?);
     let tf = |ms: f64| 2.0 * (m * n * k) as f64 / ms / 1e9;
@@ -283,20 +273,10 @@ fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> k
     };
     // then the three timed in interleaved rounds (common::interleaved), each rotating
     // through the input sets
-    let (mut i0, mut i1, mut i2) = (0, 0, 0);
     let outs = std::cell::RefCell::new(outs);
-    let mut t_cublas = || {
-        i0 += 1;
-        blas.gemm_into(&a[i0 % sets], &b[i0 % sets], &mut outs.borrow_mut()[i0 % sets], Library::Cublas, c.math)
-    };
-    let mut t_lt = || {
-        i1 += 1;
-        blas.gemm_into(&a[i1 % sets], &b[i1 % sets], &mut outs.borrow_mut()[i1 % sets], Library::CublasLt, c.math)
-    };
-    let mut t_kfuse = || {
-        i2 += 1;
-        kfuse_gemm(&a[i2 % sets], &b[i2 % sets], c.math).expect("checked above").map(drop)
-    };
+    let mut t_cublas = common::rotating(sets, |s| blas.gemm_into(&a[s], &b[s], &mut outs.borrow_mut()[s], Library::Cublas, c.math));
+    let mut t_lt = common::rotating(sets, |s| blas.gemm_into(&a[s], &b[s], &mut outs.borrow_mut()[s], Library::CublasLt, c.math));
+    let mut t_kfuse = common::rotating(sets, |s| kfuse_gemm(&a[s], &b[s], c.math).expect("checked above").map(drop));
     let mut fns: Vec<&mut dyn FnMut() -> kfuse::Result<()>> = vec![&mut t_cublas];
     if lt_ok.is_ok() {
         fns.push(&mut t_lt);

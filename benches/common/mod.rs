@@ -1,10 +1,12 @@
 //! Pieces the benchmarks share: the GPU they run on, random inputs, the median, and the
 //! device-to-device copy that gives the bandwidth ceiling measured in the same run;
-//! `gemm`: what the two GEMM benchmarks share; `epilogue`: the fused-epilogue kernels.
+//! `gemm`: what the two GEMM benchmarks share; `epilogue`: the fused-epilogue user kernels (the
+//! tests' `tests/common/epilogue_kernels.rs`, included by path).
 #![allow(dead_code)]
 
 use kfuse::{DType, Device, Tensor};
 
+#[path = "../../tests/common/epilogue_kernels.rs"]
 pub mod epilogue;
 pub mod gemm;
 
@@ -41,6 +43,16 @@ pub fn random_bf16(n: usize, seed: u64, dev: &Device) -> (Tensor, Vec<f32>) {
 pub fn median(mut v: Vec<f32>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2] as f64
+}
+
+/// A call that takes input set `s` to one that rotates through `sets` sets, one per call
+/// (so that no call finds its inputs in L2 from the call before).
+pub fn rotating(sets: usize, mut f: impl FnMut(usize) -> kfuse::Result<()>) -> impl FnMut() -> kfuse::Result<()> {
+    let mut i = 0;
+    move || {
+        i += 1;
+        f(i % sets)
+    }
 }
 
 /// Rounds [`interleaved`] splits its timed calls into.

@@ -8,17 +8,7 @@ use kfuse::ir::KernelDef;
 use kfuse::prelude::*;
 use kfuse::DType;
 
-/// A user kernel: GEMM with bias and GELU (erf form) in the epilogue.
-#[kfuse]
-pub fn gemm_bias_gelu<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, bias: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>) {
-    let (i, j) = (program_id(0), program_id(1));
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k in (0..K).step_by(BK) {
-        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
-    }
-    let x = acc + bias.block([j * BN], [BN]).load().to_f32();
-    out.block([i * BM, j * BN], [BM, BN]).store((0.5 * x * (1.0 + erf(x * 0.7071067811865476))).cast::<T>());
-}
+pub use super::epilogue_kernels::gemm_bias_gelu;
 
 /// A user kernel of three products in one loop: `p + q ⊙ r` of `p = a1·b1`, `q = a2·b2`,
 /// `r = a2·b3` (two A tiles, one shared by two dots; three B tiles).

@@ -1383,20 +1383,19 @@ impl<'a> Emitter<'a> {
         // them one round trip apart
         let full = if store.is_none() && groups >= WHOLE_TILE_MIN_GROUPS { self.whole_tile_test(&okv, &tile_dims, &val, &map) } else { None };
         if let Some(test) = &full {
-            let raw_vt = raw.as_ref().map(|_| vec_type(w * d.size_bytes() as u32)).transpose()?;
+            let vt = if w > 1 { Some(vec_type(w * d.size_bytes() as u32)?) } else { None };
             self.open(format!("if ({test})"))?;
             self.unroll("g", groups)?;
             self.line(format!("const int k0 = g * {w};"))?;
             let cvars = self.group_coords(&val, &map, tile_dims.len())?;
             let a0 = self.tile_offset(tensor, &tile_dims, &cvars);
-            match (&raw, raw_vt) {
+            match (&raw, vt) {
                 (Some(arr), Some(vt)) => self.line(format!("{arr}[g] = *reinterpret_cast<const {vt}*>({base} + {a0});"))?,
-                _ if w > 1 => {
-                    let vt = vec_type(w * d.size_bytes() as u32)?;
+                (_, Some(vt)) => {
                     self.line(format!("const {vt} q = *reinterpret_cast<const {vt}*>({base} + {a0});"))?;
                     self.unpack("q", d, &val.name.clone(), "k0", w)?;
                 }
-                _ => self.line(format!("{}[k0] = {};", val.name, to_reg(d, &format!("{base}[{a0}]"))))?,
+                (_, None) => self.line(format!("{}[k0] = {};", val.name, to_reg(d, &format!("{base}[{a0}]"))))?,
             }
             self.close()?;
             self.close()?;

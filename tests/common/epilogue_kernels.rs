@@ -1,6 +1,7 @@
-//! The fused-epilogue kernels two benchmarks share (`benches/gemm.rs`'s fused table and
-//! `benches/epilogue.rs`'s breakdown): a user GEMM with bias + GELU after its loop, and
-//! the same bias + GELU as the separate kernel that follows a vendor GEMM.
+//! The user kernels of the fused-epilogue checks, one definition for the tests and the
+//! benchmarks (`benches/common/mod.rs` includes this file by path): a GEMM with bias +
+//! GELU after its loop, and the same bias + GELU as the separate kernel that follows a
+//! vendor GEMM.
 
 use kfuse::prelude::*;
 
