@@ -358,7 +358,8 @@ impl Device {
 
     /// Loads PTX into a module of this GPU and returns its function `entry`; when
     /// `smem_bytes` exceeds the 48 KiB default, raises the function's dynamic shared
-    /// memory limit to it.
+    /// memory limit to it, and when `cluster` (blocks per thread-block cluster) exceeds
+    /// the portable 8, allows the function non-portable cluster sizes.
     pub(crate) fn load_ptx(&self, ptx: &str, entry: &str, smem_bytes: u32, cluster: u32) -> Result<CudaFunction> {
         let g = self.gpu_ref().ok_or_else(|| Error::InvalidArgument("PTX can only be loaded on a GPU".into()))?;
         if smem_bytes > g.smem_optin {
