@@ -98,15 +98,14 @@ struct Bufs {
     rstd: Tensor,
 }
 
-fn launch(op: Op, t: &mut Bufs) -> kfuse::Result<()> {
+fn launch(op: Op, t: &mut Bufs) -> kfuse::Result<kfuse::Launched> {
     match op {
-        Op::Softmax => kernels::softmax(&t.x, &mut t.y)?,
-        Op::RmsNorm => kernels::rms_norm_w(&t.x, &t.w, &mut t.y, &mut t.rstd, EPS)?,
-        Op::LayerNorm => kernels::layer_norm(&t.x, &t.w, &t.b, &mut t.y, &mut t.mean, &mut t.rstd, EPS)?,
-        Op::Sum => kernels::row_sum(&t.x, &mut t.s)?,
-        Op::Copy => kernels::copy2d(&t.x, &mut t.y)?,
-    };
-    Ok(())
+        Op::Softmax => kernels::softmax(&t.x, &mut t.y),
+        Op::RmsNorm => kernels::rms_norm_w(&t.x, &t.w, &mut t.y, &mut t.rstd, EPS),
+        Op::LayerNorm => kernels::layer_norm(&t.x, &t.w, &t.b, &mut t.y, &mut t.mean, &mut t.rstd, EPS),
+        Op::Sum => kernels::row_sum(&t.x, &mut t.s),
+        Op::Copy => kernels::copy2d(&t.x, &mut t.y),
+    }
 }
 
 /// Checks 64 rows spread over the tensor against float64: returns the worst per-row
@@ -209,25 +208,32 @@ fn main() -> kfuse::Result<()> {
             let mut row = Row { op, m, n, result: Err(String::new()), err: None, tiles: String::new() };
             // first launch: compiles (or is refused), then the output is checked once
             // (a panic in the compiler is reported like a refusal, with its message)
-            let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| launch(op, &mut t).and_then(|_| dev.synchronize())))
+            let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| launch(op, &mut t).and_then(|l| dev.synchronize().map(|_| l))))
                 .unwrap_or_else(|p| {
                     let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
                     Err(kfuse::Error::InvalidArgument(format!("the compiler panicked: {}", msg.unwrap_or_default())))
                 });
+            // what the driver's assembler made of it (registers; the register-room
+            // attempt loaded when the kernel has several)
+            let built = match first.as_ref().ok().and_then(|l| l.build) {
+                Some(b) if b.register_attempt.1 > 1 => format!(", {} registers (attempt {} of {})", b.registers, b.register_attempt.0 + 1, b.register_attempt.1),
+                Some(b) => format!(", {} registers", b.registers),
+                None => String::new(),
+            };
             row.result = match first {
                 Err(e) => Err(format!("refused by the compiler: {}", e.to_string().lines().next().unwrap_or(""))),
-                Ok(()) => match check(op, &t) {
+                Ok(_) => match check(op, &t) {
                     Err(e) => Err(format!("WRONG RESULT: {e}")),
                     Ok(e) => {
                         row.err = Some(e);
                         if diag {
                             diagnose(op, &mut t, &dev);
                         }
-                        dev.time_ms_with(w, it, || l2.flush(), || launch(op, &mut t)).map(median).map_err(|e| format!("timing failed: {e}"))
+                        dev.time_ms_with(w, it, || l2.flush(), || launch(op, &mut t).map(|_| ())).map(median).map_err(|e| format!("timing failed: {e}"))
                     }
                 },
             };
-            row.tiles = schedule(op, &mut t, &dev);
+            row.tiles = schedule(op, &mut t, &dev) + &built;
             rows.push(row);
         }
         bufs.push(t);
@@ -314,7 +320,7 @@ fn main() -> kfuse::Result<()> {
 /// included), 20 launches back to back between two events (per launch), and the host's
 /// own time to issue one launch.
 fn diagnose(op: Op, t: &mut Bufs, dev: &Device) {
-    let warm = dev.time_ms(10, 50, || launch(op, t)).map(median).unwrap_or(f64::NAN);
+    let warm = dev.time_ms(10, 50, || launch(op, t).map(|_| ())).map(median).unwrap_or(f64::NAN);
     let batch = dev
         .time_ms(1, 10, || {
             for _ in 0..20 {

@@ -8,7 +8,7 @@
 //!
 //! `MB=N` in the environment overrides `__launch_bounds__`'s minimum blocks (`Spec::min_blocks`).
 
-use kfuse::codegen::{compile, Spec, Target, TensorSpec};
+use kfuse::codegen::{compile_with_fallbacks, Spec, Target, TensorSpec};
 use kfuse::ir::{KernelDef, ParamSig};
 use kfuse::ops::kernels as k;
 use kfuse::DType;
@@ -26,7 +26,7 @@ fn spec(def: &KernelDef, m: u32, n: u32) -> Spec {
         })
         .collect();
     let mb = std::env::var("MB").ok().and_then(|v| v.parse().ok());
-    Spec { tensors, shape_pow2: vec![m, n], shape_div: vec![m, n], tiles: Default::default(), threads: None, min_blocks: mb, grouped: false }
+    Spec { tensors, shape_pow2: vec![m, n], shape_div: vec![m, n], tiles: Default::default(), threads: None, min_blocks: mb, grouped: false, register_attempt: 0 }
 }
 
 fn main() {
@@ -48,23 +48,32 @@ fn main() {
     for def in defs.iter().filter(|d| d.name.contains(&filter)) {
         for (m, n) in [(32768u32, 1024u32), (8192, 4096), (4096, 16384), (1024, 131072), (256, 262144)] {
             let kern = (def.build)(&[DType::BF16]).unwrap();
-            let e = match compile(&kern, &spec(def, m, n), &Target::sm90a()) {
+            let f = dir.join(format!("{}_{m}x{n}.ptx", def.name));
+            // writes the source, PTX and cubin of `e`; returns ptxas's log
+            let assemble = |e: &kfuse::codegen::EmittedKernel| -> String {
+                let ptx = kfuse::runtime::nvrtc::compile_ptx(&e.source, &e.arch, &e.options).unwrap();
+                std::fs::write(&f, ptx).unwrap();
+                std::fs::write(f.with_extension("cu"), &e.source).unwrap();
+                let out = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-v"]).arg(&f).arg("-o").arg(f.with_extension("cubin")).output().unwrap();
+                String::from_utf8_lossy(&out.stderr).to_string()
+            };
+            // as the runtime builds it: the register-room attempts in turn while ptxas spills
+            let e = compile_with_fallbacks(&kern, &spec(def, m, n), &Target::sm90a(), |e| -> Result<bool, kfuse::codegen::CodegenError> {
+                Ok(assemble(e).lines().any(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores")))
+            });
+            let e = match e {
                 Ok(e) => e,
                 Err(err) => {
                     println!("{:12} {m}x{n}: {err}", def.name);
                     continue;
                 }
             };
-            let ptx = kfuse::runtime::nvrtc::compile_ptx(&e.source, &e.arch, &e.options).unwrap();
-            let f = dir.join(format!("{}_{m}x{n}.ptx", def.name));
-            std::fs::write(&f, ptx).unwrap();
-            std::fs::write(f.with_extension("cu"), &e.source).unwrap();
-            let out = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-v"]).arg(&f).arg("-o").arg(f.with_extension("cubin")).output().unwrap();
-            let log = String::from_utf8_lossy(&out.stderr);
+            let log = assemble(&e);
             let regs = log.lines().find(|l| l.contains("Used")).map(|l| l.trim().to_string()).unwrap_or_default();
             let spill = log.lines().find(|l| l.contains("spill")).map(|l| l.trim().to_string()).unwrap_or_default();
             let sched = e.ir.lines().find(|l| l.starts_with("schedule")).unwrap_or("");
-            println!("{:12} {m}x{n}: {sched} cluster={} | {regs} | {spill}", def.name, e.cluster_x);
+            let (a, n_att) = e.register_attempt;
+            println!("{:12} {m}x{n}: {sched} cluster={} attempt {}/{} | {regs} | {spill}", def.name, e.cluster_x, a + 1, n_att.max(1));
         }
     }
 }

@@ -451,6 +451,53 @@ fn rows_in_clusters_of_8_and_16_on_the_gpu() {
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
+/// The norms over rows split across a cluster try for three blocks a multiprocessor (80
+/// registers) before one (`rematerialize`: register-room attempts, the next loaded when
+/// the driver's assembler spills): at the benchmark's long rows, 16-bit data, the kernel
+/// loaded has no local memory (spills) and is one of the three-block attempts. Results
+/// are checked against float64 by the long-rows tests.
+#[test]
+fn long_row_norms_take_three_blocks_without_spills() {
+    let d = dev();
+    if !d.is_gpu() {
+        eprintln!("no GPU: what the driver's assembler builds is checked on the GPU host");
+        return;
+    }
+    let mut failures = Vec::new();
+    for dt in [DType::BF16, DType::F16] {
+        for n in [131072usize, 262144] {
+            let m = 2;
+            let x = tensor(&values(m, n, dt, Fill::Plain, seed("three blocks x"), false), &[m, n], dt);
+            let w = tensor(&values(1, n, dt, Fill::Plain, seed("three blocks w"), true), &[n], dt);
+            let b = tensor(&values(1, n, dt, Fill::Plain, seed("three blocks b"), false), &[n], dt);
+            let mut y = Tensor::empty(&[m, n], dt, &d).unwrap();
+            let mut mean = Tensor::empty(&[m], DType::F32, &d).unwrap();
+            let mut rstd = Tensor::empty(&[m], DType::F32, &d).unwrap();
+            let runs = [
+                ("rms_norm_w", k::rms_norm_w(&x, &w, &mut y, &mut rstd, EPS)),
+                ("layer_norm", k::layer_norm(&x, &w, &b, &mut y, &mut mean, &mut rstd, EPS)),
+            ];
+            for (name, r) in runs {
+                let what = format!("{name} {dt} {m}x{n}");
+                match r.map(|l| l.build) {
+                    Ok(Some(b)) => {
+                        eprintln!("{what}: {} registers, {} bytes local, attempt {} of {}", b.registers, b.local_bytes, b.register_attempt.0 + 1, b.register_attempt.1);
+                        if b.local_bytes > 0 {
+                            failures.push(format!("{what}: {} bytes of local memory (spills)", b.local_bytes));
+                        }
+                        if b.register_attempt.1 != 3 || b.register_attempt.0 >= 2 || b.registers > 80 {
+                            failures.push(format!("{what}: attempt {:?} with {} registers, not a three-block one", b.register_attempt, b.registers));
+                        }
+                    }
+                    Ok(None) => failures.push(format!("{what}: no build information from a GPU launch")),
+                    Err(e) => failures.push(format!("{what}: {e}")),
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// Ranks other than 2: rank 1 is one row, rank 3 flattens its leading dimensions, and the
 /// per-row results keep the leading shape.
 #[test]

@@ -134,6 +134,21 @@ fn cluster_rows_rematerialize_and_push() {
     // two reductions, each by pushed partials; no cluster barrier with release semantics
     assert_eq!(e.source.matches("kf_cl_push_f32(&").count(), 2, "{}", e.source);
     assert!(!e.source.contains("kf_cluster_sync();"), "{}", e.source);
+    // register room: three attempts — three blocks a multiprocessor with thread
+    // pointers, three without, then one block (the runtime takes the next while the
+    // assembler spills)
+    assert_eq!(e.register_attempt, (0, 3), "{}", e.ir);
+    assert!(e.source.contains("__launch_bounds__(256, 3)") && e.source.contains("const auto kf_t"), "{}", e.source);
+    let mut later = spec_n(def, 1024, 131072);
+    later.register_attempt = 1;
+    let e1 = compile(&(def.build)(&[bf16]).unwrap(), &later, &Target::sm90a()).unwrap();
+    assert!(e1.source.contains("__launch_bounds__(256, 3)") && !e1.source.contains("const auto kf_t"), "{}", e1.source);
+    later.register_attempt = 2;
+    let e2 = compile(&(def.build)(&[bf16]).unwrap(), &later, &Target::sm90a()).unwrap();
+    assert!(e2.source.contains("__launch_bounds__(256, 1)") && !e2.source.contains("const auto kf_t"), "{}", e2.source);
+    later.register_attempt = 3;
+    let err = compile(&(def.build)(&[bf16]).unwrap(), &later, &Target::sm90a()).unwrap_err().to_string();
+    assert!(err.contains("attempt 4") && err.contains("has 3"), "{err}");
     // 262144-element rows: the same blocks in clusters of 16 (sm_90's non-portable
     // size, `MAX_CLUSTER_NONPORTABLE`), 256 threads of 64 elements
     let e = compile(&(k::softmax::DEF.build)(&[bf16]).unwrap(), &spec_n(&k::softmax::DEF, 256, 262144), &Target::sm90a()).unwrap();

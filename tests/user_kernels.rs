@@ -141,7 +141,7 @@ fn long_rows_use_a_cluster() {
     use kfuse::codegen::{compile, Spec, Target, TensorSpec};
     let k = softmax_rows::build(&[DType::BF16]).unwrap();
     let t = || Some(TensorSpec { ptr_align: 16, stride_div: vec![16, 0] });
-    let spec = Spec { tensors: vec![t(), t()], shape_pow2: vec![256, 262_144], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false };
+    let spec = Spec { tensors: vec![t(), t()], shape_pow2: vec![256, 262_144], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0 };
     let e = compile(&k, &spec, &Target::sm90a()).unwrap();
     assert!(e.source.contains("__cluster_dims__(8, 1, 1)"), "{}", e.ir);
     assert!(e.source.contains("mapa.shared::cluster"));
@@ -185,7 +185,7 @@ fn weight_broadcast_needs_no_conversion() {
     let k = weighted_rms::build(&[DType::BF16]).unwrap();
     let t = |r: usize| Some(TensorSpec { ptr_align: 16, stride_div: if r == 2 { vec![16, 0] } else { vec![0] } });
     for n in [1024u32, 262_144] {
-        let spec = Spec { tensors: vec![t(2), t(1), t(2)], shape_pow2: vec![4096, n], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false };
+        let spec = Spec { tensors: vec![t(2), t(1), t(2)], shape_pow2: vec![4096, n], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0 };
         let e = compile(&k, &spec, &Target::sm90a()).unwrap();
         assert!(!e.ir.contains("= convert"), "{}", e.ir);
         assert!(!e.source.contains("kf_cv"), "no shared-memory conversion");

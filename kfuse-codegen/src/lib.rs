@@ -72,6 +72,14 @@ pub fn schedule(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kernel,
     check(&k, "select_mma_path")?;
     passes::persist_programs::run(&mut k, target)?;
     passes::rematerialize::run(&mut k, spec)?;
+    let attempts = k.schedule.register_attempt.1.max(1);
+    if spec.register_attempt >= attempts {
+        return Err(CodegenError::Unsupported(format!(
+            "register-room attempt {} of kernel `{}`, which has {attempts}",
+            spec.register_attempt + 1,
+            k.name
+        )));
+    }
     passes::assign_layouts::run(&mut k, spec)?;
     check(&k, "assign_layouts")?;
     passes::vectorize::run(&mut k, spec)?;
@@ -113,5 +121,28 @@ pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedK
         grouped: spec.grouped,
         ir: kfuse_ir::print::print(&k),
         tiles,
+        register_attempt: k.schedule.register_attempt,
     })
+}
+
+/// [`compile`], then the kernel's later register-room attempts while the assembler
+/// spills: `spills` assembles an emitted kernel (the runtime loads it and reads its
+/// local memory; the compile checks run `ptxas -v`) and says whether it spilled. The
+/// result is the first attempt that does not spill, or the last one. A kernel without
+/// attempts (`register_attempt.1 ≤ 1`) is compiled once and `spills` is not called.
+pub fn compile_with_fallbacks<E: From<CodegenError>>(
+    kernel: &Kernel,
+    spec: &Spec,
+    target: &Target,
+    mut spills: impl FnMut(&EmittedKernel) -> Result<bool, E>,
+) -> Result<EmittedKernel, E> {
+    let mut spec = spec.clone();
+    loop {
+        let e = compile(kernel, &spec, target)?;
+        let (a, n) = e.register_attempt;
+        if a + 1 >= n || !spills(&e)? {
+            return Ok(e);
+        }
+        spec.register_attempt = a + 1;
+    }
 }

@@ -71,6 +71,9 @@ pub struct Spec {
     /// own tensors, shapes and scalars), listed in a table the kernel reads; the other
     /// facts here hold for every problem (`kfuse_runtime::launch_grouped`).
     pub grouped: bool,
+    /// Which register-room attempt to compile (`Schedule::register_attempt`; 0 the
+    /// first). [`crate::compile_with_fallbacks`] steps through them.
+    pub register_attempt: u32,
 }
 
 /// One CUDA kernel parameter, in order.
@@ -140,6 +143,10 @@ pub struct EmittedKernel {
     pub ir: String,
     /// The chosen tile sizes by name, for reports.
     pub tiles: BTreeMap<String, u32>,
+    /// Which register-room attempt this is (0-based) and how many the kernel has
+    /// (`Schedule::register_attempt`): when the assembler spills this one and a later
+    /// one exists, [`crate::compile_with_fallbacks`] compiles that instead.
+    pub register_attempt: (u32, u32),
 }
 
 impl EmittedKernel {

@@ -75,6 +75,7 @@ fn spec(ranks: &[Option<usize>], shapes: &[u32]) -> Spec {
         threads: None,
         min_blocks: None,
         grouped: false,
+        register_attempt: 0,
     }
 }
 

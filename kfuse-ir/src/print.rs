@@ -166,6 +166,13 @@ pub fn print(k: &Kernel) -> String {
         if s.remat {
             let _ = writeln!(out, "  rematerialized: 16/8-bit loads kept as raw words, elementwise values recomputed at each use");
         }
+        if s.thread_pointers {
+            let _ = writeln!(out, "  thread pointers: vector accesses address from each thread's own pointer");
+        }
+        if s.register_attempt.1 > 1 {
+            let (a, n) = s.register_attempt;
+            let _ = writeln!(out, "  register room: attempt {} of {n} (the next is taken when the assembler spills this one)", a + 1);
+        }
         if let Some(m) = &s.mma {
             let maj = |o: &crate::schedule::MmaOperand| match o.major {
                 crate::schedule::Major::K => "K-major",

@@ -106,6 +106,15 @@ pub struct Schedule {
     /// Blocks per multiprocessor the register allocator must leave room for
     /// (`__launch_bounds__`'s second argument); 0 leaves the choice to the assembler.
     pub min_blocks: u32,
+    /// Vector loads and stores address from a pointer per thread (its place in the
+    /// tile, computed once) plus each register group's constant offset, instead of a
+    /// full address per group. The same accesses; the assembler holds one pointer
+    /// where it would otherwise rebuild 64-bit addresses under a register cap.
+    pub thread_pointers: bool,
+    /// Which of the kernel's register-room attempts this schedule is (0-based) and how
+    /// many there are (1: no fallback). A later attempt asks for less: the runtime
+    /// compiles it when the assembler spills the one before (`rematerialize`).
+    pub register_attempt: (u32, u32),
     /// The chosen value of each tile symbol.
     pub tiles: BTreeMap<TileSym, u32>,
     /// The compiled extent of each shape symbol used as a full tile extent.

@@ -233,6 +233,10 @@ pub(crate) struct ModuleKey {
 pub(crate) struct LoadedKernel {
     pub func: CudaFunction,
     pub emitted: EmittedKernel,
+    /// Registers a thread and local memory a thread in bytes (spills), as the driver's
+    /// assembler built the function.
+    pub registers: u32,
+    pub local_bytes: u32,
     /// What of this kernel the device holds at once, from the driver's occupancy
     /// calculator on the first launch (`launch::resident`): blocks per multiprocessor
     /// without clusters, clusters per device with them; 0 when it cannot say. Sizes a
@@ -269,7 +273,10 @@ impl FunctionCache {
         }
         let (ptx, outcome) = compile_cached(emitted)?;
         let func = load(&ptx)?;
-        let k = Arc::new(LoadedKernel { func, emitted: emitted.clone(), resident: Default::default() });
+        let what = |a: &str| crate::error::driver(format!("reading the {a} of `{}`", emitted.entry));
+        let registers = func.num_regs().map_err(what("registers"))? as u32;
+        let local_bytes = func.local_size_bytes().map_err(what("local memory"))? as u32;
+        let k = Arc::new(LoadedKernel { func, emitted: emitted.clone(), registers, local_bytes, resident: Default::default() });
         self.by_source.lock().unwrap_or_else(|e| e.into_inner()).insert(skey, k.clone());
         Ok((k, outcome))
     }
@@ -316,6 +323,7 @@ mod tests {
             persistent: None,
             ir: String::new(),
             tiles: Default::default(),
+            register_attempt: (0, 1),
         };
         let k = source_key(&base);
         assert_eq!(k, source_key(&base.clone()));

@@ -132,6 +132,27 @@ pub struct Launched {
     /// For a GPU launch: where its compiled kernel came from ([`CacheOutcome::Memory`]
     /// when the device had it loaded already). `None` otherwise.
     pub cache: Option<CacheOutcome>,
+    /// For a GPU launch: what the driver's assembler made of the kernel. `None`
+    /// otherwise.
+    pub build: Option<BuildInfo>,
+}
+
+/// What the driver's assembler made of a loaded kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BuildInfo {
+    /// The register-room attempt that was loaded (0-based) and how many the kernel has
+    /// (`EmittedKernel::register_attempt`; later attempts are loaded when earlier ones
+    /// spill).
+    pub register_attempt: (u32, u32),
+    /// Registers a thread.
+    pub registers: u32,
+    /// Local memory a thread, in bytes: spills (the kernels kfuse writes have no other
+    /// local memory).
+    pub local_bytes: u32,
+}
+
+fn build_info(k: &LoadedKernel) -> Option<BuildInfo> {
+    Some(BuildInfo { register_attempt: k.emitted.register_attempt, registers: k.registers, local_bytes: k.local_bytes })
 }
 
 /// A parameter as the checker sees it, from a [`KernelDef`] or a [`Kernel`].
@@ -431,7 +452,7 @@ pub fn spec_for(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Spec> {
             Err(_) => Ok(None),
         }
     };
-    Ok(Spec { tensors, shape_pow2, shape_div, tiles: tile_overrides()?, threads: num("KFUSE_THREADS")?, min_blocks: num("KFUSE_MIN_BLOCKS")?, grouped: false })
+    Ok(Spec { tensors, shape_pow2, shape_div, tiles: tile_overrides()?, threads: num("KFUSE_THREADS")?, min_blocks: num("KFUSE_MIN_BLOCKS")?, grouped: false, register_attempt: 0 })
 }
 
 /// Tile-size overrides from `KFUSE_TILES` (`BM=128,BN=64`): every kernel with a tile
@@ -492,7 +513,7 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
     let built = built_ir(def, &checked.dtypes)?;
     let (kernel, grid) = (&built.0, &built.1);
     let shapes = shape_values(kernel, args)?;
-    let mut launched = Launched { backend: backend_of(&checked.device), kernel: def.name.to_string(), skipped_empty: false, cache: None };
+    let mut launched = Launched { backend: backend_of(&checked.device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None };
     // Tile extents do not change whether an axis is empty: evaluate them as 1.
     if grid.eval(|s| shapes[s.0 as usize], |_| 1).contains(&0) || any_output_empty(args) {
         launched.skipped_empty = true;
@@ -516,6 +537,7 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
             let (loaded, outcome) = load(device, kernel, key)?;
             launched.skipped_empty = !issue(device, &loaded, kernel, args, &shapes)?;
             launched.cache = Some(outcome);
+            launched.build = build_info(&loaded);
         }
     }
     Ok(launched)
@@ -557,7 +579,7 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
     let device = device.unwrap();
     let built = built_ir(def, &dtypes)?;
     let (kernel, grid) = (&built.0, &built.1);
-    let mut launched = Launched { backend: backend_of(&device), kernel: def.name.to_string(), skipped_empty: false, cache: None };
+    let mut launched = Launched { backend: backend_of(&device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None };
     // the problems with work to do, and their shapes
     let mut live = Vec::new();
     for (g, args) in groups.iter().enumerate() {
@@ -592,6 +614,7 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
     let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes, spec, target };
     let (loaded, outcome) = load(&device, kernel, key)?;
     launched.cache = Some(outcome);
+    launched.build = build_info(&loaded);
     let e = &loaded.emitted;
     if !e.grouped || e.cluster_x > 1 {
         return Err(Error::InvalidArgument(format!("`{}` did not compile as a grouped kernel", def.name)));
@@ -760,7 +783,13 @@ fn load(device: &Device, kernel: &Kernel, key: ModuleKey) -> Result<(Arc<LoadedK
     if let Some(k) = gpu.functions.get(&key) {
         return Ok((k, CacheOutcome::Memory));
     }
-    let emitted = kfuse_codegen::compile(kernel, &key.spec, &key.target)?;
+    // a kernel with register-room attempts (`EmittedKernel::register_attempt`) takes
+    // the first whose function the driver's assembler built without local memory
+    // (spills)
+    let emitted = kfuse_codegen::compile_with_fallbacks(kernel, &key.spec, &key.target, |e| -> Result<bool> {
+        let (k, _) = gpu.functions.get_or_load(e, |ptx| device.load_ptx(ptx, &e.entry, e.smem_bytes, e.cluster_x))?;
+        Ok(k.local_bytes > 0)
+    })?;
     let (k, o) = gpu.functions.get_or_load(&emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes, emitted.cluster_x))?;
     gpu.functions.insert(key, k.clone());
     Ok((k, o))
@@ -855,7 +884,7 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
     let Some(device) = checked.device.filter(|d| d.is_gpu()) else {
         return Err(Error::InvalidArgument(format!("launch_emitted runs `{}` on a GPU: its tensor arguments must live on one", kernel.name)));
     };
-    let mut launched = Launched { backend: backend_of(&Some(device.clone())), kernel: kernel.name.clone(), skipped_empty: false, cache: None };
+    let mut launched = Launched { backend: backend_of(&Some(device.clone())), kernel: kernel.name.clone(), skipped_empty: false, cache: None, build: None };
     if emitted.grid_dims(&shapes).contains(&0) || any_output_empty(args) {
         launched.skipped_empty = true;
         return Ok(launched);
@@ -864,6 +893,7 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
     let (loaded, outcome) = gpu.functions.get_or_load(emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes, emitted.cluster_x))?;
     launched.skipped_empty = !issue(&device, &loaded, kernel, args, &shapes)?;
     launched.cache = Some(outcome);
+    launched.build = build_info(&loaded);
     Ok(launched)
 }
 

@@ -32,6 +32,7 @@ fn compile_cached_uses_kfuse_cache_dir() {
         grouped: false,
         ir: String::new(),
         tiles: BTreeMap::new(),
+        register_attempt: (0, 1),
     };
     let (p1, o1) = compile_cached(&e).unwrap();
     assert_eq!(o1, CacheOutcome::Compiled);

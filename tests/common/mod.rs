@@ -302,7 +302,7 @@ pub fn snapshot_spec(def: &KernelDef) -> Spec {
         })
         .collect();
     let big = if shape_syms.len() == 1 { 1 << 24 } else { 4096 };
-    Spec { tensors, shape_pow2: vec![big; shape_syms.len()], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false }
+    Spec { tensors, shape_pow2: vec![big; shape_syms.len()], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0 }
 }
 
 /// The ptxas to assemble with (panics with how to get one when there is none).
@@ -348,6 +348,33 @@ pub fn ptxas_resources(log: &str) -> (u32, u32) {
     (regs, spill)
 }
 
+
+/// An error of [`compile_assembled`]: the compiler's, NVRTC's or the assembler's, as text.
+#[derive(Debug)]
+pub struct BuildError(pub String);
+
+impl From<kfuse::codegen::CodegenError> for BuildError {
+    fn from(e: kfuse::codegen::CodegenError) -> Self {
+        BuildError(e.to_string())
+    }
+}
+
+/// Compiles `kernel` as the runtime does — the kernel's register-room attempts in turn
+/// while the assembler (`ptxas -v` here, the driver's there) spills —, and returns the
+/// emitted kernel taken with its registers and spill bytes.
+#[allow(dead_code)]
+pub fn compile_assembled(
+    kernel: &kfuse::ir::Kernel,
+    spec: &kfuse::codegen::Spec,
+    target: &kfuse::codegen::Target,
+    name: &str,
+) -> std::result::Result<(kfuse::codegen::EmittedKernel, u32, u32), BuildError> {
+    let e = kfuse::codegen::compile_with_fallbacks(kernel, spec, target, |e| {
+        assemble(&e.source, &e.arch, &e.options, name).map(|(_, spill)| spill > 0).map_err(BuildError)
+    })?;
+    let (regs, spill) = assemble(&e.source, &e.arch, &e.options, name).map_err(BuildError)?;
+    Ok((e, regs, spill))
+}
 
 /// Compiles CUDA source with NVRTC and assembles it with `ptxas -v`; returns
 /// (registers, spill bytes) or the failure.

@@ -20,7 +20,7 @@ use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, Op, 
 use crate::analysis::{concrete_shape, extent_value, is_zero, non_negative};
 use crate::cuda::prelude::CLUSTER_PRELUDE;
 use crate::cuda::writer::Writer;
-use crate::layout::RegMap;
+use crate::layout::{AxisMap, RegMap};
 use crate::target::{KernelParam, Spec, Target};
 use crate::CodegenError;
 
@@ -174,28 +174,44 @@ fn thr(m: &crate::layout::AxisMap) -> String {
     }
 }
 
-/// The coordinate along map axis `i` of register `k` within this block's piece of the
-/// axis, before wrapping replicas.
-fn local_raw(map: &RegMap, i: usize, k: &str) -> String {
-    let m = &map.axes[i];
-    let mut parts = Vec::new();
-    if m.reps > 1 {
-        parts.push(format!("((({k}) / {}) % {}) * {}", m.rep_stride, m.reps, m.chunk));
-    }
+/// The terms of an axis coordinate: the register's replica (`k`-dependent), the
+/// thread's place, the register's element within the thread (`k`-dependent).
+fn rep_term(m: &AxisMap, k: &str) -> Option<String> {
+    (m.reps > 1).then(|| format!("((({k}) / {}) % {}) * {}", m.rep_stride, m.reps, m.chunk))
+}
+
+fn thread_term(m: &AxisMap) -> Option<String> {
     let t = thr(m);
     let plain = m.lane_step == m.spt && m.warp_step == m.spt * m.tpw;
-    if t != "0" {
-        parts.push(if plain && m.spt > 1 { format!("{t} * {}", m.spt) } else { t });
-    }
-    if m.spt > 1 {
+    (t != "0").then(|| if plain && m.spt > 1 { format!("{t} * {}", m.spt) } else { t })
+}
+
+fn elem_term(m: &AxisMap, k: &str) -> Option<String> {
+    (m.spt > 1).then(|| {
         let e = format!("(({k}) / {}) % {}", m.e_stride, m.spt);
-        parts.push(if m.elem_step > 1 { format!("({e}) * {}", m.elem_step) } else { e });
-    }
+        if m.elem_step > 1 {
+            format!("({e}) * {}", m.elem_step)
+        } else {
+            e
+        }
+    })
+}
+
+/// The sum of the present terms, parenthesized ("0" when none).
+fn sum_terms(terms: [Option<String>; 3]) -> String {
+    let parts: Vec<String> = terms.into_iter().flatten().collect();
     if parts.is_empty() {
         "0".into()
     } else {
         format!("({})", parts.join(" + "))
     }
+}
+
+/// The coordinate along map axis `i` of register `k` within this block's piece of the
+/// axis, before wrapping replicas.
+fn local_raw(map: &RegMap, i: usize, k: &str) -> String {
+    let m = &map.axes[i];
+    sum_terms([rep_term(m, k), thread_term(m), elem_term(m, k)])
 }
 
 /// The offset of this block's piece along map axis `i` (cluster splits).
@@ -222,6 +238,25 @@ fn coord(map: &RegMap, i: usize, k: &str) -> String {
         Some(b) => format!("({b} + {l})"),
         None => l,
     }
+}
+
+/// The part of axis `i`'s coordinate that depends on the thread and block only (the
+/// block's piece and the thread's place in it): `coord(k) = thread_coord + reg_coord(k)`
+/// on an axis without replicas.
+fn thread_coord(map: &RegMap, i: usize) -> String {
+    match (cta_base(map, i), thread_term(&map.axes[i])) {
+        (None, None) => "0".into(),
+        (Some(b), None) => b,
+        (None, Some(t)) => t,
+        (Some(b), Some(t)) => format!("({b} + {t})"),
+    }
+}
+
+/// The part of axis `i`'s coordinate of register `k` that depends on `k` only (a
+/// compile-time constant in an unrolled loop); see [`thread_coord`].
+fn reg_coord(map: &RegMap, i: usize, k: &str) -> String {
+    let m = &map.axes[i];
+    sum_terms([rep_term(m, k), None, elem_term(m, k)])
 }
 
 /// True (as C) when this thread is the owner of register `k`, i.e. not a replica.
@@ -1382,6 +1417,31 @@ impl<'a> Emitter<'a> {
         // assembler can issue together, where the masked loop's per-group branches keep
         // them one round trip apart
         let full = if store.is_none() && groups >= WHOLE_TILE_MIN_GROUPS { self.whole_tile_test(&okv, &tile_dims, &val, &map) } else { None };
+        // `thread_pointers`: vector accesses address from the thread's own pointer (its
+        // place in the tile, computed once) plus each group's constant offset — one
+        // 64-bit pointer held across the loop, where a full address per group let the
+        // assembler rebuild 64-bit products per store under a register cap (RMSNorm at
+        // 80 registers spilled one); axes with replicas wrap their coordinates and keep
+        // the full address
+        let tptr = if w > 1 && k.schedule.thread_pointers && val.axis_map.iter().flatten().all(|&i| !map.axes[i].replicated()) {
+            let tc: Vec<String> = val.axis_map.iter().map(|a| a.map_or_else(|| "0".to_string(), |i| thread_coord(&map, i))).collect();
+            let n = self.fresh("kf_t");
+            let off = self.tile_offset(tensor, &tile_dims, &tc);
+            self.line(format!("const auto {n} = {base} + {off};"))?;
+            Some(n)
+        } else {
+            None
+        };
+        // the address of the group of register `k0` (coordinates `cv`)
+        let vaddr = |cv: &[String], e: &Self| -> String {
+            match &tptr {
+                Some(t) => {
+                    let rc: Vec<String> = val.axis_map.iter().map(|a| a.map_or_else(|| "0".to_string(), |i| reg_coord(&map, i, "k0"))).collect();
+                    format!("{t} + {}", e.tile_offset(tensor, &tile_dims, &rc))
+                }
+                None => format!("{base} + {}", e.tile_offset(tensor, &tile_dims, cv)),
+            }
+        };
         if let Some(test) = &full {
             let vt = if w > 1 { Some(vec_type(w * d.size_bytes() as u32)?) } else { None };
             self.open(format!("if ({test})"))?;
@@ -1389,10 +1449,11 @@ impl<'a> Emitter<'a> {
             self.line(format!("const int k0 = g * {w};"))?;
             let cvars = self.group_coords(&val, &map, tile_dims.len())?;
             let a0 = self.tile_offset(tensor, &tile_dims, &cvars);
+            let va = vaddr(&cvars, self);
             match (&raw, vt) {
-                (Some(arr), Some(vt)) => self.line(format!("{arr}[g] = *reinterpret_cast<const {vt}*>({base} + {a0});"))?,
+                (Some(arr), Some(vt)) => self.line(format!("{arr}[g] = *reinterpret_cast<const {vt}*>({va});"))?,
                 (_, Some(vt)) => {
-                    self.line(format!("const {vt} q = *reinterpret_cast<const {vt}*>({base} + {a0});"))?;
+                    self.line(format!("const {vt} q = *reinterpret_cast<const {vt}*>({va});"))?;
                     self.unpack("q", d, &val.name.clone(), "k0", w)?;
                 }
                 (_, None) => self.line(format!("{}[k0] = {};", val.name, to_reg(d, &format!("{base}[{a0}]"))))?,
@@ -1443,7 +1504,7 @@ impl<'a> Emitter<'a> {
                 cj
             };
             self.open(format!("if ({} && {})", inb(&at(w - 1), ""), inb(&cvars, "")))?;
-            self.line(format!("{arr}[g] = *reinterpret_cast<const {vt}*>({base} + {});", addr(&cvars, self)))?;
+            self.line(format!("{arr}[g] = *reinterpret_cast<const {vt}*>({});", vaddr(&cvars, self)))?;
             self.close()?;
             self.open("else")?;
             // element by element, masked lanes zero (the value a masked load reads)
@@ -1473,18 +1534,18 @@ impl<'a> Emitter<'a> {
             let cond = inb(&last, &own_c);
             let cond = format!("{} && {}", cond, inb(&cvars, ""));
             let vt = vec_type(w * d.size_bytes() as u32)?;
-            let a0 = addr(&cvars, self);
+            let a0 = vaddr(&cvars, self);
             self.open(format!("if ({cond})"))?;
             match store {
                 None => {
-                    self.line(format!("const {vt} q = *reinterpret_cast<const {vt}*>({base} + {a0});"))?;
+                    self.line(format!("const {vt} q = *reinterpret_cast<const {vt}*>({a0});"))?;
                     self.unpack("q", d, &vname, "k0", w)?;
                 }
                 Some(sv) => {
                     self.line(format!("{vt} q;"))?;
                     let t = self.template(sv);
                     self.pack("q", d, &t, "k0", w)?;
-                    self.line(format!("*reinterpret_cast<{vt}*>({base} + {a0}) = q;"))?;
+                    self.line(format!("*reinterpret_cast<{vt}*>({a0}) = q;"))?;
                 }
             }
             self.close()?;
@@ -1546,11 +1607,18 @@ impl<'a> Emitter<'a> {
     fn tile_offset(&self, tensor: kfuse_ir::ParamId, tile_dims: &[(usize, Option<String>, Option<String>, u32)], cv: &[String]) -> String {
         let mut a = String::new();
         for (t, (dd, _, _, _)) in tile_dims.iter().enumerate() {
+            if cv[t] == "0" {
+                continue;
+            }
             let st = self.stride(tensor, *dd);
             let term = if st == "1" { cv[t].clone() } else { format!("(long long){} * {st}", cv[t]) };
             a = if a.is_empty() { term } else { format!("{a} + {term}") };
         }
-        a
+        if a.is_empty() {
+            "0".into()
+        } else {
+            a
+        }
     }
 
     /// The C test that every register of a loaded tile lies inside the tensor (so the
@@ -1759,7 +1827,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     let mut head = || -> std::fmt::Result {
         open_kernel(&mut w, k, target, preludes, &cluster_attr, &launch_bounds(k, threads), &decls)?;
         if cluster > 1 {
-            w.line(format!("const unsigned kf_crank = blockIdx.x % {cluster};"))?;
+            w.line(format!("const int kf_crank = (int)(blockIdx.x % {cluster});"))?;
         }
         if smem > 0 {
             w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", smem.div_ceil(16) * 16))?;
