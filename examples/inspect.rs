@@ -4,7 +4,9 @@
 //!     source scripts/cuda-env.sh && cargo run --release --example inspect [KERNEL_SUBSTRING]
 //!
 //! With a path ending in `.cu` (a source an earlier run wrote, perhaps edited by hand) it
-//! prints that file's registers and spills instead.
+//! prints that file's registers and spills instead. `inspect gemm M N K` does the same for
+//! `kfuse::ops::kernels::gemm` on bf16 `[M, K] · [K, N]` (row-major operands): the plan
+//! line of its IR, registers and spills, and the source in the same folder.
 //!
 //! `MB=N` in the environment overrides `__launch_bounds__`'s minimum blocks (`Spec::min_blocks`).
 
@@ -40,6 +42,28 @@ fn main() {
         std::fs::write(&f, ptx).unwrap();
         let out = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-v"]).arg(&f).arg("-o").arg(f.with_extension("cubin")).output().unwrap();
         print!("{}", String::from_utf8_lossy(&out.stderr));
+        return;
+    }
+    if filter == "gemm" {
+        let dims: Vec<u32> = std::env::args().skip(2).map(|a| a.parse().expect("inspect gemm M N K")).collect();
+        let [m, n, kk] = dims[..] else { panic!("inspect gemm M N K") };
+        let def = &k::gemm::DEF;
+        let kern = (def.build)(&[DType::BF16]).unwrap();
+        // shape symbols in the kernel's order (M, K, N), operands 16-byte aligned with
+        // row strides that are multiples of 16 elements
+        let mut s = spec(def, m, kk);
+        s.shape_pow2 = vec![m.next_power_of_two(), kk.next_power_of_two(), n.next_power_of_two()];
+        s.shape_div = vec![];
+        let e = kfuse::codegen::compile(&kern, &s, &Target::sm90a()).unwrap();
+        let dir = std::env::temp_dir().join("kfuse-inspect");
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join(format!("gemm_{m}x{n}x{kk}.ptx"));
+        std::fs::write(f.with_extension("cu"), &e.source).unwrap();
+        let ptx = kfuse::runtime::nvrtc::compile_ptx(&e.source, &e.arch, &e.options).unwrap();
+        std::fs::write(&f, ptx).unwrap();
+        let out = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-v"]).arg(&f).arg("-o").arg(f.with_extension("cubin")).output().unwrap();
+        let plan = e.ir.lines().find(|l| l.contains("mma ")).unwrap_or("").trim();
+        println!("gemm {m}x{n}x{kk}: {plan}\n{}source: {}", String::from_utf8_lossy(&out.stderr), f.with_extension("cu").display());
         return;
     }
     let defs: [&KernelDef; 4] = [&k::softmax::DEF, &k::rms_norm_w::DEF, &k::layer_norm::DEF, &k::row_sum::DEF];

@@ -180,7 +180,7 @@ fn pingpong_consumers_on_request() {
     assert!(e.ir.contains("tile 128x128x64") && e.ir.contains("2 consumer warpgroups (ping-pong"), "{}", e.ir);
     assert!(e.source.contains("kf_wgmma(kf_acc + 64, da_hi, db);"), "{}", e.source);
     assert!(e.source.contains("kf_t += 2 * gridDim.x") && e.source.contains("bar.arrive %0, 256;"), "{}", e.source);
-    assert!(e.source.contains("kf_cs = kf_pipe + ") && e.source.contains(" + kf_wg * 32768;"), "{}", e.source);
+    assert!(e.source.contains("kf_cs = kf_dsmem + ((unsigned)(kf_pipe - kf_dsmem) + ") && e.source.contains(" + kf_wg * 32768);"), "{}", e.source);
     // assembles, and ptxas keeps the wgmma pipeline (`assemble` refuses C7514); its few
     // bytes of spills are why this stays an override (select_mma_path::pingpong_wanted)
     common::assemble(&e.source, &e.arch, &e.options, "gemm_bias_gelu_pingpong").unwrap();

@@ -26,6 +26,12 @@
 //!   that cannot be created or written costs a recompile, not an error.
 //! - Everything here but `FunctionCache` works without a GPU (only NVRTC), so CI tests
 //!   the disk cache and its corruption recovery.
+//!
+//! A development aid, off unless asked for: `KFUSE_SOURCE_HOOK=CMD` runs `CMD FILE ENTRY`
+//! (through `sh -c`) on every generated source before it is compiled, `FILE` holding the
+//! source; what `FILE` holds afterwards is compiled and loaded instead ([`hooked`]). It
+//! lets a change to the generated code be timed on a GPU before the compiler learns to
+//! make it; a hooked kernel is keyed by its new source like any other.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -265,14 +271,16 @@ impl FunctionCache {
     pub(crate) fn get_or_load(
         &self,
         emitted: &EmittedKernel,
-        load: impl FnOnce(&str) -> Result<CudaFunction>,
+        load: impl FnOnce(&str, &EmittedKernel) -> Result<CudaFunction>,
     ) -> Result<(Arc<LoadedKernel>, CacheOutcome)> {
+        let hooked = hooked(emitted)?;
+        let emitted = hooked.as_ref().unwrap_or(emitted);
         let skey = source_key(emitted);
         if let Some(k) = self.by_source.lock().unwrap_or_else(|e| e.into_inner()).get(&skey) {
             return Ok((k.clone(), CacheOutcome::Memory));
         }
         let (ptx, outcome) = compile_cached(emitted)?;
-        let func = load(&ptx)?;
+        let func = load(&ptx, emitted)?;
         let what = |a: &str| crate::error::driver(format!("reading the {a} of `{}`", emitted.entry));
         let registers = func.num_regs().map_err(what("registers"))? as u32;
         let local_bytes = func.local_size_bytes().map_err(what("local memory"))? as u32;
@@ -280,6 +288,39 @@ impl FunctionCache {
         self.by_source.lock().unwrap_or_else(|e| e.into_inner()).insert(skey, k.clone());
         Ok((k, outcome))
     }
+}
+
+/// The emitted kernel with its source as `KFUSE_SOURCE_HOOK` left it (module doc), or
+/// `None` when the hook is not set or left the source as it was. A line `// kfuse-hook:
+/// smem_bytes=N` in the new source sets the dynamic shared memory the kernel is launched
+/// with (for a change that adds pipeline stages, say).
+fn hooked(emitted: &EmittedKernel) -> Result<Option<EmittedKernel>> {
+    let Ok(cmd) = std::env::var("KFUSE_SOURCE_HOOK") else { return Ok(None) };
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let file = std::env::temp_dir().join(format!("kfuse-hook-{}-{}.cu", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+    let fail = |what: String| crate::error::Error::InvalidArgument(format!("KFUSE_SOURCE_HOOK `{cmd}` on `{}`: {what}", emitted.entry));
+    std::fs::write(&file, &emitted.source).map_err(|e| fail(format!("writing {}: {e}", file.display())))?;
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{cmd} \"$0\" \"$1\""))
+        .arg(&file)
+        .arg(&emitted.entry)
+        .status()
+        .map_err(|e| fail(format!("running it: {e}")))?;
+    let source = std::fs::read_to_string(&file).map_err(|e| fail(format!("reading {} back: {e}", file.display())))?;
+    let _ = std::fs::remove_file(&file);
+    if !status.success() {
+        return Err(fail(format!("it exited with {status}")));
+    }
+    if source == emitted.source {
+        return Ok(None);
+    }
+    let mut e = emitted.clone();
+    if let Some(n) = source.lines().find_map(|l| l.trim().strip_prefix("// kfuse-hook: smem_bytes=")) {
+        e.smem_bytes = n.trim().parse().map_err(|_| fail(format!("`smem_bytes={n}` is not a number")))?;
+    }
+    e.source = source;
+    Ok(Some(e))
 }
 
 /// The key of a pre-emitted kernel in [`FunctionCache`]: a hash of everything the loaded

@@ -787,10 +787,10 @@ fn load(device: &Device, kernel: &Kernel, key: ModuleKey) -> Result<(Arc<LoadedK
     // the first whose function the driver's assembler built without local memory
     // (spills)
     let emitted = kfuse_codegen::compile_with_fallbacks(kernel, &key.spec, &key.target, |e| -> Result<bool> {
-        let (k, _) = gpu.functions.get_or_load(e, |ptx| device.load_ptx(ptx, &e.entry, e.smem_bytes, e.cluster_x))?;
+        let (k, _) = gpu.functions.get_or_load(e, |ptx, e| device.load_ptx(ptx, &e.entry, e.smem_bytes, e.cluster_x))?;
         Ok(k.local_bytes > 0)
     })?;
-    let (k, o) = gpu.functions.get_or_load(&emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes, emitted.cluster_x))?;
+    let (k, o) = gpu.functions.get_or_load(&emitted, |ptx, e| device.load_ptx(ptx, &e.entry, e.smem_bytes, e.cluster_x))?;
     gpu.functions.insert(key, k.clone());
     Ok((k, o))
 }
@@ -890,7 +890,7 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
         return Ok(launched);
     }
     let gpu = device.gpu_ref().expect("a GPU");
-    let (loaded, outcome) = gpu.functions.get_or_load(emitted, |ptx| device.load_ptx(ptx, &emitted.entry, emitted.smem_bytes, emitted.cluster_x))?;
+    let (loaded, outcome) = gpu.functions.get_or_load(emitted, |ptx, e| device.load_ptx(ptx, &e.entry, e.smem_bytes, e.cluster_x))?;
     launched.skipped_empty = !issue(&device, &loaded, kernel, args, &shapes)?;
     launched.cache = Some(outcome);
     launched.build = build_info(&loaded);
