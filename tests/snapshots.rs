@@ -170,3 +170,24 @@ fn spec_n(def: &kfuse::ir::KernelDef, m: u32, n: u32) -> kfuse::codegen::Spec {
     spec.shape_div = vec![m, n];
     spec
 }
+
+#[test]
+fn stores_round_what_only_they_read() {
+    // a 16-bit value that only a store reads is kept in f32 (the store's conversion
+    // rounds the same way); one that is also computed with is rounded where it is made
+    let body = |def: &kfuse::ir::KernelDef| {
+        let e = compile(&(def.build)(&[kfuse::DType::BF16]).unwrap(), &common::snapshot_spec(def), &Target::sm90a()).unwrap();
+        e.source[e.source.find("__global__").unwrap()..].to_string()
+    };
+    // RMSNorm's output: stored only
+    let rms = body(&kfuse::ops::kernels::rms_norm_w::DEF);
+    assert!(!rms.contains("kf_rbf16("), "{rms}");
+    // the residual sum `s = x + r` is stored and also normalized: rounded once, then
+    // both uses read the rounded value
+    let add = body(&kfuse::ops::kernels::add_rms_norm::DEF);
+    assert_eq!(add.matches("kf_rbf16(").count(), 1, "{add}");
+    // the GEMM epilogue's cast of the accumulators
+    let gemm = &kfuse::ops::kernels::gemm::DEF;
+    let e = compile(&(gemm.build)(&[kfuse::DType::BF16]).unwrap(), &common::gemm::spec_mnk(gemm, 4096, 4096, 4096), &Target::sm90a()).unwrap();
+    assert!(!e.source.contains("= kf_rbf16(kf_acc"), "{}", e.source);
+}

@@ -273,7 +273,10 @@ impl FunctionCache {
         emitted: &EmittedKernel,
         load: impl FnOnce(&str, &EmittedKernel) -> Result<CudaFunction>,
     ) -> Result<(Arc<LoadedKernel>, CacheOutcome)> {
-        let hooked = hooked(emitted)?;
+        let hooked = match std::env::var("KFUSE_SOURCE_HOOK") {
+            Ok(cmd) => hooked(&cmd, emitted)?,
+            Err(_) => None,
+        };
         let emitted = hooked.as_ref().unwrap_or(emitted);
         let skey = source_key(emitted);
         if let Some(k) = self.by_source.lock().unwrap_or_else(|e| e.into_inner()).get(&skey) {
@@ -290,12 +293,12 @@ impl FunctionCache {
     }
 }
 
-/// The emitted kernel with its source as `KFUSE_SOURCE_HOOK` left it (module doc), or
-/// `None` when the hook is not set or left the source as it was. A line `// kfuse-hook:
-/// smem_bytes=N` in the new source sets the dynamic shared memory the kernel is launched
-/// with (for a change that adds pipeline stages, say).
-fn hooked(emitted: &EmittedKernel) -> Result<Option<EmittedKernel>> {
-    let Ok(cmd) = std::env::var("KFUSE_SOURCE_HOOK") else { return Ok(None) };
+/// The emitted kernel with its source as the `KFUSE_SOURCE_HOOK` command `cmd` left it
+/// (module doc), or `None` when the command left the source as it was. A line `//
+/// kfuse-hook: smem_bytes=N` in the new source sets the dynamic shared memory the kernel
+/// is launched with (for a change that adds pipeline stages, say). A command that fails
+/// is an error, not a silent fallback to the unchanged source.
+fn hooked(cmd: &str, emitted: &EmittedKernel) -> Result<Option<EmittedKernel>> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let file = std::env::temp_dir().join(format!("kfuse-hook-{}-{}.cu", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
     let fail = |what: String| crate::error::Error::InvalidArgument(format!("KFUSE_SOURCE_HOOK `{cmd}` on `{}`: {what}", emitted.entry));
@@ -345,6 +348,43 @@ pub(crate) fn source_key(emitted: &EmittedKernel) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn emitted_with(source: &str) -> EmittedKernel {
+        EmittedKernel {
+            entry: "kf_hooked".into(),
+            source: source.into(),
+            arch: "sm_90a".into(),
+            options: vec![],
+            block_threads: 128,
+            grouped: false,
+            smem_bytes: 0,
+            params: vec![],
+            grid: vec![],
+            cluster_x: 1,
+            persistent: None,
+            ir: String::new(),
+            tiles: Default::default(),
+            register_attempt: (0, 1),
+        }
+    }
+
+    #[test]
+    fn the_source_hook_replaces_the_source_and_may_set_shared_memory() {
+        let e = emitted_with("// a\nint x;\n");
+        // a command that leaves the file alone: nothing changes
+        assert!(hooked("true", &e).unwrap().is_none());
+        // one that edits it, and asks for more shared memory; it is given the entry name
+        let cmd = r#"sh -c 'sed -i "s/int x/int y/" "$0" && printf "// kfuse-hook: smem_bytes=4096\n// %s\n" "$1" >> "$0"'"#;
+        let h = hooked(cmd, &e).unwrap().expect("the source changed");
+        assert!(h.source.contains("int y;") && h.source.contains(&format!("// {}", e.entry)), "{}", h.source);
+        assert_eq!(h.smem_bytes, 4096);
+        assert_ne!(source_key(&h), source_key(&e));
+        // a failing command, or a malformed directive, is an error naming the hook
+        let err = hooked("false", &e).unwrap_err().to_string();
+        assert!(err.contains("KFUSE_SOURCE_HOOK `false`") && err.contains("exited"), "{err}");
+        let err = hooked(r#"sh -c 'echo "// kfuse-hook: smem_bytes=lots" >> "$0"'"#, &e).unwrap_err().to_string();
+        assert!(err.contains("smem_bytes=lots"), "{err}");
+    }
 
     #[test]
     fn source_key_covers_the_launch_rule() {
