@@ -570,8 +570,14 @@ pub(super) fn emit_kernel(
     // cannot fold: it turns -0 into +0, a value the accumulators, zeroed to +0, never
     // hold): read directly by some instructions (f16 conversions at 64- and 128-wide
     // tiles), ptxas serializes every wgmma of the loop (C7514: f16 at M127 ran 1.2x
-    // slower with 8 stages, 3.5x with 4); `tests/common::assemble` refuses that warning
+    // slower with 8 stages, 3.5x with 4); `tests/common::assemble` refuses that warning.
+    // Only epilogues that make f16 values need it: bf16, fp8 and f32 ones did not draw
+    // the warning, and the add costs 128 instructions a thread (~0.4% at 4096³)
+    let makes_f16 = k.order[info.yield_pos + 1..].iter().any(|&o| k.op(o).has_result() && k.ty(o.value()).dtype == DType::F16);
     for j in 0..dots.len() {
+        if !makes_f16 {
+            break;
+        }
         let acc = accumulator_name(j);
         e.unroll("i", regs)?;
         e.line(format!("{acc}[i] = {acc}[i] + 0.0f;"))?;
