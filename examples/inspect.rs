@@ -31,6 +31,16 @@ fn spec(def: &KernelDef, m: u32, n: u32) -> Spec {
     Spec { tensors, shape_pow2: vec![m, n], shape_div: vec![m, n], tiles: Default::default(), threads: None, min_blocks: mb, grouped: false, register_attempt: 0 }
 }
 
+/// Writes the source, PTX and cubin of `e` as `f` with the extensions `.cu`, `.ptx` and
+/// `.cubin`, and returns the log of `ptxas -v`.
+fn assemble(e: &kfuse::codegen::EmittedKernel, f: &std::path::Path, ptxas: &str) -> String {
+    let ptx = kfuse::runtime::nvrtc::compile_ptx(&e.source, &e.arch, &e.options).unwrap();
+    std::fs::write(f.with_extension("ptx"), ptx).unwrap();
+    std::fs::write(f.with_extension("cu"), &e.source).unwrap();
+    let out = std::process::Command::new(ptxas).args(["-arch=sm_90a", "-v"]).arg(f.with_extension("ptx")).arg("-o").arg(f.with_extension("cubin")).output().unwrap();
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
 fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
     let ptxas = std::env::var("KFUSE_PTXAS").expect("source scripts/cuda-env.sh first (KFUSE_PTXAS)");
@@ -57,13 +67,10 @@ fn main() {
         let e = kfuse::codegen::compile(&kern, &s, &Target::sm90a()).unwrap();
         let dir = std::env::temp_dir().join("kfuse-inspect");
         std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join(format!("gemm_{m}x{n}x{kk}.ptx"));
-        std::fs::write(f.with_extension("cu"), &e.source).unwrap();
-        let ptx = kfuse::runtime::nvrtc::compile_ptx(&e.source, &e.arch, &e.options).unwrap();
-        std::fs::write(&f, ptx).unwrap();
-        let out = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-v"]).arg(&f).arg("-o").arg(f.with_extension("cubin")).output().unwrap();
+        let f = dir.join(format!("gemm_{m}x{n}x{kk}.cu"));
+        let log = assemble(&e, &f, &ptxas);
         let plan = e.ir.lines().find(|l| l.contains("mma ")).unwrap_or("").trim();
-        println!("gemm {m}x{n}x{kk}: {plan}\n{}source: {}", String::from_utf8_lossy(&out.stderr), f.with_extension("cu").display());
+        println!("gemm {m}x{n}x{kk}: {plan}\n{log}source: {}", f.display());
         return;
     }
     let defs: [&KernelDef; 4] = [&k::softmax::DEF, &k::rms_norm_w::DEF, &k::layer_norm::DEF, &k::row_sum::DEF];
@@ -72,15 +79,8 @@ fn main() {
     for def in defs.iter().filter(|d| d.name.contains(&filter)) {
         for (m, n) in [(32768u32, 1024u32), (8192, 4096), (4096, 16384), (1024, 131072), (256, 262144)] {
             let kern = (def.build)(&[DType::BF16]).unwrap();
-            let f = dir.join(format!("{}_{m}x{n}.ptx", def.name));
-            // writes the source, PTX and cubin of `e`; returns ptxas's log
-            let assemble = |e: &kfuse::codegen::EmittedKernel| -> String {
-                let ptx = kfuse::runtime::nvrtc::compile_ptx(&e.source, &e.arch, &e.options).unwrap();
-                std::fs::write(&f, ptx).unwrap();
-                std::fs::write(f.with_extension("cu"), &e.source).unwrap();
-                let out = std::process::Command::new(&ptxas).args(["-arch=sm_90a", "-v"]).arg(&f).arg("-o").arg(f.with_extension("cubin")).output().unwrap();
-                String::from_utf8_lossy(&out.stderr).to_string()
-            };
+            let f = dir.join(format!("{}_{m}x{n}.cu", def.name));
+            let assemble = |e: &kfuse::codegen::EmittedKernel| assemble(e, &f, &ptxas);
             // as the runtime builds it: the register-room attempts in turn while ptxas spills
             let e = compile_with_fallbacks(&kern, &spec(def, m, n), &Target::sm90a(), |e| -> Result<bool, kfuse::codegen::CodegenError> {
                 Ok(assemble(e).lines().any(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores")))

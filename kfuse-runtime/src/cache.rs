@@ -31,7 +31,8 @@
 //! (through `sh -c`) on every generated source before it is compiled, `FILE` holding the
 //! source; what `FILE` holds afterwards is compiled and loaded instead ([`hooked`]). It
 //! lets a change to the generated code be timed on a GPU before the compiler learns to
-//! make it; a hooked kernel is keyed by its new source like any other.
+//! make it. The hook runs once per generated kernel and process: the loaded function is
+//! kept under the generated source's key, the PTX on disk under the new source's.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -273,15 +274,17 @@ impl FunctionCache {
         emitted: &EmittedKernel,
         load: impl FnOnce(&str, &EmittedKernel) -> Result<CudaFunction>,
     ) -> Result<(Arc<LoadedKernel>, CacheOutcome)> {
+        // keyed by what the compiler generated (a hook, if set, is the same all process
+        // long, so it runs once per kernel, not once per launch)
+        let skey = source_key(emitted);
+        if let Some(k) = self.by_source.lock().unwrap_or_else(|e| e.into_inner()).get(&skey) {
+            return Ok((k.clone(), CacheOutcome::Memory));
+        }
         let hooked = match std::env::var("KFUSE_SOURCE_HOOK") {
             Ok(cmd) => hooked(&cmd, emitted)?,
             Err(_) => None,
         };
         let emitted = hooked.as_ref().unwrap_or(emitted);
-        let skey = source_key(emitted);
-        if let Some(k) = self.by_source.lock().unwrap_or_else(|e| e.into_inner()).get(&skey) {
-            return Ok((k.clone(), CacheOutcome::Memory));
-        }
         let (ptx, outcome) = compile_cached(emitted)?;
         let func = load(&ptx, emitted)?;
         let what = |a: &str| crate::error::driver(format!("reading the {a} of `{}`", emitted.entry));

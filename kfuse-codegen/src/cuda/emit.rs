@@ -677,7 +677,7 @@ impl<'a> Emitter<'a> {
             let users = k.users(v);
             !users.is_empty()
                 && users.iter().all(|&u| match k.op(u) {
-                    Op::Store { tensor, dims } => k.param(*tensor).dtype == d && k.operands(u).get(dims.len()) == Some(&v) && k.operands(u).iter().filter(|&&x| x == v).count() == 1,
+                    Op::Store { tensor, dims } => k.param(*tensor).dtype == d && k.operands(u).get(dims.len()) == Some(&v),
                     _ => false,
                 })
         };

@@ -267,10 +267,6 @@ pub(super) fn emit_kernel(
     e.w.indent();
     let pipe = |e: &mut Emitter| -> R {
         e.line("extern __shared__ __align__(1024) unsigned char kf_dsmem[];")?;
-        // aligned by pointer arithmetic on the shared array, not through an integer: a
-        // pointer the compiler can trace to `kf_dsmem` stays in the shared address
-        // space, so the epilogue's writes to the output tile are 32-bit-addressed `STS`
-        // (through an integer they were generic 64-bit `ST`, with an extra add each)
         e.line("unsigned char* kf_pipe = (unsigned char*)((((unsigned long long)kf_dsmem) + 1023ull) & ~1023ull);")?;
         e.line(format!("unsigned long long* kf_full = (unsigned long long*)(kf_pipe + {});", stages * stage_bytes))?;
         e.line(format!("unsigned long long* kf_empty = kf_full + {stages};"))?;
@@ -574,10 +570,7 @@ pub(super) fn emit_kernel(
     // Only epilogues that make f16 values need it: bf16, fp8 and f32 ones did not draw
     // the warning, and the add costs 128 instructions a thread (~0.4% at 4096³)
     let makes_f16 = k.order[info.yield_pos + 1..].iter().any(|&o| k.op(o).has_result() && k.ty(o.value()).dtype == DType::F16);
-    for j in 0..dots.len() {
-        if !makes_f16 {
-            break;
-        }
+    for j in (0..dots.len()).filter(|_| makes_f16) {
         let acc = accumulator_name(j);
         e.unroll("i", regs)?;
         e.line(format!("{acc}[i] = {acc}[i] + 0.0f;"))?;
