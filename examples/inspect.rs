@@ -8,7 +8,8 @@
 //! `kfuse::ops::kernels::gemm` on bf16 `[M, K] · [K, N]` (row-major operands): the plan
 //! line of its IR, registers and spills, and the source in the same folder.
 //!
-//! `MB=N` in the environment overrides `__launch_bounds__`'s minimum blocks (`Spec::min_blocks`).
+//! `MB=N` in the environment overrides `__launch_bounds__`'s minimum blocks (`Spec::min_blocks`);
+//! `KFUSE_TILES` applies as on a GPU launch (e.g. `KFUSE_TILES=MCASTB=2 … inspect gemm …`).
 
 use kfuse::codegen::{compile_with_fallbacks, Spec, Target, TensorSpec};
 use kfuse::ir::{KernelDef, ParamSig};
@@ -28,7 +29,8 @@ fn spec(def: &KernelDef, m: u32, n: u32) -> Spec {
         })
         .collect();
     let mb = std::env::var("MB").ok().and_then(|v| v.parse().ok());
-    Spec { tensors, shape_pow2: vec![m, n], shape_div: vec![m, n], tiles: Default::default(), threads: None, min_blocks: mb, grouped: false, register_attempt: 0 }
+    let tiles = kfuse::runtime::launch::tile_overrides().expect("KFUSE_TILES");
+    Spec { tensors, shape_pow2: vec![m, n], shape_div: vec![m, n], tiles, threads: None, min_blocks: mb, grouped: false, register_attempt: 0 }
 }
 
 /// Writes the source, PTX and cubin of `e` as `f` with the extensions `.cu`, `.ptx` and

@@ -131,8 +131,31 @@ fn gemm_kernels_compile_without_spills() {
         }
         checked += 1;
     }
+    // B tiles multicast along M (on request): MN-major B in whole boxes, K-major B (a
+    // transposed view) in row slices
+    for (mcast, tb) in [(2u32, false), (2, true), (4, false)] {
+        let def = &kfuse::ops::kernels::gemm::DEF;
+        let k = (def.build)(&[DType::BF16]).unwrap();
+        let mut spec = spec_mnk(def, 8192, 14336, 4096);
+        if tb {
+            // B a transposed view of an [N, K] tensor: unit stride along K
+            spec.tensors[1] = Some(kfuse::codegen::TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
+        }
+        spec.tiles.insert("MCASTB".into(), mcast);
+        let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+        assert!(e.ir.contains(&format!("multicast: clusters of {mcast} blocks on one tile column share its B tile")), "{}", e.ir);
+        assert_eq!(e.cluster_x, mcast);
+        assert_eq!(e.source.matches(".multicast::cluster").count(), 1, "one multicast helper");
+        assert!(e.source.contains(&format!("kf_pid0 = kf_pid0 * {mcast} + kf_crank;")), "the walk pairs tiles along M");
+        match common::assemble(&e.source, &e.arch, &e.options, &format!("gemm_mcastb{mcast}_{tb}")) {
+            Ok((regs, spill)) if spill > 0 => failures.push(format!("gemm B multicast {mcast}: {spill} bytes of spills ({regs} registers)")),
+            Ok(_) => {}
+            Err(err) => failures.push(format!("gemm B multicast {mcast}: {err}")),
+        }
+        checked += 1;
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(checked, 16);
+    assert_eq!(checked, 19);
 }
 
 #[test]

@@ -101,16 +101,19 @@ fn gemm_with_the_loop_split_across_a_cluster() {
 }
 
 #[test]
-fn gemm_with_a_tiles_multicast_across_a_cluster() {
+fn gemm_with_operand_tiles_multicast_across_a_cluster() {
     let _env = env_lock();
     let Some(dev) = common::gpu() else { return };
-    // multicast is an override for now; the numerics must hold, transposed A included
-    for mc in ["MCAST=2", "MCAST=4", "MCAST=2,BN=64"] {
+    // multicast of A (`MCAST`) or B (`MCASTB`) is an override for now; the numerics must
+    // hold, transposed operands (B's K-major tile split into row slices) and tile counts
+    // the cluster does not divide (the last cluster's second block off the output) included
+    for mc in ["MCAST=2", "MCAST=4", "MCAST=2,BN=64", "MCASTB=2", "MCASTB=4,GROUPM=2", "MCASTB=2,BN=64"] {
         std::env::set_var("KFUSE_TILES", mc);
         let r = std::panic::catch_unwind(|| {
             let mut out = Vec::new();
-            for &(m, n, k, ta) in &[(127, 4096, 4096, false), (300, 200, 1000, false), (257, 320, 192, true), (1000, 1000, 512, false)] {
-                out.push(check_gemm(m, n, k, DType::BF16, ta, false, &dev, 78));
+            let shapes = [(127, 4096, 4096, false, false), (300, 200, 1000, false, false), (257, 320, 192, true, false), (1000, 1000, 512, false, false), (385, 520, 333, false, true)];
+            for &(m, n, k, ta, tb) in &shapes {
+                out.push(check_gemm(m, n, k, DType::BF16, ta, tb, &dev, 78));
             }
             out
         });

@@ -222,7 +222,8 @@ pub fn print(k: &Kernel) -> String {
                 );
             }
             if m.multicast > 1 {
-                let _ = writeln!(out, "  mma multicast: clusters of {} blocks on one tile row share its A tile (TMA multicast)", m.multicast);
+                let (line, operand) = if m.multicast_b { ("column", "B") } else { ("row", "A") };
+                let _ = writeln!(out, "  mma multicast: clusters of {} blocks on one tile {line} share its {operand} tile (TMA multicast)", m.multicast);
             }
             if m.split_k > 1 {
                 let _ = writeln!(out, "  mma split-K: {} blocks of a cluster share each tile's loop, partials summed in distributed shared memory", m.split_k);

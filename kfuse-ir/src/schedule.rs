@@ -260,9 +260,13 @@ pub struct MmaPlan {
     /// of a thread-block cluster; the partial accumulators meet in the first block
     /// through distributed shared memory, which alone runs the epilogue (1: no split).
     pub split_k: u32,
-    /// Blocks of a thread-block cluster that work on neighbouring tiles of one tile row
-    /// and share its A tile: each loads a slice and multicasts it to all (1: none).
+    /// Blocks of a thread-block cluster that work on neighbouring tiles and share one
+    /// operand tile: each loads a slice and multicasts it to all (1: none). The shared
+    /// operand is A (tiles of one tile row) unless [`MmaPlan::multicast_b`].
     pub multicast: u32,
+    /// The multicast operand is B: the cluster's blocks hold neighbouring tiles of one
+    /// tile column (along M) and share its B tile.
+    pub multicast_b: bool,
     /// Ping-pong consumers ([`MmaPath::WgmmaTma`]): each consumer warpgroup owns whole
     /// tiles (all `BM` rows, two `m64` instructions a K step) and the warpgroups take
     /// alternate tiles of the block's walk, so that one's epilogue runs while the other's

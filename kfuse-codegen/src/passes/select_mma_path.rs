@@ -386,6 +386,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             store: None,
             split_k: 1,
             multicast: 1,
+            multicast_b: false,
             pingpong: false,
         });
         return Ok(());
@@ -413,7 +414,8 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         && found.len() == 1
         && pingpong_wanted(k, spec, target)
         && spec.tiles.get("SPLITK").is_none_or(|&s| s <= 1)
-        && spec.tiles.get("MCAST").is_none_or(|&m| m <= 1);
+        && spec.tiles.get("MCAST").is_none_or(|&m| m <= 1)
+        && spec.tiles.get("MCASTB").is_none_or(|&m| m <= 1);
     let consumers = if pingpong { 2 } else { bm / 64 };
     // the epilogue store that can go out through shared memory and TMA: the one store
     // after the loop of a 16-bit `[BM, BN]` tile into a 2-D output TMA can write
@@ -438,13 +440,20 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // the loop split across a cluster: only on request (`Spec::tiles["SPLITK"]`); it
     // did not pay on the H100 yet (see `choose_tiles`)
     let split_k = spec.tiles.get("SPLITK").copied().unwrap_or(1).clamp(1, 8);
-    if k.schedule.grouped && (split_k > 1 || spec.tiles.get("MCAST").is_some_and(|&m| m > 1)) {
-        return Err(unsupported("a grouped launch with SPLITK or MCAST (clusters of tiles across problems)"));
+    // A tiles multicast across a cluster of neighbouring tiles of a tile row (`MCAST`),
+    // or B tiles across neighbouring tiles of a tile column (`MCASTB`); not with a split
+    let mcast = |key: &str| spec.tiles.get(key).copied().unwrap_or(1).clamp(1, 4);
+    let (mcast_a, mcast_b) = (mcast("MCAST"), mcast("MCASTB"));
+    if k.schedule.grouped && (split_k > 1 || mcast_a > 1 || mcast_b > 1) {
+        return Err(unsupported("a grouped launch with SPLITK, MCAST or MCASTB (clusters of tiles across problems)"));
     }
-    // A tiles multicast across a cluster of neighbouring tiles (`MCAST`); not with a split
-    let multicast = if split_k > 1 { 1 } else { spec.tiles.get("MCAST").copied().unwrap_or(1).clamp(1, 4) };
+    if mcast_a > 1 && mcast_b > 1 {
+        return Err(unsupported("MCAST and MCASTB at once (a cluster shares one operand)"));
+    }
+    let multicast = if split_k > 1 { 1 } else { mcast_a.max(mcast_b) };
+    let multicast_b = multicast > 1 && mcast_b > 1;
     if found.len() > 1 && (split_k > 1 || multicast > 1) {
-        return Err(unsupported(format!("SPLITK / MCAST with {} `dot`s in one loop (the cluster paths take one)", found.len())));
+        return Err(unsupported(format!("SPLITK / MCAST / MCASTB with {} `dot`s in one loop (the cluster paths take one)", found.len())));
     }
     let more = found[1..]
         .iter()
@@ -477,6 +486,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         store,
         split_k,
         multicast,
+        multicast_b,
         pingpong,
     });
     Ok(())

@@ -37,7 +37,8 @@
 //! - on request, thread-block clusters: `split_k` blocks share one tile's loop and sum
 //!   their partial accumulators in the first block through distributed shared memory,
 //!   or `multicast` blocks on neighbouring tiles of one tile row share A by TMA
-//!   multicast (each stage then released in every block of the cluster).
+//!   multicast — of one tile column, B, under `multicast_b` — (each stage then
+//!   released in every block of the cluster).
 //!
 //! Shared memory of one operand in one stage, by majorness (swizzle 128 B): K-major —
 //! `rows × 128` bytes (64 16-bit, 128 8-bit or 32 f32 elements), 8-row atoms 1024 bytes apart
@@ -182,20 +183,23 @@ pub(super) fn emit_kernel(
         let offs = k.operands(o.load).iter().map(|v| format!("v{}", v.index())).collect();
         operands.push(Operand { map, offs, order, boxes, nq, outer_slices: false, box_bytes, bytes: box_bytes * nq, major: o.major, is_a });
     }
-    // multicast: each block of the cluster loads a slice of the A tile for all of them
-    // (whole boxes when A comes in several, else a slice of its rows)
+    // multicast: each block of the cluster loads a slice of the shared operand's tile
+    // (A, or B under `multicast_b`: operand 0 or 1 of the single dot) for all of them
+    // (whole boxes when the tile comes in several, else a slice of its rows)
+    let shared = usize::from(plan.multicast_b);
     if mcast > 1 {
-        let a = &mut operands[0];
+        let a = &mut operands[shared];
+        let name = if a.is_a { "A" } else { "B" };
         if a.boxes.len() != 2 {
             return Err(CodegenError::Unsupported("multicast of a rank-3 operand".into()));
         }
         if a.nq % mcast != 0 {
             if a.nq != 1 {
-                return Err(CodegenError::Unsupported(format!("multicast over {mcast} blocks of {} boxes", a.nq)));
+                return Err(CodegenError::Unsupported(format!("multicast over {mcast} blocks of {} boxes of {name}", a.nq)));
             }
             let outer = a.order[1] as usize;
             if a.boxes[outer] % (8 * mcast) != 0 {
-                return Err(CodegenError::Unsupported(format!("multicast of a {}-row A tile over {mcast} blocks", a.boxes[outer])));
+                return Err(CodegenError::Unsupported(format!("multicast of a {}-row {name} tile over {mcast} blocks", a.boxes[outer])));
             }
             a.boxes[outer] /= mcast;
             a.box_bytes /= mcast;
@@ -203,8 +207,8 @@ pub(super) fn emit_kernel(
             a.outer_slices = true;
         }
         let boxes = a.boxes.clone();
-        // A's map is the first tensor map of the signature
-        if let Some(KernelParam::TensorMap { box_dims, .. }) = params.iter_mut().find(|p| matches!(p, KernelParam::TensorMap { .. })) {
+        // the operands' maps lead the signature's tensor maps, in stage order
+        if let Some(KernelParam::TensorMap { box_dims, .. }) = params.iter_mut().filter(|p| matches!(p, KernelParam::TensorMap { .. })).nth(shared) {
             *box_dims = boxes;
         }
     }
@@ -304,9 +308,11 @@ pub(super) fn emit_kernel(
             total.push(format!("kf_g{i}"));
         }
         if mcast > 1 {
-            // a program walks groups of `mcast` neighbouring tiles along axis 1
-            e.line(format!("const long long kf_g1m = (kf_g1 + {}LL) / {mcast}LL;", mcast - 1))?;
-            total[1] = "kf_g1m".into();
+            // a program walks groups of `mcast` neighbouring tiles along axis 1 (A
+            // shared) or axis 0 (B shared)
+            let a = usize::from(!plan.multicast_b);
+            e.line(format!("const long long kf_g{a}m = (kf_g{a} + {}LL) / {mcast}LL;", mcast - 1))?;
+            total[a] = format!("kf_g{a}m");
         }
         e.line(format!("const long long kf_tiles = {};", total.join(" * ")))?;
         if cluster > 1 {
@@ -338,19 +344,25 @@ pub(super) fn emit_kernel(
         } else {
             e.open("")?;
             e.line(format!("long long t = {t0};"))?;
+            // the program counts walked: a multicast cluster is one program of the
+            // walk, which spans its axis's groups of `mcast` tiles
+            let (g0, g1) = match (mcast > 1, plan.multicast_b) {
+                (false, _) => ("kf_g0", "kf_g1"),
+                (true, false) => ("kf_g0", "kf_g1m"),
+                (true, true) => ("kf_g0m", "kf_g1"),
+            };
             if r == 3 {
-                let g1 = if mcast > 1 { "kf_g1m" } else { "kf_g1" };
-                e.line(format!("kf_pid2 = t / (kf_g0 * {g1});"))?;
-                e.line(format!("t -= kf_pid2 * kf_g0 * {g1};"))?;
+                e.line(format!("kf_pid2 = t / ({g0} * {g1});"))?;
+                e.line(format!("t -= kf_pid2 * {g0} * {g1};"))?;
             }
-            let g1 = if mcast > 1 { "kf_g1m" } else { "kf_g1" };
             e.line(format!("const long long per = {}LL * {g1};", plan.group_m))?;
             e.line(format!("const long long first = (t / per) * {}LL;", plan.group_m))?;
-            e.line(format!("const long long gm = kf_mini(kf_g0 - first, {}LL);", plan.group_m))?;
+            e.line(format!("const long long gm = kf_mini({g0} - first, {}LL);", plan.group_m))?;
             e.line("kf_pid0 = first + (t % per) % gm;")?;
             e.line("kf_pid1 = (t % per) / gm;")?;
             if mcast > 1 {
-                e.line(format!("kf_pid1 = kf_pid1 * {mcast} + kf_crank;"))?;
+                let a = usize::from(!plan.multicast_b);
+                e.line(format!("kf_pid{a} = kf_pid{a} * {mcast} + kf_crank;"))?;
             }
             e.close()?;
         }
@@ -424,7 +436,7 @@ pub(super) fn emit_kernel(
         if !(2..=3).contains(&r) {
             return Err(CodegenError::Unsupported(format!("a rank-{r} dot operand tensor (TMA here takes rank 2 and 3)")));
         }
-        let multicast = mcast > 1 && dst == "kf_sa";
+        let multicast = mcast > 1 && i == shared;
         for q in 0..op.nq {
             // coordinates innermost first
             let mut c: Vec<String> = op.order.iter().map(|&d| format!("(int){}", op.offs[d as usize])).collect();

@@ -149,6 +149,7 @@ pub(super) fn plan(k: &mut Kernel, spec: &Spec, l: &DotLoop) -> Result<(), Codeg
         store: None,
         split_k: 1,
         multicast: 1,
+        multicast_b: false,
         pingpong: false,
     });
     Ok(())
