@@ -1,0 +1,84 @@
+//! A development aid for the GEMM notes: how kfuse's and cuBLAS's bf16 GEMMs hold their
+//! speed under sustained back-to-back calls (where the GPU runs at its power limit), phase
+//! by phase, with the host clock at each phase's start printed so that a clock/power log
+//! taken beside it (`nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv
+//! -lms 20`) can be lined up.
+//!
+//!     cargo run --release --example gemm_sustained [M N K [CALLS]]   (default 8192 14336 4096 300)
+//!
+//! Phases: cuBLAS alone; `kfuse::ops::gemm` alone (a new output each call, as the
+//! benchmark calls it); kfuse's kernel into one preallocated output; cuBLAS again; then
+//! the two alternating in blocks of 10 calls. Each call is timed by CUDA events around it;
+//! a phase prints its median, the medians of its first and last fifth, and its spread.
+
+#[path = "../benches/common/mod.rs"]
+mod common;
+
+use kfuse::runtime::vendor::{Blas, Library, Math};
+use kfuse::{DType, Device, Tensor};
+use std::time::Instant;
+
+fn median(v: &[f32]) -> f32 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn report(name: &str, t: &[f32], flops: f64, start: Instant, at: f64) {
+    let fifth = (t.len() / 5).max(1);
+    let tf = |ms: f32| flops / (ms as f64 * 1e-3) / 1e12;
+    let (lo, hi) = t.iter().fold((f32::MAX, 0f32), |(a, b), &x| (a.min(x), b.max(x)));
+    println!(
+        "{name:<34} from {at:7.3} s to {:7.3} s: median {:.3} ms ({:.0} TFLOP/s); first fifth {:.0}, last fifth {:.0}; range {:.0}–{:.0}",
+        start.elapsed().as_secs_f64(),
+        median(t),
+        tf(median(t)),
+        tf(median(&t[..fifth])),
+        tf(median(&t[t.len() - fifth..])),
+        tf(hi),
+        tf(lo)
+    );
+}
+
+fn main() -> kfuse::Result<()> {
+    let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("M N K [CALLS]")).collect();
+    let (m, n, k) = if args.len() >= 3 { (args[0], args[1], args[2]) } else { (8192, 14336, 4096) };
+    let calls = args.get(3).copied().unwrap_or(300);
+    let dev = Device::best();
+    if !dev.is_gpu() {
+        println!("no GPU: nothing to measure");
+        return Ok(());
+    }
+    let blas = Blas::new(&dev)?;
+    let (a, _) = common::random(&[m, k], DType::BF16, 1, &dev);
+    let (b, _) = common::random(&[k, n], DType::BF16, 2, &dev);
+    let mut c_blas = Tensor::empty(&[m, n], DType::BF16, &dev)?;
+    let mut c_kf = Tensor::empty(&[m, n], DType::BF16, &dev)?;
+    let flops = 2.0 * (m * n * k) as f64;
+    let start = Instant::now();
+    // compile and load first (not timed)
+    kfuse::ops::kernels::gemm(&a, &b, &mut c_kf)?;
+    kfuse::ops::gemm(&a, &b)?;
+    blas.gemm_into(&a, &b, &mut c_blas, Library::Cublas, Math::Fp32)?;
+    dev.synchronize()?;
+    for name in ["cuBLAS", "kfuse::ops::gemm (new output)", "kfuse kernel into one output", "cuBLAS again"] {
+        let at = start.elapsed().as_secs_f64();
+        // every call timed by events around it, 10 untimed calls first
+        let t = match name {
+            "kfuse::ops::gemm (new output)" => dev.time_ms(10, calls, || kfuse::ops::gemm(&a, &b).map(drop))?,
+            "kfuse kernel into one output" => dev.time_ms(10, calls, || kfuse::ops::kernels::gemm(&a, &b, &mut c_kf).map(drop))?,
+            _ => dev.time_ms(10, calls, || blas.gemm_into(&a, &b, &mut c_blas, Library::Cublas, Math::Fp32))?,
+        };
+        report(name, &t, flops, start, at);
+    }
+    // alternating blocks of 10, as the benchmark's rounds
+    let (mut tb, mut tk) = (Vec::new(), Vec::new());
+    let at = start.elapsed().as_secs_f64();
+    for _ in 0..calls / 10 {
+        tb.extend(dev.time_ms(2, 10, || blas.gemm_into(&a, &b, &mut c_blas, Library::Cublas, Math::Fp32))?);
+        tk.extend(dev.time_ms(2, 10, || kfuse::ops::gemm(&a, &b).map(drop))?);
+    }
+    report("alternating: cuBLAS", &tb, flops, start, at);
+    report("alternating: kfuse::ops::gemm", &tk, flops, start, at);
+    Ok(())
+}
