@@ -6,9 +6,11 @@
 //!
 //!     cargo run --release --example gemm_sustained [M N K [CALLS]]   (default 8192 14336 4096 300)
 //!
-//! Phases: cuBLAS alone; `kfuse::ops::gemm` alone (a new output each call, as the
-//! benchmark calls it); kfuse's kernel into one preallocated output; cuBLAS again; then
-//! the two alternating in blocks of 10 calls. Each call is timed by CUDA events around it;
+//! Phases (`KFUSE_PHASES`, default `cublas,kfuse-new-output,kfuse,cublas`): cuBLAS alone;
+//! `kfuse::ops::gemm` alone (a new output each call, as the benchmark calls it); kfuse's
+//! kernel into one preallocated output, `kfuse:TILES` with `KFUSE_TILES=TILES` (`+` for
+//! `,`) for that phase; then (without `KFUSE_PHASES`) cuBLAS and `kfuse::ops::gemm`
+//! alternating in blocks of 10 calls. Each call is timed by CUDA events around it;
 //! a phase prints its median, the medians of its first and last fifth, and its spread.
 
 #[path = "../benches/common/mod.rs"]
@@ -61,15 +63,42 @@ fn main() -> kfuse::Result<()> {
     kfuse::ops::gemm(&a, &b)?;
     blas.gemm_into(&a, &b, &mut c_blas, Library::Cublas, Math::Fp32)?;
     dev.synchronize()?;
-    for name in ["cuBLAS", "kfuse::ops::gemm (new output)", "kfuse kernel into one output", "cuBLAS again"] {
-        let at = start.elapsed().as_secs_f64();
+    // the phases: `KFUSE_PHASES=cublas,kfuse,kfuse:MCASTB=2,…` (a kfuse phase's tiles, `+` for `,`,
+    // go to `KFUSE_TILES` for that phase), or the default four
+    let default = "cublas,kfuse-new-output,kfuse,cublas".to_string();
+    let asked = std::env::var("KFUSE_PHASES").ok();
+    let phases = asked.clone().unwrap_or(default);
+    let set_tiles = |tiles: &str| {
+        if tiles.is_empty() {
+            std::env::remove_var("KFUSE_TILES");
+        } else {
+            std::env::set_var("KFUSE_TILES", tiles.replace('+', ","));
+        }
+    };
+    // each tile setting compiled before the timed phases (no idle gap between them)
+    for name in phases.split(',') {
+        if let Some((_, tiles)) = name.split_once(':') {
+            set_tiles(tiles);
+            kfuse::ops::kernels::gemm(&a, &b, &mut c_kf)?;
+        }
+    }
+    dev.synchronize()?;
+    for name in phases.split(',') {
+        let (what, tiles) = name.split_once(':').unwrap_or((name, ""));
+        set_tiles(tiles);
         // every call timed by events around it, 10 untimed calls first
-        let t = match name {
-            "kfuse::ops::gemm (new output)" => dev.time_ms(10, calls, || kfuse::ops::gemm(&a, &b).map(drop))?,
-            "kfuse kernel into one output" => dev.time_ms(10, calls, || kfuse::ops::kernels::gemm(&a, &b, &mut c_kf).map(drop))?,
-            _ => dev.time_ms(10, calls, || blas.gemm_into(&a, &b, &mut c_blas, Library::Cublas, Math::Fp32))?,
+        let at = start.elapsed().as_secs_f64();
+        let t = match what {
+            "kfuse-new-output" => dev.time_ms(10, calls, || kfuse::ops::gemm(&a, &b).map(drop))?,
+            "kfuse" => dev.time_ms(10, calls, || kfuse::ops::kernels::gemm(&a, &b, &mut c_kf).map(drop))?,
+            "cublas" => dev.time_ms(10, calls, || blas.gemm_into(&a, &b, &mut c_blas, Library::Cublas, Math::Fp32))?,
+            other => return Err(kfuse::Error::InvalidArgument(format!("KFUSE_PHASES: unknown phase `{other}` (cublas, kfuse, kfuse-new-output)"))),
         };
         report(name, &t, flops, start, at);
+    }
+    std::env::remove_var("KFUSE_TILES");
+    if asked.is_some() {
+        return Ok(());
     }
     // alternating blocks of 10, as the benchmark's rounds
     let (mut tb, mut tk) = (Vec::new(), Vec::new());
