@@ -191,6 +191,52 @@ fn raster_group_on_request() {
 }
 
 #[test]
+fn split_last_wave_variants() {
+    // the runtime's split of a last wave launches two variants of one kernel: the whole
+    // waves' tiles (`WHOLEWAVES=1`) and the tiles left, one cluster of `SPLITK` blocks a
+    // tile (`LASTTILES=1`); both assemble without spills, the default walk is unchanged
+    let def = &gemm_bias_gelu::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let base = compile(&k, &spec_mnk(def, 8192, 14336, 4096), &Target::sm90a()).unwrap();
+    assert!(base.source.contains("kf_t < kf_tiles; kf_t += gridDim.x)") && !base.ir.contains("mma walk"), "{}", base.ir);
+    let mut spec = spec_mnk(def, 8192, 14336, 4096);
+    spec.tiles.insert("WHOLEWAVES".into(), 1);
+    let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+    assert!(e.ir.contains("mma walk: the tiles of whole waves only"), "{}", e.ir);
+    assert_eq!(e.source.matches("kf_t < kf_tiles / gridDim.x * gridDim.x; kf_t += gridDim.x)").count(), 2, "producer and consumers walk alike");
+    assert_eq!((e.cluster_x, e.block_threads, e.smem_bytes), (1, base.block_threads, base.smem_bytes));
+    common::assemble(&e.source, &e.arch, &e.options, "gemm_bias_gelu_wholewaves").unwrap();
+    // (the runtime takes the largest split whose kernel the driver builds without spills,
+    // trying halves down to 2: the plain product's 2 and 4 and the fused one's 2 must not
+    // spill; larger ones may)
+    let plain = &kfuse::ops::kernels::gemm::DEF;
+    for (def, split, spill_free) in [(plain, 2u32, true), (plain, 4, true), (plain, 8, false), (def, 2, true), (def, 4, false)] {
+        let k = (def.build)(&[DType::BF16]).unwrap();
+        let mut spec = spec_mnk(def, 8192, 14336, 4096);
+        spec.tiles.insert("LASTTILES".into(), 1);
+        spec.tiles.insert("SPLITK".into(), split);
+        let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+        assert!(e.ir.contains("mma walk: the last tiles, one a cluster") && e.ir.contains(&format!("split-K: {split} blocks")), "{}", e.ir);
+        // one tile a cluster, the epilogue's partial and output tile over the ring (after a
+        // barrier of the block's consumers)
+        let walk = format!("kf_t = kf_maxi(0LL, kf_tiles - (long long)(gridDim.x / {split})) + blockIdx.x / {split}; kf_t < kf_tiles; kf_t = kf_tiles)");
+        assert_eq!(e.source.matches(walk.as_str()).count(), 2, "{}", e.source);
+        assert!(e.source.contains("float* kf_part = reinterpret_cast<float*>(kf_pipe + 0);"), "{}", e.source);
+        assert!(e.ir.contains("4 stages"), "{}", e.ir);
+        assert_eq!(e.cluster_x, split);
+        let (regs, spill) = common::assemble(&e.source, &e.arch, &e.options, &format!("{}_lasttiles{split}", def.name)).unwrap();
+        assert!(!spill_free || spill == 0, "{} LASTTILES SPLITK={split}: {spill} bytes of spills ({regs} registers)", def.name);
+    }
+    // the walks that do not fit a plan are refused clearly
+    for bad in [&[("WHOLEWAVES", 1), ("SPLITK", 2)][..], &[("LASTTILES", 1)], &[("WHOLEWAVES", 1), ("LASTTILES", 1)], &[("WHOLEWAVES", 1), ("MCAST", 2)]] {
+        let mut spec = spec_mnk(def, 8192, 14336, 4096);
+        spec.tiles.extend(bad.iter().map(|&(n, v)| (n.to_string(), v)));
+        let err = compile(&k, &spec, &Target::sm90a()).unwrap_err().to_string();
+        assert!(err.contains("WHOLEWAVES") && err.contains("LASTTILES"), "{bad:?}: {err}");
+    }
+}
+
+#[test]
 fn pingpong_consumers_on_request() {
     // `PINGPONG=1`: each consumer warpgroup a whole 128x128 tile (two m64 instructions a
     // K step), alternate tiles, its own output tile in shared memory and its own bulk

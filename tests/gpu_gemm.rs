@@ -123,3 +123,79 @@ fn gemm_with_operand_tiles_multicast_across_a_cluster() {
         }
     }
 }
+
+/// Products whose walk's last wave would keep about a sixth of the multiprocessors busy
+/// (128x256 tiles forced, 8 tile columns) into poisoned outputs, with
+/// `Launched::last_wave_split` (see the split test below) and their relative error: every
+/// row for short loops, a sample and the last 600 rows (the walk's last group, where its
+/// last tiles lie) for long ones.
+fn split_wave_products(dev: &Device, cases: &[(usize, usize, usize, bool, bool)]) -> Vec<Result<f64, String>> {
+    let sms = dev.target().expect("a GPU target").num_sms as usize;
+    let rows = (sms + sms / 6).div_ceil(8) * 128;
+    std::env::set_var("KFUSE_TILES", "BM=128,BN=256");
+    std::env::set_var("KFUSE_TAIL_SPLIT", "1");
+    let r = std::panic::catch_unwind(|| {
+        let mut out = Vec::new();
+        for &(dm, n, k, ta, tb) in cases {
+            let m = rows - dm;
+            let (a, av) = operand(m, k, DType::BF16, 91, ta, dev);
+            let (b, bv) = operand(k, n, DType::BF16, 92, tb, dev);
+            let mut c = common::poisoned(&[m, n], DType::BF16, dev);
+            let what = format!("{m}x{n}x{k} ta={ta} tb={tb}");
+            let l = match kfuse::ops::kernels::gemm(&a, &b, &mut c) {
+                Ok(l) => l,
+                Err(e) => {
+                    out.push(Err(format!("{what}: {e}")));
+                    continue;
+                }
+            };
+            let Some(split) = l.last_wave_split else {
+                out.push(Err(format!("{what}: the last wave was not split")));
+                continue;
+            };
+            let mut check: Vec<usize> = if k <= 512 { (0..m).collect() } else { sample_rows(m).into_iter().chain(m - 600..m).collect() };
+            check.sort();
+            check.dedup();
+            let cv = c.to_vec_f64().unwrap();
+            let got: Vec<f64> = check.iter().flat_map(|&i| cv[i * n..(i + 1) * n].to_vec()).collect();
+            out.push(within(&format!("{what}, split {split}"), common::rel_err(&got, &reference_rows(&av, &bv, k, n, &check)), 1e-2));
+        }
+        if cases.iter().all(|c| c.2 <= 512) {
+            // the fused bias + GELU user kernel takes the same split
+            let (l, e) = bias_gelu_error(rows - 5, 2000, 304, DType::BF16, dev);
+            out.push(match l.last_wave_split {
+                Some(s) => within(&format!("bias + GELU, split {s}"), e, 1e-2),
+                None => Err("bias + GELU: the last wave was not split".into()),
+            });
+        }
+        out
+    });
+    std::env::remove_var("KFUSE_TILES");
+    std::env::remove_var("KFUSE_TAIL_SPLIT");
+    r.expect("no panic")
+}
+
+/// With `KFUSE_TAIL_SPLIT=1`, a walk whose last wave would keep about a sixth of the
+/// multiprocessors busy is split: the whole waves in one launch, the tiles left with each
+/// tile's loop split across a cluster in a second. Short loops, an odd M and a K-major B (small enough for
+/// compute-sanitizer).
+#[test]
+fn gemm_with_a_split_last_wave() {
+    let _env = env_lock();
+    let Some(dev) = common::gpu() else { return };
+    // (row strides of 16-byte multiples: the matrix path's TMA reads them as they are)
+    for res in split_wave_products(&dev, &[(0, 2048, 512, false, false), (1, 2040, 336, false, true)]) {
+        assert!(res.is_ok(), "{}", res.unwrap_err());
+    }
+}
+
+/// The same with a long loop (K = 4096, each of the last tiles' blocks takes a share of
+/// it) and a transposed A.
+#[test]
+fn gemm_with_a_split_last_wave_long_loop() {
+    let _env = env_lock();
+    let Some(dev) = common::gpu() else { return };
+    for res in split_wave_products(&dev, &[(72, 1992, 4096, true, false)]) {
+        assert!(res.is_ok(), "{}", res.unwrap_err());
+    }
+}

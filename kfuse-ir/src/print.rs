@@ -228,6 +228,15 @@ pub fn print(k: &Kernel) -> String {
             if m.split_k > 1 {
                 let _ = writeln!(out, "  mma split-K: {} blocks of a cluster share each tile's loop, partials summed in distributed shared memory", m.split_k);
             }
+            match m.walk {
+                crate::schedule::TileWalk::All => {}
+                crate::schedule::TileWalk::WholeWaves => {
+                    let _ = writeln!(out, "  mma walk: the tiles of whole waves only (the first launch of a split last wave)");
+                }
+                crate::schedule::TileWalk::LastTiles => {
+                    let _ = writeln!(out, "  mma walk: the last tiles, one a cluster (the second launch of a split last wave)");
+                }
+            }
             if let Some(st) = &m.store {
                 let _ = writeln!(out, "  mma epilogue: store {} through shared memory (swizzle {}B) and a TMA store", st.load.index(), st.swizzle);
             }

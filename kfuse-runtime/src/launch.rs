@@ -20,7 +20,10 @@
 //!    the device's stream with the grid ([`EmittedKernel::grid_dims`]: persistent
 //!    kernels and clusters included), block and shared memory the codegen chose and the
 //!    parameters in [`EmittedKernel::params`] order (a TMA tensor map is encoded for each
-//!    launch by [`crate::tma`] and passed by value).
+//!    launch by [`crate::tma`] and passed by value) — or, on request
+//!    (`KFUSE_TAIL_SPLIT=1`), for a persistent matrix kernel whose last wave would leave
+//!    most blocks idle, as two launches of variants of it (`split_last_wave`: the whole
+//!    waves, then the tiles left with split loops).
 //!
 //! Invariants: nothing reaches the GPU or the interpreter before every check of step 1
 //! has passed; a launch never blocks on the GPU unless `KFUSE_SYNC=1` is set (then it
@@ -135,6 +138,10 @@ pub struct Launched {
     /// For a GPU launch: what the driver's assembler made of the kernel. `None`
     /// otherwise.
     pub build: Option<BuildInfo>,
+    /// For a persistent matrix kernel whose last wave the runtime split into a second
+    /// launch (`KFUSE_TAIL_SPLIT=1`): the blocks of each cluster that shared a last
+    /// tile's loop. `None` otherwise.
+    pub last_wave_split: Option<u32>,
 }
 
 /// What the driver's assembler made of a loaded kernel.
@@ -513,7 +520,7 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
     let built = built_ir(def, &checked.dtypes)?;
     let (kernel, grid) = (&built.0, &built.1);
     let shapes = shape_values(kernel, args)?;
-    let mut launched = Launched { backend: backend_of(&checked.device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None };
+    let mut launched = Launched { backend: backend_of(&checked.device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None, last_wave_split: None };
     // Tile extents do not change whether an axis is empty: evaluate them as 1.
     if grid.eval(|s| shapes[s.0 as usize], |_| 1).contains(&0) || any_output_empty(args) {
         launched.skipped_empty = true;
@@ -534,8 +541,14 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
                 }
             }
             let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: checked.dtypes, spec, target };
-            let (loaded, outcome) = load(device, kernel, key)?;
-            launched.skipped_empty = !issue(device, &loaded, kernel, args, &shapes)?;
+            let (loaded, outcome) = load(device, kernel, key.clone())?;
+            if let Some((main, split)) = split_last_wave(device, kernel, &key, &loaded, args, &shapes)? {
+                launched.cache = Some(outcome);
+                launched.build = build_info(&main);
+                launched.last_wave_split = Some(split);
+                return Ok(launched);
+            }
+            launched.skipped_empty = !issue(device, &loaded, kernel, args, &shapes, None)?;
             launched.cache = Some(outcome);
             launched.build = build_info(&loaded);
         }
@@ -579,7 +592,7 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
     let device = device.unwrap();
     let built = built_ir(def, &dtypes)?;
     let (kernel, grid) = (&built.0, &built.1);
-    let mut launched = Launched { backend: backend_of(&device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None };
+    let mut launched = Launched { backend: backend_of(&device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None, last_wave_split: None };
     // the problems with work to do, and their shapes
     let mut live = Vec::new();
     for (g, args) in groups.iter().enumerate() {
@@ -839,7 +852,7 @@ fn autotune(
         let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: dtypes.to_vec(), spec: Spec { tiles: tiles.clone(), ..spec.clone() }, target: target.clone() };
         let Ok((loaded, _)) = load(device, kernel, key) else { continue };
         count_timing();
-        let Ok(mut times) = device.time_ms(2, 5, || issue(device, &loaded, kernel, args, shapes).map(|_| ())) else {
+        let Ok(mut times) = device.time_ms(2, 5, || issue(device, &loaded, kernel, args, shapes, None).map(|_| ())) else {
             // a failed launch may leave an error on the stream: clear it before the next
             let _ = device.synchronize();
             continue;
@@ -884,17 +897,88 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
     let Some(device) = checked.device.filter(|d| d.is_gpu()) else {
         return Err(Error::InvalidArgument(format!("launch_emitted runs `{}` on a GPU: its tensor arguments must live on one", kernel.name)));
     };
-    let mut launched = Launched { backend: backend_of(&Some(device.clone())), kernel: kernel.name.clone(), skipped_empty: false, cache: None, build: None };
+    let mut launched = Launched { backend: backend_of(&Some(device.clone())), kernel: kernel.name.clone(), skipped_empty: false, cache: None, build: None, last_wave_split: None };
     if emitted.grid_dims(&shapes).contains(&0) || any_output_empty(args) {
         launched.skipped_empty = true;
         return Ok(launched);
     }
     let gpu = device.gpu_ref().expect("a GPU");
     let (loaded, outcome) = gpu.functions.get_or_load(emitted, |ptx, e| device.load_ptx(ptx, &e.entry, e.smem_bytes, e.cluster_x))?;
-    launched.skipped_empty = !issue(&device, &loaded, kernel, args, &shapes)?;
+    launched.skipped_empty = !issue(&device, &loaded, kernel, args, &shapes, None)?;
     launched.cache = Some(outcome);
     launched.build = build_info(&loaded);
     Ok(launched)
+}
+
+/// Tile-override keys that choose a matrix kernel's cluster or walk: a kernel asked for
+/// with one of them is launched as asked, never split by [`split_last_wave`].
+const WALK_KEYS: [&str; 6] = ["SPLITK", "MCAST", "MCASTB", "PINGPONG", "WHOLEWAVES", "LASTTILES"];
+
+/// Whether the runtime splits a persistent kernel's last wave: on request only
+/// (`KFUSE_TAIL_SPLIT=1`, read at each launch). It measured no faster at bf16 M8192
+/// N14336 K4096 under the H100's power limit (NOTES g21), and compute-sanitizer's
+/// racecheck reports its split exchange as it does the `SPLITK` override's.
+fn tail_split_enabled() -> bool {
+    std::env::var("KFUSE_TAIL_SPLIT").is_ok_and(|v| v == "1")
+}
+
+/// The split of a last wave (with `KFUSE_TAIL_SPLIT=1`). A persistent matrix kernel (one block a tile, no cluster)
+/// walks `tiles` tiles with `programs` resident blocks; when the last wave would keep at
+/// most half of them busy (`0 < tiles % programs ≤ programs / 2`, `tiles > programs`), it
+/// is launched twice instead: the same kernel over the whole waves' tiles only
+/// (`WHOLEWAVES=1`, grid `programs`), then over the `left = tiles % programs` tiles left
+/// with each tile's loop split across a cluster of `s` blocks (`LASTTILES=1`,
+/// `SPLITK=s`, `s` the largest power of two ≤ min(8, programs / left) whose kernel the
+/// driver builds without spills, halving down to 2; grid `left × s`),
+/// so that the last tiles take about `1/s` of a tile's time instead of a whole one. Both
+/// are compiled (and cached) like any specialization; the tail's tiles are summed in a
+/// fixed order (deterministic). Returns the first launch's kernel and `s` when it launched;
+/// `None` where the split does not apply or the kernel has no split variant (several
+/// `dot`s in its loop, say, or every split spills): the caller then launches the kernel
+/// as it is.
+fn split_last_wave(device: &Device, kernel: &Kernel, key: &ModuleKey, loaded: &LoadedKernel, args: &[Arg<'_>], shapes: &[u64]) -> Result<Option<(Arc<LoadedKernel>, u32)>> {
+    let e = &loaded.emitted;
+    if !tail_split_enabled() || e.persistent.is_none() || e.cluster_x > 1 || e.grouped || WALK_KEYS.iter().any(|k| key.spec.tiles.contains_key(*k)) {
+        return Ok(None);
+    }
+    let gpu = device.gpu_ref().expect("a GPU");
+    let tiles: u64 = e.programs(shapes).iter().product();
+    let programs_of = |k: &LoadedKernel| k.emitted.grid_dims_resident(shapes, *k.resident.get_or_init(|| resident(k, &gpu.stream)))[0];
+    let programs = programs_of(loaded);
+    if programs == 0 || tiles <= programs || tiles % programs == 0 || 2 * (tiles % programs) > programs {
+        return Ok(None);
+    }
+    let variant = |set: &[(&str, u32)]| -> Result<Option<Arc<LoadedKernel>>> {
+        let mut k = key.clone();
+        k.spec.tiles.extend(set.iter().map(|&(n, v)| (n.to_string(), v)));
+        match load(device, kernel, k) {
+            Ok((l, _)) => Ok(Some(l)),
+            // a kernel the split variants do not take (the writer refuses them)
+            Err(Error::Codegen(_)) => Ok(None),
+            Err(err) => Err(err),
+        }
+    };
+    let Some(main) = variant(&[("WHOLEWAVES", 1)])? else { return Ok(None) };
+    // the whole waves of the first launch, as its own resident count makes them
+    let programs = programs_of(&main);
+    let left = tiles % programs;
+    if programs == 0 || tiles <= programs || left == 0 || 2 * left > programs {
+        return Ok(None);
+    }
+    // the largest split whose kernel the driver built without spills
+    let mut split = 1u32 << (programs / left).min(8).ilog2();
+    let tail = loop {
+        if split < 2 {
+            return Ok(None);
+        }
+        match variant(&[("LASTTILES", 1), ("SPLITK", split)])? {
+            Some(t) if t.local_bytes == 0 => break t,
+            _ => split /= 2,
+        }
+    };
+    issue(device, &main, kernel, args, shapes, None)?;
+    issue(device, &tail, kernel, args, shapes, Some(left))?;
+    Ok(Some((main, split)))
 }
 
 /// Whether `KFUSE_SYNC=1`: synchronize after every launch.
@@ -920,9 +1004,10 @@ enum PVal {
 }
 
 /// Launches a loaded kernel on checked arguments, on the grid [`EmittedKernel::grid_dims`]
-/// gives (persistent kernels and clusters included). Returns false, launching nothing,
+/// gives (persistent kernels and clusters included) or, for a persistent kernel,
+/// `programs` programs (clusters) when given (the tail of a split last wave). Returns false, launching nothing,
 /// when that grid is empty (the callers' own empty checks make this a safety net).
-fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64]) -> Result<bool> {
+fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64], programs: Option<u64>) -> Result<bool> {
     let e = &k.emitted;
     let gpu = device.gpu_ref().expect("a GPU");
     let name = &e.entry;
@@ -932,9 +1017,11 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
     if e.grid.iter().any(|a| a.dim.0 as usize >= shapes.len()) {
         return Err(Error::InvalidArgument(format!("the grid of `{name}` refers to a shape symbol the kernel does not have")));
     }
-    let g = match e.persistent {
-        Some(_) => e.grid_dims_resident(shapes, *k.resident.get_or_init(|| resident(k, &gpu.stream))),
-        None => e.grid_dims(shapes),
+    let g = match (e.persistent, programs) {
+        // the tail of a split last wave: one program (cluster) for each tile left
+        (Some(_), Some(n)) => [n * e.cluster_x.max(1) as u64, 1, 1],
+        (Some(_), None) => e.grid_dims_resident(shapes, *k.resident.get_or_init(|| resident(k, &gpu.stream))),
+        (None, _) => e.grid_dims(shapes),
     };
     if g.contains(&0) {
         return Ok(false);

@@ -4,7 +4,9 @@
 //! One stage holds an A tile `[BM, BK]` and a B tile `[BK, BN]` (several dots in one
 //! loop: each distinct A and B tile once). The pass takes as many
 //! stages as fit in the target's shared memory (less the epilogue's output tile when it
-//! leaves through a TMA store, and a reserve for layout conversions and the barriers), at most [`MAX_STAGES`], at least 2. The
+//! leaves through a TMA store, and a reserve for layout conversions and the barriers), at most [`MAX_STAGES`], at least 2;
+//! a kernel of one tile a block (the last tiles of a split wave) puts its epilogue's
+//! shared memory over the ring instead ([`epilogue_reuses_ring`]). The
 //! override `KFUSE_STAGES` reaches it through `Spec::tiles["STAGES"]`. The mma.sync
 //! path (sm_80/sm_89) sizes its ring for two blocks a multiprocessor instead
 //! (`mma_sync_stages`). The FMA path (`MmaPath::FmaSimt`) has two stages by design
@@ -67,11 +69,26 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     if k.schedule.mma.as_ref().is_some_and(|p| p.path == MmaPath::MmaSyncCpAsync) {
         return mma_sync_stages(k, spec, target, per);
     }
-    let room = target.smem_per_block.saturating_sub(RESERVE_BYTES + store_bytes(k).max(partial_bytes(k)));
+    // the epilogue's region (output tile, split partial) has its own shared memory — but
+    // in a kernel of one tile a block (the last tiles of a split wave), where it reuses
+    // the ring once the loop is done, so it needs a ring at least its size
+    let region = store_bytes(k).max(partial_bytes(k));
+    let aliased = epilogue_reuses_ring(k);
+    let room = target.smem_per_block.saturating_sub(RESERVE_BYTES + if aliased { 0 } else { region });
     let fit = room / per.max(1);
     let want = spec.tiles.get("STAGES").copied().unwrap_or(MAX_STAGES);
     let stages = want.min(fit);
+    if aliased && stages >= 2 && stages * per < region {
+        return Err(CodegenError::Unsupported(format!("{stages} stages of {per} bytes cannot hold the epilogue's {region} bytes that reuse them")));
+    }
     set_stages(k, stages, fit, per, target)
+}
+
+/// Whether the epilogue's shared memory (output tile, split partial) reuses the stage
+/// ring: in a kernel whose blocks take one tile each ([`kfuse_ir::TileWalk::LastTiles`]),
+/// nothing is loaded into the ring after the loop.
+pub fn epilogue_reuses_ring(k: &Kernel) -> bool {
+    k.schedule.mma.as_ref().is_some_and(|p| p.walk == kfuse_ir::TileWalk::LastTiles)
 }
 
 /// Most stages of the mma.sync ring: with 3-4 stages of 32-element K tiles the copies

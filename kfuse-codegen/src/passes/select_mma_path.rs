@@ -387,6 +387,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             split_k: 1,
             multicast: 1,
             multicast_b: false,
+            walk: kfuse_ir::TileWalk::All,
             pingpong: false,
         });
         return Ok(());
@@ -452,6 +453,19 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     }
     let multicast = if split_k > 1 { 1 } else { mcast_a.max(mcast_b) };
     let multicast_b = multicast > 1 && mcast_b > 1;
+    // the runtime's split of a last wave (`WHOLEWAVES=1`: the first launch, every block
+    // one tile a wave; `LASTTILES=1`: the second, one cluster of `SPLITK` blocks a tile)
+    let on = |key: &str| spec.tiles.get(key).is_some_and(|&v| v > 0);
+    let walk = match (on("WHOLEWAVES"), on("LASTTILES")) {
+        (false, false) => kfuse_ir::TileWalk::All,
+        (true, false) if split_k == 1 && multicast == 1 && !pingpong && !k.schedule.grouped => kfuse_ir::TileWalk::WholeWaves,
+        (false, true) if split_k > 1 && !k.schedule.grouped => kfuse_ir::TileWalk::LastTiles,
+        _ => {
+            return Err(unsupported(
+                "WHOLEWAVES takes a kernel of one block a tile (no SPLITK, MCAST, MCASTB, PINGPONG or grouped launch); LASTTILES takes one with SPLITK; not both",
+            ))
+        }
+    };
     if found.len() > 1 && (split_k > 1 || multicast > 1) {
         return Err(unsupported(format!("SPLITK / MCAST / MCASTB with {} `dot`s in one loop (the cluster paths take one)", found.len())));
     }
@@ -487,6 +501,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         split_k,
         multicast,
         multicast_b,
+        walk,
         pingpong,
     });
     Ok(())

@@ -36,6 +36,8 @@
 //!   memory, barrier (1 + warpgroup) and bulk-store thread;
 //! - on request, thread-block clusters: `split_k` blocks share one tile's loop and sum
 //!   their partial accumulators in the first block through distributed shared memory,
+//!   (a split last wave, `MmaPlan::walk`: the whole waves' tiles in one launch, the
+//!   rest by clusters of the split in a second),
 //!   or `multicast` blocks on neighbouring tiles of one tile row share A by TMA
 //!   multicast — of one tile column, B, under `multicast_b` — (each stage then
 //!   released in every block of the cluster).
@@ -49,7 +51,7 @@
 
 use super::mma_common::{accumulator_map_of, accumulator_name, accumulator_val_named, dot_loop, scalar_slice, zeroed_accumulators};
 use super::*;
-use kfuse_ir::{Major, MmaDot, MmaOperand, MmaPlan};
+use kfuse_ir::{Major, MmaDot, MmaOperand, MmaPlan, TileWalk};
 
 use crate::target::GridAxisEval;
 
@@ -234,7 +236,11 @@ pub(super) fn emit_kernel(
     // the epilogue's output tile (TMA store) and, under a cluster split, the partial
     // accumulator (the same bytes: only the first block stores): after the stages and
     // the barriers (full, empty per stage; two for the split's hand-off), 1024-aligned
-    let c_off = (stages * stage_bytes + 16 * stages + 16).div_ceil(1024) * 1024;
+    let ring_end = (stages * stage_bytes + 16 * stages + 16).div_ceil(1024) * 1024;
+    // (a kernel of one tile a block puts them over the ring, free once the loop is done:
+    // `pipeline_stages::epilogue_reuses_ring`)
+    let aliased = crate::passes::pipeline_stages::epilogue_reuses_ring(k);
+    let c_off = if aliased { 0 } else { ring_end };
     let part_bytes = if split > 1 { bm * bn * 4 } else { 0 };
     let mut c_bytes = 0;
     let mut c_map = None;
@@ -251,7 +257,11 @@ pub(super) fn emit_kernel(
     }
     // (ping-pong: one output tile per warpgroup, the second `c_bytes` after the first)
     let c_tiles = if pp { consumers } else { 1 };
-    let dynamic_smem = 1024 + c_off + (c_tiles * c_bytes).max(part_bytes);
+    let region = (c_tiles * c_bytes).max(part_bytes);
+    if aliased && region > stages * stage_bytes {
+        return Err(CodegenError::Unsupported(format!("an epilogue of {region} bytes over a ring of {}", stages * stage_bytes)));
+    }
+    let dynamic_smem = 1024 + ring_end.max(c_off + region);
 
     // a grouped launch (`Schedule::grouped`): the parameters, tensor maps included, come
     // from the record of the problem each tile belongs to
@@ -382,10 +392,19 @@ pub(super) fn emit_kernel(
         e.line(format!("const long long kf_it0 = kf_nit * kf_crank / {split}, kf_it1 = kf_nit * (kf_crank + 1) / {split};"))?;
         Ok(format!("for (long long {index_name} = {l} + kf_it0 * {s}; {index_name} < {l} + kf_it1 * {s}; {index_name} += {s})"))
     };
-    let tile_walk = if cluster == 1 {
-        "for (long long kf_t = blockIdx.x; kf_t < kf_tiles; kf_t += gridDim.x)".to_string()
-    } else {
-        format!("for (long long kf_t = blockIdx.x / {cluster}; kf_t < kf_tiles; kf_t += gridDim.x / {cluster})")
+    // the persistent walk: every tile, or under a split last wave (`MmaPlan::walk`) the
+    // whole waves' tiles (one block each) or the last tiles (one cluster each)
+    let tile_walk = match (plan.walk, cluster) {
+        (TileWalk::All, 1) => "for (long long kf_t = blockIdx.x; kf_t < kf_tiles; kf_t += gridDim.x)".to_string(),
+        (TileWalk::All, c) => format!("for (long long kf_t = blockIdx.x / {c}; kf_t < kf_tiles; kf_t += gridDim.x / {c})"),
+        (TileWalk::WholeWaves, 1) => {
+            "for (long long kf_t = blockIdx.x; kf_t < kf_tiles / gridDim.x * gridDim.x; kf_t += gridDim.x)".to_string()
+        }
+        // (one tile a cluster: the epilogue's shared memory reuses the ring)
+        (TileWalk::LastTiles, c) if c > 1 && split > 1 => format!(
+            "for (long long kf_t = kf_maxi(0LL, kf_tiles - (long long)(gridDim.x / {c})) + blockIdx.x / {c}; kf_t < kf_tiles; kf_t = kf_tiles)"
+        ),
+        (w, c) => return Err(CodegenError::Unsupported(format!("the tile walk {w:?} in clusters of {c}"))),
     };
 
     // ---- producer
@@ -397,7 +416,9 @@ pub(super) fn emit_kernel(
     let acc_cols = if pp { 2 * bn } else { bn } * dots.len() as u32;
     let (prod_regs, cons_regs) = match (consumers, acc_cols > 128) {
         (1, _) => (40, 256),
-        // a multicasting producer needs a few more (it spilled at 24)
+        // a multicasting producer needs a few more (it spilled at 24); the split loop's
+        // index arithmetic more again (16 bytes of spills at 40, SPLITK=4 at 128x256)
+        (_, true) if split > 1 => (56, 224),
         (_, true) if cluster > 1 => (40, 232),
         (_, true) => (24, 240),
         (_, false) => (56, 216),
@@ -595,6 +616,10 @@ pub(super) fn emit_kernel(
         e.line(format!("float* kf_part = reinterpret_cast<float*>(kf_pipe + {c_off});"))?;
         e.open("if (kf_crank != 0)")?;
         e.line("kf_mbar_wait(&kf_red[1], kf_rphase ^ 1u);")?;
+        if aliased {
+            // the partial goes over the ring: both warpgroups' last wgmmas read it first
+            e.line("asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");")?;
+        }
         e.unroll("i", regs)?;
         e.line(format!("kf_part[i * {threads} + (kf_tid - 128)] = kf_acc[i];"))?;
         e.close()?;

@@ -150,6 +150,7 @@ pub(super) fn plan(k: &mut Kernel, spec: &Spec, l: &DotLoop) -> Result<(), Codeg
         split_k: 1,
         multicast: 1,
         multicast_b: false,
+        walk: kfuse_ir::TileWalk::All,
         pingpong: false,
     });
     Ok(())
