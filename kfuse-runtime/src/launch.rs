@@ -922,8 +922,9 @@ fn tail_split_enabled() -> bool {
     std::env::var("KFUSE_TAIL_SPLIT").is_ok_and(|v| v == "1")
 }
 
-/// The split of a last wave (with `KFUSE_TAIL_SPLIT=1`). A persistent matrix kernel (one block a tile, no cluster)
-/// walks `tiles` tiles with `programs` resident blocks; when the last wave would keep at
+/// The split of a last wave (with `KFUSE_TAIL_SPLIT=1`). A persistent matrix kernel (one
+/// block a tile, no cluster) walks `tiles` tiles with `programs` resident blocks; when
+/// the last wave would keep at
 /// most half of them busy (`0 < tiles % programs ≤ programs / 2`, `tiles > programs`), it
 /// is launched twice instead: the same kernel over the whole waves' tiles only
 /// (`WHOLEWAVES=1`, grid `programs`), then over the `left = tiles % programs` tiles left

@@ -36,11 +36,12 @@
 //!   memory, barrier (1 + warpgroup) and bulk-store thread;
 //! - on request, thread-block clusters: `split_k` blocks share one tile's loop and sum
 //!   their partial accumulators in the first block through distributed shared memory,
-//!   (a split last wave, `MmaPlan::walk`: the whole waves' tiles in one launch, the
-//!   rest by clusters of the split in a second),
 //!   or `multicast` blocks on neighbouring tiles of one tile row share A by TMA
-//!   multicast — of one tile column, B, under `multicast_b` — (each stage then
-//!   released in every block of the cluster).
+//!   multicast (of one tile column, B, under `multicast_b`; each stage is then
+//!   released in every block of the cluster);
+//! - for the runtime's split of a last wave (`MmaPlan::walk`): a walk over the whole
+//!   waves' tiles only, or over the last tiles, one cluster of the split each (its
+//!   partial and output tile then reuse the stage ring).
 //!
 //! Shared memory of one operand in one stage, by majorness (swizzle 128 B): K-major —
 //! `rows × 128` bytes (64 16-bit, 128 8-bit or 32 f32 elements), 8-row atoms 1024 bytes apart
