@@ -29,7 +29,7 @@
 //!
 //! A development aid, off unless asked for: `KFUSE_SOURCE_HOOK=CMD` runs `CMD FILE ENTRY`
 //! (through `sh -c`) on every generated source before it is compiled, `FILE` holding the
-//! source; what `FILE` holds afterwards is compiled and loaded instead ([`hooked`]). It
+//! source; what `FILE` holds afterwards is compiled and loaded instead (`hooked`). It
 //! lets a change to the generated code be timed on a GPU before the compiler learns to
 //! make it. The hook runs once per generated kernel and process: the loaded function is
 //! kept under the generated source's key, the PTX on disk under the new source's.
