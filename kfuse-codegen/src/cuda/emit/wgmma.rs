@@ -616,7 +616,9 @@ pub(super) fn emit_kernel(
         let threads = consumers * 128;
         e.line(format!("float* kf_part = reinterpret_cast<float*>(kf_pipe + {c_off});"))?;
         e.open("if (kf_crank != 0)")?;
-        e.line("kf_mbar_wait(&kf_red[1], kf_rphase ^ 1u);")?;
+        // (at cluster scope: the first block's reads of the previous partial, released
+        // by its remote arrive, come before this block overwrites it)
+        e.line("kf_mbar_wait_cluster(&kf_red[1], kf_rphase ^ 1u);")?;
         if aliased {
             // the partial goes over the ring: both warpgroups' last wgmmas read it first
             e.line("asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");")?;
