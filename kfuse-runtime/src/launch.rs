@@ -945,8 +945,9 @@ fn split_last_wave(device: &Device, kernel: &Kernel, key: &ModuleKey, loaded: &L
     let gpu = device.gpu_ref().expect("a GPU");
     let tiles: u64 = e.programs(shapes).iter().product();
     let programs_of = |k: &LoadedKernel| k.emitted.grid_dims_resident(shapes, *k.resident.get_or_init(|| resident(k, &gpu.stream)))[0];
-    let programs = programs_of(loaded);
-    if programs == 0 || tiles <= programs || tiles % programs == 0 || 2 * (tiles % programs) > programs {
+    // the tiles a last wave of `programs` leaves, when it keeps at most half of them busy
+    let left_over = |programs: u64| (programs > 0 && tiles > programs).then(|| tiles % programs).filter(|&l| l > 0 && 2 * l <= programs);
+    if left_over(programs_of(loaded)).is_none() {
         return Ok(None);
     }
     let variant = |set: &[(&str, u32)]| -> Result<Option<Arc<LoadedKernel>>> {
@@ -962,10 +963,7 @@ fn split_last_wave(device: &Device, kernel: &Kernel, key: &ModuleKey, loaded: &L
     let Some(main) = variant(&[("WHOLEWAVES", 1)])? else { return Ok(None) };
     // the whole waves of the first launch, as its own resident count makes them
     let programs = programs_of(&main);
-    let left = tiles % programs;
-    if programs == 0 || tiles <= programs || left == 0 || 2 * left > programs {
-        return Ok(None);
-    }
+    let Some(left) = left_over(programs) else { return Ok(None) };
     // the largest split whose kernel the driver built without spills
     let mut split = 1u32 << (programs / left).min(8).ilog2();
     let tail = loop {
