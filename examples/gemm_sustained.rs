@@ -20,15 +20,10 @@ use kfuse::runtime::vendor::{Blas, Library, Math};
 use kfuse::{DType, Device, Tensor};
 use std::time::Instant;
 
-fn median(v: &[f32]) -> f32 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
 fn report(name: &str, t: &[f32], flops: f64, start: Instant, at: f64) {
     let fifth = (t.len() / 5).max(1);
-    let tf = |ms: f32| flops / (ms as f64 * 1e-3) / 1e12;
+    let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
+    let median = |v: &[f32]| common::median(v.to_vec());
     let (lo, hi) = t.iter().fold((f32::MAX, 0f32), |(a, b), &x| (a.min(x), b.max(x)));
     println!(
         "{name:<34} from {at:7.3} s to {:7.3} s: median {:.3} ms ({:.0} TFLOP/s); first fifth {:.0}, last fifth {:.0}; range {:.0}–{:.0}",
@@ -37,8 +32,8 @@ fn report(name: &str, t: &[f32], flops: f64, start: Instant, at: f64) {
         tf(median(t)),
         tf(median(&t[..fifth])),
         tf(median(&t[t.len() - fifth..])),
-        tf(hi),
-        tf(lo)
+        tf(hi as f64),
+        tf(lo as f64)
     );
 }
 

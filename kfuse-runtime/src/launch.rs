@@ -939,7 +939,8 @@ fn tail_split_enabled() -> bool {
 /// as it is.
 fn split_last_wave(device: &Device, kernel: &Kernel, key: &ModuleKey, loaded: &LoadedKernel, args: &[Arg<'_>], shapes: &[u64]) -> Result<Option<(Arc<LoadedKernel>, u32)>> {
     let e = &loaded.emitted;
-    if !tail_split_enabled() || e.persistent.is_none() || e.cluster_x > 1 || e.grouped || WALK_KEYS.iter().any(|k| key.spec.tiles.contains_key(*k)) {
+    // (the environment read last: launches of other kernels do not pay for it)
+    if e.persistent.is_none() || e.cluster_x > 1 || e.grouped || WALK_KEYS.iter().any(|k| key.spec.tiles.contains_key(*k)) || !tail_split_enabled() {
         return Ok(None);
     }
     let gpu = device.gpu_ref().expect("a GPU");

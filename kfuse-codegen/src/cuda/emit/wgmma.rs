@@ -4,7 +4,8 @@
 //! Shape of the generated kernel (the plan decides every number):
 //! - one producer warpgroup (threads 0..128, registers lowered with `setmaxnreg`: 24
 //!   beside consumers of 256-wide tiles, which take 240; 40 when such a kernel also
-//!   multicasts; else 56, since the split loop's index arithmetic spilled at 40) whose
+//!   multicasts, 56 when it splits its loop (consumers 232 and 224); else 56, since the
+//!   split loop's index arithmetic spilled at 40) whose
 //!   first thread issues the TMA loads of both operands into a ring of `stages`
 //!   shared-memory stages, each completing on its `full` mbarrier;
 //! - `consumers` warpgroups (registers raised) that wait on `full`, issue `wgmma`
@@ -190,6 +191,9 @@ pub(super) fn emit_kernel(
     // (A, or B under `multicast_b`: operand 0 or 1 of the single dot) for all of them
     // (whole boxes when the tile comes in several, else a slice of its rows)
     let shared = usize::from(plan.multicast_b);
+    // the grid axis along which a multicast cluster's blocks hold neighbouring tiles:
+    // 1 (a tile row) when they share A, 0 (a tile column) when they share B
+    let mcast_axis = usize::from(!plan.multicast_b);
     if mcast > 1 {
         let a = &mut operands[shared];
         let name = if a.is_a { "A" } else { "B" };
@@ -258,11 +262,8 @@ pub(super) fn emit_kernel(
     }
     // (ping-pong: one output tile per warpgroup, the second `c_bytes` after the first)
     let c_tiles = if pp { consumers } else { 1 };
-    let region = (c_tiles * c_bytes).max(part_bytes);
-    if aliased && region > stages * stage_bytes {
-        return Err(CodegenError::Unsupported(format!("an epilogue of {region} bytes over a ring of {}", stages * stage_bytes)));
-    }
-    let dynamic_smem = 1024 + ring_end.max(c_off + region);
+    // (over the ring, `pipeline_stages` gave it one at least its size)
+    let dynamic_smem = 1024 + ring_end.max(c_off + (c_tiles * c_bytes).max(part_bytes));
 
     // a grouped launch (`Schedule::grouped`): the parameters, tensor maps included, come
     // from the record of the problem each tile belongs to
@@ -319,9 +320,8 @@ pub(super) fn emit_kernel(
             total.push(format!("kf_g{i}"));
         }
         if mcast > 1 {
-            // a program walks groups of `mcast` neighbouring tiles along axis 1 (A
-            // shared) or axis 0 (B shared)
-            let a = usize::from(!plan.multicast_b);
+            // a program walks groups of `mcast` neighbouring tiles along that axis
+            let a = mcast_axis;
             e.line(format!("const long long kf_g{a}m = (kf_g{a} + {}LL) / {mcast}LL;", mcast - 1))?;
             total[a] = format!("kf_g{a}m");
         }
@@ -357,10 +357,10 @@ pub(super) fn emit_kernel(
             e.line(format!("long long t = {t0};"))?;
             // the program counts walked: a multicast cluster is one program of the
             // walk, which spans its axis's groups of `mcast` tiles
-            let (g0, g1) = match (mcast > 1, plan.multicast_b) {
+            let (g0, g1) = match (mcast > 1, mcast_axis) {
                 (false, _) => ("kf_g0", "kf_g1"),
-                (true, false) => ("kf_g0", "kf_g1m"),
-                (true, true) => ("kf_g0m", "kf_g1"),
+                (true, 1) => ("kf_g0", "kf_g1m"),
+                (true, _) => ("kf_g0m", "kf_g1"),
             };
             if r == 3 {
                 e.line(format!("kf_pid2 = t / ({g0} * {g1});"))?;
@@ -372,8 +372,7 @@ pub(super) fn emit_kernel(
             e.line("kf_pid0 = first + (t % per) % gm;")?;
             e.line("kf_pid1 = (t % per) / gm;")?;
             if mcast > 1 {
-                let a = usize::from(!plan.multicast_b);
-                e.line(format!("kf_pid{a} = kf_pid{a} * {mcast} + kf_crank;"))?;
+                e.line(format!("kf_pid{mcast_axis} = kf_pid{mcast_axis} * {mcast} + kf_crank;"))?;
             }
             e.close()?;
         }
@@ -417,8 +416,8 @@ pub(super) fn emit_kernel(
     let acc_cols = if pp { 2 * bn } else { bn } * dots.len() as u32;
     let (prod_regs, cons_regs) = match (consumers, acc_cols > 128) {
         (1, _) => (40, 256),
-        // a multicasting producer needs a few more (it spilled at 24); the split loop's
-        // index arithmetic more again (16 bytes of spills at 40, SPLITK=4 at 128x256)
+        // a multicasting producer needs a few more (it spilled at 24); a split kernel
+        // spilled 16 bytes at 40 / 232 (SPLITK=4 at 128x256) and builds at 56 / 224
         (_, true) if split > 1 => (56, 224),
         (_, true) if cluster > 1 => (40, 232),
         (_, true) => (24, 240),
