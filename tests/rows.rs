@@ -430,6 +430,30 @@ fn long_rows_on_the_gpu() {
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
+/// Cluster rows with more rows than the L2 prefetch distance (`prefetch_ahead`: 16
+/// programs ahead in clusters of 8, 8 in clusters of 16), so that the first rows' blocks
+/// do ask L2 for a later row — exactly at the tensor's last row, and with a masked
+/// length whose last block's slice is cut at the row's end. The prefetch is a hint:
+/// results must not change (compute-sanitizer's memcheck runs this test on the GPU host).
+#[test]
+fn long_rows_prefetched_ahead_on_the_gpu() {
+    if !dev().is_gpu() {
+        eprintln!("no GPU: the prefetching cluster rows are checked on the GPU host");
+        return;
+    }
+    let mut failures = Vec::new();
+    for op in OPS {
+        for dt in [DType::BF16, DType::F16] {
+            for (m, n) in [(17, 131072), (9, 262144), (17, 131000)] {
+                if let Err(e) = check(op, dt, m, n, Fill::Plain, None) {
+                    failures.push(e);
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
 /// One row per op in bf16 of 131072 elements (a cluster of 8 blocks) and of 262144
 /// (16 blocks, sm_90's non-portable size): the cluster kernels on a test small enough
 /// for compute-sanitizer's racecheck (`.gpu/gpu-run.sh` runs it there in place of the

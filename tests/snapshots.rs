@@ -164,6 +164,35 @@ fn cluster_rows_rematerialize_and_push() {
     assert!(!e.ir.contains("rematerialized") && e.source.contains("kf_cl_push_f32"), "{}", e.ir);
 }
 
+/// Cluster rows that write their row back ask L2, before their own loads, for their
+/// slice of the row `SMs / cluster` programs ahead (`prefetch_ahead`): one bulk prefetch
+/// a block, guarded by the tensor's rows, cut at the row's end for a masked length; a
+/// reduction-only kernel (the row sum) and rows in one block do not.
+#[test]
+fn cluster_rows_prefetch_the_rows_ahead() {
+    use kfuse::ops::kernels as k;
+    let bf16 = kfuse::DType::BF16;
+    let t = Target::sm90a();
+    for (def, n, ahead) in [(&k::layer_norm::DEF, 131072, 16), (&k::rms_norm_w::DEF, 262144, 8), (&k::softmax::DEF, 262144, 8)] {
+        let e = compile(&(def.build)(&[bf16]).unwrap(), &spec_n(def, 256, n), &t).unwrap();
+        assert!(e.ir.contains(&format!("rows {ahead} programs ahead")), "{}", e.ir);
+        assert_eq!(e.source.matches("cp.async.bulk.prefetch.L2.global").count(), 1, "{}", e.source);
+        assert!(e.source.contains(&format!("+ {ahead}LL);")) && e.source.contains("< n_M &&"), "{}", e.source);
+        // before the block's own loads
+        assert!(e.source.find("cp.async.bulk.prefetch").unwrap() < e.source.find("kf_v16 v").unwrap(), "{}", e.source);
+    }
+    // a masked length: the slice is cut at the row's end
+    let mut masked = spec_n(&k::rms_norm_w::DEF, 256, 131072);
+    masked.shape_div = vec![256, 8];
+    let e = compile(&(k::rms_norm_w::DEF.build)(&[bf16]).unwrap(), &masked, &t).unwrap();
+    assert!(e.ir.contains("L2 prefetch") && e.source.contains("kf_mini(16384LL, kf_maxi(0LL, n_N - "), "{}", e.source);
+    // the row sum writes one value a row: no prefetch; nor rows in one block
+    let e = compile(&(k::row_sum::DEF.build)(&[bf16]).unwrap(), &spec_n(&k::row_sum::DEF, 256, 262144), &t).unwrap();
+    assert!(e.cluster_x > 1 && !e.ir.contains("L2 prefetch") && !e.source.contains("prefetch"), "{}", e.ir);
+    let e = compile(&(k::layer_norm::DEF.build)(&[bf16]).unwrap(), &spec_n(&k::layer_norm::DEF, 8192, 4096), &t).unwrap();
+    assert!(e.cluster_x == 1 && !e.source.contains("prefetch"), "{}", e.ir);
+}
+
 fn spec_n(def: &kfuse::ir::KernelDef, m: u32, n: u32) -> kfuse::codegen::Spec {
     let mut spec = common::snapshot_spec(def);
     spec.shape_pow2 = vec![m, n];

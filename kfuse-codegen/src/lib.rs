@@ -84,6 +84,7 @@ pub fn schedule(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kernel,
     check(&k, "assign_layouts")?;
     passes::vectorize::run(&mut k, spec)?;
     verify(&k, "vectorize")?;
+    passes::prefetch_ahead::run(&mut k, spec, target)?;
     Ok(k)
 }
 

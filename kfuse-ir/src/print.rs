@@ -163,6 +163,9 @@ pub fn print(k: &Kernel) -> String {
             let split = s.split.map(|e| k.extent_name(e)).unwrap_or_default();
             let _ = writeln!(out, "  cluster {} blocks along x, splitting {split}", s.cluster);
         }
+        if s.l2_prefetch > 0 {
+            let _ = writeln!(out, "  L2 prefetch: each block asks L2 for its slice of the rows {} programs ahead before its own loads", s.l2_prefetch);
+        }
         if s.remat {
             let _ = writeln!(out, "  rematerialized: 16/8-bit loads kept as raw words, elementwise values recomputed at each use");
         }

@@ -94,6 +94,11 @@ pub struct Schedule {
     /// tile loads before it works on the current one (only for a kernel whose programs
     /// index one grid axis; `persist_programs`).
     pub persistent: u32,
+    /// 0: none. n > 0: a row kernel split across a cluster asks L2, before its own loads,
+    /// for the slices of the rows `n` programs (clusters) ahead — those a cluster that
+    /// starts a little later will load — so that DRAM keeps streaming while this
+    /// cluster's blocks reduce, exchange and write (`prefetch_ahead`).
+    pub l2_prefetch: u32,
     /// Tile values that are cheap to recompute (16- and 8-bit float loads kept as their
     /// raw words, and elementwise math over them) are recomputed at each use instead of
     /// held in registers (`rematerialize`): fewer registers a thread, more blocks a

@@ -655,6 +655,75 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
+    /// `Schedule::l2_prefetch`: before anything else, thread 0 of each block asks L2
+    /// for the block's slice of every load `prefetch_ahead::slices` names, as the
+    /// program `l2_prefetch` clusters ahead would load it — one
+    /// `cp.async.bulk.prefetch.L2` each (a hint: nothing waits for it, no registers
+    /// hold it). The loads' index arithmetic is emitted again in a scope with the
+    /// program id moved ahead; a row past the tensor's end, or the part of a slice past
+    /// a row's end, is not asked for.
+    fn l2_prefetch_ahead(&mut self) -> R {
+        let k = self.k;
+        let slices = crate::passes::prefetch_ahead::slices(k, self.spec);
+        let heads: Vec<OpId> = slices.iter().map(|s| s.0).collect();
+        let pre = crate::passes::persist_programs::closure(k, &heads);
+        let c = k.schedule.cluster;
+        self.line(format!("// the slices of the rows {} programs ahead, asked of L2 (`prefetch_ahead`)", k.schedule.l2_prefetch))?;
+        self.open("if (kf_tid == 0)")?;
+        self.pid = Some(vec![format!("((long long)(blockIdx.x / {c}) + {}LL)", k.schedule.l2_prefetch)]);
+        for &op in &pre {
+            match slices.iter().find(|s| s.0 == op) {
+                Some(&(_, axis)) => self.l2_prefetch_slice(op, axis)?,
+                None => self.op(op)?,
+            }
+        }
+        self.pid = None;
+        self.close()
+    }
+
+    /// One bulk L2 prefetch of this block's slice of load `op` (its tile axis `axis` is
+    /// the one split across the cluster; every other tile axis has one element).
+    fn l2_prefetch_slice(&mut self, op: OpId, axis: usize) -> R {
+        let k = self.k;
+        let Op::Load { tensor, dims } = k.op(op) else { unreachable!("prefetch_ahead::slices returns loads") };
+        let p = k.param(*tensor);
+        let esz = p.dtype.size_bytes() as u64;
+        let tdims = p.dims().to_vec();
+        let offs = k.operands(op);
+        let off: Vec<String> = offs.iter().map(|o| self.val(*o).name.clone()).collect();
+        let map = RegMap::of(&self.layout(op.value())?).ok_or_else(|| CodegenError::Unsupported("a prefetched tile with a uniform layout".into()))?;
+        let piece = map.axes[axis].piece as u64;
+        let mut base = format!("p_{}", p.name);
+        let mut ok = Vec::new();
+        let mut len = format!("{piece}LL");
+        let mut t = 0;
+        for (dd, ad) in dims.iter().enumerate() {
+            let st = self.stride(*tensor, dd);
+            base = if st == "1" { format!("{base} + {}", off[dd]) } else { format!("{base} + {} * {st}", off[dd]) };
+            let n = self.shape_var(tdims[dd]);
+            let o = &off[dd];
+            let exact = matches!(ad, AccessDim::Tile(Extent::Full(s)) if k.schedule.full_exact.contains(s)) && is_zero(k, offs[dd]);
+            if matches!(ad, AccessDim::Tile(_)) && t == axis {
+                if !exact {
+                    // the part of the slice inside the row
+                    len = format!("kf_mini({piece}LL, kf_maxi(0LL, {n} - {o} - (long long)kf_crank * {piece}LL))");
+                }
+            } else if !exact {
+                ok.push(if non_negative(k, offs[dd]) { format!("{o} < {n}") } else { format!("{o} >= 0 && {o} < {n}") });
+            }
+            if matches!(ad, AccessDim::Tile(_)) {
+                t += 1;
+            }
+        }
+        let bytes = self.fresh("kf_pfb");
+        self.line(format!("const long long {bytes} = ({len} * {esz}LL) & ~15LL;"))?;
+        ok.push(format!("{bytes} > 0"));
+        self.line(format!(
+            "if ({}) asm volatile(\"cp.async.bulk.prefetch.L2.global [%0], %1;\" :: \"l\"({base} + (long long)kf_crank * {piece}LL), \"r\"((unsigned){bytes}) : \"memory\");",
+            ok.join(" && ")
+        ))
+    }
+
     fn elementwise(&mut self, op: OpId, ops: &[ValueId]) -> R {
         let k = self.k;
         let v = op.value();
@@ -1818,6 +1887,9 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     if k.schedule.persistent > 0 {
         e.persistent_body(grid)?;
     } else {
+        if k.schedule.l2_prefetch > 0 {
+            e.l2_prefetch_ahead()?;
+        }
         for op in k.ops() {
             e.op(op)?;
         }

@@ -5,6 +5,7 @@ pub mod choose_tiles;
 pub mod hoist_invariants;
 pub mod persist_programs;
 pub mod pipeline_stages;
+pub mod prefetch_ahead;
 pub mod rematerialize;
 pub mod select_mma_path;
 pub mod vectorize;
