@@ -443,7 +443,7 @@ fn long_rows_prefetched_ahead_on_the_gpu() {
     }
     let mut failures = Vec::new();
     for op in OPS {
-        for dt in [DType::BF16, DType::F16] {
+        for dt in common::DTYPES {
             for (m, n) in [(17, 131072), (9, 262144), (17, 131000)] {
                 if let Err(e) = check(op, dt, m, n, Fill::Plain, None) {
                     failures.push(e);
