@@ -413,21 +413,7 @@ fn layer_norm() {
 /// on the GPU only (the interpreter has no such plan, and takes long on these sizes).
 #[test]
 fn long_rows_on_the_gpu() {
-    if !dev().is_gpu() {
-        eprintln!("no GPU: long rows are checked on the GPU host");
-        return;
-    }
-    let mut failures = Vec::new();
-    for op in OPS {
-        for dt in common::DTYPES {
-            for (m, n) in [(5, 16384), (3, 131072), (2, 262144), (2, 262147)] {
-                if let Err(e) = check(op, dt, m, n, Fill::Plain, None) {
-                    failures.push(e);
-                }
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    check_on_the_gpu("long rows", &common::DTYPES, &[(5, 16384), (3, 131072), (2, 262144), (2, 262147)]);
 }
 
 /// Cluster rows with more rows than the L2 prefetch distance (`prefetch_ahead`: 16
@@ -437,21 +423,7 @@ fn long_rows_on_the_gpu() {
 /// results must not change (compute-sanitizer's memcheck runs this test on the GPU host).
 #[test]
 fn long_rows_prefetched_ahead_on_the_gpu() {
-    if !dev().is_gpu() {
-        eprintln!("no GPU: the prefetching cluster rows are checked on the GPU host");
-        return;
-    }
-    let mut failures = Vec::new();
-    for op in OPS {
-        for dt in common::DTYPES {
-            for (m, n) in [(17, 131072), (9, 262144), (17, 131000)] {
-                if let Err(e) = check(op, dt, m, n, Fill::Plain, None) {
-                    failures.push(e);
-                }
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    check_on_the_gpu("the prefetching cluster rows", &common::DTYPES, &[(17, 131072), (9, 262144), (17, 131000)]);
 }
 
 /// One row per op in bf16 of 131072 elements (a cluster of 8 blocks) and of 262144
@@ -460,15 +432,24 @@ fn long_rows_prefetched_ahead_on_the_gpu() {
 /// long-rows test).
 #[test]
 fn rows_in_clusters_of_8_and_16_on_the_gpu() {
+    check_on_the_gpu("cluster rows", &[DType::BF16], &[(1, 131072), (1, 262144)]);
+}
+
+/// Every op in each of `dtypes` on each `(M, N)` against float64, on the GPU only (the
+/// interpreter has no cluster plans and takes long on these sizes); `what` names the
+/// rows in the message of a machine without one.
+fn check_on_the_gpu(what: &str, dtypes: &[DType], shapes: &[(usize, usize)]) {
     if !dev().is_gpu() {
-        eprintln!("no GPU: cluster rows are checked on the GPU host");
+        eprintln!("no GPU: {what} are checked on the GPU host");
         return;
     }
     let mut failures = Vec::new();
     for op in OPS {
-        for n in [131072, 262144] {
-            if let Err(e) = check(op, DType::BF16, 1, n, Fill::Plain, None) {
-                failures.push(e);
+        for &dt in dtypes {
+            for &(m, n) in shapes {
+                if let Err(e) = check(op, dt, m, n, Fill::Plain, None) {
+                    failures.push(e);
+                }
             }
         }
     }

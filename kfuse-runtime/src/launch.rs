@@ -915,7 +915,7 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
 const WALK_KEYS: [&str; 6] = ["SPLITK", "MCAST", "MCASTB", "PINGPONG", "WHOLEWAVES", "LASTTILES"];
 
 /// Whether the runtime splits a persistent kernel's last wave: on request only
-/// (`KFUSE_TAIL_SPLIT=1`, read at each launch). It measured no faster at bf16 M8192
+/// (`KFUSE_TAIL_SPLIT=1`, read at each launch of a kernel the split could apply to). It measured no faster at bf16 M8192
 /// N14336 K4096 under the H100's power limit (NOTES g21), and compute-sanitizer's
 /// racecheck reports its split exchange as it does the `SPLITK` override's.
 fn tail_split_enabled() -> bool {
@@ -924,9 +924,8 @@ fn tail_split_enabled() -> bool {
 
 /// The split of a last wave (with `KFUSE_TAIL_SPLIT=1`). A persistent matrix kernel (one
 /// block a tile, no cluster) walks `tiles` tiles with `programs` resident blocks; when
-/// the last wave would keep at
-/// most half of them busy (`0 < tiles % programs ≤ programs / 2`, `tiles > programs`), it
-/// is launched twice instead: the same kernel over the whole waves' tiles only
+/// the last wave would keep at most half of them busy (`0 < tiles % programs ≤
+/// programs / 2`, `tiles > programs`), it is launched twice instead: the same kernel over the whole waves' tiles only
 /// (`WHOLEWAVES=1`, grid `programs`), then over the `left = tiles % programs` tiles left
 /// with each tile's loop split across a cluster of `s` blocks (`LASTTILES=1`,
 /// `SPLITK=s`, `s` the largest power of two ≤ min(8, programs / left) whose kernel the
@@ -1005,8 +1004,8 @@ enum PVal {
 
 /// Launches a loaded kernel on checked arguments, on the grid [`EmittedKernel::grid_dims`]
 /// gives (persistent kernels and clusters included) or, for a persistent kernel,
-/// `programs` programs (clusters) when given (the tail of a split last wave). Returns false, launching nothing,
-/// when that grid is empty (the callers' own empty checks make this a safety net).
+/// `programs` programs (clusters) when given (the tail of a split last wave). Returns
+/// false, launching nothing, when that grid is empty (the callers' own empty checks make this a safety net).
 fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64], programs: Option<u64>) -> Result<bool> {
     let e = &k.emitted;
     let gpu = device.gpu_ref().expect("a GPU");

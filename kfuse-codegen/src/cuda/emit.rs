@@ -219,6 +219,12 @@ fn local_raw(map: &RegMap, i: usize, k: &str) -> String {
     sum_terms([rep_term(m, k), thread_term(m), elem_term(m, k)])
 }
 
+/// Whether a tile axis of extent `e` at offset `off` is in bounds everywhere: a full
+/// extent whose run-time value is known to equal it (`Schedule::full_exact`), from 0.
+fn exact_from_zero(k: &Kernel, e: Extent, off: ValueId) -> bool {
+    matches!(e, Extent::Full(s) if k.schedule.full_exact.contains(&s)) && is_zero(k, off)
+}
+
 /// The offset of this block's piece along map axis `i` (cluster splits).
 fn cta_base(map: &RegMap, i: usize) -> Option<String> {
     let m = &map.axes[i];
@@ -411,6 +417,17 @@ impl<'a> Emitter<'a> {
         } else {
             format!("st_{}_{d}", self.k.param(tensor).name)
         }
+    }
+
+    /// The address of element `off` (one offset expression per dimension) of `tensor`:
+    /// its pointer plus each offset times its dimension's stride.
+    fn element_ptr(&self, tensor: kfuse_ir::ParamId, off: &[String]) -> String {
+        let mut e = format!("p_{}", self.k.param(tensor).name);
+        for (dd, o) in off.iter().enumerate() {
+            let st = self.stride(tensor, dd);
+            e = if st == "1" { format!("{e} + {o}") } else { format!("{e} + {o} * {st}") };
+        }
+        e
     }
 
     fn shape_var(&self, s: kfuse_ir::ShapeSym) -> String {
@@ -693,16 +710,14 @@ impl<'a> Emitter<'a> {
         let off: Vec<String> = offs.iter().map(|o| self.val(*o).name.clone()).collect();
         let map = RegMap::of(&self.layout(op.value())?).ok_or_else(|| CodegenError::Unsupported("a prefetched tile with a uniform layout".into()))?;
         let piece = map.axes[axis].piece as u64;
-        let mut base = format!("p_{}", p.name);
+        let base = self.element_ptr(*tensor, &off);
         let mut ok = Vec::new();
         let mut len = format!("{piece}LL");
         let mut t = 0;
         for (dd, ad) in dims.iter().enumerate() {
-            let st = self.stride(*tensor, dd);
-            base = if st == "1" { format!("{base} + {}", off[dd]) } else { format!("{base} + {} * {st}", off[dd]) };
             let n = self.shape_var(tdims[dd]);
             let o = &off[dd];
-            let exact = matches!(ad, AccessDim::Tile(Extent::Full(s)) if k.schedule.full_exact.contains(s)) && is_zero(k, offs[dd]);
+            let exact = matches!(ad, AccessDim::Tile(e) if exact_from_zero(k, *e, offs[dd]));
             if matches!(ad, AccessDim::Tile(_)) && t == axis {
                 if !exact {
                     // the part of the slice inside the row
@@ -1351,13 +1366,8 @@ impl<'a> Emitter<'a> {
         let off: Vec<String> = offs.iter().map(|o| self.val(*o).name.clone()).collect();
         let nonneg: Vec<bool> = offs.iter().map(|o| non_negative(k, *o)).collect();
         // base pointer and bounds
-        let ptr = format!("p_{}", p.name);
         let base = self.fresh("kf_p");
-        let mut base_e = ptr.clone();
-        for (dd, o) in off.iter().enumerate() {
-            let st = self.stride(tensor, dd);
-            base_e = if st == "1" { format!("{base_e} + {o}") } else { format!("{base_e} + {o} * {st}") };
-        }
+        let base_e = self.element_ptr(tensor, &off);
         let cst = if store.is_some() { "" } else { "const " };
         self.line(format!("{cst}{}* {base} = {base_e};", stype(d)))?;
         // per tile axis: tensor dim, remaining extent, lower bound
@@ -1374,8 +1384,7 @@ impl<'a> Emitter<'a> {
                     }
                 }
                 AccessDim::Tile(e) => {
-                    // a full extent known exact, from offset 0: in bounds everywhere
-                    let exact = matches!(e, Extent::Full(s) if k.schedule.full_exact.contains(s)) && is_zero(k, offs[dd]);
+                    let exact = exact_from_zero(k, *e, offs[dd]);
                     let rem = if exact {
                         None
                     } else {

@@ -10,8 +10,8 @@
 //! registers, nothing to wait for), so the cluster that starts a little later finds its
 //! row in L2. NOTES (rows, eleventh session): with `n` = multiprocessors / cluster (one
 //! block's worth of rows for every multiprocessor, a third of those resident),
-//! LayerNorm went from 86 to 93% of the copy bandwidth at 256×262144 and from 91 to 97%
-//! at 1024×131072; a distance of one wave of resident clusters or more lost (the
+//! LayerNorm went from 86 to 92–93% of the copy bandwidth at 256×262144 and from 91 to
+//! 97% at 1024×131072; a distance of one wave of resident clusters or more lost (the
 //! prefetched lines are evicted before use: softmax 99 → 75%).
 //!
 //! The rule: a kernel without a matrix loop, not persistent or grouped, split across a

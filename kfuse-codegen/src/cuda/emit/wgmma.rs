@@ -3,8 +3,8 @@
 //!
 //! Shape of the generated kernel (the plan decides every number):
 //! - one producer warpgroup (threads 0..128, registers lowered with `setmaxnreg`: 24
-//!   beside consumers of 256-wide tiles, which take 240; 40 when such a kernel also
-//!   multicasts, 56 when it splits its loop (consumers 232 and 224); else 56, since the
+//!   beside consumers of 256-wide tiles, which take 240; 40 beside 232 when such a
+//!   kernel also multicasts, 56 beside 224 when it splits its loop; else 56, since the
 //!   split loop's index arithmetic spilled at 40) whose
 //!   first thread issues the TMA loads of both operands into a ring of `stages`
 //!   shared-memory stages, each completing on its `full` mbarrier;
