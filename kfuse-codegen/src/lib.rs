@@ -7,8 +7,9 @@
 //!
 //! The pipeline (one pass per file under `passes/`, the verifier after each in debug
 //! and test builds):
-//! `verify → hoist_invariants → choose_tiles → select_mma_path → pipeline_stages → assign_layouts →
-//! vectorize → verify → emit`. A pipelined `dot` loop is written by the matrix-path
+//! `verify → hoist_invariants → choose_tiles → select_mma_path → pipeline_stages →
+//! persist_programs → rematerialize → assign_layouts → vectorize → verify →
+//! prefetch_ahead → emit`. A pipelined `dot` loop is written by the matrix-path
 //! writer its plan names (`cuda/emit/wgmma.rs` on sm_90a, `cuda/emit/mma_sm80.rs` on
 //! sm_80/sm_89, `cuda/emit/dot_fma.rs` for exact f32 FMAs on any target). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
 //! of this list.
