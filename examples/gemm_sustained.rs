@@ -12,6 +12,7 @@
 //! `,`) for that phase; then (without `KFUSE_PHASES`) cuBLAS and `kfuse::ops::gemm`
 //! alternating in blocks of 10 calls. Each call is timed by CUDA events around it;
 //! a phase prints its median, the medians of its first and last fifth, and its spread.
+//! `KFUSE_PROBE=1` prints what `scripts/proto/gemm_clock_probe_hook.py` measured.
 
 #[path = "../benches/common/mod.rs"]
 mod common;
@@ -92,6 +93,19 @@ fn main() -> kfuse::Result<()> {
         report(name, &t, flops, start, at);
     }
     std::env::remove_var("KFUSE_TILES");
+    // `KFUSE_PROBE=1`: the totals `scripts/proto/gemm_clock_probe_hook.py` leaves at the
+    // start of kfuse's output (block 0's cycles, nanoseconds and calls over the process)
+    if std::env::var("KFUSE_PROBE").is_ok() {
+        let bytes = c_kf.to_bytes()?;
+        let word = |i: usize| u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().unwrap());
+        let (cycles, ns, n) = (word(0), word(1), word(2).max(1));
+        println!(
+            "probe: {n} calls, block 0 ran {} cycles and {:.1} µs a call: {:.3} GHz",
+            cycles / n,
+            ns as f64 / n as f64 / 1e3,
+            cycles as f64 / ns.max(1) as f64
+        );
+    }
     if asked.is_some() {
         return Ok(());
     }
