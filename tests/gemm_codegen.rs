@@ -262,3 +262,50 @@ fn pingpong_consumers_on_request() {
     let e = compile(&(pair.build)(&[DType::BF16]).unwrap(), &spec, &Target::sm90a()).unwrap();
     assert!(!e.ir.contains("ping-pong"), "{}", e.ir);
 }
+
+#[test]
+fn wide_tiles_where_their_waves_are_shorter() {
+    // 128x320 tiles (an m64n256 and an m64n64 instruction a K step) come from the exact
+    // shape (`exact_shape_tiles`, which the runtime adds to the spec): at M8192 N14336
+    // they take 22 waves on 132 multiprocessors against 28 of 128x256; at 4096³, 8192³
+    // and N4096 they would not pay. They assemble without spills for both dtypes and
+    // both majornesses of B, and the output tile leaves in boxes through two buffers.
+    use kfuse::codegen::passes::choose_tiles::exact_shape_tiles;
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let sm90 = Target::sm90a();
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let hint = |m: u64, n: u64, kk: u64| exact_shape_tiles(&k, &spec_mnk(def, m as u32, n as u32, kk as u32), &[m, kk, n], &sm90);
+    assert_eq!(hint(8192, 14336, 4096).get("BN"), Some(&320));
+    assert_eq!(hint(1000, 5100, 200).get("BN"), Some(&320));
+    for (m, n) in [(4096, 4096), (8192, 8192), (8192, 4096), (16384, 4096), (4095, 4097), (127, 4096), (2048, 2048)] {
+        assert!(hint(m, n, 4096).is_empty(), "{m}x{n}: {:?}", hint(m, n, 4096));
+    }
+    // an explicit BN wins; several dots, sm_80 and f32 operands take none
+    let mut spec = spec_mnk(def, 8192, 14336, 4096);
+    spec.tiles.insert("BN".into(), 256);
+    assert!(exact_shape_tiles(&k, &spec, &[8192, 4096, 14336], &sm90).is_empty());
+    assert!(exact_shape_tiles(&k, &spec_mnk(def, 8192, 14336, 4096), &[8192, 4096, 14336], &Target::sm80()).is_empty());
+    let mut failures = Vec::new();
+    for dt in [DType::BF16, DType::F16] {
+        for tb in [false, true] {
+            let k = (def.build)(&[dt]).unwrap();
+            let mut spec = spec_mnk(def, 8192, 14336, 4096);
+            if tb {
+                spec.tensors[1] = Some(kfuse::codegen::TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
+            }
+            spec.tiles.insert("BN".into(), 320);
+            let e = compile(&k, &spec, &sm90).unwrap();
+            assert!(e.ir.contains("tile 128x320x64, instr m64n256k16 + m64n64k16"), "{}", e.ir);
+            assert!(e.ir.contains("the output tile in its boxes through 2 box-sized buffers"), "{}", e.ir);
+            assert!(e.ir.contains(", 3 stages,"), "{}", e.ir);
+            assert!(e.source.contains(".m64n256k16.") && e.source.contains(".m64n64k16."));
+            assert_eq!(e.source.matches("cp.async.bulk.wait_group.read 1;").count(), 3, "boxes 2, 3 and 4 wait for a buffer");
+            match common::assemble(&e.source, &e.arch, &e.options, &format!("gemm_wide_{dt}_{tb}")) {
+                Ok((regs, spill)) if spill > 0 => failures.push(format!("{dt} tb={tb}: {spill} bytes of spills ({regs} registers)")),
+                Ok(_) => {}
+                Err(err) => failures.push(format!("{dt} tb={tb}: {err}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -199,3 +199,35 @@ fn gemm_with_a_split_last_wave_long_loop() {
         assert!(res.is_ok(), "{}", res.unwrap_err());
     }
 }
+
+#[test]
+fn gemm_with_wide_tiles_on_the_gpu() {
+    // shapes whose exact size gets 128x320 tiles (`exact_shape_tiles`: 8 tile rows of
+    // 16 such tiles, one wave, against 20 of 256 columns, two): both dtypes, every
+    // transpose combination (a K-major B comes in two 160-row slices), edge tiles
+    // cut in both dimensions, a K that is no multiple of 64; and into a poisoned output
+    let _env = env_lock();
+    let Some(dev) = common::gpu() else { return };
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let mut out = Outcomes::default();
+    for (s, &(m, n, kk)) in [(1000usize, 5100usize, 200usize), (900, 5060, 130)].iter().enumerate() {
+        let spec = common::gemm::spec_mnk(def, m as u32, n as u32, kk as u32);
+        let hint = kfuse::codegen::passes::choose_tiles::exact_shape_tiles(&k, &spec, &[m as u64, kk as u64, n as u64], &kfuse::codegen::Target::sm90a());
+        assert_eq!(hint.get("BN"), Some(&320), "{m}x{n}x{kk}");
+        for dt in [DType::BF16, DType::F16] {
+            for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                out.add(format!("{m}x{n}x{kk} {dt} ta={ta} tb={tb}"), check_gemm(m, n, kk, dt, ta, tb, &dev, 70 + 10 * s as u64));
+            }
+        }
+    }
+    out.finish();
+    let (m, n, kk) = (1000, 5100, 200);
+    let (a, av) = common::random_tensor(&[m, kk], DType::BF16, 7, 0.05, &dev);
+    let (b, bv) = common::random_tensor(&[kk, n], DType::BF16, 8, 0.05, &dev);
+    let mut c = common::poisoned(&[m, n], DType::BF16, &dev);
+    kfuse::ops::kernels::gemm(&a, &b, &mut c).unwrap();
+    let rows: Vec<usize> = (0..m).collect();
+    let e = common::rel_err(&c.to_vec_f64().unwrap(), &reference_rows(&av, &bv, kk, n, &rows));
+    assert!(e <= 1e-2, "relative error {e:.3e}");
+}

@@ -189,8 +189,9 @@ pub fn print(k: &Kernel) -> String {
                 crate::schedule::MmaPath::WgmmaTma => {
                     let _ = writeln!(
                         out,
-                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr m{}n{}k{}{wg_tf32}, {} consumer warpgroups{}, {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B, persistent raster group_m={}",
-                        m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instr[0], m.instr[1], m.instr[2],
+                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr {}{wg_tf32}, {} consumer warpgroups{}, {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B, persistent raster group_m={}",
+                        m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2],
+                        m.wgmma_widths().iter().map(|n| format!("m{}n{n}k{}", m.instr[0], m.instr[2])).collect::<Vec<_>>().join(" + "),
                         m.consumers, if m.pingpong { " (ping-pong: a tile each, alternate tiles)" } else { "" }, m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle, m.group_m
                     );
                 }
@@ -242,6 +243,9 @@ pub fn print(k: &Kernel) -> String {
             }
             if let Some(st) = &m.store {
                 let _ = writeln!(out, "  mma epilogue: store {} through shared memory (swizzle {}B) and a TMA store", st.load.index(), st.swizzle);
+                if m.store_buffers > 0 {
+                    let _ = writeln!(out, "  mma epilogue: the output tile in its boxes through {} box-sized buffers", m.store_buffers);
+                }
             }
         }
         for (t, v) in &s.tiles {

@@ -298,6 +298,11 @@ pub struct MmaPlan {
     /// loop keeps the tensor cores busy (`warps` is then `[4, 1]`: one warpgroup's
     /// warps hold the accumulator). False: the consumers share each tile, 64 rows each.
     pub pingpong: bool,
+    /// The [`MmaPlan::store`] tile leaves in its TMA boxes (`[BM, 64]` of 16-bit
+    /// elements) through this many box-sized shared-memory buffers, each reused once the
+    /// bulk store issued from it has read it (`pipeline_stages` picks it when the whole
+    /// tile would leave the ring fewer stages: 128x320 tiles); 0: the whole tile at once.
+    pub store_buffers: u32,
 }
 
 impl Schedule {
@@ -307,6 +312,21 @@ impl Schedule {
 }
 
 impl MmaPlan {
+    /// The widths of the `m64nN` instructions that cover the tile's `BN` columns on
+    /// [`MmaPath::WgmmaTma`], left to right: `BN` itself up to 256, else 256-wide ones
+    /// and the rest (320: 256 and 64). Their accumulators follow each other in a
+    /// consumer's registers, which is the one-instruction layout continued.
+    pub fn wgmma_widths(&self) -> Vec<u32> {
+        let mut left = self.tile[1];
+        let mut v = Vec::new();
+        while left > 0 {
+            let w = left.min(256);
+            v.push(w);
+            left -= w;
+        }
+        v
+    }
+
     /// Every dot of the plan, the first one first: `(dot, carried, a, b)`.
     pub fn all_dots(&self) -> Vec<MmaDot> {
         let mut v = vec![MmaDot { dot: self.dot, carried: self.carried, a: self.a.clone(), b: self.b.clone() }];

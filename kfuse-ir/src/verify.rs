@@ -435,12 +435,21 @@ fn check_loops(k: &Kernel) -> Result<(), String> {
 
 fn check_schedule(k: &Kernel) -> Result<(), String> {
     let s = &k.schedule;
+    // the one tile extent that may be other than a power of two: the `BN` of a `dot`'s B
+    // tile, a multiple of 64, before a path is chosen and on the WGMMA path (several
+    // instructions a K step: `MmaPlan::wgmma_widths`)
+    let wgmma = s.mma.as_ref().is_none_or(|p| p.path == crate::schedule::MmaPath::WgmmaTma);
+    let wide = k.order.iter().find(|&&o| matches!(k.op(o), Op::Dot { .. })).filter(|_| wgmma).and_then(|&d| match k.ty(k.operands(d)[1]).shape.get(1) {
+        Some(Extent::Tile(sym)) => Some(*sym),
+        _ => None,
+    });
     for &op in &k.order {
         let Some(t) = &k.node(op).ty else { continue };
         for e in &t.shape {
             match e {
                 Extent::Tile(sym) => match s.tiles.get(sym) {
                     Some(v) if v.is_power_of_two() => {}
+                    Some(v) if Some(*sym) == wide && v % 64 == 0 => {}
                     _ => return Err(format!("tile symbol {} has no power-of-two value", k.tile_name(*sym))),
                 },
                 Extent::Full(sym) => match s.full.get(sym) {

@@ -534,6 +534,13 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
             let gpu = device.gpu_ref().expect("a GPU");
             let mut spec = spec_for(kernel, args)?;
             let target = gpu.target()?;
+            // tile sizes that follow from the exact shape, not its power-of-two bucket
+            // (codegen's choice, in the spec so that the cache keys on it; explicit
+            // `KFUSE_TILES` entries win)
+            let dims = shape_values(kernel, args)?;
+            for (name, v) in kfuse_codegen::passes::choose_tiles::exact_shape_tiles(kernel, &spec, &dims, &target) {
+                spec.tiles.entry(name).or_insert(v);
+            }
             // only `dot` kernels have anything to tune: no work for the others
             if crate::autotune::enabled() && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot { .. })) {
                 if let Some(tiles) = autotune(def, &checked.dtypes, kernel, &spec, &target, device, args, &shapes)? {

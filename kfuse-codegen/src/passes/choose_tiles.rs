@@ -35,6 +35,13 @@
 //! wait on loads and barriers) and leaves the choice to the assembler too: 64 registers
 //! instead of 72 at 256 threads, a fourth block per multiprocessor, no spills. So does
 //! any block of 1024 threads (64 registers at most either way).
+//!
+//! Matrix tiles (a `dot` loop): see `choose_dot_tiles` for the bucket's heuristic.
+//! The spec holds a power-of-two bucket of each size, which cannot tell M8192 N14336
+//! from N16384; a choice that needs the exact size is made by
+//! [`exact_shape_tiles`], which the runtime calls before it compiles and whose answer
+//! it adds to `Spec::tiles` (so the module cache keys on it and codegen stays a
+//! function of the spec): 128x320 tiles where they take fewer waves than 128x256.
 
 use std::collections::BTreeMap;
 
@@ -322,9 +329,7 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     let (bm, bk, bn) = if wgmma { (bm, bk, bn) } else { mma_sync_tiles(m, n, esz, target) };
     // an epilogue that loads a whole [BM, BN] tile (`beta * c`) holds it beside the
     // accumulators: 128 wide at most (256 spilled 0.5-1 KB)
-    let epilogue_tile = k.ops().any(|o| {
-        matches!(k.op(o), Op::Load { .. }) && k.loop_of(o).is_none() && k.ty(o.value()).shape == [at.shape[0], bt.shape[1]]
-    });
+    let epilogue_tile = loads_output_tile(k, dot);
     let bn = if epilogue_tile && wgmma { bn.min(128) } else { bn };
     // several dots in the loop (`select_mma_path::MAX_DOTS`): their accumulators share
     // the registers of one 256-wide tile (two dots: 128 wide each)
@@ -332,7 +337,8 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     let bn = if ndots > 1 && wgmma { bn.min((256 / ndots / 64).max(1) * 64) } else { bn };
     // ping-pong consumers (`select_mma_path::pingpong_wanted`: an epilogue of heavy
     // math): each warpgroup holds a whole 128-row tile, 128 columns wide at most
-    let bn = if wgmma && bm == 128 && crate::passes::select_mma_path::pingpong_wanted(k, spec, target) { bn.min(128) } else { bn };
+    let pingpong = wgmma && bm == 128 && crate::passes::select_mma_path::pingpong_wanted(k, spec, target);
+    let bn = if pingpong { bn.min(128) } else { bn };
     let want = [(at.shape[0], bm), (at.shape[1], bk), (bt.shape[1], bn)];
     for (e, v) in want {
         match e {
@@ -389,6 +395,61 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     k.schedule.min_blocks = 1;
     k.schedule.cluster = 1;
     Ok(())
+}
+
+/// Whether the epilogue of the kernel's `dot` loads a whole `[BM, BN]` tile (`beta * c`).
+fn loads_output_tile(k: &Kernel, dot: kfuse_ir::OpId) -> bool {
+    let ops = k.operands(dot);
+    let (at, bt) = (k.ty(ops[0]), k.ty(ops[1]));
+    k.ops().any(|o| matches!(k.op(o), Op::Load { .. }) && k.loop_of(o).is_none() && k.ty(o.value()).shape == [at.shape[0], bt.shape[1]])
+}
+
+/// Tile sizes that follow from a problem's exact shape (`dims`, one per shape symbol)
+/// rather than the power-of-two bucket a [`Spec`] holds, as `Spec::tiles` entries for
+/// the runtime to add before it compiles (explicit overrides win; the cache keys on
+/// them, so codegen stays a function of the spec).
+///
+/// One today: `BN = 320` (an m64n256 and an m64n64 instruction a K step, 160
+/// accumulators a consumer thread) where the default 128x256 tiles of one 16-bit `dot`
+/// on sm_90 would take longer in waves ([`wide_tiles_pay`]): M8192 N14336 is 28 waves
+/// of 128x256 tiles on the H100's 132 multiprocessors, 22 of 128x320 (7040 columns of
+/// waves against 7168), and the wider tile also loads A 20% less often and held a
+/// higher clock under the power limit: 691 against 664 TFLOP/s sustained (NOTES g25).
+/// Not with several dots, a loaded output tile, ping-pong or a cluster override.
+pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target) -> std::collections::BTreeMap<String, u32> {
+    let mut out = std::collections::BTreeMap::new();
+    let dots = crate::passes::select_mma_path::dots(k);
+    let [dot] = dots[..] else { return out };
+    let cluster = ["SPLITK", "MCAST", "MCASTB", "PINGPONG"].iter().any(|o| spec.tiles.get(*o).is_some_and(|&v| v > 1 || *o == "PINGPONG" && v > 0));
+    if target.sm != 90 || cluster || loads_output_tile(k, dot) {
+        return out;
+    }
+    let ops = k.operands(dot);
+    let (at, bt) = (k.ty(ops[0]).clone(), k.ty(ops[1]).clone());
+    let (Extent::Tile(bm_sym), Extent::Tile(bn_sym)) = (at.shape[0], bt.shape[1]) else { return out };
+    if at.dtype.size_bytes() != 2 || spec.tiles.contains_key(k.tile_name(bn_sym)) {
+        return out;
+    }
+    let exact = Spec { shape_pow2: dims.iter().map(|&d| d.clamp(1, 1 << 31) as u32).collect(), ..spec.clone() };
+    let (m, n, _) = dot_problem(k, &exact, dot);
+    if !wide_tiles_pay(m, n, target.num_sms) || crate::passes::select_mma_path::pingpong_wanted(k, spec, target) {
+        return out;
+    }
+    // only in place of the 128x256 tiles the bucket gets (this much runs once a launch,
+    // and only for shapes where the wide tiles pay: ~3 µs)
+    let mut k2 = k.clone();
+    if run(&mut k2, spec, target).is_ok() && k2.schedule.tiles.get(&bm_sym) == Some(&128) && k2.schedule.tiles.get(&bn_sym) == Some(&256) {
+        out.insert(k.tile_name(bn_sym).to_string(), 320);
+    }
+    out
+}
+
+/// Whether 128x320 output tiles cover an `m × n` product in fewer column-waves than
+/// 128x256 ones on `sms` multiprocessors (waves of tiles times the tile's width; a
+/// tie keeps 256).
+fn wide_tiles_pay(m: u64, n: u64, sms: u32) -> bool {
+    let cost = |bn: u64| (m.div_ceil(128) * n.div_ceil(bn)).div_ceil(sms.max(1) as u64) * bn;
+    cost(320) < cost(256)
 }
 
 /// Tiles `(BM, BN)` of a `dot` loop on the FMA path (`MmaPath::FmaSimt`: f32

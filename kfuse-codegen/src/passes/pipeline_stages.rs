@@ -26,18 +26,29 @@ pub const MAX_STAGES: u32 = 8;
 pub const RESERVE_BYTES: u32 = 8 * 1024;
 
 /// Bytes of the epilogue's output tiles in shared memory (0 without a TMA store): one
-/// tile, or one per consumer warpgroup when they work ping-pong.
+/// tile, or one per consumer warpgroup when they work ping-pong, or
+/// [`MmaPlan::store_buffers`](kfuse_ir::MmaPlan::store_buffers) of its TMA boxes.
 pub fn store_bytes(k: &Kernel) -> u32 {
     let Some(p) = &k.schedule.mma else { return 0 };
     match &p.store {
         Some(st) => {
             let v = *k.operands(st.load).last().unwrap();
+            let esz = k.ty(v).dtype.size_bytes() as u32;
+            if p.store_buffers > 0 {
+                return p.store_buffers * p.tile[0] * (st.swizzle / esz) * esz;
+            }
             let tiles = if p.pingpong { p.consumers } else { 1 };
-            tiles * p.tile[0] * p.tile[1] * k.ty(v).dtype.size_bytes() as u32
+            tiles * p.tile[0] * p.tile[1] * esz
         }
         None => 0,
     }
 }
+
+/// Stages the WGMMA ring needs before an output tile may take shared memory from it: a
+/// tile that would leave fewer goes out through two of its boxes instead
+/// ([`MmaPlan::store_buffers`](kfuse_ir::MmaPlan::store_buffers)) when that leaves
+/// more (128x320: 2 stages beside the 80 KiB tile, 3 beside two 16 KiB boxes).
+pub const STORE_RING_MIN_STAGES: u32 = 3;
 
 /// Bytes of a block's f32 partial accumulator under a cluster split (0 without one);
 /// it shares its shared memory with the output tile (only the first block stores).
@@ -72,8 +83,19 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // the epilogue's region (output tile, split partial) has its own shared memory — but
     // in a kernel of one tile a block (the last tiles of a split wave), where it reuses
     // the ring once the loop is done, so it needs a ring at least its size
-    let region = store_bytes(k).max(partial_bytes(k));
     let aliased = epilogue_reuses_ring(k);
+    let fits = |region: u32| target.smem_per_block.saturating_sub(RESERVE_BYTES + region) / per.max(1);
+    if let Some(p) = k.schedule.mma.as_ref().filter(|p| p.store.is_some() && !p.pingpong && !aliased && p.split_k <= 1) {
+        let st = p.store.as_ref().unwrap();
+        let esz = k.ty(*k.operands(st.load).last().unwrap()).dtype.size_bytes() as u32;
+        let boxes = p.tile[1] / (st.swizzle / esz).max(1);
+        let whole = store_bytes(k);
+        let two = 2 * whole / boxes.max(1);
+        if boxes > 2 && fits(whole) < STORE_RING_MIN_STAGES && fits(two) > fits(whole) {
+            k.schedule.mma.as_mut().unwrap().store_buffers = 2;
+        }
+    }
+    let region = store_bytes(k).max(partial_bytes(k));
     let room = target.smem_per_block.saturating_sub(RESERVE_BYTES + if aliased { 0 } else { region });
     let fit = room / per.max(1);
     let want = spec.tiles.get("STAGES").copied().unwrap_or(MAX_STAGES);

@@ -389,18 +389,24 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             multicast_b: false,
             walk: kfuse_ir::TileWalk::All,
             pingpong: false,
+            store_buffers: 0,
         });
         return Ok(());
     }
     if bk * esz != 128 {
         return Err(unsupported(format!("BK = {bk}: the WGMMA path takes K tiles of 128 bytes ({} elements)", 128 / esz)));
     }
-    if !(bm == 64 || bm == 128) || !(64..=256).contains(&bn) || bn % 64 != 0 {
-        return Err(unsupported(format!("a {bm}x{bn} dot tile: the WGMMA path takes BM of 64 or 128 and BN a multiple of 64 up to 256")));
+    if !(bm == 64 || bm == 128) || !(64..=320).contains(&bn) || bn % 64 != 0 {
+        return Err(unsupported(format!("a {bm}x{bn} dot tile: the WGMMA path takes BM of 64 or 128 and BN a multiple of 64 up to 320")));
+    }
+    // wider than one instruction (320: an m64n256 and an m64n64 a K step, 160
+    // accumulators a consumer thread): one dot of 128 rows, consumers sharing the tile
+    if bn > 256 && (found.len() > 1 || bm != 128 || spec.tiles.get("PINGPONG").is_some_and(|&p| p > 0)) {
+        return Err(unsupported(format!("a {bm}x{bn} dot tile with {} dot(s): tiles wider than 256 columns take one dot, 128 rows and no ping-pong", found.len())));
     }
     // the accumulators of several dots share a consumer's registers: at most 256
     // columns of f32 in all (128 registers a thread)
-    if found.len() as u32 * bn > 256 {
+    if found.len() > 1 && found.len() as u32 * bn > 256 {
         return Err(unsupported(format!(
             "{} `dot`s of {bm}x{bn} tiles: their accumulators need {} f32 registers a consumer thread; the WGMMA path holds at most 128 (BN = {} for {} dots)",
             found.len(),
@@ -490,7 +496,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         b: MmaOperand { load: b_load, major: b_major, swizzle: 128 },
         more,
         tile: [bm, bn, bk],
-        instr: [64, bn, 32 / esz],
+        instr: [64, bn.min(256), 32 / esz],
         consumers,
         warps: if pingpong { [4, 1] } else { [4 * consumers, 1] },
         stages: 0,
@@ -503,6 +509,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         multicast_b,
         walk,
         pingpong,
+        store_buffers: 0,
     });
     Ok(())
 }

@@ -22,7 +22,13 @@
 //!   accumulator registers in the instruction's layout
 //!   ([`crate::layout::mma_accumulator`]), with a named barrier over the consumers
 //!   wherever the writer needs one; a `[BM, BN]` store leaves through swizzled shared
-//!   memory and a TMA bulk store when the plan says so (`MmaPlan::store`);
+//!   memory and a TMA bulk store when the plan says so (`MmaPlan::store`): the whole
+//!   tile at once, or box by box through two box-sized buffers
+//!   (`MmaPlan::store_buffers`, for 128x320 tiles, whose whole tile would cost a stage);
+//! - a tile wider than one instruction (`BN = 320`): each K step issues an `m64n256`
+//!   and an `m64n64` wgmma ([`MmaPlan::wgmma_widths`]) into one accumulator array (the
+//!   one-instruction layout continued), the second's B descriptor advanced to its
+//!   columns; a K-major B tile of 320 rows comes in two 160-row TMA boxes;
 //! - several dots in the loop ([`MmaPlan::more`]): a stage holds each distinct operand
 //!   tile once (the producer loads a shared A tile once for all of them, tensor maps
 //!   `kf_tm0…` in [`MmaPlan::stage_operands`] order, the output's map after them);
@@ -80,9 +86,12 @@ struct Operand {
 }
 
 /// The TMA boxes of an operand load: per tensor dimension the tile extent (1 for an
-/// indexed dimension), the innermost (`order[0]`) capped at one swizzle span; and how
-/// many boxes cover that dimension.
-fn boxes_of(k: &Kernel, o: &MmaOperand, order: &[u32]) -> Result<(Vec<u32>, u32, u32), CodegenError> {
+/// indexed dimension), the innermost (`order[0]`) capped at one swizzle span; how many
+/// boxes cover the tile, and whether they follow each other along the next dimension
+/// (`order[1]`) rather than the innermost: a tile of one span whose next extent is over
+/// TMA's 256 (a K-major `[320, 64]` B tile) comes in slices of that dimension, the
+/// fewest whose rows are a multiple of 8 (two of 160).
+fn boxes_of(k: &Kernel, o: &MmaOperand, order: &[u32]) -> Result<(Vec<u32>, u32, u32, bool), CodegenError> {
     let Op::Load { tensor, dims } = k.op(o.load) else { return Err(CodegenError::Unsupported("operand is not a load".into())) };
     let esz = k.param(*tensor).dtype.size_bytes() as u32;
     let span = o.swizzle / esz;
@@ -95,13 +104,22 @@ fn boxes_of(k: &Kernel, o: &MmaOperand, order: &[u32]) -> Result<(Vec<u32>, u32,
         .collect();
     let inner_dim = order[0] as usize;
     let inner = b[inner_dim];
-    let nq = inner.div_ceil(span).max(1);
+    let mut nq = inner.div_ceil(span).max(1);
     b[inner_dim] = inner.min(span);
+    let mut outer_slices = false;
+    if let (1, Some(&next)) = (nq, order.get(1)) {
+        let ext = b[next as usize];
+        if let Some(n) = (2..=ext / 8).find(|&n| ext % n == 0 && (ext / n) % 8 == 0 && ext / n <= 256).filter(|_| ext > 256) {
+            b[next as usize] = ext / n;
+            nq = n;
+            outer_slices = true;
+        }
+    }
     if b.iter().any(|&x| x > 256) {
         return Err(CodegenError::Unsupported(format!("a TMA box of {b:?} (at most 256 per dimension)")));
     }
     let box_bytes = b.iter().product::<u32>() * esz;
-    Ok((b, nq, box_bytes))
+    Ok((b, nq, box_bytes, outer_slices))
 }
 
 /// The name of the WGMMA helper dot `d` calls: `kf_wgmma` for the majorness of the
@@ -115,10 +133,31 @@ fn wgmma_name(first: &MmaDot, d: &MmaDot) -> String {
 }
 
 /// A `kf_wgmma`-style helper `name`: one `m64nNkK` instruction (K = 32 bytes of the dtype) with
-/// f32 accumulators; the transpose immediates exist only for 16-bit operands. f32
-/// operands are read as TF32 (`k8 … .tf32`): the plan takes them only from a
-/// `dot_tf32`.
-fn wgmma_fn(name: &str, dtype: DType, n: u32, trans_a: bool, trans_b: bool) -> Result<String, CodegenError> {
+/// f32 accumulators per width of `widths` ([`MmaPlan::wgmma_widths`]), the next one's
+/// accumulators after the last one's and its B descriptor advanced by `b_offsets[i]`
+/// bytes (the start address field counts 16-byte units); the transpose immediates exist
+/// only for 16-bit operands. f32 operands are read as TF32 (`k8 … .tf32`): the plan
+/// takes them only from a `dot_tf32`.
+fn wgmma_fn(name: &str, dtype: DType, widths: &[u32], b_offsets: &[u32], trans_a: bool, trans_b: bool) -> Result<String, CodegenError> {
+    if widths.len() == 1 {
+        return wgmma_instr_fn(name, dtype, widths[0], trans_a, trans_b);
+    }
+    let mut text = String::new();
+    let mut body = String::new();
+    let mut at = 0;
+    for (i, (&n, &off)) in widths.iter().zip(b_offsets).enumerate() {
+        let piece = format!("{name}_{i}");
+        text.push_str(&wgmma_instr_fn(&piece, dtype, n, trans_a, trans_b)?);
+        let db = if off == 0 { "db".to_string() } else { format!("db + {}ull", off >> 4) };
+        body.push_str(&format!("  {piece}(d + {at}, da, {db});\n"));
+        at += n / 2;
+    }
+    text.push_str(&format!("static __device__ __forceinline__ void {name}(float* d, unsigned long long da, unsigned long long db) {{\n{body}}}\n"));
+    Ok(text)
+}
+
+/// One `m64nNkK` instruction as a helper (see [`wgmma_fn`]).
+fn wgmma_instr_fn(name: &str, dtype: DType, n: u32, trans_a: bool, trans_b: bool) -> Result<String, CodegenError> {
     let regs = n / 2;
     let ty = match dtype {
         DType::F16 => "f16",
@@ -180,12 +219,12 @@ pub(super) fn emit_kernel(
         let Op::Load { tensor, .. } = k.op(o.load) else { unreachable!() };
         let order = crate::passes::select_mma_path::tma_order(k, spec, o.load)
             .ok_or_else(|| CodegenError::Unsupported("a dot operand without a unit-stride dimension".into()))?;
-        let (boxes, nq, box_bytes) = boxes_of(k, o, &order)?;
+        let (boxes, nq, box_bytes, outer_slices) = boxes_of(k, o, &order)?;
         let map = format!("kf_tm{i}");
         decls.push(format!("const __grid_constant__ CUtensorMap {map}"));
         params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: boxes.clone(), swizzle: o.swizzle, order: order.clone() });
         let offs = k.operands(o.load).iter().map(|v| format!("v{}", v.index())).collect();
-        operands.push(Operand { map, offs, order, boxes, nq, outer_slices: false, box_bytes, bytes: box_bytes * nq, major: o.major, is_a });
+        operands.push(Operand { map, offs, order, boxes, nq, outer_slices, box_bytes, bytes: box_bytes * nq, major: o.major, is_a });
     }
     // multicast: each block of the cluster loads a slice of the shared operand's tile
     // (A, or B under `multicast_b`: operand 0 or 1 of the single dot) for all of them
@@ -194,6 +233,12 @@ pub(super) fn emit_kernel(
     // the grid axis along which a multicast cluster's blocks hold neighbouring tiles:
     // 1 (a tile row) when they share A, 0 (a tile column) when they share B
     let mcast_axis = usize::from(!plan.multicast_b);
+    if mcast > 1 && (bn > 256 || operands.iter().any(|o| o.outer_slices)) {
+        return Err(CodegenError::Unsupported(format!("multicast of a {bm}x{bn} tile (tiles wider than 256 columns take no cluster)")));
+    }
+    if split > 1 && bn > 256 {
+        return Err(CodegenError::Unsupported(format!("a {bm}x{bn} tile split across a cluster (tiles wider than 256 columns take no cluster)")));
+    }
     if mcast > 1 {
         let a = &mut operands[shared];
         let name = if a.is_a { "A" } else { "B" };
@@ -255,7 +300,8 @@ pub(super) fn emit_kernel(
         let Op::Store { tensor, .. } = k.op(st.load) else { unreachable!() };
         let esz = k.param(*tensor).dtype.size_bytes() as u32;
         let inner = st.swizzle / esz;
-        c_bytes = bm * bn * esz;
+        // the whole tile, or `store_buffers` of its boxes
+        c_bytes = if plan.store_buffers > 0 { bm * inner * esz * plan.store_buffers } else { bm * bn * esz };
         decls.push(format!("const __grid_constant__ CUtensorMap {c_map_name}"));
         params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: vec![bm, inner], swizzle: st.swizzle, order: vec![1, 0] });
         c_map = Some((st.load, inner, bm * inner * esz));
@@ -661,7 +707,7 @@ pub(super) fn emit_kernel(
             continue;
         }
         match c_map {
-            Some((st, inner, box_bytes)) if st == o => e.tma_store(o, &c_base, inner, box_bytes, &c_map_name, lead)?,
+            Some((st, inner, box_bytes)) if st == o => e.tma_store(o, &c_base, inner, box_bytes, plan.store_buffers, &c_map_name, lead)?,
             _ => e.op(o)?,
         }
     }
@@ -703,7 +749,19 @@ pub(super) fn emit_kernel(
     for d in &dots {
         let name = wgmma_name(&dots[0], d);
         if !helpers.contains(&name) {
-            wgmma_text.push_str(&wgmma_fn(&name, dtype, bn, d.a.major == Major::MN, d.b.major == Major::MN)?);
+            // where each instruction's columns of B start in a stage
+            let ob = &operands[op_index(d.b.load)];
+            let widths = plan.wgmma_widths();
+            let mut offsets = Vec::new();
+            let mut col = 0;
+            for w in &widths {
+                offsets.push(match ob.major {
+                    Major::MN => col / 64 * ob.box_bytes,
+                    Major::K => col * 128,
+                });
+                col += w;
+            }
+            wgmma_text.push_str(&wgmma_fn(&name, dtype, &widths, &offsets, d.a.major == Major::MN, d.b.major == Major::MN)?);
             helpers.push(name);
         }
     }
@@ -746,7 +804,15 @@ impl Emitter<'_> {
     /// ping-pong warpgroup's first) waits until the previous tile's bulk store has read
     /// the buffer, the consumers write, fence the writes for the async proxy, meet at
     /// the barrier, and the same thread issues the store.
-    fn tma_store(&mut self, op: OpId, c_base: &str, inner: u32, box_bytes: u32, map_name: &str, lead: &str) -> R {
+    ///
+    /// With `buffers > 0` ([`MmaPlan::store_buffers`]) the tile leaves box by box
+    /// through that many box-sized buffers: before writing box `q` into buffer
+    /// `q % buffers`, the thread waits until at most `buffers - 1` bulk stores are still
+    /// reading (all of them before the first box: the previous tile's), and each box's
+    /// registers are those whose column falls in it (known per register at compile time:
+    /// the column axis's thread part stays within one repetition, which a box holds
+    /// whole).
+    fn tma_store(&mut self, op: OpId, c_base: &str, inner: u32, box_bytes: u32, buffers: u32, map_name: &str, lead: &str) -> R {
         let k = self.k;
         let Op::Store { tensor, dims } = k.op(op) else { unreachable!() };
         let ops = k.operands(op);
@@ -754,7 +820,6 @@ impl Emitter<'_> {
         let v = ops[r];
         let val = self.val(v).clone();
         let d = k.param(*tensor).dtype;
-        let esz = d.size_bytes() as u32;
         let map = val.map.clone().ok_or_else(|| CodegenError::Unsupported("a scalar epilogue store".into()))?;
         let plain = map.axes.len() == 2 && val.axis_map == [Some(0), Some(1)] && map.axes[1].elem_step == 1 && map.axes[1].spt % 2 == 0;
         if !plain {
@@ -772,6 +837,42 @@ impl Emitter<'_> {
         }
         let ok = self.fresh("kf_tma_ok");
         self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
+        let boxes = val.shape[1] / inner;
+        if buffers > 0 && buffers < boxes {
+            let c = &map.axes[1];
+            if c.replicated() || c.ctas > 1 || inner % c.chunk != 0 {
+                return Err(CodegenError::Unsupported(format!("an output tile in {inner}-column boxes from a register layout whose columns repeat every {}", c.chunk)));
+            }
+            self.open(format!("if ({ok})"))?;
+            self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)(kf_pipe - kf_dsmem) + {c_base});"))?;
+            let b = self.barrier;
+            let e1 = map.axes[1].e_stride;
+            for q in 0..boxes {
+                let wait = if q == 0 { 0 } else { buffers - 1 };
+                if q == 0 || q >= buffers {
+                    self.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read {wait};\" ::: \"memory\");"))?;
+                }
+                self.line(b)?;
+                self.unroll("p", map.regs / 2)?;
+                self.line(format!("const int k0 = (p / {e1}) * {} + (p % {e1});", 2 * e1))?;
+                // the box of register k0's column: its repetition's
+                let rep = if c.reps > 1 { format!("((k0 / {}) % {}) * {}", c.rep_stride, c.reps, c.chunk) } else { "0".to_string() };
+                self.open(format!("if (({rep}) / {inner} == {q})"))?;
+                self.pair_to_box(&map, &val.name, d, inner, box_bytes, Some((q % buffers) * box_bytes))?;
+                self.close()?;
+                self.close()?;
+                self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")?;
+                self.line(b)?;
+                self.open(format!("if ({lead})"))?;
+                self.bulk_store_box(map_name, &offs, q * inner, (q % buffers) * box_bytes)?;
+                self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
+                self.close()?;
+            }
+            self.close()?;
+            self.open("else")?;
+            self.op(op)?;
+            return self.close();
+        }
         self.open(format!("if ({ok})"))?;
         self.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");"))?;
         let b = self.barrier;
@@ -786,26 +887,13 @@ impl Emitter<'_> {
         self.unroll("p", pairs)?;
         // register k0 and the next along the columns (element digit 0 and 1)
         self.line(format!("const int k0 = (p / {e1}) * {} + (p % {e1});", 2 * e1))?;
-        self.line(format!("const int row = {};", coord(&map, 0, "k0")))?;
-        self.line(format!("const int col = {};", coord(&map, 1, "k0")))?;
-        self.line(format!("const int q = col / {inner};"))?;
-        self.line(format!("const int cb = (col % {inner}) * {esz};"))?;
-        self.line(format!("const unsigned off = q * {box_bytes} + row * 128 + ((((cb >> 4) ^ (row & 7)) << 4) | (cb & 15));"))?;
-        let lo = from_reg(d, &format!("{}[k0]", val.name));
-        let hi = from_reg(d, &format!("{}[k0 + {e1}]", val.name));
-        self.line(format!("*reinterpret_cast<unsigned*>(kf_cs + off) = kf_pack16({lo}, {hi});"))?;
+        self.pair_to_box(&map, &val.name, d, inner, box_bytes, None)?;
         self.close()?;
         self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")?;
         self.line(b)?;
         self.open(format!("if ({lead})"))?;
         for q in 0..val.shape[1] / inner {
-            self.line(format!(
-                "asm volatile(\"cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {{%1, %2}}], [%3];\" :: \"l\"(&{map_name}), \"r\"((int)({} + {})), \"r\"((int){}), \"r\"(kf_smem_addr(kf_cs + {})) : \"memory\");",
-                offs[1],
-                q * inner,
-                offs[0],
-                q * box_bytes
-            ))?;
+            self.bulk_store_box(map_name, &offs, q * inner, q * box_bytes)?;
         }
         self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
         self.close()?;
@@ -813,5 +901,37 @@ impl Emitter<'_> {
         self.open("else")?;
         self.op(op)?;
         self.close()
+    }
+
+    /// Writes register `k0` of `name` and the next along the columns (a 16-bit pair)
+    /// into the output tile's swizzled shared memory at `kf_cs`: in the box its column
+    /// falls in (`box_at`: none — the box `col / inner`, boxes `box_bytes` apart — or
+    /// this byte offset, for a tile stored box by box).
+    fn pair_to_box(&mut self, map: &RegMap, name: &str, d: DType, inner: u32, box_bytes: u32, box_at: Option<u32>) -> R {
+        let esz = d.size_bytes() as u32;
+        let e1 = map.axes[1].e_stride;
+        self.line(format!("const int row = {};", coord(map, 0, "k0")))?;
+        self.line(format!("const int col = {};", coord(map, 1, "k0")))?;
+        let base = match box_at {
+            Some(at) => at.to_string(),
+            None => {
+                self.line(format!("const int q = col / {inner};"))?;
+                format!("q * {box_bytes}")
+            }
+        };
+        self.line(format!("const int cb = (col % {inner}) * {esz};"))?;
+        self.line(format!("const unsigned off = {base} + row * 128 + ((((cb >> 4) ^ (row & 7)) << 4) | (cb & 15));"))?;
+        let lo = from_reg(d, &format!("{name}[k0]"));
+        let hi = from_reg(d, &format!("{name}[k0 + {e1}]"));
+        self.line(format!("*reinterpret_cast<unsigned*>(kf_cs + off) = kf_pack16({lo}, {hi});"))
+    }
+
+    /// The bulk store of one `[BM, inner]` box of the output tile, `col` columns into it,
+    /// from `kf_cs + at`.
+    fn bulk_store_box(&mut self, map_name: &str, offs: &[String], col: u32, at: u32) -> R {
+        self.line(format!(
+            "asm volatile(\"cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {{%1, %2}}], [%3];\" :: \"l\"(&{map_name}), \"r\"((int)({} + {col})), \"r\"((int){}), \"r\"(kf_smem_addr(kf_cs + {at})) : \"memory\");",
+            offs[1], offs[0]
+        ))
     }
 }

@@ -152,6 +152,7 @@ pub(super) fn plan(k: &mut Kernel, spec: &Spec, l: &DotLoop) -> Result<(), Codeg
         multicast_b: false,
         walk: kfuse_ir::TileWalk::All,
         pingpong: false,
+        store_buffers: 0,
     });
     Ok(())
 }
