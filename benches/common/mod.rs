@@ -60,22 +60,30 @@ pub const ROUNDS: usize = 5;
 
 /// Times competitors side by side: `warm` untimed calls of each, then [`ROUNDS`] rounds in
 /// which each competitor in turn makes `iters / ROUNDS` timed calls (CUDA events around
-/// each, a few untimed calls first so that each round starts from its own warm state).
+/// each, a few untimed calls first so that each round starts from its own warm state),
+/// round `r` starting with competitor `r % n`.
 /// The GPU's clock and temperature drift over a run (under its power limit a long run
-/// slows by several percent); interleaving puts that drift on every competitor alike,
-/// where timing them one after another puts it on the last. Returns each competitor's
-/// median per-call time in ms, or its first error (a failed competitor is not called
-/// again).
+/// slows by several percent, and calls right after an idle moment run at a raised
+/// clock); interleaving puts that drift on every competitor alike, where timing them one
+/// after another puts it on the last, and the rotation keeps one competitor from always
+/// going first. Returns each competitor's median per-call time in ms, or its first error
+/// (a failed competitor is not called again).
 pub fn interleaved(dev: &Device, warm: usize, iters: usize, fns: &mut [&mut dyn FnMut() -> kfuse::Result<()>]) -> Vec<kfuse::Result<f64>> {
     let per = iters.div_ceil(ROUNDS).max(1);
+    let n = fns.len();
     let mut samples: Vec<kfuse::Result<Vec<f32>>> = fns.iter().map(|_| Ok(Vec::new())).collect();
+    // the warm-up calls of every competitor before any timed call
+    for (f, s) in fns.iter_mut().zip(samples.iter_mut()) {
+        if let Err(e) = dev.time_ms(warm, 0, &mut **f) {
+            *s = Err(e);
+        }
+    }
     for round in 0..ROUNDS {
-        let w = if round == 0 { warm } else { 2 };
-        for (f, s) in fns.iter_mut().zip(samples.iter_mut()) {
-            let Ok(acc) = s else { continue };
-            match dev.time_ms(w, per, &mut **f) {
+        for i in (0..n).map(|j| (j + round) % n) {
+            let Ok(acc) = &mut samples[i] else { continue };
+            match dev.time_ms(2, per, &mut *fns[i]) {
                 Ok(t) => acc.extend(t),
-                Err(e) => *s = Err(e),
+                Err(e) => samples[i] = Err(e),
             }
         }
     }

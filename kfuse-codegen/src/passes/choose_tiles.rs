@@ -260,6 +260,11 @@ fn access_extents(k: &Kernel, op: kfuse_ir::OpId) -> Vec<Extent> {
 /// The problem extents `(M, N, K)` a `dot`'s operands tile (their tensors' shape
 /// symbols, rounded up to powers of two as the spec gives them).
 pub fn dot_problem(k: &Kernel, spec: &Spec, dot: kfuse_ir::OpId) -> (u64, u64, u64) {
+    dot_problem_of(k, dot, &|s| spec.shape_pow2.get(s).copied().unwrap_or(1) as u64)
+}
+
+/// [`dot_problem`] with each shape symbol's size from `size` (by symbol index).
+fn dot_problem_of(k: &Kernel, dot: kfuse_ir::OpId, size: &dyn Fn(usize) -> u64) -> (u64, u64, u64) {
     let ops = k.operands(dot);
     let dim_size = |v: kfuse_ir::ValueId, axis: usize| -> u64 {
         // follow a permute to the load, and the tile axis to its tensor dimension
@@ -273,7 +278,7 @@ pub fn dot_problem(k: &Kernel, spec: &Spec, dot: kfuse_ir::OpId) -> (u64, u64, u
             for (d, ad) in dims.iter().enumerate() {
                 if let AccessDim::Tile(_) = ad {
                     if t == axis {
-                        return spec.shape_pow2.get(tdims[d].0 as usize).copied().unwrap_or(1) as u64;
+                        return size(tdims[d].0 as usize);
                     }
                     t += 1;
                 }
@@ -418,10 +423,19 @@ fn loads_output_tile(k: &Kernel, dot: kfuse_ir::OpId) -> bool {
 /// Not with several dots, a loaded output tile, ping-pong or a cluster override.
 pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target) -> std::collections::BTreeMap<String, u32> {
     let mut out = std::collections::BTreeMap::new();
+    // (the runtime calls this every launch: the arithmetic first, which ends it for
+    // every shape where the wide tiles would not pay)
+    let Some(dot) = k.ops().find(|&o| matches!(k.op(o), Op::Dot { .. })) else { return out };
+    let (m, n, _) = dot_problem_of(k, dot, &|s| dims.get(s).copied().unwrap_or(1));
+    if target.sm != 90 || !wide_tiles_pay(m, n, target.num_sms) {
+        return out;
+    }
     let dots = crate::passes::select_mma_path::dots(k);
-    let [dot] = dots[..] else { return out };
+    if dots.len() != 1 {
+        return out;
+    }
     let cluster = ["SPLITK", "MCAST", "MCASTB", "PINGPONG"].iter().any(|o| spec.tiles.get(*o).is_some_and(|&v| v > 1 || *o == "PINGPONG" && v > 0));
-    if target.sm != 90 || cluster || loads_output_tile(k, dot) {
+    if cluster || loads_output_tile(k, dot) {
         return out;
     }
     let ops = k.operands(dot);
@@ -430,9 +444,7 @@ pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target)
     if at.dtype.size_bytes() != 2 || spec.tiles.contains_key(k.tile_name(bn_sym)) {
         return out;
     }
-    let exact = Spec { shape_pow2: dims.iter().map(|&d| d.clamp(1, 1 << 31) as u32).collect(), ..spec.clone() };
-    let (m, n, _) = dot_problem(k, &exact, dot);
-    if !wide_tiles_pay(m, n, target.num_sms) || crate::passes::select_mma_path::pingpong_wanted(k, spec, target) {
+    if crate::passes::select_mma_path::pingpong_wanted(k, spec, target) {
         return out;
     }
     // only in place of the 128x256 tiles the bucket gets (this much runs once a launch,
