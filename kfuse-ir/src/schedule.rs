@@ -6,7 +6,8 @@
 //!
 //! Invariants (checked by the verifier once a schedule is present, i.e. when
 //! `num_threads > 0`):
-//! - every tile symbol used by the kernel has a value in `tiles`, a power of two;
+//! - every tile symbol used by the kernel has a value in `tiles`, a power of two (a
+//!   `dot`'s `N` tile on the WGMMA path may be a multiple of 64: [`MmaPlan::wgmma_widths`]);
 //! - every shape symbol used as a full extent has a padded value in `full`, a power of two;
 //! - every value of rank ≥ 1 has a layout whose shape is the value's concrete shape, and
 //!   whose thread count is `num_threads`.

@@ -29,7 +29,9 @@
 //!    - scoping: an operand defined in the body of a loop is used only inside that body
 //!      (its `Yield` and nested loops included).
 //! 6. Once scheduled (`schedule.num_threads > 0`): every tile symbol has a power-of-two
-//!    value, every `Full` shape symbol a power-of-two padded extent, and once layouts
+//!    value (but the `N` tile of a `dot`'s B operand, which may be a multiple of 64
+//!    until a path other than WGMMA is chosen: 320, two instructions a K step), every
+//!    `Full` shape symbol a power-of-two padded extent, and once layouts
 //!    are assigned, every value of rank ≥ 1 has one (and none is `Uniform`).
 
 use std::collections::{HashMap, HashSet};
