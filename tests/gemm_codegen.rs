@@ -280,6 +280,17 @@ fn wide_tiles_where_their_waves_are_shorter() {
     for (m, n) in [(4096, 4096), (8192, 8192), (8192, 4096), (16384, 4096), (4095, 4097), (127, 4096), (2048, 2048)] {
         assert!(hint(m, n, 4096).is_empty(), "{m}x{n}: {:?}", hint(m, n, 4096));
     }
+    // only plain epilogues into 16-bit outputs and unbatched operands: a bias row with
+    // GELU, or a loaded C, spilled beside 160 accumulators; f32 outputs and batches not
+    let hint_of = |d: &kfuse::ir::KernelDef, dts: &[DType]| {
+        let k = (d.build)(dts).unwrap();
+        exact_shape_tiles(&k, &spec_mnk(d, 8192, 14336, 4096), &[8192, 4096, 14336], &sm90)
+    };
+    assert_eq!(hint_of(&kfuse::ops::kernels::gemm_scaled::DEF, &[DType::BF16, DType::BF16]).get("BN"), Some(&320));
+    assert!(hint_of(&kfuse::ops::kernels::gemm_scaled::DEF, &[DType::BF16, DType::F32]).is_empty());
+    assert!(hint_of(&gemm_bias_gelu::DEF, &[DType::BF16]).is_empty());
+    assert!(hint_of(&kfuse::ops::kernels::gemm_axpby::DEF, &[DType::BF16, DType::BF16]).is_empty());
+    assert!(hint_of(&kfuse::ops::kernels::gemm_batched_scaled::DEF, &[DType::BF16, DType::BF16]).is_empty());
     // an explicit BN wins; several dots, sm_80 and f32 operands take none
     let mut spec = spec_mnk(def, 8192, 14336, 4096);
     spec.tiles.insert("BN".into(), 256);

@@ -420,7 +420,9 @@ fn loads_output_tile(k: &Kernel, dot: kfuse_ir::OpId) -> bool {
 /// of 128x256 tiles on the H100's 132 multiprocessors, 22 of 128x320 (7040 columns of
 /// waves against 7168), and the wider tile also loads A 20% less often and held a
 /// higher clock under the power limit: 691 against 664 TFLOP/s sustained (NOTES g25).
-/// Not with several dots, a loaded output tile, ping-pong or a cluster override.
+/// Only for a plain epilogue (no loads after the loop, no transcendental math: a bias
+/// row and GELU beside 160 accumulators a thread spilled) into 16-bit outputs, for
+/// operands of rank 2, not with several dots, ping-pong or a cluster override.
 pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target) -> std::collections::BTreeMap<String, u32> {
     let mut out = std::collections::BTreeMap::new();
     // (the runtime calls this every launch: the arithmetic first, which ends it for
@@ -430,12 +432,32 @@ pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target)
     if target.sm != 90 || !wide_tiles_pay(m, n, target.num_sms) {
         return out;
     }
+    // (the waves counted are one matrix's: operands indexed along a batch dimension
+    // multiply the tiles, which this count does not see)
+    let rank2 = |v: kfuse_ir::ValueId| {
+        let o = match k.op(v.op()) {
+            Op::Permute { .. } => k.operands(v.op())[0].op(),
+            _ => v.op(),
+        };
+        matches!(k.op(o), Op::Load { dims, .. } if dims.len() == 2)
+    };
+    if !k.operands(dot).iter().take(2).all(|&v| rank2(v)) {
+        return out;
+    }
     let dots = crate::passes::select_mma_path::dots(k);
     if dots.len() != 1 {
         return out;
     }
     let cluster = ["SPLITK", "MCAST", "MCASTB", "PINGPONG"].iter().any(|o| spec.tiles.get(*o).is_some_and(|&v| v > 1 || *o == "PINGPONG" && v > 0));
-    if cluster || loads_output_tile(k, dot) {
+    // a plain epilogue: beside 160 accumulators a thread, a loaded bias row or erf /
+    // exp math spilled (gemm + bias + GELU at 128x320: 132 bytes bf16, 588 f16)
+    let Some(l) = k.loop_of(dot) else { return out };
+    let Some(yield_pos) = k.order.iter().position(|&o| matches!(k.op(o), Op::Yield { id } if *id == l)) else { return out };
+    let loads_after = k.order[yield_pos + 1..].iter().any(|&o| matches!(k.op(o), Op::Load { .. }));
+    // and 16-bit outputs: the ones the GPU tests store box by box (an f32 tile would
+    // leave in ten 32-column boxes)
+    let wide_out = k.order[yield_pos + 1..].iter().any(|&o| matches!(k.op(o), Op::Store { tensor, .. } if k.param(*tensor).dtype.size_bytes() != 2));
+    if cluster || loads_after || wide_out || crate::passes::select_mma_path::heavy_epilogue(k, yield_pos) {
         return out;
     }
     let ops = k.operands(dot);
