@@ -6,7 +6,10 @@
 //! stages as fit in the target's shared memory (less the epilogue's output tile when it
 //! leaves through a TMA store, and a reserve for layout conversions and the barriers), at most [`MAX_STAGES`], at least 2;
 //! a kernel of one tile a block (the last tiles of a split wave) puts its epilogue's
-//! shared memory over the ring instead ([`epilogue_reuses_ring`]). The
+//! shared memory over the ring instead ([`epilogue_reuses_ring`]). An output tile that
+//! would leave fewer than [`STORE_RING_MIN_STAGES`] stages (128x320: 80 KiB) goes out box
+//! by box through two box-sized buffers instead, when that leaves more
+//! (`MmaPlan::store_buffers`). The
 //! override `KFUSE_STAGES` reaches it through `Spec::tiles["STAGES"]`. The mma.sync
 //! path (sm_80/sm_89) sizes its ring for two blocks a multiprocessor instead
 //! (`mma_sync_stages`). The FMA path (`MmaPath::FmaSimt`) has two stages by design
