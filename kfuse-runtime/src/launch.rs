@@ -537,8 +537,7 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
             // tile sizes that follow from the exact shape, not its power-of-two bucket
             // (codegen's choice, in the spec so that the cache keys on it; explicit
             // `KFUSE_TILES` entries win)
-            let dims = shape_values(kernel, args)?;
-            for (name, v) in kfuse_codegen::passes::choose_tiles::exact_shape_tiles(kernel, &spec, &dims, &target) {
+            for (name, v) in kfuse_codegen::passes::choose_tiles::exact_shape_tiles(kernel, &spec, &shapes, &target) {
                 spec.tiles.entry(name).or_insert(v);
             }
             // only `dot` kernels have anything to tune: no work for the others
