@@ -14,7 +14,9 @@
 //!    per process, then cached with its grid);
 //! 3. skip the launch when the grid or an output is empty ([`Launched::skipped_empty`]);
 //! 4. on CPU tensors, run the IR interpreter ([`Backend::Interpreter`]);
-//! 5. on GPU tensors, compute the [`Spec`] (with `KFUSE_AUTOTUNE=1`, a `dot` kernel's tiles
+//! 5. on GPU tensors, compute the [`Spec`] (with the tile choices codegen makes from the
+//!    exact shape, `choose_tiles::exact_shape_tiles`, added under any explicit
+//!    `KFUSE_TILES`; with `KFUSE_AUTOTUNE=1`, a `dot` kernel's tiles
 //!    come from its tuned bucket, tuned here on first sight: [`crate::autotune`]), look the kernel up in the device's cache, or
 //!    else generate code, compile it through the PTX cache and load it; then launch it on
 //!    the device's stream with the grid ([`EmittedKernel::grid_dims`]: persistent
