@@ -296,6 +296,11 @@ fn wide_tiles_where_their_waves_are_shorter() {
     spec.tiles.insert("BN".into(), 256);
     assert!(exact_shape_tiles(&k, &spec, &[8192, 4096, 14336], &sm90).is_empty());
     assert!(exact_shape_tiles(&k, &spec_mnk(def, 8192, 14336, 4096), &[8192, 4096, 14336], &Target::sm80()).is_empty());
+    assert!(hint_of(&kfuse::ops::kernels::swiglu_gemm::DEF, &[DType::BF16]).is_empty(), "two dots");
+    assert!(hint_of(&kfuse::ops::kernels::gemm_tf32_scaled::DEF, &[DType::BF16]).is_empty(), "f32 operands");
+    let mut pp = spec_mnk(def, 8192, 14336, 4096);
+    pp.tiles.insert("PINGPONG".into(), 1);
+    assert!(exact_shape_tiles(&k, &pp, &[8192, 4096, 14336], &sm90).is_empty(), "ping-pong");
     let mut failures = Vec::new();
     for dt in [DType::BF16, DType::F16] {
         for tb in [false, true] {
@@ -309,6 +314,10 @@ fn wide_tiles_where_their_waves_are_shorter() {
             assert!(e.ir.contains("tile 128x320x64, instr m64n256k16 + m64n64k16"), "{}", e.ir);
             assert!(e.ir.contains("the output tile in its boxes through 2 box-sized buffers"), "{}", e.ir);
             assert!(e.ir.contains(", 3 stages,"), "{}", e.ir);
+            if dt == DType::BF16 && !tb {
+                // the decisions as the IR prints them (tiles, instructions, box-by-box store)
+                insta::assert_snapshot!("gemm_bf16_sm90a_m8192_n14336_wide_ir", e.ir);
+            }
             assert!(e.source.contains(".m64n256k16.") && e.source.contains(".m64n64k16."));
             assert_eq!(e.source.matches("cp.async.bulk.wait_group.read 1;").count(), 3, "boxes 2, 3 and 4 wait for a buffer");
             match common::assemble(&e.source, &e.arch, &e.options, &format!("gemm_wide_{dt}_{tb}")) {

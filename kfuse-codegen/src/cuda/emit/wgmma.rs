@@ -291,8 +291,12 @@ pub(super) fn emit_kernel(
     // `pipeline_stages::epilogue_reuses_ring`)
     let aliased = crate::passes::pipeline_stages::epilogue_reuses_ring(k);
     let c_off = if aliased { 0 } else { ring_end };
-    let part_bytes = if split > 1 { bm * bn * 4 } else { 0 };
-    let mut c_bytes = 0;
+    let part_bytes = crate::passes::pipeline_stages::partial_bytes(k);
+    // the output tiles' shared memory as `pipeline_stages` sized it (the whole tile, one
+    // per warpgroup under ping-pong, or `store_buffers` of its boxes)
+    let store_bytes = crate::passes::pipeline_stages::store_bytes(k);
+    let c_tiles = if pp { consumers } else { 1 };
+    let c_bytes = store_bytes / c_tiles;
     let mut c_map = None;
     // the output's tensor map follows the operands' (`kf_tm2` for a single dot)
     let c_map_name = format!("kf_tm{}", operands.len());
@@ -300,16 +304,13 @@ pub(super) fn emit_kernel(
         let Op::Store { tensor, .. } = k.op(st.load) else { unreachable!() };
         let esz = k.param(*tensor).dtype.size_bytes() as u32;
         let inner = st.swizzle / esz;
-        // the whole tile, or `store_buffers` of its boxes
-        c_bytes = if plan.store_buffers > 0 { bm * inner * esz * plan.store_buffers } else { bm * bn * esz };
         decls.push(format!("const __grid_constant__ CUtensorMap {c_map_name}"));
         params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: vec![bm, inner], swizzle: st.swizzle, order: vec![1, 0] });
         c_map = Some((st.load, inner, bm * inner * esz));
     }
-    // (ping-pong: one output tile per warpgroup, the second `c_bytes` after the first)
-    let c_tiles = if pp { consumers } else { 1 };
-    // (over the ring, `pipeline_stages` gave it one at least its size)
-    let dynamic_smem = 1024 + ring_end.max(c_off + (c_tiles * c_bytes).max(part_bytes));
+    // (ping-pong: one output tile per warpgroup, the second `c_bytes` after the first;
+    // over the ring, `pipeline_stages` gave it one at least its size)
+    let dynamic_smem = 1024 + ring_end.max(c_off + store_bytes.max(part_bytes));
 
     // a grouped launch (`Schedule::grouped`): the parameters, tensor maps included, come
     // from the record of the problem each tile belongs to
