@@ -19,9 +19,10 @@
 //! `$KFUSE_BENCH_OUT` when set, and ends with one `gemm summary:` line (what
 //! `scripts/gpu-run.sh` puts in its final table).
 //!
-//! Timing: CUDA events around each call, 10 warm-ups, 50 timed calls, median; the
-//! competitors of a row take turns in 5 rounds of 10 calls (`common::interleaved`), so
-//! that the GPU's clock drift over the run falls on each alike. Inputs are
+//! Timing: CUDA events around each call, 10 warm-ups of every competitor before any
+//! timed call, 50 timed calls, median; the competitors of a row take turns in 5 rounds
+//! of 10 calls, the first of a round rotating (`common::interleaved`), so that the GPU's
+//! clock drift over the run falls on each alike. Inputs are
 //! random (uniform in [-1, 1), never zeros); when one set of A, B and C is smaller than
 //! 3× the 50 MB L2, several sets are rotated so that no call finds its inputs in L2 from
 //! the call before. `kfuse::ops::gemm` allocates its output on each call (stream-ordered,
