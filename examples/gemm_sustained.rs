@@ -17,8 +17,7 @@
 #[path = "../benches/common/mod.rs"]
 mod common;
 
-use kfuse::runtime::vendor::{Blas, Library, Math};
-use kfuse::{DType, Device, Tensor};
+use kfuse::runtime::vendor::{Library, Math};
 use std::time::Instant;
 
 fn report(name: &str, t: &[f32], flops: f64, start: Instant, at: f64) {
@@ -42,16 +41,7 @@ fn main() -> kfuse::Result<()> {
     let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("M N K [CALLS]")).collect();
     let (m, n, k) = if args.len() >= 3 { (args[0], args[1], args[2]) } else { (8192, 14336, 4096) };
     let calls = args.get(3).copied().unwrap_or(300);
-    let dev = Device::best();
-    if !dev.is_gpu() {
-        println!("no GPU: nothing to measure");
-        return Ok(());
-    }
-    let blas = Blas::new(&dev)?;
-    let (a, _) = common::random(&[m, k], DType::BF16, 1, &dev);
-    let (b, _) = common::random(&[k, n], DType::BF16, 2, &dev);
-    let mut c_blas = Tensor::empty(&[m, n], DType::BF16, &dev)?;
-    let mut c_kf = Tensor::empty(&[m, n], DType::BF16, &dev)?;
+    let Some(common::gemm::Study { dev, blas, a, b, mut c_blas, mut c_kf }) = common::gemm::Study::bf16(m, n, k)? else { return Ok(()) };
     let flops = 2.0 * (m * n * k) as f64;
     let start = Instant::now();
     // compile and load first (not timed)
@@ -67,8 +57,10 @@ fn main() -> kfuse::Result<()> {
     let set_tiles = |tiles: &str| {
         if tiles.is_empty() {
             std::env::remove_var("KFUSE_TILES");
+            kfuse::runtime::settings::reload();
         } else {
             std::env::set_var("KFUSE_TILES", tiles.replace('+', ","));
+            kfuse::runtime::settings::reload();
         }
     };
     // each tile setting compiled before the timed phases (no idle gap between them)
@@ -93,6 +85,7 @@ fn main() -> kfuse::Result<()> {
         report(name, &t, flops, start, at);
     }
     std::env::remove_var("KFUSE_TILES");
+    kfuse::runtime::settings::reload();
     // `KFUSE_PROBE=1`: the totals `scripts/proto/gemm_clock_probe_hook.py` leaves at the
     // start of kfuse's output (block 0's cycles, nanoseconds and calls over the process)
     if std::env::var("KFUSE_PROBE").is_ok() {

@@ -28,6 +28,8 @@ impl EnvGuard {
         for (k, v) in vars {
             std::env::set_var(k, v);
         }
+        // launches read the settings once: re-read them
+        kfuse::runtime::settings::reload();
         EnvGuard(old)
     }
 }
@@ -40,6 +42,7 @@ impl Drop for EnvGuard {
                 None => std::env::remove_var(k),
             }
         }
+        kfuse::runtime::settings::reload();
     }
 }
 

@@ -87,6 +87,7 @@ fn gemm_with_the_loop_split_across_a_cluster() {
     let Some(dev) = common::gpu() else { return };
     // the split is an override (it did not pay by default); the numerics must hold
     std::env::set_var("KFUSE_TILES", "BM=128,BN=128,SPLITK=4");
+    kfuse::runtime::settings::reload();
     let r = std::panic::catch_unwind(|| {
         let mut out = Vec::new();
         for &(m, n, k) in &[(127, 4096, 4096), (300, 200, 1000), (1, 129, 77)] {
@@ -95,6 +96,7 @@ fn gemm_with_the_loop_split_across_a_cluster() {
         out
     });
     std::env::remove_var("KFUSE_TILES");
+    kfuse::runtime::settings::reload();
     for res in r.expect("no panic") {
         assert!(res.is_ok(), "{}", res.unwrap_err());
     }
@@ -109,6 +111,7 @@ fn gemm_with_operand_tiles_multicast_across_a_cluster() {
     // the cluster does not divide (the last cluster's second block off the output) included
     for mc in ["MCAST=2", "MCAST=4", "MCAST=2,BN=64", "MCASTB=2", "MCASTB=4,GROUPM=2", "MCASTB=2,BN=64"] {
         std::env::set_var("KFUSE_TILES", mc);
+        kfuse::runtime::settings::reload();
         let r = std::panic::catch_unwind(|| {
             let mut out = Vec::new();
             let shapes = [(127, 4096, 4096, false, false), (300, 200, 1000, false, false), (257, 320, 192, true, false), (1000, 1000, 512, false, false), (385, 520, 333, false, true)];
@@ -118,6 +121,7 @@ fn gemm_with_operand_tiles_multicast_across_a_cluster() {
             out
         });
         std::env::remove_var("KFUSE_TILES");
+        kfuse::runtime::settings::reload();
         for res in r.expect("no panic") {
             assert!(res.is_ok(), "{mc}: {}", res.unwrap_err());
         }
@@ -134,6 +138,7 @@ fn split_wave_products(dev: &Device, cases: &[(usize, usize, usize, bool, bool)]
     let rows = (sms + sms / 6).div_ceil(8) * 128;
     std::env::set_var("KFUSE_TILES", "BM=128,BN=256");
     std::env::set_var("KFUSE_TAIL_SPLIT", "1");
+    kfuse::runtime::settings::reload();
     let r = std::panic::catch_unwind(|| {
         let mut out = Vec::new();
         for &(dm, n, k, ta, tb) in cases {
@@ -172,6 +177,7 @@ fn split_wave_products(dev: &Device, cases: &[(usize, usize, usize, bool, bool)]
     });
     std::env::remove_var("KFUSE_TILES");
     std::env::remove_var("KFUSE_TAIL_SPLIT");
+    kfuse::runtime::settings::reload();
     r.expect("no panic")
 }
 

@@ -1,9 +1,10 @@
 //! What the GEMM benchmarks share (`benches/gemm.rs`, the table against cuBLAS and
 //! cuBLASLt, and `benches/gemm_criterion.rs`, the same products under criterion): the
-//! problems, their inputs, kfuse's call and the numerical checks.
+//! problems, their inputs, kfuse's call and the numerical checks; and the setup of the
+//! bf16 GEMM studies in `examples/` ([`Study`]).
 
 use super::random;
-use kfuse::runtime::vendor::Math;
+use kfuse::runtime::vendor::{Blas, Math};
 use kfuse::{DType, Device, Tensor};
 
 /// One product `C[M, N] = A[M, K] · B[K, N]`, row-major, of `dtype` operands and output;
@@ -196,4 +197,29 @@ pub fn sampled_err(c: &Case, inputs: &Inputs, out: &Tensor) -> kfuse::Result<f64
         den += want * want;
     }
     Ok((num / den.max(f64::MIN_POSITIVE)).sqrt())
+}
+
+/// The setup of a bf16 GEMM study (`examples/gemm_sustained.rs`, `examples/launch_host.rs`):
+/// the GPU, cuBLAS on it, random `a: [M, K]` and `b: [K, N]`, and an output each for
+/// cuBLAS and kfuse.
+pub struct Study {
+    pub dev: Device,
+    pub blas: Blas,
+    pub a: Tensor,
+    pub b: Tensor,
+    pub c_blas: Tensor,
+    pub c_kf: Tensor,
+}
+
+impl Study {
+    /// `None` after saying so when there is no GPU.
+    pub fn bf16(m: usize, n: usize, k: usize) -> kfuse::Result<Option<Study>> {
+        let Some(dev) = super::gpu() else { return Ok(None) };
+        let blas = Blas::new(&dev)?;
+        let (a, _) = random(&[m, k], DType::BF16, 1, &dev);
+        let (b, _) = random(&[k, n], DType::BF16, 2, &dev);
+        let c_blas = Tensor::empty(&[m, n], DType::BF16, &dev)?;
+        let c_kf = Tensor::empty(&[m, n], DType::BF16, &dev)?;
+        Ok(Some(Study { dev, blas, a, b, c_blas, c_kf }))
+    }
 }

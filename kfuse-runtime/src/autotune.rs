@@ -51,9 +51,9 @@ pub const FORMAT: &str = "kfuse-autotune 1";
 /// The file name in the cache directory.
 pub const FILE: &str = "autotune.json";
 
-/// Whether `KFUSE_AUTOTUNE=1` (read at each launch; default off).
+/// Whether `KFUSE_AUTOTUNE=1` (default off; read through [`crate::settings`]).
 pub fn enabled() -> bool {
-    std::env::var("KFUSE_AUTOTUNE").is_ok_and(|v| v.trim() == "1")
+    crate::settings::current().autotune
 }
 
 static TIMINGS: AtomicU64 = AtomicU64::new(0);

@@ -249,6 +249,8 @@ pub(crate) struct LoadedKernel {
     /// without clusters, clusters per device with them; 0 when it cannot say. Sizes a
     /// persistent grid.
     pub resident: std::sync::OnceLock<u32>,
+    /// The tensor maps its launches encoded last (`launch::issue`).
+    pub maps: crate::tma::MapCache,
 }
 
 /// Per-device loaded kernels, by `ModuleKey` and by source hash (see module docs).
@@ -290,7 +292,7 @@ impl FunctionCache {
         let what = |a: &str| crate::error::driver(format!("reading the {a} of `{}`", emitted.entry));
         let registers = func.num_regs().map_err(what("registers"))? as u32;
         let local_bytes = func.local_size_bytes().map_err(what("local memory"))? as u32;
-        let k = Arc::new(LoadedKernel { func, emitted: emitted.clone(), registers, local_bytes, resident: Default::default() });
+        let k = Arc::new(LoadedKernel { func, emitted: emitted.clone(), registers, local_bytes, resident: Default::default(), maps: Default::default() });
         self.by_source.lock().unwrap_or_else(|e| e.into_inner()).insert(skey, k.clone());
         Ok((k, outcome))
     }

@@ -46,24 +46,8 @@ pub(crate) struct Gpu {
     /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`, in bytes.
     pub(crate) smem_optin: u32,
     pub(crate) functions: FunctionCache,
-}
-
-/// The target `KFUSE_TARGET` names (`sm_80`, `sm_89` or `sm_90a`; unset or empty: none).
-pub(crate) fn target_override() -> Result<Option<Target>> {
-    match std::env::var("KFUSE_TARGET") {
-        Ok(v) => parse_target(&v),
-        Err(_) => Ok(None),
-    }
-}
-
-fn parse_target(v: &str) -> Result<Option<Target>> {
-    match v.trim() {
-        "" => Ok(None),
-        "sm_80" => Ok(Some(Target::sm80())),
-        "sm_89" => Ok(Some(Target::sm89())),
-        "sm_90a" => Ok(Some(Target::sm90a())),
-        other => Err(Error::InvalidArgument(format!("KFUSE_TARGET={other}: expected sm_80, sm_89 or sm_90a"))),
-    }
+    /// [`Device::describe`]'s text, made once (launches and their error messages use it).
+    pub(crate) description: String,
 }
 
 impl Gpu {
@@ -79,7 +63,7 @@ impl Gpu {
     /// the sm_80 matrix path (mma.sync) can be checked on an H100. Unset, nothing changes.
     pub(crate) fn target(&self) -> Result<Target> {
         let native = self.native_target();
-        let Some(named) = target_override()? else { return Ok(native) };
+        let Some(named) = crate::settings::current().target()? else { return Ok(native) };
         if named.sm > native.sm {
             return Err(Error::InvalidArgument(format!(
                 "KFUSE_TARGET={} needs a GPU of compute capability {}.{} or newer; cuda:{} is sm_{}{}",
@@ -177,16 +161,9 @@ fn open_gpu(ordinal: usize) -> Result<Gpu> {
         let cc = ctx.compute_capability().map_err(driver(&what))?;
         let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver(&what))?;
         let smem = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(driver(&what))?;
-        Ok(Gpu {
-            ordinal,
-            ctx,
-            stream,
-            name,
-            cc,
-            num_sms: num_sms.max(0) as u32,
-            smem_optin: smem.max(0) as u32,
-            functions: FunctionCache::default(),
-        })
+        let num_sms = num_sms.max(0) as u32;
+        let description = format!("cuda:{ordinal} ({name}, sm_{}{}, {num_sms} SMs)", cc.0, cc.1);
+        Ok(Gpu { ordinal, ctx, stream, name, cc, num_sms, smem_optin: smem.max(0) as u32, functions: FunctionCache::default(), description })
     }));
     match r {
         Ok(r) => r,
@@ -267,9 +244,14 @@ impl Device {
 
     /// A one-line description: `cpu` or `cuda:0 (NVIDIA H100 80GB HBM3, sm_90, 132 SMs)`.
     pub fn describe(&self) -> String {
+        self.description().to_string()
+    }
+
+    /// [`Device::describe`]'s text, borrowed (made once per GPU).
+    pub(crate) fn description(&self) -> &str {
         match &self.kind {
-            Kind::Cpu => "cpu".to_string(),
-            Kind::Gpu(g) => format!("cuda:{} ({}, sm_{}{}, {} SMs)", g.ordinal, g.name, g.cc.0, g.cc.1, g.num_sms),
+            Kind::Cpu => "cpu",
+            Kind::Gpu(g) => &g.description,
         }
     }
 
@@ -365,7 +347,7 @@ impl Device {
         if smem_bytes > g.smem_optin {
             return Err(Error::InvalidArgument(format!(
                 "kernel `{entry}` needs {smem_bytes} bytes of shared memory per block, but {} allows at most {}",
-                self.describe(),
+                self.description(),
                 g.smem_optin
             )));
         }
@@ -375,7 +357,7 @@ impl Device {
         let r = catch_unwind(AssertUnwindSafe(|| -> Result<CudaFunction> {
             let module = g.ctx.load_module(Ptx::from_src(ptx)).map_err(driver(format_args!(
                 "loading the module of `{entry}` on {} (PTX generated for another architecture or by a newer NVRTC than the driver supports?)",
-                self.describe()
+                self.description()
             )))?;
             let f = module.load_function(entry).map_err(driver(format_args!("finding `{entry}` in its module")))?;
             if smem_bytes > 48 * 1024 {
@@ -430,23 +412,13 @@ impl fmt::Display for Device {
 
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Device({})", self.describe())
+        write!(f, "Device({})", self.description())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn target_override_values() {
-        assert_eq!(parse_target("").unwrap(), None);
-        assert_eq!(parse_target("sm_80").unwrap(), Some(Target::sm80()));
-        assert_eq!(parse_target(" sm_89 ").unwrap(), Some(Target::sm89()));
-        assert_eq!(parse_target("sm_90a").unwrap(), Some(Target::sm90a()));
-        let e = parse_target("sm_75").unwrap_err().to_string();
-        assert!(e.contains("KFUSE_TARGET=sm_75") && e.contains("sm_80, sm_89 or sm_90a"), "{e}");
-    }
 
     #[test]
     fn cpu_device_basics() {

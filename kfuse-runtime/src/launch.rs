@@ -171,7 +171,7 @@ struct PDesc<'s> {
 }
 
 enum PKind<'s> {
-    Tensor { dtype: DTypeSig, dims: Vec<&'s str>, output: bool },
+    Tensor { dtype: DTypeSig, dims: std::borrow::Cow<'s, [&'s str]>, output: bool },
     Scalar(DType),
 }
 
@@ -179,7 +179,7 @@ fn def_params(def: &KernelDef) -> Vec<PDesc<'static>> {
     def.params
         .iter()
         .map(|p| match *p {
-            ParamSig::Tensor { name, dtype, dims, output } => PDesc { name, kind: PKind::Tensor { dtype, dims: dims.to_vec(), output } },
+            ParamSig::Tensor { name, dtype, dims, output } => PDesc { name, kind: PKind::Tensor { dtype, dims: dims.into(), output } },
             ParamSig::Scalar { name, dtype } => PDesc { name, kind: PKind::Scalar(dtype) },
         })
         .collect()
@@ -193,7 +193,7 @@ fn kernel_params(k: &Kernel) -> Vec<PDesc<'_>> {
                 name: &p.name,
                 kind: PKind::Tensor {
                     dtype: DTypeSig::Concrete(p.dtype),
-                    dims: dims.iter().map(|s| k.shape_name(*s)).collect(),
+                    dims: dims.iter().map(|s| k.shape_name(*s)).collect::<Vec<_>>().into(),
                     output: *output,
                 },
             },
@@ -303,8 +303,8 @@ fn check(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[Arg<'_>]
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    // Shape symbols.
-    let mut shapes: HashMap<&str, (usize, &str, usize)> = HashMap::new();
+    // Shape symbols (a handful: a linear search beats hashing).
+    let mut shapes: Vec<(&str, (usize, &str, usize))> = Vec::new();
     for (p, a) in params.iter().zip(args) {
         let (PKind::Tensor { dims, .. }, Some(t)) = (&p.kind, a.tensor()) else { continue };
         for (d, (&sym, &size)) in dims.iter().zip(t.shape()).enumerate() {
@@ -318,11 +318,9 @@ fn check(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[Arg<'_>]
                 }
                 continue;
             }
-            match shapes.get(sym) {
-                None => {
-                    shapes.insert(sym, (size, p.name, d));
-                }
-                Some(&(v, by, bd)) if v != size => {
+            match shapes.iter().find(|e| e.0 == sym).map(|e| e.1) {
+                None => shapes.push((sym, (size, p.name, d))),
+                Some((v, by, bd)) if v != size => {
                     return Err(Error::ShapeMismatch(format!(
                         "`{}` dimension {d} ({sym}) is {size} but `{by}` dimension {bd} ({sym}) is {v} (shapes {:?} and the earlier tensor's)",
                         p.name,
@@ -440,7 +438,11 @@ fn pow2_div(x: u64) -> u32 {
 /// element 0's address and the divisibility of each stride (0 for a unit stride), per
 /// shape symbol its value rounded up to a power of two (at least 1, at most 2^31).
 pub fn spec_for(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Spec> {
-    let vals = shape_values(kernel, args)?;
+    spec_with_shapes(kernel, args, &shape_values(kernel, args)?)
+}
+
+/// [`spec_for`] with the shape values already known ([`shape_values`]).
+fn spec_with_shapes(kernel: &Kernel, args: &[Arg<'_>], vals: &[u64]) -> Result<Spec> {
     let tensors = kernel
         .params
         .iter()
@@ -455,35 +457,25 @@ pub fn spec_for(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Spec> {
         .collect();
     let shape_pow2: Vec<u32> = vals.iter().map(|&v| v.max(1).next_power_of_two().min(1 << 31) as u32).collect();
     let shape_div = vals.iter().zip(&shape_pow2).map(|(&v, &p)| (1u64 << v.max(1).trailing_zeros()).min(p as u64) as u32).collect();
-    let num = |var: &str| -> Result<Option<u32>> {
-        match std::env::var(var) {
-            Ok(v) => Ok(Some(v.trim().parse::<u32>().map_err(|_| Error::InvalidArgument(format!("{var}: `{v}` is not a number")))?)),
-            Err(_) => Ok(None),
-        }
-    };
-    Ok(Spec { tensors, shape_pow2, shape_div, tiles: tile_overrides()?, threads: num("KFUSE_THREADS")?, min_blocks: num("KFUSE_MIN_BLOCKS")?, grouped: false, register_attempt: 0 })
+    let settings = crate::settings::current();
+    Ok(Spec {
+        tensors,
+        shape_pow2,
+        shape_div,
+        tiles: settings.tiles()?.clone(),
+        threads: settings.threads()?,
+        min_blocks: settings.min_blocks()?,
+        grouped: false,
+        register_attempt: 0,
+    })
 }
 
 /// Tile-size overrides from `KFUSE_TILES` (`BM=128,BN=64`): every kernel with a tile
 /// symbol of that name uses that size instead of the scheduler's choice. Part of the
-/// specialization, so each setting compiles (and caches) its own module.
+/// specialization, so each setting compiles (and caches) its own module. Read through
+/// [`crate::settings`] (once a process, again after `settings::reload()`).
 pub fn tile_overrides() -> Result<std::collections::BTreeMap<String, u32>> {
-    let mut out = std::collections::BTreeMap::new();
-    let Ok(v) = std::env::var("KFUSE_TILES") else { return Ok(out) };
-    for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let parsed = part.split_once('=').and_then(|(k, n)| Some((k.trim().to_string(), n.trim().parse::<u32>().ok()?)));
-        match parsed {
-            Some((k, n)) if n.is_power_of_two() => {
-                out.insert(k, n);
-            }
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "KFUSE_TILES: `{part}` is not NAME=SIZE with SIZE a power of two (e.g. KFUSE_TILES=BM=128,BN=64)"
-                )))
-            }
-        }
-    }
-    Ok(out)
+    Ok(crate::settings::current().tiles()?.clone())
 }
 
 /// Builds the IR of `def` for `dtypes` and generates code for `spec` and `target`
@@ -534,7 +526,7 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
         }
         Some(device) => {
             let gpu = device.gpu_ref().expect("a GPU");
-            let mut spec = spec_for(kernel, args)?;
+            let mut spec = spec_with_shapes(kernel, args, &shapes)?;
             let target = gpu.target()?;
             // tile sizes that follow from the exact shape, not its power-of-two bucket
             // (codegen's choice, in the spec so that the cache keys on it; explicit
@@ -543,13 +535,13 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
                 spec.tiles.entry(name).or_insert(v);
             }
             // only `dot` kernels have anything to tune: no work for the others
-            if crate::autotune::enabled() && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot { .. })) {
+            if crate::settings::current().autotune && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot { .. })) {
                 if let Some(tiles) = autotune(def, &checked.dtypes, kernel, &spec, &target, device, args, &shapes)? {
                     spec.tiles = tiles;
                 }
             }
             let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: checked.dtypes, spec, target };
-            let (loaded, outcome) = load(device, kernel, key.clone())?;
+            let (loaded, outcome) = load(device, kernel, &key)?;
             if let Some((main, split)) = split_last_wave(device, kernel, &key, &loaded, args, &shapes)? {
                 launched.cache = Some(outcome);
                 launched.build = build_info(&main);
@@ -633,7 +625,7 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
     spec.grouped = true;
     let target = gpu.target()?;
     let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes, spec, target };
-    let (loaded, outcome) = load(&device, kernel, key)?;
+    let (loaded, outcome) = load(&device, kernel, &key)?;
     launched.cache = Some(outcome);
     launched.build = build_info(&loaded);
     let e = &loaded.emitted;
@@ -656,7 +648,7 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
     let maps = if maps.is_empty() {
         None
     } else {
-        Some(gpu.stream.clone_htod(&maps).map_err(driver(format_args!("copying the tensor maps of a grouped `{}` to {}", def.name, device.describe())))?)
+        Some(gpu.stream.clone_htod(&maps).map_err(driver(format_args!("copying the tensor maps of a grouped `{}` to {}", def.name, device.description())))?)
     };
     let maps_at = maps.as_ref().map_or(0, |m| {
         let (ptr, _rec) = m.device_ptr(&gpu.stream);
@@ -700,7 +692,7 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
     let table = gpu
         .stream
         .clone_htod(&words)
-        .map_err(driver(format_args!("copying the problem table of a grouped `{}` to {}", def.name, device.describe())))?;
+        .map_err(driver(format_args!("copying the problem table of a grouped `{}` to {}", def.name, device.description())))?;
     let ngroups = live.len() as i64;
     let mut b = gpu.stream.launch_builder(&loaded.func);
     b.arg(&table);
@@ -717,7 +709,7 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
         def.name,
         live.len(),
         e.block_threads,
-        device.describe()
+        device.description()
     )))?;
     drop(table);
     drop(maps);
@@ -799,9 +791,9 @@ fn param_word(name: &str, kernel: &Kernel, p: &KernelParam, args: &[Arg<'_>], sh
 
 /// The loaded kernel of a module key on a GPU: from the device's cache, or else
 /// generated, compiled through the PTX cache and loaded.
-fn load(device: &Device, kernel: &Kernel, key: ModuleKey) -> Result<(Arc<LoadedKernel>, CacheOutcome)> {
+fn load(device: &Device, kernel: &Kernel, key: &ModuleKey) -> Result<(Arc<LoadedKernel>, CacheOutcome)> {
     let gpu = device.gpu_ref().expect("a GPU");
-    if let Some(k) = gpu.functions.get(&key) {
+    if let Some(k) = gpu.functions.get(key) {
         return Ok((k, CacheOutcome::Memory));
     }
     // a kernel with register-room attempts (`EmittedKernel::register_attempt`) takes
@@ -812,7 +804,7 @@ fn load(device: &Device, kernel: &Kernel, key: ModuleKey) -> Result<(Arc<LoadedK
         Ok(k.local_bytes > 0)
     })?;
     let (k, o) = gpu.functions.get_or_load(&emitted, |ptx, e| device.load_ptx(ptx, &e.entry, e.smem_bytes, e.cluster_x))?;
-    gpu.functions.insert(key, k.clone());
+    gpu.functions.insert(key.clone(), k.clone());
     Ok((k, o))
 }
 
@@ -858,7 +850,7 @@ fn autotune(
     let mut best: Option<(f64, std::collections::BTreeMap<String, u32>)> = None;
     for tiles in candidates {
         let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: dtypes.to_vec(), spec: Spec { tiles: tiles.clone(), ..spec.clone() }, target: target.clone() };
-        let Ok((loaded, _)) = load(device, kernel, key) else { continue };
+        let Ok((loaded, _)) = load(device, kernel, &key) else { continue };
         count_timing();
         let Ok(mut times) = device.time_ms(2, 5, || issue(device, &loaded, kernel, args, shapes, None).map(|_| ())) else {
             // a failed launch may leave an error on the stream: clear it before the next
@@ -880,17 +872,26 @@ fn autotune(
 /// The IR of `def` for `dtypes` and its grid, built once per process: building is
 /// deterministic, and a launch should not pay for it (nor for the verifier) every time.
 fn built_ir(def: &KernelDef, dtypes: &[DType]) -> Result<Arc<(Kernel, kfuse_ir::grid::Grid)>> {
-    type IrCache = Mutex<HashMap<(usize, &'static str, Vec<DType>), Arc<(Kernel, kfuse_ir::grid::Grid)>>>;
-    static CACHE: OnceLock<IrCache> = OnceLock::new();
+    // by the def's build function, then its name and dtypes (looked up without
+    // allocating: this runs on every launch)
+    type Built = Arc<(Kernel, kfuse_ir::grid::Grid)>;
+    type ByBuild = HashMap<usize, Vec<(&'static str, Vec<DType>, Built)>>;
+    static CACHE: OnceLock<Mutex<ByBuild>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (def.build as usize, def.name, dtypes.to_vec());
-    if let Some(k) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(k.clone());
+    let find = |m: &ByBuild| {
+        m.get(&(def.build as usize)).and_then(|v| v.iter().find(|e| e.0 == def.name && e.1 == dtypes)).map(|e| e.2.clone())
+    };
+    if let Some(k) = find(&cache.lock().unwrap_or_else(|e| e.into_inner())) {
+        return Ok(k);
     }
     let kernel = (def.build)(dtypes)?;
     let grid = kfuse_ir::grid::derive(&kernel)?;
     let built = Arc::new((kernel, grid));
-    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, built.clone());
+    let mut m = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(k) = find(&m) {
+        return Ok(k);
+    }
+    m.entry(def.build as usize).or_default().push((def.name, dtypes.to_vec(), built.clone()));
     Ok(built)
 }
 
@@ -923,11 +924,11 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
 const WALK_KEYS: [&str; 6] = ["SPLITK", "MCAST", "MCASTB", "PINGPONG", "WHOLEWAVES", "LASTTILES"];
 
 /// Whether the runtime splits a persistent kernel's last wave: on request only
-/// (`KFUSE_TAIL_SPLIT=1`, read at each launch of a kernel the split could apply to). It measured no faster at bf16 M8192
+/// (`KFUSE_TAIL_SPLIT=1`, through [`crate::settings`]). It measured no faster at bf16 M8192
 /// N14336 K4096 under the H100's power limit (NOTES g21), and compute-sanitizer's
 /// racecheck reports its split exchange as it does the `SPLITK` override's.
 fn tail_split_enabled() -> bool {
-    std::env::var("KFUSE_TAIL_SPLIT").is_ok_and(|v| v == "1")
+    crate::settings::current().tail_split
 }
 
 /// The split of a last wave (with `KFUSE_TAIL_SPLIT=1`). A persistent matrix kernel (one
@@ -946,7 +947,7 @@ fn tail_split_enabled() -> bool {
 /// as it is.
 fn split_last_wave(device: &Device, kernel: &Kernel, key: &ModuleKey, loaded: &LoadedKernel, args: &[Arg<'_>], shapes: &[u64]) -> Result<Option<(Arc<LoadedKernel>, u32)>> {
     let e = &loaded.emitted;
-    // (the environment read last: launches of other kernels do not pay for it)
+    // (the setting read last: launches of other kernels do not pay for it)
     if e.persistent.is_none() || e.cluster_x > 1 || e.grouped || WALK_KEYS.iter().any(|k| key.spec.tiles.contains_key(*k)) || !tail_split_enabled() {
         return Ok(None);
     }
@@ -961,7 +962,7 @@ fn split_last_wave(device: &Device, kernel: &Kernel, key: &ModuleKey, loaded: &L
     let variant = |set: &[(&str, u32)]| -> Result<Option<Arc<LoadedKernel>>> {
         let mut k = key.clone();
         k.spec.tiles.extend(set.iter().map(|&(n, v)| (n.to_string(), v)));
-        match load(device, kernel, k) {
+        match load(device, kernel, &k) {
             Ok((l, _)) => Ok(Some(l)),
             // a kernel the split variants do not take (the writer refuses them)
             Err(Error::Codegen(_)) => Ok(None),
@@ -990,8 +991,7 @@ fn split_last_wave(device: &Device, kernel: &Kernel, key: &ModuleKey, loaded: &L
 
 /// Whether `KFUSE_SYNC=1`: synchronize after every launch.
 fn sync_each_launch() -> bool {
-    static S: OnceLock<bool> = OnceLock::new();
-    *S.get_or_init(|| std::env::var("KFUSE_SYNC").is_ok_and(|v| v == "1"))
+    crate::settings::current().sync
 }
 
 /// One kernel parameter value.
@@ -1047,9 +1047,12 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
             .ok_or_else(|| Error::InvalidArgument(format!("`{name}` takes parameter #{} as a tensor, but it is not one", p.0)))
     };
     let mut vals = Vec::with_capacity(e.params.len());
-    for p in &e.params {
+    for (slot, p) in e.params.iter().enumerate() {
         vals.push(match *p {
-            KernelParam::TensorMap { tensor: id, ref box_dims, swizzle, ref order } => PVal::Map(encode_map(name, tensor(id)?, id, box_dims, swizzle, order)?),
+            KernelParam::TensorMap { tensor: id, ref box_dims, swizzle, ref order } => {
+                let t = tensor(id)?;
+                PVal::Map(k.maps.get_or_encode(slot, t, || encode_map(name, t, id, box_dims, swizzle, order))?)
+            }
             KernelParam::Ptr(id) => PVal::U64(tensor(id)?.device_ptr().ok_or_else(|| Error::InvalidArgument("a CPU tensor in a GPU launch".into()))?),
             KernelParam::Stride { tensor: id, dim } => {
                 let t = tensor(id)?;
@@ -1091,7 +1094,7 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
         "launching `{name}` (grid {g:?}, {} threads, {} bytes of shared memory) on {}",
         e.block_threads,
         e.smem_bytes,
-        device.describe()
+        device.description()
     )))?;
     if sync_each_launch() {
         gpu.sync().map_err(|err| Error::Driver(format!("kernel `{name}` failed: {err}")))?;

@@ -14,6 +14,7 @@
 //! - [`tensor`]: [`Tensor`], strided views of host or device storage;
 //! - [`nvrtc`]: finding libnvrtc and the CUDA headers, compiling to PTX;
 //! - [`cache`]: PTX cache in memory and on disk, loaded kernels per device;
+//! - [`settings`]: the `KFUSE_*` variables launches consult, read once a process;
 //! - [`autotune`]: optional tuning of `dot` kernels' tiles (`KFUSE_AUTOTUNE=1`), winners
 //!   kept in `autotune.json` beside the PTX cache;
 //! - [`launch`](mod@launch): argument checking, specialization, dispatch;
@@ -32,7 +33,10 @@
 //! every GPU launch so that a failing kernel reports its own error; `KFUSE_TARGET`
 //! (`sm_80`, `sm_89`, `sm_90a`) compiles for an older architecture than the GPU's;
 //! `KFUSE_AUTOTUNE=1` times a few tile settings of each `dot` kernel once per shape
-//! bucket and device ([`autotune`]).
+//! bucket and device ([`autotune`]). Those a launch consults (`KFUSE_TILES`,
+//! `KFUSE_THREADS`, `KFUSE_MIN_BLOCKS`, `KFUSE_TARGET`, `KFUSE_AUTOTUNE`,
+//! `KFUSE_TAIL_SPLIT`, `KFUSE_SYNC`) are read once, at the first launch, and again only
+//! after [`settings::reload`].
 
 pub mod autotune;
 pub mod cache;
@@ -40,6 +44,7 @@ pub mod device;
 pub mod error;
 pub mod launch;
 pub mod nvrtc;
+pub mod settings;
 pub mod tensor;
 pub mod tma;
 pub mod vendor;

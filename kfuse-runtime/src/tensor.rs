@@ -143,7 +143,7 @@ impl Tensor {
                 // SAFETY: the memory is uninitialized, which `Tensor::empty` documents;
                 // every other constructor writes it before it is read.
                 let slice = unsafe { g.stream.alloc::<u8>(bytes) }
-                    .map_err(driver(format_args!("allocating {bytes} bytes on {}", device.describe())))?;
+                    .map_err(driver(format_args!("allocating {bytes} bytes on {}", device.description())))?;
                 let ptr = {
                     let (ptr, _rec) = slice.device_ptr(&g.stream);
                     ptr
@@ -198,7 +198,7 @@ impl Tensor {
                     // SAFETY: the destination holds exactly `bytes.len()` bytes; a copy from
                     // pageable memory has read the source by the time it returns.
                     unsafe { cudarc::driver::result::memcpy_htod_async(t.device_base(), bytes, g.stream.cu_stream()) }
-                        .map_err(driver(format_args!("copying {} bytes to {}", bytes.len(), device.describe())))?;
+                        .map_err(driver(format_args!("copying {} bytes to {}", bytes.len(), device.description())))?;
                 }
                 Ok(t)
             }
@@ -264,7 +264,7 @@ impl Tensor {
         g.bind()?;
         // SAFETY: `[lo, hi)` lies inside the allocation (views stay inside storage).
         unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut host[..], b.ptr + (lo * es) as u64, g.stream.cu_stream()) }
-            .map_err(driver(format_args!("copying {} bytes from {}", host.len(), b.device.describe())))?;
+            .map_err(driver(format_args!("copying {} bytes from {}", host.len(), b.device.description())))?;
         g.sync()?;
         Ok(host)
     }
@@ -310,7 +310,7 @@ impl Tensor {
                             _ => sys::cuMemsetD8Async(ptr, one[0], n, stream),
                         }
                     };
-                    return r.result().map_err(driver(format_args!("filling a tensor on {}", b.device.describe())));
+                    return r.result().map_err(driver(format_args!("filling a tensor on {}", b.device.description())));
                 }
                 // Strided view or 8-byte elements: read-modify-write the span through the
                 // host (work on the stream is ordered, so nothing changes in between).
@@ -321,7 +321,7 @@ impl Tensor {
                 g.bind()?;
                 // SAFETY: `[lo, hi)` lies inside the allocation.
                 unsafe { cudarc::driver::result::memcpy_htod_async(ptr, &host[..], stream) }
-                    .map_err(driver(format_args!("filling a tensor on {}", b.device.describe())))?;
+                    .map_err(driver(format_args!("filling a tensor on {}", b.device.description())))?;
                 g.sync()
             }
         }

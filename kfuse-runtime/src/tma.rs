@@ -2,8 +2,9 @@
 //! receives, built with the driver's `cuTensorMapEncodeTiled`.
 //!
 //! Owns: the checks of a tensor against what the tensor-memory accelerator can address
-//! ([`TiledMapDesc::new`], no GPU needed), the driver call ([`encode_tiled`]), and the
-//! by-value kernel argument ([`TensorMap`]).
+//! ([`TiledMapDesc::new`], no GPU needed), the driver call ([`encode_tiled`]), the
+//! by-value kernel argument ([`TensorMap`]), and a loaded kernel's recent maps
+//! ([`MapCache`]).
 //!
 //! The map describes the tensor's whole extent: `globalDim` is the tensor's shape and
 //! `globalStrides` its strides in bytes (dimensions 1.. of the innermost-first order),
@@ -18,6 +19,10 @@
 //!   failed; a refusal by the driver itself is also `InvalidArgument`, with its
 //!   `CUresult`. Nothing here panics (the driver call runs under `catch_unwind`, for a
 //!   driver too old to have the symbol).
+//! - A map is a function of the tensor's dtype, address, shape and strides and of the
+//!   box, swizzle and dimension order: a [`MapCache`] entry, keyed by a kernel
+//!   parameter (which fixes the dtype, box, swizzle and order) and the tensor's
+//!   address, shape and strides, is the map an encode would make now.
 //! - A [`TensorMap`] is 128 bytes aligned to 128: the CUDA 13 headers declare
 //!   `CUtensorMap` `alignas(128)` (CUDA 12: 64), and the driver wants the encode target
 //!   64-byte aligned; 128 satisfies both.
@@ -235,6 +240,49 @@ pub fn encode_tiled(t: &Tensor, box_dims: &[u32], swizzle: u32) -> Result<Tensor
     desc.encode()
 }
 
+/// The tensor maps a loaded kernel's launches encoded last, so that a launch on
+/// tensors seen recently (the same weights, an output the stream-ordered allocator
+/// handed out again) copies its map instead of encoding it: three encodes and their
+/// views cost ~2 µs of a small GEMM's ~12 µs host time a call on the H100's host
+/// (NOTES g26). Holds [`MapCache::CAPACITY`] maps, the oldest replaced first.
+#[derive(Default)]
+pub(crate) struct MapCache {
+    entries: std::sync::Mutex<(Vec<MapEntry>, usize)>,
+}
+
+struct MapEntry {
+    param: usize,
+    address: u64,
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    map: TensorMap,
+}
+
+impl MapCache {
+    pub(crate) const CAPACITY: usize = 16;
+
+    /// The map of kernel parameter `param` for `t`: a cached one, or else `encode()`'s
+    /// (kept when it succeeds; refusals are not kept).
+    pub(crate) fn get_or_encode(&self, param: usize, t: &Tensor, encode: impl FnOnce() -> Result<TensorMap>) -> Result<TensorMap> {
+        let address = t.address();
+        let hit = |e: &&MapEntry| e.param == param && e.address == address && e.shape == t.shape() && e.strides == t.strides();
+        if let Some(e) = self.entries.lock().unwrap_or_else(|e| e.into_inner()).0.iter().find(hit) {
+            return Ok(e.map);
+        }
+        let map = encode()?;
+        let entry = MapEntry { param, address, shape: t.shape().to_vec(), strides: t.strides().to_vec(), map };
+        let mut g = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let (entries, next) = &mut *g;
+        if entries.len() < Self::CAPACITY {
+            entries.push(entry);
+        } else {
+            entries[*next] = entry;
+            *next = (*next + 1) % Self::CAPACITY;
+        }
+        Ok(map)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,6 +322,49 @@ mod tests {
         assert_eq!(swizzle_mode(32), Some(CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B));
         assert_eq!(swizzle_mode(64), Some(CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B));
         assert_eq!(swizzle_mode(16), None);
+    }
+
+    #[test]
+    fn the_map_cache_keys_on_parameter_address_shape_and_strides() {
+        let cpu = Device::cpu();
+        let a = Tensor::empty(&[64, 32], DType::F16, &cpu).unwrap();
+        let b = Tensor::empty(&[64, 32], DType::F16, &cpu).unwrap();
+        let cache = MapCache::default();
+        let encodes = std::cell::Cell::new(0u64);
+        let map = |t: &Tensor, param: usize| {
+            cache
+                .get_or_encode(param, t, || {
+                    encodes.set(encodes.get() + 1);
+                    // a stand-in for the driver's encode: the inputs it sees, in its bytes
+                    let mut m = TensorMap { opaque: [0; 16] };
+                    m.opaque[0] = t.address();
+                    m.opaque[1] = t.shape()[0] as u64;
+                    m.opaque[2] = t.strides()[0] as u64;
+                    m.opaque[3] = param as u64;
+                    Ok(m)
+                })
+                .unwrap()
+        };
+        let first = map(&a, 0);
+        assert_eq!((map(&a, 0), encodes.get()), (first, 1), "the same tensor again: copied");
+        assert_eq!(map(&a.clone(), 0), first, "a clone is the same tensor");
+        assert_eq!(encodes.get(), 1);
+        // another parameter, another address, another shape or strides: encoded
+        assert_eq!(map(&a, 1).opaque[3], 1);
+        assert_eq!(map(&b, 0).opaque[0], b.address());
+        assert_eq!(map(&a.narrow(0, 0, 32).unwrap(), 0).opaque[1], 32);
+        assert_eq!(map(&a.t(), 0).opaque[2], 1);
+        assert_eq!(encodes.get(), 5);
+        // a refusal is returned and not kept
+        let r = cache.get_or_encode(7, &a, || Err(Error::InvalidArgument("refused".into())));
+        assert!(matches!(r, Err(Error::InvalidArgument(m)) if m == "refused"));
+        // past the capacity the oldest goes first: `first`'s entry is replaced
+        for p in 0..MapCache::CAPACITY {
+            map(&b, 100 + p);
+        }
+        let before = encodes.get();
+        map(&a, 0);
+        assert_eq!(encodes.get(), before + 1);
     }
 
     #[test]

@@ -614,7 +614,7 @@ impl Blas {
             if cc < (8, 9) {
                 return Err(Error::Vendor(format!(
                     "cuBLASLt's fp8 GEMMs need compute capability 8.9 or newer (Ada, Hopper, Blackwell); {} is sm_{}{}",
-                    self.device.describe(),
+                    self.device.description(),
                     cc.0,
                     cc.1
                 )));

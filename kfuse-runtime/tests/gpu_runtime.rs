@@ -422,7 +422,7 @@ fn tma_tensor_map_loads_boxes() {
 
 /// A hand-written persistent `add`: each block walks the programs `blockIdx.x,
 /// blockIdx.x + gridDim.x, …` of `ceil(n / 128)`, and writes -1 instead of the sum when the
-/// grid it was launched with is not the `expect` blocks that `grid_dims` gives.
+/// grid it was launched with is not `expect` blocks.
 fn hand_add_persistent(cap: u32, expect: u32) -> EmittedKernel {
     let source = format!(
         r#"
@@ -443,11 +443,21 @@ extern "C" __global__ void __launch_bounds__(128) kf_add_persistent(const float*
 fn persistent_kernels_launch_on_the_capped_grid() {
     let Some(d) = gpu() else { return };
     let k = (ADD.build)(&[DType::F32]).unwrap();
-    // (n, cap, blocks): 8 programs capped at 3; 8 programs under a cap of 100
-    for (n, cap, blocks) in [(1000usize, 3u32, 3u32), (1000, 100, 8), (100_003, 7, 7)] {
-        let e = hand_add_persistent(cap, blocks);
+    // the blocks of this 128-thread kernel (no shared memory, few registers) a
+    // multiprocessor holds: the runtime sizes the persistent grid as the cap times that
+    let ctx = d.cuda_context().unwrap();
+    let attr = |a| ctx.attribute(a).unwrap() as u32;
+    use kfuse_runtime::cudarc::driver::sys::CUdevice_attribute::*;
+    let per_sm = (attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) / 128).min(attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR));
+    // (n, cap): 8 programs, fewer than the cap's blocks; 8 programs under a cap of 100;
+    // 782 programs, more than the cap's blocks
+    for (n, cap) in [(1000usize, 3u32), (1000, 100), (100_003, 7)] {
         let shapes = [n as u64];
-        assert_eq!(e.grid_dims(&shapes), [blocks as u64, 1, 1]);
+        let programs = (n as u64).div_ceil(128);
+        let blocks = programs.min(cap as u64 * per_sm as u64) as u32;
+        let e = hand_add_persistent(cap, blocks);
+        assert_eq!(e.grid_dims(&shapes), [programs.min(cap as u64), 1, 1]);
+        assert_eq!(e.grid_dims_resident(&shapes, per_sm), [blocks as u64, 1, 1]);
         let (av, bv) = (values(n, 5), values(n, 6));
         let a = Tensor::from_f32(&av, &[n], DType::F32, &d).unwrap();
         let b = Tensor::from_f32(&bv, &[n], DType::F32, &d).unwrap();

@@ -509,9 +509,10 @@ pub fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// read and one write of `t`; the matrix product reads it many times. f32 operands are
 /// returned as they are — their path (exact FMAs, `MmaPath::FmaSimt`) reads any strides
 /// — unless `tf32` sends them to the tensor cores.
-fn tma_readable(t: &Tensor, tf32: bool) -> Result<Tensor> {
+fn tma_readable(t: &Tensor, tf32: bool) -> Result<std::borrow::Cow<'_, Tensor>> {
+    use std::borrow::Cow;
     if t.dtype() == DType::F32 && !tf32 {
-        return Ok(t.clone());
+        return Ok(Cow::Borrowed(t));
     }
     let esz = t.dtype().size_bytes();
     let (r, c) = (t.shape()[0], t.shape()[1]);
@@ -519,7 +520,7 @@ fn tma_readable(t: &Tensor, tf32: bool) -> Result<Tensor> {
     let aligned = |s: isize| s > 0 && (s as usize * esz).is_multiple_of(16);
     let ok = (st[1] == 1 && aligned(st[0])) || (st[0] == 1 && aligned(st[1]));
     if ok && t.address().is_multiple_of(16) {
-        return Ok(t.clone());
+        return Ok(Cow::Borrowed(t));
     }
     // whole 128-byte lines a row: TMA boxes then start on line boundaries. The copy
     // keeps the operand's contiguous axis (a transposed view stays transposed), which
@@ -531,5 +532,5 @@ fn tma_readable(t: &Tensor, tf32: bool) -> Result<Tensor> {
     let view = storage.narrow(1, 0, cols)?;
     let mut view = if transposed { view.t() } else { view };
     kernels::copy2d(t, &mut view)?;
-    Ok(view)
+    Ok(Cow::Owned(view))
 }

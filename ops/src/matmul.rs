@@ -22,6 +22,8 @@
 //! every product: `a` is then viewed as one `[NB·M, K]` matrix (copied to a packed one
 //! first if it is strided) and the product is one 2-D GEMM.
 
+use std::borrow::Cow;
+
 use kfuse_ir::DType;
 use kfuse_runtime::{Arg, Error, Result, Scalar, Tensor};
 
@@ -303,9 +305,9 @@ pub fn swiglu_gemm(x: &Tensor, wg: &Tensor, wu: &Tensor) -> Result<Tensor> {
         let u = crate::gemm(x, wu)?;
         return crate::swiglu(&g, &u);
     }
-    let x = crate::tma_readable(&k_contiguous(x, 1, false)?, false)?;
-    let wg = crate::tma_readable(&k_contiguous(wg, 0, false)?, false)?;
-    let wu = crate::tma_readable(&k_contiguous(wu, 0, false)?, false)?;
+    let x = crate::tma_readable(&*k_contiguous(x, 1, false)?, false)?.into_owned();
+    let wg = crate::tma_readable(&*k_contiguous(wg, 0, false)?, false)?.into_owned();
+    let wu = crate::tma_readable(&*k_contiguous(wu, 0, false)?, false)?.into_owned();
     through_aligned_rows(&mut out, |o| kernels::swiglu_gemm(&x, &wg, &wu, o).map(drop))?;
     Ok(out)
 }
@@ -494,14 +496,14 @@ fn tma_readable3(t: &Tensor, tf32: bool) -> Result<Tensor> {
 /// matrix units read 8-bit and TF32 operands only with K contiguous (A row-major, B as
 /// the transpose of an `[N, K]` matrix); 16-bit operands, and f32 ones for the exact
 /// path, pass through untouched.
-fn k_contiguous(t: &Tensor, k_axis: usize, tf32: bool) -> Result<Tensor> {
+fn k_contiguous(t: &Tensor, k_axis: usize, tf32: bool) -> Result<Cow<'_, Tensor>> {
     let r = t.rank();
     // the other matrix axis, and the layout [batch.., other, K] the copy is made in
     let other = if k_axis == r - 1 { r - 2 } else { r - 1 };
     // K must be the one unit-stride axis (a `[1, 1]` view has two: ambiguous)
     let wants = t.dtype().is_fp8() || (tf32 && t.dtype() == DType::F32);
     if !wants || (t.strides()[k_axis] == 1 && t.strides()[other] != 1) {
-        return Ok(t.clone());
+        return Ok(Cow::Borrowed(t));
     }
     let mut perm: Vec<usize> = (0..r - 2).collect();
     perm.extend([other, k_axis]);
@@ -518,7 +520,7 @@ fn k_contiguous(t: &Tensor, k_axis: usize, tf32: bool) -> Result<Tensor> {
         kernels::copy3d(&src, &mut view)?;
     }
     // back to the operand's axis order (the permutation is its own inverse)
-    view.permute(&perm)
+    Ok(Cow::Owned(view.permute(&perm)?))
 }
 
 /// True when f32 operands of a product with `tf32` set will be read by the tensor
@@ -594,7 +596,7 @@ pub fn gemm_grouped_ex(a: &[&Tensor], b: &[&Tensor], opts: &GemmOptions<'_>) -> 
     let gpu = a[0].device().is_gpu();
     let mut ops = Vec::with_capacity(a.len());
     for (x, w) in a.iter().zip(b) {
-        ops.push(if gpu { (crate::tma_readable(x, false)?, crate::tma_readable(w, false)?) } else { ((*x).clone(), (*w).clone()) });
+        ops.push(if gpu { (crate::tma_readable(x, false)?.into_owned(), crate::tma_readable(w, false)?.into_owned()) } else { ((*x).clone(), (*w).clone()) });
     }
     let alpha = opts.product_scale();
     let mut groups: Vec<Vec<Arg<'_>>> = ops

@@ -109,7 +109,7 @@ fn boxes_of(k: &Kernel, o: &MmaOperand, order: &[u32]) -> Result<(Vec<u32>, u32,
     let mut outer_slices = false;
     if let (1, Some(&next)) = (nq, order.get(1)) {
         let ext = b[next as usize];
-        if let Some(n) = (2..=ext / 8).find(|&n| ext % n == 0 && (ext / n) % 8 == 0 && ext / n <= 256).filter(|_| ext > 256) {
+        if let Some(n) = (2..=ext / 8).find(|&n| ext.is_multiple_of(n) && (ext / n).is_multiple_of(8) && ext / n <= 256).filter(|_| ext > 256) {
             b[next as usize] = ext / n;
             nq = n;
             outer_slices = true;
@@ -813,6 +813,7 @@ impl Emitter<'_> {
     /// registers are those whose column falls in it (known per register at compile time:
     /// the column axis's thread part stays within one repetition, which a box holds
     /// whole).
+    #[allow(clippy::too_many_arguments)]
     fn tma_store(&mut self, op: OpId, c_base: &str, inner: u32, box_bytes: u32, buffers: u32, map_name: &str, lead: &str) -> R {
         let k = self.k;
         let Op::Store { tensor, dims } = k.op(op) else { unreachable!() };
@@ -841,7 +842,7 @@ impl Emitter<'_> {
         let boxes = val.shape[1] / inner;
         if buffers > 0 && buffers < boxes {
             let c = &map.axes[1];
-            if c.replicated() || c.ctas > 1 || inner % c.chunk != 0 {
+            if c.replicated() || c.ctas > 1 || !inner.is_multiple_of(c.chunk) {
                 return Err(CodegenError::Unsupported(format!("an output tile in {inner}-column boxes from a register layout whose columns repeat every {}", c.chunk)));
             }
             self.open(format!("if ({ok})"))?;
