@@ -126,6 +126,9 @@ static __device__ __forceinline__ unsigned long long kf_desc128(const void* p, u
   return (unsigned long long)((kf_smem_addr(p) & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
        | ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
 }
+static __device__ __forceinline__ unsigned long long kf_desc_at(unsigned long long d, unsigned off16) {
+  return (d & 0xFFFFFFFF00000000ull) | (unsigned long long)((unsigned)d + off16);
+}
 static __device__ __forceinline__ void kf_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 static __device__ __forceinline__ void kf_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N> static __device__ __forceinline__ void kf_wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }

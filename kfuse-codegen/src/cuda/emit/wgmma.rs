@@ -85,6 +85,20 @@ struct Operand {
     is_a: bool,
 }
 
+impl Operand {
+    /// Its tile in WGMMA descriptor terms, in bytes: the step from one 64-row half of an
+    /// A tile to the next (0 for B), the step from one instruction's 32 bytes of K to
+    /// the next, and the leading-dimension byte offset.
+    fn desc_steps(&self) -> (u32, u32, u32) {
+        match (self.is_a, self.major) {
+            (true, Major::K) => (64 * 128, 32, 16),
+            (true, Major::MN) => (self.box_bytes, 2048, self.box_bytes),
+            (false, Major::K) => (0, 32, 16),
+            (false, Major::MN) => (0, 2048, self.box_bytes),
+        }
+    }
+}
+
 /// The TMA boxes of an operand load: per tensor dimension the tile extent (1 for an
 /// indexed dimension), the innermost (`order[0]`) capped at one swizzle span; how many
 /// boxes cover the tile, and whether they follow each other along the next dimension
@@ -120,6 +134,12 @@ fn boxes_of(k: &Kernel, o: &MmaOperand, order: &[u32]) -> Result<(Vec<u32>, u32,
     }
     let box_bytes = b.iter().product::<u32>() * esz;
     Ok((b, nq, box_bytes, outer_slices))
+}
+
+/// The name of operand `i`'s descriptor at stage 0 and k-step 0 in the consumers (an A
+/// operand: this warpgroup's rows, or under ping-pong the tile's first 64).
+fn desc_base(i: usize) -> String {
+    format!("kf_dbase{i}")
 }
 
 /// The name of the WGMMA helper dot `d` calls: `kf_wgmma` for the majorness of the
@@ -549,6 +569,21 @@ pub(super) fn emit_kernel(
     e.line("unsigned kf_phase = 0;")?;
     e.line("unsigned kf_rphase = 0;")?;
     e.line("(void)kf_rphase;")?;
+    // the operands' shared-memory descriptors at stage 0 and k-step 0, made once: a
+    // k-step's descriptor adds its offset in 16-byte units to the start-address field,
+    // in the low word (`kf_desc_at`; no carry leaves it, shared memory being under 2^18
+    // bytes). Made in the loop from the stage's pointer, each cost ~10 instructions a
+    // wgmma, a third of the consumers' instructions at M8192 N4096 K14336 (NOTES g27)
+    let mut based: Vec<usize> = Vec::new();
+    for i in dots.iter().flat_map(|d| [op_index(d.a.load), op_index(d.b.load)]) {
+        if based.contains(&i) {
+            continue;
+        }
+        based.push(i);
+        let (half_step, _, lbo) = operands[i].desc_steps();
+        let wg = if half_step > 0 && !pp { format!(" + kf_wg * {half_step}") } else { String::new() };
+        e.line(format!("const unsigned long long {} = kf_desc128(kf_pipe + {}{wg}, {lbo}, 1024);", desc_base(i), at[i]))?;
+    }
     // ping-pong: warpgroup w takes the block's tiles w, w + 2, …
     let consumer_walk = if pp { format!("for (long long kf_t = blockIdx.x + kf_wg * gridDim.x; kf_t < kf_tiles; kf_t += {consumers} * gridDim.x)") } else { tile_walk.clone() };
     e.open(consumer_walk)?;
@@ -590,10 +625,7 @@ pub(super) fn emit_kernel(
     let head = loop_head(&mut e)?;
     e.open(head)?;
     e.line("kf_mbar_wait(&kf_full[kf_stage], kf_phase);")?;
-    e.line(format!("const unsigned char* kf_sa = kf_pipe + kf_stage * {stage_bytes};"))?;
-    for (i, &off) in at.iter().enumerate().skip(1) {
-        e.line(format!("const unsigned char* {} = kf_sa + {off};", sname(i)))?;
-    }
+    e.line(format!("const unsigned kf_so = (unsigned)kf_stage * {}u;", stage_bytes / 16))?;
     e.line("kf_wgmma_fence();")?;
     e.unroll("kk", bk / plan.instr[2])?;
     // per dot: A, this warpgroup's 64 rows (a descriptor per distinct A tile); B, all
@@ -601,33 +633,27 @@ pub(super) fn emit_kernel(
     let mut described = Vec::new();
     for (j, d) in dots.iter().enumerate() {
         let (ia, ib) = (op_index(d.a.load), op_index(d.b.load));
-        let (oa, ob) = (&operands[ia], &operands[ib]);
-        let (a_off, a_k, a_lbo) = match oa.major {
-            Major::K => (64 * 128, 32, 16),
-            Major::MN => (oa.box_bytes, 2048, oa.box_bytes),
-        };
-        let (b_k, b_lbo) = match ob.major {
-            Major::K => (32, 16),
-            Major::MN => (2048, ob.box_bytes),
-        };
+        let ((a_off, a_k, _), (_, b_k, _)) = (operands[ia].desc_steps(), operands[ib].desc_steps());
         let suffix = |i: usize| if i <= 1 { String::new() } else { i.to_string() };
         let (da, db) = (format!("da{}", suffix(ia)), format!("db{}", suffix(ib)));
+        let (base_a, base_b) = (desc_base(ia), desc_base(ib));
+        let (a_k, b_k) = (a_k / 16, b_k / 16);
         if pp {
             // the whole tile: rows 0..64 into the first half of the accumulator, rows
             // 64..128 into the second
-            e.line(format!("const unsigned long long {da} = kf_desc128({} + kk * {a_k}, {a_lbo}, 1024);", sname(ia)))?;
-            e.line(format!("const unsigned long long {da}_hi = kf_desc128({} + {a_off} + kk * {a_k}, {a_lbo}, 1024);", sname(ia)))?;
-            e.line(format!("const unsigned long long {db} = kf_desc128({} + kk * {b_k}, {b_lbo}, 1024);", sname(ib)))?;
+            e.line(format!("const unsigned long long {da} = kf_desc_at({base_a}, kf_so + kk * {a_k});"))?;
+            e.line(format!("const unsigned long long {da}_hi = kf_desc_at({base_a}, kf_so + {} + kk * {a_k});", a_off / 16))?;
+            e.line(format!("const unsigned long long {db} = kf_desc_at({base_b}, kf_so + kk * {b_k});"))?;
             let (f, acc) = (wgmma_name(&dots[0], d), accumulator_name(j));
             e.line(format!("{f}({acc}, {da}, {db});"))?;
             e.line(format!("{f}({acc} + {half}, {da}_hi, {db});"))?;
             continue;
         }
         if !described.contains(&ia) {
-            e.line(format!("const unsigned long long {da} = kf_desc128({} + kf_wg * {a_off} + kk * {a_k}, {a_lbo}, 1024);", sname(ia)))?;
+            e.line(format!("const unsigned long long {da} = kf_desc_at({base_a}, kf_so + kk * {a_k});"))?;
             described.push(ia);
         }
-        e.line(format!("const unsigned long long {db} = kf_desc128({} + kk * {b_k}, {b_lbo}, 1024);", sname(ib)))?;
+        e.line(format!("const unsigned long long {db} = kf_desc_at({base_b}, kf_so + kk * {b_k});"))?;
         e.line(format!("{}({}, {da}, {db});", wgmma_name(&dots[0], d), accumulator_name(j)))?;
     }
     e.close()?;
