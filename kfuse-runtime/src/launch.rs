@@ -21,11 +21,17 @@
 //!    else generate code, compile it through the PTX cache and load it; then launch it on
 //!    the device's stream with the grid ([`EmittedKernel::grid_dims`]: persistent
 //!    kernels and clusters included), block and shared memory the codegen chose and the
-//!    parameters in [`EmittedKernel::params`] order (a TMA tensor map is encoded for each
-//!    launch by [`crate::tma`] and passed by value) — or, on request
+//!    parameters in [`EmittedKernel::params`] order (a TMA tensor map is passed by
+//!    value: encoded by [`crate::tma`], or copied from the loaded kernel's recent maps
+//!    when the tensor's address, shape and strides are those of one of them) — or, on request
 //!    (`KFUSE_TAIL_SPLIT=1`), for a persistent matrix kernel whose last wave would leave
 //!    most blocks idle, as two launches of variants of it (`split_last_wave`: the whole
 //!    waves, then the tiles left with split loops).
+//!
+//! The `KFUSE_*` settings step 5 consults come from [`crate::settings`] (read once
+//! a process). A GPU launch of a GEMM costs the H100's host 8-9 µs in its slower phase,
+//! 5 of them in the driver's `cuLaunchKernel` (NOTES g26); keep per-launch work free of
+//! environment reads, eager formatting and allocations it can avoid.
 //!
 //! Invariants: nothing reaches the GPU or the interpreter before every check of step 1
 //! has passed; a launch never blocks on the GPU unless `KFUSE_SYNC=1` is set (then it

@@ -4,7 +4,7 @@
 //! Owns: the checks of a tensor against what the tensor-memory accelerator can address
 //! ([`TiledMapDesc::new`], no GPU needed), the driver call ([`encode_tiled`]), the
 //! by-value kernel argument ([`TensorMap`]), and a loaded kernel's recent maps
-//! ([`MapCache`]).
+//! (`MapCache`).
 //!
 //! The map describes the tensor's whole extent: `globalDim` is the tensor's shape and
 //! `globalStrides` its strides in bytes (dimensions 1.. of the innermost-first order),
@@ -20,7 +20,7 @@
 //!   `CUresult`. Nothing here panics (the driver call runs under `catch_unwind`, for a
 //!   driver too old to have the symbol).
 //! - A map is a function of the tensor's dtype, address, shape and strides and of the
-//!   box, swizzle and dimension order: a [`MapCache`] entry, keyed by a kernel
+//!   box, swizzle and dimension order: a `MapCache` entry, keyed by a kernel
 //!   parameter (which fixes the dtype, box, swizzle and order) and the tensor's
 //!   address, shape and strides, is the map an encode would make now.
 //! - A [`TensorMap`] is 128 bytes aligned to 128: the CUDA 13 headers declare
