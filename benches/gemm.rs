@@ -20,9 +20,10 @@
 //! `scripts/gpu-run.sh` puts in its final table).
 //!
 //! Timing: CUDA events around each call, 10 warm-ups of every competitor before any
-//! timed call, 50 timed calls, median; the competitors of a row take turns in 5 rounds
-//! of 10 calls, the first of a round rotating (`common::interleaved`), so that the GPU's
-//! clock drift over the run falls on each alike. Inputs are
+//! timed call, 150 timed calls (`KFUSE_BENCH_ITERS=N`: N), median; the competitors of a
+//! row take turns in rounds of 10 calls, the first of a round rotating
+//! (`common::interleaved`), so that the GPU's clock drift over the run falls on each
+//! alike. Inputs are
 //! random (uniform in [-1, 1), never zeros); when one set of A, B and C is smaller than
 //! 3× the 50 MB L2, several sets are rotated so that no call finds its inputs in L2 from
 //! the call before. `kfuse::ops::gemm` allocates its output on each call (stream-ordered,
@@ -303,7 +304,15 @@ fn fmt_t(c: &Case, r: &Result<f64, String>) -> String {
 fn main() -> kfuse::Result<()> {
     let Some(dev) = common::gpu() else { return Ok(()); };
     let blas = Blas::new(&dev)?;
-    let (warm, iters) = (10, 50);
+    // `KFUSE_BENCH_ITERS=N`: N timed calls a competitor (default 150: fifteen rounds of
+    // 10; with five rounds the ratio at M8192 N14336 / K14336 moved 0.88–1.00 from one
+    // process to the next under the power limit, with fifteen 0.97–1.01: BENCHMARKS,
+    // thirteenth session)
+    let iters = match std::env::var("KFUSE_BENCH_ITERS") {
+        Ok(v) => v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| kfuse::Error::InvalidArgument(format!("KFUSE_BENCH_ITERS: `{v}` is not a positive number")))?,
+        Err(_) => 150,
+    };
+    let warm = 10;
     let mut rows = Vec::new();
     // KFUSE_BENCH_FILTER=TEXT: only the shapes whose label contains TEXT, or whose id
     // starts with it (`f16_`: the f16 rows; `fused`, `swiglu`, `fp8`: only that table)

@@ -55,11 +55,11 @@ pub fn rotating(sets: usize, mut f: impl FnMut(usize) -> kfuse::Result<()>) -> i
     }
 }
 
-/// Rounds [`interleaved`] splits its timed calls into.
-pub const ROUNDS: usize = 5;
+/// Timed calls a competitor makes in each round of [`interleaved`].
+pub const CALLS_PER_ROUND: usize = 10;
 
-/// Times competitors side by side: `warm` untimed calls of each, then [`ROUNDS`] rounds in
-/// which each competitor in turn makes `iters / ROUNDS` timed calls (CUDA events around
+/// Times competitors side by side: `warm` untimed calls of each, then `iters /`
+/// [`CALLS_PER_ROUND`] rounds in which each competitor in turn makes that many timed calls (CUDA events around
 /// each, a few untimed calls first so that each round starts from its own warm state),
 /// round `r` starting with competitor `r % n`.
 /// The GPU's clock and temperature drift over a run (under its power limit a long run
@@ -69,7 +69,8 @@ pub const ROUNDS: usize = 5;
 /// going first. Returns each competitor's median per-call time in ms, or its first error
 /// (a failed competitor is not called again).
 pub fn interleaved(dev: &Device, warm: usize, iters: usize, fns: &mut [&mut dyn FnMut() -> kfuse::Result<()>]) -> Vec<kfuse::Result<f64>> {
-    let per = iters.div_ceil(ROUNDS).max(1);
+    let per = CALLS_PER_ROUND;
+    let rounds = iters.div_ceil(per).max(1);
     let n = fns.len();
     let mut samples: Vec<kfuse::Result<Vec<f32>>> = fns.iter().map(|_| Ok(Vec::new())).collect();
     // the warm-up calls of every competitor before any timed call
@@ -78,7 +79,7 @@ pub fn interleaved(dev: &Device, warm: usize, iters: usize, fns: &mut [&mut dyn 
             *s = Err(e);
         }
     }
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         for i in (0..n).map(|j| (j + round) % n) {
             let Ok(acc) = &mut samples[i] else { continue };
             match dev.time_ms(2, per, &mut *fns[i]) {
