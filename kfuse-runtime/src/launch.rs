@@ -541,7 +541,7 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
                 spec.tiles.entry(name).or_insert(v);
             }
             // only `dot` kernels have anything to tune: no work for the others
-            if crate::settings::current().autotune && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot { .. })) {
+            if crate::autotune::enabled() && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot { .. })) {
                 if let Some(tiles) = autotune(def, &checked.dtypes, kernel, &spec, &target, device, args, &shapes)? {
                     spec.tiles = tiles;
                 }

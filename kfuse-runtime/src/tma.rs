@@ -358,6 +358,8 @@ mod tests {
         // a refusal is returned and not kept
         let r = cache.get_or_encode(7, &a, || Err(Error::InvalidArgument("refused".into())));
         assert!(matches!(r, Err(Error::InvalidArgument(m)) if m == "refused"));
+        map(&a, 7);
+        assert_eq!(encodes.get(), 6, "the refusal was not kept: the next call encodes");
         // past the capacity the oldest goes first: `first`'s entry is replaced
         for p in 0..MapCache::CAPACITY {
             map(&b, 100 + p);
