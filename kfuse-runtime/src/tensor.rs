@@ -78,16 +78,29 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
     let mut acc = 1isize;
     for i in (0..shape.len()).rev() {
         s[i] = acc;
-        acc = acc.saturating_mul(shape[i].max(1) as isize);
+        // saturating: only an empty shape can get here with sizes whose product does not
+        // fit, and its strides must still be non-negative
+        acc = acc.saturating_mul(isize::try_from(shape[i].max(1)).unwrap_or(isize::MAX));
     }
     s
 }
 
 fn checked_numel(shape: &[usize]) -> Result<usize> {
+    // a zero anywhere makes it empty, whatever the other sizes multiply to
+    if shape.contains(&0) {
+        return Ok(0);
+    }
     shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .ok_or_else(|| Error::InvalidArgument(format!("shape {shape:?} has more elements than fit in memory")))
+}
+
+/// The bytes of a packed tensor of `shape` and `dtype`, when that fits in `usize`.
+fn checked_bytes(shape: &[usize], dtype: DType) -> Result<usize> {
+    checked_numel(shape)?
+        .checked_mul(dtype.size_bytes())
+        .ok_or_else(|| Error::InvalidArgument(format!("shape {shape:?} of {dtype} is too large")))
 }
 
 /// Calls `f(logical_index, element_index)` for every element of a view, in row-major
@@ -135,7 +148,14 @@ fn span(shape: &[usize], strides: &[isize], offset: usize) -> Option<(usize, usi
 impl Tensor {
     fn alloc(bytes: usize, device: &Device) -> Result<Storage> {
         match device.gpu_ref() {
-            None => Ok(Storage::Host(RwLock::new(vec![0u8; bytes]))),
+            None => {
+                // fallible: a size no allocation can hold is an error, not an abort
+                let mut v = Vec::new();
+                v.try_reserve_exact(bytes)
+                    .map_err(|e| Error::InvalidArgument(format!("cannot allocate {bytes} bytes of host memory for a tensor: {e}")))?;
+                v.resize(bytes, 0);
+                Ok(Storage::Host(RwLock::new(v)))
+            }
             Some(g) => {
                 if bytes == 0 {
                     return Ok(Storage::Device(DeviceBuffer { _slice: None, ptr: 0, bytes: 0, device: device.clone() }));
@@ -160,9 +180,7 @@ impl Tensor {
     /// A packed tensor with unspecified contents (zeros on the CPU; uninitialized device
     /// memory on a GPU).
     pub fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
-        let bytes = checked_numel(shape)?
-            .checked_mul(dtype.size_bytes())
-            .ok_or_else(|| Error::InvalidArgument(format!("shape {shape:?} of {dtype} is too large")))?;
+        let bytes = checked_bytes(shape, dtype)?;
         Ok(Tensor::packed(Tensor::alloc(bytes, device)?, shape, dtype))
     }
 
@@ -181,12 +199,12 @@ impl Tensor {
     /// A packed tensor from little-endian element bytes in row-major order.
     pub fn from_bytes(bytes: &[u8], shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         let n = checked_numel(shape)?;
-        if bytes.len() != n * dtype.size_bytes() {
+        let want = checked_bytes(shape, dtype)?;
+        if bytes.len() != want {
             return Err(Error::ShapeMismatch(format!(
-                "from_bytes: {} bytes given for shape {shape:?} of {dtype} ({n} elements of {} bytes = {} bytes)",
+                "from_bytes: {} bytes given for shape {shape:?} of {dtype} ({n} elements of {} bytes = {want} bytes)",
                 bytes.len(),
-                dtype.size_bytes(),
-                n * dtype.size_bytes()
+                dtype.size_bytes()
             )));
         }
         match device.gpu_ref() {
@@ -376,6 +394,10 @@ impl Tensor {
 
     /// Number of elements (1 for rank 0).
     pub fn numel(&self) -> usize {
+        // an empty view's other sizes may multiply past usize (a permuted `[0, usize::MAX, 2]`)
+        if self.shape.contains(&0) {
+            return 0;
+        }
         self.shape.iter().product()
     }
 
@@ -459,7 +481,9 @@ impl Tensor {
         }
         let mut v = self.clone();
         v.shape[dim] = len;
-        if len > 0 {
+        // an empty view reads nothing; its offset stays (the start of a huge empty
+        // dimension need not be a valid element index)
+        if v.numel() > 0 {
             v.offset = (self.offset as isize + start as isize * self.strides[dim]) as usize;
         }
         Ok(v)

@@ -15,9 +15,10 @@
 //! [`log_softmax`], [`rms_norm`], [`add_rms_norm`] and [`layer_norm`]. They view `x` as
 //! `[M, N]` rows (`N` the last dimension, rank 1 is one row), compute in f32 and round
 //! to `x`'s dtype once; per-row results (and the norms' f32 statistics) have `x`'s shape
-//! without its last dimension. `M = 0` gives empty results; rows of `N = 0` elements are
-//! an `Error::InvalidArgument` for softmax and the norms (sums of them are 0, means NaN,
-//! max and min an error, as in PyTorch).
+//! without its last dimension. `x` is a float tensor (an integer one is an
+//! `Error::InvalidArgument`, empty or not). `M = 0` gives empty results; rows of `N = 0`
+//! elements are an `Error::InvalidArgument` for softmax and the norms (sums of them are
+//! 0, means NaN, max and min an error, as in PyTorch).
 //!
 //! [`gemm`] multiplies matrices: `a: [M, K]` by `b: [K, N]` of one float dtype, any
 //! strides, accumulated in f32 and rounded to the inputs' dtype once. [`gemm_ex`] adds
@@ -234,13 +235,29 @@ fn as_rows(x: &Tensor, what: &str, arg: &str) -> Result<(Tensor, Vec<usize>)> {
             "kfuse::ops::{what}: `{arg}` is a scalar (rank 0); it works along the last dimension of a tensor of rank ≥ 1"
         )));
     }
+    float_x(x, what, arg)?;
     if !x.is_contiguous() {
         return Err(nonc(x, what, arg));
     }
     let n = x.shape()[r - 1];
     let lead = x.shape()[..r - 1].to_vec();
-    let m: usize = lead.iter().product();
+    // an empty `x` ([MAX, 2, 0]) may have leading sizes whose product does not fit: its
+    // rows are then "many" (saturated; a per-row result of that shape cannot exist)
+    let m = if lead.contains(&0) { 0 } else { lead.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX) };
     Ok((x.reshape(&[m, n])?, lead))
+}
+
+/// The row ops and reductions take floats only (their kernels are `T: Float`); said
+/// before any shortcut for empty sizes, so that an integer tensor is refused whatever its
+/// shape.
+fn float_x(x: &Tensor, what: &str, arg: &str) -> Result<()> {
+    if x.dtype().is_float() {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "kfuse::ops::{what}: `{arg}` has dtype {}; {what} takes f32, f16, bf16, f8e4m3 or f8e5m2",
+        x.dtype()
+    )))
 }
 
 /// Same dtype, device and exact shape as `want` (a weight or bias of shape `[N]`, a
@@ -321,6 +338,7 @@ fn reduce_last(x: &Tensor, op: Red) -> Result<Tensor> {
 
 fn reduce_all(x: &Tensor, op: Red) -> Result<Tensor> {
     let what = op.name();
+    float_x(x, what, "x")?;
     let n = x.numel();
     let dev = x.device();
     let out = Tensor::empty(&[], x.dtype(), &dev)?;

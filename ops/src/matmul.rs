@@ -39,7 +39,9 @@ pub struct GemmOptions<'a> {
     /// Scales the product (applied in f32 to the f32 accumulator).
     pub alpha: f32,
     /// Scales `c`. With `beta = 0` `c` is not read (as in BLAS: NaN or Inf in `c` do not
-    /// reach the result), though its shape, dtype and device are still checked.
+    /// reach the result), though its shape, dtype and device are still checked. Without
+    /// `c` it has no effect: the result is the scaled product alone (the grouped
+    /// products, which take no `c`, refuse a nonzero `beta` instead).
     pub beta: f32,
     /// The addend, of the output's shape (`[M, N]`, or `[B.., M, N]` batched; any
     /// strides) and of the output's dtype.

@@ -66,7 +66,8 @@ fn shape_err(msg: String) -> Error {
 /// `[B, S, H, D]` or `[T, H, D]` → (tokens, sequence length, heads, head dim).
 fn dims(x: &Tensor, name: &str) -> Result<(usize, usize, usize, usize)> {
     match *x.shape() {
-        [b, s, h, d] => Ok((b * s, s, h, d)),
+        // saturating: only an empty `x` ([2, MAX, 0, D]) has a `B · S` that does not fit
+        [b, s, h, d] => Ok((b.saturating_mul(s), s, h, d)),
         [t, h, d] => Ok((t, t, h, d)),
         _ => Err(shape_err(format!("`{name}` must be [B, S, H, D] or [T, H, D], got shape {:?}", x.shape()))),
     }
@@ -93,9 +94,9 @@ fn pair_view(x: &Tensor, t: usize, h: usize, d: usize, layout: RopeLayout) -> Re
 /// Errors (nothing is written): ranks or shapes that do not fit (`ShapeMismatch`), dtypes
 /// (`DTypeMismatch`: q and k differ or are not floats, positions not i64, tables not
 /// floats of one dtype), strided `q`/`k` (`NonContiguous`: rotating a copy would not
-/// change them), tensors on different devices (`DeviceMismatch`), `q` and `k` sharing
+/// change them) or strided `[B, S]` positions, tensors on different devices (`DeviceMismatch`), `q` and `k` sharing
 /// storage (`Aliasing`), an odd `D`, a base that is not positive and finite, an offset
-/// that runs outside the tables (`InvalidArgument`).
+/// that runs outside the tables or whose positions overflow i64 (`InvalidArgument`).
 pub fn rope(q: &mut Tensor, k: &mut Tensor, opts: &RopeOptions<'_>) -> Result<()> {
     // Shapes.
     if q.rank() != k.rank() {
@@ -148,6 +149,13 @@ pub fn rope(q: &mut Tensor, k: &mut Tensor, opts: &RopeOptions<'_>) -> Result<()
             if p.device() != q.device() {
                 return Err(Error::DeviceMismatch(format!("kfuse::ops::rope: positions are on {} but `q` is on {}", p.device().name(), q.device().name())));
             }
+            if p.rank() == 2 && !p.is_contiguous() {
+                return Err(Error::NonContiguous {
+                    what: "kfuse::ops::rope (the [B, S] positions, read as one [B·S] vector)".into(),
+                    shape: p.shape().to_vec(),
+                    strides: p.strides().to_vec(),
+                });
+            }
             Some(if p.rank() == 1 { p.clone() } else { p.reshape(&[t])? })
         }
     };
@@ -189,6 +197,12 @@ pub fn rope(q: &mut Tensor, k: &mut Tensor, opts: &RopeOptions<'_>) -> Result<()
     }
     if t == 0 || (hq == 0 && hk == 0) || d == 0 {
         return Ok(());
+    }
+    // the kernels compute `offset + s` in i64 (wrapping): every position must fit
+    if let Positions::Offset(o) = opts.positions {
+        if i64::try_from(s - 1).ok().and_then(|last| o.checked_add(last)).is_none() {
+            return Err(invalid(format!("the positions of offset {o} and a sequence of {s} tokens run past i64::MAX")));
+        }
     }
     // The pair views; an empty side (no heads) gets a one-head scratch tensor, so that
     // the launch is not skipped for the other.
