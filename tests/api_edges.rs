@@ -614,6 +614,36 @@ fn row_ops() {
     a.finish();
 }
 
+#[test]
+fn elementwise_ops_refuse_integers() {
+    // every elementwise op computes on floats: an i64 tensor is refused with the same
+    // error whether it is empty or not (an empty one used to come back `Ok`)
+    let mut a = Audit::new("elementwise");
+    let c = cpu();
+    for shape in [vec![3usize], vec![0], vec![2, 0]] {
+        let x = || Tensor::zeros(&shape, DType::I64, &c).unwrap();
+        let words = ["has dtype i64", "takes f32"];
+        a.case(&format!("add i64 {shape:?}"), || err(ops::add(&x(), &x()), E::Invalid, &words));
+        a.case(&format!("div i64 {shape:?}"), || err(ops::div(&x(), &x()), E::Invalid, &words));
+        a.case(&format!("swiglu i64 {shape:?}"), || err(ops::swiglu(&x(), &x()), E::Invalid, &words));
+        a.case(&format!("silu i64 {shape:?}"), || err(ops::silu(&x()), E::Invalid, &words));
+        a.case(&format!("gelu_tanh i64 {shape:?}"), || err(ops::gelu_tanh(&x()), E::Invalid, &words));
+        a.case(&format!("scale i64 {shape:?}"), || err(ops::scale(&x(), 2.0), E::Invalid, &words));
+        a.case(&format!("copy i64 {shape:?}"), || err(ops::copy(&x()), E::Invalid, &words));
+    }
+    // a contiguous integer tensor is its own contiguous view; a float one still works
+    a.case("contiguous of a contiguous i64", || {
+        let x = ok(Tensor::from_f64(&[1.0, 2.0, 3.0], &[3], DType::I64, &c))?;
+        close(&ok(ops::contiguous(&x))?, &[3], DType::I64, &[1.0, 2.0, 3.0], 0.0)
+    });
+    a.case("add f32 still adds", || {
+        let x = ok(Tensor::from_f64(&[1.0, -2.5, 3.0], &[3], DType::F32, &c))?;
+        close(&ok(ops::add(&x, &x))?, &[3], DType::F32, &[2.0, -5.0, 6.0], 0.0)
+    });
+    a.finish();
+}
+
+
 // ---------------------------------------------------------------------------------------
 // Kernel launchers with `&mut` outputs: aliasing, strided and mismatched outputs.
 

@@ -4,6 +4,8 @@
 //! public API (`kfuse::ops::add(&a, &b)`): they check arguments, allocate the output
 //! on the inputs' device and launch. Bad input is an `Err`, never a panic:
 //! - shapes or dtypes that differ → `Error::ShapeMismatch` / `Error::DTypeMismatch`;
+//! - integer tensors → `Error::InvalidArgument` (every op here computes on floats; a
+//!   contiguous integer tensor still gets [`contiguous`]'s view of itself);
 //! - empty tensors → an empty result, no launch;
 //! - non-contiguous inputs → elementwise ops refuse them (`Error::NonContiguous`, which
 //!   says to call [`contiguous`] first); `copy` and `contiguous` read any strides of
@@ -66,6 +68,7 @@ type Unary = fn(&Tensor, &mut Tensor) -> Result<kfuse_runtime::Launched>;
 
 fn binary(a: &Tensor, b: &Tensor, what: &str, k: Binary) -> Result<Tensor> {
     same(a, b, what)?;
+    float_x(a, what, "a")?;
     let out = Tensor::empty(a.shape(), a.dtype(), &a.device())?;
     if out.numel() == 0 {
         return Ok(out);
@@ -77,6 +80,7 @@ fn binary(a: &Tensor, b: &Tensor, what: &str, k: Binary) -> Result<Tensor> {
 }
 
 fn unary(x: &Tensor, what: &str, k: Unary) -> Result<Tensor> {
+    float_x(x, what, "x")?;
     let out = Tensor::empty(x.shape(), x.dtype(), &x.device())?;
     if out.numel() == 0 {
         return Ok(out);
@@ -109,6 +113,7 @@ pub fn swiglu(g: &Tensor, u: &Tensor) -> Result<Tensor> {
 }
 /// `x * s`.
 pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
+    float_x(x, "scale", "x")?;
     let out = Tensor::empty(x.shape(), x.dtype(), &x.device())?;
     if out.numel() == 0 {
         return Ok(out);
@@ -133,6 +138,7 @@ pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
 
 /// A contiguous copy of `x` (any strides for rank ≤ 3; contiguous inputs of any rank).
 pub fn copy(x: &Tensor) -> Result<Tensor> {
+    float_x(x, "copy", "x")?;
     let out = Tensor::empty(x.shape(), x.dtype(), &x.device())?;
     if out.numel() == 0 {
         return Ok(out);
@@ -247,9 +253,9 @@ fn as_rows(x: &Tensor, what: &str, arg: &str) -> Result<(Tensor, Vec<usize>)> {
     Ok((x.reshape(&[m, n])?, lead))
 }
 
-/// The row ops and reductions take floats only (their kernels are `T: Float`); said
-/// before any shortcut for empty sizes, so that an integer tensor is refused whatever its
-/// shape.
+/// The elementwise ops, the row ops and the reductions take floats only (their kernels
+/// are `T: Float`); said before any shortcut for empty sizes, so that an integer tensor
+/// is refused whatever its shape.
 fn float_x(x: &Tensor, what: &str, arg: &str) -> Result<()> {
     if x.dtype().is_float() {
         return Ok(());
