@@ -256,6 +256,23 @@ fn tensor_constructors_and_views() {
         }
         Ok(())
     });
+    a.case("unsqueeze past the rank", || err(m.unsqueeze(3), E::Invalid, &["unsqueeze", "rank 2"]));
+    a.case("unsqueeze at the rank and of rank 0", || {
+        let u = ok(m.unsqueeze(2))?;
+        let s = ok(zeros(&[], f).unsqueeze(0))?;
+        if u.shape() != [m.shape()[0], m.shape()[1], 1] || s.shape() != [1] {
+            return Err(format!("{:?} {:?}", u.shape(), s.shape()));
+        }
+        Ok(())
+    });
+    a.case("unsqueeze of an empty view with a huge size", || {
+        let x = ok(Tensor::empty(&[0, usize::MAX], f, &c))?;
+        let u = ok(x.unsqueeze(1))?;
+        if u.strides().iter().any(|&s| s < 0) {
+            return Err(format!("negative strides {:?}", u.strides()));
+        }
+        Ok(())
+    });
     a.case("permute with a repeated axis", || err(m.permute(&[1, 1]), E::Invalid, &["not a permutation"]));
     a.case("permute with an axis out of range", || err(m.permute(&[0, 2]), E::Invalid, &["not a permutation"]));
     // copies of views

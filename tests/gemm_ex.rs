@@ -335,7 +335,7 @@ fn errors_are_clear() {
     let i = Tensor::full(&[4, 5], 1.0, DType::I64, &cpu()).unwrap();
     let e = gemm_ex(&i, &t(&[5, 6], f), &GemmOptions::default()).unwrap_err();
     is(&e, "invalid", "i64");
-    let e = gemm_batched(&i.unsqueeze(0), &t(&[5, 6], f)).unwrap_err();
+    let e = gemm_batched(&i.unsqueeze(0).unwrap(), &t(&[5, 6], f)).unwrap_err();
     is(&e, "invalid", "i64");
     // ranks of gemm_ex
     let e = gemm_ex(&t(&[2, 4, 5], f), &t(&[5, 6], f), &GemmOptions::default()).unwrap_err();

@@ -442,16 +442,23 @@ impl Tensor {
 
     /// The view with a new dimension of size 1 inserted at `dim` (shares storage); its
     /// stride is that of a packed layout, so a contiguous tensor stays contiguous.
-    ///
-    /// # Panics
-    /// If `dim > rank` (like `Vec::insert`).
-    pub fn unsqueeze(&self, dim: usize) -> Tensor {
-        assert!(dim <= self.rank(), "unsqueeze: dimension {dim} of a tensor of rank {}", self.rank());
-        let stride = if dim < self.rank() { self.strides[dim] * self.shape[dim] as isize } else { 1 };
+    /// `dim` runs from 0 to the rank (inclusive: a new last dimension); a larger one is
+    /// an `InvalidArgument`.
+    pub fn unsqueeze(&self, dim: usize) -> Result<Tensor> {
+        if dim > self.rank() {
+            return Err(Error::InvalidArgument(format!(
+                "unsqueeze: dimension {dim} of a tensor of rank {} (a new dimension goes at 0 to {})",
+                self.rank(),
+                self.rank()
+            )));
+        }
+        // a size-1 dimension is never stepped over, so its stride only has to keep a
+        // packed layout packed (and not overflow where the sizes are huge)
+        let stride = if dim < self.rank() { self.strides[dim].saturating_mul(isize::try_from(self.shape[dim]).unwrap_or(isize::MAX)) } else { 1 };
         let mut v = self.clone();
         v.shape.insert(dim, 1);
         v.strides.insert(dim, stride);
-        v
+        Ok(v)
     }
 
     /// The view with its dimensions reordered: dimension `i` of the result is dimension
@@ -655,11 +662,12 @@ mod tests {
         let c = at.contiguous().unwrap();
         assert!(c.is_contiguous() && !c.same_storage(&a));
         assert_eq!(c.reshape(&[6]).unwrap().to_vec_f32().unwrap(), vec![0., 3., 1., 4., 2., 5.]);
-        let u = a.unsqueeze(0);
+        let u = a.unsqueeze(0).unwrap();
         assert_eq!((u.shape(), u.strides()), (&[1, 2, 3][..], &[6, 3, 1][..]));
         assert!(u.is_contiguous() && u.same_storage(&a));
-        assert_eq!(a.unsqueeze(2).shape(), &[2, 3, 1]);
-        assert_eq!(at.unsqueeze(1).to_vec_f32().unwrap(), at.to_vec_f32().unwrap());
+        assert_eq!(a.unsqueeze(2).unwrap().shape(), &[2, 3, 1]);
+        assert!(matches!(a.unsqueeze(3), Err(Error::InvalidArgument(_))));
+        assert_eq!(at.unsqueeze(1).unwrap().to_vec_f32().unwrap(), at.to_vec_f32().unwrap());
         let p = a.permute(&[1, 0]).unwrap();
         assert_eq!((p.shape(), p.strides()), (at.shape(), at.strides()));
         assert!(a.permute(&[0, 0]).is_err() && a.permute(&[0]).is_err());

@@ -152,7 +152,7 @@ pub fn copy(x: &Tensor) -> Result<Tensor> {
     match x.shape().len() {
         1 => {
             let mut fo = out.reshape(&[1, out.numel()])?;
-            kernels::copy2d(&x.unsqueeze(0), &mut fo)?;
+            kernels::copy2d(&x.unsqueeze(0)?, &mut fo)?;
             Ok(out)
         }
         2 => {
