@@ -2,95 +2,16 @@
 //! products, the row ops, RoPE and the kernel launchers that take `&mut` outputs. Every
 //! case asserts one outcome — an `Err` of the right kind whose message names the
 //! problem, or `Ok` with values checked against a float64 reference — and runs under
-//! `catch_unwind`, so that one panic does not hide the others: each test lists every
-//! case that panicked or came out wrong. CPU device (the interpreter) only, small shapes.
+//! `catch_unwind` (`common::audit`), so that one panic does not hide the others: each
+//! test lists every case that panicked or came out wrong. CPU device (the interpreter) only, small shapes.
 
 mod common;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use common::audit::{close_values, cpu, err, ok, rt, t, zeros, Audit, E, R};
 
 use kfuse::ops::kernels as k;
 use kfuse::ops::{self, Dim, Freqs, GemmOptions, Positions, RopeLayout, RopeOptions};
-use kfuse::{DType, Device, Error, Tensor};
-
-type R = Result<(), String>;
-
-fn cpu() -> Device {
-    Device::cpu()
-}
-
-/// The cases of one test: each runs under `catch_unwind`; `finish` fails the test with
-/// every case that panicked or was wrong.
-struct Audit {
-    group: &'static str,
-    run: usize,
-    bad: Vec<String>,
-}
-
-impl Audit {
-    fn new(group: &'static str) -> Audit {
-        Audit { group, run: 0, bad: Vec::new() }
-    }
-
-    fn case(&mut self, name: &str, f: impl FnOnce() -> R) {
-        self.run += 1;
-        match catch_unwind(AssertUnwindSafe(f)) {
-            Ok(Ok(())) => {}
-            Ok(Err(m)) => self.bad.push(format!("{name}: {m}")),
-            Err(p) => {
-                let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
-                self.bad.push(format!("{name}: PANICKED: {msg}"));
-            }
-        }
-    }
-
-    fn finish(self) {
-        eprintln!("{}: {} cases, {} failed", self.group, self.run, self.bad.len());
-        assert!(self.bad.is_empty(), "{}: {} of {} cases failed:\n  {}", self.group, self.bad.len(), self.run, self.bad.join("\n  "));
-    }
-}
-
-/// The kind of error a case expects.
-#[derive(Clone, Copy, Debug)]
-enum E {
-    Shape,
-    DType,
-    NonContig,
-    Alias,
-    Invalid,
-    /// Any variant (the words carry the check).
-    Any,
-}
-
-/// `r` is an error of kind `kind` whose message contains every one of `words`.
-fn err<T>(r: kfuse::Result<T>, kind: E, words: &[&str]) -> R {
-    let e = match r {
-        Ok(_) => return Err(format!("expected a {kind:?} error mentioning {words:?}, got Ok({})", std::any::type_name::<T>())),
-        Err(e) => e,
-    };
-    let ok = match kind {
-        E::Shape => matches!(e, Error::ShapeMismatch(_)),
-        E::DType => matches!(e, Error::DTypeMismatch(_)),
-        E::NonContig => matches!(e, Error::NonContiguous { .. }),
-        E::Alias => matches!(e, Error::Aliasing(_)),
-        E::Invalid => matches!(e, Error::InvalidArgument(_)),
-        E::Any => true,
-    };
-    let msg = e.to_string();
-    if !ok {
-        return Err(format!("expected a {kind:?} error, got {e:?} ({msg})"));
-    }
-    for w in words {
-        if !msg.contains(w) {
-            return Err(format!("the message `{msg}` does not mention `{w}`"));
-        }
-    }
-    Ok(())
-}
-
-fn ok<T>(r: kfuse::Result<T>) -> Result<T, String> {
-    r.map_err(|e| format!("unexpected error: {e}"))
-}
+use kfuse::{DType, Tensor};
 
 /// `got` has `shape` and `dtype` and its values are within `tol` (relative to the
 /// largest reference magnitude, at least 1) of `want`; NaN matches NaN, ±inf itself.
@@ -98,36 +19,7 @@ fn close(got: &Tensor, shape: &[usize], dtype: DType, want: &[f64], tol: f64) ->
     if got.shape() != shape || got.dtype() != dtype {
         return Err(format!("expected {dtype} {shape:?}, got {} {:?}", got.dtype(), got.shape()));
     }
-    let g = ok(got.to_vec_f64())?;
-    if g.len() != want.len() {
-        return Err(format!("{} values, expected {}", g.len(), want.len()));
-    }
-    let scale = want.iter().filter(|v| v.is_finite()).fold(1.0f64, |a, v| a.max(v.abs()));
-    for (i, (&x, &y)) in g.iter().zip(want).enumerate() {
-        let same = if y.is_nan() {
-            x.is_nan()
-        } else if y.is_infinite() {
-            x == y
-        } else {
-            (x - y).abs() <= tol * scale
-        };
-        if !same {
-            return Err(format!("element {i}: got {x}, expected {y} (tol {tol})"));
-        }
-    }
-    Ok(())
-}
-
-fn rt(shape: &[usize], dt: DType, seed: u64) -> (Tensor, Vec<f64>) {
-    common::random_tensor(shape, dt, seed, 0.0, &cpu())
-}
-
-fn t(shape: &[usize], dt: DType) -> Tensor {
-    rt(shape, dt, 7).0
-}
-
-fn zeros(shape: &[usize], dt: DType) -> Tensor {
-    Tensor::zeros(shape, dt, &cpu()).unwrap()
+    close_values(got, want, tol)
 }
 
 /// `a · b` in f64, `a: [m, k]`, `b: [k, n]` row-major.

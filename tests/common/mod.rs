@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 
 pub const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
+pub mod audit;
 pub mod epilogue_kernels;
 pub mod gemm;
 
