@@ -57,11 +57,11 @@ fn main() -> kfuse::Result<()> {
     let set_tiles = |tiles: &str| {
         if tiles.is_empty() {
             std::env::remove_var("KFUSE_TILES");
-            kfuse::runtime::settings::reload();
         } else {
             std::env::set_var("KFUSE_TILES", tiles.replace('+', ","));
-            kfuse::runtime::settings::reload();
         }
+        // launches read the settings once a process: re-read them
+        kfuse::runtime::settings::reload();
     };
     // each tile setting compiled before the timed phases (no idle gap between them)
     for name in phases.split(',') {

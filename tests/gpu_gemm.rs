@@ -27,6 +27,18 @@ fn check_gemm(m: usize, n: usize, k: usize, dt: DType, ta: bool, tb: bool, dev: 
 /// Two tests here set `KFUSE_TILES` (process-wide) for a while: every test of this file
 /// holds this lock, so that under a parallel test runner none compiles under another's
 /// override.
+/// Sets (`Some`) or removes (`None`) the variables and re-reads the launch settings,
+/// which launches otherwise read once a process (`kfuse_runtime::settings`).
+fn set_settings(vars: &[(&str, Option<&str>)]) {
+    for &(k, v) in vars {
+        match v {
+            Some(v) => std::env::set_var(k, v),
+            None => std::env::remove_var(k),
+        }
+    }
+    kfuse::runtime::settings::reload();
+}
+
 fn env_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
@@ -86,8 +98,7 @@ fn gemm_with_the_loop_split_across_a_cluster() {
     let _env = env_lock();
     let Some(dev) = common::gpu() else { return };
     // the split is an override (it did not pay by default); the numerics must hold
-    std::env::set_var("KFUSE_TILES", "BM=128,BN=128,SPLITK=4");
-    kfuse::runtime::settings::reload();
+    set_settings(&[("KFUSE_TILES", Some("BM=128,BN=128,SPLITK=4"))]);
     let r = std::panic::catch_unwind(|| {
         let mut out = Vec::new();
         for &(m, n, k) in &[(127, 4096, 4096), (300, 200, 1000), (1, 129, 77)] {
@@ -95,8 +106,7 @@ fn gemm_with_the_loop_split_across_a_cluster() {
         }
         out
     });
-    std::env::remove_var("KFUSE_TILES");
-    kfuse::runtime::settings::reload();
+    set_settings(&[("KFUSE_TILES", None)]);
     for res in r.expect("no panic") {
         assert!(res.is_ok(), "{}", res.unwrap_err());
     }
@@ -110,8 +120,7 @@ fn gemm_with_operand_tiles_multicast_across_a_cluster() {
     // hold, transposed operands (B's K-major tile split into row slices) and tile counts
     // the cluster does not divide (the last cluster's second block off the output) included
     for mc in ["MCAST=2", "MCAST=4", "MCAST=2,BN=64", "MCASTB=2", "MCASTB=4,GROUPM=2", "MCASTB=2,BN=64"] {
-        std::env::set_var("KFUSE_TILES", mc);
-        kfuse::runtime::settings::reload();
+        set_settings(&[("KFUSE_TILES", Some(mc))]);
         let r = std::panic::catch_unwind(|| {
             let mut out = Vec::new();
             let shapes = [(127, 4096, 4096, false, false), (300, 200, 1000, false, false), (257, 320, 192, true, false), (1000, 1000, 512, false, false), (385, 520, 333, false, true)];
@@ -120,8 +129,7 @@ fn gemm_with_operand_tiles_multicast_across_a_cluster() {
             }
             out
         });
-        std::env::remove_var("KFUSE_TILES");
-        kfuse::runtime::settings::reload();
+        set_settings(&[("KFUSE_TILES", None)]);
         for res in r.expect("no panic") {
             assert!(res.is_ok(), "{mc}: {}", res.unwrap_err());
         }
@@ -136,9 +144,7 @@ fn gemm_with_operand_tiles_multicast_across_a_cluster() {
 fn split_wave_products(dev: &Device, cases: &[(usize, usize, usize, bool, bool)]) -> Vec<Result<f64, String>> {
     let sms = dev.target().expect("a GPU target").num_sms as usize;
     let rows = (sms + sms / 6).div_ceil(8) * 128;
-    std::env::set_var("KFUSE_TILES", "BM=128,BN=256");
-    std::env::set_var("KFUSE_TAIL_SPLIT", "1");
-    kfuse::runtime::settings::reload();
+    set_settings(&[("KFUSE_TILES", Some("BM=128,BN=256")), ("KFUSE_TAIL_SPLIT", Some("1"))]);
     let r = std::panic::catch_unwind(|| {
         let mut out = Vec::new();
         for &(dm, n, k, ta, tb) in cases {
@@ -175,9 +181,7 @@ fn split_wave_products(dev: &Device, cases: &[(usize, usize, usize, bool, bool)]
         }
         out
     });
-    std::env::remove_var("KFUSE_TILES");
-    std::env::remove_var("KFUSE_TAIL_SPLIT");
-    kfuse::runtime::settings::reload();
+    set_settings(&[("KFUSE_TILES", None), ("KFUSE_TAIL_SPLIT", None)]);
     r.expect("no panic")
 }
 

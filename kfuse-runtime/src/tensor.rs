@@ -8,6 +8,9 @@
 //! - `strides` and `offset` count elements, not bytes; element `(i0, i1, …)` is element
 //!   `offset + Σ i_d · strides[d]` of the storage. Views made here have non-negative
 //!   strides and always lie inside their storage.
+//! - A shape with a zero anywhere is empty, whatever its other sizes multiply to;
+//!   otherwise a shape whose element or byte count does not fit `usize`, or a host
+//!   allocation the allocator refuses, is an `InvalidArgument`, never an abort.
 //! - Storage is shared (`Arc`) between a tensor and its views; [`Tensor::same_storage`]
 //!   says whether two tensors share it. Cloning a tensor makes another view, not a copy.
 //! - Host storage is little-endian bytes behind an `RwLock`: writes through `&mut Tensor`
