@@ -101,12 +101,16 @@ fn got(t: &Tensor) -> Vec<f64> {
 }
 
 /// Compares `out` with `want`: special values (NaN, ±inf) of the reference must be
-/// matched exactly; the finite rest by relative error. Returns the relative error.
-fn compare(out: &[f64], want: &[f64], tol: f64) -> Result<f64, String> {
-    if out.len() != want.len() {
+/// matched exactly; the finite rest by ‖out − want‖ / ‖scale‖, where `scale[i]` is the
+/// size of the terms that made `want[i]` (at least `|want[i]|`; `None` means `|want|`).
+/// Measuring against the terms, not the result alone, follows the conditioning: where a
+/// bias cancels most of `x·r·w`, the f32 rounding of the terms stays what it was while
+/// the result shrinks. Returns that error.
+fn compare(out: &[f64], want: &[f64], scale: Option<&[f64]>, tol: f64) -> Result<f64, String> {
+    if out.len() != want.len() || scale.is_some_and(|s| s.len() != want.len()) {
         return Err(format!("{} values, expected {}", out.len(), want.len()));
     }
-    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let (mut a, mut b, mut t) = (Vec::new(), Vec::new(), Vec::new());
     for (i, (&o, &w)) in out.iter().zip(want).enumerate() {
         let same_special = (w.is_nan() && o.is_nan()) || (w.is_infinite() && o == w);
         if !w.is_finite() {
@@ -118,9 +122,10 @@ fn compare(out: &[f64], want: &[f64], tol: f64) -> Result<f64, String> {
         } else {
             a.push(o);
             b.push(w);
+            t.push(scale.map_or(w.abs(), |s| s[i].max(w.abs())));
         }
     }
-    let e = common::rel_err(&a, &b);
+    let e = common::err_against(&a, &b, &t);
     if e <= tol {
         Ok(e)
     } else {
@@ -205,22 +210,36 @@ fn inputs(op: Op, m: usize, n: usize, dt: DType, fill: Fill, s: u64) -> Inputs {
     Inputs { m, n, dt, x, r, w, b }
 }
 
-/// The float64 reference of every output, in the API's order, `T` outputs rounded.
-fn reference(op: Op, i: &Inputs) -> Vec<Vec<f64>> {
+/// The float64 reference of every output, in the API's order, `T` outputs rounded, each
+/// with the size of the terms behind every element (see `compare`).
+struct Reference {
+    want: Vec<Vec<f64>>,
+    scale: Vec<Vec<f64>>,
+}
+
+fn reference(op: Op, i: &Inputs) -> Reference {
     let (m, n, dt) = (i.m, i.n, i.dt);
     let eps = EPS as f64;
     let mut outs: Vec<Vec<f64>> = op.outputs().iter().map(|_| Vec::new()).collect();
+    let mut scale: Vec<Vec<f64>> = outs.clone();
     for row in 0..m {
         let xr = &i.x[row * n..(row + 1) * n];
         let sum: f64 = xr.iter().sum();
+        let abs_sum: f64 = xr.iter().map(|a| a.abs()).sum();
         let max = xr.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let min = xr.iter().cloned().fold(f64::INFINITY, f64::min);
         let w = |j: usize| if i.w.is_empty() { 1.0 } else { i.w[j] };
         let b = |j: usize| if i.b.is_empty() { 0.0 } else { i.b[j] };
         let rms = |v: &[f64]| 1.0 / (v.iter().map(|a| a * a).sum::<f64>() / n as f64 + eps).sqrt();
         match op {
-            Op::Sum => outs[0].push(dt.round(sum)),
-            Op::Mean => outs[0].push(dt.round(sum / n as f64)),
+            Op::Sum => {
+                outs[0].push(dt.round(sum));
+                scale[0].push(abs_sum);
+            }
+            Op::Mean => {
+                outs[0].push(dt.round(sum / n as f64));
+                scale[0].push(abs_sum / n as f64);
+            }
             Op::Max => outs[0].push(max),
             Op::Min => outs[0].push(min),
             Op::Softmax => {
@@ -230,16 +249,20 @@ fn reference(op: Op, i: &Inputs) -> Vec<Vec<f64>> {
             Op::LogSoftmax => {
                 let lz = xr.iter().map(|a| (a - max).exp()).sum::<f64>().ln();
                 outs[0].extend(xr.iter().map(|a| dt.round(a - max - lz)));
+                scale[0].extend(xr.iter().map(|a| a.abs() + max.abs() + lz.abs()));
             }
             Op::Rms | Op::RmsW | Op::RmsWB => {
                 let r = rms(xr);
                 outs[0].extend(xr.iter().enumerate().map(|(j, a)| dt.round(a * r * w(j) + b(j))));
+                scale[0].extend(xr.iter().enumerate().map(|(j, a)| (a * r * w(j)).abs() + b(j).abs()));
                 outs[1].push(r);
             }
             Op::AddRms | Op::AddRmsW => {
-                let s: Vec<f64> = xr.iter().zip(&i.r[row * n..(row + 1) * n]).map(|(a, c)| dt.round(a + c)).collect();
+                let c = &i.r[row * n..(row + 1) * n];
+                let s: Vec<f64> = xr.iter().zip(c).map(|(a, c)| dt.round(a + c)).collect();
                 let r = rms(&s);
                 outs[1].extend(s.iter().enumerate().map(|(j, a)| dt.round(a * r * w(j))));
+                scale[0].extend(xr.iter().zip(c).map(|(a, c)| a.abs() + c.abs()));
                 outs[0].extend(s);
                 outs[2].push(r);
             }
@@ -248,12 +271,20 @@ fn reference(op: Op, i: &Inputs) -> Vec<Vec<f64>> {
                 let var = xr.iter().map(|a| (a - mu) * (a - mu)).sum::<f64>() / n as f64;
                 let r = 1.0 / (var + eps).sqrt();
                 outs[0].extend(xr.iter().enumerate().map(|(j, a)| dt.round((a - mu) * r * w(j) + b(j))));
+                scale[0].extend(xr.iter().enumerate().map(|(j, a)| (a.abs() + mu.abs()) * r * w(j).abs() + b(j).abs()));
                 outs[1].push(mu);
+                scale[1].push(abs_sum / n as f64);
                 outs[2].push(r);
             }
         }
     }
-    outs
+    // an output without term sizes is measured against itself
+    for (s, o) in scale.iter_mut().zip(&outs) {
+        if s.is_empty() {
+            *s = o.iter().map(|a| a.abs()).collect();
+        }
+    }
+    Reference { want: outs, scale }
 }
 
 /// Runs `op` through the public API on `x` of `shape` (any rank ≥ 1 whose rows are the
@@ -325,12 +356,12 @@ fn check(op: Op, dt: DType, m: usize, n: usize, fill: Fill, api_shape: Option<&[
     let ctx = format!("{op:?} {dt} [{m}, {n}] {fill:?} {api_shape:?} (KFUSE_SEED={})", run_seed());
     let s = seed(&ctx);
     let i = inputs(op, m, n, dt, fill, s);
-    let want = reference(op, &i);
+    let Reference { want, scale } = reference(op, &i);
     let mut worst: f64 = 0.0;
     let shape = api_shape.map(|s| s.to_vec()).unwrap_or_else(|| vec![m, n]);
     for (path, outs) in [("api", run_api(op, &i, &shape)), ("kernel", run_kernel(op, &i))] {
         let outs = outs.map_err(|e| format!("{ctx} ({path}): {e}"))?;
-        for (o, (t, w)) in outs.iter().zip(&want).enumerate() {
+        for (o, ((t, w), sc)) in outs.iter().zip(&want).zip(&scale).enumerate() {
             let tol = match op.outputs()[o] {
                 _ if op.exact() => 0.0,
                 Out::T => common::tolerance(dt),
@@ -347,7 +378,7 @@ fn check(op: Op, dt: DType, m: usize, n: usize, fill: Fill, api_shape: Option<&[
                     return Err(format!("{ctx} ({path}): output {o} is {}, expected {expect_dt}", t.dtype()));
                 }
             }
-            let e = compare(&got(t), w, tol).map_err(|e| format!("{ctx} ({path}) output {o}: {e}"))?;
+            let e = compare(&got(t), w, Some(sc), tol).map_err(|e| format!("{ctx} ({path}) output {o}: {e}"))?;
             worst = worst.max(e);
         }
     }
@@ -556,6 +587,17 @@ fn all_op(op: All, x: &Tensor) -> kfuse::Result<Tensor> {
     }
 }
 
+/// The size of the terms behind `all_ref` (see `compare`): Σ|v| for a sum, its mean for a
+/// mean, `None` (the result itself) for max and min.
+fn all_scale(op: All, v: &[f64]) -> Option<f64> {
+    let abs_sum: f64 = v.iter().map(|a| a.abs()).sum();
+    match op {
+        All::Sum => Some(abs_sum),
+        All::Mean => Some(abs_sum / v.len().max(1) as f64),
+        All::Max | All::Min => None,
+    }
+}
+
 fn all_ref(op: All, v: &[f64], dt: DType) -> f64 {
     match op {
         All::Sum => dt.round(v.iter().sum()),
@@ -576,7 +618,7 @@ fn check_all(op: All, dt: DType, shape: &[usize], fill: Fill) -> Result<Tensor, 
         return Err(format!("{ctx}: result is {} {:?}, expected {dt} []", out.dtype(), out.shape()));
     }
     let tol = if matches!(op, All::Max | All::Min) { 0.0 } else { common::tolerance(dt) };
-    compare(&got(&out), &[all_ref(op, &v, dt)], tol).map_err(|e| format!("{ctx}: {e}"))?;
+    compare(&got(&out), &[all_ref(op, &v, dt)], all_scale(op, &v).as_ref().map(std::slice::from_ref), tol).map_err(|e| format!("{ctx}: {e}"))?;
     Ok(out)
 }
 
@@ -625,7 +667,7 @@ fn whole_tensor_reductions_are_deterministic() {
         assert_eq!(a, b, "{op:?} {dt}: two runs differ (KFUSE_SEED={})", run_seed());
         let want = all_ref(op, &v, dt);
         let tol = if matches!(op, All::Max | All::Min) { 0.0 } else { common::tolerance(dt) };
-        compare(&got(&all_op(op, &x).unwrap()), &[want], tol).unwrap_or_else(|e| panic!("{op:?} {dt} 2^22 (KFUSE_SEED={}): {e}", run_seed()));
+        compare(&got(&all_op(op, &x).unwrap()), &[want], all_scale(op, &v).as_ref().map(std::slice::from_ref), tol).unwrap_or_else(|e| panic!("{op:?} {dt} 2^22 (KFUSE_SEED={}): {e}", run_seed()));
     }
 }
 
@@ -643,7 +685,8 @@ fn chunk_kernels_write_every_partial() {
         let mins: Vec<f64> = chunks.iter().map(|ch| ch.iter().cloned().fold(f64::INFINITY, f64::min)).collect();
         let mut p = common::poisoned(&[4], DType::F32, &dev());
         k::sum_chunks(&x, &mut p, 2.0).unwrap();
-        compare(&got(&p), &sums, 1e-5).unwrap_or_else(|e| panic!("sum_chunks {dt}: {e}"));
+        let abs_sums: Vec<f64> = chunks.iter().map(|ch| ch.iter().map(|a| a.abs()).sum::<f64>() / 2.0).collect();
+        compare(&got(&p), &sums, Some(&abs_sums), 1e-5).unwrap_or_else(|e| panic!("sum_chunks {dt}: {e}"));
         let mut p = common::poisoned(&[4], DType::F32, &dev());
         k::max_chunks(&x, &mut p).unwrap();
         assert_eq!(got(&p), maxs, "max_chunks {dt}");

@@ -177,6 +177,19 @@ pub fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
     if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
 }
 
+/// ‖out − ref‖ / ‖scale‖, with `scale[i]` the size of the terms that made `ref[i]`
+/// (infinite when `out` has a NaN or the lengths differ). With `scale = |ref|` this is
+/// `rel_err`; with the terms' sizes it measures rounding the way it arises, so a result
+/// whose terms cancel is not held to a bound its own size cannot carry.
+pub fn err_against(out: &[f64], reference: &[f64], scale: &[f64]) -> f64 {
+    if out.len() != reference.len() || scale.len() != reference.len() || out.iter().any(|x| !x.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = out.iter().zip(reference).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = scale.iter().map(|s| s * s).sum();
+    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+}
+
 /// The error bound for results rounded to `dtype` (one rounding plus f32 math).
 pub fn tolerance(dtype: DType) -> f64 {
     match dtype {
