@@ -306,8 +306,8 @@ fn main() -> kfuse::Result<()> {
     let blas = Blas::new(&dev)?;
     // `KFUSE_BENCH_ITERS=N`: N timed calls a competitor (default 150: fifteen rounds of
     // 10; with five rounds the ratio at M8192 N14336 / K14336 moved 0.88–1.00 from one
-    // process to the next under the power limit, with fifteen 0.97–1.01: BENCHMARKS,
-    // thirteenth session)
+    // process to the next under the power limit, with fifteen 0.97–1.01: BENCHMARKS.md,
+    // Method)
     let iters = match std::env::var("KFUSE_BENCH_ITERS") {
         Ok(v) => v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| kfuse::Error::InvalidArgument(format!("KFUSE_BENCH_ITERS: `{v}` is not a positive number")))?,
         Err(_) => 150,

@@ -12,7 +12,8 @@
 //! `,`) for that phase; then (without `KFUSE_PHASES`) cuBLAS and `kfuse::ops::gemm`
 //! alternating in blocks of 10 calls. Each call is timed by CUDA events around it;
 //! a phase prints its median, the medians of its first and last fifth, and its spread.
-//! `KFUSE_PROBE=1` prints what `scripts/proto/gemm_clock_probe_hook.py` measured.
+//! `KFUSE_PROBE=1` prints what the clock-probe source hook (a prototype kept in git
+//! history; NOTES g24) measured.
 
 #[path = "../benches/common/mod.rs"]
 mod common;
@@ -86,7 +87,7 @@ fn main() -> kfuse::Result<()> {
     }
     std::env::remove_var("KFUSE_TILES");
     kfuse::runtime::settings::reload();
-    // `KFUSE_PROBE=1`: the totals `scripts/proto/gemm_clock_probe_hook.py` leaves at the
+    // `KFUSE_PROBE=1`: the totals the clock-probe source hook (NOTES g24) leaves at the
     // start of kfuse's output (block 0's cycles, nanoseconds and calls over the process)
     if std::env::var("KFUSE_PROBE").is_ok() {
         let bytes = c_kf.to_bytes()?;

@@ -8,7 +8,7 @@
 //! others leave gaps. Before its own loads, each block now asks L2 for its slice of the
 //! row `n` programs ahead with one bulk prefetch (`cp.async.bulk.prefetch.L2`: no
 //! registers, nothing to wait for), so the cluster that starts a little later finds its
-//! row in L2. NOTES (rows, eleventh session): with `n` = multiprocessors / cluster (one
+//! row in L2. NOTES r16: with `n` = multiprocessors / cluster (one
 //! block's worth of rows for every multiprocessor, a third of those resident),
 //! LayerNorm went from 86 to 92–93% of the copy bandwidth at 256×262144 and from 91 to
 //! 97% at 1024×131072; a distance of one wave of resident clusters or more lost (the
