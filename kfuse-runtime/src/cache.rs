@@ -24,6 +24,24 @@
 //! - Files are written to a temporary name in the same directory and renamed into place,
 //!   so readers see a whole file or none. The disk level is best effort: a directory
 //!   that cannot be created or written costs a recompile, not an error.
+//! - A key is compiled once per process: concurrent calls of a [`PtxCache`] for a key
+//!   that is not in memory share one in-flight entry; the first looks on disk and
+//!   compiles, the others wait for its result and get it as [`CacheOutcome::Memory`]. A
+//!   failure reaches the waiters too, but is not kept: the next call tries again. The
+//!   per-device `FunctionCache` loads a kernel once the same way (and runs the source
+//!   hook once).
+//! - A key is compiled once per cache directory: before compiling a key missing on disk,
+//!   a process takes the exclusive lock file `<key>.lock` (`File::try_lock`, polled;
+//!   released at exit by the OS); holding it, it reads the entry again, compiles only if
+//!   it is still missing, renames the file into place, removes the lock file and
+//!   unlocks. A waiter that finds the entry written meanwhile takes it
+//!   ([`CacheOutcome::Disk`]); one that locks a file already removed opens the new one.
+//!   The wait is bounded ([`DEFAULT_LOCK_WAIT`], [`PtxCache::with_lock_wait`]): past it,
+//!   or where no lock can be taken (no disk level, a directory that cannot be written, a
+//!   file system without locks), the process compiles without one — at worst a second
+//!   compile, never an error or a hang.
+//! - [`crate::nvrtc::compiles`] counts the process's NVRTC compiles and
+//!   [`PtxCache::stats`] a cache's compiles, memory and disk hits.
 //! - Everything here but `FunctionCache` works without a GPU (only NVRTC), so CI tests
 //!   the disk cache and its corruption recovery.
 //!
@@ -35,17 +53,19 @@
 //! kept under the generated source's key, the PTX on disk under the new source's.
 
 use std::collections::HashMap;
+use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaFunction;
 use kfuse_codegen::{EmittedKernel, Spec, Target};
 use kfuse_ir::DType;
 use sha2::{Digest, Sha256};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::nvrtc;
 
 /// Where a compile was answered from.
@@ -69,16 +89,61 @@ fn sha256_hex(data: &[u8]) -> String {
     hex(&Sha256::digest(data))
 }
 
+/// How long a compile waits for another process's lock on its cache entry before it
+/// compiles anyway ([`PtxCache::with_lock_wait`]).
+pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(120);
+
+/// What a [`PtxCache`] has answered so far ([`PtxCache::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// NVRTC compiles this cache ran, failed ones included.
+    pub compiles: u64,
+    /// Calls answered from memory, waits for another thread's compile of the same key
+    /// included.
+    pub memory_hits: u64,
+    /// Calls answered from a verified disk file, one another process wrote while this
+    /// one waited for its lock included.
+    pub disk_hits: u64,
+    /// Compiles that found another holder's lock on their entry and waited for it.
+    pub lock_waits: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    compiles: AtomicU64,
+    memory_hits: AtomicU64,
+    disk_hits: AtomicU64,
+    lock_waits: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// PTX compiled from CUDA source, cached in memory and on disk (see the module docs).
 pub struct PtxCache {
     dir: Option<PathBuf>,
     mem: Mutex<HashMap<String, Arc<String>>>,
+    flights: InFlight<Arc<String>>,
+    lock_wait: Duration,
+    counters: Counters,
 }
 
 impl PtxCache {
     /// A cache with its own memory level and disk files in `dir` (`None`: no disk level).
     pub fn new(dir: Option<PathBuf>) -> PtxCache {
-        PtxCache { dir, mem: Mutex::new(HashMap::new()) }
+        PtxCache { dir, mem: Mutex::default(), flights: InFlight::default(), lock_wait: DEFAULT_LOCK_WAIT, counters: Counters::default() }
+    }
+
+    /// The same cache with another bound on the wait for another process's lock on an
+    /// entry (default [`DEFAULT_LOCK_WAIT`]); past it, the compile runs anyway.
+    pub fn with_lock_wait(mut self, wait: Duration) -> PtxCache {
+        self.lock_wait = wait;
+        self
     }
 
     /// The directory `KFUSE_CACHE_DIR` names (none if it is set but empty), else
@@ -102,6 +167,18 @@ impl PtxCache {
         self.dir.as_deref()
     }
 
+    /// What this cache has answered so far: NVRTC compiles, memory and disk hits, waits
+    /// for another process's lock.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.counters;
+        CacheStats {
+            compiles: c.compiles.load(Ordering::Relaxed),
+            memory_hits: c.memory_hits.load(Ordering::Relaxed),
+            disk_hits: c.disk_hits.load(Ordering::Relaxed),
+            lock_waits: c.lock_waits.load(Ordering::Relaxed),
+        }
+    }
+
     /// The cache key of a compile: hex SHA-256 of source, arch, complete options and
     /// NVRTC version.
     pub fn key(source: &str, arch: &str, full_options: &[String], nvrtc_version: (i32, i32)) -> String {
@@ -122,7 +199,7 @@ impl PtxCache {
     }
 
     /// The file a compile is cached in (needs NVRTC for its version); `None` without a
-    /// disk level.
+    /// disk level. The lock that guards its writing is the same path with `.lock`.
     pub fn entry_path(&self, source: &str, arch: &str, options: &[String]) -> Result<Option<PathBuf>> {
         let full = nvrtc::full_options(arch, options);
         let key = PtxCache::key(source, arch, &full, nvrtc::nvrtc_version()?);
@@ -130,26 +207,19 @@ impl PtxCache {
     }
 
     /// PTX for `source` compiled for `arch` with extra NVRTC `options`, and where it came
-    /// from.
+    /// from. Concurrent calls for one key compile it once (module docs).
     pub fn compile(&self, source: &str, arch: &str, options: &[String]) -> Result<(String, CacheOutcome)> {
         let full = nvrtc::full_options(arch, options);
         let key = PtxCache::key(source, arch, &full, nvrtc::nvrtc_version()?);
-        if let Some(p) = self.mem.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok((p.to_string(), CacheOutcome::Memory));
+        let memory = || lock(&self.mem).get(&key).cloned();
+        let (ptx, outcome) = match memory() {
+            Some(p) => (p, CacheOutcome::Memory),
+            None => self.flights.run(&key, memory, || self.fill(&key, source, &full))?,
+        };
+        if outcome == CacheOutcome::Memory {
+            bump(&self.counters.memory_hits);
         }
-        let path = self.dir.as_ref().map(|d| d.join(format!("{key}.ptx")));
-        if let Some(path) = &path {
-            if let Some(ptx) = read_entry(path) {
-                self.remember(key, &ptx);
-                return Ok((ptx, CacheOutcome::Disk));
-            }
-        }
-        let ptx = nvrtc::compile_ptx_exact(source, &full)?;
-        if let Some(path) = &path {
-            let _ = write_entry(path, &ptx);
-        }
-        self.remember(key, &ptx);
-        Ok((ptx, CacheOutcome::Compiled))
+        Ok((ptx.to_string(), outcome))
     }
 
     /// [`PtxCache::compile`] for an emitted kernel (its source, arch and options).
@@ -157,8 +227,206 @@ impl PtxCache {
         self.compile(&emitted.source, &emitted.arch, &emitted.options)
     }
 
-    fn remember(&self, key: String, ptx: &str) {
-        self.mem.lock().unwrap_or_else(|e| e.into_inner()).insert(key, Arc::new(ptx.to_string()));
+    /// The PTX of a key that is not in memory, which this thread alone is looking for:
+    /// from disk, else compiled under the entry's lock file. Puts it in memory.
+    fn fill(&self, key: &str, source: &str, full: &[String]) -> Result<(Arc<String>, CacheOutcome)> {
+        let path = self.dir.as_ref().map(|d| d.join(format!("{key}.ptx")));
+        let disk = |ptx: String| {
+            bump(&self.counters.disk_hits);
+            Ok((self.remember(key, ptx), CacheOutcome::Disk))
+        };
+        let mut held = None;
+        if let Some(path) = &path {
+            if let Some(ptx) = read_entry(path) {
+                return disk(ptx);
+            }
+            // another process may be compiling it: wait for its lock, and take the entry
+            // it writes
+            match lock_entry(&path.with_extension("lock"), self.lock_wait, &self.counters.lock_waits, || read_entry(path)) {
+                Locked::Entry(ptx) => return disk(ptx),
+                Locked::Held(l) => held = Some(l),
+                Locked::Without => {}
+            }
+        }
+        bump(&self.counters.compiles);
+        let ptx = nvrtc::compile_ptx_exact(source, full)?;
+        if let Some(path) = &path {
+            let _ = write_entry(path, &ptx);
+        }
+        // the entry is in place (or cannot be): the next process may look
+        drop(held);
+        Ok((self.remember(key, ptx), CacheOutcome::Compiled))
+    }
+
+    fn remember(&self, key: &str, ptx: String) -> Arc<String> {
+        let p = Arc::new(ptx);
+        lock(&self.mem).insert(key.to_string(), p.clone());
+        p
+    }
+}
+
+/// Calls for one key at a time: the first runs the work, the others that come while it
+/// runs wait for its result (module docs).
+struct InFlight<V> {
+    map: Mutex<HashMap<String, Flight<V>>>,
+}
+
+type Flight<V> = Arc<OnceLock<std::result::Result<(V, CacheOutcome), Arc<Error>>>>;
+
+impl<V> Default for InFlight<V> {
+    fn default() -> Self {
+        InFlight { map: Mutex::default() }
+    }
+}
+
+impl<V: Clone> InFlight<V> {
+    /// `done()` if it answers (asked under the map's lock), else the result of the run
+    /// of `work` under way for `key`, else `work()` run here. What another call found or
+    /// ran is [`CacheOutcome::Memory`] to this one. `work` must leave its success where
+    /// `done` finds it before it returns; the entry is dropped after, so a failure
+    /// reaches the calls that waited for it but is not kept: a later call runs the work
+    /// again.
+    fn run(&self, key: &str, done: impl FnOnce() -> Option<V>, work: impl FnOnce() -> Result<(V, CacheOutcome)>) -> Result<(V, CacheOutcome)> {
+        let cell = {
+            let mut m = lock(&self.map);
+            if let Some(v) = done() {
+                return Ok((v, CacheOutcome::Memory));
+            }
+            m.entry(key.to_string()).or_default().clone()
+        };
+        let mut led = false;
+        // a panic in `work` leaves the cell empty, and the next caller runs it
+        let r = match cell.get_or_init(|| {
+            led = true;
+            work().map_err(Arc::new)
+        }) {
+            Ok(v) => Ok(v.clone()),
+            Err(e) => Err(duplicate(e)),
+        };
+        if !led {
+            return r.map(|(v, _)| (v, CacheOutcome::Memory));
+        }
+        let mut m = lock(&self.map);
+        if m.get(key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+            m.remove(key);
+        }
+        r
+    }
+}
+
+/// A copy of an error for each caller that waited on one run ([`Error`] holds an
+/// `io::Error`, which is not `Clone`).
+fn duplicate(e: &Error) -> Error {
+    match e {
+        Error::ShapeMismatch(m) => Error::ShapeMismatch(m.clone()),
+        Error::DTypeMismatch(m) => Error::DTypeMismatch(m.clone()),
+        Error::NonContiguous { what, shape, strides } => Error::NonContiguous { what: what.clone(), shape: shape.clone(), strides: strides.clone() },
+        Error::DeviceMismatch(m) => Error::DeviceMismatch(m.clone()),
+        Error::Aliasing(m) => Error::Aliasing(m.clone()),
+        Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+        Error::NoGpu { reason } => Error::NoGpu { reason: reason.clone() },
+        Error::NvrtcMissing { searched } => Error::NvrtcMissing { searched: searched.clone() },
+        Error::Nvrtc { log, source } => Error::Nvrtc { log: log.clone(), source: source.clone() },
+        Error::Driver(m) => Error::Driver(m.clone()),
+        Error::Codegen(c) => Error::Codegen(c.clone()),
+        Error::Ir(i) => Error::Ir(i.clone()),
+        Error::Io(io) => Error::Io(std::io::Error::new(io.kind(), io.to_string())),
+        Error::Vendor(m) => Error::Vendor(m.clone()),
+    }
+}
+
+/// The lock file of a cache entry, held: removed, then unlocked, when dropped.
+struct EntryLock {
+    file: File,
+    path: PathBuf,
+}
+
+impl Drop for EntryLock {
+    fn drop(&mut self) {
+        // removed while still held: whoever waits on this file finds it gone and opens
+        // the next one (`lock_entry`)
+        #[cfg(unix)]
+        let _ = std::fs::remove_file(&self.path);
+        let _ = self.file.unlock();
+    }
+}
+
+/// What [`lock_entry`] got.
+enum Locked {
+    /// The lock: the entry was not there once it was held.
+    Held(EntryLock),
+    /// The entry, which another process wrote meanwhile.
+    Entry(String),
+    /// No lock to be had — the directory or file system does not allow one, or the wait
+    /// ran out: compile without.
+    Without,
+}
+
+/// Takes the exclusive lock file `path` (created if missing), waiting at most `wait` and
+/// watching `entry` meanwhile; never an error. A wait bumps `waits`.
+fn lock_entry(path: &Path, wait: Duration, waits: &AtomicU64, entry: impl Fn() -> Option<String>) -> Locked {
+    let deadline = Instant::now() + wait;
+    let mut waited = false;
+    let mut pause = Duration::from_millis(1);
+    if let Some(dir) = path.parent() {
+        if std::fs::create_dir_all(dir).is_err() {
+            return Locked::Without;
+        }
+    }
+    loop {
+        let Ok(file) = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path) else {
+            return Locked::Without;
+        };
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(TryLockError::WouldBlock) if !waited => {
+                    waited = true;
+                    bump(waits);
+                }
+                Err(TryLockError::WouldBlock) => {}
+                Err(TryLockError::Error(_)) => return Locked::Without,
+            }
+            if let Some(ptx) = entry() {
+                return Locked::Entry(ptx);
+            }
+            if Instant::now() >= deadline {
+                return Locked::Without;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+        if !is_at(&file, path) {
+            // its holder removed it before unlocking: a lock on nothing, and the file now
+            // at `path` (if any) is the lock
+            drop(file);
+            if Instant::now() >= deadline {
+                return Locked::Without;
+            }
+            continue;
+        }
+        let held = EntryLock { file, path: path.to_path_buf() };
+        return match entry() {
+            Some(ptx) => Locked::Entry(ptx),
+            None => Locked::Held(held),
+        };
+    }
+}
+
+/// Whether `file` is the file at `path` (always, where that cannot be told).
+fn is_at(file: &File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (file.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (file, path);
+        true
     }
 }
 
@@ -258,19 +526,20 @@ pub(crate) struct LoadedKernel {
 pub(crate) struct FunctionCache {
     by_key: Mutex<HashMap<ModuleKey, Arc<LoadedKernel>>>,
     by_source: Mutex<HashMap<String, Arc<LoadedKernel>>>,
+    loading: InFlight<Arc<LoadedKernel>>,
 }
 
 impl FunctionCache {
     pub(crate) fn get(&self, key: &ModuleKey) -> Option<Arc<LoadedKernel>> {
-        self.by_key.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned()
+        lock(&self.by_key).get(key).cloned()
     }
 
     pub(crate) fn insert(&self, key: ModuleKey, k: Arc<LoadedKernel>) {
-        self.by_key.lock().unwrap_or_else(|e| e.into_inner()).insert(key, k);
+        lock(&self.by_key).insert(key, k);
     }
 
     /// The loaded kernel for an emitted kernel, loading it (through [`compile_cached`]
-    /// and `load`) on a miss.
+    /// and `load`) on a miss; concurrent misses of one kernel load it once.
     pub(crate) fn get_or_load(
         &self,
         emitted: &EmittedKernel,
@@ -279,22 +548,26 @@ impl FunctionCache {
         // keyed by what the compiler generated (a hook, if set, is the same all process
         // long, so it runs once per kernel, not once per launch)
         let skey = source_key(emitted);
-        if let Some(k) = self.by_source.lock().unwrap_or_else(|e| e.into_inner()).get(&skey) {
-            return Ok((k.clone(), CacheOutcome::Memory));
+        let loaded = || lock(&self.by_source).get(&skey).cloned();
+        if let Some(k) = loaded() {
+            return Ok((k, CacheOutcome::Memory));
         }
-        let hooked = match std::env::var("KFUSE_SOURCE_HOOK") {
-            Ok(cmd) => hooked(&cmd, emitted)?,
-            Err(_) => None,
+        let work = || {
+            let hooked = match std::env::var("KFUSE_SOURCE_HOOK") {
+                Ok(cmd) => hooked(&cmd, emitted)?,
+                Err(_) => None,
+            };
+            let emitted = hooked.as_ref().unwrap_or(emitted);
+            let (ptx, outcome) = compile_cached(emitted)?;
+            let func = load(&ptx, emitted)?;
+            let what = |a: &str| crate::error::driver(format!("reading the {a} of `{}`", emitted.entry));
+            let registers = func.num_regs().map_err(what("registers"))? as u32;
+            let local_bytes = func.local_size_bytes().map_err(what("local memory"))? as u32;
+            let k = Arc::new(LoadedKernel { func, emitted: emitted.clone(), registers, local_bytes, resident: Default::default(), maps: Default::default() });
+            lock(&self.by_source).insert(skey.clone(), k.clone());
+            Ok((k, outcome))
         };
-        let emitted = hooked.as_ref().unwrap_or(emitted);
-        let (ptx, outcome) = compile_cached(emitted)?;
-        let func = load(&ptx, emitted)?;
-        let what = |a: &str| crate::error::driver(format!("reading the {a} of `{}`", emitted.entry));
-        let registers = func.num_regs().map_err(what("registers"))? as u32;
-        let local_bytes = func.local_size_bytes().map_err(what("local memory"))? as u32;
-        let k = Arc::new(LoadedKernel { func, emitted: emitted.clone(), registers, local_bytes, resident: Default::default(), maps: Default::default() });
-        self.by_source.lock().unwrap_or_else(|e| e.into_inner()).insert(skey, k.clone());
-        Ok((k, outcome))
+        self.loading.run(&skey, loaded, work)
     }
 }
 
@@ -428,6 +701,73 @@ mod tests {
         }
         // the IR text and the tile report do not change what is launched
         assert_eq!(source_key(&EmittedKernel { ir: "x".into(), ..base.clone() }), k);
+    }
+
+    #[test]
+    fn in_flight_runs_the_work_once_and_keeps_no_failure() {
+        use std::sync::Barrier;
+        let f: InFlight<u32> = InFlight::default();
+        let done: Mutex<Option<u32>> = Mutex::default();
+        let runs = AtomicU64::new(0);
+        let start = Barrier::new(8);
+        let race = |fail: bool| -> Vec<Result<(u32, CacheOutcome)>> {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = (0..8)
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            f.run("k", || *lock(&done), || {
+                                runs.fetch_add(1, Ordering::SeqCst);
+                                std::thread::sleep(Duration::from_millis(50));
+                                if fail {
+                                    return Err(Error::Io(std::io::Error::other("no")));
+                                }
+                                *lock(&done) = Some(7);
+                                Ok((7, CacheOutcome::Compiled))
+                            })
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        };
+        // a failure reaches every caller of its run, then is forgotten
+        let r = race(true);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert!(r.iter().all(|x| matches!(x, Err(Error::Io(e)) if e.to_string() == "no")), "{r:?}");
+        assert!(lock(&f.map).is_empty());
+        let r = race(false);
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "the failure was not kept");
+        let mut outcomes: Vec<_> = r.into_iter().map(|x| x.unwrap()).collect();
+        outcomes.sort_by_key(|&(_, o)| o != CacheOutcome::Compiled);
+        assert_eq!(outcomes[0], (7, CacheOutcome::Compiled));
+        assert!(outcomes[1..].iter().all(|&x| x == (7, CacheOutcome::Memory)));
+        assert!(lock(&f.map).is_empty());
+        // done: the work does not run
+        assert_eq!(f.run("k", || Some(7), || unreachable!()).unwrap(), (7, CacheOutcome::Memory));
+        // a panicking run leaves the next caller to run it
+        let p = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.run("p", || None, || panic!("boom"))));
+        assert!(p.is_err());
+        assert_eq!(f.run("p", || None, || Ok((1, CacheOutcome::Compiled))).unwrap(), (1, CacheOutcome::Compiled));
+        assert!(lock(&f.map).is_empty());
+    }
+
+    #[test]
+    fn lock_entry_takes_the_lock_and_removes_its_file() {
+        let dir = std::env::temp_dir().join(format!("kfuse-cache-lock-{}", std::process::id()));
+        let path = dir.join("k.lock");
+        let waits = AtomicU64::new(0);
+        let Locked::Held(l) = lock_entry(&path, Duration::ZERO, &waits, || None) else { panic!("no lock") };
+        assert!(path.exists());
+        // held: another open of the file neither gets it nor waits past its bound
+        assert!(matches!(lock_entry(&path, Duration::from_millis(20), &waits, || None), Locked::Without));
+        assert_eq!(waits.load(Ordering::Relaxed), 1);
+        // ... and takes the entry if it shows up meanwhile
+        assert!(matches!(lock_entry(&path, Duration::from_secs(5), &waits, || Some("ptx".into())), Locked::Entry(p) if p == "ptx"));
+        drop(l);
+        #[cfg(unix)]
+        assert!(!path.exists(), "removed on release");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

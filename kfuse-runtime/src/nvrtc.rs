@@ -1,7 +1,8 @@
 //! NVRTC: finding libnvrtc and the CUDA headers, compiling CUDA C++ to PTX.
 //!
-//! Owns: the search for libnvrtc, [`compile_ptx`], [`nvrtc_version`] and
-//! [`cuda_include_dirs`]. Needs no GPU and no driver.
+//! Owns: the search for libnvrtc, [`compile_ptx`], [`nvrtc_version`],
+//! [`cuda_include_dirs`] and the count of NVRTC compiles, [`compiles`]. Needs no GPU and
+//! no driver.
 //!
 //! Finding libnvrtc. cudarc loads it by name (`libnvrtc.so`, `libnvrtc.so.13`, …), which
 //! the dynamic loader resolves through `LD_LIBRARY_PATH` and the system paths. When that
@@ -19,10 +20,13 @@
 //! - A compile failure is [`Error::Nvrtc`] with NVRTC's log and the source.
 //! - The options passed to NVRTC are exactly [`full_options`]`(arch, options)`; the disk
 //!   cache keys on the same list.
+//! - [`compiles`] counts every NVRTC compile of the process, failed ones included: the
+//!   cache's "compile once" guarantees are checked against it.
 //! - Generated sources are self-contained: the include directories found are passed
 //!   with `--include-path` when they exist, but none is required.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use cudarc::nvrtc::{CompileError, CompileOptions};
@@ -224,12 +228,20 @@ pub fn compile_ptx(source: &str, arch: &str, options: &[String]) -> Result<Strin
     compile_ptx_exact(source, &full_options(arch, options))
 }
 
+static COMPILES: AtomicU64 = AtomicU64::new(0);
+
+/// How many times this process has run NVRTC (successful compiles and failed ones).
+pub fn compiles() -> u64 {
+    COMPILES.load(Ordering::Relaxed)
+}
+
 /// Compiles with exactly these NVRTC options (see [`full_options`]).
 pub(crate) fn compile_ptx_exact(source: &str, options: &[String]) -> Result<String> {
     ensure_nvrtc()?;
     if source.contains('\0') {
         return Err(Error::InvalidArgument("the CUDA source contains a NUL byte".into()));
     }
+    COMPILES.fetch_add(1, Ordering::Relaxed);
     let opts = CompileOptions { options: options.to_vec(), name: Some("kfuse_kernel.cu".into()), ..Default::default() };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cudarc::nvrtc::compile_ptx_with_opts(source, opts)));
     let log = match r {
