@@ -1,6 +1,7 @@
 //! Facts about index expressions that the passes and the writer share: concrete
 //! shapes, divisibility of offsets (for vector accesses) and non-negativity (to drop
-//! lower-bound checks).
+//! lower-bound checks). A loop index is `lo + t · step`: divisible by what divides both,
+//! non-negative when `lo` is.
 
 use kfuse_ir::{BinaryOp, Extent, Kernel, Literal, Op, Type, ValueId};
 
@@ -31,8 +32,17 @@ pub fn divisibility(k: &Kernel, v: ValueId) -> u64 {
         }
         Op::Binary(BinaryOp::Mul) => (divisibility(k, ops[0]) * divisibility(k, ops[1])).min(CAP),
         Op::Binary(BinaryOp::Add | BinaryOp::Sub) => divisibility(k, ops[0]).min(divisibility(k, ops[1])),
+        // `lo + t · step`
+        Op::LoopIndex { id } => loop_bounds(k, *id).map_or(1, |b| divisibility(k, b[0]).min(divisibility(k, b[2]))),
         _ => 1,
     }
+}
+
+/// The `lo`, `hi` and `step` operands of loop `id`'s `For`.
+fn loop_bounds(k: &Kernel, id: kfuse_ir::LoopId) -> Option<[ValueId; 3]> {
+    let f = k.loop_info(id)?.for_op;
+    let ops = k.operands(f);
+    Some([ops[0], ops[1], ops[2]])
 }
 
 /// True when an `i64` scalar value is provably 0 (a literal 0, or a product with one).
@@ -50,6 +60,8 @@ pub fn non_negative(k: &Kernel, v: ValueId) -> bool {
     let ops = k.operands(v.op());
     match k.op(v.op()) {
         Op::ProgramId { .. } | Op::ShapeDim { .. } | Op::TileExtent { .. } => true,
+        // from `lo` upwards (the step is positive)
+        Op::LoopIndex { id } => loop_bounds(k, *id).is_some_and(|b| non_negative(k, b[0])),
         Op::Const { value: Literal::Int(c) } => *c >= 0,
         Op::Binary(BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max) => non_negative(k, ops[0]) && non_negative(k, ops[1]),
         Op::Binary(BinaryOp::Div | BinaryOp::Rem) => non_negative(k, ops[0]) && non_negative(k, ops[1]),

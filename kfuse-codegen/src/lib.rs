@@ -11,7 +11,8 @@
 //! persist_programs → rematerialize → assign_layouts → vectorize → verify →
 //! prefetch_ahead → emit`. A pipelined `dot` loop is written by the matrix-path
 //! writer its plan names (`cuda/emit/wgmma.rs` on sm_90a, `cuda/emit/mma_sm80.rs` on
-//! sm_80/sm_89, `cuda/emit/dot_fma.rs` for exact f32 FMAs on any target). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
+//! sm_80/sm_89, `cuda/emit/dot_fma.rs` for exact f32 FMAs on any target); every other
+//! loop is written op by op, its carried values in registers (`cuda/emit/loops.rs`). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
 //! of this list.
 //!
 //! [`tuning_candidates`] (`tuning.rs`) lists tile overrides around the heuristic for a

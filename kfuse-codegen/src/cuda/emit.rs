@@ -13,9 +13,9 @@
 //! per-vector branches keep the loads one memory round trip apart. Both copies load the
 //! same registers from the same addresses; the test only picks which code runs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
-use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, Op, OpId, ParamKind, ReduceOp, SmemLayout, UnaryOp, ValueId};
+use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, LoopId, Op, OpId, ParamKind, ReduceOp, SmemLayout, UnaryOp, ValueId};
 
 use crate::analysis::{concrete_shape, extent_value, is_zero, non_negative};
 use crate::cuda::prelude::CLUSTER_PRELUDE;
@@ -25,6 +25,7 @@ use crate::target::{KernelParam, Spec, Target};
 use crate::CodegenError;
 
 mod dot_fma;
+mod loops;
 mod mma_common;
 mod mma_sm80;
 mod wgmma;
@@ -356,6 +357,12 @@ struct Emitter<'a> {
     cluster_pushes: u32,
     /// The raw vector arrays of rematerialized loads: name, vectors, 32-bit words each.
     remat_arrays: Vec<(String, u32, u32)>,
+    /// The carried storage of each loop written so far (see `loops.rs`).
+    loops: HashMap<LoopId, Vec<Val>>,
+    /// Carried tiles whose valid range is kept in variables that follow the iterations.
+    dynamic_ranges: BTreeSet<(LoopId, u32)>,
+    /// Carried tiles found to need that: the kernel is written again with them added.
+    retry: BTreeSet<(LoopId, u32)>,
 }
 
 type R = Result<(), CodegenError>;
@@ -378,6 +385,9 @@ impl<'a> Emitter<'a> {
             cluster_reductions: 0,
             cluster_pushes: 0,
             remat_arrays: Vec::new(),
+            loops: HashMap::new(),
+            dynamic_ranges: BTreeSet::new(),
+            retry: BTreeSet::new(),
         }
     }
 }
@@ -582,12 +592,12 @@ impl<'a> Emitter<'a> {
                 self.close()
             }
             Op::Convert => self.convert(op, ops[0]),
-            Op::For { .. } | Op::LoopIndex { .. } | Op::LoopCarried { .. } | Op::Yield { .. } | Op::LoopResult { .. } | Op::Dot { .. } => {
-                Err(CodegenError::Unsupported(format!(
-                    "`{}` outside a pipelined dot loop: loops compile only as `acc += dot(load, load)` over K for now",
-                    node.op.mnemonic()
-                )))
-            }
+            Op::For { id, carried } => self.open_loop(op, *id, *carried),
+            Op::LoopIndex { .. } | Op::LoopCarried { .. } | Op::LoopResult { .. } => self.loop_value(v),
+            Op::Yield { id } => self.close_loop(op, *id),
+            Op::Dot { .. } => Err(CodegenError::Unsupported(
+                "`dot` outside a pipelined dot loop: on the GPU a `dot` compiles only as `acc += dot(load, load)` over K for now".into(),
+            )),
         }
     }
 
@@ -1853,6 +1863,25 @@ pub struct Emitted {
     pub persistent: Option<u32>,
 }
 
+/// Writes the body of a kernel without a matrix loop, the carried tiles in `dynamic`
+/// with valid ranges that follow the iterations.
+fn body<'a>(k: &'a Kernel, spec: &'a Spec, grid: &[crate::target::GridAxisEval], dynamic: BTreeSet<(LoopId, u32)>) -> Result<Emitter<'a>, CodegenError> {
+    let mut e = Emitter::new(k, spec, "__syncthreads();");
+    e.dynamic_ranges = dynamic;
+    e.w.indent();
+    if k.schedule.persistent > 0 {
+        e.persistent_body(grid)?;
+    } else {
+        if k.schedule.l2_prefetch > 0 {
+            e.l2_prefetch_ahead()?;
+        }
+        for op in k.ops() {
+            e.op(op)?;
+        }
+    }
+    Ok(e)
+}
+
 pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::GridAxisEval]) -> Result<Emitted, CodegenError> {
     let mut params = Vec::new();
     let mut decls = Vec::new();
@@ -1891,17 +1920,11 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         };
     }
     // The body first (its shared-memory needs are known only afterwards).
-    let mut e = Emitter::new(k, spec, "__syncthreads();");
-    e.w.indent();
-    if k.schedule.persistent > 0 {
-        e.persistent_body(grid)?;
-    } else {
-        if k.schedule.l2_prefetch > 0 {
-            e.l2_prefetch_ahead()?;
-        }
-        for op in k.ops() {
-            e.op(op)?;
-        }
+    let mut e = body(k, spec, grid, BTreeSet::new())?;
+    while !e.retry.is_empty() {
+        // carried tiles whose valid range changes across iterations (see `loops.rs`)
+        let dynamic = e.dynamic_ranges.union(&e.retry).copied().collect();
+        e = body(k, spec, grid, dynamic)?;
     }
     if e.cluster_reductions > 0 {
         // the partials in this block's shared memory stay until every block has read them

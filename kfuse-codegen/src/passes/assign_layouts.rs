@@ -253,6 +253,19 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
                     Some(layout_of(k, init))
                 }
             }
+            // each next value of a carried tile takes the carried value's layout (the
+            // matrix loop's accumulators are the matrix writer's own)
+            Op::Yield { id } if mma_loop.as_ref().is_none_or(|(l, _)| l != id) => {
+                let info = k.loop_info(*id).ok_or_else(|| CodegenError::Unsupported("a yield without its loop".into()))?;
+                for (i, &next) in ops.iter().enumerate() {
+                    let carried = info.carried_values[i].unwrap_or(k.operands(info.for_op)[3 + i]);
+                    let want = layout_of(k, carried);
+                    if !k.ty(next).is_scalar() && layout_of(k, next) != want {
+                        convert(k, op, next, want);
+                    }
+                }
+                None
+            }
             Op::Iota { .. } => Some(Layout::Blocked(default_layout(k, node.ty.as_ref().unwrap()))),
             Op::Permute { perm } => match layout_of(k, ops[0]) {
                 Layout::Blocked(b) => Some(Layout::Blocked(permute(&b, perm))),

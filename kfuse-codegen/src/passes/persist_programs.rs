@@ -11,7 +11,7 @@
 //! rows 512-thread blocks (two per multiprocessor, 97–100%), so this applies where a
 //! kernel gets 1024-thread blocks anyway (`KFUSE_THREADS=1024`, user schedules).
 //!
-//! The rule, for kernels without a matrix loop: blocks of 1024 threads (one or two fit
+//! The rule, for kernels without any loop: blocks of 1024 threads (one or two fit
 //! on a multiprocessor), programs on grid axis 0 only, and at least one tile load whose
 //! position depends on the program id and on no loaded value, at most
 //! [`MAX_PREFETCH_PER_THREAD`] elements of them per thread. The grid is then the
@@ -52,7 +52,10 @@ pub fn run(k: &mut Kernel, target: &Target) -> Result<(), CodegenError> {
         .iter()
         .map(|l| concrete_shape(k, k.ty(l.value())).iter().product::<u32>() / (k.schedule.num_threads.max(1) * k.schedule.cluster.max(1)))
         .sum();
+    // a loop's loads run once an iteration: the prefetch walks straight-line bodies only
+    let loops = k.ops().any(|op| matches!(k.op(op), Op::For { .. }));
     if k.schedule.mma.is_none()
+        && !loops
         && k.schedule.num_threads == 1024
         && k.schedule.cluster <= 1
         && only_axis0

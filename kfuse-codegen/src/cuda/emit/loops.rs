@@ -1,0 +1,185 @@
+//! Writes a general `for` loop: a C `for` over the loop's index, its carried values in
+//! registers declared before it, the body op by op.
+//!
+//! - `For { id, carried }`: each carried value gets storage in the layout of its init
+//!   (`c<L>_<i>`: a register array, or one variable for a scalar), filled from the init;
+//!   then `for (long long kf_i<L> = lo; kf_i<L> < hi; …)`. The increment stops at `hi`
+//!   instead of stepping past it, so that `i + step` never overflows; a step that is not
+//!   a positive constant is checked at run time (`__trap()`: a launch error, not a hang).
+//! - `LoopIndex` is the loop variable; `LoopCarried` and `LoopResult` are views of the
+//!   carried storage.
+//! - `Yield` writes each next value into the storage (through temporaries where one next
+//!   value is another carried value of the same loop) and closes the loop.
+//!
+//! Valid ranges: a carried tile's range is its init's as long as every next value has
+//! the same range expressions (the usual case: full tiles, or reductions of them). Where
+//! a next value's range differs, the range must follow the iterations at run time (the
+//! interpreter's rule: a carried value keeps the range it was yielded with); the writer
+//! then records the carried value in [`Emitter::retry`] and the kernel is written again
+//! with `long long` range variables for it (`c<L>_<i>_lo<a>`, `…_hi<a>`), set from the
+//! init and at each `Yield`. Writing is deterministic, so this settles in a few rounds.
+//!
+//! `assign_layouts` has already converted every next value to its carried value's
+//! layout; a mismatch here is an internal error, reported as such.
+
+use kfuse_ir::{Literal, LoopId, Op, OpId, ValueId};
+
+use super::{ctype, Emitter, Val, R};
+use crate::CodegenError;
+
+/// The name of loop `id`'s index variable.
+fn index_var(id: LoopId) -> String {
+    format!("kf_i{}", id.0)
+}
+
+impl Emitter<'_> {
+    /// `For`: the carried storage, then the loop header.
+    pub(super) fn open_loop(&mut self, op: OpId, id: LoopId, carried: u32) -> R {
+        let ops = self.k.operands(op);
+        let (lo, hi, step) = (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone());
+        let mut vals = Vec::new();
+        for i in 0..carried as usize {
+            let init = self.val(ops[3 + i]).clone();
+            let name = format!("c{}_{i}", id.0);
+            let ct = ctype(init.dtype);
+            let val = match &init.map {
+                None => {
+                    self.line(format!("{ct} {name} = {};", init.name))?;
+                    Val { name, lazy: None, ..init }
+                }
+                Some(map) => {
+                    self.line(format!("{ct} {name}[{}];", map.regs))?;
+                    self.unroll("k", map.regs)?;
+                    self.line(format!("{name}[k] = {};", self.reg(ops[3 + i], "k")))?;
+                    self.close()?;
+                    let (mut lo_v, mut hi_v) = (init.lo.clone(), init.hi.clone());
+                    if self.dynamic_ranges.contains(&(id, i as u32)) {
+                        for a in 0..init.lo.len() {
+                            let (l, h) = (format!("{name}_lo{a}"), format!("{name}_hi{a}"));
+                            self.line(format!("long long {l} = {}, {h} = {};", init.lo[a], init.hi[a]))?;
+                            lo_v[a] = l;
+                            hi_v[a] = h;
+                        }
+                    }
+                    Val { name, lo: lo_v, hi: hi_v, lazy: None, ..init }
+                }
+            };
+            vals.push(val);
+        }
+        self.loops.insert(id, vals);
+        if !self.positive_constant(ops[2]) {
+            self.line(format!("if ({step} <= 0) __trap();  // a loop's step must be positive"))?;
+        }
+        let iv = index_var(id);
+        self.open(format!("for (long long {iv} = {lo}; {iv} < {hi}; {iv} = ({hi}) - {iv} > ({step}) ? {iv} + ({step}) : ({hi}))"))
+    }
+
+    /// Whether `v` is a positive compile-time constant (a tile extent or a literal).
+    fn positive_constant(&self, v: ValueId) -> bool {
+        match self.k.op(v.op()) {
+            Op::TileExtent { .. } => true,
+            Op::Const { value: Literal::Int(i) } => *i > 0,
+            _ => false,
+        }
+    }
+
+    /// `LoopIndex`, `LoopCarried`, `LoopResult`: names for what `open_loop` declared.
+    pub(super) fn loop_value(&mut self, v: ValueId) -> R {
+        let val = match *self.k.op(v.op()) {
+            Op::LoopIndex { id } => Val { name: index_var(id), dtype: kfuse_ir::DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![], lazy: None },
+            Op::LoopCarried { id, index } | Op::LoopResult { id, index } => self.carried(id, index)?,
+            _ => unreachable!("loop_value of a non-loop op"),
+        };
+        self.vals.insert(v, val);
+        Ok(())
+    }
+
+    fn carried(&self, id: LoopId, index: u32) -> Result<Val, CodegenError> {
+        self.loops
+            .get(&id)
+            .and_then(|c| c.get(index as usize))
+            .cloned()
+            .ok_or_else(|| CodegenError::Unsupported(format!("carried value {index} of loop {id} before its `for`")))
+    }
+
+    /// `Yield`: the next values into the carried storage, then the loop's end.
+    pub(super) fn close_loop(&mut self, op: OpId, id: LoopId) -> R {
+        let next = self.k.operands(op);
+        // next values that are carried values of this loop are read before any is written
+        let mut copies = Vec::new();
+        for (i, &n) in next.iter().enumerate() {
+            let dst = self.carried(id, i as u32)?;
+            let src = self.val(n).clone();
+            if src.name == dst.name {
+                continue; // carried through unchanged
+            }
+            if src.map != dst.map {
+                return Err(CodegenError::Unsupported(format!(
+                    "internal: the next value of carried value {i} of loop {id} is in another layout than the carried value"
+                )));
+            }
+            let reads_carried = matches!(self.k.op(n.op()), Op::LoopCarried { id: l, .. } if *l == id);
+            let from = if reads_carried {
+                let t = self.fresh("kf_next");
+                self.copy_regs(&t, &src, n, true)?;
+                Some(t)
+            } else {
+                None
+            };
+            copies.push((i, n, dst, src, from));
+        }
+        for (i, n, dst, src, from) in copies {
+            match &from {
+                Some(t) => self.copy_named(&dst, t)?,
+                None => self.copy_regs(&dst.name, &src, n, false)?,
+            }
+            if dst.map.is_some() {
+                self.next_ranges(id, i as u32, &dst, &src)?;
+            }
+        }
+        self.close()
+    }
+
+    /// `dst = src` register by register (`declare`: a new array or variable).
+    fn copy_regs(&mut self, dst: &str, src: &Val, v: ValueId, declare: bool) -> R {
+        let ct = ctype(src.dtype);
+        match &src.map {
+            None if declare => self.line(format!("const {ct} {dst} = {};", src.name)),
+            None => self.line(format!("{dst} = {};", src.name)),
+            Some(map) => {
+                if declare {
+                    self.line(format!("{ct} {dst}[{}];", map.regs))?;
+                }
+                self.unroll("k", map.regs)?;
+                self.line(format!("{dst}[k] = {};", self.reg(v, "k")))?;
+                self.close()
+            }
+        }
+    }
+
+    /// Carried storage `dst` from the temporary `t` of the same shape.
+    fn copy_named(&mut self, dst: &Val, t: &str) -> R {
+        match &dst.map {
+            None => self.line(format!("{} = {t};", dst.name)),
+            Some(map) => {
+                self.unroll("k", map.regs)?;
+                self.line(format!("{}[k] = {t}[k];", dst.name))?;
+                self.close()
+            }
+        }
+    }
+
+    /// The valid range of carried tile `index` after a `Yield` of `src`: the range
+    /// variables are set, or, where the range is kept as the init's expressions and
+    /// `src` has others, the kernel is marked to be written again with variables.
+    fn next_ranges(&mut self, id: LoopId, index: u32, dst: &Val, src: &Val) -> R {
+        if self.dynamic_ranges.contains(&(id, index)) {
+            for a in 0..dst.lo.len() {
+                self.line(format!("{} = {}; {} = {};", dst.lo[a], src.lo[a], dst.hi[a], src.hi[a]))?;
+            }
+        } else if dst.lo != src.lo || dst.hi != src.hi {
+            self.retry.insert((id, index));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,218 @@
+//! Loops that are not a `dot` over K: row kernels that walk a row in chunks (a running
+//! sum of squares, then a second loop that scales; a single-pass online softmax), a
+//! reduction carried across column blocks, nested loops, and a loop whose bound is an
+//! `i64` loaded from a tensor (variable lengths).
+//!
+//! Each kernel runs on the best device there is (the interpreter in CI, the GPU on the
+//! GPU host) into NaN-poisoned outputs, against float64 references, with odd shapes and
+//! fixed seeds; and each compiles for sm_80 and sm_90a (NVRTC and `ptxas -v`, no spills)
+//! on a machine without a GPU.
+
+mod common;
+
+use kfuse::codegen::Target;
+use kfuse::prelude::*;
+use kfuse::DType;
+
+/// RMS normalization of a row walked in chunks of `BN`: a running sum of squares, then a
+/// second loop that scales and stores.
+#[kfuse]
+pub fn rms_chunked<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>, eps: f32) {
+    let r = program_id(0);
+    let mut ss = 0.0f32;
+    for j in (0..N).step_by(BN) {
+        let t = x.block([r, j], [_, BN]).load().to_f32();
+        ss = ss + (t * t).sum(); // the lanes past the row's end do not take part
+    }
+    let rs = rsqrt(ss / N.to_f32() + eps);
+    for j in (0..N).step_by(BN) {
+        let t = x.block([r, j], [_, BN]).load().to_f32();
+        out.block([r, j], [_, BN]).store((t * rs).cast::<T>());
+    }
+}
+
+/// Softmax of a row in one pass over chunks for its statistics (a running maximum `m` and
+/// a sum `l` rescaled whenever `m` grows), then a pass that writes.
+#[kfuse]
+pub fn online_softmax<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>) {
+    let r = program_id(0);
+    let mut m = -3.0e38f32;
+    let mut l = 0.0f32;
+    for j in (0..N).step_by(BN) {
+        let t = x.block([r, j], [_, BN]).load().to_f32();
+        let m_new = max(m, t.max());
+        l = l * exp(m - m_new) + exp(t - m_new).sum();
+        m = m_new;
+    }
+    for j in (0..N).step_by(BN) {
+        let t = x.block([r, j], [_, BN]).load().to_f32();
+        out.block([r, j], [_, BN]).store((exp(t - m) / l).cast::<T>());
+    }
+}
+
+/// Row sums of squares walking the columns in blocks: a per-row tile carried across the
+/// loop.
+#[kfuse]
+pub fn row_sumsq_blocks<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<f32, (M,)>) {
+    let i = program_id(0);
+    let mut s = zeros::<f32>([BM]);
+    for j in (0..N).step_by(BN) {
+        let t = x.block([i * BM, j], [BM, BN]).load().to_f32();
+        s = s + (t * t).sum_axis(1);
+    }
+    out.block([i * BM], [BM]).store(s);
+}
+
+/// `out[i] = Σ_b Σ_k x[b, i, k]`: a loop over the batch around a loop over K.
+#[kfuse]
+pub fn batch_k_sums<T: Float>(x: Tensor<T, (B, M, K)>, out: &mut Tensor<f32, (M,)>) {
+    let i = program_id(0);
+    let mut s = zeros::<f32>([BM]);
+    for b in 0..B {
+        for k in (0..K).step_by(BK) {
+            let t = x.block([b, i * BM, k], [_, BM, BK]).load().to_f32();
+            s = s + t.sum_axis(1);
+        }
+    }
+    out.block([i * BM], [BM]).store(s);
+}
+
+/// `out[r] = Σ_{j < len[r]} x[r, j]`: a loop whose bound is an `i64` loaded per row.
+#[kfuse]
+pub fn prefix_sums<T: Float>(x: Tensor<T, (M, N)>, len: Tensor<i64, (M,)>, out: &mut Tensor<f32, (M,)>) {
+    let r = program_id(0);
+    let n = len.block([r], [_]).load();
+    let mut s = 0.0f32;
+    for j in (0..n).step_by(BN) {
+        let t = x.block([r, j], [_, BN]).load().to_f32();
+        s = s + select(iota(BN) + j < n, t, 0.0).sum();
+    }
+    out.block([r], [_]).store(s);
+}
+
+fn dev() -> Device {
+    Device::best()
+}
+
+fn check(name: &str, got: &[f64], want: &[f64], tol: f64) {
+    let e = common::rel_err(got, want);
+    assert!(e <= tol, "{name} on {}: relative error {e:.3e} > {tol:.1e}", dev().describe());
+}
+
+const SHAPES: [(usize, usize); 5] = [(1, 1), (3, 17), (5, 1000), (2, 4097), (7, 300)];
+
+#[test]
+fn rms_in_two_loops_over_chunks() {
+    for dt in common::DTYPES {
+        for (s, &(m, n)) in SHAPES.iter().enumerate() {
+            let (x, xv) = common::random_tensor(&[m, n], dt, 100 + s as u64, 0.0, &dev());
+            let mut out = common::poisoned(&[m, n], dt, &dev());
+            rms_chunked(&x, &mut out, 1e-5).unwrap();
+            let want: Vec<f64> = xv
+                .chunks(n)
+                .flat_map(|r| {
+                    let rs = 1.0 / (r.iter().map(|v| v * v).sum::<f64>() / n as f64 + 1e-5).sqrt();
+                    r.iter().map(move |v| v * rs)
+                })
+                .collect();
+            check(&format!("rms_chunked {dt} {m}x{n}"), &out.to_vec_f64().unwrap(), &want, common::tolerance(dt));
+        }
+    }
+}
+
+#[test]
+fn online_softmax_over_chunks() {
+    for dt in common::DTYPES {
+        for (s, &(m, n)) in SHAPES.iter().enumerate() {
+            let (x, xv) = common::random_tensor(&[m, n], dt, 200 + s as u64, 0.0, &dev());
+            let mut out = common::poisoned(&[m, n], dt, &dev());
+            online_softmax(&x, &mut out).unwrap();
+            let want: Vec<f64> = xv
+                .chunks(n)
+                .flat_map(|r| {
+                    let mx = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = r.iter().map(|v| (v - mx).exp()).sum();
+                    r.iter().map(move |v| (v - mx).exp() / z)
+                })
+                .collect();
+            check(&format!("online_softmax {dt} {m}x{n}"), &out.to_vec_f64().unwrap(), &want, common::tolerance(dt));
+        }
+    }
+}
+
+#[test]
+fn a_tile_carried_across_column_blocks() {
+    for dt in common::DTYPES {
+        for (s, &(m, n)) in SHAPES.iter().enumerate() {
+            let (x, xv) = common::random_tensor(&[m, n], dt, 300 + s as u64, 0.0, &dev());
+            let mut out = common::poisoned(&[m], DType::F32, &dev());
+            row_sumsq_blocks(&x, &mut out).unwrap();
+            let want: Vec<f64> = xv.chunks(n).map(|r| r.iter().map(|v| v * v).sum()).collect();
+            check(&format!("row_sumsq_blocks {dt} {m}x{n}"), &out.to_vec_f64().unwrap(), &want, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn nested_loops_over_batch_and_k() {
+    for dt in common::DTYPES {
+        for (s, &(b, m, k)) in [(1, 1, 1), (3, 7, 33), (2, 130, 257)].iter().enumerate() {
+            let (x, xv) = common::random_tensor(&[b, m, k], dt, 400 + s as u64, 0.5, &dev());
+            let mut out = common::poisoned(&[m], DType::F32, &dev());
+            batch_k_sums(&x, &mut out).unwrap();
+            let want: Vec<f64> = (0..m).map(|i| (0..b).map(|bb| xv[(bb * m + i) * k..(bb * m + i + 1) * k].iter().sum::<f64>()).sum()).collect();
+            check(&format!("batch_k_sums {dt} {b}x{m}x{k}"), &out.to_vec_f64().unwrap(), &want, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn a_loop_bound_loaded_from_a_tensor() {
+    for dt in common::DTYPES {
+        let (m, n) = (6, 1000);
+        let (x, xv) = common::random_tensor(&[m, n], dt, 500, 0.5, &dev());
+        let lens: Vec<f64> = vec![0.0, 1.0, 17.0, 999.0, 1000.0, 513.0];
+        let len = Tensor::from_f64(&lens, &[m], DType::I64, &dev()).unwrap();
+        let mut out = common::poisoned(&[m], DType::F32, &dev());
+        prefix_sums(&x, &len, &mut out).unwrap();
+        let want: Vec<f64> = (0..m).map(|r| xv[r * n..r * n + lens[r] as usize].iter().sum()).collect();
+        check(&format!("prefix_sums {dt}"), &out.to_vec_f64().unwrap(), &want, 1e-5);
+    }
+}
+
+/// Every kernel above compiles for sm_80 and sm_90a: NVRTC, then `ptxas -v` with no
+/// spills, as the runtime builds them.
+#[test]
+fn every_loop_kernel_compiles_for_sm80_and_sm90a() {
+    let defs: [&kfuse::ir::KernelDef; 5] = [&rms_chunked::DEF, &online_softmax::DEF, &row_sumsq_blocks::DEF, &batch_k_sums::DEF, &prefix_sums::DEF];
+    let mut failures = Vec::new();
+    for def in defs {
+        let spec = common::snapshot_spec(def);
+        for dt in common::DTYPES {
+            let k = (def.build)(&[dt]).unwrap();
+            for target in [Target::sm80(), Target::sm90a()] {
+                let name = format!("{}_{dt}", def.name);
+                match common::compile_assembled(&k, &spec, &target, &name) {
+                    Ok((_, _, 0)) => {}
+                    Ok((_, regs, spill)) => failures.push(format!("{name} {}: {spill} bytes of spills ({regs} registers)", target.arch())),
+                    Err(e) => failures.push(format!("{name} {}: {}", target.arch(), e.0)),
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The scheduled IR (each value's layout, the converts the passes inserted) and the CUDA
+/// of the loop kernels, bf16 on sm_90a: a snapshot changes only when the compiler's
+/// output does.
+#[test]
+fn loop_kernel_snapshots() {
+    let defs: [&kfuse::ir::KernelDef; 3] = [&rms_chunked::DEF, &online_softmax::DEF, &batch_k_sums::DEF];
+    for def in defs {
+        let k = (def.build)(&[DType::BF16]).unwrap();
+        let e = kfuse::codegen::compile(&k, &common::snapshot_spec(def), &Target::sm90a()).unwrap();
+        insta::assert_snapshot!(format!("{}_bf16_sm90a_ir", def.name), e.ir);
+        insta::assert_snapshot!(format!("{}_bf16_sm90a", def.name), e.source);
+    }
+}
