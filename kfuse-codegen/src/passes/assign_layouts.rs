@@ -5,6 +5,11 @@
 //! reduces (so that row reductions stay inside a warp where the tile allows), and cuts
 //! the axes over the schedule's `split` extent across the cluster's blocks.
 //!
+//! A carried tile of a general loop that starts as a broadcast scalar (`zeros`) takes
+//! the layout its next values are computed in: a dry run on a copy of the kernel finds
+//! it (elementwise ops there prefer a partner that is not such a carried value), and the
+//! real run gives the init that layout, so the loop converts nothing per iteration.
+//!
 //! Rules, in program order:
 //! - the accumulator of a pipelined dot loop (`schedule.mma`): the `Dot`, the carried
 //!   value it is added to, the sum and the loop result take the matrix instruction's
@@ -14,6 +19,8 @@
 //!   the plain blocked [`crate::layout::fma_accumulator`] of the FMA path), so
 //!   the epilogue works on the registers where the instruction left them; other
 //!   carried values keep their init's layout;
+//! - the next value of any other carried value, at its loop's `Yield`, takes the
+//!   carried value's layout (a `Convert` where they differ);
 //! - a `Load` is an anchor: a blocked layout whose fastest axis is the tile axis over
 //!   the tensor's unit-stride dimension, with 16 bytes per thread along it (one
 //!   element when the pointer or a row stride rules out any vector access, so that
@@ -40,6 +47,8 @@
 //! side holds vectors along the row (the last axis) and the other walks down columns,
 //! the chunks are XOR-swizzled by row so that both sides are free of bank conflicts and
 //! the row side moves whole vectors; otherwise rows are padded by one 32-bit word.
+
+use std::collections::HashMap;
 
 use kfuse_ir::{AccessDim, Blocked, DType, Extent, Kernel, Layout, MmaPath, Op, OpId, SmemLayout, Type, ValueId};
 
@@ -151,6 +160,53 @@ fn convert(k: &mut Kernel, user: OpId, v: ValueId, to: Layout) -> ValueId {
 }
 
 pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
+    // a carried tile that starts as a broadcast scalar (`zeros`) is free to live where
+    // its next values are computed: a dry run on a copy finds that layout, so that the
+    // loop does not convert its carried value at every iteration
+    let mut hints = HashMap::new();
+    if k.order.iter().any(|&op| is_flexible(k, op.value())) {
+        let mut dry = k.clone();
+        hints = assign(&mut dry, spec, &HashMap::new())?;
+    }
+    assign(k, spec, &hints)?;
+    fold_converts_into_loads(k);
+    for op in k.order.clone() {
+        if let Op::Convert = k.op(op) {
+            let src = k.operands(op)[0];
+            let m = smem_layout(k.ty(src).rank(), &layout_of(k, src), &layout_of(k, op.value()), k.ty(src).dtype);
+            k.schedule.smem.insert(op.value(), m);
+        }
+    }
+    Ok(())
+}
+
+/// The scalar broadcast a carried tile of a general loop starts from, through the inits
+/// of enclosing loops (`None`: not such a value). The matrix loop's accumulators are not:
+/// they live where the matrix instruction leaves them.
+fn flexible_root(k: &Kernel, v: ValueId) -> Option<ValueId> {
+    match k.op(v.op()) {
+        Op::Broadcast if k.ty(k.operands(v.op())[0]).is_scalar() && !k.ty(v).is_scalar() => Some(v),
+        Op::LoopCarried { id, index } | Op::LoopResult { id, index } => {
+            let info = k.loop_info(*id)?;
+            if k.schedule.mma.as_ref().is_some_and(|p| p.for_op == info.for_op) {
+                return None;
+            }
+            flexible_root(k, k.operands(info.for_op)[3 + *index as usize])
+        }
+        _ => None,
+    }
+}
+
+/// A carried tile (or loop result) whose layout follows from a scalar broadcast.
+fn is_flexible(k: &Kernel, v: ValueId) -> bool {
+    matches!(k.op(v.op()), Op::LoopCarried { .. } | Op::LoopResult { .. }) && flexible_root(k, v).is_some()
+}
+
+/// Assigns every layout; a scalar broadcast in `hints` takes the layout given there.
+/// Returns the layouts the next values of flexible carried tiles had before their
+/// conversion at the `Yield`, by their root broadcast (the hints of a second run).
+fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>) -> Result<HashMap<ValueId, Layout>, CodegenError> {
+    let mut wanted: HashMap<ValueId, Layout> = HashMap::new();
     // the accumulator of a pipelined dot loop lives where the matrix instruction
     // leaves it; its loop result carries that layout into the epilogue
     let mma = k.schedule.mma.clone();
@@ -210,7 +266,8 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
                 } else {
                     let pick = ops
                         .iter()
-                        .find(|&&o| !is_scalar_broadcast(k, o))
+                        .find(|&&o| !is_scalar_broadcast(k, o) && !is_flexible(k, o))
+                        .or_else(|| ops.iter().find(|&&o| !is_scalar_broadcast(k, o)))
                         .or(ops.first())
                         .copied()
                         .unwrap();
@@ -259,6 +316,9 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
                 let info = k.loop_info(*id).ok_or_else(|| CodegenError::Unsupported("a yield without its loop".into()))?;
                 for (i, &next) in ops.iter().enumerate() {
                     let carried = info.carried_values[i].unwrap_or(k.operands(info.for_op)[3 + i]);
+                    if let (Some(root), false) = (flexible_root(k, carried), is_flexible(k, next)) {
+                        wanted.entry(root).or_insert_with(|| layout_of(k, next));
+                    }
                     let want = layout_of(k, carried);
                     if !k.ty(next).is_scalar() && layout_of(k, next) != want {
                         convert(k, op, next, want);
@@ -292,6 +352,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
                         .next()
                 });
                 match layout_of(k, src) {
+                    Layout::Uniform if hints.contains_key(&op.value()) => hints.get(&op.value()).cloned(),
                     Layout::Uniform => Some(partner.or(from_user).unwrap_or_else(|| Layout::Blocked(default_layout(k, &rty)))),
                     Layout::Slice { parent, axis } if parent.shape == shape => {
                         let _ = axis;
@@ -322,15 +383,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
             }
         }
     }
-    fold_converts_into_loads(k);
-    for op in k.order.clone() {
-        if let Op::Convert = k.op(op) {
-            let src = k.operands(op)[0];
-            let m = smem_layout(k.ty(src).rank(), &layout_of(k, src), &layout_of(k, op.value()), k.ty(src).dtype);
-            k.schedule.smem.insert(op.value(), m);
-        }
-    }
-    Ok(())
+    Ok(wanted)
 }
 
 /// A `Convert` fed by a load through a chain of single-use elementwise ops — one
