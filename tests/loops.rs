@@ -184,22 +184,13 @@ fn a_loop_bound_loaded_from_a_tensor() {
 /// spills, as the runtime builds them.
 #[test]
 fn every_loop_kernel_compiles_for_sm80_and_sm90a() {
-    let defs: [&kfuse::ir::KernelDef; 5] = [&rms_chunked::DEF, &online_softmax::DEF, &row_sumsq_blocks::DEF, &batch_k_sums::DEF, &prefix_sums::DEF];
-    let mut failures = Vec::new();
-    for def in defs {
-        let spec = common::snapshot_spec(def);
-        for dt in common::DTYPES {
-            let k = (def.build)(&[dt]).unwrap();
-            for target in [Target::sm80(), Target::sm90a()] {
-                let name = format!("{}_{dt}", def.name);
-                match common::compile_assembled(&k, &spec, &target, &name) {
-                    Ok((_, _, 0)) => {}
-                    Ok((_, regs, spill)) => failures.push(format!("{name} {}: {spill} bytes of spills ({regs} registers)", target.arch())),
-                    Err(e) => failures.push(format!("{name} {}: {}", target.arch(), e.0)),
-                }
-            }
-        }
-    }
+    let failures = common::compile_for_both_targets(&[
+        (&rms_chunked::DEF, true),
+        (&online_softmax::DEF, true),
+        (&row_sumsq_blocks::DEF, true),
+        (&batch_k_sums::DEF, true),
+        (&prefix_sums::DEF, true),
+    ]);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -147,7 +147,11 @@ fn dtype_tokens(ir: &TokenStream, d: DType) -> TokenStream {
 }
 
 fn f64_tokens(v: f64) -> TokenStream {
-    if v.is_sign_negative() {
+    if v.is_nan() {
+        quote!(f64::NAN)
+    } else if v.is_infinite() {
+        if v > 0.0 { quote!(f64::INFINITY) } else { quote!(f64::NEG_INFINITY) }
+    } else if v.is_sign_negative() {
         let l = proc_macro2::Literal::f64_suffixed(-v);
         quote!(-#l)
     } else {

@@ -438,6 +438,27 @@ fn literal(l: &syn::Lit) -> syn::Result<Lit> {
     }
 }
 
+/// `f32::INFINITY`, `f32::NEG_INFINITY` and `f32::NAN` are weak literals (the same value
+/// in every float dtype, so they take their partner's, as `1.0` does); `f32::MAX`,
+/// `f32::MIN`, `f32::MIN_POSITIVE` and `f32::EPSILON` are `f32` values (`1.0f32`).
+fn float_constant(p: &syn::ExprPath) -> Option<Lit> {
+    let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
+    if p.qself.is_some() || p.path.leading_colon.is_some() || segs.len() != 2 || segs[0] != "f32" {
+        return None;
+    }
+    let (value, strong) = match segs[1].as_str() {
+        "INFINITY" => (f64::INFINITY, false),
+        "NEG_INFINITY" => (f64::NEG_INFINITY, false),
+        "NAN" => (f64::NAN, false),
+        "MAX" => (f32::MAX as f64, true),
+        "MIN" => (f32::MIN as f64, true),
+        "MIN_POSITIVE" => (f32::MIN_POSITIVE as f64, true),
+        "EPSILON" => (f32::EPSILON as f64, true),
+        _ => return None,
+    };
+    Some(Lit { value: Literal::Float(value), suffix: strong.then_some(DType::F32) })
+}
+
 /// An expression of the language; anything else is an error at its leading keyword.
 pub fn expr(e: &syn::Expr) -> syn::Result<Expr> {
     use syn::Expr as E;
@@ -446,7 +467,15 @@ pub fn expr(e: &syn::Expr) -> syn::Result<Expr> {
         E::Lit(l) => ExprKind::Lit(literal(&l.lit)?),
         E::Path(p) => match p.path.get_ident() {
             Some(id) if p.qself.is_none() => ExprKind::Var(id.clone()),
-            _ => return Err(sp.error("paths are not supported in a #[kfuse] kernel: use a plain name")),
+            _ => match float_constant(p) {
+                Some(l) => ExprKind::Lit(l),
+                None => {
+                    return Err(sp.error(
+                        "paths are not supported in a #[kfuse] kernel: use a plain name, or one of the constants \
+                         `f32::INFINITY`, `f32::NEG_INFINITY`, `f32::NAN`, `f32::MAX`, `f32::MIN`, `f32::MIN_POSITIVE`, `f32::EPSILON`",
+                    ))
+                }
+            },
         },
         E::Paren(p) => return Ok(Expr { kind: expr(&p.expr)?.kind, sp }),
         E::Group(g) => return Ok(Expr { kind: expr(&g.expr)?.kind, sp }),

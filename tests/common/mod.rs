@@ -417,3 +417,28 @@ pub fn assemble(source: &str, arch: &str, options: &[String], name: &str) -> std
     }
     Ok(ptxas_resources(&log))
 }
+
+/// Compiles each kernel of `defs` (every dtype of `DTYPES`, with `snapshot_spec`) for
+/// sm_80 and sm_90a as the runtime builds it (NVRTC, then `ptxas -v`); returns the
+/// failures: a compile error, or spills in a kernel marked hot (`true`). Spills of the
+/// others are printed.
+pub fn compile_for_both_targets(defs: &[(&KernelDef, bool)]) -> Vec<String> {
+    use kfuse::codegen::Target;
+    let mut failures = Vec::new();
+    for &(def, hot) in defs {
+        let spec = snapshot_spec(def);
+        for dt in DTYPES {
+            let k = (def.build)(&[dt]).unwrap();
+            for target in [Target::sm80(), Target::sm90a()] {
+                let name = format!("{}_{dt}", def.name);
+                match compile_assembled(&k, &spec, &target, &name) {
+                    Ok((_, _, 0)) => {}
+                    Ok((_, regs, spill)) if !hot => eprintln!("{name} {}: {spill} bytes of spills ({regs} registers)", target.arch()),
+                    Ok((_, regs, spill)) => failures.push(format!("{name} {}: {spill} bytes of spills ({regs} registers)", target.arch())),
+                    Err(e) => failures.push(format!("{name} {}: {}", target.arch(), e.0)),
+                }
+            }
+        }
+    }
+    failures
+}

@@ -164,7 +164,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     // its next values are computed: a dry run on a copy finds that layout, so that the
     // loop does not convert its carried value at every iteration
     let mut hints = HashMap::new();
-    if k.order.iter().any(|&op| is_flexible(k, op.value())) {
+    if k.order.iter().any(|&op| is_flexible(k, op.value()) || matches!(k.op(op), Op::Iota { .. })) {
         let mut dry = k.clone();
         hints = assign(&mut dry, spec, &HashMap::new())?;
     }
@@ -192,6 +192,66 @@ fn flexible_root(k: &Kernel, v: ValueId) -> Option<ValueId> {
                 return None;
             }
             flexible_root(k, k.operands(info.for_op)[3 + *index as usize])
+        }
+        _ => None,
+    }
+}
+
+/// The values an unsqueezed tile `v` meets: through the broadcasts and elementwise ops it
+/// feeds (a few levels), their other operands of the broadcast shape.
+fn met_values(k: &Kernel, v: ValueId) -> Vec<ValueId> {
+    let mut frontier = vec![v];
+    let mut met = Vec::new();
+    for _ in 0..4 {
+        let mut next = Vec::new();
+        for x in frontier {
+            for u in k.users(x) {
+                if !matches!(k.op(u), Op::Broadcast | Op::Convert | Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. }) {
+                    continue;
+                }
+                for o in k.operands(u) {
+                    if o != x && k.ty(o).rank() == 2 {
+                        met.push(o);
+                    }
+                }
+                next.push(u.value());
+            }
+        }
+        frontier = next;
+    }
+    met
+}
+
+/// The first blocked layout of a rank-2 value that unsqueezed `v` meets, if one has its
+/// layout already.
+fn met_layout(k: &Kernel, v: ValueId) -> Option<Blocked> {
+    met_values(k, v).into_iter().find_map(|o| match k.schedule.layouts.get(&o) {
+        Some(Layout::Blocked(b)) if b.shape.len() == 2 => Some(b.clone()),
+        _ => None,
+    })
+}
+
+/// The extent unsqueezed `v`'s new axis is broadcast to (that of the first broadcast it
+/// feeds).
+fn met_extent(k: &Kernel, v: ValueId) -> Option<Extent> {
+    let axis = match k.op(v.op()) {
+        Op::ExpandDims { axis } => *axis as usize,
+        _ => return None,
+    };
+    k.users(v).into_iter().find(|&u| matches!(k.op(u), Op::Broadcast)).map(|u| k.ty(u.value()).shape[axis])
+}
+
+/// The `iota` a rank-1 tile is computed from through elementwise ops whose other operands
+/// are broadcast scalars (`(iota(BM) + i * BM).to_f32()`): it may take any layout.
+fn iota_root(k: &Kernel, v: ValueId) -> Option<ValueId> {
+    match k.op(v.op()) {
+        Op::Iota { .. } => Some(v),
+        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } => {
+            let mut tiles = k.operands(v.op()).into_iter().filter(|&o| !is_scalar_broadcast(k, o) && !k.ty(o).is_scalar());
+            match (tiles.next(), tiles.next()) {
+                (Some(t), None) => iota_root(k, t),
+                _ => None,
+            }
         }
         _ => None,
     }
@@ -295,7 +355,28 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>) -> Resu
                 }
             }
             // the same registers with an extent-1 axis added (see the writer)
-            Op::ExpandDims { .. } => Some(layout_of(k, ops[0])),
+            Op::ExpandDims { axis } => match layout_of(k, ops[0]) {
+                // a rank-1 tile made a column `[E, 1]` or a row `[1, E]` of a rank-2 tile
+                // lives as the slice of the layout it meets there, so that the writer adds
+                // the axis without moving data
+                Layout::Blocked(b) if b.shape.len() == 1 && k.ty(op.value()).rank() == 2 => {
+                    let hint = match hints.get(&op.value()) {
+                        Some(Layout::Blocked(p)) => Some(p.clone()),
+                        _ => None,
+                    };
+                    let parent = hint.or_else(|| met_layout(k, op.value())).unwrap_or_else(|| {
+                        let mut ty = k.ty(op.value()).clone();
+                        ty.shape[*axis as usize] = met_extent(k, op.value()).unwrap_or(ty.shape[*axis as usize]);
+                        default_layout(k, &ty)
+                    });
+                    let want = Layout::Slice { parent, axis: *axis };
+                    if layout_of(k, ops[0]) != want {
+                        convert(k, op, ops[0], want.clone());
+                    }
+                    Some(want)
+                }
+                l => Some(l),
+            },
             Op::Dot { .. } => match &mma_layout {
                 Some(l) => Some(l.clone()),
                 None => return Err(CodegenError::Unsupported("`dot` outside a pipelined dot loop".into())),
@@ -326,7 +407,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>) -> Resu
                 }
                 None
             }
-            Op::Iota { .. } => Some(Layout::Blocked(default_layout(k, node.ty.as_ref().unwrap()))),
+            Op::Iota { .. } => Some(hints.get(&op.value()).cloned().unwrap_or_else(|| Layout::Blocked(default_layout(k, node.ty.as_ref().unwrap())))),
             Op::Permute { perm } => match layout_of(k, ops[0]) {
                 Layout::Blocked(b) => Some(Layout::Blocked(permute(&b, perm))),
                 other => Some(other),
@@ -381,6 +462,24 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>) -> Resu
             if !t.is_scalar() {
                 k.schedule.layouts.insert(op.value(), l);
             }
+        }
+    }
+    // what each unsqueezed rank-1 tile met, now that every layout is known: the parent
+    // of its slice, and the layout of the `iota` it is computed from
+    for op in k.order.clone() {
+        let Op::ExpandDims { axis } = *k.op(op) else { continue };
+        if k.ty(op.value()).rank() != 2 || k.ty(k.operands(op)[0]).rank() != 1 {
+            continue;
+        }
+        if let Some(parent) = met_layout(k, op.value()) {
+            let mut src = k.operands(op)[0];
+            if matches!(k.op(src.op()), Op::Convert) {
+                src = k.operands(src.op())[0];
+            }
+            if let Some(iota) = iota_root(k, src) {
+                wanted.insert(iota, Layout::Slice { parent: parent.clone(), axis });
+            }
+            wanted.insert(op.value(), Layout::Blocked(parent));
         }
     }
     Ok(wanted)

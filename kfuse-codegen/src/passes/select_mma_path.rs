@@ -609,24 +609,6 @@ pub fn mma_sync_default_warps(bm: u32, bn: u32, heavy_epilogue: bool) -> u32 {
     (bm * bn / per).clamp(4, 8)
 }
 
-/// The largest power of two (capped at 2^20) known to divide an `i64` scalar, seeing
-/// through loop indices (`lo + i * step`: the smaller of theirs).
-fn divisibility_in_loops(k: &Kernel, v: ValueId) -> u64 {
-    let ops = k.operands(v.op());
-    match k.op(v.op()) {
-        Op::LoopIndex { id } => match k.loop_info(*id) {
-            Some(info) => {
-                let f = k.operands(info.for_op);
-                divisibility_in_loops(k, f[0]).min(divisibility_in_loops(k, f[2]))
-            }
-            None => 1,
-        },
-        Op::Binary(BinaryOp::Mul) => (divisibility_in_loops(k, ops[0]) * divisibility_in_loops(k, ops[1])).min(1 << 20),
-        Op::Binary(BinaryOp::Add | BinaryOp::Sub) => divisibility_in_loops(k, ops[0]).min(divisibility_in_loops(k, ops[1])),
-        _ => crate::analysis::divisibility(k, v),
-    }
-}
-
 /// Why `cp.async` cannot copy this operand's block in 16-byte chunks, if it cannot:
 /// the block's offset along the tensor's unit-stride dimension must be a multiple of
 /// 16 bytes (beyond the tensor conditions of [`tma_obstacle`]).
@@ -635,7 +617,7 @@ fn cp_async_obstacle(k: &Kernel, spec: &Spec, load: OpId, esz: u32) -> Option<St
     let Some(order) = tma_order(k, spec, load) else { return Some("a `dot` operand with no unit-stride dimension".into()) };
     let off = k.operands(load)[order[0] as usize];
     let per = 16 / esz.max(1);
-    (divisibility_in_loops(k, off) < per as u64).then(|| {
+    (crate::analysis::divisibility(k, off) < per as u64).then(|| {
         format!(
             "the offset of the `{}` block along its unit-stride dimension is not known to be a multiple of {per} elements (16 bytes), which the cp.async path copies at once",
             k.param(*tensor).name
