@@ -176,6 +176,9 @@ pub fn print(k: &Kernel) -> String {
             let (a, n) = s.register_attempt;
             let _ = writeln!(out, "  register room: attempt {} of {n} (the next is taken when the assembler spills this one)", a + 1);
         }
+        if let Some(why) = &s.dots_one_by_one {
+            let _ = writeln!(out, "  dots one by one, not a pipelined matrix loop: {why}");
+        }
         if let Some(m) = &s.mma {
             let maj = |o: &crate::schedule::MmaOperand| match o.major {
                 crate::schedule::Major::K => "K-major",

@@ -140,6 +140,9 @@ pub struct Schedule {
     /// The matrix-multiply plan of a `dot` accumulated in a loop, when the kernel has
     /// one (`select_mma_path`, `pipeline_stages`).
     pub mma: Option<MmaPlan>,
+    /// Why the kernel's `dot`s are not a pipelined matrix loop (`mma`), when they are
+    /// not: each is then lowered where it stands, as one op among the others.
+    pub dots_one_by_one: Option<String>,
 }
 
 /// Which matrix instructions and data movement a pipelined `dot` loop uses.

@@ -24,6 +24,7 @@ use crate::layout::{AxisMap, RegMap};
 use crate::target::{KernelParam, Spec, Target};
 use crate::CodegenError;
 
+mod dot;
 mod dot_fma;
 mod loops;
 mod mma_common;
@@ -595,9 +596,7 @@ impl<'a> Emitter<'a> {
             Op::For { id, carried } => self.open_loop(op, *id, *carried),
             Op::LoopIndex { .. } | Op::LoopCarried { .. } | Op::LoopResult { .. } => self.loop_value(v),
             Op::Yield { id } => self.close_loop(op, *id),
-            Op::Dot { .. } => Err(CodegenError::Unsupported(
-                "`dot` outside a pipelined dot loop: on the GPU a `dot` compiles only as `acc += dot(load, load)` over K for now".into(),
-            )),
+            Op::Dot { .. } => self.dot(op, ops[0], ops[1]),
         }
     }
 

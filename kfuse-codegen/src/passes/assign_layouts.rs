@@ -202,7 +202,7 @@ fn flexible_root(k: &Kernel, v: ValueId) -> Option<ValueId> {
 fn met_values(k: &Kernel, v: ValueId) -> Vec<ValueId> {
     let mut frontier = vec![v];
     let mut met = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..MET_DEPTH {
         let mut next = Vec::new();
         for x in frontier {
             for u in k.users(x) {
@@ -231,15 +231,35 @@ fn met_layout(k: &Kernel, v: ValueId) -> Option<Blocked> {
     })
 }
 
-/// The extent unsqueezed `v`'s new axis is broadcast to (that of the first broadcast it
-/// feeds).
+/// The extent unsqueezed `v`'s new axis is broadcast to: that of the first broadcast
+/// that widens it, through the elementwise ops `v` feeds first (`iota(BM).unsqueeze(1)
+/// + i * BM`).
 fn met_extent(k: &Kernel, v: ValueId) -> Option<Extent> {
     let axis = match k.op(v.op()) {
         Op::ExpandDims { axis } => *axis as usize,
         _ => return None,
     };
-    k.users(v).into_iter().find(|&u| matches!(k.op(u), Op::Broadcast)).map(|u| k.ty(u.value()).shape[axis])
+    let mut frontier = vec![v];
+    for _ in 0..MET_DEPTH {
+        let mut next = Vec::new();
+        for x in frontier {
+            for u in k.users(x) {
+                match k.op(u) {
+                    Op::Broadcast if k.ty(u.value()).rank() == 2 && k.ty(x).shape[axis] != k.ty(u.value()).shape[axis] => {
+                        return Some(k.ty(u.value()).shape[axis]);
+                    }
+                    Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Convert if k.ty(u.value()).rank() == 2 => next.push(u.value()),
+                    _ => {}
+                }
+            }
+        }
+        frontier = next;
+    }
+    None
 }
+
+/// How many ops down an unsqueezed tile is followed to find what it meets.
+const MET_DEPTH: usize = 8;
 
 /// The `iota` a rank-1 tile is computed from through elementwise ops whose other operands
 /// are broadcast scalars (`(iota(BM) + i * BM).to_f32()`): it may take any layout.
@@ -379,7 +399,8 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>) -> Resu
             },
             Op::Dot { .. } => match &mma_layout {
                 Some(l) => Some(l.clone()),
-                None => return Err(CodegenError::Unsupported("`dot` outside a pipelined dot loop".into())),
+                // a dot lowered where it stands: a blocked result like any tile's
+                None => Some(Layout::Blocked(default_layout(k, node.ty.as_ref().unwrap()))),
             },
             Op::LoopCarried { id, index } | Op::LoopResult { id, index } => {
                 if mma_loop.as_ref().is_some_and(|(l, acc)| l == id && acc.contains(index)) {

@@ -36,7 +36,8 @@
 //! instead of 72 at 256 threads, a fourth block per multiprocessor, no spills. So does
 //! any block of 1024 threads (64 registers at most either way).
 //!
-//! Matrix tiles (a `dot` loop): see `choose_dot_tiles` for the bucket's heuristic.
+//! Matrix tiles (a `dot` loop the matrix paths pipeline): see `choose_dot_tiles` for the
+//! bucket's heuristic; dots lowered one by one take the memory-bound heuristic's tiles.
 //! The spec holds a power-of-two bucket of each size, which cannot tell M8192 N14336
 //! from N16384; a choice that needs the exact size is made by
 //! [`exact_shape_tiles`], which the runtime calls before it compiles and whose answer
@@ -93,8 +94,13 @@ pub const MAX_CLUSTER: u32 = 8;
 pub const MAX_CLUSTER_NONPORTABLE: u32 = 16;
 
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
-    if let Some(&dot) = crate::passes::select_mma_path::dots(k).first() {
-        return choose_dot_tiles(k, spec, target, dot);
+    // a pipelined matrix loop gets matrix tiles; dots lowered one by one (another loop
+    // shape) are tiles like any other, of the memory-bound heuristic's size
+    let dots = crate::passes::select_mma_path::dots(k);
+    if let Some(&dot) = dots.first() {
+        if crate::passes::select_mma_path::matrix_loop(k, &dots).is_ok() {
+            return choose_dot_tiles(k, spec, target, dot);
+        }
     }
     // Full extents.
     for op in k.order.clone() {
@@ -466,7 +472,9 @@ pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target)
     // and operands only the FMA path reads narrow (this much runs once a launch, and
     // only for shapes where the wide tiles pay: ~3 µs on the build machine)
     let mut k2 = k.clone();
-    if run(&mut k2, spec, target).is_ok() && k2.schedule.tiles.get(&bm_sym) == Some(&128) && k2.schedule.tiles.get(&bn_sym) == Some(&256) {
+    // (as the pipeline runs it: after hoisting, which `select_mma_path::matrix_loop` needs)
+    if crate::passes::hoist_invariants::run(&mut k2).is_ok()
+        && run(&mut k2, spec, target).is_ok() && k2.schedule.tiles.get(&bm_sym) == Some(&128) && k2.schedule.tiles.get(&bn_sym) == Some(&256) {
         out.insert(k.tile_name(bn_sym).to_string(), 320);
     }
     out

@@ -49,8 +49,13 @@
 //!    they are loaded. `kfuse::ops::gemm` still makes aligned copies of such operands
 //!    for the matrix path. Since paths 1 and 2 both read 16-byte pieces, an operand one
 //!    cannot read the other cannot either: sm_90 falls back to FMAs, not to mma.sync.
-//! 4. Otherwise (other dtypes, a loop of another structure, tiles a matrix path cannot
-//!    take): a clear error naming what is missing.
+//! 4. Dots in a kernel of another shape (outside a loop, a dot whose result is used other
+//!    than as `acc + dot`, a computed operand, more than [`MAX_DOTS`] in a loop, a loop
+//!    that computes tiles beside them — flash attention's `dot(p, v)`): no plan; each
+//!    dot is lowered where it stands by the general writer (`cuda/emit/dot.rs`), and
+//!    `Schedule::dots_one_by_one` records why, which the IR printer shows.
+//! 5. Otherwise (other dtypes, tiles a matrix path cannot take): a clear error naming
+//!    what is missing.
 //!
 //! A grouped launch (`Schedule::grouped`: several problems in one launch) takes the
 //! same paths; on WGMMA its tensor maps are per problem, in global memory (the writer
@@ -159,7 +164,7 @@ fn tma_obstacle(k: &Kernel, spec: &Spec, load: OpId) -> Option<String> {
 
 /// One `dot` of the loop as [`accumulation`] found it: the dot, its accumulator's carried
 /// index, the `acc + dot` op, and each operand's load and whether a `.t()` swaps its axes.
-struct Accumulated {
+pub(crate) struct Accumulated {
     dot: OpId,
     carried: u32,
     add: OpId,
@@ -222,29 +227,34 @@ fn accumulation(k: &Kernel, dot: OpId, info: &LoopInfo) -> Result<Accumulated, C
 /// share the registers of one 256-column tile (`choose_tiles` narrows `BN` to fit).
 pub const MAX_DOTS: usize = 4;
 
-pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
-    let dots = dots(k);
-    let Some(&dot) = dots.first() else { return Ok(()) };
+/// The loop every `dot` of the kernel accumulates in, with each dot's accumulation, when
+/// the kernel has the shape the pipelined matrix paths take (see the module docs);
+/// otherwise why not.
+pub(crate) fn matrix_loop(k: &Kernel, dots: &[OpId]) -> Result<(LoopInfo, Vec<Accumulated>), String> {
+    let dot = dots[0];
     let nest = k.loop_nest();
     let pos = |o: OpId| k.position(o);
     let Some(lid) = nest[pos(dot)] else {
-        return Err(unsupported("a `dot` outside a loop: accumulate it in a `for` loop over K (`acc += dot(..)`)"));
+        return Err("a `dot` outside a loop".into());
     };
-    let info = k.loop_info(lid).ok_or_else(|| unsupported("a loop without its yield"))?;
-    // several dots: all in the one loop, each into its own accumulator
+    let info = k.loop_info(lid).ok_or("a loop without its yield")?;
     if dots.iter().any(|&d| nest[pos(d)] != Some(lid)) {
-        return Err(unsupported("`dot`s in more than one loop (the matrix path pipelines one dot loop per kernel)"));
+        return Err("`dot`s in more than one loop (the matrix path pipelines one dot loop per kernel)".into());
     }
     if dots.len() > MAX_DOTS {
-        return Err(unsupported(format!("{} `dot`s in one loop: the matrix path accumulates at most {MAX_DOTS} at once", dots.len())));
+        return Err(format!("{} `dot`s in one loop: the matrix path accumulates at most {MAX_DOTS} at once", dots.len()));
     }
-    let found = dots.iter().map(|&d| accumulation(k, d, &info)).collect::<Result<Vec<_>, _>>()?;
-    let first = &found[0];
-    let (index, (a_load, a_t), (b_load, b_t)) = (first.carried, first.a, first.b);
+    let found = dots
+        .iter()
+        .map(|&d| accumulation(k, d, &info))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| match e {
+            CodegenError::Unsupported(m) => m,
+            e => e.to_string(),
+        })?;
     if info.carried as usize != found.len() {
-        return Err(unsupported("a dot loop that carries more than its accumulators"));
+        return Err("a dot loop that carries more than its accumulators".into());
     }
-    let dops = k.operands(dot);
     // the body holds only scalars, the loads, their permutes, the dots and the adds
     for &o in &k.order[info.for_pos + 1..info.yield_pos] {
         let ok = match k.op(o) {
@@ -256,13 +266,31 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             _ => k.node(o).ty.as_ref().is_some_and(|t| t.is_scalar()),
         };
         if !ok {
-            return Err(unsupported(format!(
+            return Err(format!(
                 "the loop around `dot` also computes `{}` ({}); the matrix path pipelines a loop of only tile loads, index arithmetic and the dot",
                 k.op(o).mnemonic(),
                 o.value()
-            )));
+            ));
         }
     }
+    Ok((info, found))
+}
+
+pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
+    k.schedule.dots_one_by_one = None;
+    let dots = dots(k);
+    let Some(&dot) = dots.first() else { return Ok(()) };
+    // a loop of another shape: its dots are lowered where they stand (the writer's `dot`)
+    let (info, found) = match matrix_loop(k, &dots) {
+        Ok(m) => m,
+        Err(why) => {
+            k.schedule.dots_one_by_one = Some(why);
+            return Ok(());
+        }
+    };
+    let first = &found[0];
+    let (index, (a_load, a_t), (b_load, b_t)) = (first.carried, first.a, first.b);
+    let dops = k.operands(dot);
     let dtype = k.ty(dops[0]).dtype;
     let tf32 = matches!(k.op(dot), Op::Dot { precision: DotPrecision::Tf32 });
     // the other dots: the first one's dtype, precision and tile shape; a load is an A
