@@ -18,10 +18,13 @@
 //!
 //! - A shape symbol's value is the size of every tensor dimension the parameters name
 //!   with it; dimensions sharing a symbol must agree.
-//! - Tile extents: `Extent::Const(c)` is `c`; `Extent::Tile(t)` is `k.schedule.tiles[t]`
-//!   when the scheduler recorded it, else [`Options::default_tile`] (a zero tile size is
-//!   an error); `Extent::Full(s)` is the runtime value of `s`, exactly (the GPU pads it to
-//!   a power of two and masks the rest, which gives the same results).
+//! - Tile extents: `Extent::Const(c)` is `c`; `Extent::Tile(t)` is, in this order,
+//!   [`Options::tiles`]`[name of t]` when given, `k.schedule.tiles[t]` when the scheduler
+//!   recorded it, else [`Options::default_tile`] (a zero tile size is an error; an entry
+//!   of [`Options::tiles`] naming no tile symbol of the kernel is ignored, as the GPU
+//!   path ignores such `KFUSE_TILES` entries); `Extent::Full(s)` is the runtime value of
+//!   `s`, exactly (the GPU pads it to a power of two and masks the rest, which gives the
+//!   same results).
 //!
 //! # Grid and order of execution
 //!
@@ -109,6 +112,8 @@
 //!   `ShapeDim` the symbol's value; `TileExtent` the extent's value (see above);
 //!   `ProgramId` this program's index; `Const` the literal, rounded to its dtype.
 
+use std::collections::BTreeMap;
+
 use crate::dtype::DType;
 use crate::error::{IrError, Result};
 use crate::kernel::*;
@@ -145,16 +150,28 @@ pub enum Arg<'a> {
     Scalar(f64),
 }
 
-/// Interpreter settings.
+/// Interpreter settings. `Options::default()` is `default_tile` 16 and no `tiles`.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// The value of a tile symbol the schedule does not set.
+    /// The value of a tile symbol neither [`Options::tiles`] nor the schedule sets.
     pub default_tile: u32,
+    /// Tile sizes by tile-symbol name (`"BM" → 64`), winning over the schedule's and
+    /// [`Options::default_tile`]: run a kernel with the tiles a GPU plan chose (the
+    /// runtime's `gpu_plan_tiles`) or any others. Names that are no tile symbol of the
+    /// kernel are ignored; sizes need not be powers of two here (the GPU's must be).
+    pub tiles: BTreeMap<String, u32>,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { default_tile: 16 }
+        Options { default_tile: 16, tiles: BTreeMap::new() }
+    }
+}
+
+impl Options {
+    /// The default options with `tiles` by name (see [`Options::tiles`]).
+    pub fn with_tiles(tiles: BTreeMap<String, u32>) -> Options {
+        Options { tiles, ..Options::default() }
     }
 }
 
@@ -243,11 +260,18 @@ pub fn run(k: &Kernel, args: &mut [Arg<'_>], opts: &Options) -> Result<()> {
             err(format!("shape symbol `{name}` is used but no tensor argument gives it a value"))
         })
     };
+    // each tile symbol's size: the options' by name, else the schedule's, else the default
+    let tiles: Vec<u32> = (0..k.tile_syms.len())
+        .map(|i| {
+            let t = TileSym(i as u32);
+            opts.tiles.get(k.tile_name(t)).or_else(|| k.schedule.tiles.get(&t)).copied().unwrap_or(opts.default_tile)
+        })
+        .collect();
     let extent = |e: Extent| -> Result<usize> {
         match e {
             Extent::Const(c) => Ok(c as usize),
             Extent::Tile(t) => {
-                let v = k.schedule.tiles.get(&t).copied().unwrap_or(opts.default_tile);
+                let v = tiles.get(t.0 as usize).copied().ok_or_else(|| err(format!("tile symbol #{} is not declared by the kernel", t.0)))?;
                 if v == 0 {
                     return Err(err(format!("tile symbol `{}` has size 0", k.tile_name(t))));
                 }

@@ -1,9 +1,10 @@
 //! Launching a kernel: argument checking, dtype binding, specialization, dispatch to
 //! the GPU or the interpreter.
 //!
-//! Owns: [`Arg`], [`Scalar`], [`launch`] and its result [`Launched`], the
-//! specialization facts of actual arguments ([`spec_for`]), and the argument order of
-//! the CUDA kernel call.
+//! Owns: [`Arg`], [`Scalar`], [`launch`] and its result [`Launched`],
+//! [`launch_interpreter`] (the interpreter with tiles given), the specialization facts
+//! of actual arguments ([`spec_for`]) and the tiles a GPU plan takes from them
+//! ([`gpu_plan_tiles`]), and the argument order of the CUDA kernel call.
 //!
 //! [`launch`] does, in order:
 //! 1. check the arguments against the signature ([`check_args`]): count and kind of each
@@ -13,7 +14,9 @@
 //! 2. build the IR for the bound dtypes (`KernelDef::build`; once per def and dtypes
 //!    per process, then cached with its grid);
 //! 3. skip the launch when the grid or an output is empty ([`Launched::skipped_empty`]);
-//! 4. on CPU tensors, run the IR interpreter ([`Backend::Interpreter`]);
+//! 4. on CPU tensors, run the IR interpreter ([`Backend::Interpreter`]) with the tile
+//!    sizes of `KFUSE_TILES` (16 for the others); [`launch_interpreter`] runs it with
+//!    tiles given instead, e.g. those a GPU would use ([`gpu_plan_tiles`]);
 //! 5. on GPU tensors, compute the [`Spec`] (with the tile choices codegen makes from the
 //!    exact shape, `choose_tiles::exact_shape_tiles`, added under any explicit
 //!    `KFUSE_TILES`; with `KFUSE_AUTOTUNE=1`, a `dot` kernel's tiles
@@ -28,7 +31,7 @@
 //!    most blocks idle, as two launches of variants of it (`split_last_wave`: the whole
 //!    waves, then the tiles left with split loops).
 //!
-//! The `KFUSE_*` settings step 5 consults come from [`crate::settings`] (read once
+//! The `KFUSE_*` settings steps 4 and 5 consult come from [`crate::settings`] (read once
 //! a process). A GPU launch of a GEMM costs the H100's host 8-9 µs in its slower phase,
 //! 5 of them in the driver's `cuLaunchKernel` (NOTES g26); keep per-launch work free of
 //! environment reads, eager formatting and allocations it can avoid.
@@ -476,6 +479,41 @@ fn spec_with_shapes(kernel: &Kernel, args: &[Arg<'_>], vals: &[u64]) -> Result<S
     })
 }
 
+/// The [`Spec`] a GPU launch of `kernel` on `args` compiles for `target` (before
+/// autotuning): [`spec_for`]'s facts with `KFUSE_TILES`, plus the tile choices codegen
+/// makes from the exact shape (`choose_tiles::exact_shape_tiles`, in the spec so that the
+/// cache keys on them; explicit `KFUSE_TILES` entries win).
+fn gpu_spec(kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64], target: &Target) -> Result<Spec> {
+    let mut spec = spec_with_shapes(kernel, args, shapes)?;
+    for (name, v) in kfuse_codegen::passes::choose_tiles::exact_shape_tiles(kernel, &spec, shapes, target) {
+        spec.tiles.entry(name).or_insert(v);
+    }
+    Ok(spec)
+}
+
+/// The tile sizes a GPU launch of `def` on `args` would use on `target`, by tile-symbol
+/// name (`{"BM": 128, "BN": 256, "BK": 64}`): the scheduler's choices (codegen's
+/// `schedule`) for the [`Spec`] the launch builds from these arguments — their shapes,
+/// strides and alignment, with `KFUSE_TILES` applied — without compiling anything or
+/// needing a GPU; the arguments may live on the CPU or a GPU. Pass the result to
+/// [`launch_interpreter`] to run the program the GPU runs, tile for tile, on the
+/// interpreter.
+///
+/// Every tile symbol of the kernel is in the map. Not included: what `KFUSE_AUTOTUNE=1`
+/// may pick instead on a GPU (tuned tiles are measured there), and non-tile overrides
+/// (`SPLITK`, `MCAST`, …), which are no tile symbols. Errors: those of [`launch`]'s
+/// checks, an unparsable `KFUSE_TILES`, and codegen's refusals (a target below sm_80, an
+/// override that is not a power of two) as [`Error::Codegen`].
+pub fn gpu_plan_tiles(def: &KernelDef, args: &[Arg<'_>], target: &Target) -> Result<std::collections::BTreeMap<String, u32>> {
+    let checked = check(def.name, def.generics, &def_params(def), args)?;
+    let built = built_ir(def, &checked.dtypes)?;
+    let kernel = &built.0;
+    let shapes = shape_values(kernel, args)?;
+    let spec = gpu_spec(kernel, args, &shapes, target)?;
+    let k = kfuse_codegen::schedule(kernel, &spec, target)?;
+    Ok(k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect())
+}
+
 /// Tile-size overrides from `KFUSE_TILES` (`BM=128,BN=64`): every kernel with a tile
 /// symbol of that name uses that size instead of the scheduler's choice. Part of the
 /// specialization, so each setting compiles (and caches) its own module. Read through
@@ -513,10 +551,40 @@ fn any_output_empty(args: &[Arg<'_>]) -> bool {
 
 /// Launches `def` on `args` (see the module docs for the steps). Tensors on the CPU run
 /// in the interpreter, tensors on a GPU run there; the call returns once the kernel is
-/// queued (GPU) or done (CPU).
+/// queued (GPU) or done (CPU). The interpreter takes the tile sizes `KFUSE_TILES` names
+/// (from the same [`crate::settings`] snapshot as GPU launches) and 16 for the others
+/// (`kfuse_ir::interp::Options`); [`launch_interpreter`] takes any tiles.
 pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
+    launch_with(def, args, None)
+}
+
+/// Runs `def` on `args` in the CPU interpreter with the tile sizes `tiles` (by tile-symbol
+/// name, e.g. from [`gpu_plan_tiles`], so that the interpreter runs the program a GPU
+/// would: the same blocks, loop chunks and `iota`s); a tile symbol `tiles` does not name
+/// is 16, names that are no tile symbol of the kernel are ignored, and `KFUSE_TILES` is
+/// not consulted (the result depends on `tiles` only). Checks and empty-launch skipping
+/// are [`launch`]'s. The tensors must live on the CPU ([`Error::InvalidArgument`]
+/// otherwise: copy them with `.to_device(&Device::cpu())`); a tile of size 0 is an
+/// interpreter error ([`Error::Ir`]).
+///
+/// ```ignore
+/// let tiles = kfuse::runtime::gpu_plan_tiles(&my_kernel::DEF, &[Arg::In(&x), Arg::Out(&mut y)], &Target::sm90a())?;
+/// kfuse::runtime::launch_interpreter(&my_kernel::DEF, &mut [Arg::In(&x), Arg::Out(&mut y)], &tiles)?;
+/// ```
+pub fn launch_interpreter(def: &KernelDef, args: &mut [Arg<'_>], tiles: &std::collections::BTreeMap<String, u32>) -> Result<Launched> {
+    launch_with(def, args, Some(tiles))
+}
+
+/// [`launch`], or with `interp_tiles` [`launch_interpreter`].
+fn launch_with(def: &KernelDef, args: &mut [Arg<'_>], interp_tiles: Option<&std::collections::BTreeMap<String, u32>>) -> Result<Launched> {
     let args: &[Arg<'_>] = args;
     let checked = check(def.name, def.generics, &def_params(def), args)?;
+    if interp_tiles.is_some() && checked.device.as_ref().is_some_and(|d| d.is_gpu()) {
+        return Err(Error::InvalidArgument(format!(
+            "launch_interpreter runs `{}` on the CPU: its tensor arguments must live there (copy them with `.to_device(&Device::cpu())`)",
+            def.name
+        )));
+    }
     let built = built_ir(def, &checked.dtypes)?;
     let (kernel, grid) = (&built.0, &built.1);
     let shapes = shape_values(kernel, args)?;
@@ -527,19 +595,16 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
         return Ok(launched);
     }
     match checked.device.as_ref().and_then(|d| d.gpu_ref().map(|_| d)) {
-        None => {
-            run_interpreter(kernel, args)?;
-        }
+        None => match interp_tiles {
+            Some(tiles) => run_interpreter(kernel, args, tiles)?,
+            None => run_interpreter(kernel, args, crate::settings::current().tiles()?)?,
+        },
         Some(device) => {
             let gpu = device.gpu_ref().expect("a GPU");
-            let mut spec = spec_with_shapes(kernel, args, &shapes)?;
             let target = gpu.target()?;
-            // tile sizes that follow from the exact shape, not its power-of-two bucket
-            // (codegen's choice, in the spec so that the cache keys on it; explicit
-            // `KFUSE_TILES` entries win)
-            for (name, v) in kfuse_codegen::passes::choose_tiles::exact_shape_tiles(kernel, &spec, &shapes, &target) {
-                spec.tiles.entry(name).or_insert(v);
-            }
+            // with the tile sizes that follow from the exact shape, not its power-of-two
+            // bucket
+            let mut spec = gpu_spec(kernel, args, &shapes, &target)?;
             // only `dot` kernels have anything to tune: no work for the others
             if crate::autotune::enabled() && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot { .. })) {
                 if let Some(tiles) = autotune(def, &checked.dtypes, kernel, &spec, &target, device, args, &shapes)? {
@@ -612,8 +677,9 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
         return Ok(launched);
     }
     let Some(device) = device.filter(|d| d.is_gpu()) else {
+        let settings = crate::settings::current();
         for (g, _) in &live {
-            run_interpreter(kernel, &groups[*g])?;
+            run_interpreter(kernel, &groups[*g], settings.tiles()?)?;
         }
         return Ok(launched);
     };
@@ -1131,10 +1197,10 @@ enum Slice<'a> {
     W(&'a mut [u8]),
 }
 
-/// Runs the interpreter on checked CPU arguments. Each distinct storage is locked once
-/// (write for outputs, read for inputs), in address order so that concurrent launches
-/// cannot deadlock.
-fn run_interpreter(kernel: &Kernel, args: &[Arg<'_>]) -> Result<()> {
+/// Runs the interpreter on checked CPU arguments with the tile sizes `tiles` (by name;
+/// 16 for the others). Each distinct storage is locked once (write for outputs, read for
+/// inputs), in address order so that concurrent launches cannot deadlock.
+fn run_interpreter(kernel: &Kernel, args: &[Arg<'_>], tiles: &std::collections::BTreeMap<String, u32>) -> Result<()> {
     use kfuse_ir::interp;
     let internal = |m: &str| Error::InvalidArgument(format!("internal: {m}"));
     let mut locks: Vec<(usize, &RwLock<Vec<u8>>, bool)> = Vec::new();
@@ -1188,7 +1254,8 @@ fn run_interpreter(kernel: &Kernel, args: &[Arg<'_>]) -> Result<()> {
             Arg::Scalar(s) => interp::Arg::Scalar(s.as_f64()),
         });
     }
-    interp::run(kernel, &mut iargs, &interp::Options::default())?;
+    // (a tile map of a few entries: cloning it is nothing next to interpreting)
+    interp::run(kernel, &mut iargs, &interp::Options::with_tiles(tiles.clone()))?;
     Ok(())
 }
 

@@ -53,7 +53,7 @@ pub use cache::{compile_cached, CacheOutcome, PtxCache};
 pub use device::{gpu_count, Device};
 pub use error::{Error, Result};
 pub use kfuse_ir::DType;
-pub use launch::{check_args, emit_for, launch, launch_emitted, launch_grouped, spec_for, Arg, Backend, BuildInfo, Launched, Scalar};
+pub use launch::{check_args, emit_for, gpu_plan_tiles, launch, launch_emitted, launch_grouped, launch_interpreter, spec_for, Arg, Backend, BuildInfo, Launched, Scalar};
 pub use tensor::Tensor;
 
 /// The cudarc version this runtime is built on, for interoperation (cuBLAS baselines).

@@ -85,7 +85,7 @@ impl Host {
 
 /// Runs with `default_tile` (and the kernel's own `schedule.tiles`).
 pub fn run_with(k: &Kernel, args: &mut [Arg<'_>], default_tile: u32) -> Result<(), IrError> {
-    interp::run(k, args, &Options { default_tile })
+    interp::run(k, args, &Options { default_tile, ..Options::default() })
 }
 
 /// Sets a tile symbol by name in the kernel's schedule.

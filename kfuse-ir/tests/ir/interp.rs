@@ -663,6 +663,46 @@ fn index_values() {
     assert_eq!(out.to_vec(), want);
 }
 
+/// `Options::tiles` sets tile sizes by name, over the schedule's and the default; names
+/// that are no tile symbol of the kernel are ignored; a size of 0 is still an error.
+#[test]
+fn tiles_by_name_win_over_schedule_and_default() {
+    // out[i] = pid * 1000 + BN, in blocks of BN
+    let mut b = Builder::new("tile_ids");
+    let n = b.shape_sym("N");
+    let bn = b.tile_sym("BN");
+    let po = b.tensor_param("out", DType::I64, &[n], true);
+    let off = block_offset(&mut b, 0, bn);
+    let pid = b.program_id(0).unwrap();
+    let k1000 = b.literal(Literal::Int(1000));
+    let v = b.binary(BinaryOp::Mul, pid, k1000).unwrap();
+    let e = b.tile_extent(Extent::Tile(bn));
+    let v = b.binary(BinaryOp::Add, v, e).unwrap();
+    b.store(po, &[off], &[AccessDim::Tile(Extent::Tile(bn))], v).unwrap();
+    let mut k = b.finish().unwrap();
+    let want = |tile: usize| -> Vec<f64> { (0..40).map(|i| ((i / tile) * 1000 + tile) as f64).collect() };
+    let run = |k: &Kernel, opts: &interp::Options| -> Result<Vec<f64>, IrError> {
+        let mut out = Host::filled(DType::I64, &[40], -1.0);
+        interp::run(k, &mut [out.arg_mut()], opts)?;
+        Ok(out.to_vec())
+    };
+    let tiles = |e: &[(&str, u32)]| e.iter().map(|&(n, v)| (n.to_string(), v)).collect::<std::collections::BTreeMap<_, _>>();
+    // the default stays 16
+    assert_eq!(run(&k, &interp::Options::default()).unwrap(), want(16));
+    // by name, over the default; any positive size (the GPU's are powers of two)
+    assert_eq!(run(&k, &interp::Options::with_tiles(tiles(&[("BN", 8)]))).unwrap(), want(8));
+    assert_eq!(run(&k, &interp::Options::with_tiles(tiles(&[("BN", 5)]))).unwrap(), want(5));
+    // names of no tile symbol are ignored (a zero among them too)
+    assert_eq!(run(&k, &interp::Options::with_tiles(tiles(&[("BQ", 0), ("SPLITK", 4)]))).unwrap(), want(16));
+    // over the schedule's
+    set_tile(&mut k, "BN", 4);
+    assert_eq!(run(&k, &interp::Options::default()).unwrap(), want(4));
+    assert_eq!(run(&k, &interp::Options::with_tiles(tiles(&[("BN", 32)]))).unwrap(), want(32));
+    // a zero is an error, as a zero default is
+    let m = interp_msg(run(&k, &interp::Options::with_tiles(tiles(&[("BN", 0)]))).map(|_| ()));
+    assert!(m.contains("tile symbol `BN` has size 0"), "{m}");
+}
+
 #[test]
 fn large_1d_is_fast_enough() {
     // 4M elements through a 3-tensor kernel in tiles of 128 (also runs in debug builds).
