@@ -1,0 +1,100 @@
+//! The flash attention proof kernel (`tests/kernels/flash_attention.rs`, written in
+//! `#[kfuse]`) on the GPU: bf16, Q/K/V/O `[B, S, H, D]`, B·S = 16k tokens and H·D = 2048
+//! (B4 H16 S4096 D128, and B4 H32 S4096 D64), non-causal and causal. PyTorch's cuDNN SDPA
+//! is timed beside it by `../shared/bench/anchors_attn.py` in the same device call.
+//!
+//! TFLOP/s = 4·B·H·Sq·Skv·D / time, halved when causal (FlashAttention's count). Timing:
+//! CUDA events around each launch, 3 warm-ups, 10 timed launches, median. Before timing,
+//! each case's output is checked on two (batch, head) pairs and 8 query rows against a
+//! float64 CPU reference; a wrong result or a refusal prints a row saying so.
+//! `KFUSE_BENCH_OUT` receives `attention.md`.
+
+#[path = "../tests/kernels/flash_attention.rs"]
+mod kernel;
+
+use kernel::flash_attention;
+use kfuse::{DType, Device, Tensor};
+
+fn random(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            ((z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * 2.0
+        })
+        .map(|x| DType::BF16.round(x))
+        .collect()
+}
+
+/// The largest |error| of sampled output rows against float64, relative to the rows' size.
+fn check(q: &[f64], k: &[f64], v: &[f64], o: &[f64], (b, s, h, d): (usize, usize, usize, usize), causal: bool) -> f64 {
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut worst: f64 = 0.0;
+    for (bb, hh) in [(0, 0), (b - 1, h - 1)] {
+        for r in [0, 1, 17, s / 2, s / 2 + 1, s - 65, s - 2, s - 1] {
+            let at = |t: &[f64], row: usize, x: usize| t[((bb * s + row) * h + hh) * d + x];
+            let sc: Vec<f64> = (0..s)
+                .map(|c| if causal && c > r { f64::NEG_INFINITY } else { (0..d).map(|x| at(q, r, x) * at(k, c, x)).sum::<f64>() * scale })
+                .collect();
+            let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = sc.iter().map(|x| (x - mx).exp()).sum();
+            let (mut num, mut den) = (0.0f64, 0.0f64);
+            for x in 0..d {
+                let want: f64 = (0..s).map(|c| (sc[c] - mx).exp() / z * at(v, c, x)).sum();
+                num += (at(o, r, x) - want).powi(2);
+                den += want * want;
+            }
+            worst = worst.max((num / den.max(1e-30)).sqrt());
+        }
+    }
+    worst
+}
+
+fn main() {
+    let dev = Device::best();
+    if !dev.is_gpu() {
+        eprintln!("attention bench: no GPU; nothing to time");
+        return;
+    }
+    println!("attention (kfuse #[kfuse] proof kernel), {}", dev.describe());
+    let mut md = String::from("| case | kfuse ms | kfuse TFLOP/s | check |\n|---|---|---|---|\n");
+    for (d, causal) in [(128usize, false), (128, true), (64, false)] {
+        let (b, s, h) = (4usize, 4096usize, 2048 / d);
+        let n = b * s * h * d;
+        let (qv, kv, vv) = (random(n, 1), random(n, 2), random(n, 3));
+        let up = |v: &[f64]| Tensor::from_f64(v, &[b, s, h, d], DType::BF16, &dev).expect("upload");
+        let (q, k, v) = (up(&qv), up(&kv), up(&vv));
+        let mut o = Tensor::empty(&[b, s, h, d], DType::BF16, &dev).expect("alloc");
+        o.fill(f64::NAN).expect("poison");
+        let mut lse = Tensor::empty(&[b, h, s], DType::F32, &dev).expect("alloc");
+        let scale = 1.0 / (d as f32).sqrt();
+        let case = format!("B{b} H{h} S{s} D{d} causal={}", causal as u8);
+        let first = flash_attention(&q, &k, &v, &mut o, &mut lse, scale, causal as i64).and_then(|_| o.to_vec_f64());
+        let row = match first {
+            Err(e) => format!("| {case} | refused | — | {e} |"),
+            Ok(out) => {
+                let err = check(&qv, &kv, &vv, &out, (b, s, h, d), causal);
+                if !(err < 2e-2) {
+                    format!("| {case} | — | — | WRONG: relative error {err:.2e} |")
+                } else {
+                    let times = dev.time_ms(3, 10, || flash_attention(&q, &k, &v, &mut o, &mut lse, scale, causal as i64).map(|_| ())).expect("timing");
+                    let mut t = times.clone();
+                    t.sort_by(f32::total_cmp);
+                    let ms = t[t.len() / 2] as f64;
+                    let flops = 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
+                    format!("| {case} | {ms:.3} | {:.1} | rel err {err:.1e} |", flops / ms / 1e9)
+                }
+            }
+        };
+        println!("{row}");
+        md.push_str(&row);
+        md.push('\n');
+    }
+    if let Ok(dir) = std::env::var("KFUSE_BENCH_OUT") {
+        let _ = std::fs::write(std::path::Path::new(&dir).join("attention.md"), md);
+    }
+}
