@@ -2,10 +2,13 @@
 # First half of the GPU round trip, on a machine without a GPU: builds the GPU test
 # binaries, the benchmarks (memory, rows, gemm, gemm_criterion) and the quickstart
 # example in release mode, strips them and collects them with the host script in .gpu/
-# (git-ignored; carry it to the GPU host).
+# (git-ignored; carry it to the GPU host). Built with `--cfg kfuse_gpu`: the GPU-only
+# tests, ignored in an ordinary build (CI counts them as skipped), run in these binaries
+# and fail where no GPU is found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cuda-env.sh
+export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }--cfg kfuse_gpu"
 rm -rf .gpu && mkdir -p .gpu/bin
 collect() { # cargo JSON on stdin → "name path" lines for executables; a bench named like
   # a test (benches/rows.rs beside tests/rows.rs) is collected as NAME_bench

@@ -44,6 +44,9 @@ for t in ${KFUSE_TESTS:-gpu errors user_kernels rope rows gpu_gemm gpu_gemm_f32 
   "$bin" --test-threads=1 --show-output --skip snapshot > "$logs/test-$t.log" 2>&1
   rc=$?
   sum=$(grep -E "^test result:" "$logs/test-$t.log" | tail -1)
+  # a GPU-only test left ignored: the binary was not built by gpu-build.sh (--cfg kfuse_gpu)
+  unbuilt=$(grep -c "ignored, needs a GPU" "$logs/test-$t.log")
+  [ "$unbuilt" -gt 0 ] && sum="$sum (WARNING: $unbuilt GPU-only tests ignored: not built with --cfg kfuse_gpu)"
   rows+=("test $t: rc=$rc ${sum:-no summary}")
 done
 if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then

@@ -19,11 +19,12 @@ use kfuse::ops::kernels as k;
 use kfuse::ops::{self, Dim};
 use kfuse::{DType, Device, Error, Tensor};
 
-/// The best device; with `KFUSE_REQUIRE_GPU=1` (the GPU host's script) a GPU or a failure.
+/// The best device; in the GPU build or with `KFUSE_REQUIRE_GPU=1` (the GPU host's
+/// script) a GPU or a failure (`common::gpu_required`).
 fn dev() -> Device {
     let d = Device::best();
-    if !d.is_gpu() && std::env::var("KFUSE_REQUIRE_GPU").as_deref() == Ok("1") {
-        panic!("KFUSE_REQUIRE_GPU=1 but no GPU was found (is the CUDA driver installed?)");
+    if !d.is_gpu() && common::gpu_required() {
+        panic!("a GPU is required here (--cfg kfuse_gpu or KFUSE_REQUIRE_GPU=1) but none was found (is the CUDA driver installed?)");
     }
     d
 }
@@ -443,6 +444,7 @@ fn layer_norm() {
 /// Long rows, where the scheduler splits a row over more threads, blocks or a cluster:
 /// on the GPU only (the interpreter has no such plan, and takes long on these sizes).
 #[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn long_rows_on_the_gpu() {
     check_on_the_gpu("long rows", &common::DTYPES, &[(5, 16384), (3, 131072), (2, 262144), (2, 262147)]);
 }
@@ -453,6 +455,7 @@ fn long_rows_on_the_gpu() {
 /// length whose last block's slice is cut at the row's end. The prefetch is a hint:
 /// results must not change (compute-sanitizer's memcheck runs this test on the GPU host).
 #[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn long_rows_prefetched_ahead_on_the_gpu() {
     check_on_the_gpu("the prefetching cluster rows", &common::DTYPES, &[(17, 131072), (9, 262144), (17, 131000)]);
 }
@@ -462,18 +465,17 @@ fn long_rows_prefetched_ahead_on_the_gpu() {
 /// for compute-sanitizer's racecheck (`.gpu/gpu-run.sh` runs it there in place of the
 /// long-rows test).
 #[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn rows_in_clusters_of_8_and_16_on_the_gpu() {
     check_on_the_gpu("cluster rows", &[DType::BF16], &[(1, 131072), (1, 262144)]);
 }
 
 /// Every op in each of `dtypes` on each `(M, N)` against float64, on the GPU only (the
-/// interpreter has no cluster plans and takes long on these sizes); `what` names the
-/// rows in the message of a machine without one.
+/// interpreter has no cluster plans and takes long on these sizes; the tests calling
+/// this are ignored without `--cfg kfuse_gpu`); `what` names the rows in the message of
+/// a machine without one.
 fn check_on_the_gpu(what: &str, dtypes: &[DType], shapes: &[(usize, usize)]) {
-    if !dev().is_gpu() {
-        eprintln!("no GPU: {what} are checked on the GPU host");
-        return;
-    }
+    assert!(dev().is_gpu(), "{what} are checked on the GPU only, and there is none");
     let mut failures = Vec::new();
     for op in OPS {
         for &dt in dtypes {
@@ -493,12 +495,9 @@ fn check_on_the_gpu(what: &str, dtypes: &[DType], shapes: &[(usize, usize)]) {
 /// loaded has no local memory (spills) and is one of the three-block attempts. Results
 /// are checked against float64 by the long-rows tests.
 #[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn long_row_norms_take_three_blocks_without_spills() {
-    let d = dev();
-    if !d.is_gpu() {
-        eprintln!("no GPU: what the driver's assembler builds is checked on the GPU host");
-        return;
-    }
+    let d = common::gpu();
     let mut failures = Vec::new();
     for dt in [DType::BF16, DType::F16] {
         for n in [131072usize, 262144] {
@@ -799,10 +798,17 @@ fn bad_arguments_are_clear_errors() {
     let mut short = t(&[3], f);
     let e = k::rms_norm(&x, &mut y, &mut short, EPS).unwrap_err();
     assert!(matches!(e, Error::ShapeMismatch(_)), "{e}");
-    // devices (only where there is a GPU)
-    if dev().is_gpu() {
-        let w_cpu = common::random_tensor(&[6], f, 1, 0.0, &Device::cpu()).0;
-        let e = ops::rms_norm(&x, Some(&w_cpu), None, EPS).unwrap_err();
-        assert!(matches!(e, Error::DeviceMismatch(_)), "{e}");
-    }
+}
+
+/// A weight on the CPU for rows on the GPU is a device mismatch (the CPU-only argument
+/// checks are `bad_arguments_are_clear_errors`).
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn rows_and_a_weight_on_two_devices_are_a_mismatch() {
+    let f = DType::F32;
+    let d = common::gpu();
+    let x = common::random_tensor(&[4, 6], f, 2, 0.0, &d).0;
+    let w_cpu = common::random_tensor(&[6], f, 1, 0.0, &Device::cpu()).0;
+    let e = ops::rms_norm(&x, Some(&w_cpu), None, EPS).unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch(_)), "{e}");
 }

@@ -13,18 +13,21 @@ pub mod audit;
 pub mod epilogue_kernels;
 pub mod gemm;
 
-/// The GPU to test on: `None` (with a note) where there is none, unless
-/// `KFUSE_REQUIRE_GPU=1` is set (the GPU-host script sets it): then the test fails.
-pub fn gpu() -> Option<Device> {
+/// The GPU to test on, for the tests that need one. Such a test is marked
+/// `#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: …")]`: ignored (counted as skipped,
+/// never as passed) in an ordinary build, run in the GPU build (`scripts/gpu-build.sh`
+/// builds with `--cfg kfuse_gpu`). Wherever it runs it needs the GPU: without one it
+/// fails.
+pub fn gpu() -> Device {
     let dev = Device::best();
-    if dev.is_gpu() {
-        return Some(dev);
-    }
-    if std::env::var("KFUSE_REQUIRE_GPU").as_deref() == Ok("1") {
-        panic!("KFUSE_REQUIRE_GPU=1 but no GPU was found (is the CUDA driver installed?)");
-    }
-    eprintln!("no GPU: skipping GPU checks");
-    None
+    assert!(dev.is_gpu(), "this test needs a GPU and none was found (is the CUDA driver installed?)");
+    dev
+}
+
+/// Whether a test on `Device::best()` must find a GPU there: in the GPU build (`--cfg
+/// kfuse_gpu`) or with `KFUSE_REQUIRE_GPU=1` (the GPU host's script sets it).
+pub fn gpu_required() -> bool {
+    cfg!(kfuse_gpu) || std::env::var("KFUSE_REQUIRE_GPU").as_deref() == Ok("1")
 }
 
 /// How an op is called and checked.

@@ -5,19 +5,13 @@
 use kfuse_ir::{AccessDim, BinaryOp, Builder, DType, DTypeSig, Extent, Kernel, KernelDef, ParamSig};
 use kfuse_runtime::Device;
 
-/// GPU 0, or `None` (with a note) where there is none, unless `KFUSE_REQUIRE_GPU=1` is
-/// set (the GPU-host script sets it): then the test fails.
-pub fn gpu() -> Option<Device> {
-    match Device::gpu(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            if std::env::var("KFUSE_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("KFUSE_REQUIRE_GPU=1 but: {e}");
-            }
-            eprintln!("no GPU, skipping: {e}");
-            None
-        }
-    }
+/// GPU 0, for the tests that need one. Such a test is marked
+/// `#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: …")]`: ignored (counted as skipped,
+/// never as passed) in an ordinary build, run in the GPU build (`scripts/gpu-build.sh`
+/// builds with `--cfg kfuse_gpu`). Wherever it runs it needs the GPU: without one it
+/// fails.
+pub fn gpu() -> Device {
+    Device::gpu(0).unwrap_or_else(|e| panic!("this test needs a GPU: {e}"))
 }
 
 
