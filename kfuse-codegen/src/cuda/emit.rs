@@ -307,6 +307,17 @@ fn slot_of(rmap: Option<&RegMap>) -> String {
     lin
 }
 
+/// Whether two register maps put every element in the same register of the same thread
+/// and mark the same threads as replicas (the layouts may differ in the parent they
+/// slice: `Slice(P, 1)` and `Slice(Q, 1)` of tiles whose rows P and Q spread alike).
+fn same_registers(a: &RegMap, b: &RegMap) -> bool {
+    let threads = |m: &AxisMap| (m.lane_div, m.tpw, m.warp_div, m.wpb, m.ctas);
+    a.regs == b.regs
+        && a.axes == b.axes
+        && a.dropped.len() == b.dropped.len()
+        && a.dropped.iter().zip(&b.dropped).all(|(x, y)| threads(x) == threads(y))
+}
+
 /// Register index in `to` of the element register `k` of `from` holds, dropping the
 /// digits of axes `to` does not have.
 fn project(from: &RegMap, to: &RegMap, k: &str) -> String {
@@ -1237,6 +1248,12 @@ impl<'a> Emitter<'a> {
         let d = s.dtype;
         let smap = s.map.clone().unwrap();
         let layout = self.layout(v)?;
+        // the same elements in the same registers of the same threads (the rows of two
+        // tiles whose layouts split rows alike): nothing moves
+        if let Some(dmap) = RegMap::of(&layout).filter(|m| same_registers(&smap, m)) {
+            self.vals.insert(v, Val { map: Some(dmap), ..s });
+            return Ok(());
+        }
         let val = self.new_tile(v, d, &layout, s.lo.clone(), s.hi.clone(), None)?;
         let dmap = val.map.clone().unwrap();
         let name = val.name.clone();

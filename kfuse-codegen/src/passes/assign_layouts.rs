@@ -186,6 +186,12 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
 fn flexible_root(k: &Kernel, v: ValueId) -> Option<ValueId> {
     match k.op(v.op()) {
         Op::Broadcast if k.ty(k.operands(v.op())[0]).is_scalar() && !k.ty(v).is_scalar() => Some(v),
+        // elementwise over broadcast scalars only (`zeros([BM]) + f32::NEG_INFINITY`)
+        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. }
+            if !k.ty(v).is_scalar() && k.operands(v.op()).iter().all(|&o| k.ty(o).is_scalar() || is_scalar_broadcast(k, o)) =>
+        {
+            Some(v)
+        }
         Op::LoopCarried { id, index } | Op::LoopResult { id, index } => {
             let info = k.loop_info(*id)?;
             if k.schedule.mma.as_ref().is_some_and(|p| p.for_op == info.for_op) {
@@ -195,6 +201,30 @@ fn flexible_root(k: &Kernel, v: ValueId) -> Option<ValueId> {
         }
         _ => None,
     }
+}
+
+/// The layout of a `dot` lowered where it stands on the matrix instruction (`m16n8k16`,
+/// which every target from sm_80 has): f16 or bf16 operands of one dtype, `M`, `N`, `K`
+/// multiples of 16, 8 and 16, and at least one instruction tile per warp. The block's
+/// warps split the rows first (`warps = [wm, wn]`, `wm ≤ M / 16`). `None`: the FMA rule.
+pub fn one_dot_mma_layout(k: &Kernel, dot: OpId) -> Option<Blocked> {
+    let ops = k.operands(dot);
+    let (a, b) = (k.ty(ops[0]), k.ty(ops[1]));
+    if a.dtype != b.dtype || !matches!(a.dtype, DType::F16 | DType::BF16) || !matches!(k.op(dot), Op::Dot { precision: kfuse_ir::DotPrecision::Exact }) {
+        return None;
+    }
+    let (sa, sb) = (concrete_shape(k, a), concrete_shape(k, b));
+    let (m, kk, n) = (sa[0], sa[1], sb[1]);
+    let warps = k.schedule.num_threads / 32;
+    if m % 16 != 0 || n % 8 != 0 || kk % 16 != 0 || warps == 0 || (m / 16) * (n / 8) < warps {
+        return None;
+    }
+    let wm = (m / 16).min(warps);
+    let wn = warps / wm;
+    if wm * wn != warps || (m / 16) % wm != 0 || (n / 8) % wn != 0 {
+        return None;
+    }
+    Some(crate::layout::mma_tiles_accumulator(m, n, [wm, wn]))
 }
 
 /// The values an unsqueezed tile `v` meets: through the broadcasts and elementwise ops it
@@ -225,10 +255,30 @@ fn met_values(k: &Kernel, v: ValueId) -> Vec<ValueId> {
 /// The first blocked layout of a rank-2 value that unsqueezed `v` meets, if one has its
 /// layout already.
 fn met_layout(k: &Kernel, v: ValueId) -> Option<Blocked> {
-    met_values(k, v).into_iter().find_map(|o| match k.schedule.layouts.get(&o) {
-        Some(Layout::Blocked(b)) if b.shape.len() == 2 => Some(b.clone()),
+    // the shape `v` is broadcast to
+    let mut shape = concrete_shape(k, k.ty(v));
+    if let (Op::ExpandDims { axis }, Some(e)) = (k.op(v.op()), met_extent(k, v)) {
+        shape[*axis as usize] = crate::analysis::extent_value(k, e);
+    }
+    let met = met_values(k, v).into_iter().filter_map(|o| match k.schedule.layouts.get(&o) {
+        Some(Layout::Blocked(b)) if b.shape == shape => Some(b.clone()),
         _ => None,
+    });
+    // the strongest, the first of equals
+    met.fold(None, |best: Option<Blocked>, b| match best {
+        Some(x) if strength(&Layout::Blocked(x.clone())) >= strength(&Layout::Blocked(b.clone())) => Some(x),
+        _ => Some(b),
     })
+}
+
+/// How strongly a layout holds its place when operands disagree: a matrix
+/// instruction's accumulator (a blocked layout with steps) above any other.
+fn strength(l: &Layout) -> u32 {
+    match l {
+        Layout::Blocked(b) if !b.steps.is_empty() => 2,
+        Layout::Blocked(_) | Layout::Slice { .. } => 1,
+        Layout::Uniform => 0,
+    }
 }
 
 /// The extent unsqueezed `v`'s new axis is broadcast to: that of the first broadcast
@@ -344,16 +394,20 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>) -> Resu
                 if shape.is_empty() {
                     Some(Layout::Uniform)
                 } else {
-                    let pick = ops
-                        .iter()
-                        .find(|&&o| !is_scalar_broadcast(k, o) && !is_flexible(k, o))
-                        .or_else(|| ops.iter().find(|&&o| !is_scalar_broadcast(k, o)))
-                        .or(ops.first())
-                        .copied()
-                        .unwrap();
-                    let l = layout_of(k, pick);
+                    // the operand to follow: not a broadcast scalar, not a flexible carried
+                    // value, and of the strongest layout (a matrix accumulator first)
+                    let strongest = |pred: &dyn Fn(ValueId) -> bool| {
+                        ops.iter().copied().filter(|&o| pred(o)).fold(None, |best: Option<ValueId>, o| match best {
+                            Some(b) if strength(&layout_of(k, b)) >= strength(&layout_of(k, o)) => Some(b),
+                            _ => Some(o),
+                        })
+                    };
+                    let pick = strongest(&|o| !is_scalar_broadcast(k, o) && !is_flexible(k, o))
+                        .or_else(|| strongest(&|o| !is_scalar_broadcast(k, o)))
+                        .unwrap_or(ops[0]);
+                    let l = hints.get(&op.value()).cloned().unwrap_or_else(|| layout_of(k, pick));
                     for &o in &ops {
-                        if o != pick && layout_of(k, o) != l {
+                        if layout_of(k, o) != l && !k.ty(o).is_scalar() {
                             convert(k, op, o, l.clone());
                         }
                     }
@@ -395,12 +449,38 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>) -> Resu
                     }
                     Some(want)
                 }
+                // the slice of another tile's layout (a row statistic of `s` unsqueezed
+                // against `acc`): the slice of the layout it meets instead (a conversion
+                // the writer makes free where both hold the same rows in the same
+                // registers)
+                Layout::Slice { parent, axis: a } if a == *axis && k.ty(op.value()).rank() == 2 => {
+                    let mut target = concrete_shape(k, k.ty(op.value()));
+                    if let Some(e) = met_extent(k, op.value()) {
+                        target[*axis as usize] = crate::analysis::extent_value(k, e);
+                    }
+                    if parent.shape == target {
+                        Some(Layout::Slice { parent, axis: a })
+                    } else {
+                        let mut ty = k.ty(op.value()).clone();
+                        if let Some(e) = met_extent(k, op.value()) {
+                            ty.shape[*axis as usize] = e;
+                        }
+                        let p = met_layout(k, op.value()).unwrap_or_else(|| default_layout(k, &ty));
+                        let want = Layout::Slice { parent: p, axis: *axis };
+                        convert(k, op, ops[0], want.clone());
+                        Some(want)
+                    }
+                }
                 l => Some(l),
             },
             Op::Dot { .. } => match &mma_layout {
                 Some(l) => Some(l.clone()),
-                // a dot lowered where it stands: a blocked result like any tile's
-                None => Some(Layout::Blocked(default_layout(k, node.ty.as_ref().unwrap()))),
+                // a dot lowered where it stands: the accumulator layout of `m16n8k16`
+                // tiles over the block's warps where the matrix instruction takes it,
+                // else a blocked result like any tile's
+                None => Some(Layout::Blocked(
+                    one_dot_mma_layout(k, op).unwrap_or_else(|| default_layout(k, node.ty.as_ref().unwrap())),
+                )),
             },
             Op::LoopCarried { id, index } | Op::LoopResult { id, index } => {
                 if mma_loop.as_ref().is_some_and(|(l, acc)| l == id && acc.contains(index)) {
@@ -455,6 +535,10 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>) -> Resu
                 });
                 match layout_of(k, src) {
                     Layout::Uniform if hints.contains_key(&op.value()) => hints.get(&op.value()).cloned(),
+                    // a broadcast scalar feeding a hinted elementwise op takes its hint
+                    Layout::Uniform if k.users(op.value()).first().is_some_and(|u| hints.contains_key(&u.value())) => {
+                        hints.get(&k.users(op.value())[0].value()).cloned()
+                    }
                     Layout::Uniform => Some(partner.or(from_user).unwrap_or_else(|| Layout::Blocked(default_layout(k, &rty)))),
                     Layout::Slice { parent, axis } if parent.shape == shape => {
                         let _ = axis;
@@ -467,7 +551,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>) -> Resu
                         };
                         let src_rank = k.ty(src).rank();
                         if shape.len() != 2 || src_rank != 1 {
-                            return Err(CodegenError::Unsupported(format!("broadcast from rank {src_rank} to rank {}", shape.len())));
+                            return Err(CodegenError::Unsupported(format!("broadcast from rank {src_rank} to rank {} ({} = broadcast {src}, {src} in layout {})", shape.len(), op.value(), kfuse_ir::print::layout_str(&layout_of(k, src)))));
                         }
                         let want = Layout::Slice { parent: target.clone(), axis: 0 };
                         if layout_of(k, src) != want {

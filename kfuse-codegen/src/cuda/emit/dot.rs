@@ -10,12 +10,22 @@
 //! rows × `b`'s columns. Like every shared-memory user here, it opens with a barrier so
 //! that the previous user's readers are done.
 //!
-//! The products are exact in f32 FMAs and summed in ascending `k` (the interpreter sums
-//! in f64): results agree to f32 rounding. A matrix-instruction rule for such dots
-//! (mma.sync from registers, WGMMA with A from registers) is a faster rule to come in
-//! front of this one.
+//! Two rules, the faster first:
+//! 1. f16/bf16 operands whose result `assign_layouts` put in the `m16n8k16` accumulator
+//!    layout (`one_dot_mma_layout`): `mma.sync` on the tensor cores, which every target
+//!    from sm_80 has. The operands are staged as above but `b` transposed (`[N, K]`, so
+//!    both fragments are 32-bit reads), and every `k` outside the valid range is staged
+//!    as 0 in both (the instruction multiplies whole `k16` steps, and a masked lane may
+//!    hold a NaN). Each warp computes its instruction tiles; its registers `4 (i J + j) +
+//!    2 r + c` are the instruction's `d0..d3` of tile `(i, j)` (`layout::mma_tiles_accumulator`).
+//! 2. Otherwise exact f32 FMAs, summed in ascending `k` (the interpreter sums in f64):
+//!    results agree to f32 rounding.
+//!
+//! Both products are exact (f16/bf16 products fit f32); the sums round in f32. Staging
+//! every call is this writer's cost: a loop-invariant operand (flash attention's Q) is
+//! staged again at each iteration, and the copies are not pipelined with the math.
 
-use kfuse_ir::{OpId, ValueId};
+use kfuse_ir::{DType, Layout, OpId, ValueId};
 
 use super::{coord, coord_raw, from_reg, owner, stype, to_reg, Emitter, Val, MAX_STATIC_SMEM, R};
 use crate::layout::RegMap;
@@ -23,6 +33,9 @@ use crate::CodegenError;
 
 impl Emitter<'_> {
     pub(super) fn dot(&mut self, op: OpId, a: ValueId, b: ValueId) -> R {
+        if let Some(warps) = self.mma_rule(op) {
+            return self.dot_mma(op, a, b, warps);
+        }
         let v = op.value();
         let (av, bv) = (self.val(a).clone(), self.val(b).clone());
         let (amap, bmap) = match (&av.map, &bv.map) {
@@ -69,6 +82,81 @@ impl Emitter<'_> {
         let x = to_reg(ad, &format!("kf_da[({r}) * {arow} + kk]"));
         let y = to_reg(bd, &format!("kf_db[kk * {brow} + ({c})]"));
         self.line(format!("{name}[k] = fmaf({x}, {y}, {name}[k]);"))?;
+        self.close()?;
+        self.close()?;
+        self.close()
+    }
+
+    /// The warps `[wm, wn]` of the `mma.sync` rule, when the dot's result has that
+    /// layout (see the module docs).
+    fn mma_rule(&self, op: OpId) -> Option<[u32; 2]> {
+        let Some(Layout::Blocked(have)) = self.k.schedule.layouts.get(&op.value()) else { return None };
+        let want = crate::passes::assign_layouts::one_dot_mma_layout(self.k, op)?;
+        (*have == want).then(|| [want.warps_per_block[0], want.warps_per_block[1]])
+    }
+
+    /// Rule 1: `mma.sync.m16n8k16` over operands staged in shared memory.
+    fn dot_mma(&mut self, op: OpId, a: ValueId, b: ValueId, [wm, wn]: [u32; 2]) -> R {
+        let v = op.value();
+        let (av, bv) = (self.val(a).clone(), self.val(b).clone());
+        let (amap, bmap) = (av.map.clone().unwrap(), bv.map.clone().unwrap());
+        let d = av.dtype;
+        let (m, kk, n) = (av.shape[0], av.shape[1], bv.shape[1]);
+        let row = kk + 2; // one 32-bit word of padding
+        let a_bytes = (m * row * 2).div_ceil(16) * 16;
+        let bytes = a_bytes + n * row * 2;
+        if bytes > MAX_STATIC_SMEM {
+            return Err(CodegenError::Unsupported(format!(
+                "`dot` of [{m}, {kk}] · [{kk}, {n}] tiles lowered on its own needs {bytes} bytes of shared memory (static limit {MAX_STATIC_SMEM}); use smaller tiles"
+            )));
+        }
+        self.smem = self.smem.max(bytes);
+        let layout = self.layout(v)?;
+        let val = self.new_tile(v, DType::F32, &layout, vec![av.lo[0].clone(), bv.lo[1].clone()], vec![av.hi[0].clone(), bv.hi[1].clone()], None)?;
+        let name = val.name.clone();
+        let regs = val.map.as_ref().unwrap().regs;
+        self.vals.insert(v, val);
+        self.open("")?;
+        let (klo, khi) = (self.fresh("kf_klo"), self.fresh("kf_khi"));
+        self.line(format!("const int {klo} = (int)kf_maxi({}, {}), {khi} = (int)kf_mini({}, {});", av.lo[1], bv.lo[0], av.hi[1], bv.hi[0]))?;
+        self.line(self.barrier)?;
+        self.line("kf_u16* kf_da = reinterpret_cast<kf_u16*>(kf_smem);")?;
+        self.line(format!("kf_u16* kf_db = reinterpret_cast<kf_u16*>(kf_smem + {a_bytes});"))?;
+        // a as [M, K], b as [N, K]; k outside [klo, khi) as 0
+        for (x, xv, xmap, dst, k_axis) in [(a, &av, &amap, "kf_da", 1usize), (b, &bv, &bmap, "kf_db", 0usize)] {
+            let c: Vec<String> = xv.axis_map.iter().map(|am| am.map_or("0".to_string(), |i| coord_raw(xmap, i, "k"))).collect();
+            let (kc, other) = (&c[k_axis], &c[1 - k_axis]);
+            let own = owner(xmap, "k");
+            self.unroll("k", xmap.regs)?;
+            let value = format!("({kc}) >= {klo} && ({kc}) < {khi} ? {} : {}", from_reg(d, &self.reg(x, "k")), from_reg(d, "0.0f"));
+            let store = format!("{dst}[({other}) * {row} + ({kc})] = {value};");
+            self.line(if own == "true" { store } else { format!("if ({own}) {store}") })?;
+            self.close()?;
+        }
+        self.line(self.barrier)?;
+        self.unroll("k", regs)?;
+        self.line(format!("{name}[k] = 0.0f;"))?;
+        self.close()?;
+        let ty = if d == DType::F16 { "f16" } else { "bf16" };
+        let (ti, tj) = (m / 16 / wm, n / 8 / wn);
+        self.line(format!("const int kf_wa = kf_warp / {wn}, kf_wb = kf_warp % {wn};"))?;
+        self.line("#pragma unroll")?;
+        self.open(format!("for (int kk = 0; kk < {kk}; kk += 16)"))?;
+        self.unroll("i", ti)?;
+        self.line(format!("const int r0 = 16 * (kf_wa + {wm} * i) + kf_lane / 4, c0 = kk + 2 * (kf_lane % 4);"))?;
+        self.line("const unsigned* pa = reinterpret_cast<const unsigned*>(kf_da);")?;
+        self.line(format!(
+            "const unsigned fa[4] = {{pa[(r0 * {row} + c0) / 2], pa[((r0 + 8) * {row} + c0) / 2], pa[(r0 * {row} + c0 + 8) / 2], pa[((r0 + 8) * {row} + c0 + 8) / 2]}};"
+        ))?;
+        self.unroll("j", tj)?;
+        self.line(format!("const int n0 = 8 * (kf_wb + {wn} * j) + kf_lane / 4;"))?;
+        self.line("const unsigned* pb = reinterpret_cast<const unsigned*>(kf_db);")?;
+        self.line(format!("const unsigned fb[2] = {{pb[(n0 * {row} + c0) / 2], pb[(n0 * {row} + c0 + 8) / 2]}};"))?;
+        self.line(format!("float* acc = &{name}[4 * (i * {tj} + j)];"))?;
+        self.line(format!(
+            "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};\" : \"+f\"(acc[0]), \"+f\"(acc[1]), \"+f\"(acc[2]), \"+f\"(acc[3]) : \"r\"(fa[0]), \"r\"(fa[1]), \"r\"(fa[2]), \"r\"(fa[3]), \"r\"(fb[0]), \"r\"(fb[1]));"
+        ))?;
+        self.close()?;
         self.close()?;
         self.close()?;
         self.close()
