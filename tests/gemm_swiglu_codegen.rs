@@ -103,16 +103,19 @@ fn several_dot_kernels_assemble_without_spills() {
 #[test]
 fn several_dots_elsewhere_are_refused_clearly_or_lowered_one_by_one() {
     let def = &kfuse::ops::kernels::swiglu_gemm::DEF;
-    // sm_80 / sm_89: mma.sync takes one product a loop
-    let k = (def.build)(&[DType::BF16]).unwrap();
-    for t in [Target::sm80(), Target::sm89()] {
-        let err = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &t).unwrap_err().to_string();
-        assert!(err.contains("2 `dot`s in one loop") && err.contains("sm_90a WGMMA"), "{err}");
+    // sm_80 / sm_89: the mma.sync path takes one product a loop, so both dots are lowered
+    // one by one (and assemble without spills), the plan saying why; so are f32 operands
+    // on sm_90a (the exact FMA path takes one)
+    let cases = [(DType::BF16, Target::sm80(), "mma.sync path takes one"), (DType::BF16, Target::sm89(), "mma.sync path takes one"), (DType::F32, Target::sm90a(), "FMA path")];
+    for (dt, t, why) in cases {
+        let k = (def.build)(&[dt]).unwrap();
+        let spec = spec_mnk(def, 4096, 4096, 4096);
+        let e = compile(&k, &spec, &t).unwrap();
+        assert!(e.ir.contains("dots one by one") && e.ir.contains("2 `dot`s in one loop") && e.ir.contains(why), "{dt} {}: {}", t.arch(), e.ir);
+        let (_, regs, spill) = common::compile_assembled(&k, &spec, &t, &format!("swiglu_one_by_one_{dt}")).map_err(|e| e.0).unwrap();
+        assert_eq!(spill, 0, "{dt} {}: {spill} bytes of spills at {regs} registers", t.arch());
     }
-    // f32 operands: the exact FMA path takes one
-    let k = (def.build)(&[DType::F32]).unwrap();
-    let err = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap_err().to_string();
-    assert!(err.contains("2 `dot`s") && err.contains("f32"), "{err}");
+    let k = (def.build)(&[DType::BF16]).unwrap();
     // accumulators wider than the registers hold: two of 256 columns
     let k = (def.build)(&[DType::BF16]).unwrap();
     let mut spec = spec_mnk(def, 4096, 4096, 4096);

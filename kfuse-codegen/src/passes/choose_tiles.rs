@@ -98,7 +98,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // shape) are tiles like any other, of the memory-bound heuristic's size
     let dots = crate::passes::select_mma_path::dots(k);
     if let Some(&dot) = dots.first() {
-        if crate::passes::select_mma_path::matrix_loop(k, &dots).is_ok() {
+        if crate::passes::select_mma_path::matrix_loop(k, &dots).is_ok() && crate::passes::select_mma_path::several_dots_elsewhere(k, &dots, target).is_none() {
             return choose_dot_tiles(k, spec, target, dot);
         }
     }

@@ -230,6 +230,27 @@ pub const MAX_DOTS: usize = 4;
 /// The loop every `dot` of the kernel accumulates in, with each dot's accumulation, when
 /// the kernel has the shape the pipelined matrix paths take (see the module docs);
 /// otherwise why not.
+/// Why the matrix paths cannot accumulate this loop's several dots at once on `target`,
+/// when they cannot for a reason of the target or the dtype: only the sm_90a WGMMA path
+/// takes several, and not with f32 operands (the FMA path takes one). Such dots are
+/// lowered one by one instead (`choose_tiles` gives them tiles for that).
+pub(crate) fn several_dots_elsewhere(k: &Kernel, dots: &[OpId], target: &Target) -> Option<String> {
+    if dots.len() < 2 {
+        return None;
+    }
+    let dot = dots[0];
+    let dtype = k.ty(k.operands(dot)[0]).dtype;
+    let tf32 = matches!(k.op(dot), Op::Dot { precision: DotPrecision::Tf32 });
+    let why = if target.sm != 90 {
+        "the mma.sync path takes one"
+    } else if dtype == DType::F32 && !tf32 {
+        "f32 operands take the FMA path, which takes one"
+    } else {
+        return None;
+    };
+    Some(format!("{} `dot`s in one loop: only the sm_90a WGMMA path accumulates several at once ({why})", dots.len()))
+}
+
 pub(crate) fn matrix_loop(k: &Kernel, dots: &[OpId]) -> Result<(LoopInfo, Vec<Accumulated>), String> {
     let dot = dots[0];
     let nest = k.loop_nest();
@@ -291,6 +312,11 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let first = &found[0];
     let (index, (a_load, a_t), (b_load, b_t)) = (first.carried, first.a, first.b);
     let dops = k.operands(dot);
+    // several dots that only the WGMMA path accumulates at once: one by one elsewhere
+    if let Some(why) = several_dots_elsewhere(k, &dots, target) {
+        k.schedule.dots_one_by_one = Some(why);
+        return Ok(());
+    }
     let dtype = k.ty(dops[0]).dtype;
     let tf32 = matches!(k.op(dot), Op::Dot { precision: DotPrecision::Tf32 });
     // the other dots: the first one's dtype, precision and tile shape; a load is an A
