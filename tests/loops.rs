@@ -90,6 +90,18 @@ pub fn prefix_sums<T: Float>(x: Tensor<T, (M, N)>, len: Tensor<i64, (M,)>, out: 
     out.block([r], [_]).store(s);
 }
 
+/// Sums of a long row, once per leading index: the row tile needs a thread-block cluster
+/// at 131072 elements, whose reductions serve one use, not one an iteration.
+#[kfuse]
+pub fn long_row_sums<T: Float>(x: Tensor<T, (R, M, N)>, out: &mut Tensor<f32, (M,)>) {
+    let i = program_id(0);
+    let mut s = 0.0f32;
+    for r in 0..R {
+        s = s + x.block([r, i, 0], [_, _, N]).load().to_f32().sum();
+    }
+    out.block([i], [_]).store(s);
+}
+
 fn dev() -> Device {
     Device::best()
 }
@@ -206,4 +218,17 @@ fn loop_kernel_snapshots() {
         insta::assert_snapshot!(format!("{}_bf16_sm90a_ir", def.name), e.ir);
         insta::assert_snapshot!(format!("{}_bf16_sm90a", def.name), e.source);
     }
+}
+
+/// A reduction across a cluster inside a loop is refused with the reason (not written
+/// with slots and barriers that serve one use); a row a block holds compiles.
+#[test]
+fn a_cluster_reduction_inside_a_loop_is_refused_clearly() {
+    let k = (long_row_sums::DEF.build)(&[DType::BF16]).unwrap();
+    let mut spec = common::snapshot_spec(&long_row_sums::DEF);
+    spec.shape_pow2 = vec![4, 1024, 131072]; // R, M, N
+    let err = kfuse::codegen::compile(&k, &spec, &Target::sm90a()).unwrap_err().to_string();
+    assert!(err.contains("cluster inside a loop"), "{err}");
+    spec.shape_pow2 = vec![4, 1024, 4096];
+    kfuse::codegen::compile(&k, &spec, &Target::sm90a()).unwrap();
 }

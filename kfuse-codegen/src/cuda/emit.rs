@@ -371,6 +371,8 @@ struct Emitter<'a> {
     remat_arrays: Vec<(String, u32, u32)>,
     /// The carried storage of each loop written so far (see `loops.rs`).
     loops: HashMap<LoopId, Vec<Val>>,
+    /// Loops open where the writer is (their bodies nest).
+    loop_depth: u32,
     /// Carried tiles whose valid range is kept in variables that follow the iterations.
     dynamic_ranges: BTreeSet<(LoopId, u32)>,
     /// Carried tiles found to need that: the kernel is written again with them added.
@@ -398,6 +400,7 @@ impl<'a> Emitter<'a> {
             cluster_pushes: 0,
             remat_arrays: Vec::new(),
             loops: HashMap::new(),
+            loop_depth: 0,
             dynamic_ranges: BTreeSet::new(),
             retry: BTreeSet::new(),
         }
@@ -1077,6 +1080,12 @@ impl<'a> Emitter<'a> {
         // mbarrier), every warp then combines all of them in one fixed order. No
         // block-wide or cluster-wide barrier on the way (a cluster barrier with release
         // semantics is a GPU-wide memory fence: `MEMBAR.ALL.GPU` in the SASS).
+        if am.ctas > 1 && self.loop_depth > 0 {
+            // (its slots and mbarriers serve one reduction, not one an iteration)
+            return Err(CodegenError::Unsupported(
+                "a reduction across the blocks of a thread-block cluster inside a loop: give the loop's tiles a smaller extent".into(),
+            ));
+        }
         let nwarps = k.schedule.num_threads / 32;
         let push = am.ctas > 1
             && !int

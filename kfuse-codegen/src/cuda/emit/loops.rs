@@ -71,6 +71,7 @@ impl Emitter<'_> {
             self.line(format!("if ({step} <= 0) __trap();  // a loop's step must be positive"))?;
         }
         let iv = index_var(id);
+        self.loop_depth += 1;
         self.open(format!("for (long long {iv} = {lo}; {iv} < {hi}; {iv} = ({hi}) - {iv} > ({step}) ? {iv} + ({step}) : ({hi}))"))
     }
 
@@ -137,6 +138,7 @@ impl Emitter<'_> {
                 self.next_ranges(id, i as u32, &dst, &src)?;
             }
         }
+        self.loop_depth -= 1;
         self.close()
     }
 
