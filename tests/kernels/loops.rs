@@ -1,0 +1,91 @@
+//! The loop kernels of `tests/loops.rs`, also compiled by `tests/gpu_coverage.rs`.
+
+use kfuse::prelude::*;
+
+/// RMS normalization of a row walked in chunks of `BN`: a running sum of squares, then a
+/// second loop that scales and stores.
+#[kfuse]
+pub fn rms_chunked<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>, eps: f32) {
+    let r = program_id(0);
+    let mut ss = 0.0f32;
+    for j in (0..N).step_by(BN) {
+        let t = x.block([r, j], [_, BN]).load().to_f32();
+        ss = ss + (t * t).sum(); // the lanes past the row's end do not take part
+    }
+    let rs = rsqrt(ss / N.to_f32() + eps);
+    for j in (0..N).step_by(BN) {
+        let t = x.block([r, j], [_, BN]).load().to_f32();
+        out.block([r, j], [_, BN]).store((t * rs).cast::<T>());
+    }
+}
+
+/// Softmax of a row in one pass over chunks for its statistics (a running maximum `m` and
+/// a sum `l` rescaled whenever `m` grows), then a pass that writes.
+#[kfuse]
+pub fn online_softmax<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>) {
+    let r = program_id(0);
+    let mut m = -3.0e38f32;
+    let mut l = 0.0f32;
+    for j in (0..N).step_by(BN) {
+        let t = x.block([r, j], [_, BN]).load().to_f32();
+        let m_new = max(m, t.max());
+        l = l * exp(m - m_new) + exp(t - m_new).sum();
+        m = m_new;
+    }
+    for j in (0..N).step_by(BN) {
+        let t = x.block([r, j], [_, BN]).load().to_f32();
+        out.block([r, j], [_, BN]).store((exp(t - m) / l).cast::<T>());
+    }
+}
+
+/// Row sums of squares walking the columns in blocks: a per-row tile carried across the
+/// loop.
+#[kfuse]
+pub fn row_sumsq_blocks<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<f32, (M,)>) {
+    let i = program_id(0);
+    let mut s = zeros::<f32>([BM]);
+    for j in (0..N).step_by(BN) {
+        let t = x.block([i * BM, j], [BM, BN]).load().to_f32();
+        s = s + (t * t).sum_axis(1);
+    }
+    out.block([i * BM], [BM]).store(s);
+}
+
+/// `out[i] = Σ_b Σ_k x[b, i, k]`: a loop over the batch around a loop over K.
+#[kfuse]
+pub fn batch_k_sums<T: Float>(x: Tensor<T, (B, M, K)>, out: &mut Tensor<f32, (M,)>) {
+    let i = program_id(0);
+    let mut s = zeros::<f32>([BM]);
+    for b in 0..B {
+        for k in (0..K).step_by(BK) {
+            let t = x.block([b, i * BM, k], [_, BM, BK]).load().to_f32();
+            s = s + t.sum_axis(1);
+        }
+    }
+    out.block([i * BM], [BM]).store(s);
+}
+
+/// `out[r] = Σ_{j < len[r]} x[r, j]`: a loop whose bound is an `i64` loaded per row.
+#[kfuse]
+pub fn prefix_sums<T: Float>(x: Tensor<T, (M, N)>, len: Tensor<i64, (M,)>, out: &mut Tensor<f32, (M,)>) {
+    let r = program_id(0);
+    let n = len.block([r], [_]).load();
+    let mut s = 0.0f32;
+    for j in (0..n).step_by(BN) {
+        let t = x.block([r, j], [_, BN]).load().to_f32();
+        s = s + select(iota(BN) + j < n, t, 0.0).sum();
+    }
+    out.block([r], [_]).store(s);
+}
+
+/// Sums of a long row, once per leading index: the row tile needs a thread-block cluster
+/// at 131072 elements, whose reductions serve one use, not one an iteration.
+#[kfuse]
+pub fn long_row_sums<T: Float>(x: Tensor<T, (R, M, N)>, out: &mut Tensor<f32, (M,)>) {
+    let i = program_id(0);
+    let mut s = 0.0f32;
+    for r in 0..R {
+        s = s + x.block([r, i, 0], [_, _, N]).load().to_f32().sum();
+    }
+    out.block([i], [_]).store(s);
+}
