@@ -8,3 +8,6 @@ cd "$(dirname "$0")/.."
 source scripts/cuda-env.sh
 export KFUSE_CACHE_DIR="${KFUSE_CACHE_DIR:-$PWD/target/kfuse-cache}"
 cargo test --workspace "$@"
+# the source hook (KFUSE_SOURCE_HOOK) is compiled in only with kfuse-runtime's
+# `dev-hooks` feature, off in the build above: its unit test, with the feature
+cargo test -p kfuse-runtime --lib --features dev-hooks source_hook

@@ -19,13 +19,22 @@
 //!
 //! The standard kernels live in [`ops`] and are written the same way.
 //!
+//! Settings (cache directory, target, autotuning, tile overrides, …) come from the
+//! `KFUSE_*` environment variables, or from code, which wins over them:
+//! `kfuse::Config::new().cache_dir(dir).autotune(true).tile("BM", 128).apply()?`
+//! ([`runtime::settings`]; the README's Environment section lists every variable).
+//!
+//! Cargo features, both off by default: `vendor-baselines` (`kfuse::runtime::vendor`,
+//! cuBLAS / cuBLASLt GEMMs on kfuse tensors, the baselines of the benchmarks and
+//! tests) and `dev-hooks` (`KFUSE_SOURCE_HOOK`, a development aid).
+//!
 //! This crate only re-exports; it holds no logic of its own.
 
 pub use kfuse_codegen as codegen;
 pub use kfuse_ir as ir;
 pub use kfuse_macros::kfuse;
 pub use kfuse_runtime as runtime;
-pub use kfuse_runtime::{Backend, DType, Device, Error, Launched, Result, Tensor};
+pub use kfuse_runtime::{Backend, Config, DType, Device, Error, Launched, Result, Tensor};
 
 /// The standard kernels (`kfuse::ops::add(&a, &b)`, `kfuse::ops::transpose(&x)`, …).
 pub mod ops {

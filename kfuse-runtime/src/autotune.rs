@@ -163,7 +163,8 @@ impl Store {
         Store { dir }
     }
 
-    /// The store of the module cache directory as `KFUSE_CACHE_DIR` names it now.
+    /// The store of the module cache directory as the settings name it now
+    /// (`KFUSE_CACHE_DIR`, `Config::cache_dir`).
     pub fn current() -> Store {
         Store::new(PtxCache::default_dir())
     }

@@ -10,8 +10,10 @@
 //!    codegen and NVRTC, and by a hash of source *and* launch rule for pre-emitted
 //!    kernels (`source_key`);
 //! 2. per process, PTX keyed by the disk key below ([`CacheOutcome::Memory`]);
-//! 3. on disk, PTX files in `$KFUSE_CACHE_DIR` (default `<user cache dir>/kfuse`; an
-//!    empty `KFUSE_CACHE_DIR` turns the disk level off) ([`CacheOutcome::Disk`]);
+//! 3. on disk, PTX files in `$KFUSE_CACHE_DIR` or the directory set in code
+//!    ([`crate::settings::Config::cache_dir`]; default `<user cache dir>/kfuse`; an
+//!    empty `KFUSE_CACHE_DIR` or [`crate::settings::Config::no_disk_cache`] turns the
+//!    disk level off) ([`CacheOutcome::Disk`]);
 //! 4. NVRTC ([`CacheOutcome::Compiled`]).
 //!
 //! Invariants:
@@ -45,7 +47,8 @@
 //! - Everything here but `FunctionCache` works without a GPU (only NVRTC), so CI tests
 //!   the disk cache and its corruption recovery.
 //!
-//! A development aid, off unless asked for: `KFUSE_SOURCE_HOOK=CMD` runs `CMD FILE ENTRY`
+//! A development aid, compiled in only with the cargo feature `dev-hooks` (off by
+//! default) and then off unless asked for: `KFUSE_SOURCE_HOOK=CMD` runs `CMD FILE ENTRY`
 //! (through `sh -c`) on every generated source before it is compiled, `FILE` holding the
 //! source; what `FILE` holds afterwards is compiled and loaded instead (`hooked`). It
 //! lets a change to the generated code be timed on a GPU before the compiler learns to
@@ -146,20 +149,22 @@ impl PtxCache {
         self
     }
 
-    /// The directory `KFUSE_CACHE_DIR` names (none if it is set but empty), else
+    /// The cache directory of the settings in force ([`crate::settings::Settings::cache_dir`]):
+    /// [`Config::cache_dir`](crate::settings::Config::cache_dir) if set in code, else the
+    /// directory `KFUSE_CACHE_DIR` names (none if it is set but empty), else
     /// `<user cache dir>/kfuse`.
     pub fn default_dir() -> Option<PathBuf> {
-        match std::env::var_os("KFUSE_CACHE_DIR") {
-            Some(d) if d.is_empty() => None,
-            Some(d) => Some(PathBuf::from(d)),
-            None => dirs::cache_dir().map(|d| d.join("kfuse")),
-        }
+        crate::settings::current().cache_dir().map(Path::to_path_buf)
     }
 
-    /// The process-wide cache, on [`PtxCache::default_dir`] as it was at first use.
+    /// The process-wide cache of [`PtxCache::default_dir`] as it is now: one cache, with
+    /// its own memory level, for each directory the settings have named in this process
+    /// (a program that moves its cache directory in code compiles into the new one).
     pub fn global() -> &'static PtxCache {
-        static G: OnceLock<PtxCache> = OnceLock::new();
-        G.get_or_init(|| PtxCache::new(PtxCache::default_dir()))
+        static G: OnceLock<Mutex<HashMap<Option<PathBuf>, &'static PtxCache>>> = OnceLock::new();
+        let dir = PtxCache::default_dir();
+        let mut g = lock(G.get_or_init(Default::default));
+        g.entry(dir.clone()).or_insert_with(|| Box::leak(Box::new(PtxCache::new(dir))))
     }
 
     /// The disk directory, if any.
@@ -553,10 +558,12 @@ impl FunctionCache {
             return Ok((k, CacheOutcome::Memory));
         }
         let work = || {
+            #[cfg(feature = "dev-hooks")]
             let hooked = match std::env::var("KFUSE_SOURCE_HOOK") {
                 Ok(cmd) => hooked(&cmd, emitted)?,
                 Err(_) => None,
             };
+            #[cfg(feature = "dev-hooks")]
             let emitted = hooked.as_ref().unwrap_or(emitted);
             let (ptx, outcome) = compile_cached(emitted)?;
             let func = load(&ptx, emitted)?;
@@ -575,7 +582,9 @@ impl FunctionCache {
 /// (module doc), or `None` when the command left the source as it was. A line `//
 /// kfuse-hook: smem_bytes=N` in the new source sets the dynamic shared memory the kernel
 /// is launched with (for a change that adds pipeline stages, say). A command that fails
-/// is an error, not a silent fallback to the unchanged source.
+/// is an error, not a silent fallback to the unchanged source. Only with the cargo
+/// feature `dev-hooks`.
+#[cfg(feature = "dev-hooks")]
 fn hooked(cmd: &str, emitted: &EmittedKernel) -> Result<Option<EmittedKernel>> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let file = std::env::temp_dir().join(format!("kfuse-hook-{}-{}.cu", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
@@ -627,6 +636,7 @@ pub(crate) fn source_key(emitted: &EmittedKernel) -> String {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "dev-hooks")]
     fn emitted_with(source: &str) -> EmittedKernel {
         EmittedKernel {
             entry: "kf_hooked".into(),
@@ -646,6 +656,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "dev-hooks")]
     #[test]
     fn the_source_hook_replaces_the_source_and_may_set_shared_memory() {
         let e = emitted_with("// a\nint x;\n");

@@ -57,7 +57,7 @@ impl Gpu {
     }
 
     /// The target kernels are compiled for: [`Gpu::native_target`], unless
-    /// `KFUSE_TARGET` names an older one (`sm_80`, `sm_89`; `sm_90a` is Hopper's own):
+    /// `KFUSE_TARGET` or [`Config::target`](crate::settings::Config::target) names an older one (`sm_80`, `sm_89`; `sm_90a` is Hopper's own):
     /// then that architecture with this GPU's multiprocessor count and the smaller of the
     /// two shared-memory limits. The driver compiles the PTX for the GPU it runs on, so
     /// the sm_80 matrix path (mma.sync) can be checked on an H100. Unset, nothing changes.
@@ -66,7 +66,7 @@ impl Gpu {
         let Some(named) = crate::settings::current().target()? else { return Ok(native) };
         if named.sm > native.sm {
             return Err(Error::InvalidArgument(format!(
-                "KFUSE_TARGET={} needs a GPU of compute capability {}.{} or newer; cuda:{} is sm_{}{}",
+                "target {} (KFUSE_TARGET or Config::target) needs a GPU of compute capability {}.{} or newer; cuda:{} is sm_{}{}",
                 named.arch(),
                 named.sm / 10,
                 named.sm % 10,

@@ -47,8 +47,8 @@ pub enum Error {
     Ir(kfuse_ir::IrError),
     /// A file-system error (the disk cache).
     Io(std::io::Error),
-    /// A vendor library used for baselines (cuBLAS, cuBLASLt; see [`crate::vendor`]) is
-    /// missing or failed.
+    /// A vendor library used for baselines (cuBLAS, cuBLASLt; the `vendor` module, cargo
+    /// feature `vendor-baselines`) is missing or failed.
     Vendor(String),
 }
 

@@ -514,8 +514,9 @@ pub fn gpu_plan_tiles(def: &KernelDef, args: &[Arg<'_>], target: &Target) -> Res
     Ok(k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect())
 }
 
-/// Tile-size overrides from `KFUSE_TILES` (`BM=128,BN=64`): every kernel with a tile
-/// symbol of that name uses that size instead of the scheduler's choice. Part of the
+/// Tile-size overrides from `KFUSE_TILES` (`BM=128,BN=64`) and
+/// [`Config::tile`](crate::settings::Config::tile): every kernel with a tile symbol of
+/// that name uses that size instead of the scheduler's choice. Part of the
 /// specialization, so each setting compiles (and caches) its own module. Read through
 /// [`crate::settings`] (once a process, again after `settings::reload()`).
 pub fn tile_overrides() -> Result<std::collections::BTreeMap<String, u32>> {

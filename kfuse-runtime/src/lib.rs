@@ -14,12 +14,14 @@
 //! - [`tensor`]: [`Tensor`], strided views of host or device storage;
 //! - [`nvrtc`]: finding libnvrtc and the CUDA headers, compiling to PTX;
 //! - [`cache`]: PTX cache in memory and on disk, loaded kernels per device;
-//! - [`settings`]: the `KFUSE_*` variables launches consult, read once a process;
+//! - [`settings`]: the `KFUSE_*` variables launches consult, read once a process, and
+//!   the same settings made in code ([`Config`]), which win over them;
 //! - [`autotune`]: optional tuning of `dot` kernels' tiles (`KFUSE_AUTOTUNE=1`), winners
 //!   kept in `autotune.json` beside the PTX cache;
 //! - [`launch`](mod@launch): argument checking, specialization, dispatch;
 //! - [`tma`]: TMA tensor maps (`cuTensorMapEncodeTiled`) for kernels that take them;
-//! - [`vendor`]: cuBLAS / cuBLASLt GEMMs on kfuse tensors — benchmark and test support
+//! - `vendor` (cargo feature `vendor-baselines`, off by default; the benchmarks and tests
+//!   turn it on): cuBLAS / cuBLASLt GEMMs on kfuse tensors — benchmark and test support
 //!   (baselines in the same process), not part of the kernel path.
 //!
 //! Without a GPU or a CUDA driver everything builds and the CPU path works; compiling
@@ -35,8 +37,10 @@
 //! `KFUSE_AUTOTUNE=1` times a few tile settings of each `dot` kernel once per shape
 //! bucket and device ([`autotune`]). Those a launch consults (`KFUSE_TILES`,
 //! `KFUSE_THREADS`, `KFUSE_MIN_BLOCKS`, `KFUSE_TARGET`, `KFUSE_AUTOTUNE`,
-//! `KFUSE_TAIL_SPLIT`, `KFUSE_SYNC`) are read once, at the first launch, and again only
-//! after [`settings::reload`].
+//! `KFUSE_TAIL_SPLIT`, `KFUSE_SYNC`, `KFUSE_CACHE_DIR`) are read once, at the first
+//! launch, and again only after [`settings::reload`]; a program sets the same in code
+//! with [`Config`] (`Config::new().cache_dir(d).tile("BM", 128).apply()?`), over the
+//! variables. The README's Environment section has the table of every variable read.
 
 pub mod autotune;
 pub mod cache;
@@ -47,12 +51,14 @@ pub mod nvrtc;
 pub mod settings;
 pub mod tensor;
 pub mod tma;
+#[cfg(feature = "vendor-baselines")]
 pub mod vendor;
 
 pub use cache::{compile_cached, CacheOutcome, PtxCache};
 pub use device::{gpu_count, Device};
 pub use error::{Error, Result};
 pub use kfuse_ir::DType;
+pub use settings::Config;
 pub use launch::{check_args, emit_for, gpu_plan_tiles, launch, launch_emitted, launch_grouped, launch_interpreter, spec_for, Arg, Backend, BuildInfo, Launched, Scalar};
 pub use tensor::Tensor;
 

@@ -10,7 +10,8 @@
 //! would leave fewer than [`STORE_RING_MIN_STAGES`] stages (128x320: 80 KiB) goes out box
 //! by box through two box-sized buffers instead, when that leaves more
 //! (`MmaPlan::store_buffers`). The
-//! override `KFUSE_STAGES` reaches it through `Spec::tiles["STAGES"]`. The mma.sync
+//! override `KFUSE_TILES=STAGES=n` (or `Config::tile("STAGES", n)`; any n from 2, not
+//! only powers of two) reaches it through `Spec::tiles["STAGES"]`. The mma.sync
 //! path (sm_80/sm_89) sizes its ring for two blocks a multiprocessor instead
 //! (`mma_sync_stages`). The FMA path (`MmaPath::FmaSimt`) has two stages by design
 //! (register prefetch of the next slab); this pass leaves it alone.

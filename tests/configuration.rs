@@ -1,0 +1,215 @@
+//! Configuration: the README's table of environment variables against the variables
+//! the library's sources read; settings made in code (`kfuse::Config`) over the
+//! environment's; and `STAGES=3`, a pipeline depth that is no power of two, accepted and
+//! built (NVRTC + `ptxas -v`) on the matrix paths of sm_90a and sm_80. No GPU needed.
+//! Its own test binary: it changes the process's settings and environment.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use common::gemm::spec_mnk;
+use kfuse::codegen::{compile, Target};
+use kfuse::runtime::settings::{self, Config};
+use kfuse::runtime::{autotune, launch::tile_overrides, PtxCache};
+use kfuse::{DType, Device, Tensor};
+
+/// The library's sources: every crate's `src/` (not its tests, benches or examples).
+const LIBRARY_SOURCES: [&str; 6] = ["src", "kfuse-ir/src", "kfuse-macros/src", "kfuse-codegen/src", "kfuse-runtime/src", "ops/src"];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The string literals of `src` that are all capitals, digits and underscores (the
+/// shape of an environment variable's name), with the byte offset of each.
+fn caps_literals(src: &str) -> Vec<(usize, String)> {
+    let b = src.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'"' {
+            let start = i + 1;
+            let mut j = start;
+            while j < b.len() && (b[j].is_ascii_uppercase() || b[j].is_ascii_digit() || b[j] == b'_') {
+                j += 1;
+            }
+            if j < b.len() && b[j] == b'"' && j > start && b[start].is_ascii_uppercase() && src[start..j].contains('_') {
+                out.push((start, src[start..j].to_string()));
+                i = j + 1;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The environment variables the library's sources read: every `"KFUSE_…"` literal, and
+/// every literal passed straight to `env::var` / `env::var_os` (or in an array read that
+/// way on the same line). A file's unit tests (from `#[cfg(test)] mod …` on) are left out.
+fn variables_read(root: &Path) -> BTreeSet<String> {
+    let mut files = Vec::new();
+    for d in LIBRARY_SOURCES {
+        rust_files(&root.join(d), &mut files);
+    }
+    assert!(files.len() > 20, "found only {files:?}");
+    let mut vars = BTreeSet::new();
+    for f in files {
+        let src = std::fs::read_to_string(&f).unwrap();
+        let src = match src.find("#[cfg(test)]\nmod ") {
+            Some(i) => &src[..i],
+            None => &src[..],
+        };
+        for (at, lit) in caps_literals(src) {
+            let line_start = src[..at].rfind('\n').map_or(0, |i| i + 1);
+            let line_end = src[at..].find('\n').map_or(src.len(), |i| at + i);
+            let line = &src[line_start..line_end];
+            let before = &src[line_start..at];
+            let env_read = before.trim_end().ends_with("env::var(\"") || before.trim_end().ends_with("env::var_os(\"");
+            let array_read = line.contains("env::var") && before.contains('[');
+            if lit.starts_with("KFUSE_") || env_read || array_read {
+                vars.insert(lit);
+            }
+        }
+    }
+    vars
+}
+
+/// The variables the README's table under `## Environment` names (every backquoted name
+/// in its first column).
+fn readme_table(readme: &str) -> BTreeSet<String> {
+    let section = &readme[readme.find("\n## Environment\n").expect("README: no `## Environment` section")..];
+    let mut lines = section.lines().skip(1).skip_while(|l| !l.starts_with("| variable |"));
+    assert!(lines.next().is_some(), "README: no `| variable | …` table under Environment");
+    let mut names = BTreeSet::new();
+    for row in lines.skip(1).take_while(|l| l.starts_with('|')) {
+        let first = row.split('|').nth(1).unwrap();
+        for (i, part) in first.split('`').enumerate() {
+            if i % 2 == 1 {
+                names.insert(part.to_string());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn the_readme_lists_every_variable_the_library_reads() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = variables_read(root);
+    let listed = readme_table(&std::fs::read_to_string(root.join("README.md")).unwrap());
+    for must in ["KFUSE_CACHE_DIR", "KFUSE_TILES", "KFUSE_TARGET", "KFUSE_AUTOTUNE", "KFUSE_DEVICE", "CUDA_HOME", "LD_LIBRARY_PATH"] {
+        assert!(read.contains(must), "the scan missed {must}: it found {read:?}");
+    }
+    let unlisted: Vec<_> = read.difference(&listed).collect();
+    let unread: Vec<_> = listed.difference(&read).collect();
+    assert!(
+        unlisted.is_empty() && unread.is_empty(),
+        "README's Environment table and the library disagree: read but not listed {unlisted:?}, listed but not read {unread:?}"
+    );
+    // no variable is documented that nothing reads (`KFUSE_STAGES` was: the pipeline
+    // depth is `KFUSE_TILES=STAGES=n`)
+    assert!(!listed.contains("KFUSE_STAGES"));
+}
+
+#[test]
+fn the_scan_sees_literals_and_env_reads() {
+    let src = "let a = std::env::var(\"KFUSE_X\");\nlet b = std::env::var_os(\"OTHER_VAR\");\nlet c = [\"CUDA_Y\", \"CUDA_Z\"].iter().filter_map(std::env::var_os);\nlet d = \"NOT_READ\";\nlet e = \"KFUSE_TILES: bad\";\n";
+    let lits: Vec<String> = caps_literals(src).into_iter().map(|(_, l)| l).collect();
+    assert_eq!(lits, ["KFUSE_X", "OTHER_VAR", "CUDA_Y", "CUDA_Z", "NOT_READ"]);
+}
+
+#[test]
+fn settings_made_in_code_win_over_the_environment() {
+    let tmp = std::env::temp_dir().join(format!("kfuse-config-{}", std::process::id()));
+    let (env_dir, code_dir) = (tmp.join("env"), tmp.join("code"));
+    std::env::set_var("KFUSE_TILES", "BM=64,BN=64,STAGES=3");
+    std::env::set_var("KFUSE_AUTOTUNE", "1");
+    std::env::set_var("KFUSE_CACHE_DIR", &env_dir);
+    std::env::remove_var("KFUSE_TARGET");
+    settings::reload();
+
+    // the environment's values are the defaults
+    let s = settings::current();
+    assert_eq!(tile_overrides().unwrap(), [("BM".into(), 64), ("BN".into(), 64), ("STAGES".into(), 3)].into());
+    assert!(s.autotune);
+    assert_eq!(s.cache_dir(), Some(env_dir.as_path()));
+    assert_eq!(PtxCache::default_dir(), Some(env_dir.clone()));
+    assert_eq!(PtxCache::global().dir(), Some(env_dir.as_path()));
+    assert_eq!(s.target().unwrap(), None);
+
+    // code wins, entry by entry for the tiles
+    Config::new().cache_dir(&code_dir).target(Target::sm80()).autotune(false).tile("BN", 128).apply().unwrap();
+    let s = settings::current();
+    assert_eq!(tile_overrides().unwrap(), [("BM".into(), 64), ("BN".into(), 128), ("STAGES".into(), 3)].into());
+    assert!(!s.autotune);
+    assert_eq!(s.target().unwrap(), Some(Target::sm80()));
+    assert_eq!(PtxCache::global().dir(), Some(code_dir.as_path()), "compiles go to the directory set in code");
+    assert_eq!(autotune::Store::current().path(), Some(code_dir.join(autotune::FILE)));
+    // … what a launch plans with (no GPU needed): BN from code, BM from the environment
+    let dev = Device::cpu();
+    let a = Tensor::zeros(&[512, 512], DType::BF16, &dev).unwrap();
+    let b = Tensor::zeros(&[512, 512], DType::BF16, &dev).unwrap();
+    let mut c = Tensor::zeros(&[512, 512], DType::BF16, &dev).unwrap();
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let args = [kfuse::runtime::Arg::In(&a), kfuse::runtime::Arg::In(&b), kfuse::runtime::Arg::Out(&mut c)];
+    let plan = kfuse::runtime::gpu_plan_tiles(def, &args, &Target::sm90a()).unwrap();
+    assert_eq!((plan.get("BM"), plan.get("BN")), (Some(&64), Some(&128)), "{plan:?}");
+
+    // … and stays over a changed, reloaded environment; a later apply changes only what
+    // it names
+    std::env::set_var("KFUSE_AUTOTUNE", "1");
+    std::env::set_var("KFUSE_TILES", "BM=128");
+    settings::reload();
+    assert!(!settings::current().autotune);
+    assert_eq!(tile_overrides().unwrap(), [("BM".into(), 128), ("BN".into(), 128)].into());
+    Config::new().tiles([("BK", 32)]).no_disk_cache().apply().unwrap();
+    let s = settings::current();
+    assert_eq!(tile_overrides().unwrap(), [("BK".into(), 32)].into(), "a whole list replaces KFUSE_TILES");
+    assert_eq!((s.cache_dir(), s.autotune, s.target().unwrap()), (None, false, Some(Target::sm80())));
+    assert_eq!(PtxCache::global().dir(), None);
+
+    // a bad setting is refused and changes nothing
+    let e = Config::new().tile("BM", 96).autotune(true).apply().unwrap_err().to_string();
+    assert!(e.contains("BM=96") && e.contains("power of two"), "{e}");
+    assert!(!settings::current().autotune);
+
+    // clearing goes back to the environment
+    settings::clear_config();
+    assert_eq!(settings::config(), Config::new());
+    let s = settings::current();
+    assert_eq!(tile_overrides().unwrap(), [("BM".into(), 128)].into());
+    assert!(s.autotune);
+    assert_eq!((s.cache_dir(), s.target().unwrap()), (Some(env_dir.as_path()), None));
+
+    for v in ["KFUSE_TILES", "KFUSE_AUTOTUNE", "KFUSE_CACHE_DIR"] {
+        std::env::remove_var(v);
+    }
+    settings::reload();
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn three_pipeline_stages_build_on_sm90a_and_sm80() {
+    // STAGES counts stages and sizes no tile (`KFUSE_TILES=STAGES=3` is accepted: the
+    // test above); the writers take any count the shared memory holds
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    for (target, shape) in [(Target::sm90a(), (4096, 4096, 4096)), (Target::sm90a(), (127, 4096, 4096)), (Target::sm80(), (4096, 4096, 4096)), (Target::sm89(), (4096, 4096, 4096))] {
+        let mut spec = spec_mnk(def, shape.0, shape.1, shape.2);
+        spec.tiles.insert("STAGES".into(), 3);
+        let e = compile(&k, &spec, &target).unwrap_or_else(|e| panic!("{} {shape:?} STAGES=3: {e}", target.arch()));
+        assert!(e.ir.contains(", 3 stages,"), "{} {shape:?}: {}", target.arch(), e.ir);
+        let (regs, spill) = common::assemble(&e.source, &e.arch, &e.options, &format!("gemm_stages3_{}", shape.0)).unwrap_or_else(|e| panic!("{} {shape:?} STAGES=3: {e}", target.arch()));
+        assert_eq!(spill, 0, "{} {shape:?} STAGES=3: {spill} bytes of spills ({regs} registers)", target.arch());
+    }
+}
