@@ -28,7 +28,7 @@ pub mod tuning;
 pub use target::{group_record_words, EmittedKernel, GridAxisEval, KernelParam, Spec, Target, TensorSpec};
 pub use tuning::tuning_candidates;
 
-use kfuse_ir::{verify::verify, Extent, Kernel};
+use kfuse_ir::{verify::verify, Extent, Kernel, OpId};
 
 /// An error of the passes or the writer.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
@@ -39,6 +39,45 @@ pub enum CodegenError {
     Unsupported(String),
     #[error("target {0}: {1}")]
     Target(String, String),
+    /// An error located in the user's kernel: its name and, where one op is at fault,
+    /// the op ([`Kernel::op_label`]) and its source line. Reads
+    /// ``kernel `rows`, `load x` at line 42: unsupported: …``.
+    #[error("kernel `{kernel}`{}: {error}", where_(op, line))]
+    At { kernel: String, op: Option<String>, line: Option<u32>, error: Box<CodegenError> },
+}
+
+fn where_(op: &Option<String>, line: &Option<u32>) -> String {
+    match (op, line) {
+        (Some(o), Some(l)) => format!(", `{o}` at line {l}"),
+        (Some(o), None) => format!(", `{o}`"),
+        (None, Some(l)) => format!(", line {l}"),
+        (None, None) => String::new(),
+    }
+}
+
+impl CodegenError {
+    /// Locates an error in `k`, at `op` where one op is at fault. An error already
+    /// located keeps its place (the innermost is the most precise) and only gains the
+    /// op it lacked.
+    pub fn at(self, k: &Kernel, op: Option<OpId>) -> CodegenError {
+        let label = op.map(|o| k.op_label(o));
+        let line = op.and_then(|o| k.locs.get(&o)).map(|l| l.line);
+        match self {
+            CodegenError::At { kernel, op: None, line: None, error } if label.is_some() => {
+                CodegenError::At { kernel, op: label, line, error }
+            }
+            e @ CodegenError::At { .. } => e,
+            e => CodegenError::At { kernel: k.name.clone(), op: label, line, error: Box::new(e) },
+        }
+    }
+
+    /// The error without its location ([`CodegenError::At`] unwrapped).
+    pub fn unlocated(&self) -> &CodegenError {
+        match self {
+            CodegenError::At { error, .. } => error.unlocated(),
+            e => e,
+        }
+    }
 }
 
 fn check(k: &Kernel, pass: &str) -> Result<(), CodegenError> {
@@ -49,7 +88,12 @@ fn check(k: &Kernel, pass: &str) -> Result<(), CodegenError> {
 }
 
 /// Runs the scheduling passes on a copy of `kernel` and returns the scheduled kernel.
+/// Its errors name the kernel ([`CodegenError::At`]).
 pub fn schedule(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kernel, CodegenError> {
+    schedule_passes(kernel, spec, target).map_err(|e| e.at(kernel, None))
+}
+
+fn schedule_passes(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kernel, CodegenError> {
     if target.sm < 80 {
         return Err(CodegenError::Target(
             format!("sm_{}", target.sm),
@@ -90,8 +134,13 @@ pub fn schedule(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kernel,
     Ok(k)
 }
 
-/// Compiles a kernel for one specialization and target.
+/// Compiles a kernel for one specialization and target. Its errors name the kernel
+/// and, where one op is at fault, the op and its source line ([`CodegenError::At`]).
 pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedKernel, CodegenError> {
+    compile_scheduled(kernel, spec, target).map_err(|e| e.at(kernel, None))
+}
+
+fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedKernel, CodegenError> {
     let mut k = schedule(kernel, spec, target)?;
     let grid = kfuse_ir::grid::derive(&k)?;
     let mut axes = Vec::new();

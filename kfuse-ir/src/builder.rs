@@ -45,6 +45,8 @@ pub struct Builder {
     /// The loops begun and not yet ended, innermost last.
     open: Vec<OpenLoop>,
     next_loop: u32,
+    /// The source location given the ops created from now on ([`Builder::at`]).
+    loc: Option<Loc>,
 }
 
 /// A loop between `begin_for` and `end_for`.
@@ -77,7 +79,24 @@ impl Builder {
             weak: BTreeSet::new(),
             open: Vec::new(),
             next_loop: 0,
+            loc: None,
         }
+    }
+
+    /// Sets the source location (line and column, from 1) of the ops created from now
+    /// on, conversions the builder inserts included; the `#[kfuse]` macro calls it
+    /// before each builder call with the user's line. Codegen's errors name it.
+    pub fn at(&mut self, line: u32, column: u32) {
+        self.loc = Some(Loc { line, column });
+    }
+
+    /// [`Kernel::push`], recording the current location.
+    fn push(&mut self, op: Op, ty: Option<Type>, operands: &[ValueId]) -> OpId {
+        let id = self.k.push(op, ty, operands);
+        if let Some(l) = self.loc {
+            self.k.locs.insert(id, l);
+        }
+        id
     }
 
     /// The kernel built so far (for names and types while building).
@@ -123,7 +142,7 @@ impl Builder {
     pub fn scalar_param(&mut self, name: &str, dtype: DType) -> (ParamId, ValueId) {
         let id = ParamId(self.k.params.len() as u32);
         self.k.params.push(Param { name: name.to_string(), dtype, kind: ParamKind::Scalar });
-        let v = self.k.push(Op::ScalarParam { param: id }, Some(Type::scalar(dtype)), &[]).value();
+        let v = self.push(Op::ScalarParam { param: id }, Some(Type::scalar(dtype)), &[]).value();
         self.k.names.insert(v, name.to_string());
         (id, v)
     }
@@ -133,17 +152,17 @@ impl Builder {
         if axis > 2 {
             return Err(IrError::GridAxis(axis));
         }
-        Ok(self.k.push(Op::ProgramId { axis }, Some(Type::scalar(DType::I64)), &[]).value())
+        Ok(self.push(Op::ProgramId { axis }, Some(Type::scalar(DType::I64)), &[]).value())
     }
 
     /// The runtime value of a shape symbol, as an `i64` scalar.
     pub fn shape_dim(&mut self, sym: ShapeSym) -> ValueId {
-        self.k.push(Op::ShapeDim { sym }, Some(Type::scalar(DType::I64)), &[]).value()
+        self.push(Op::ShapeDim { sym }, Some(Type::scalar(DType::I64)), &[]).value()
     }
 
     /// The value of a tile extent, as an `i64` scalar.
     pub fn tile_extent(&mut self, extent: Extent) -> ValueId {
-        self.k.push(Op::TileExtent { extent }, Some(Type::scalar(DType::I64)), &[]).value()
+        self.push(Op::TileExtent { extent }, Some(Type::scalar(DType::I64)), &[]).value()
     }
 
     /// A constant of a definite dtype.
@@ -152,7 +171,7 @@ impl Builder {
             (Literal::Int(i), d) if d.is_float() => Literal::Float(i as f64),
             (v, _) => v,
         };
-        self.k.push(Op::Const { value }, Some(Type::scalar(dtype)), &[]).value()
+        self.push(Op::Const { value }, Some(Type::scalar(dtype)), &[]).value()
     }
 
     /// A literal written in the kernel: `f32` for floats, `i64` for integers, but its
@@ -182,7 +201,7 @@ impl Builder {
     /// `dims` say where and how much. The tile's shape is the `Tile` extents of `dims`.
     pub fn load(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim]) -> Result<ValueId> {
         let ty = self.access_type(tensor, offsets, dims, "load")?;
-        Ok(self.k.push(Op::Load { tensor, dims: dims.to_vec() }, Some(ty), offsets).value())
+        Ok(self.push(Op::Load { tensor, dims: dims.to_vec() }, Some(ty), offsets).value())
     }
 
     /// Writes `value` into a block of an output tensor.
@@ -200,7 +219,7 @@ impl Builder {
         let value = if vt.shape != ty.shape { self.broadcast_to(value, &ty.shape, "store")? } else { value };
         let mut ops = offsets.to_vec();
         ops.push(value);
-        Ok(self.k.push(Op::Store { tensor, dims: dims.to_vec() }, None, &ops))
+        Ok(self.push(Op::Store { tensor, dims: dims.to_vec() }, None, &ops))
     }
 
     fn access_type(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], op: &str) -> Result<Type> {
@@ -290,7 +309,7 @@ impl Builder {
         if common != shape {
             return Err(IrError::ShapeMismatch { op: op.into(), left: shape_str(&self.k, &t.shape), right: shape_str(&self.k, shape) });
         }
-        Ok(self.k.push(Op::Broadcast, Some(Type::tile(t.dtype, shape.to_vec())), &[v]).value())
+        Ok(self.push(Op::Broadcast, Some(Type::tile(t.dtype, shape.to_vec())), &[v]).value())
     }
 
     /// An elementwise unary op.
@@ -309,7 +328,7 @@ impl Builder {
             };
             return Err(IrError::Expected { op: format!("{op:?}").to_lowercase(), expected: expected.into(), found: t.dtype.to_string() });
         }
-        Ok(self.k.push(Op::Unary(op), Some(t), &[x]).value())
+        Ok(self.push(Op::Unary(op), Some(t), &[x]).value())
     }
 
     /// An elementwise binary op with broadcasting and literal coercion.
@@ -332,7 +351,7 @@ impl Builder {
             return Err(IrError::Expected { op: name, expected: expected.into(), found: t.dtype.to_string() });
         }
         let rt = if op.is_comparison() { Type::tile(DType::Bool, t.shape) } else { t };
-        Ok(self.k.push(Op::Binary(op), Some(rt), &[a, b]).value())
+        Ok(self.push(Op::Binary(op), Some(rt), &[a, b]).value())
     }
 
     /// Brings two operands to one dtype (via literal coercion) and one shape.
@@ -366,7 +385,7 @@ impl Builder {
         let a = self.broadcast_to(a, &shape, "select")?;
         let b = self.broadcast_to(b, &shape, "select")?;
         let t = self.k.ty(a).clone();
-        Ok(self.k.push(Op::Select, Some(t), &[cond, a, b]).value())
+        Ok(self.push(Op::Select, Some(t), &[cond, a, b]).value())
     }
 
     /// Converts to another dtype; a no-op when the dtype already matches.
@@ -375,7 +394,7 @@ impl Builder {
         if t.dtype == to {
             return Ok(x);
         }
-        Ok(self.k.push(Op::Cast { to }, Some(Type::tile(to, t.shape)), &[x]).value())
+        Ok(self.push(Op::Cast { to }, Some(Type::tile(to, t.shape)), &[x]).value())
     }
 
     /// Reduces along `axis` (negative counts from the end). With `keep_dim` the axis
@@ -396,7 +415,7 @@ impl Builder {
         } else {
             shape.remove(ax as usize);
         }
-        Ok(self.k.push(Op::Reduce { op, axis: ax as u32, keep_dim }, Some(Type::tile(t.dtype, shape)), &[x]).value())
+        Ok(self.push(Op::Reduce { op, axis: ax as u32, keep_dim }, Some(Type::tile(t.dtype, shape)), &[x]).value())
     }
 
     /// `iota(E)`: the `i64` tile `[E]` holding `0, 1, …, E - 1`.
@@ -413,7 +432,7 @@ impl Builder {
                 found: format!("{extent:?}"),
             });
         }
-        Ok(self.k.push(Op::Iota { extent }, Some(Type::tile(DType::I64, vec![extent])), &[]).value())
+        Ok(self.push(Op::Iota { extent }, Some(Type::tile(DType::I64, vec![extent])), &[]).value())
     }
 
     /// Inserts an axis of extent 1 at `axis` of the result: `0..=rank` of the operand,
@@ -433,7 +452,7 @@ impl Builder {
         }
         let mut shape = t.shape.clone();
         shape.insert(ax as usize, Extent::Const(1));
-        Ok(self.k.push(Op::ExpandDims { axis: ax as u32 }, Some(Type::tile(t.dtype, shape)), &[x]).value())
+        Ok(self.push(Op::ExpandDims { axis: ax as u32 }, Some(Type::tile(t.dtype, shape)), &[x]).value())
     }
 
     /// Reorders axes: result axis `i` is operand axis `perm[i]`.
@@ -449,7 +468,7 @@ impl Builder {
             return Err(IrError::Expected { op: "permute".into(), expected: format!("a permutation of 0..{}", t.rank()), found: format!("{perm:?}") });
         }
         let shape = perm.iter().map(|&p| t.shape[p as usize]).collect();
-        Ok(self.k.push(Op::Permute { perm: perm.to_vec() }, Some(Type::tile(t.dtype, shape)), &[x]).value())
+        Ok(self.push(Op::Permute { perm: perm.to_vec() }, Some(Type::tile(t.dtype, shape)), &[x]).value())
     }
 
     /// `dtype` zeros of `shape`: a constant 0 (`false` for `bool`) broadcast to the
@@ -514,7 +533,7 @@ impl Builder {
             return Err(IrError::Expected { op: name.into(), expected: "f32 tiles (TF32 is a reading of f32 operands)".into(), found: ta.dtype.to_string() });
         }
         let ty = Type::tile(DType::F32, vec![ta.shape[0], tb.shape[1]]);
-        Ok(self.k.push(Op::Dot { precision }, Some(ty), &[a, b]).value())
+        Ok(self.push(Op::Dot { precision }, Some(ty), &[a, b]).value())
     }
 
     /// Opens a loop `for (i = lo; i < hi; i += step)` carrying `inits` from one
@@ -539,12 +558,12 @@ impl Builder {
         let types: Vec<Type> = inits.iter().map(|&v| self.k.ty(v).clone()).collect();
         let mut operands = bounds.to_vec();
         operands.extend_from_slice(inits);
-        self.k.push(Op::For { id, carried: inits.len() as u32 }, None, &operands);
-        let index = self.k.push(Op::LoopIndex { id }, Some(Type::scalar(DType::I64)), &[]).value();
+        self.push(Op::For { id, carried: inits.len() as u32 }, None, &operands);
+        let index = self.push(Op::LoopIndex { id }, Some(Type::scalar(DType::I64)), &[]).value();
         let carried = types
             .iter()
             .enumerate()
-            .map(|(i, t)| self.k.push(Op::LoopCarried { id, index: i as u32 }, Some(t.clone()), &[]).value())
+            .map(|(i, t)| self.push(Op::LoopCarried { id, index: i as u32 }, Some(t.clone()), &[]).value())
             .collect();
         self.open.push(OpenLoop { id, types });
         Ok((id, index, carried))
@@ -600,11 +619,11 @@ impl Builder {
             vals.push(self.conform_to(v, t, &format!("carried value {i} of loop {id}"))?);
         }
         self.open.pop();
-        self.k.push(Op::Yield { id }, None, &vals);
+        self.push(Op::Yield { id }, None, &vals);
         Ok(types
             .iter()
             .enumerate()
-            .map(|(i, t)| self.k.push(Op::LoopResult { id, index: i as u32 }, Some(t.clone()), &[]).value())
+            .map(|(i, t)| self.push(Op::LoopResult { id, index: i as u32 }, Some(t.clone()), &[]).value())
             .collect())
     }
 

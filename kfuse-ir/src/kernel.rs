@@ -10,7 +10,8 @@
 //! - [`Kernel::order`] lists every node once in program order (a topological order);
 //!   the printer and the code writer walk it, which keeps their output deterministic;
 //! - per-op facts that passes decide live in side tables ([`Kernel::names`],
-//!   [`Kernel::schedule`]), never inside the nodes.
+//!   [`Kernel::schedule`]), never inside the nodes; so does where each op comes from
+//!   in the user's source ([`Kernel::locs`], for error messages).
 //!
 //! Ids: [`OpId`] names a node, [`ValueId`] names the result of a node. Both wrap the
 //! same petgraph index; an op has at most one result.
@@ -428,6 +429,21 @@ pub struct LoopInfo {
     pub results: Vec<Option<ValueId>>,
 }
 
+/// Where an op comes from in the user's source: the line and column (both from 1) of
+/// the expression a front end lowered to it (the `#[kfuse]` macro records them with
+/// [`crate::Builder::at`]). Error messages name it; the printer does not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Loc {
+    pub line: u32,
+    pub column: u32,
+}
+
+impl fmt::Display for Loc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}, column {}", self.line, self.column)
+    }
+}
+
 /// A node of the graph.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
@@ -451,6 +467,9 @@ pub struct Kernel {
     pub order: Vec<OpId>,
     /// Source names of values bound with `let` (for the printer and generated code).
     pub names: BTreeMap<ValueId, String>,
+    /// Source locations of ops, where the front end knew them (see [`Loc`]); an op
+    /// inserted by a pass before another takes that op's location.
+    pub locs: BTreeMap<OpId, Loc>,
     /// Decisions of the scheduling passes; empty until they run.
     pub schedule: Schedule,
 }
@@ -466,6 +485,7 @@ impl Kernel {
             graph: StableDiGraph::new(),
             order: Vec::new(),
             names: BTreeMap::new(),
+            locs: BTreeMap::new(),
             schedule: Schedule::default(),
         }
     }
@@ -522,9 +542,13 @@ impl Kernel {
         OpId(n)
     }
 
-    /// Adds a node and places it in program order right before `before`.
+    /// Adds a node and places it in program order right before `before`, with
+    /// `before`'s source location.
     pub fn insert_before(&mut self, before: OpId, op: Op, ty: Option<Type>, operands: &[ValueId]) -> OpId {
         let id = self.push(op, ty, operands);
+        if let Some(&l) = self.locs.get(&before) {
+            self.locs.insert(id, l);
+        }
         self.order.pop();
         let pos = self.position(before);
         self.order.insert(pos, id);
@@ -550,6 +574,21 @@ impl Kernel {
         self.graph.remove_node(op.0);
         self.order.retain(|o| *o != op);
         self.names.remove(&op.value());
+        self.locs.remove(&op);
+    }
+
+    /// A short description of an op for messages: its mnemonic, with the operation of
+    /// a unary, binary or reduce op (`exp`, `add`, `reduce_sum`) and the tensor of a
+    /// load or store (`load x`).
+    pub fn op_label(&self, op: OpId) -> String {
+        match self.op(op) {
+            Op::Unary(u) => format!("{u:?}").to_lowercase(),
+            Op::Binary(b) => format!("{b:?}").to_lowercase(),
+            Op::Reduce { op: r, .. } => format!("reduce_{}", format!("{r:?}").to_lowercase()),
+            Op::Load { tensor, .. } => format!("load {}", self.param(*tensor).name),
+            Op::Store { tensor, .. } => format!("store {}", self.param(*tensor).name),
+            o => o.mnemonic().to_string(),
+        }
     }
 
     /// The ops in program order.

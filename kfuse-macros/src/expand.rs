@@ -141,6 +141,20 @@ pub fn kernel(k: &Kernel, krate: &syn::Path, plan: Option<&Plan>) -> TokenStream
     }
 }
 
+/// Whether a step adds ops to the kernel (and so takes a source location).
+fn makes_ops(k: &StepKind) -> bool {
+    !matches!(
+        k,
+        StepKind::ShapeSym(_)
+            | StepKind::TileSym(_)
+            | StepKind::TensorParam { .. }
+            | StepKind::Name(..)
+            | StepKind::LoopIndex(_)
+            | StepKind::LoopCarried(..)
+            | StepKind::LoopResult(..)
+    )
+}
+
 fn dtype_tokens(ir: &TokenStream, d: DType) -> TokenStream {
     let v = format_ident!("{}", format!("{d:?}"));
     quote!(#ir::DType::#v)
@@ -257,6 +271,12 @@ fn build_body(k: &Kernel, ir: &TokenStream, dtypes: &Ident, plan: &Plan) -> Toke
     for (i, step) in plan.steps.iter().enumerate() {
         let v = slot(i);
         let sp = step.sp.start;
+        // The ops of this call get the user's line and column: `line!()` spanned at the
+        // user's code expands to where that code is in the source file, not to the
+        // macro's line (a span's line is not readable in a proc macro on stable).
+        if makes_ops(&step.kind) {
+            out.extend(quote_spanned!(sp=> #b.at(::core::line!(), ::core::column!());));
+        }
         let call = match &step.kind {
             StepKind::ShapeSym(n) => quote_spanned!(sp=> let #v = #b.shape_sym(#n);),
             StepKind::TileSym(n) => quote_spanned!(sp=> let #v = #b.tile_sym(#n);),

@@ -501,7 +501,12 @@ impl<'a> Emitter<'a> {
         self.k.schedule.layouts.get(&v).cloned().ok_or_else(|| CodegenError::Unsupported(format!("{v} has no layout")))
     }
 
+    /// Writes one op; its errors name the op and its source line.
     fn op(&mut self, op: OpId) -> R {
+        self.op_unlocated(op).map_err(|e| e.at(self.k, Some(op)))
+    }
+
+    fn op_unlocated(&mut self, op: OpId) -> R {
         let k = self.k;
         let node = k.node(op);
         let ops = k.operands(op);

@@ -166,9 +166,11 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     let mut hints = HashMap::new();
     if k.order.iter().any(|&op| is_flexible(k, op.value()) || matches!(k.op(op), Op::Iota { .. })) {
         let mut dry = k.clone();
-        hints = assign(&mut dry, spec, &HashMap::new())?;
+        let mut at = None;
+        hints = assign(&mut dry, spec, &HashMap::new(), &mut at).map_err(|e| e.at(&dry, at))?;
     }
-    assign(k, spec, &hints)?;
+    let mut at = None;
+    assign(k, spec, &hints, &mut at).map_err(|e| e.at(k, at))?;
     fold_converts_into_loads(k);
     for op in k.order.clone() {
         if let Op::Convert = k.op(op) {
@@ -335,7 +337,8 @@ fn is_flexible(k: &Kernel, v: ValueId) -> bool {
 /// Assigns every layout; a scalar broadcast in `hints` takes the layout given there.
 /// Returns the layouts the next values of flexible carried tiles had before their
 /// conversion at the `Yield`, by their root broadcast (the hints of a second run).
-fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>) -> Result<HashMap<ValueId, Layout>, CodegenError> {
+/// `at` is the op being assigned when an error returns (`None` outside the per-op walk).
+fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mut Option<OpId>) -> Result<HashMap<ValueId, Layout>, CodegenError> {
     let mut wanted: HashMap<ValueId, Layout> = HashMap::new();
     // the accumulator of a pipelined dot loop lives where the matrix instruction
     // leaves it; its loop result carries that layout into the epilogue
@@ -355,6 +358,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>) -> Resu
     });
     let order = k.order.clone();
     for op in order {
+        *at = Some(op);
         let node = k.node(op).clone();
         let ops = k.operands(op);
         let shape = node.ty.as_ref().map(|t| concrete_shape(k, t));
@@ -569,6 +573,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>) -> Resu
             }
         }
     }
+    *at = None;
     // what each unsqueezed rank-1 tile met, now that every layout is known: the parent
     // of its slice, and the layout of the `iota` it is computed from
     for op in k.order.clone() {

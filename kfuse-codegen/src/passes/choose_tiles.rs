@@ -46,7 +46,7 @@
 
 use std::collections::BTreeMap;
 
-use kfuse_ir::{AccessDim, Extent, Kernel, Op, TileSym, UnaryOp};
+use kfuse_ir::{AccessDim, Extent, Kernel, Op, OpId, TileSym, UnaryOp};
 
 use crate::analysis::concrete_shape;
 use crate::target::{Spec, Target};
@@ -167,11 +167,17 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     }
     // Threads.
     let mut max_elems = 1u32;
+    // the first op with the largest tile, which errors about its size name
+    let mut max_op: Option<OpId> = None;
     let mut has_full = false;
     let mut widest_full: Option<(u32, Extent)> = None;
     for op in k.order.clone() {
         if let Some(t) = &k.node(op).ty {
-            max_elems = max_elems.max(concrete_shape(k, t).iter().product());
+            let n: u32 = concrete_shape(k, t).iter().product();
+            if n > max_elems {
+                max_elems = n;
+                max_op = Some(op);
+            }
             for e in &t.shape {
                 if let Extent::Full(s) = e {
                     has_full = true;
@@ -213,12 +219,14 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
                 return Err(CodegenError::Unsupported(format!(
                     "a tile of {max_elems} elements needs a thread-block cluster (sm_90) on this target ({})",
                     target.arch()
-                )));
+                ))
+                .at(k, max_op));
             }
             if k.schedule.grouped {
                 return Err(CodegenError::Unsupported(format!(
                     "a tile of {max_elems} elements needs a thread-block cluster, which a grouped launch does not take yet"
-                )));
+                ))
+                .at(k, max_op));
             }
             let mut c = (per_thread / CLUSTER_ABOVE).next_power_of_two().min(MAX_CLUSTER);
             if per_thread / c > most && max_cluster > MAX_CLUSTER {
@@ -234,7 +242,8 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             "a tile of {max_elems} elements needs {per_thread} elements per thread with {threads} threads \
              and {} blocks per cluster (limit {MAX_ELEMS_PER_THREAD})",
             k.schedule.cluster.max(1)
-        )));
+        ))
+        .at(k, max_op));
     }
     k.schedule.num_threads = threads;
     // math on whole tiles (not on a reduced row statistic) asks for register room
