@@ -58,20 +58,24 @@ fn empty_tensors_are_a_no_op() {
 }
 
 #[test]
-fn non_contiguous_inputs_are_refused_by_elementwise_ops() {
+fn strided_inputs_are_read_by_elementwise_ops() {
     let a = t(&[4, 6], DType::F32).t();
     let b = t(&[6, 4], DType::F32);
-    let err = kfuse::ops::add(&a, &b).unwrap_err();
-    assert!(matches!(err, Error::NonContiguous { .. }), "{err}");
-    assert!(err.to_string().contains(".contiguous()"), "{err}");
-    // ... and work once made contiguous, through the strided copy kernel
-    let c = kfuse::ops::contiguous(&a).unwrap();
-    assert!(c.is_contiguous());
-    let s = kfuse::ops::add(&c, &b).unwrap();
+    // a transposed `a` plus a contiguous `b`: read as they lie, into a contiguous result
+    let s = kfuse::ops::add(&a, &b).unwrap();
+    assert_eq!(s.shape(), &[6, 4]);
+    assert!(s.is_contiguous());
     let (av, bv, sv) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap(), s.to_vec_f64().unwrap());
     for i in 0..24 {
         assert_eq!(sv[i], (av[i] + bv[i]) as f32 as f64);
     }
+    // ... the same as on a contiguous copy
+    let c = kfuse::ops::contiguous(&a).unwrap();
+    assert!(c.is_contiguous());
+    assert_eq!(kfuse::ops::add(&c, &b).unwrap().to_vec_f64().unwrap(), sv);
+    // shapes still have to match: the transposed view is [6, 4], not [4, 6]
+    let err = kfuse::ops::add(&a, &t(&[4, 6], DType::F32)).unwrap_err();
+    assert!(matches!(err, Error::ShapeMismatch(_)), "{err}");
 }
 
 #[test]

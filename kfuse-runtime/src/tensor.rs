@@ -2,7 +2,7 @@
 //! device memory.
 //!
 //! Owns: allocation, host ↔ device copies, element conversion through `half`, views
-//! (`t`, `narrow`, `reshape`), and the raw addresses the launcher needs.
+//! (`t`, `narrow`, `reshape`, `view`), and the raw addresses the launcher needs.
 //!
 //! Invariants:
 //! - `strides` and `offset` count elements, not bytes; element `(i0, i1, …)` is element
@@ -129,6 +129,42 @@ fn for_each_elem(shape: &[usize], strides: &[isize], offset: usize, mut f: impl 
             idx[d] = 0;
         }
     }
+}
+
+/// The strides of `new` (a shape of as many elements, none of them zero) over the
+/// elements of the view `(old, strides)` in row-major order, when such strides exist
+/// (PyTorch's `computeStride`): `old` is cut into chunks of dimensions that merge (each
+/// steps over whole runs of the next), and every chunk must be covered by whole
+/// dimensions of `new`.
+fn view_strides(old: &[usize], strides: &[isize], new: &[usize]) -> Option<Vec<isize>> {
+    let mut out = vec![0isize; new.len()];
+    if old.is_empty() {
+        // a scalar: `new` is all ones, whose strides are never stepped over
+        return Some(contiguous_strides(new));
+    }
+    let mut view_d = new.len() as isize - 1;
+    let mut base = *strides.last()?;
+    let (mut tensor_numel, mut view_numel) = (1usize, 1usize);
+    for d in (0..old.len()).rev() {
+        tensor_numel *= old[d];
+        // the chunk ends at `d` unless dimension `d - 1` steps over whole runs of `d..`
+        if d == 0 || (old[d - 1] != 1 && strides[d - 1] != (tensor_numel as isize).saturating_mul(base)) {
+            while view_d >= 0 && (view_numel < tensor_numel || new[view_d as usize] == 1) {
+                out[view_d as usize] = (view_numel as isize).saturating_mul(base);
+                view_numel *= new[view_d as usize];
+                view_d -= 1;
+            }
+            if view_numel != tensor_numel {
+                return None;
+            }
+            if d > 0 {
+                base = strides[d - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+    }
+    (view_d == -1).then_some(out)
 }
 
 /// The range of element indices `[lo, hi)` a view touches (`None` when empty).
@@ -520,6 +556,36 @@ impl Tensor {
         Ok(v)
     }
 
+    /// The same elements under another shape, sharing storage, whenever the strides allow
+    /// it (PyTorch's `view`): dimensions may be split at will, and merged where each
+    /// merged dimension steps over whole runs of the next (`strides[d] == strides[d + 1] ·
+    /// shape[d + 1]`, size-1 dimensions aside), so a contiguous tensor takes any shape of
+    /// its size and a column slice `[M, N']` of `[B, M, N]` becomes `[B · M, N']`. Unlike
+    /// [`Tensor::reshape`] the result may be strided. Errors: another number of elements
+    /// (`ShapeMismatch`), strides that cannot be merged as asked (`NonContiguous`).
+    pub fn view(&self, shape: &[usize]) -> Result<Tensor> {
+        let n = checked_numel(shape)?;
+        if n != self.numel() {
+            return Err(Error::ShapeMismatch(format!(
+                "view: shape {:?} ({} elements) cannot become {shape:?} ({n} elements)",
+                self.shape,
+                self.numel()
+            )));
+        }
+        let mut v = self.clone();
+        v.shape = shape.to_vec();
+        if n == 0 || self.is_contiguous() {
+            v.strides = contiguous_strides(shape);
+            return Ok(v);
+        }
+        v.strides = view_strides(&self.shape, &self.strides, shape).ok_or_else(|| Error::NonContiguous {
+            what: format!("view as {shape:?}"),
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+        })?;
+        Ok(v)
+    }
+
     /// True when both tensors are views of one storage.
     pub fn same_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.storage, &other.storage)
@@ -677,6 +743,33 @@ mod tests {
         // Rank < 2: t() is the identity.
         let v = Tensor::from_f32(&[1., 2.], &[2], DType::F32, &cpu()).unwrap();
         assert_eq!(v.t().shape(), &[2]);
+    }
+
+    #[test]
+    fn view_merges_and_splits_what_the_strides_allow() {
+        let data: Vec<f32> = (0..24).map(|i| i as f32).collect();
+        let a = Tensor::from_f32(&data, &[2, 3, 4], DType::F32, &cpu()).unwrap();
+        // a column slice: the two leading dimensions merge, the last keeps its stride
+        let n = a.narrow(2, 1, 2).unwrap();
+        let m = n.view(&[6, 2]).unwrap();
+        assert_eq!((m.shape(), m.strides()), (&[6, 2][..], &[4, 1][..]));
+        assert!(m.same_storage(&a) && m.offset() == 1);
+        assert_eq!(m.to_vec_f32().unwrap(), n.to_vec_f32().unwrap());
+        // splitting a strided dimension, and size-1 dimensions anywhere
+        let t = a.view(&[6, 4]).unwrap().t(); // [4, 6], strides [1, 4]
+        let s = t.view(&[2, 2, 1, 6]).unwrap();
+        assert_eq!((s.strides()[0], s.strides()[1], s.strides()[3]), (2, 1, 4));
+        assert_eq!(s.to_vec_f32().unwrap(), t.to_vec_f32().unwrap());
+        assert_eq!(t.view(&[4, 3, 2]).unwrap().to_vec_f32().unwrap(), t.to_vec_f32().unwrap());
+        // merges across a transposed pair are refused, by name
+        assert!(matches!(t.view(&[24]), Err(Error::NonContiguous { .. })));
+        assert!(matches!(n.view(&[12]), Err(Error::NonContiguous { .. })));
+        assert!(matches!(a.view(&[5, 5]), Err(Error::ShapeMismatch(_))));
+        // contiguous and empty tensors take any shape of their size
+        assert_eq!(a.view(&[4, 6]).unwrap().strides(), &[6, 1]);
+        assert_eq!(a.narrow(0, 0, 0).unwrap().view(&[0, 7]).unwrap().shape(), &[0, 7]);
+        let one = Tensor::from_f32(&[5.0], &[], DType::F32, &cpu()).unwrap();
+        assert_eq!(one.view(&[1, 1]).unwrap().to_vec_f32().unwrap(), vec![5.0]);
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! `KernelDef` and IR builder; the friendly API in the crate root allocates outputs and
 //! checks arguments.
 //!
-//! Elementwise kernels work on contiguous tensors viewed as one dimension `N`; the
-//! scheduler picks the tile `BN`.
+//! Elementwise kernels work on tensors viewed as one dimension `N` (contiguous, or one
+//! strided dimension), or as `[NB, M, N]` views of any strides (`add3d` …); the scheduler
+//! picks the tiles `BN` (and `BM`).
 
 use kfuse_macros::kfuse;
 
@@ -72,6 +73,85 @@ pub fn swiglu<T: Float>(g: Tensor<T, (N,)>, u: Tensor<T, (N,)>, out: &mut Tensor
     let gv = g.block([i * BN], [BN]).load().to_f32();
     let uv = u.block([i * BN], [BN]).load().to_f32();
     out.block([i * BN], [BN]).store((gv * sigmoid(gv) * uv).cast::<T>());
+}
+
+// The elementwise ops on strided tensors: `[NB, M, N]` views of any strides (the API
+// merges what dimensions its operands allow and pads the rest to rank 3), one program per
+// `BM × BN` tile of one matrix `z` of the batch, as in `copy3d`. The output is contiguous;
+// the inputs are read as they lie.
+
+/// `out = a + b` on strided `[NB, M, N]` views.
+#[kfuse(crate = "crate::deps")]
+pub fn add3d<T: Float>(a: Tensor<T, (NB, M, N)>, b: Tensor<T, (NB, M, N)>, out: &mut Tensor<T, (NB, M, N)>) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let (x, y) = (a.block([z, i * BM, j * BN], [_, BM, BN]).load(), b.block([z, i * BM, j * BN], [_, BM, BN]).load());
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store(x + y);
+}
+
+/// `out = a - b` on strided `[NB, M, N]` views.
+#[kfuse(crate = "crate::deps")]
+pub fn sub3d<T: Float>(a: Tensor<T, (NB, M, N)>, b: Tensor<T, (NB, M, N)>, out: &mut Tensor<T, (NB, M, N)>) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let (x, y) = (a.block([z, i * BM, j * BN], [_, BM, BN]).load(), b.block([z, i * BM, j * BN], [_, BM, BN]).load());
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store(x - y);
+}
+
+/// `out = a * b` on strided `[NB, M, N]` views.
+#[kfuse(crate = "crate::deps")]
+pub fn mul3d<T: Float>(a: Tensor<T, (NB, M, N)>, b: Tensor<T, (NB, M, N)>, out: &mut Tensor<T, (NB, M, N)>) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let (x, y) = (a.block([z, i * BM, j * BN], [_, BM, BN]).load(), b.block([z, i * BM, j * BN], [_, BM, BN]).load());
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store(x * y);
+}
+
+/// `out = a / b` on strided `[NB, M, N]` views.
+#[kfuse(crate = "crate::deps")]
+pub fn div3d<T: Float>(a: Tensor<T, (NB, M, N)>, b: Tensor<T, (NB, M, N)>, out: &mut Tensor<T, (NB, M, N)>) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let (x, y) = (a.block([z, i * BM, j * BN], [_, BM, BN]).load(), b.block([z, i * BM, j * BN], [_, BM, BN]).load());
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store(x / y);
+}
+
+/// `out = silu(g) * u` on strided `[NB, M, N]` views, in f32.
+#[kfuse(crate = "crate::deps")]
+pub fn swiglu3d<T: Float>(g: Tensor<T, (NB, M, N)>, u: Tensor<T, (NB, M, N)>, out: &mut Tensor<T, (NB, M, N)>) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let gv = g.block([z, i * BM, j * BN], [_, BM, BN]).load().to_f32();
+    let uv = u.block([z, i * BM, j * BN], [_, BM, BN]).load().to_f32();
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store((gv * sigmoid(gv) * uv).cast::<T>());
+}
+
+/// `out = x * s` on strided `[NB, M, N]` views, in f32.
+#[kfuse(crate = "crate::deps")]
+pub fn scale3d<T: Float>(x: Tensor<T, (NB, M, N)>, out: &mut Tensor<T, (NB, M, N)>, s: f32) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let v = x.block([z, i * BM, j * BN], [_, BM, BN]).load().to_f32();
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store((v * s).cast::<T>());
+}
+
+/// SiLU on strided `[NB, M, N]` views, in f32.
+#[kfuse(crate = "crate::deps")]
+pub fn silu3d<T: Float>(x: Tensor<T, (NB, M, N)>, out: &mut Tensor<T, (NB, M, N)>) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let v = x.block([z, i * BM, j * BN], [_, BM, BN]).load().to_f32();
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store((v * sigmoid(v)).cast::<T>());
+}
+
+/// GELU (erf form) on strided `[NB, M, N]` views, in f32.
+#[kfuse(crate = "crate::deps")]
+pub fn gelu3d<T: Float>(x: Tensor<T, (NB, M, N)>, out: &mut Tensor<T, (NB, M, N)>) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let v = x.block([z, i * BM, j * BN], [_, BM, BN]).load().to_f32();
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store((0.5 * v * (1.0 + erf(v * 0.7071067811865476))).cast::<T>());
+}
+
+/// GELU (tanh form) on strided `[NB, M, N]` views, in f32.
+#[kfuse(crate = "crate::deps")]
+pub fn gelu_tanh3d<T: Float>(x: Tensor<T, (NB, M, N)>, out: &mut Tensor<T, (NB, M, N)>) {
+    let (i, j, z) = (program_id(0), program_id(1), program_id(2));
+    let v = x.block([z, i * BM, j * BN], [_, BM, BN]).load().to_f32();
+    let inner = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+    out.block([z, i * BM, j * BN], [_, BM, BN]).store((0.5 * v * (1.0 + tanh(inner))).cast::<T>());
 }
 
 /// Copies a contiguous tensor.

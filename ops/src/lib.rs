@@ -7,9 +7,8 @@
 //! - integer tensors → `Error::InvalidArgument` (every op here computes on floats; a
 //!   contiguous integer tensor still gets [`contiguous`]'s view of itself);
 //! - empty tensors → an empty result, no launch;
-//! - non-contiguous inputs → elementwise ops refuse them (`Error::NonContiguous`, which
-//!   says to call [`contiguous`] first); `copy` and `contiguous` read any strides of
-//!   rank ≤ 3, `transpose` any 2-D strides;
+//! - strided inputs (a transposed or narrowed view, any rank) are taken as PyTorch takes
+//!   them, and outputs are always new contiguous tensors: see "Strided inputs" below;
 //! - tensors on different devices → `Error::DeviceMismatch`.
 //!
 //! Row ops work along the last dimension: reductions ([`sum`], [`mean`], [`max`],
@@ -27,6 +26,32 @@
 //! [`GemmOptions`]: `out = alpha · a·b + beta · c` and the output dtype; [`gemm_batched`]
 //! and [`gemm_batched_ex`] take leading batch dimensions (`b` may be shared by the
 //! batch). Each is one launch of a `#[kfuse]` kernel whose epilogue does the scaling.
+//!
+//! # Strided inputs
+//!
+//! Every op takes inputs of any strides; a contiguous input takes the same kernel and
+//! launch as ever. Which ops read strides as they lie and which make one internal copy:
+//! - elementwise ops ([`add`], [`sub`], [`mul`], [`div`], [`swiglu`], [`scale`], [`silu`],
+//!   [`gelu`], [`gelu_tanh`]), [`copy`] and [`contiguous`]: read as they lie. The
+//!   operands' dimensions are merged where all their strides allow; one strided dimension
+//!   takes the 1-D kernel, two or three the `[NB, M, N]` kernels (`kernels::add3d` …),
+//!   and more than three one such launch per index of the leading dimensions. Operands
+//!   may be strided differently (a transposed `a` plus a contiguous `b`).
+//! - row ops and last-axis reductions ([`softmax`], [`log_softmax`], [`rms_norm`],
+//!   [`add_rms_norm`], [`layer_norm`], [`sum`]/[`mean`]/[`max`]/[`min`] with
+//!   [`Dim::Last`]): `x` (and the residual `r`) read as it lies when its rows are
+//!   unit-stride and its leading dimensions merge into one (a row or column slice of a
+//!   matrix, or of a batch); otherwise (a transposed matrix, rows with a stride, a
+//!   permuted batch) one internal contiguous copy first ([`copy`]: one extra read and
+//!   write). Weights and biases of shape `[N]` are read as they lie, any stride.
+//! - whole-tensor reductions ([`Dim::All`]): read as they lie when the elements form one
+//!   strided run once the dimensions are ordered by stride (a transposed or permuted
+//!   tensor is reduced in memory order); otherwise (a narrowed matrix) one internal
+//!   contiguous copy.
+//! - [`transpose`], [`gemm`] and the other matrix products: any strides (see each).
+//! - [`rope`] rotates `q` and `k` in place, writing through their strides: one launch
+//!   when `B` and `S` merge into one token dimension (a head slice of a larger tensor
+//!   does), else one launch per batch. `q` and `k` still need storage of their own.
 
 pub mod kernels;
 mod matmul;
@@ -66,11 +91,21 @@ fn flat(x: &Tensor, what: &str, arg: &str) -> Result<Tensor> {
 type Binary = fn(&Tensor, &Tensor, &mut Tensor) -> Result<kfuse_runtime::Launched>;
 type Unary = fn(&Tensor, &mut Tensor) -> Result<kfuse_runtime::Launched>;
 
-fn binary(a: &Tensor, b: &Tensor, what: &str, k: Binary) -> Result<Tensor> {
+fn binary(a: &Tensor, b: &Tensor, what: &str, k: Binary, k3: Binary) -> Result<Tensor> {
     same(a, b, what)?;
     float_x(a, what, "a")?;
     let out = Tensor::empty(a.shape(), a.dtype(), &a.device())?;
     if out.numel() == 0 {
+        return Ok(out);
+    }
+    if !(a.is_contiguous() && b.is_contiguous()) {
+        strided(&[a, b], &out, &mut |v, o| {
+            if o.rank() == 1 {
+                k(&v[0], &v[1], o)
+            } else {
+                k3(&v[0], &v[1], o)
+            }
+        })?;
         return Ok(out);
     }
     let (fa, fb) = (flat(a, what, "a")?, flat(b, what, "b")?);
@@ -79,10 +114,14 @@ fn binary(a: &Tensor, b: &Tensor, what: &str, k: Binary) -> Result<Tensor> {
     Ok(out)
 }
 
-fn unary(x: &Tensor, what: &str, k: Unary) -> Result<Tensor> {
+fn unary(x: &Tensor, what: &str, k: Unary, k3: Unary) -> Result<Tensor> {
     float_x(x, what, "x")?;
     let out = Tensor::empty(x.shape(), x.dtype(), &x.device())?;
     if out.numel() == 0 {
+        return Ok(out);
+    }
+    if !x.is_contiguous() {
+        strided(&[x], &out, &mut |v, o| if o.rank() == 1 { k(&v[0], o) } else { k3(&v[0], o) })?;
         return Ok(out);
     }
     let fx = flat(x, what, "x")?;
@@ -91,31 +130,92 @@ fn unary(x: &Tensor, what: &str, k: Unary) -> Result<Tensor> {
     Ok(out)
 }
 
+/// The shape of `shape` without its size-1 dimensions and with adjacent dimensions
+/// merged wherever every view of `strides` allows it (`s[d] = s[d + 1] · shape[d + 1]`
+/// between the kept dimensions): the fewest dimensions all the views share. At least one
+/// dimension.
+fn merged_shape(shape: &[usize], strides: &[&[isize]]) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::new();
+    let mut prev: Option<usize> = None;
+    for d in (0..shape.len()).filter(|&d| shape[d] != 1) {
+        match (prev, out.last_mut()) {
+            (Some(p), Some(last)) if strides.iter().all(|s| s[p] == s[d].saturating_mul(shape[d] as isize)) => *last *= shape[d],
+            _ => out.push(shape[d]),
+        }
+        prev = Some(d);
+    }
+    if out.is_empty() {
+        out.push(1);
+    }
+    out
+}
+
+/// Calls `k` on views of the inputs `ins` and the output `out` (one shape, not empty;
+/// `out` new and contiguous), strides as they lie: their dimensions merged as far as all
+/// of them allow; one merged dimension gives rank-1 views, two or three `[NB, M, N]`
+/// views (padded with leading 1s), and more than three one call per index of the leading
+/// dimensions.
+fn strided(ins: &[&Tensor], out: &Tensor, k: &mut dyn FnMut(&[Tensor], &mut Tensor) -> Result<kfuse_runtime::Launched>) -> Result<()> {
+    let strides: Vec<&[isize]> = ins.iter().map(|t| t.strides()).chain([out.strides()]).collect();
+    let shape = merged_shape(out.shape(), &strides);
+    let views = ins.iter().map(|t| t.view(&shape)).collect::<Result<Vec<_>>>()?;
+    let mut o = out.view(&shape)?;
+    if shape.len() == 1 {
+        k(&views, &mut o)?;
+        return Ok(());
+    }
+    each3d(views, o, k)
+}
+
+fn each3d(ins: Vec<Tensor>, out: Tensor, k: &mut dyn FnMut(&[Tensor], &mut Tensor) -> Result<kfuse_runtime::Launched>) -> Result<()> {
+    if out.rank() <= 3 {
+        let pad = |mut t: Tensor| -> Result<Tensor> {
+            while t.rank() < 3 {
+                t = t.unsqueeze(0)?;
+            }
+            Ok(t)
+        };
+        let ins = ins.into_iter().map(pad).collect::<Result<Vec<_>>>()?;
+        k(&ins, &mut pad(out)?)?;
+        return Ok(());
+    }
+    let rest = out.shape()[1..].to_vec();
+    for i in 0..out.shape()[0] {
+        let sub = |t: &Tensor| t.narrow(0, i, 1)?.view(&rest);
+        each3d(ins.iter().map(sub).collect::<Result<Vec<_>>>()?, sub(&out)?, k)?;
+    }
+    Ok(())
+}
+
 /// `a + b`, elementwise.
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary(a, b, "add", kernels::add)
+    binary(a, b, "add", kernels::add, kernels::add3d)
 }
 /// `a - b`, elementwise.
 pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary(a, b, "sub", kernels::sub)
+    binary(a, b, "sub", kernels::sub, kernels::sub3d)
 }
 /// `a * b`, elementwise.
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary(a, b, "mul", kernels::mul)
+    binary(a, b, "mul", kernels::mul, kernels::mul3d)
 }
 /// `a / b`, elementwise.
 pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    binary(a, b, "div", kernels::div)
+    binary(a, b, "div", kernels::div, kernels::div3d)
 }
 /// `silu(g) * u`, elementwise (the SwiGLU activation).
 pub fn swiglu(g: &Tensor, u: &Tensor) -> Result<Tensor> {
-    binary(g, u, "swiglu", kernels::swiglu)
+    binary(g, u, "swiglu", kernels::swiglu, kernels::swiglu3d)
 }
 /// `x * s`.
 pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
     float_x(x, "scale", "x")?;
     let out = Tensor::empty(x.shape(), x.dtype(), &x.device())?;
     if out.numel() == 0 {
+        return Ok(out);
+    }
+    if !x.is_contiguous() {
+        strided(&[x], &out, &mut |v, o| if o.rank() == 1 { kernels::scale(&v[0], o, s) } else { kernels::scale3d(&v[0], o, s) })?;
         return Ok(out);
     }
     let fx = flat(x, "scale", "x")?;
@@ -125,18 +225,20 @@ pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
 }
 /// SiLU, `x * sigmoid(x)`.
 pub fn silu(x: &Tensor) -> Result<Tensor> {
-    unary(x, "silu", kernels::silu)
+    unary(x, "silu", kernels::silu, kernels::silu3d)
 }
 /// GELU (erf form).
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
-    unary(x, "gelu", kernels::gelu)
+    unary(x, "gelu", kernels::gelu, kernels::gelu3d)
 }
 /// GELU (tanh approximation).
 pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
-    unary(x, "gelu_tanh", kernels::gelu_tanh)
+    unary(x, "gelu_tanh", kernels::gelu_tanh, kernels::gelu_tanh3d)
 }
 
-/// A contiguous copy of `x` (any strides for rank ≤ 3; contiguous inputs of any rank).
+/// A contiguous copy of `x`, of any strides and rank (strides read as they lie: one
+/// launch up to rank 3, and above that one per index of the leading dimensions that do
+/// not merge).
 pub fn copy(x: &Tensor) -> Result<Tensor> {
     float_x(x, "copy", "x")?;
     let out = Tensor::empty(x.shape(), x.dtype(), &x.device())?;
@@ -165,7 +267,10 @@ pub fn copy(x: &Tensor) -> Result<Tensor> {
             kernels::copy3d(x, &mut out)?;
             Ok(out)
         }
-        r => Err(Error::InvalidArgument(format!("kfuse::ops::copy reads strides of tensors of rank ≤ 3; this one has rank {r}"))),
+        _ => {
+            strided(&[x], &out, &mut |v, o| if o.rank() == 1 { kernels::copy(&v[0], o) } else { kernels::copy3d(&v[0], o) })?;
+            Ok(out)
+        }
     }
 }
 
@@ -196,7 +301,9 @@ pub fn transpose(x: &Tensor) -> Result<Tensor> {
 // Reductions, softmax and norms. Rows: a tensor of rank ≥ 2 is viewed as `[M, N]` with `N`
 // its last dimension and `M` the product of the others; rank 1 is one row `[1, N]`. Row
 // results (a last-axis reduction, a norm's statistics) have the input's shape without its
-// last dimension. Inputs must be contiguous; `M = 0` gives empty results without a launch.
+// last dimension. Inputs of any strides are read as they lie where the leading dimensions
+// merge into `M` (else copied first: `rows_of`); `M = 0` gives empty results without a
+// launch.
 
 /// The axes a reduction runs over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,10 +335,6 @@ impl Red {
     }
 }
 
-fn nonc(x: &Tensor, what: &str, arg: &str) -> Error {
-    Error::NonContiguous { what: format!("kfuse::ops::{what} (argument `{arg}`)"), shape: x.shape().to_vec(), strides: x.strides().to_vec() }
-}
-
 /// `x` as `[M, N]` rows, and the shape of a per-row result (`x`'s shape without its last
 /// dimension).
 fn as_rows(x: &Tensor, what: &str, arg: &str) -> Result<(Tensor, Vec<usize>)> {
@@ -242,15 +345,46 @@ fn as_rows(x: &Tensor, what: &str, arg: &str) -> Result<(Tensor, Vec<usize>)> {
         )));
     }
     float_x(x, what, arg)?;
-    if !x.is_contiguous() {
-        return Err(nonc(x, what, arg));
-    }
     let n = x.shape()[r - 1];
     let lead = x.shape()[..r - 1].to_vec();
     // an empty `x` ([MAX, 2, 0]) may have leading sizes whose product does not fit: its
     // rows are then "many" (saturated; a per-row result of that shape cannot exist)
     let m = if lead.contains(&0) { 0 } else { lead.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX) };
-    Ok((x.reshape(&[m, n])?, lead))
+    Ok((rows_of(x, m, n)?, lead))
+}
+
+/// `x` (of `m · n` elements, `n` its last dimension) as `[m, n]` rows: a view, strides as
+/// they lie, when each row is unit-stride and the leading dimensions merge (a row or
+/// column slice of a matrix or of a batch); else a contiguous copy (one launch of
+/// [`copy`]). A row kernel holds a whole row in one tile: reading rows across the unit
+/// stride (a transposed matrix) would take a layout conversion through shared memory
+/// that long rows do not fit (64 KiB for 16384 f32 elements), and strided rows lose the
+/// vector loads; the copy reads a transposed tile by tile.
+fn rows_of(x: &Tensor, m: usize, n: usize) -> Result<Tensor> {
+    if n <= 1 || x.strides().last() == Some(&1) {
+        match x.view(&[m, n]) {
+            Err(Error::NonContiguous { .. }) => {}
+            v => return v,
+        }
+    }
+    copy(x)?.reshape(&[m, n])
+}
+
+/// `x` (not empty) as one dimension for a whole-tensor reduction, whose result does not
+/// depend on the order of the elements: `x` itself when its elements form one strided
+/// run once its dimensions are ordered by stride (a transposed or permuted tensor is
+/// its storage read in order), else a contiguous copy.
+fn flat_any(x: &Tensor) -> Result<Tensor> {
+    let n = x.numel();
+    if x.is_contiguous() {
+        return x.reshape(&[n]);
+    }
+    let mut order: Vec<usize> = (0..x.rank()).collect();
+    order.sort_by_key(|&d| std::cmp::Reverse(x.strides()[d]));
+    match x.permute(&order)?.view(&[n]) {
+        Err(Error::NonContiguous { .. }) => copy(x)?.reshape(&[n]),
+        v => v,
+    }
 }
 
 /// The elementwise ops, the row ops and the reductions take floats only (their kernels
@@ -267,7 +401,7 @@ fn float_x(x: &Tensor, what: &str, arg: &str) -> Result<()> {
 }
 
 /// Same dtype, device and exact shape as `want` (a weight or bias of shape `[N]`, a
-/// residual of `x`'s shape), and contiguous.
+/// residual of `x`'s shape); any strides.
 fn like(t: &Tensor, dtype: DType, shape: &[usize], dev: &Device, what: &str, arg: &str) -> Result<()> {
     if t.dtype() != dtype {
         return Err(Error::DTypeMismatch(format!("kfuse::ops::{what}: `{arg}` is {} but `x` is {dtype}", t.dtype())));
@@ -277,9 +411,6 @@ fn like(t: &Tensor, dtype: DType, shape: &[usize], dev: &Device, what: &str, arg
     }
     if &t.device() != dev {
         return Err(Error::DeviceMismatch(format!("kfuse::ops::{what}: `{arg}` is on {} but `x` is on {}", t.device().name(), dev.name())));
-    }
-    if !t.is_contiguous() {
-        return Err(nonc(t, what, arg));
     }
     Ok(())
 }
@@ -351,7 +482,7 @@ fn reduce_all(x: &Tensor, op: Red) -> Result<Tensor> {
     if n == 0 {
         return reduce_nothing(out, op, &format!("`x` (shape {:?}) is empty", x.shape()));
     }
-    let mut cur = flat(x, what, "x")?;
+    let mut cur = flat_any(x)?;
     loop {
         let parts = cur.numel().div_ceil(kernels::CHUNK);
         let last = parts == 1;
@@ -479,7 +610,7 @@ pub fn add_rms_norm(x: &Tensor, r: &Tensor, w: Option<&Tensor>, eps: f32) -> Res
     if io.m == 0 {
         return Ok((s, io.y, rstd));
     }
-    let rr = r.reshape(&[io.m, io.n])?;
+    let rr = rows_of(r, io.m, io.n)?;
     let (mut s2, mut y2, mut r1) = (s.reshape(&[io.m, io.n])?, io.y.reshape(&[io.m, io.n])?, rstd.reshape(&[io.m])?);
     match w {
         None => kernels::add_rms_norm(&io.rows, &rr, &mut s2, &mut y2, &mut r1, eps)?,

@@ -73,19 +73,22 @@ fn dims(x: &Tensor, name: &str) -> Result<(usize, usize, usize, usize)> {
     }
 }
 
-/// The `[T, H, 2, D/2]` view of a contiguous `[.., H, D]` tensor whose index `(t, h, r, j)`
-/// is element `r` of pair `j` of head `h` of token `t`.
+/// The `[T, H, 2, D/2]` view of a `[.., H, D]` tensor whose index `(t, h, r, j)` is
+/// element `r` of pair `j` of head `h` of token `t`, sharing its storage and strides
+/// (`NonContiguous` when the leading dimensions do not merge into `T`).
 fn pair_view(x: &Tensor, t: usize, h: usize, d: usize, layout: RopeLayout) -> Result<Tensor> {
     match layout {
-        RopeLayout::HalfSplit => x.reshape(&[t, h, 2, d / 2]),
-        RopeLayout::Interleaved => x.reshape(&[t, h, d / 2, 2])?.permute(&[0, 1, 3, 2]),
+        RopeLayout::HalfSplit => x.view(&[t, h, 2, d / 2]),
+        RopeLayout::Interleaved => x.view(&[t, h, d / 2, 2])?.permute(&[0, 1, 3, 2]),
     }
 }
 
-/// Applies rotary position embedding to `q` and `k` in place, in one launch.
+/// Applies rotary position embedding to `q` and `k` in place, in one launch (one per
+/// batch for the layouts named at the end).
 ///
 /// `q` is `[B, S, HQ, D]` and `k` `[B, S, HK, D]` (or `[T, HQ, D]` and `[T, HK, D]`),
-/// contiguous, of one float dtype (f32, f16, bf16) and one device; `HQ` and `HK` may
+/// of any strides (written through them: a head slice of a larger tensor is rotated
+/// where it lies), of one float dtype (f32, f16, bf16) and one device; `HQ` and `HK` may
 /// differ (grouped-query attention), `D` is any even number. Each pair `(x1, x2)` of a
 /// head (see [`RopeLayout`]) of a token at position `p` (see [`Positions`]) becomes
 /// `(x1 cos θ − x2 sin θ, x2 cos θ + x1 sin θ)` with `θ = p · base^(-2j/D)` for pair `j`
@@ -93,10 +96,12 @@ fn pair_view(x: &Tensor, t: usize, h: usize, d: usize, layout: RopeLayout) -> Re
 ///
 /// Errors (nothing is written): ranks or shapes that do not fit (`ShapeMismatch`), dtypes
 /// (`DTypeMismatch`: q and k differ or are not floats, positions not i64, tables not
-/// floats of one dtype), strided `q`/`k` (`NonContiguous`: rotating a copy would not
-/// change them) or strided `[B, S]` positions, tensors on different devices (`DeviceMismatch`), `q` and `k` sharing
+/// floats of one dtype), tensors on different devices (`DeviceMismatch`), `q` and `k` sharing
 /// storage (`Aliasing`), an odd `D`, a base that is not positive and finite, an offset
 /// that runs outside the tables or whose positions overflow i64 (`InvalidArgument`).
+///
+/// One launch, or one per batch where `B` and `S` of `q`, `k` or `[B, S]` positions do
+/// not merge into one token dimension (a `[S, B, H, D]` tensor permuted to `[B, S, H, D]`).
 pub fn rope(q: &mut Tensor, k: &mut Tensor, opts: &RopeOptions<'_>) -> Result<()> {
     // Shapes.
     if q.rank() != k.rank() {
@@ -123,15 +128,6 @@ pub fn rope(q: &mut Tensor, k: &mut Tensor, opts: &RopeOptions<'_>) -> Result<()
     if q.device() != k.device() {
         return Err(Error::DeviceMismatch(format!("kfuse::ops::rope: `q` is on {} but `k` is on {}", q.device().name(), k.device().name())));
     }
-    for (x, name) in [(&*q, "q"), (&*k, "k")] {
-        if !x.is_contiguous() {
-            return Err(Error::NonContiguous {
-                what: format!("kfuse::ops::rope (argument `{name}`: the rotation is in place, so it cannot work on a copy)"),
-                shape: x.shape().to_vec(),
-                strides: x.strides().to_vec(),
-            });
-        }
-    }
     if q.same_storage(k) {
         return Err(Error::Aliasing("kfuse::ops::rope: `q` and `k` share storage; they must be distinct tensors".into()));
     }
@@ -149,14 +145,7 @@ pub fn rope(q: &mut Tensor, k: &mut Tensor, opts: &RopeOptions<'_>) -> Result<()
             if p.device() != q.device() {
                 return Err(Error::DeviceMismatch(format!("kfuse::ops::rope: positions are on {} but `q` is on {}", p.device().name(), q.device().name())));
             }
-            if p.rank() == 2 && !p.is_contiguous() {
-                return Err(Error::NonContiguous {
-                    what: "kfuse::ops::rope (the [B, S] positions, read as one [B·S] vector)".into(),
-                    shape: p.shape().to_vec(),
-                    strides: p.strides().to_vec(),
-                });
-            }
-            Some(if p.rank() == 1 { p.clone() } else { p.reshape(&[t])? })
+            Some(p)
         }
     };
     match opts.freqs {
@@ -204,6 +193,31 @@ pub fn rope(q: &mut Tensor, k: &mut Tensor, opts: &RopeOptions<'_>) -> Result<()
             return Err(invalid(format!("the positions of offset {o} and a sequence of {s} tokens run past i64::MAX")));
         }
     }
+    match launch(q, k, pos, t, s, (hq, hk, d), opts) {
+        Err(Error::NonContiguous { .. }) if q.rank() == 4 => {
+            // `B` and `S` do not merge in some tensor: one launch per batch, on its
+            // `[S, H, D]` views (the positions restart at `offset` in each, as they do in
+            // one launch)
+            let b = q.shape()[0];
+            for i in 0..b {
+                let one = |x: &Tensor| x.narrow(0, i, 1)?.view(&x.shape()[1..]);
+                let p = match pos {
+                    Some(p) if p.rank() == 1 => Some(p.narrow(0, i * s, s)?),
+                    Some(p) => Some(one(p)?),
+                    None => None,
+                };
+                launch(&one(q)?, &one(k)?, p.as_ref(), s, s, (hq, hk, d), opts)?;
+            }
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+/// One launch on `t` tokens of `q`, `k` (checked) and their positions (`[T]` or
+/// `[B, S]`), read and written through their strides (`NonContiguous` when a tensor's
+/// tokens do not form one dimension).
+fn launch(q: &Tensor, k: &Tensor, pos: Option<&Tensor>, t: usize, s: usize, (hq, hk, d): (usize, usize, usize), opts: &RopeOptions<'_>) -> Result<()> {
     // The pair views; an empty side (no heads) gets a one-head scratch tensor, so that
     // the launch is not skipped for the other.
     let dev = q.device();
@@ -215,6 +229,7 @@ pub fn rope(q: &mut Tensor, k: &mut Tensor, opts: &RopeOptions<'_>) -> Result<()
         }
     };
     let (mut qv, mut kv) = (view(q, hq)?, view(k, hk)?);
+    let pos = pos.map(|p| p.view(&[t])).transpose()?;
     let (seq, offset) = (s as i64, match opts.positions { Positions::Offset(o) => o, Positions::Tensor(_) => 0 });
     match (&pos, opts.freqs) {
         (None, Freqs::Computed { base }) => kernels::rope_offset(&mut qv, &mut kv, seq, offset, base)?,
