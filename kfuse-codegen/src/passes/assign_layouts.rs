@@ -361,63 +361,13 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
         *at = Some(op);
         let node = k.node(op).clone();
         let ops = k.operands(op);
-        let shape = node.ty.as_ref().map(|t| concrete_shape(k, t));
         let result: Option<Layout> = match &node.op {
             Op::Load { .. } => access_layout(k, spec, op).map(Layout::Blocked),
             Op::Store { .. } => {
-                let v = *ops.last().unwrap();
-                if let (Some(want), false) = (access_layout(k, spec, op), k.ty(v).is_scalar()) {
-                    let have = layout_of(k, v);
-                    let fast = want.order[0] as usize;
-                    let need = match &have {
-                        Layout::Blocked(b) => {
-                            (b.order[0] as usize != fast && want.shape[fast] > 1)
-                                // an output only scalar stores can write: regroup a
-                                // vector layout so that the warp's stores are consecutive
-                                || (b.steps.is_empty()
-                                    && b.order[0] as usize == fast
-                                    && want.size_per_thread[fast] == 1
-                                    && b.size_per_thread[fast] > 1
-                                    && want.shape[fast] >= 32)
-                        }
-                        // a reduction result: worth a trip through shared memory for
-                        // coalesced writes only when it is large and lives in one block
-                        Layout::Slice { parent, .. } => {
-                            parent.ctas_per_cluster.iter().all(|&c| c == 1) && want.shape.iter().product::<u32>() > 128
-                        }
-                        Layout::Uniform => false,
-                    };
-                    if need {
-                        convert(k, op, v, Layout::Blocked(want));
-                    }
-                }
+                store_rule(k, spec, op);
                 None
             }
-            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Convert => {
-                let shape = shape.clone().unwrap();
-                if shape.is_empty() {
-                    Some(Layout::Uniform)
-                } else {
-                    // the operand to follow: not a broadcast scalar, not a flexible carried
-                    // value, and of the strongest layout (a matrix accumulator first)
-                    let strongest = |pred: &dyn Fn(ValueId) -> bool| {
-                        ops.iter().copied().filter(|&o| pred(o)).fold(None, |best: Option<ValueId>, o| match best {
-                            Some(b) if strength(&layout_of(k, b)) >= strength(&layout_of(k, o)) => Some(b),
-                            _ => Some(o),
-                        })
-                    };
-                    let pick = strongest(&|o| !is_scalar_broadcast(k, o) && !is_flexible(k, o))
-                        .or_else(|| strongest(&|o| !is_scalar_broadcast(k, o)))
-                        .unwrap_or(ops[0]);
-                    let l = hints.get(&op.value()).cloned().unwrap_or_else(|| layout_of(k, pick));
-                    for &o in &ops {
-                        if layout_of(k, o) != l && !k.ty(o).is_scalar() {
-                            convert(k, op, o, l.clone());
-                        }
-                    }
-                    Some(l)
-                }
-            }
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Convert => Some(elementwise_rule(k, op, hints)),
             Op::Reduce { axis, .. } => {
                 let src = layout_of(k, ops[0]);
                 let rank = k.ty(op.value()).rank();
@@ -433,50 +383,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
                 }
             }
             // the same registers with an extent-1 axis added (see the writer)
-            Op::ExpandDims { axis } => match layout_of(k, ops[0]) {
-                // a rank-1 tile made a column `[E, 1]` or a row `[1, E]` of a rank-2 tile
-                // lives as the slice of the layout it meets there, so that the writer adds
-                // the axis without moving data
-                Layout::Blocked(b) if b.shape.len() == 1 && k.ty(op.value()).rank() == 2 => {
-                    let hint = match hints.get(&op.value()) {
-                        Some(Layout::Blocked(p)) => Some(p.clone()),
-                        _ => None,
-                    };
-                    let parent = hint.or_else(|| met_layout(k, op.value())).unwrap_or_else(|| {
-                        let mut ty = k.ty(op.value()).clone();
-                        ty.shape[*axis as usize] = met_extent(k, op.value()).unwrap_or(ty.shape[*axis as usize]);
-                        default_layout(k, &ty)
-                    });
-                    let want = Layout::Slice { parent, axis: *axis };
-                    if layout_of(k, ops[0]) != want {
-                        convert(k, op, ops[0], want.clone());
-                    }
-                    Some(want)
-                }
-                // the slice of another tile's layout (a row statistic of `s` unsqueezed
-                // against `acc`): the slice of the layout it meets instead (a conversion
-                // the writer makes free where both hold the same rows in the same
-                // registers)
-                Layout::Slice { parent, axis: a } if a == *axis && k.ty(op.value()).rank() == 2 => {
-                    let mut target = concrete_shape(k, k.ty(op.value()));
-                    if let Some(e) = met_extent(k, op.value()) {
-                        target[*axis as usize] = crate::analysis::extent_value(k, e);
-                    }
-                    if parent.shape == target {
-                        Some(Layout::Slice { parent, axis: a })
-                    } else {
-                        let mut ty = k.ty(op.value()).clone();
-                        if let Some(e) = met_extent(k, op.value()) {
-                            ty.shape[*axis as usize] = e;
-                        }
-                        let p = met_layout(k, op.value()).unwrap_or_else(|| default_layout(k, &ty));
-                        let want = Layout::Slice { parent: p, axis: *axis };
-                        convert(k, op, ops[0], want.clone());
-                        Some(want)
-                    }
-                }
-                l => Some(l),
-            },
+            Op::ExpandDims { axis } => Some(expand_rule(k, op, *axis, hints)),
             Op::Dot { .. } => match &mma_layout {
                 Some(l) => Some(l.clone()),
                 // a dot lowered where it stands: the accumulator layout of `m16n8k16`
@@ -517,54 +424,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
                 Layout::Blocked(b) => Some(Layout::Blocked(permute(&b, perm))),
                 other => Some(other),
             },
-            Op::Broadcast => {
-                let src = ops[0];
-                let shape = shape.clone().unwrap();
-                let rty = node.ty.clone().unwrap();
-                // The layout the first elementwise user's other operand has, if any.
-                let from_user = k.users(op.value()).into_iter().find_map(|u| {
-                    k.operands(u)
-                        .into_iter()
-                        .filter(|&o| o != op.value() && !k.ty(o).is_scalar() && k.schedule.layouts.contains_key(&o))
-                        .map(|o| layout_of(k, o))
-                        .find(|l| matches!(l, Layout::Blocked(b) if b.shape == shape))
-                });
-                // a scalar broadcast takes any layout a partner of the same shape has
-                let partner = k.users(op.value()).into_iter().find_map(|u| {
-                    k.operands(u)
-                        .into_iter()
-                        .filter(|&o| o != op.value() && k.ty(o).shape == rty.shape && k.schedule.layouts.contains_key(&o))
-                        .map(|o| layout_of(k, o))
-                        .next()
-                });
-                match layout_of(k, src) {
-                    Layout::Uniform if hints.contains_key(&op.value()) => hints.get(&op.value()).cloned(),
-                    // a broadcast scalar feeding a hinted elementwise op takes its hint
-                    Layout::Uniform if k.users(op.value()).first().is_some_and(|u| hints.contains_key(&u.value())) => {
-                        hints.get(&k.users(op.value())[0].value()).cloned()
-                    }
-                    Layout::Uniform => Some(partner.or(from_user).unwrap_or_else(|| Layout::Blocked(default_layout(k, &rty)))),
-                    Layout::Slice { parent, axis } if parent.shape == shape => {
-                        let _ = axis;
-                        Some(Layout::Blocked(parent))
-                    }
-                    _ => {
-                        let target = match from_user {
-                            Some(Layout::Blocked(b)) => b,
-                            _ => default_layout(k, &rty),
-                        };
-                        let src_rank = k.ty(src).rank();
-                        if shape.len() != 2 || src_rank != 1 {
-                            return Err(CodegenError::Unsupported(format!("broadcast from rank {src_rank} to rank {} ({} = broadcast {src}, {src} in layout {})", shape.len(), op.value(), kfuse_ir::print::layout_str(&layout_of(k, src)))));
-                        }
-                        let want = Layout::Slice { parent: target.clone(), axis: 0 };
-                        if layout_of(k, src) != want {
-                            convert(k, op, src, want);
-                        }
-                        Some(Layout::Blocked(target))
-                    }
-                }
-            }
+            Op::Broadcast => broadcast_rule(k, op, hints)?,
             _ => None,
         };
         if let (Some(l), Some(t)) = (result, &node.ty) {
@@ -593,6 +453,173 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
         }
     }
     Ok(wanted)
+}
+
+/// A `Store` whose value's fastest axis is not the tile axis over the output's
+/// unit-stride dimension, or that holds vectors an output takes only as scalars, gets a
+/// `Convert` to the store's anchor layout (see the module docs).
+fn store_rule(k: &mut Kernel, spec: &Spec, op: OpId) {
+    let ops = k.operands(op);
+    let v = *ops.last().unwrap();
+    if let (Some(want), false) = (access_layout(k, spec, op), k.ty(v).is_scalar()) {
+        let have = layout_of(k, v);
+        let fast = want.order[0] as usize;
+        let need = match &have {
+            Layout::Blocked(b) => {
+                (b.order[0] as usize != fast && want.shape[fast] > 1)
+                    // an output only scalar stores can write: regroup a
+                    // vector layout so that the warp's stores are consecutive
+                    || (b.steps.is_empty()
+                        && b.order[0] as usize == fast
+                        && want.size_per_thread[fast] == 1
+                        && b.size_per_thread[fast] > 1
+                        && want.shape[fast] >= 32)
+            }
+            // a reduction result: worth a trip through shared memory for
+            // coalesced writes only when it is large and lives in one block
+            Layout::Slice { parent, .. } => {
+                parent.ctas_per_cluster.iter().all(|&c| c == 1) && want.shape.iter().product::<u32>() > 128
+            }
+            Layout::Uniform => false,
+        };
+        if need {
+            convert(k, op, v, Layout::Blocked(want));
+        }
+    }
+}
+
+/// An elementwise op takes the layout of the operand it follows (see the module docs);
+/// the other operands in another layout get a `Convert`.
+fn elementwise_rule(k: &mut Kernel, op: OpId, hints: &HashMap<ValueId, Layout>) -> Layout {
+    let ops = k.operands(op);
+    let shape = concrete_shape(k, k.ty(op.value()));
+    if shape.is_empty() {
+        Layout::Uniform
+    } else {
+        // the operand to follow: not a broadcast scalar, not a flexible carried
+        // value, and of the strongest layout (a matrix accumulator first)
+        let strongest = |pred: &dyn Fn(ValueId) -> bool| {
+            ops.iter().copied().filter(|&o| pred(o)).fold(None, |best: Option<ValueId>, o| match best {
+                Some(b) if strength(&layout_of(k, b)) >= strength(&layout_of(k, o)) => Some(b),
+                _ => Some(o),
+            })
+        };
+        let pick = strongest(&|o| !is_scalar_broadcast(k, o) && !is_flexible(k, o))
+            .or_else(|| strongest(&|o| !is_scalar_broadcast(k, o)))
+            .unwrap_or(ops[0]);
+        let l = hints.get(&op.value()).cloned().unwrap_or_else(|| layout_of(k, pick));
+        for &o in &ops {
+            if layout_of(k, o) != l && !k.ty(o).is_scalar() {
+                convert(k, op, o, l.clone());
+            }
+        }
+        l
+    }
+}
+
+/// `ExpandDims` of a rank-1 tile into a row or a column of a rank-2 tile: the slice of
+/// the layout it meets (see the module docs); otherwise its operand's layout.
+fn expand_rule(k: &mut Kernel, op: OpId, axis: u32, hints: &HashMap<ValueId, Layout>) -> Layout {
+    let ops = k.operands(op);
+    let axis = &axis;
+    match layout_of(k, ops[0]) {
+    // a rank-1 tile made a column `[E, 1]` or a row `[1, E]` of a rank-2 tile
+    // lives as the slice of the layout it meets there, so that the writer adds
+    // the axis without moving data
+    Layout::Blocked(b) if b.shape.len() == 1 && k.ty(op.value()).rank() == 2 => {
+        let hint = match hints.get(&op.value()) {
+            Some(Layout::Blocked(p)) => Some(p.clone()),
+            _ => None,
+        };
+        let parent = hint.or_else(|| met_layout(k, op.value())).unwrap_or_else(|| {
+            let mut ty = k.ty(op.value()).clone();
+            ty.shape[*axis as usize] = met_extent(k, op.value()).unwrap_or(ty.shape[*axis as usize]);
+            default_layout(k, &ty)
+        });
+        let want = Layout::Slice { parent, axis: *axis };
+        if layout_of(k, ops[0]) != want {
+            convert(k, op, ops[0], want.clone());
+        }
+        want
+    }
+    // the slice of another tile's layout (a row statistic of `s` unsqueezed
+    // against `acc`): the slice of the layout it meets instead (a conversion
+    // the writer makes free where both hold the same rows in the same
+    // registers)
+    Layout::Slice { parent, axis: a } if a == *axis && k.ty(op.value()).rank() == 2 => {
+        let mut target = concrete_shape(k, k.ty(op.value()));
+        if let Some(e) = met_extent(k, op.value()) {
+            target[*axis as usize] = crate::analysis::extent_value(k, e);
+        }
+        if parent.shape == target {
+            Layout::Slice { parent, axis: a }
+        } else {
+            let mut ty = k.ty(op.value()).clone();
+            if let Some(e) = met_extent(k, op.value()) {
+                ty.shape[*axis as usize] = e;
+            }
+            let p = met_layout(k, op.value()).unwrap_or_else(|| default_layout(k, &ty));
+            let want = Layout::Slice { parent: p, axis: *axis };
+            convert(k, op, ops[0], want.clone());
+            want
+        }
+    }
+    l => l,
+    }
+}
+
+/// `Broadcast`: a scalar takes the layout of what it meets (a hint, a partner of the
+/// same shape, the first user's other operand); a slice back to its parent's shape, the
+/// parent; a rank-1 tile to rank 2, the slice of the target it is converted to.
+fn broadcast_rule(k: &mut Kernel, op: OpId, hints: &HashMap<ValueId, Layout>) -> Result<Option<Layout>, CodegenError> {
+    let ops = k.operands(op);
+    let shape = concrete_shape(k, k.ty(op.value()));
+    let node = k.node(op).clone();
+    let src = ops[0];
+    let rty = node.ty.clone().unwrap();
+    // The layout the first elementwise user's other operand has, if any.
+    let from_user = k.users(op.value()).into_iter().find_map(|u| {
+        k.operands(u)
+            .into_iter()
+            .filter(|&o| o != op.value() && !k.ty(o).is_scalar() && k.schedule.layouts.contains_key(&o))
+            .map(|o| layout_of(k, o))
+            .find(|l| matches!(l, Layout::Blocked(b) if b.shape == shape))
+    });
+    // a scalar broadcast takes any layout a partner of the same shape has
+    let partner = k.users(op.value()).into_iter().find_map(|u| {
+        k.operands(u)
+            .into_iter()
+            .filter(|&o| o != op.value() && k.ty(o).shape == rty.shape && k.schedule.layouts.contains_key(&o))
+            .map(|o| layout_of(k, o))
+            .next()
+    });
+    Ok(match layout_of(k, src) {
+        Layout::Uniform if hints.contains_key(&op.value()) => hints.get(&op.value()).cloned(),
+        // a broadcast scalar feeding a hinted elementwise op takes its hint
+        Layout::Uniform if k.users(op.value()).first().is_some_and(|u| hints.contains_key(&u.value())) => {
+            hints.get(&k.users(op.value())[0].value()).cloned()
+        }
+        Layout::Uniform => Some(partner.or(from_user).unwrap_or_else(|| Layout::Blocked(default_layout(k, &rty)))),
+        Layout::Slice { parent, axis } if parent.shape == shape => {
+            let _ = axis;
+            Some(Layout::Blocked(parent))
+        }
+        _ => {
+            let target = match from_user {
+                Some(Layout::Blocked(b)) => b,
+                _ => default_layout(k, &rty),
+            };
+            let src_rank = k.ty(src).rank();
+            if shape.len() != 2 || src_rank != 1 {
+                return Err(CodegenError::Unsupported(format!("broadcast from rank {src_rank} to rank {} ({} = broadcast {src}, {src} in layout {})", shape.len(), op.value(), kfuse_ir::print::layout_str(&layout_of(k, src)))));
+            }
+            let want = Layout::Slice { parent: target.clone(), axis: 0 };
+            if layout_of(k, src) != want {
+                convert(k, op, src, want);
+            }
+            Some(Layout::Blocked(target))
+        }
+    })
 }
 
 /// A `Convert` fed by a load through a chain of single-use elementwise ops — one
