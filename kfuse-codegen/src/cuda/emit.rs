@@ -338,6 +338,22 @@ fn project(from: &RegMap, to: &RegMap, k: &str) -> String {
     }
 }
 
+/// One reduction's state between its steps (`Emitter::reduce`): the result array, its
+/// register count, the reduced axis's map, the result's map, the dtype, the identity and
+/// the combining expression.
+#[derive(Clone, Copy)]
+struct Partial<'a> {
+    v: ValueId,
+    name: &'a str,
+    nregs: u32,
+    am: &'a AxisMap,
+    rmap: &'a Option<RegMap>,
+    d: DType,
+    int: bool,
+    ident: &'static str,
+    comb: &'a dyn Fn(&str, &str) -> String,
+}
+
 struct Emitter<'a> {
     k: &'a Kernel,
     spec: &'a Spec,
@@ -1101,137 +1117,17 @@ impl<'a> Emitter<'a> {
             && am.warp_div == 1
             && am.ctas <= 32
             && rmap.as_ref().is_none_or(|rm| rm.regs == 1 && owner(&RegMap { dropped: vec![], ..rm.clone() }, "0") == "true");
+        let part = Partial { v, name: &name, nregs, am: &am, rmap: &rmap, d, int, ident, comb: &comb };
         if push {
-            let n = am.ctas * am.wpb;
-            let r = self.cluster_pushes;
-            self.cluster_pushes += 1;
-            let cl = format!("kf_cl{}", v.index());
-            self.cluster_smem += n * 4;
-            self.open("")?;
-            self.line(format!("__shared__ float {cl}[{n}];"))?;
-            if r == 0 {
-                // the mbarriers' initialization (the kernel's start) is visible in every block
-                self.line("asm volatile(\"barrier.cluster.wait.aligned;\" ::: \"memory\");")?;
-            }
-            self.line(format!("if (kf_tid == 0) kf_cl_expect(&kf_clbar[{r}], {});", n * 4))?;
-            self.line(format!("if (kf_lane < {}) kf_cl_push_f32(&{cl}[kf_crank * {} + kf_warp], {name}[0], &kf_clbar[{r}], kf_lane);", am.ctas, am.wpb))?;
-            self.line(format!("kf_cl_wait(&kf_clbar[{r}]);"))?;
-            self.line(format!("float kf_acc = {ident};"))?;
-            self.unroll("i", n.div_ceil(32))?;
-            if n.is_multiple_of(32) {
-                self.line(format!("kf_acc = {};", comb("kf_acc", &format!("{cl}[i * 32 + kf_lane]"))))?;
-            } else {
-                self.line(format!("if (i * 32 + kf_lane < {n}) kf_acc = {};", comb("kf_acc", &format!("{cl}[i * 32 + kf_lane]"))))?;
-            }
-            self.close()?;
-            self.butterfly("kf_acc", 32, &comb)?;
-            self.line(format!("{name}[0] = kf_acc;"))?;
-            self.close()?;
+            self.reduce_pushed_across_cluster(&part)?;
         }
         // 3. across warps, through shared memory
         if am.wpb > 1 && !push {
-            let rshape: Vec<u32> = match &rmap {
-                Some(rm) => rm.axes.iter().map(|a| a.shape).collect(),
-                None => vec![],
-            };
-            let slots: u32 = rshape.iter().product::<u32>().max(1);
-            let bytes = slots * am.wpb * if int { 8 } else { 4 };
-            self.smem = self.smem.max(bytes);
-            let ct = ctype(d);
-            let sl = slot_of(rmap.as_ref());
-            self.open("")?;
-            self.line(self.barrier)?;
-            self.line(format!("{ct}* kf_red = reinterpret_cast<{ct}*>(kf_smem);"))?;
-            let lane_c = if am.tpw > 1 { format!("((kf_lane / {}) % {}) == 0", am.lane_div, am.tpw) } else { "true".into() };
-            let warp_c = format!("((kf_warp / {}) % {})", am.warp_div, am.wpb);
-            self.open(format!("if ({lane_c})"))?;
-            self.unroll("k", nregs)?;
-            self.line(format!("kf_red[{warp_c} * {slots} + {sl}] = {name}[k];"))?;
-            self.close()?;
-            self.close()?;
-            self.line(self.barrier)?;
-            self.unroll("k", nregs)?;
-            if am.wpb >= 8 && slots == 1 {
-                // lane w of every warp takes warp w's partial, a butterfly over the warp
-                // combines them: one shared-memory read a thread instead of `wpb` (only
-                // for one partial per warp: with several slots, lanes would need
-                // different ones and the butterfly would mix them)
-                self.line(format!("{ct} kf_acc = kf_lane < {} ? kf_red[kf_lane * {slots} + {sl}] : {ident};", am.wpb))?;
-                self.butterfly("kf_acc", 32, &comb)?;
-            } else {
-                self.line(format!("{ct} kf_acc = kf_red[{sl}];"))?;
-                self.line("#pragma unroll")?;
-                self.open(format!("for (int w = 1; w < {}; ++w)", am.wpb))?;
-                self.line(format!("kf_acc = {};", comb("kf_acc", &format!("kf_red[w * {slots} + {sl}]"))))?;
-                self.close()?;
-            }
-            self.line(format!("{name}[k] = kf_acc;"))?;
-            self.close()?;
-            self.close()?;
+            self.reduce_across_warps(&part)?;
         }
         // 4. across the blocks of a cluster, through distributed shared memory
         if am.ctas > 1 && !push {
-            if int {
-                return Err(CodegenError::Unsupported("a cluster-split reduction of an i64 value".into()));
-            }
-            let rm_shape: Vec<u32> = match &rmap {
-                Some(rm) => rm.axes.iter().map(|a| a.shape).collect(),
-                None => vec![],
-            };
-            let slots: u32 = rm_shape.iter().product::<u32>().max(1);
-            let sl = slot_of(rmap.as_ref());
-            // every block writes its own partial: ownership here is about replicas
-            // along the kept axes only, not along the reduced one
-            let own = match &rmap {
-                Some(rm) => owner(&RegMap { dropped: vec![], ..rm.clone() }, "k"),
-                None => "true".into(),
-            };
-            let first = {
-                let mut c = Vec::new();
-                if am.tpw > 1 {
-                    c.push(format!("((kf_lane / {}) % {}) == 0", am.lane_div, am.tpw));
-                }
-                if am.wpb > 1 {
-                    c.push(format!("((kf_warp / {}) % {}) == 0", am.warp_div, am.wpb));
-                }
-                if own != "true" {
-                    c.push(own.clone());
-                }
-                if c.is_empty() { "true".to_string() } else { c.join(" && ") }
-            };
-            // Each cluster reduction has its own slots, so that no block waits for the
-            // others to finish reading before it goes on (one cluster barrier per
-            // reduction; the kernel's last statement is a cluster barrier, so that no
-            // block's shared memory goes away while another may still read it).
-            let cl = format!("kf_cl{}", v.index());
-            self.cluster_smem += slots * 4;
-            self.cluster_reductions += 1;
-            self.open("")?;
-            self.line(format!("__shared__ float {cl}[{slots}];"))?;
-            self.open(format!("if ({first})"))?;
-            self.unroll("k", nregs)?;
-            self.line(format!("{cl}[{sl}] = {name}[k];"))?;
-            self.close()?;
-            self.close()?;
-            self.line("kf_cluster_sync();")?;
-            self.unroll("k", nregs)?;
-            if am.ctas.is_power_of_two() && am.ctas <= 32 {
-                // lane c reads block c's partial, a butterfly over the first `ctas`
-                // lanes combines them (the same bits in each: every step combines the
-                // same two values), lane 0 hands the total to the warp
-                self.line(format!("float kf_acc = kf_lane < {} ? kf_ld_cluster_f32({cl} + {sl}, kf_lane) : {ident};", am.ctas))?;
-                self.butterfly("kf_acc", am.ctas, &comb)?;
-                self.line("kf_acc = __shfl_sync(0xffffffffu, kf_acc, 0);")?;
-            } else {
-                self.line(format!("float kf_acc = kf_ld_cluster_f32({cl} + {sl}, 0);"))?;
-                self.line("#pragma unroll")?;
-                self.open(format!("for (unsigned c = 1; c < {}; ++c)", am.ctas))?;
-                self.line(format!("kf_acc = {};", comb("kf_acc", &format!("kf_ld_cluster_f32({cl} + {sl}, c)"))))?;
-                self.close()?;
-            }
-            self.line(format!("{name}[k] = kf_acc;"))?;
-            self.close()?;
-            self.close()?;
+            self.reduce_across_cluster(&part)?;
         }
         self.remat_fence()?;
         // mean and rounding
@@ -1253,6 +1149,152 @@ impl<'a> Emitter<'a> {
             let shape = concrete_shape(k, k.ty(v));
             self.vals.insert(v, Val { name, dtype: d, map: rmap, axis_map, shape, lo, hi, lazy: None });
         }
+        Ok(())
+    }
+
+    /// Reduction step 3+4 (see `reduce`): every warp pushes its partial into every
+    /// block of the cluster (`st.async` on the receiver's mbarrier), then combines all.
+    fn reduce_pushed_across_cluster(&mut self, p: &Partial) -> R {
+        let Partial { v, name, am, ident, comb, .. } = *p;
+        let n = am.ctas * am.wpb;
+        let r = self.cluster_pushes;
+        self.cluster_pushes += 1;
+        let cl = format!("kf_cl{}", v.index());
+        self.cluster_smem += n * 4;
+        self.open("")?;
+        self.line(format!("__shared__ float {cl}[{n}];"))?;
+        if r == 0 {
+            // the mbarriers' initialization (the kernel's start) is visible in every block
+            self.line("asm volatile(\"barrier.cluster.wait.aligned;\" ::: \"memory\");")?;
+        }
+        self.line(format!("if (kf_tid == 0) kf_cl_expect(&kf_clbar[{r}], {});", n * 4))?;
+        self.line(format!("if (kf_lane < {}) kf_cl_push_f32(&{cl}[kf_crank * {} + kf_warp], {name}[0], &kf_clbar[{r}], kf_lane);", am.ctas, am.wpb))?;
+        self.line(format!("kf_cl_wait(&kf_clbar[{r}]);"))?;
+        self.line(format!("float kf_acc = {ident};"))?;
+        self.unroll("i", n.div_ceil(32))?;
+        if n.is_multiple_of(32) {
+            self.line(format!("kf_acc = {};", comb("kf_acc", &format!("{cl}[i * 32 + kf_lane]"))))?;
+        } else {
+            self.line(format!("if (i * 32 + kf_lane < {n}) kf_acc = {};", comb("kf_acc", &format!("{cl}[i * 32 + kf_lane]"))))?;
+        }
+        self.close()?;
+        self.butterfly("kf_acc", 32, &comb)?;
+        self.line(format!("{name}[0] = kf_acc;"))?;
+        self.close()?;
+    
+        Ok(())
+    }
+
+    /// Reduction step 3: the warps' partials through shared memory.
+    fn reduce_across_warps(&mut self, p: &Partial) -> R {
+        let Partial { name, nregs, am, rmap, d, int, ident, comb, .. } = *p;
+        let rshape: Vec<u32> = match &rmap {
+            Some(rm) => rm.axes.iter().map(|a| a.shape).collect(),
+            None => vec![],
+        };
+        let slots: u32 = rshape.iter().product::<u32>().max(1);
+        let bytes = slots * am.wpb * if int { 8 } else { 4 };
+        self.smem = self.smem.max(bytes);
+        let ct = ctype(d);
+        let sl = slot_of(rmap.as_ref());
+        self.open("")?;
+        self.line(self.barrier)?;
+        self.line(format!("{ct}* kf_red = reinterpret_cast<{ct}*>(kf_smem);"))?;
+        let lane_c = if am.tpw > 1 { format!("((kf_lane / {}) % {}) == 0", am.lane_div, am.tpw) } else { "true".into() };
+        let warp_c = format!("((kf_warp / {}) % {})", am.warp_div, am.wpb);
+        self.open(format!("if ({lane_c})"))?;
+        self.unroll("k", nregs)?;
+        self.line(format!("kf_red[{warp_c} * {slots} + {sl}] = {name}[k];"))?;
+        self.close()?;
+        self.close()?;
+        self.line(self.barrier)?;
+        self.unroll("k", nregs)?;
+        if am.wpb >= 8 && slots == 1 {
+            // lane w of every warp takes warp w's partial, a butterfly over the warp
+            // combines them: one shared-memory read a thread instead of `wpb` (only
+            // for one partial per warp: with several slots, lanes would need
+            // different ones and the butterfly would mix them)
+            self.line(format!("{ct} kf_acc = kf_lane < {} ? kf_red[kf_lane * {slots} + {sl}] : {ident};", am.wpb))?;
+            self.butterfly("kf_acc", 32, &comb)?;
+        } else {
+            self.line(format!("{ct} kf_acc = kf_red[{sl}];"))?;
+            self.line("#pragma unroll")?;
+            self.open(format!("for (int w = 1; w < {}; ++w)", am.wpb))?;
+            self.line(format!("kf_acc = {};", comb("kf_acc", &format!("kf_red[w * {slots} + {sl}]"))))?;
+            self.close()?;
+        }
+        self.line(format!("{name}[k] = kf_acc;"))?;
+        self.close()?;
+        self.close()?;
+    
+        Ok(())
+    }
+
+    /// Reduction step 4: the blocks' partials through distributed shared memory.
+    fn reduce_across_cluster(&mut self, p: &Partial) -> R {
+        let Partial { v, name, nregs, am, rmap, int, ident, comb, .. } = *p;
+        if int {
+            return Err(CodegenError::Unsupported("a cluster-split reduction of an i64 value".into()));
+        }
+        let rm_shape: Vec<u32> = match &rmap {
+            Some(rm) => rm.axes.iter().map(|a| a.shape).collect(),
+            None => vec![],
+        };
+        let slots: u32 = rm_shape.iter().product::<u32>().max(1);
+        let sl = slot_of(rmap.as_ref());
+        // every block writes its own partial: ownership here is about replicas
+        // along the kept axes only, not along the reduced one
+        let own = match &rmap {
+            Some(rm) => owner(&RegMap { dropped: vec![], ..rm.clone() }, "k"),
+            None => "true".into(),
+        };
+        let first = {
+            let mut c = Vec::new();
+            if am.tpw > 1 {
+                c.push(format!("((kf_lane / {}) % {}) == 0", am.lane_div, am.tpw));
+            }
+            if am.wpb > 1 {
+                c.push(format!("((kf_warp / {}) % {}) == 0", am.warp_div, am.wpb));
+            }
+            if own != "true" {
+                c.push(own.clone());
+            }
+            if c.is_empty() { "true".to_string() } else { c.join(" && ") }
+        };
+        // Each cluster reduction has its own slots, so that no block waits for the
+        // others to finish reading before it goes on (one cluster barrier per
+        // reduction; the kernel's last statement is a cluster barrier, so that no
+        // block's shared memory goes away while another may still read it).
+        let cl = format!("kf_cl{}", v.index());
+        self.cluster_smem += slots * 4;
+        self.cluster_reductions += 1;
+        self.open("")?;
+        self.line(format!("__shared__ float {cl}[{slots}];"))?;
+        self.open(format!("if ({first})"))?;
+        self.unroll("k", nregs)?;
+        self.line(format!("{cl}[{sl}] = {name}[k];"))?;
+        self.close()?;
+        self.close()?;
+        self.line("kf_cluster_sync();")?;
+        self.unroll("k", nregs)?;
+        if am.ctas.is_power_of_two() && am.ctas <= 32 {
+            // lane c reads block c's partial, a butterfly over the first `ctas`
+            // lanes combines them (the same bits in each: every step combines the
+            // same two values), lane 0 hands the total to the warp
+            self.line(format!("float kf_acc = kf_lane < {} ? kf_ld_cluster_f32({cl} + {sl}, kf_lane) : {ident};", am.ctas))?;
+            self.butterfly("kf_acc", am.ctas, &comb)?;
+            self.line("kf_acc = __shfl_sync(0xffffffffu, kf_acc, 0);")?;
+        } else {
+            self.line(format!("float kf_acc = kf_ld_cluster_f32({cl} + {sl}, 0);"))?;
+            self.line("#pragma unroll")?;
+            self.open(format!("for (unsigned c = 1; c < {}; ++c)", am.ctas))?;
+            self.line(format!("kf_acc = {};", comb("kf_acc", &format!("kf_ld_cluster_f32({cl} + {sl}, c)"))))?;
+            self.close()?;
+        }
+        self.line(format!("{name}[k] = kf_acc;"))?;
+        self.close()?;
+        self.close()?;
+    
         Ok(())
     }
 
