@@ -11,24 +11,11 @@
 
 #[path = "../tests/kernels/flash_attention.rs"]
 mod kernel;
+mod common;
 
+use common::{median, random_bf16};
 use kernel::flash_attention;
 use kfuse::{DType, Device, Tensor};
-
-fn random(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            ((z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * 2.0
-        })
-        .map(|x| DType::BF16.round(x))
-        .collect()
-}
 
 /// The largest |error| of sampled output rows against float64, relative to the rows' size.
 fn check(q: &[f64], k: &[f64], v: &[f64], o: &[f64], (b, s, h, d): (usize, usize, usize, usize), causal: bool) -> f64 {
@@ -65,9 +52,11 @@ fn main() {
     for (d, causal) in [(128usize, false), (128, true), (64, false)] {
         let (b, s, h) = (4usize, 4096usize, 2048 / d);
         let n = b * s * h * d;
-        let (qv, kv, vv) = (random(n, 1), random(n, 2), random(n, 3));
-        let up = |v: &[f64]| Tensor::from_f64(v, &[b, s, h, d], DType::BF16, &dev).expect("upload");
-        let (q, k, v) = (up(&qv), up(&kv), up(&vv));
+        let input = |seed: u64| {
+            let (t, v) = random_bf16(n, seed, &dev);
+            (t.reshape(&[b, s, h, d]).expect("reshape"), v.into_iter().map(f64::from).collect::<Vec<f64>>())
+        };
+        let ((q, qv), (k, kv), (v, vv)) = (input(1), input(2), input(3));
         let mut o = Tensor::empty(&[b, s, h, d], DType::BF16, &dev).expect("alloc");
         o.fill(f64::NAN).expect("poison");
         let mut lse = Tensor::empty(&[b, h, s], DType::F32, &dev).expect("alloc");
@@ -82,9 +71,7 @@ fn main() {
                     format!("| {case} | — | — | WRONG: relative error {err:.2e} |")
                 } else {
                     let times = dev.time_ms(3, 10, || flash_attention(&q, &k, &v, &mut o, &mut lse, scale, causal as i64).map(|_| ())).expect("timing");
-                    let mut t = times.clone();
-                    t.sort_by(f32::total_cmp);
-                    let ms = t[t.len() / 2] as f64;
+                    let ms = median(times);
                     let flops = 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
                     format!("| {case} | {ms:.3} | {:.1} | rel err {err:.1e} |", flops / ms / 1e9)
                 }

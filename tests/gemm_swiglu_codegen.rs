@@ -115,7 +115,6 @@ fn several_dots_elsewhere_are_refused_clearly_or_lowered_one_by_one() {
         let (_, regs, spill) = common::compile_assembled(&k, &spec, &t, &format!("swiglu_one_by_one_{dt}")).map_err(|e| e.0).unwrap();
         assert_eq!(spill, 0, "{dt} {}: {spill} bytes of spills at {regs} registers", t.arch());
     }
-    let k = (def.build)(&[DType::BF16]).unwrap();
     // accumulators wider than the registers hold: two of 256 columns
     let k = (def.build)(&[DType::BF16]).unwrap();
     let mut spec = spec_mnk(def, 4096, 4096, 4096);

@@ -15,6 +15,8 @@
 
 mod common;
 
+use common::row_ops::{reference, Op, Out, EPS, OPS};
+
 use kfuse::ops::kernels as k;
 use kfuse::ops::{self, Dim};
 use kfuse::{DType, Device, Error, Tensor};
@@ -138,61 +140,6 @@ fn compare(out: &[f64], want: &[f64], scale: Option<&[f64]>, tol: f64) -> Result
 // ---------------------------------------------------------------------------------------
 // Row ops: the table, float64 references, and the two ways to run them.
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Op {
-    Sum,
-    Mean,
-    Max,
-    Min,
-    Softmax,
-    LogSoftmax,
-    Rms,
-    RmsW,
-    RmsWB,
-    AddRms,
-    AddRmsW,
-    LayerNorm,
-}
-
-const OPS: [Op; 12] =
-    [Op::Sum, Op::Mean, Op::Max, Op::Min, Op::Softmax, Op::LogSoftmax, Op::Rms, Op::RmsW, Op::RmsWB, Op::AddRms, Op::AddRmsW, Op::LayerNorm];
-
-const EPS: f32 = 1e-5;
-
-/// An output: in the input's dtype `T` (rounded) or an f32 statistic.
-#[derive(Clone, Copy, PartialEq)]
-enum Out {
-    T,
-    Stat,
-}
-
-impl Op {
-    fn outputs(self) -> &'static [Out] {
-        match self {
-            Op::Sum | Op::Mean | Op::Max | Op::Min | Op::Softmax | Op::LogSoftmax => &[Out::T],
-            Op::Rms | Op::RmsW | Op::RmsWB => &[Out::T, Out::Stat],
-            Op::AddRms | Op::AddRmsW => &[Out::T, Out::T, Out::Stat],
-            Op::LayerNorm => &[Out::T, Out::Stat, Out::Stat],
-        }
-    }
-    /// Per-row outputs (reductions) have shape `[M]`; the others `[M, N]`.
-    fn row_shaped(self, out: usize) -> bool {
-        matches!(self, Op::Sum | Op::Mean | Op::Max | Op::Min) || self.outputs()[out] == Out::Stat
-    }
-    fn exact(self) -> bool {
-        matches!(self, Op::Max | Op::Min)
-    }
-    fn needs_r(self) -> bool {
-        matches!(self, Op::AddRms | Op::AddRmsW)
-    }
-    fn needs_w(self) -> bool {
-        matches!(self, Op::RmsW | Op::RmsWB | Op::AddRmsW | Op::LayerNorm)
-    }
-    fn needs_b(self) -> bool {
-        matches!(self, Op::RmsWB | Op::LayerNorm)
-    }
-}
-
 struct Inputs {
     m: usize,
     n: usize,
@@ -209,83 +156,6 @@ fn inputs(op: Op, m: usize, n: usize, dt: DType, fill: Fill, s: u64) -> Inputs {
     let w = if op.needs_w() { values(1, n, dt, Fill::Plain, s + 2, false) } else { vec![] };
     let b = if op.needs_b() { values(1, n, dt, Fill::Plain, s + 3, false) } else { vec![] };
     Inputs { m, n, dt, x, r, w, b }
-}
-
-/// The float64 reference of every output, in the API's order, `T` outputs rounded, each
-/// with the size of the terms behind every element (see `compare`).
-struct Reference {
-    want: Vec<Vec<f64>>,
-    scale: Vec<Vec<f64>>,
-}
-
-fn reference(op: Op, i: &Inputs) -> Reference {
-    let (m, n, dt) = (i.m, i.n, i.dt);
-    let eps = EPS as f64;
-    let mut outs: Vec<Vec<f64>> = op.outputs().iter().map(|_| Vec::new()).collect();
-    let mut scale: Vec<Vec<f64>> = outs.clone();
-    for row in 0..m {
-        let xr = &i.x[row * n..(row + 1) * n];
-        let sum: f64 = xr.iter().sum();
-        let abs_sum: f64 = xr.iter().map(|a| a.abs()).sum();
-        let max = xr.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let min = xr.iter().cloned().fold(f64::INFINITY, f64::min);
-        let w = |j: usize| if i.w.is_empty() { 1.0 } else { i.w[j] };
-        let b = |j: usize| if i.b.is_empty() { 0.0 } else { i.b[j] };
-        let rms = |v: &[f64]| 1.0 / (v.iter().map(|a| a * a).sum::<f64>() / n as f64 + eps).sqrt();
-        match op {
-            Op::Sum => {
-                outs[0].push(dt.round(sum));
-                scale[0].push(abs_sum);
-            }
-            Op::Mean => {
-                outs[0].push(dt.round(sum / n as f64));
-                scale[0].push(abs_sum / n as f64);
-            }
-            Op::Max => outs[0].push(max),
-            Op::Min => outs[0].push(min),
-            Op::Softmax => {
-                let z: f64 = xr.iter().map(|a| (a - max).exp()).sum();
-                outs[0].extend(xr.iter().map(|a| dt.round((a - max).exp() / z)));
-            }
-            Op::LogSoftmax => {
-                let lz = xr.iter().map(|a| (a - max).exp()).sum::<f64>().ln();
-                outs[0].extend(xr.iter().map(|a| dt.round(a - max - lz)));
-                scale[0].extend(xr.iter().map(|a| a.abs() + max.abs() + lz.abs()));
-            }
-            Op::Rms | Op::RmsW | Op::RmsWB => {
-                let r = rms(xr);
-                outs[0].extend(xr.iter().enumerate().map(|(j, a)| dt.round(a * r * w(j) + b(j))));
-                scale[0].extend(xr.iter().enumerate().map(|(j, a)| (a * r * w(j)).abs() + b(j).abs()));
-                outs[1].push(r);
-            }
-            Op::AddRms | Op::AddRmsW => {
-                let c = &i.r[row * n..(row + 1) * n];
-                let s: Vec<f64> = xr.iter().zip(c).map(|(a, c)| dt.round(a + c)).collect();
-                let r = rms(&s);
-                outs[1].extend(s.iter().enumerate().map(|(j, a)| dt.round(a * r * w(j))));
-                scale[0].extend(xr.iter().zip(c).map(|(a, c)| a.abs() + c.abs()));
-                outs[0].extend(s);
-                outs[2].push(r);
-            }
-            Op::LayerNorm => {
-                let mu = sum / n as f64;
-                let var = xr.iter().map(|a| (a - mu) * (a - mu)).sum::<f64>() / n as f64;
-                let r = 1.0 / (var + eps).sqrt();
-                outs[0].extend(xr.iter().enumerate().map(|(j, a)| dt.round((a - mu) * r * w(j) + b(j))));
-                scale[0].extend(xr.iter().enumerate().map(|(j, a)| (a.abs() + mu.abs()) * r * w(j).abs() + b(j).abs()));
-                outs[1].push(mu);
-                scale[1].push(abs_sum / n as f64);
-                outs[2].push(r);
-            }
-        }
-    }
-    // an output without term sizes is measured against itself
-    for (s, o) in scale.iter_mut().zip(&outs) {
-        if s.is_empty() {
-            *s = o.iter().map(|a| a.abs()).collect();
-        }
-    }
-    Reference { want: outs, scale }
 }
 
 /// Runs `op` through the public API on `x` of `shape` (any rank ≥ 1 whose rows are the
@@ -357,7 +227,7 @@ fn check(op: Op, dt: DType, m: usize, n: usize, fill: Fill, api_shape: Option<&[
     let ctx = format!("{op:?} {dt} [{m}, {n}] {fill:?} {api_shape:?} (KFUSE_SEED={})", run_seed());
     let s = seed(&ctx);
     let i = inputs(op, m, n, dt, fill, s);
-    let Reference { want, scale } = reference(op, &i);
+    let (want, scale) = reference(op, i.dt, i.m, i.n, &i.x, &i.r, &i.w, &i.b);
     let mut worst: f64 = 0.0;
     let shape = api_shape.map(|s| s.to_vec()).unwrap_or_else(|| vec![m, n]);
     for (path, outs) in [("api", run_api(op, &i, &shape)), ("kernel", run_kernel(op, &i))] {

@@ -339,7 +339,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     if found.iter().any(|f| found.iter().any(|g| f.a.0 == g.b.0)) {
         return Err(unsupported("a tile load feeds one `dot` as its first operand and another as its second"));
     }
-    // paths that take one dot only: say so where several meet them
+    // the FMA fallback of 16-bit operands takes one dot: say so where several meet it
     let one_dot = |why: &str| -> Result<(), CodegenError> {
         if found.len() > 1 {
             return Err(unsupported(format!(
@@ -353,8 +353,8 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // f32 operands: exact FMAs on every target, unless the dot allows TF32 and the
     // target has a TF32 path (WGMMA, sm_90); elsewhere `dot_tf32` is computed exactly
     let wgmma = target.sm == 90;
+    // (several dots here were lowered one by one: `several_dots_elsewhere`)
     if dtype == DType::F32 && (!tf32 || !wgmma) {
-        one_dot("f32 operands take the FMA path here")?;
         return fma::plan(k, spec, &fma_loop);
     }
     // WGMMA on sm_90, mma.sync on every other sm_80+ target (`schedule` refuses older
@@ -415,7 +415,6 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let (bm, bk, bn) = (extent_value(k, at[0]), extent_value(k, at[1]), extent_value(k, bt[1]));
     let esz = dtype.size_bytes() as u32;
     if mma_sync_only {
-        one_dot("mma.sync takes one")?;
         if [a_load, b_load].iter().any(|&l| cp_async_obstacle(k, spec, l, esz).is_some()) {
             return fma::plan(k, spec, &fma_loop);
         }
