@@ -431,7 +431,7 @@ fn loads_output_tile(k: &Kernel, dot: kfuse_ir::OpId) -> bool {
 ///
 /// One today: `BN = 320` (an m64n256 and an m64n64 instruction a K step, 160
 /// accumulators a consumer thread) where the default 128x256 tiles of one 16-bit `dot`
-/// on sm_90 would take longer in waves ([`wide_tiles_pay`]): M8192 N14336 is 28 waves
+/// on sm_90 would take longer in waves (`wide_tiles_pay`): M8192 N14336 is 28 waves
 /// of 128x256 tiles on the H100's 132 multiprocessors, 22 of 128x320 (7040 columns of
 /// waves against 7168), and the wider tile also loads A 20% less often and held a
 /// higher clock under the power limit: 691 against 664 TFLOP/s sustained (NOTES g25).

@@ -21,8 +21,10 @@
 //! A tile, and dots with their own A tiles are fine too. They must agree in operand
 //! dtype, precision and tile shape, and a load feeds either A or B operands. Only the
 //! WGMMA path takes them, with `n · BN ≤ 256` (the accumulators share one consumer's
-//! registers; `choose_tiles` narrows `BN`) and no cluster split or multicast; the
-//! other paths refuse several dots with the reason.
+//! registers; `choose_tiles` narrows `BN`) and no cluster split or multicast. On
+//! sm_80/sm_89 and with f32 operands (paths that take one dot) several dots are lowered
+//! one by one (`several_dots_elsewhere`, point 4 below); a cluster override or 16-bit
+//! operands only the FMA fallback reads refuse them with the reason.
 //!
 //! Paths, by target:
 //! 1. [`MmaPath::WgmmaTma`] on sm_90: f16/bf16/f8e4m3/f8e5m2 operands, and the f32
