@@ -1,49 +1,25 @@
-//! `KFUSE_AUTOTUNE=1`: CPU launches never tune, an aliased output is refused before any
-//! tuning, and on a GPU `kfuse::ops::gemm` tunes its bucket once (several candidates
-//! timed, the winner in `autotune.json`), then reuses it, with a right result. The
-//! environment is process-wide: each test holds `ENV` while it sets variables and puts
-//! them back before returning. The GPU test is ignored (counted as skipped) unless built
-//! with `--cfg kfuse_gpu` (`scripts/gpu-build.sh`), then failed where no GPU is found.
+//! Autotuning on (`Config::autotune`, what `KFUSE_AUTOTUNE=1` sets): CPU launches never
+//! tune, an aliased output is refused before any tuning, and on a GPU `kfuse::ops::gemm`
+//! tunes its bucket once (several candidates timed, the winner in `autotune.json`), then
+//! reuses it, with a right result. The settings are process-wide: each test holds the
+//! binary's `SettingsLock` while they are applied (`common::isolation`). The GPU test is
+//! ignored (counted as skipped) unless built with `--cfg kfuse_gpu`
+//! (`scripts/gpu-build.sh`), then failed where no GPU is found.
 
 mod common;
 
-use std::sync::Mutex;
+use std::path::Path;
 
+use common::isolation::{Applied, SettingsLock};
 use kfuse::prelude::*;
 use kfuse::runtime::autotune;
+use kfuse::runtime::settings::Config;
 use kfuse::Error;
 
-static ENV: Mutex<()> = Mutex::new(());
-
-/// Environment variables changed for the life of the value, restored after.
-struct EnvGuard(Vec<(&'static str, Option<std::ffi::OsString>)>);
-
-impl EnvGuard {
-    /// Sets `vars` and removes `KFUSE_TILES` (an explicit override would narrow the
-    /// candidates).
-    fn set(vars: &[(&'static str, &std::ffi::OsStr)]) -> EnvGuard {
-        let mut old: Vec<_> = vars.iter().map(|(k, _)| (*k, std::env::var_os(k))).collect();
-        old.push(("KFUSE_TILES", std::env::var_os("KFUSE_TILES")));
-        std::env::remove_var("KFUSE_TILES");
-        for (k, v) in vars {
-            std::env::set_var(k, v);
-        }
-        // launches read the settings once: re-read them
-        kfuse::runtime::settings::reload();
-        EnvGuard(old)
-    }
-}
-
-impl Drop for EnvGuard {
-    fn drop(&mut self) {
-        for (k, v) in self.0.iter().rev() {
-            match v {
-                Some(v) => std::env::set_var(k, v),
-                None => std::env::remove_var(k),
-            }
-        }
-        kfuse::runtime::settings::reload();
-    }
+/// Autotuning on, its winners in `dir`, and no tile override (an explicit override,
+/// from `KFUSE_TILES` say, would narrow the candidates), until the guard drops.
+fn tuning_into<'a>(lock: &'a SettingsLock, dir: &Path) -> Applied<'a> {
+    lock.apply(Config::new().autotune(true).cache_dir(dir).tiles::<&str>([]))
 }
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
@@ -68,9 +44,9 @@ fn reference(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
 
 #[test]
 fn cpu_launches_never_tune() {
-    let _lock = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let lock = SettingsLock::take();
     let dir = temp_dir("cpu");
-    let _env = EnvGuard::set(&[("KFUSE_AUTOTUNE", "1".as_ref()), ("KFUSE_CACHE_DIR", dir.as_os_str())]);
+    let _tuning = tuning_into(&lock, &dir);
     let cpu = Device::cpu();
     let (a, av) = common::random_tensor(&[24, 40], DType::F32, 1, 0.05, &cpu);
     let (b, bv) = common::random_tensor(&[40, 16], DType::F32, 2, 0.05, &cpu);
@@ -84,9 +60,9 @@ fn cpu_launches_never_tune() {
 
 #[test]
 fn an_aliased_output_is_refused_before_tuning() {
-    let _lock = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let lock = SettingsLock::take();
     let dir = temp_dir("alias");
-    let _env = EnvGuard::set(&[("KFUSE_AUTOTUNE", "1".as_ref()), ("KFUSE_CACHE_DIR", dir.as_os_str())]);
+    let _tuning = tuning_into(&lock, &dir);
     let dev = Device::best();
     let (a, _) = common::random_tensor(&[64, 64], DType::F32, 3, 0.05, &dev);
     let mut same = a.clone();
@@ -101,9 +77,9 @@ fn an_aliased_output_is_refused_before_tuning() {
 #[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn gemm_tunes_once_per_bucket_on_a_gpu() {
     let dev = common::gpu();
-    let _lock = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let lock = SettingsLock::take();
     let dir = temp_dir("gpu");
-    let _env = EnvGuard::set(&[("KFUSE_AUTOTUNE", "1".as_ref()), ("KFUSE_CACHE_DIR", dir.as_os_str())]);
+    let _tuning = tuning_into(&lock, &dir);
     let (m, n, k) = (512, 768, 1024);
     let (a, av) = common::random_tensor(&[m, k], DType::BF16, 11, 0.05, &dev);
     let (b, bv) = common::random_tensor(&[k, n], DType::BF16, 12, 0.05, &dev);

@@ -2,7 +2,8 @@
 //! the library's sources read; settings made in code (`kfuse::Config`) over the
 //! environment's; and `STAGES=3`, a pipeline depth that is no power of two, accepted and
 //! built (NVRTC + `ptxas -v`) on the matrix paths of sm_90a and sm_80. No GPU needed.
-//! Its own test binary: it changes the process's settings and environment.
+//! The test of settings over the environment runs alone in a child process
+//! (`common::isolation`): it changes both.
 
 mod common;
 
@@ -130,15 +131,25 @@ fn the_scan_sees_literals_and_env_reads() {
 
 #[test]
 fn settings_made_in_code_win_over_the_environment() {
-    let tmp = std::env::temp_dir().join(format!("kfuse-config-{}", std::process::id()));
-    let (env_dir, code_dir) = (tmp.join("env"), tmp.join("code"));
-    std::env::set_var("KFUSE_TILES", "BM=64,BN=64,STAGES=3");
-    std::env::set_var("KFUSE_AUTOTUNE", "1");
-    std::env::set_var("KFUSE_CACHE_DIR", &env_dir);
-    std::env::remove_var("KFUSE_TARGET");
-    settings::reload();
+    const NAME: &str = "settings_made_in_code_win_over_the_environment";
+    if !common::isolation::is_alone(NAME) {
+        let tmp = std::env::temp_dir().join(format!("kfuse-config-{}", std::process::id()));
+        let env_dir = tmp.join("env");
+        let vars = [
+            ("KFUSE_TILES", Some("BM=64,BN=64,STAGES=3".as_ref())),
+            ("KFUSE_AUTOTUNE", Some("1".as_ref())),
+            ("KFUSE_CACHE_DIR", Some(env_dir.as_os_str())),
+            ("KFUSE_TARGET", None),
+        ];
+        common::isolation::run_alone(NAME, &vars);
+        let _ = std::fs::remove_dir_all(&tmp);
+        return;
+    }
+    // alone in a child process started with the variables above
+    let env_dir = PathBuf::from(std::env::var_os("KFUSE_CACHE_DIR").unwrap());
+    let code_dir = env_dir.with_file_name("code");
 
-    // the environment's values are the defaults
+    // the environment's values (as the process started) are the defaults
     let s = settings::current();
     assert_eq!(tile_overrides().unwrap(), [("BM".into(), 64), ("BN".into(), 64), ("STAGES".into(), 3)].into());
     assert!(s.autotune);
@@ -165,8 +176,8 @@ fn settings_made_in_code_win_over_the_environment() {
     let plan = kfuse::runtime::gpu_plan_tiles(def, &args, &Target::sm90a()).unwrap();
     assert_eq!((plan.get("BM"), plan.get("BN")), (Some(&64), Some(&128)), "{plan:?}");
 
-    // … and stays over a changed, reloaded environment; a later apply changes only what
-    // it names
+    // … and stays over a changed, reloaded environment (alone in this process, the
+    // test may change it); a later apply changes only what it names
     std::env::set_var("KFUSE_AUTOTUNE", "1");
     std::env::set_var("KFUSE_TILES", "BM=128");
     settings::reload();
@@ -190,12 +201,6 @@ fn settings_made_in_code_win_over_the_environment() {
     assert_eq!(tile_overrides().unwrap(), [("BM".into(), 128)].into());
     assert!(s.autotune);
     assert_eq!((s.cache_dir(), s.target().unwrap()), (Some(env_dir.as_path()), None));
-
-    for v in ["KFUSE_TILES", "KFUSE_AUTOTUNE", "KFUSE_CACHE_DIR"] {
-        std::env::remove_var(v);
-    }
-    settings::reload();
-    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 #[test]

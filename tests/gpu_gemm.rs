@@ -4,13 +4,18 @@
 //! view, which the matrix path reads M- or N-major). Large shapes are checked on a
 //! sample of rows (the float64 product of all of 4095 x 4097 x 4095 would take minutes
 //! on the host). GPU-only: ignored (counted as skipped) unless built with `--cfg
-//! kfuse_gpu` (`scripts/gpu-build.sh`), then failed where no GPU is found.
+//! kfuse_gpu` (`scripts/gpu-build.sh`), then failed where no GPU is found. Some tests
+//! apply tile overrides (`kfuse::Config`, process-wide) for a while: every test here holds
+//! the binary's `SettingsLock`, so that under a parallel test runner none compiles under
+//! another's overrides (`common::isolation`).
 
 mod common;
 
 use common::gemm::{bias_gelu_error, operand, reference_rows, sample_rows, within, Outcomes};
+use common::isolation::SettingsLock;
 
 use kfuse::prelude::*;
+use kfuse::runtime::settings::Config;
 use kfuse::{Backend, DType};
 
 fn check_gemm(m: usize, n: usize, k: usize, dt: DType, ta: bool, tb: bool, dev: &Device, seed: u64) -> Result<f64, String> {
@@ -24,30 +29,10 @@ fn check_gemm(m: usize, n: usize, k: usize, dt: DType, ta: bool, tb: bool, dev: 
     within(&format!("gemm {m}x{n}x{k} {dt} ta={ta} tb={tb}"), common::rel_err(&got, &want), 1e-2)
 }
 
-/// Two tests here set `KFUSE_TILES` (process-wide) for a while: every test of this file
-/// holds this lock, so that under a parallel test runner none compiles under another's
-/// override.
-/// Sets (`Some`) or removes (`None`) the variables and re-reads the launch settings,
-/// which launches otherwise read once a process (`kfuse_runtime::settings`).
-fn set_settings(vars: &[(&str, Option<&str>)]) {
-    for &(k, v) in vars {
-        match v {
-            Some(v) => std::env::set_var(k, v),
-            None => std::env::remove_var(k),
-        }
-    }
-    kfuse::runtime::settings::reload();
-}
-
-fn env_lock() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 #[test]
 #[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn gemm_on_the_gpu_against_float64() {
-    let _env = env_lock();
+    let _settings = SettingsLock::take();
     let dev = common::gpu();
     let mut out = Outcomes::default();
     let shapes = [(1, 1, 1), (17, 33, 65), (1, 4096, 4096), (127, 4096, 4096), (300, 200, 1000), (4095, 4097, 4095)];
@@ -67,7 +52,7 @@ fn gemm_on_the_gpu_against_float64() {
 #[test]
 #[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn gemm_kernel_runs_on_the_gpu_into_a_poisoned_output() {
-    let _env = env_lock();
+    let _settings = SettingsLock::take();
     let dev = common::gpu();
     let (m, n, k) = (257, 320, 192);
     let (a, av) = common::random_tensor(&[m, k], DType::BF16, 5, 0.05, &dev);
@@ -83,7 +68,7 @@ fn gemm_kernel_runs_on_the_gpu_into_a_poisoned_output() {
 #[test]
 #[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn user_gemm_with_bias_gelu_epilogue() {
-    let _env = env_lock();
+    let _settings = SettingsLock::take();
     let dev = common::gpu();
     for &(m, n, k) in &[(129, 320, 200), (64, 64, 64), (1000, 520, 336)] {
         let (l, e) = bias_gelu_error(m, n, k, DType::BF16, &dev);
@@ -99,19 +84,12 @@ fn user_gemm_with_bias_gelu_epilogue() {
 #[test]
 #[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn gemm_with_the_loop_split_across_a_cluster() {
-    let _env = env_lock();
+    let settings = SettingsLock::take();
     let dev = common::gpu();
     // the split is an override (it did not pay by default); the numerics must hold
-    set_settings(&[("KFUSE_TILES", Some("BM=128,BN=128,SPLITK=4"))]);
-    let r = std::panic::catch_unwind(|| {
-        let mut out = Vec::new();
-        for &(m, n, k) in &[(127, 4096, 4096), (300, 200, 1000), (1, 129, 77)] {
-            out.push(check_gemm(m, n, k, DType::BF16, false, false, &dev, 77));
-        }
-        out
-    });
-    set_settings(&[("KFUSE_TILES", None)]);
-    for res in r.expect("no panic") {
+    let _split = settings.apply(Config::new().tiles([("BM", 128), ("BN", 128), ("SPLITK", 4)]));
+    for &(m, n, k) in &[(127, 4096, 4096), (300, 200, 1000), (1, 129, 77)] {
+        let res = check_gemm(m, n, k, DType::BF16, false, false, &dev, 77);
         assert!(res.is_ok(), "{}", res.unwrap_err());
     }
 }
@@ -119,24 +97,19 @@ fn gemm_with_the_loop_split_across_a_cluster() {
 #[test]
 #[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn gemm_with_operand_tiles_multicast_across_a_cluster() {
-    let _env = env_lock();
+    let settings = SettingsLock::take();
     let dev = common::gpu();
     // multicast of A (`MCAST`) or B (`MCASTB`) is an override for now; the numerics must
     // hold, transposed operands (B's K-major tile split into row slices) and tile counts
     // the cluster does not divide (the last cluster's second block off the output) included
-    for mc in ["MCAST=2", "MCAST=4", "MCAST=2,BN=64", "MCASTB=2", "MCASTB=4,GROUPM=2", "MCASTB=2,BN=64"] {
-        set_settings(&[("KFUSE_TILES", Some(mc))]);
-        let r = std::panic::catch_unwind(|| {
-            let mut out = Vec::new();
-            let shapes = [(127, 4096, 4096, false, false), (300, 200, 1000, false, false), (257, 320, 192, true, false), (1000, 1000, 512, false, false), (385, 520, 333, false, true)];
-            for &(m, n, k, ta, tb) in &shapes {
-                out.push(check_gemm(m, n, k, DType::BF16, ta, tb, &dev, 78));
-            }
-            out
-        });
-        set_settings(&[("KFUSE_TILES", None)]);
-        for res in r.expect("no panic") {
-            assert!(res.is_ok(), "{mc}: {}", res.unwrap_err());
+    let overrides: [&[(&str, u32)]; 6] =
+        [&[("MCAST", 2)], &[("MCAST", 4)], &[("MCAST", 2), ("BN", 64)], &[("MCASTB", 2)], &[("MCASTB", 4), ("GROUPM", 2)], &[("MCASTB", 2), ("BN", 64)]];
+    for mc in overrides {
+        let _multicast = settings.apply(Config::new().tiles(mc.iter().copied()));
+        let shapes = [(127, 4096, 4096, false, false), (300, 200, 1000, false, false), (257, 320, 192, true, false), (1000, 1000, 512, false, false), (385, 520, 333, false, true)];
+        for &(m, n, k, ta, tb) in &shapes {
+            let res = check_gemm(m, n, k, DType::BF16, ta, tb, &dev, 78);
+            assert!(res.is_ok(), "{mc:?}: {}", res.unwrap_err());
         }
     }
 }
@@ -146,61 +119,58 @@ fn gemm_with_operand_tiles_multicast_across_a_cluster() {
 /// `Launched::last_wave_split` (see the split test below) and their relative error: every
 /// row for short loops, a sample and the last 600 rows (the walk's last group, where its
 /// last tiles lie) for long ones.
-fn split_wave_products(dev: &Device, cases: &[(usize, usize, usize, bool, bool)]) -> Vec<Result<f64, String>> {
+fn split_wave_products(settings: &SettingsLock, dev: &Device, cases: &[(usize, usize, usize, bool, bool)]) -> Vec<Result<f64, String>> {
     let sms = dev.target().expect("a GPU target").num_sms as usize;
     let rows = (sms + sms / 6).div_ceil(8) * 128;
-    set_settings(&[("KFUSE_TILES", Some("BM=128,BN=256")), ("KFUSE_TAIL_SPLIT", Some("1"))]);
-    let r = std::panic::catch_unwind(|| {
-        let mut out = Vec::new();
-        for &(dm, n, k, ta, tb) in cases {
-            let m = rows - dm;
-            let (a, av) = operand(m, k, DType::BF16, 91, ta, dev);
-            let (b, bv) = operand(k, n, DType::BF16, 92, tb, dev);
-            let mut c = common::poisoned(&[m, n], DType::BF16, dev);
-            let what = format!("{m}x{n}x{k} ta={ta} tb={tb}");
-            let l = match kfuse::ops::kernels::gemm(&a, &b, &mut c) {
-                Ok(l) => l,
-                Err(e) => {
-                    out.push(Err(format!("{what}: {e}")));
-                    continue;
-                }
-            };
-            let Some(split) = l.last_wave_split else {
-                out.push(Err(format!("{what}: the last wave was not split")));
+    let _split = settings.apply(Config::new().tiles([("BM", 128), ("BN", 256)]).tail_split(true));
+    let mut out = Vec::new();
+    for &(dm, n, k, ta, tb) in cases {
+        let m = rows - dm;
+        let (a, av) = operand(m, k, DType::BF16, 91, ta, dev);
+        let (b, bv) = operand(k, n, DType::BF16, 92, tb, dev);
+        let mut c = common::poisoned(&[m, n], DType::BF16, dev);
+        let what = format!("{m}x{n}x{k} ta={ta} tb={tb}");
+        let l = match kfuse::ops::kernels::gemm(&a, &b, &mut c) {
+            Ok(l) => l,
+            Err(e) => {
+                out.push(Err(format!("{what}: {e}")));
                 continue;
-            };
-            let mut check: Vec<usize> = if k <= 512 { (0..m).collect() } else { sample_rows(m).into_iter().chain(m - 600..m).collect() };
-            check.sort();
-            check.dedup();
-            let cv = c.to_vec_f64().unwrap();
-            let got: Vec<f64> = check.iter().flat_map(|&i| cv[i * n..(i + 1) * n].to_vec()).collect();
-            out.push(within(&format!("{what}, split {split}"), common::rel_err(&got, &reference_rows(&av, &bv, k, n, &check)), 1e-2));
-        }
-        if cases.iter().all(|c| c.2 <= 512) {
-            // the fused bias + GELU user kernel takes the same split
-            let (l, e) = bias_gelu_error(rows - 5, 2000, 304, DType::BF16, dev);
-            out.push(match l.last_wave_split {
-                Some(s) => within(&format!("bias + GELU, split {s}"), e, 1e-2),
-                None => Err("bias + GELU: the last wave was not split".into()),
-            });
-        }
-        out
-    });
-    set_settings(&[("KFUSE_TILES", None), ("KFUSE_TAIL_SPLIT", None)]);
-    r.expect("no panic")
+            }
+        };
+        let Some(split) = l.last_wave_split else {
+            out.push(Err(format!("{what}: the last wave was not split")));
+            continue;
+        };
+        let mut check: Vec<usize> = if k <= 512 { (0..m).collect() } else { sample_rows(m).into_iter().chain(m - 600..m).collect() };
+        check.sort();
+        check.dedup();
+        let cv = c.to_vec_f64().unwrap();
+        let got: Vec<f64> = check.iter().flat_map(|&i| cv[i * n..(i + 1) * n].to_vec()).collect();
+        out.push(within(&format!("{what}, split {split}"), common::rel_err(&got, &reference_rows(&av, &bv, k, n, &check)), 1e-2));
+    }
+    if cases.iter().all(|c| c.2 <= 512) {
+        // the fused bias + GELU user kernel takes the same split
+        let (l, e) = bias_gelu_error(rows - 5, 2000, 304, DType::BF16, dev);
+        out.push(match l.last_wave_split {
+            Some(s) => within(&format!("bias + GELU, split {s}"), e, 1e-2),
+            None => Err("bias + GELU: the last wave was not split".into()),
+        });
+    }
+    out
 }
 
-/// With `KFUSE_TAIL_SPLIT=1`, a walk whose last wave would keep about a sixth of the
-/// multiprocessors busy is split: the whole waves in one launch, the tiles left with each
-/// tile's loop split across a cluster in a second. Short loops, an odd M and a K-major B (small enough for
+/// With the last-wave split on (`Config::tail_split`, what `KFUSE_TAIL_SPLIT=1` sets), a
+/// walk whose last wave would keep about a sixth of the multiprocessors busy is split: the
+/// whole waves in one launch, the tiles left with each tile's loop split across a cluster
+/// in a second. Short loops, an odd M and a K-major B (small enough for
 /// compute-sanitizer).
 #[test]
 #[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn gemm_with_a_split_last_wave() {
-    let _env = env_lock();
+    let settings = SettingsLock::take();
     let dev = common::gpu();
     // (row strides of 16-byte multiples: the matrix path's TMA reads them as they are)
-    for res in split_wave_products(&dev, &[(0, 2048, 512, false, false), (1, 2040, 336, false, true)]) {
+    for res in split_wave_products(&settings, &dev, &[(0, 2048, 512, false, false), (1, 2040, 336, false, true)]) {
         assert!(res.is_ok(), "{}", res.unwrap_err());
     }
 }
@@ -210,9 +180,9 @@ fn gemm_with_a_split_last_wave() {
 #[test]
 #[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn gemm_with_a_split_last_wave_long_loop() {
-    let _env = env_lock();
+    let settings = SettingsLock::take();
     let dev = common::gpu();
-    for res in split_wave_products(&dev, &[(72, 1992, 4096, true, false)]) {
+    for res in split_wave_products(&settings, &dev, &[(72, 1992, 4096, true, false)]) {
         assert!(res.is_ok(), "{}", res.unwrap_err());
     }
 }
@@ -224,7 +194,7 @@ fn gemm_with_wide_tiles_on_the_gpu() {
     // 16 such tiles, one wave, against 20 of 256 columns, two): both dtypes, every
     // transpose combination (a K-major B comes in two 160-row slices), edge tiles
     // cut in both dimensions, a K that is no multiple of 64; and into a poisoned output
-    let _env = env_lock();
+    let _settings = SettingsLock::take();
     let dev = common::gpu();
     let def = &kfuse::ops::kernels::gemm::DEF;
     let k = (def.build)(&[DType::BF16]).unwrap();

@@ -5,6 +5,8 @@
 //! and `KFUSE_TILES` reaches interpreter launches as it does GPU ones. Runs in CI (no
 //! GPU): the plans are made for `Target::sm90a()` without one.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use kfuse::codegen::Target;
@@ -227,28 +229,17 @@ fn gpu_plan_tiles_include_the_exact_shape_tiles() {
     assert!(matches!(gpu_plan_tiles(gemm, &args[..2], &target), Err(Error::InvalidArgument(_))));
 }
 
-/// The marker of the child process of `kfuse_tiles_reaches_interpreter_launches`.
-const CHILD: &str = "KFUSE_TEST_INTERPRETER_TILES_CHILD";
-
 /// (c) `KFUSE_TILES` reaches interpreter launches (`launch`, what a `#[kfuse]` function
 /// calls) and `gpu_plan_tiles`. The settings are read once a process, and tests must not
 /// change the environment of a process whose other tests read it: each setting runs in a
-/// child process of this test binary, with its own environment.
+/// child process of this test binary, with its own environment (`common::isolation`).
 #[test]
 fn kfuse_tiles_reaches_interpreter_launches() {
-    let exe = std::env::current_exe().unwrap();
     for (tiles, expect) in [("BN=64", "ok 64"), ("BN=128,BM=2", "ok 128"), ("BN=96", "refused")] {
-        let out = std::process::Command::new(&exe)
-            .args(["kfuse_tiles_child", "--exact", "--nocapture", "--test-threads=1"])
-            .env("KFUSE_TILES", tiles)
-            .env(CHILD, "1")
-            .output()
-            .unwrap();
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "child with KFUSE_TILES={tiles} failed ({}):\n{stdout}\n{stderr}", out.status);
+        let stdout = common::isolation::run_alone("kfuse_tiles_child", &[("KFUSE_TILES", Some(tiles.as_ref()))]);
         // (the test harness may print the test's name on the same line)
         let line = stdout.lines().find_map(|l| l.split_once("kfuse-tiles-child: ")).map(|(_, r)| r.trim());
-        assert_eq!(line, Some(expect), "KFUSE_TILES={tiles}:\n{stdout}\n{stderr}");
+        assert_eq!(line, Some(expect), "KFUSE_TILES={tiles}:\n{stdout}");
     }
 }
 
@@ -257,7 +248,7 @@ fn kfuse_tiles_reaches_interpreter_launches() {
 /// `refused` when `KFUSE_TILES` does not parse and the launch says so.
 #[test]
 fn kfuse_tiles_child() {
-    if std::env::var_os(CHILD).is_none() {
+    if !common::isolation::is_alone("kfuse_tiles_child") {
         return;
     }
     let n = 300;

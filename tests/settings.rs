@@ -1,19 +1,25 @@
 //! The `KFUSE_*` settings a launch consults are read once a process and again on
-//! `settings::reload()` (kfuse-runtime's `settings` module). Its own test binary: it
-//! changes the process's environment.
+//! `settings::reload()` (kfuse-runtime's `settings` module). The test changes the
+//! environment, so it runs alone in a child process (`common::isolation`).
+
+mod common;
 
 use kfuse::runtime::launch::tile_overrides;
 use kfuse::runtime::settings;
 
 #[test]
 fn settings_are_read_once_and_again_on_reload() {
-    std::env::set_var("KFUSE_TILES", "BM=64,BN=128");
-    std::env::set_var("KFUSE_TAIL_SPLIT", "1");
-    settings::reload();
+    let set = |v: &'static str| Some(std::ffi::OsStr::new(v));
+    let vars = [("KFUSE_TILES", set("BM=64,BN=128")), ("KFUSE_TAIL_SPLIT", set("1")), ("KFUSE_THREADS", None)];
+    if !common::isolation::alone("settings_are_read_once_and_again_on_reload", &vars) {
+        return;
+    }
+    // the process's first read sees the variables it started with
     let t = tile_overrides().unwrap();
     assert_eq!((t.get("BM"), t.get("BN")), (Some(&64), Some(&128)));
     assert!(settings::current().tail_split);
 
+    // (alone in this process: changing its environment races with no other test)
     // a change without a reload is not seen …
     std::env::set_var("KFUSE_TILES", "BM=256");
     std::env::remove_var("KFUSE_TAIL_SPLIT");

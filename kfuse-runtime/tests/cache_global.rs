@@ -1,18 +1,19 @@
-//! `compile_cached` through the process-wide cache with `KFUSE_CACHE_DIR` pointing at a
-//! temporary directory. One test in its own binary: it sets the variable before anything
-//! reads it.
+//! `compile_cached` through the process-wide cache, its directory a temporary one set in
+//! code (`Config::cache_dir`; that `KFUSE_CACHE_DIR` sets the same is checked by the
+//! workspace's `tests/configuration.rs`). No test changes the environment of its process.
 
 use std::collections::BTreeMap;
 
 use kfuse_codegen::EmittedKernel;
+use kfuse_runtime::settings::Config;
 use kfuse_runtime::{compile_cached, CacheOutcome, PtxCache};
 
 #[test]
-fn compile_cached_uses_kfuse_cache_dir() {
+fn compile_cached_uses_the_configured_cache_dir() {
     let dir = std::env::temp_dir().join(format!("kfuse-test-global-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    // SAFETY (edition 2024 wording): no other thread of this binary reads the environment.
-    std::env::set_var("KFUSE_CACHE_DIR", &dir);
+    // (process-wide: the only test of this binary)
+    Config::new().cache_dir(&dir).apply().unwrap();
     if !kfuse_runtime::nvrtc::nvrtc_available() {
         assert!(std::env::var("KFUSE_REQUIRE_NVRTC").map_or(true, |v| v != "1"), "KFUSE_REQUIRE_NVRTC=1 but no libnvrtc");
         return;

@@ -12,6 +12,7 @@ pub const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 pub mod audit;
 pub mod epilogue_kernels;
 pub mod gemm;
+pub mod isolation;
 pub mod row_ops;
 
 /// The GPU to test on, for the tests that need one. Such a test is marked
