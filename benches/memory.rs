@@ -4,11 +4,19 @@
 //! Prints a table (GB/s counting bytes read once and written once, and the fraction of
 //! a device-to-device `cuMemcpyDtoD` measured in the same process), writes it as
 //! `bench.md` and `bench.json` into `$KFUSE_BENCH_OUT` when set, then runs the same
-//! kernels under criterion (skipped with `--table-only`).
+//! kernels under criterion (skipped with `--table-only`; `--mid-only` prints only the
+//! mid-size rows below).
 //!
 //! Timing: CUDA events around each launch, 10 warm-ups, 50 timed launches, median.
 //! Inputs are random bf16 (never zeros), far larger than the 50 MB L2. Each kernel's
 //! output is checked once before it is timed.
+//!
+//! A second table, "mid sizes", times copy and add on tensors of 16, 64 and 512 MiB
+//! (each input and the output that size) and a device copy of the same bytes, the L2
+//! evicted before every launch outside the timed interval (`common::L2Flush`), and
+//! writes it as `memory_mid.json` into `$KFUSE_BENCH_OUT`: the rows that
+//! `scripts/bench_torch_memory.py` joins with PyTorch's `copy_` and `add` of the same
+//! sizes, timed the same way in the same device call.
 
 use std::time::Duration;
 
@@ -32,9 +40,44 @@ struct Row {
 }
 
 
+/// Copy, add and the device copy at 16, 64 and 512 MiB a tensor, the L2 evicted before
+/// each launch; checked once each before timing.
+fn mid_sizes(dev: &kfuse::Device, w: usize, it: usize) -> kfuse::Result<Vec<Row>> {
+    let mut l2 = common::L2Flush::new(dev)?;
+    let mut rows = Vec::new();
+    for mib in [16usize, 64, 512] {
+        let n = mib << 19; // bf16 elements in `mib` MiB
+        let (a, av) = random_bf16(n, 11, dev);
+        let (b, bv) = random_bf16(n, 12, dev);
+        let mut c = Tensor::empty(&[n], DType::BF16, dev)?;
+        kernels::add(&a, &b, &mut c)?;
+        let cv = c.to_vec_f32()?;
+        for i in (0..n).step_by(997).chain([n - 1]) {
+            assert_eq!(cv[i], half::bf16::from_f32(av[i] + bv[i]).to_f32(), "add wrong at {i} of {n}");
+        }
+        kernels::copy(&a, &mut c)?;
+        assert_eq!(c.to_vec_f32()?, av, "copy wrong at {mib} MiB");
+        let bytes = (n * 2) as f64;
+        let t = median(dev.time_ms_with(w, it, || l2.flush(), || dtod(dev, &a, &mut c))?);
+        rows.push(Row { name: "device copy (cuMemcpyDtoD)", shape: mib.to_string(), ms: t, bytes: 2.0 * bytes });
+        let t = median(dev.time_ms_with(w, it, || l2.flush(), || kernels::copy(&a, &mut c).map(|_| ()))?);
+        rows.push(Row { name: "kfuse copy", shape: mib.to_string(), ms: t, bytes: 2.0 * bytes });
+        let t = median(dev.time_ms_with(w, it, || l2.flush(), || kernels::add(&a, &b, &mut c).map(|_| ()))?);
+        rows.push(Row { name: "kfuse add", shape: mib.to_string(), ms: t, bytes: 3.0 * bytes });
+    }
+    Ok(rows)
+}
+
 fn main() -> kfuse::Result<()> {
     let table_only = std::env::args().any(|a| a == "--table-only");
     let Some(dev) = common::gpu() else { return Ok(()); };
+    if std::env::args().any(|a| a == "--mid-only") {
+        // the mid-size table alone (e.g. under `KFUSE_TILES` / `KFUSE_THREADS` settings)
+        for r in mid_sizes(&dev, 10, 50)? {
+            println!("{} {} MiB: {:.4} ms, {:.0} GB/s", r.name, r.shape, r.ms, r.bytes / r.ms / 1e6);
+        }
+        return Ok(());
+    }
     let a = random_bf16(N, 1, &dev).0;
     let b = random_bf16(N, 2, &dev).0;
     let mut c = Tensor::empty(&[N], DType::BF16, &dev)?;
@@ -70,6 +113,8 @@ fn main() -> kfuse::Result<()> {
     let t = median(dev.time_ms(w, it, || kernels::transpose(&x, &mut y).map(|_| ()))?);
     rows.push(Row { name: "kfuse transpose", shape: format!("{T}x{T} bf16"), ms: t, bytes: 2.0 * (T * T * 2) as f64 });
 
+    let mid = mid_sizes(&dev, w, it)?;
+
     let ceiling = rows[0].bytes / rows[0].ms / 1e6;
     let mut md = String::from("| kernel | shape | time (ms) | GB/s | of copy bandwidth |\n|---|---|---|---|---|\n");
     let mut json = Vec::new();
@@ -83,8 +128,18 @@ fn main() -> kfuse::Result<()> {
     }
     let device = dev.describe();
     println!("device: {device}\n{md}");
+    let mut mid_md = String::from("| kernel | MiB a tensor | time (ms) | GB/s |\n|---|---|---|---|\n");
+    for r in &mid {
+        mid_md.push_str(&format!("| {} | {} | {:.4} | {:.0} |\n", r.name, r.shape, r.ms, r.bytes / r.ms / 1e6));
+    }
+    println!("mid sizes (L2 evicted before each launch):\n{mid_md}");
     if let Ok(out) = std::env::var("KFUSE_BENCH_OUT") {
         let out = std::path::PathBuf::from(out);
+        let rows: Vec<String> = mid
+            .iter()
+            .map(|r| format!("{{\"kernel\": \"{}\", \"mib\": {}, \"ms\": {:.5}, \"bytes\": {}}}", r.name, r.shape, r.ms, r.bytes))
+            .collect();
+        std::fs::write(out.join("memory_mid.json"), format!("{{\"device\": \"{device}\", \"rows\": [\n  {}\n]}}\n", rows.join(",\n  "))).ok();
         std::fs::write(out.join("bench.md"), format!("device: {device}\n\n{md}")).ok();
         std::fs::write(out.join("bench.json"), format!("{{\"device\": \"{device}\", \"rows\": [\n  {}\n]}}\n", json.join(",\n  "))).ok();
     }

@@ -2,7 +2,8 @@
 //! returns, with the GPU work only queued — of `kfuse::ops::gemm`, of kfuse's GEMM
 //! kernel into a preallocated output, of cuBLAS, and of the pieces a kfuse call is made
 //! of (a stream-ordered allocation and its free, a TMA tensor-map encode, a CUDA event
-//! record). When a call's host time exceeds its kernel's GPU time, back-to-back calls
+//! record); and the same for `kfuse::ops::add` on 1024 elements beside the driver's floor
+//! (an empty kernel of four parameters launched through cudarc). When a call's host time exceeds its kernel's GPU time, back-to-back calls
 //! leave the GPU waiting for the host (small problems such as M127 N4096 K4096).
 //!
 //!     cargo run --release --example launch_host [M N K]   (default 127 4096 4096)
@@ -48,7 +49,30 @@ fn main() -> kfuse::Result<()> {
     dev.synchronize()?;
     let stream = dev.cuda_stream().expect("a GPU").clone();
     let event = dev.cuda_context().expect("a GPU").new_event(None).map_err(|e| kfuse::Error::Driver(format!("{e:?}")))?;
+    // the driver's floor: an empty kernel with four parameters, launched through cudarc
+    let floor_src = "extern \"C\" __global__ void kf_empty(const void* a, const void* b, void* c, long long n) {}";
+    let floor_mod = kfuse::runtime::nvrtc::compile_module(floor_src, "sm_90a", &[])?;
+    let floor_fn = dev
+        .cuda_context()
+        .expect("a GPU")
+        .load_module(cudarc::nvrtc::Ptx::from_binary(floor_mod.image()))
+        .and_then(|m| m.load_function("kf_empty"))
+        .map_err(|e| kfuse::Error::Driver(format!("{e:?}")))?;
+    let (small_a, small_b) = (common::random_bf16(1024, 1, &dev).0, common::random_bf16(1024, 2, &dev).0);
+    let mut small_c = Tensor::empty(&[1024], DType::BF16, &dev)?;
+    kfuse::ops::add(&small_a, &small_b)?;
+    let bare = || -> kfuse::Result<()> {
+        use cudarc::driver::PushKernelArg;
+        let (pa, pb, pc, n) = (small_a.address(), small_b.address(), small_c.address(), 1024i64);
+        let mut b = stream.launch_builder(&floor_fn);
+        b.arg(&pa).arg(&pb).arg(&pc).arg(&n);
+        let cfg = cudarc::driver::LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        unsafe { b.launch(cfg) }.map(drop).map_err(|e| kfuse::Error::Driver(format!("{e:?}")))
+    };
     let rows: Vec<(&str, f64)> = vec![
+        ("empty kernel, 4 params (cudarc launch)", host_us(&dev, bare)?),
+        ("kfuse::ops::add, 1024 bf16 (new output)", host_us(&dev, || kfuse::ops::add(&small_a, &small_b).map(drop))?),
+        ("kfuse kernels::add, 1024 bf16 (preallocated)", host_us(&dev, || kfuse::ops::kernels::add(&small_a, &small_b, &mut small_c).map(drop))?),
         ("cuBLAS gemm_into (preallocated output)", host_us(&dev, || blas.gemm_into(&a, &b, &mut c_blas, Library::Cublas, Math::Fp32))?),
         ("kfuse::ops::gemm (new output)", host_us(&dev, || kfuse::ops::gemm(&a, &b).map(drop))?),
         ("kfuse kernels::gemm (preallocated output)", host_us(&dev, || kfuse::ops::kernels::gemm(&a, &b, &mut c_kf).map(drop))?),

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use common::gemm::spec_mnk;
 use kfuse::codegen::{compile, Target};
 use kfuse::runtime::settings::{self, Config};
-use kfuse::runtime::{autotune, launch::tile_overrides, PtxCache};
+use kfuse::runtime::{autotune, launch::tile_overrides, ModuleCache};
 use kfuse::{DType, Device, Tensor};
 
 /// The library's sources: every crate's `src/` (not its tests, benches or examples).
@@ -154,8 +154,8 @@ fn settings_made_in_code_win_over_the_environment() {
     assert_eq!(tile_overrides().unwrap(), [("BM".into(), 64), ("BN".into(), 64), ("STAGES".into(), 3)].into());
     assert!(s.autotune);
     assert_eq!(s.cache_dir(), Some(env_dir.as_path()));
-    assert_eq!(PtxCache::default_dir(), Some(env_dir.clone()));
-    assert_eq!(PtxCache::global().dir(), Some(env_dir.as_path()));
+    assert_eq!(ModuleCache::default_dir(), Some(env_dir.clone()));
+    assert_eq!(ModuleCache::global().dir(), Some(env_dir.as_path()));
     assert_eq!(s.target().unwrap(), None);
 
     // code wins, entry by entry for the tiles
@@ -164,7 +164,7 @@ fn settings_made_in_code_win_over_the_environment() {
     assert_eq!(tile_overrides().unwrap(), [("BM".into(), 64), ("BN".into(), 128), ("STAGES".into(), 3)].into());
     assert!(!s.autotune);
     assert_eq!(s.target().unwrap(), Some(Target::sm80()));
-    assert_eq!(PtxCache::global().dir(), Some(code_dir.as_path()), "compiles go to the directory set in code");
+    assert_eq!(ModuleCache::global().dir(), Some(code_dir.as_path()), "compiles go to the directory set in code");
     assert_eq!(autotune::Store::current().path(), Some(code_dir.join(autotune::FILE)));
     // … what a launch plans with (no GPU needed): BN from code, BM from the environment
     let dev = Device::cpu();
@@ -187,7 +187,7 @@ fn settings_made_in_code_win_over_the_environment() {
     let s = settings::current();
     assert_eq!(tile_overrides().unwrap(), [("BK".into(), 32)].into(), "a whole list replaces KFUSE_TILES");
     assert_eq!((s.cache_dir(), s.autotune, s.target().unwrap()), (None, false, Some(Target::sm80())));
-    assert_eq!(PtxCache::global().dir(), None);
+    assert_eq!(ModuleCache::global().dir(), None);
 
     // a bad setting is refused and changes nothing
     let e = Config::new().tile("BM", 96).autotune(true).apply().unwrap_err().to_string();

@@ -207,10 +207,11 @@ fn split_last_wave_variants() {
     assert_eq!((e.cluster_x, e.block_threads, e.smem_bytes), (1, base.block_threads, base.smem_bytes));
     common::assemble(&e.source, &e.arch, &e.options, "gemm_bias_gelu_wholewaves").unwrap();
     // (the runtime takes the largest split whose kernel the driver builds without spills,
-    // trying halves down to 2: the plain product's 2 and 4 and the fused one's 2 must not
-    // spill; larger ones may)
+    // trying halves down to 2: the plain product's 2 and the fused one's 2 must not
+    // spill; larger ones may — the plain product's 4 spills 16 bytes at 168 registers
+    // since its epilogue has no run-time fallback store)
     let plain = &kfuse::ops::kernels::gemm::DEF;
-    for (def, split, spill_free) in [(plain, 2u32, true), (plain, 4, true), (plain, 8, false), (def, 2, true), (def, 4, false)] {
+    for (def, split, spill_free) in [(plain, 2u32, true), (plain, 4, false), (plain, 8, false), (def, 2, true), (def, 4, false)] {
         let k = (def.build)(&[DType::BF16]).unwrap();
         let mut spec = spec_mnk(def, 8192, 14336, 4096);
         spec.tiles.insert("LASTTILES".into(), 1);

@@ -69,6 +69,41 @@ pub fn non_negative(k: &Kernel, v: ValueId) -> bool {
     }
 }
 
+/// The compile-time value of an `i64` scalar: an integer literal, or the extent of a
+/// literal or tile-symbol axis (a full extent's value is the tensor's, not known here).
+pub fn int_value(k: &Kernel, v: ValueId) -> Option<i64> {
+    match k.op(v.op()) {
+        Op::Const { value: Literal::Int(c) } => Some(*c),
+        Op::TileExtent { extent: e @ (Extent::Const(_) | Extent::Tile(_)) } => Some(extent_value(k, *e) as i64),
+        _ => None,
+    }
+}
+
+/// True when two `i64` scalar values are provably equal at run time: the same value,
+/// equal compile-time values ([`int_value`]), program ids of one axis, one shape
+/// symbol, or one arithmetic op on operands that are the same in this sense (either
+/// order for `+`, `*`, `max`, `min`). Loaded values and loop indices are equal only to
+/// themselves.
+pub fn same_scalar(k: &Kernel, a: ValueId, b: ValueId) -> bool {
+    if a == b {
+        return true;
+    }
+    if let (Some(x), Some(y)) = (int_value(k, a), int_value(k, b)) {
+        return x == y;
+    }
+    let (oa, ob) = (k.operands(a.op()), k.operands(b.op()));
+    match (k.op(a.op()), k.op(b.op())) {
+        (Op::ProgramId { axis: x }, Op::ProgramId { axis: y }) => x == y,
+        (Op::ShapeDim { sym: x }, Op::ShapeDim { sym: y }) => x == y,
+        (Op::Binary(x), Op::Binary(y)) if x == y && oa.len() == 2 && ob.len() == 2 => {
+            let pairwise = same_scalar(k, oa[0], ob[0]) && same_scalar(k, oa[1], ob[1]);
+            let swapped = matches!(x, BinaryOp::Add | BinaryOp::Mul | BinaryOp::Max | BinaryOp::Min) && same_scalar(k, oa[0], ob[1]) && same_scalar(k, oa[1], ob[0]);
+            pairwise || swapped
+        }
+        _ => false,
+    }
+}
+
 /// True when the kernel touches an 8-bit float: a tensor parameter or any value.
 pub fn uses_fp8(k: &Kernel) -> bool {
     k.params.iter().any(|p| p.dtype.is_fp8()) || k.ops().any(|o| k.node(o).ty.as_ref().is_some_and(|t| t.dtype.is_fp8()))

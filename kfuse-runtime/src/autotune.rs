@@ -13,7 +13,7 @@
 //! the [`Target`] (architecture, SM count, shared memory). A launch whose key is known
 //! uses the stored tiles and never times anything again.
 //!
-//! File: `autotune.json` in the module cache directory ([`PtxCache::default_dir`] as it
+//! File: `autotune.json` in the module cache directory ([`ModuleCache::default_dir`] as it
 //! is at the launch; with `KFUSE_CACHE_DIR` empty there is no file, winners live in this
 //! process only):
 //!
@@ -43,7 +43,7 @@ use kfuse_codegen::{Spec, Target};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::cache::PtxCache;
+use crate::cache::ModuleCache;
 
 /// The file's `format` value.
 pub const FORMAT: &str = "kfuse-autotune 1";
@@ -166,7 +166,7 @@ impl Store {
     /// The store of the module cache directory as the settings name it now
     /// (`KFUSE_CACHE_DIR`, `Config::cache_dir`).
     pub fn current() -> Store {
-        Store::new(PtxCache::default_dir())
+        Store::new(ModuleCache::default_dir())
     }
 
     /// The file, if there is a disk level.

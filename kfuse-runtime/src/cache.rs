@@ -1,7 +1,9 @@
-//! The module cache: compiled PTX in memory and on disk, loaded kernels per device.
+//! The module cache: compiled modules (PTX and cubin, [`Module`]) in memory and on disk,
+//! loaded kernels per device.
 //!
-//! Owns: [`PtxCache`] (source → PTX, memory + disk), [`compile_cached`], and the
-//! per-device `FunctionCache` of loaded kernels.
+//! Owns: [`ModuleCache`] (source → module, memory + disk), [`compile_cached`], and the
+//! per-device `FunctionCache` of loaded kernels. A GPU loads a module's cubin as it is:
+//! a kernel found on disk costs no NVRTC and no PTX → SASS step in the driver.
 //!
 //! Levels, fastest first:
 //! 1. per device, loaded functions keyed by `ModuleKey` — (kernel, dtypes, [`Spec`],
@@ -9,24 +11,29 @@
 //!    grid, is a function of these) — so that a repeated launch skips IR building,
 //!    codegen and NVRTC, and by a hash of source *and* launch rule for pre-emitted
 //!    kernels (`source_key`);
-//! 2. per process, PTX keyed by the disk key below ([`CacheOutcome::Memory`]);
-//! 3. on disk, PTX files in `$KFUSE_CACHE_DIR` or the directory set in code
+//! 2. per process, modules keyed by the disk key below ([`CacheOutcome::Memory`]);
+//! 3. on disk, module files in `$KFUSE_CACHE_DIR` or the directory set in code
 //!    ([`crate::settings::Config::cache_dir`]; default `<user cache dir>/kfuse`; an
 //!    empty `KFUSE_CACHE_DIR` or [`crate::settings::Config::no_disk_cache`] turns the
 //!    disk level off) ([`CacheOutcome::Disk`]);
 //! 4. NVRTC ([`CacheOutcome::Compiled`]).
 //!
 //! Invariants:
-//! - The disk key is the hex SHA-256 of the source, the architecture, the complete NVRTC
-//!   option list ([`crate::nvrtc::full_options`]) and the NVRTC version, each
-//!   length-prefixed; the file is `<key>.ptx`.
-//! - A file is a header — `kfuse-ptx 1`, `sha256 <hex of body>`, `len <bytes>`, an
-//!   empty line — and the PTX body. A file whose header, length or hash does not check
-//!   out is deleted and recompiled, never loaded.
+//! - The disk key is the hex SHA-256 of the entry format, the source, the architecture
+//!   and the complete NVRTC option list ([`crate::nvrtc::full_options`]), each
+//!   length-prefixed; the file is `<key>.module`. The NVRTC version is recorded in the
+//!   entry ([`Module::nvrtc`]) but is not part of the key: a process that finds every
+//!   kernel on disk never loads NVRTC (a 40 ms load), and a cubin's validity does not
+//!   depend on the NVRTC that built it (the driver checks it at load). After installing
+//!   another NVRTC, [`ModuleCache::clear`] rebuilds every entry with it.
+//! - A file is a header — `kfuse-module 2`, `sha256 <hex of body>`, `nvrtc <major>.<minor>`,
+//!   `ptx <bytes>`, `cubin <bytes>`, an empty line — and the body: the PTX, then the
+//!   cubin (none for a virtual architecture). A file whose header, lengths or hash do
+//!   not check out is deleted and recompiled, never loaded.
 //! - Files are written to a temporary name in the same directory and renamed into place,
 //!   so readers see a whole file or none. The disk level is best effort: a directory
 //!   that cannot be created or written costs a recompile, not an error.
-//! - A key is compiled once per process: concurrent calls of a [`PtxCache`] for a key
+//! - A key is compiled once per process: concurrent calls of a [`ModuleCache`] for a key
 //!   that is not in memory share one in-flight entry; the first looks on disk and
 //!   compiles, the others wait for its result and get it as [`CacheOutcome::Memory`]. A
 //!   failure reaches the waiters too, but is not kept: the next call tries again. The
@@ -38,12 +45,12 @@
 //!   it is still missing, renames the file into place, removes the lock file and
 //!   unlocks. A waiter that finds the entry written meanwhile takes it
 //!   ([`CacheOutcome::Disk`]); one that locks a file already removed opens the new one.
-//!   The wait is bounded ([`DEFAULT_LOCK_WAIT`], [`PtxCache::with_lock_wait`]): past it,
+//!   The wait is bounded ([`DEFAULT_LOCK_WAIT`], [`ModuleCache::with_lock_wait`]): past it,
 //!   or where no lock can be taken (no disk level, a directory that cannot be written, a
 //!   file system without locks), the process compiles without one — at worst a second
 //!   compile, never an error or a hang.
 //! - [`crate::nvrtc::compiles`] counts the process's NVRTC compiles and
-//!   [`PtxCache::stats`] a cache's compiles, memory and disk hits.
+//!   [`ModuleCache::stats`] a cache's compiles, memory and disk hits.
 //! - Everything here but `FunctionCache` works without a GPU (only NVRTC), so CI tests
 //!   the disk cache and its corruption recovery.
 //!
@@ -53,7 +60,7 @@
 //! source; what `FILE` holds afterwards is compiled and loaded instead (`hooked`). It
 //! lets a change to the generated code be timed on a GPU before the compiler learns to
 //! make it. The hook runs once per generated kernel and process: the loaded function is
-//! kept under the generated source's key, the PTX on disk under the new source's.
+//! kept under the generated source's key, the module on disk under the new source's.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions, TryLockError};
@@ -69,12 +76,13 @@ use kfuse_ir::DType;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::nvrtc;
+use crate::build_times::{timed, Step};
+use crate::nvrtc::{self, Module};
 
 /// Where a compile was answered from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CacheOutcome {
-    /// This process had it already (PTX or a loaded function).
+    /// This process had it already (a module or a loaded function).
     Memory,
     /// Read from a verified file of the disk cache.
     Disk,
@@ -82,7 +90,10 @@ pub enum CacheOutcome {
     Compiled,
 }
 
-const MAGIC: &str = "kfuse-ptx 1";
+const MAGIC: &str = "kfuse-module 2";
+
+/// The extension of a cache file.
+const EXTENSION: &str = "module";
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -93,10 +104,10 @@ fn sha256_hex(data: &[u8]) -> String {
 }
 
 /// How long a compile waits for another process's lock on its cache entry before it
-/// compiles anyway ([`PtxCache::with_lock_wait`]).
+/// compiles anyway ([`ModuleCache::with_lock_wait`]).
 pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(120);
 
-/// What a [`PtxCache`] has answered so far ([`PtxCache::stats`]).
+/// What a [`ModuleCache`] has answered so far ([`ModuleCache::stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
     /// NVRTC compiles this cache ran, failed ones included.
@@ -127,24 +138,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// PTX compiled from CUDA source, cached in memory and on disk (see the module docs).
-pub struct PtxCache {
+/// Modules compiled from CUDA source, cached in memory and on disk (see the module docs).
+pub struct ModuleCache {
     dir: Option<PathBuf>,
-    mem: Mutex<HashMap<String, Arc<String>>>,
-    flights: InFlight<Arc<String>>,
+    mem: Mutex<HashMap<String, Arc<Module>>>,
+    flights: InFlight<Arc<Module>>,
     lock_wait: Duration,
     counters: Counters,
 }
 
-impl PtxCache {
+impl ModuleCache {
     /// A cache with its own memory level and disk files in `dir` (`None`: no disk level).
-    pub fn new(dir: Option<PathBuf>) -> PtxCache {
-        PtxCache { dir, mem: Mutex::default(), flights: InFlight::default(), lock_wait: DEFAULT_LOCK_WAIT, counters: Counters::default() }
+    pub fn new(dir: Option<PathBuf>) -> ModuleCache {
+        ModuleCache { dir, mem: Mutex::default(), flights: InFlight::default(), lock_wait: DEFAULT_LOCK_WAIT, counters: Counters::default() }
     }
 
     /// The same cache with another bound on the wait for another process's lock on an
     /// entry (default [`DEFAULT_LOCK_WAIT`]); past it, the compile runs anyway.
-    pub fn with_lock_wait(mut self, wait: Duration) -> PtxCache {
+    pub fn with_lock_wait(mut self, wait: Duration) -> ModuleCache {
         self.lock_wait = wait;
         self
     }
@@ -157,19 +168,41 @@ impl PtxCache {
         crate::settings::current().cache_dir().map(Path::to_path_buf)
     }
 
-    /// The process-wide cache of [`PtxCache::default_dir`] as it is now: one cache, with
+    /// The process-wide cache of [`ModuleCache::default_dir`] as it is now: one cache, with
     /// its own memory level, for each directory the settings have named in this process
     /// (a program that moves its cache directory in code compiles into the new one).
-    pub fn global() -> &'static PtxCache {
-        static G: OnceLock<Mutex<HashMap<Option<PathBuf>, &'static PtxCache>>> = OnceLock::new();
-        let dir = PtxCache::default_dir();
+    pub fn global() -> &'static ModuleCache {
+        static G: OnceLock<Mutex<HashMap<Option<PathBuf>, &'static ModuleCache>>> = OnceLock::new();
+        let dir = ModuleCache::default_dir();
         let mut g = lock(G.get_or_init(Default::default));
-        g.entry(dir.clone()).or_insert_with(|| Box::leak(Box::new(PtxCache::new(dir))))
+        g.entry(dir.clone()).or_insert_with(|| Box::leak(Box::new(ModuleCache::new(dir))))
     }
 
     /// The disk directory, if any.
     pub fn dir(&self) -> Option<&Path> {
         self.dir.as_deref()
+    }
+
+    /// Deletes this cache's entries on disk (files `*.module` of its directory) and in
+    /// memory, and returns how many files it deleted; kernels already loaded on a
+    /// device stay loaded. The next compile of each kernel runs NVRTC again.
+    pub fn clear(&self) -> Result<usize> {
+        lock(&self.mem).clear();
+        let Some(dir) = &self.dir else { return Ok(0) };
+        let entries = match std::fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        let mut n = 0;
+        for e in entries {
+            let path = e?.path();
+            if path.extension().is_some_and(|x| x == EXTENSION) {
+                std::fs::remove_file(&path)?;
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// What this cache has answered so far: NVRTC compiles, memory and disk hits, waits
@@ -184,9 +217,10 @@ impl PtxCache {
         }
     }
 
-    /// The cache key of a compile: hex SHA-256 of source, arch, complete options and
-    /// NVRTC version.
-    pub fn key(source: &str, arch: &str, full_options: &[String], nvrtc_version: (i32, i32)) -> String {
+    /// The cache key of a compile: hex SHA-256 of the entry format, source, arch and
+    /// complete options (module docs: not the NVRTC version, which a warm process does
+    /// not load NVRTC to learn).
+    pub fn key(source: &str, arch: &str, full_options: &[String]) -> String {
         let mut h = Sha256::new();
         let mut part = |b: &[u8]| {
             h.update((b.len() as u64).to_le_bytes());
@@ -199,72 +233,73 @@ impl PtxCache {
         for o in full_options {
             part(o.as_bytes());
         }
-        part(format!("nvrtc {}.{}", nvrtc_version.0, nvrtc_version.1).as_bytes());
         hex(&h.finalize())
     }
 
-    /// The file a compile is cached in (needs NVRTC for its version); `None` without a
-    /// disk level. The lock that guards its writing is the same path with `.lock`.
+    /// The file a compile is cached in; `None` without a disk level. The lock that
+    /// guards its writing is the same path with `.lock`.
     pub fn entry_path(&self, source: &str, arch: &str, options: &[String]) -> Result<Option<PathBuf>> {
         let full = nvrtc::full_options(arch, options);
-        let key = PtxCache::key(source, arch, &full, nvrtc::nvrtc_version()?);
-        Ok(self.dir.as_ref().map(|d| d.join(format!("{key}.ptx"))))
+        let key = ModuleCache::key(source, arch, &full);
+        Ok(self.dir.as_ref().map(|d| d.join(format!("{key}.{EXTENSION}"))))
     }
 
-    /// PTX for `source` compiled for `arch` with extra NVRTC `options`, and where it came
+    /// The module of `source` compiled for `arch` with extra NVRTC `options`, and where it came
     /// from. Concurrent calls for one key compile it once (module docs).
-    pub fn compile(&self, source: &str, arch: &str, options: &[String]) -> Result<(String, CacheOutcome)> {
+    pub fn compile(&self, source: &str, arch: &str, options: &[String]) -> Result<(Arc<Module>, CacheOutcome)> {
         let full = nvrtc::full_options(arch, options);
-        let key = PtxCache::key(source, arch, &full, nvrtc::nvrtc_version()?);
+        let key = ModuleCache::key(source, arch, &full);
         let memory = || lock(&self.mem).get(&key).cloned();
-        let (ptx, outcome) = match memory() {
+        let (module, outcome) = match memory() {
             Some(p) => (p, CacheOutcome::Memory),
             None => self.flights.run(&key, memory, || self.fill(&key, source, &full))?,
         };
         if outcome == CacheOutcome::Memory {
             bump(&self.counters.memory_hits);
         }
-        Ok((ptx.to_string(), outcome))
+        Ok((module, outcome))
     }
 
-    /// [`PtxCache::compile`] for an emitted kernel (its source, arch and options).
-    pub fn compile_emitted(&self, emitted: &EmittedKernel) -> Result<(String, CacheOutcome)> {
+    /// [`ModuleCache::compile`] for an emitted kernel (its source, arch and options).
+    pub fn compile_emitted(&self, emitted: &EmittedKernel) -> Result<(Arc<Module>, CacheOutcome)> {
         self.compile(&emitted.source, &emitted.arch, &emitted.options)
     }
 
-    /// The PTX of a key that is not in memory, which this thread alone is looking for:
+    /// The module of a key that is not in memory, which this thread alone is looking for:
     /// from disk, else compiled under the entry's lock file. Puts it in memory.
-    fn fill(&self, key: &str, source: &str, full: &[String]) -> Result<(Arc<String>, CacheOutcome)> {
-        let path = self.dir.as_ref().map(|d| d.join(format!("{key}.ptx")));
-        let disk = |ptx: String| {
+    fn fill(&self, key: &str, source: &str, full: &[String]) -> Result<(Arc<Module>, CacheOutcome)> {
+        let path = self.dir.as_ref().map(|d| d.join(format!("{key}.{EXTENSION}")));
+        let disk = |m: Module| {
             bump(&self.counters.disk_hits);
-            Ok((self.remember(key, ptx), CacheOutcome::Disk))
+            Ok((self.remember(key, m), CacheOutcome::Disk))
         };
         let mut held = None;
         if let Some(path) = &path {
-            if let Some(ptx) = read_entry(path) {
-                return disk(ptx);
+            if let Some(m) = timed(Step::Disk, || read_entry(path)) {
+                return disk(m);
             }
             // another process may be compiling it: wait for its lock, and take the entry
             // it writes
             match lock_entry(&path.with_extension("lock"), self.lock_wait, &self.counters.lock_waits, || read_entry(path)) {
-                Locked::Entry(ptx) => return disk(ptx),
+                Locked::Entry(m) => return disk(m),
                 Locked::Held(l) => held = Some(l),
                 Locked::Without => {}
             }
         }
         bump(&self.counters.compiles);
-        let ptx = nvrtc::compile_ptx_exact(source, full)?;
+        // (the library's first load is a step of its own, not part of the compile's time)
+        nvrtc::ensure_nvrtc()?;
+        let m = timed(Step::Nvrtc, || nvrtc::compile_module_exact(source, full))?;
         if let Some(path) = &path {
-            let _ = write_entry(path, &ptx);
+            let _ = write_entry(path, &m);
         }
         // the entry is in place (or cannot be): the next process may look
         drop(held);
-        Ok((self.remember(key, ptx), CacheOutcome::Compiled))
+        Ok((self.remember(key, m), CacheOutcome::Compiled))
     }
 
-    fn remember(&self, key: &str, ptx: String) -> Arc<String> {
-        let p = Arc::new(ptx);
+    fn remember(&self, key: &str, m: Module) -> Arc<Module> {
+        let p = Arc::new(m);
         lock(&self.mem).insert(key.to_string(), p.clone());
         p
     }
@@ -361,7 +396,7 @@ enum Locked {
     /// The lock: the entry was not there once it was held.
     Held(EntryLock),
     /// The entry, which another process wrote meanwhile.
-    Entry(String),
+    Entry(Module),
     /// No lock to be had — the directory or file system does not allow one, or the wait
     /// ran out: compile without.
     Without,
@@ -369,7 +404,7 @@ enum Locked {
 
 /// Takes the exclusive lock file `path` (created if missing), waiting at most `wait` and
 /// watching `entry` meanwhile; never an error. A wait bumps `waits`.
-fn lock_entry(path: &Path, wait: Duration, waits: &AtomicU64, entry: impl Fn() -> Option<String>) -> Locked {
+fn lock_entry(path: &Path, wait: Duration, waits: &AtomicU64, entry: impl Fn() -> Option<Module>) -> Locked {
     let deadline = Instant::now() + wait;
     let mut waited = false;
     let mut pause = Duration::from_millis(1);
@@ -392,8 +427,8 @@ fn lock_entry(path: &Path, wait: Duration, waits: &AtomicU64, entry: impl Fn() -
                 Err(TryLockError::WouldBlock) => {}
                 Err(TryLockError::Error(_)) => return Locked::Without,
             }
-            if let Some(ptx) = entry() {
-                return Locked::Entry(ptx);
+            if let Some(m) = entry() {
+                return Locked::Entry(m);
             }
             if Instant::now() >= deadline {
                 return Locked::Without;
@@ -412,7 +447,7 @@ fn lock_entry(path: &Path, wait: Duration, waits: &AtomicU64, entry: impl Fn() -
         }
         let held = EntryLock { file, path: path.to_path_buf() };
         return match entry() {
-            Some(ptx) => Locked::Entry(ptx),
+            Some(m) => Locked::Entry(m),
             None => Locked::Held(held),
         };
     }
@@ -435,17 +470,17 @@ fn is_at(file: &File, path: &Path) -> bool {
     }
 }
 
-/// PTX for an emitted kernel through the process-wide [`PtxCache::global`]. Needs NVRTC,
+/// The module of an emitted kernel through the process-wide [`ModuleCache::global`]. Needs NVRTC,
 /// not a GPU.
-pub fn compile_cached(emitted: &EmittedKernel) -> Result<(String, CacheOutcome)> {
-    PtxCache::global().compile_emitted(emitted)
+pub fn compile_cached(emitted: &EmittedKernel) -> Result<(Arc<Module>, CacheOutcome)> {
+    ModuleCache::global().compile_emitted(emitted)
 }
 
 /// Reads and verifies a cache file; a file that exists but does not verify is deleted.
-fn read_entry(path: &Path) -> Option<String> {
+fn read_entry(path: &Path) -> Option<Module> {
     let bytes = std::fs::read(path).ok()?;
     match parse_entry(&bytes) {
-        Some(ptx) => Some(ptx),
+        Some(m) => Some(m),
         None => {
             let _ = std::fs::remove_file(path);
             None
@@ -453,33 +488,43 @@ fn read_entry(path: &Path) -> Option<String> {
     }
 }
 
-/// The verified body of a cache file, or `None`.
-fn parse_entry(bytes: &[u8]) -> Option<String> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    let mut rest = text;
+/// The verified module of a cache file, or `None`.
+fn parse_entry(bytes: &[u8]) -> Option<Module> {
+    let mut rest = bytes;
     let mut line = || -> Option<&str> {
-        let (l, r) = rest.split_once('\n')?;
-        rest = r;
+        let at = rest.iter().position(|&b| b == b'\n')?;
+        let l = std::str::from_utf8(&rest[..at]).ok()?;
+        rest = &rest[at + 1..];
         Some(l)
     };
     if line()? != MAGIC {
         return None;
     }
     let sha = line()?.strip_prefix("sha256 ")?.to_string();
-    let len: usize = line()?.strip_prefix("len ")?.parse().ok()?;
-    if !line()?.is_empty() {
+    let (major, minor) = line()?.strip_prefix("nvrtc ")?.split_once('.')?;
+    let nvrtc = (major.parse().ok()?, minor.parse().ok()?);
+    let ptx_len: usize = line()?.strip_prefix("ptx ")?.parse().ok()?;
+    let cubin_len: usize = line()?.strip_prefix("cubin ")?.parse().ok()?;
+    if !line()?.is_empty() || Some(rest.len()) != ptx_len.checked_add(cubin_len) || sha256_hex(rest) != sha {
         return None;
     }
-    (rest.len() == len && sha256_hex(rest.as_bytes()) == sha).then(|| rest.to_string())
+    let ptx = String::from_utf8(rest[..ptx_len].to_vec()).ok()?;
+    Some(Module { ptx, cubin: rest[ptx_len..].to_vec(), nvrtc })
 }
 
-/// The bytes of a cache file for `ptx`.
-fn format_entry(ptx: &str) -> Vec<u8> {
-    format!("{MAGIC}\nsha256 {}\nlen {}\n\n{ptx}", sha256_hex(ptx.as_bytes()), ptx.len()).into_bytes()
+/// The bytes of a cache file for `m`.
+fn format_entry(m: &Module) -> Vec<u8> {
+    let mut body = Vec::with_capacity(m.ptx.len() + m.cubin.len());
+    body.extend_from_slice(m.ptx.as_bytes());
+    body.extend_from_slice(&m.cubin);
+    let (major, minor) = m.nvrtc;
+    let mut out = format!("{MAGIC}\nsha256 {}\nnvrtc {major}.{minor}\nptx {}\ncubin {}\n\n", sha256_hex(&body), m.ptx.len(), m.cubin.len()).into_bytes();
+    out.extend_from_slice(&body);
+    out
 }
 
 /// Writes a cache file atomically (temporary file in the same directory, then rename).
-fn write_entry(path: &Path, ptx: &str) -> std::io::Result<()> {
+fn write_entry(path: &Path, m: &Module) -> std::io::Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
@@ -487,7 +532,7 @@ fn write_entry(path: &Path, ptx: &str) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
     let r = (|| {
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&format_entry(ptx))?;
+        f.write_all(&format_entry(m))?;
         f.flush()?;
         drop(f);
         std::fs::rename(&tmp, path)
@@ -548,7 +593,7 @@ impl FunctionCache {
     pub(crate) fn get_or_load(
         &self,
         emitted: &EmittedKernel,
-        load: impl FnOnce(&str, &EmittedKernel) -> Result<CudaFunction>,
+        load: impl FnOnce(&Module, &EmittedKernel) -> Result<CudaFunction>,
     ) -> Result<(Arc<LoadedKernel>, CacheOutcome)> {
         // keyed by what the compiler generated (a hook, if set, is the same all process
         // long, so it runs once per kernel, not once per launch)
@@ -565,8 +610,8 @@ impl FunctionCache {
             };
             #[cfg(feature = "dev-hooks")]
             let emitted = hooked.as_ref().unwrap_or(emitted);
-            let (ptx, outcome) = compile_cached(emitted)?;
-            let func = load(&ptx, emitted)?;
+            let (module, outcome) = compile_cached(emitted)?;
+            let func = timed(Step::Load, || load(&module, emitted))?;
             let what = |a: &str| crate::error::driver(format!("reading the {a} of `{}`", emitted.entry));
             let registers = func.num_regs().map_err(what("registers"))? as u32;
             let local_bytes = func.local_size_bytes().map_err(what("local memory"))? as u32;
@@ -774,7 +819,8 @@ mod tests {
         assert!(matches!(lock_entry(&path, Duration::from_millis(20), &waits, || None), Locked::Without));
         assert_eq!(waits.load(Ordering::Relaxed), 1);
         // ... and takes the entry if it shows up meanwhile
-        assert!(matches!(lock_entry(&path, Duration::from_secs(5), &waits, || Some("ptx".into())), Locked::Entry(p) if p == "ptx"));
+        let m = Module { ptx: "ptx".into(), cubin: vec![1, 2], nvrtc: (13, 0) };
+        assert!(matches!(lock_entry(&path, Duration::from_secs(5), &waits, || Some(m.clone())), Locked::Entry(p) if p == m));
         drop(l);
         #[cfg(unix)]
         assert!(!path.exists(), "removed on release");
@@ -783,9 +829,12 @@ mod tests {
 
     #[test]
     fn entry_format_round_trips_and_rejects_damage() {
-        let ptx = "//\n.version 9.0\n.target sm_80\n";
-        let e = format_entry(ptx);
-        assert_eq!(parse_entry(&e).as_deref(), Some(ptx));
+        // a cubin is binary: newlines, NULs and bytes that are not UTF-8
+        let m = Module { ptx: "//\n.version 9.0\n.target sm_80\n".into(), cubin: vec![0x7f, b'E', b'L', b'F', 0, b'\n', 0xff, 0xfe], nvrtc: (13, 2) };
+        let e = format_entry(&m);
+        assert_eq!(parse_entry(&e).as_ref(), Some(&m));
+        let ptx_only = Module { ptx: m.ptx.clone(), cubin: vec![], nvrtc: (12, 8) };
+        assert_eq!(parse_entry(&format_entry(&ptx_only)).as_ref(), Some(&ptx_only));
         // Truncated.
         assert_eq!(parse_entry(&e[..e.len() - 3]), None);
         // One byte of the body changed.
@@ -796,30 +845,33 @@ mod tests {
         // Garbage, empty, wrong magic.
         assert_eq!(parse_entry(b""), None);
         assert_eq!(parse_entry(b"\xff\xfe"), None);
-        assert_eq!(parse_entry(b"kfuse-ptx 2\nsha256 00\nlen 0\n\n"), None);
+        assert_eq!(parse_entry(b"kfuse-ptx 1\nsha256 00\nlen 0\n\n"), None);
+        // the lengths must add up to the body
+        let text = String::from_utf8_lossy(&format_entry(&ptx_only)).replace(&format!("ptx {}", m.ptx.len()), &format!("ptx {}", m.ptx.len() - 1));
+        assert_eq!(parse_entry(text.as_bytes()), None);
     }
 
     #[test]
     fn key_depends_on_every_input() {
         let o = vec!["--gpu-architecture=sm_80".to_string()];
-        let k = PtxCache::key("src", "sm_80", &o, (13, 0));
+        let k = ModuleCache::key("src", "sm_80", &o);
         assert_eq!(k.len(), 64);
-        assert_eq!(k, PtxCache::key("src", "sm_80", &o, (13, 0)));
-        assert_ne!(k, PtxCache::key("src2", "sm_80", &o, (13, 0)));
-        assert_ne!(k, PtxCache::key("src", "sm_90a", &o, (13, 0)));
-        assert_ne!(k, PtxCache::key("src", "sm_80", &[], (13, 0)));
-        assert_ne!(k, PtxCache::key("src", "sm_80", &o, (13, 1)));
+        assert_eq!(k, ModuleCache::key("src", "sm_80", &o));
+        assert_ne!(k, ModuleCache::key("src2", "sm_80", &o));
+        assert_ne!(k, ModuleCache::key("src", "sm_90a", &o));
+        assert_ne!(k, ModuleCache::key("src", "sm_80", &[]));
     }
 
     #[test]
     fn write_is_atomic_and_leaves_no_temp_files() {
         let dir = std::env::temp_dir().join(format!("kfuse-cache-unit-{}", std::process::id()));
-        let p = dir.join("x.ptx");
-        write_entry(&p, "body").unwrap();
-        assert_eq!(read_entry(&p).as_deref(), Some("body"));
+        let p = dir.join("x.module");
+        let m = Module { ptx: "body".into(), cubin: vec![9; 3], nvrtc: (13, 0) };
+        write_entry(&p, &m).unwrap();
+        assert_eq!(read_entry(&p), Some(m));
         let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names.len(), 1, "{names:?}");
-        std::fs::write(&p, b"kfuse-ptx 1\nsha256 0\nlen 4\n\nbody").unwrap();
+        std::fs::write(&p, b"kfuse-module 2\nsha256 0\nnvrtc 13.0\nptx 4\ncubin 0\n\nbody").unwrap();
         assert_eq!(read_entry(&p), None);
         assert!(!p.exists(), "a corrupt entry is deleted");
         let _ = std::fs::remove_dir_all(&dir);

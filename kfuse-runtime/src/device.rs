@@ -338,12 +338,14 @@ impl Device {
         }
     }
 
-    /// Loads PTX into a module of this GPU and returns its function `entry`; when
+    /// Loads a module compiled for `arch` on this GPU — its cubin when the cubin runs
+    /// here ([`cubin_runs_on`]), else its PTX, which the driver assembles — and returns
+    /// its function `entry`; when
     /// `smem_bytes` exceeds the 48 KiB default, raises the function's dynamic shared
     /// memory limit to it, and when `cluster` (blocks per thread-block cluster) exceeds
     /// the portable 8, allows the function non-portable cluster sizes.
-    pub(crate) fn load_ptx(&self, ptx: &str, entry: &str, smem_bytes: u32, cluster: u32) -> Result<CudaFunction> {
-        let g = self.gpu_ref().ok_or_else(|| Error::InvalidArgument("PTX can only be loaded on a GPU".into()))?;
+    pub(crate) fn load_module(&self, m: &crate::nvrtc::Module, arch: &str, entry: &str, smem_bytes: u32, cluster: u32) -> Result<CudaFunction> {
+        let g = self.gpu_ref().ok_or_else(|| Error::InvalidArgument("a module can only be loaded on a GPU".into()))?;
         if smem_bytes > g.smem_optin {
             return Err(Error::InvalidArgument(format!(
                 "kernel `{entry}` needs {smem_bytes} bytes of shared memory per block, but {} allows at most {}",
@@ -351,12 +353,14 @@ impl Device {
                 g.smem_optin
             )));
         }
-        if ptx.contains('\0') {
+        if m.cubin.is_empty() && m.ptx.contains('\0') {
             return Err(Error::InvalidArgument(format!("the PTX of `{entry}` contains a NUL byte")));
         }
         let r = catch_unwind(AssertUnwindSafe(|| -> Result<CudaFunction> {
-            let module = g.ctx.load_module(Ptx::from_src(ptx)).map_err(driver(format_args!(
-                "loading the module of `{entry}` on {} (PTX generated for another architecture or by a newer NVRTC than the driver supports?)",
+            // the cubin as it is (no PTX → SASS step), else the PTX, NUL-terminated
+            let image = if cubin_runs_on(arch, g.cc) { m.image() } else { m.ptx_image() };
+            let module = g.ctx.load_module(Ptx::from_binary(image)).map_err(driver(format_args!(
+                "loading the module of `{entry}` on {} (compiled for another architecture or by a newer NVRTC than the driver supports?)",
                 self.description()
             )))?;
             let f = module.load_function(entry).map_err(driver(format_args!("finding `{entry}` in its module")))?;
@@ -375,6 +379,25 @@ impl Device {
             Ok(f)
         }));
         r.unwrap_or_else(|p| Err(Error::Driver(format!("loading `{entry}`: {}", panic_text(&p)))))
+    }
+}
+
+/// Whether a cubin NVRTC built for `arch` (`sm_90a`, `sm_80`, …) runs on a GPU of
+/// compute capability `cc`: an architecture-specific one (`sm_90a`) on exactly that
+/// capability, a plain one (`sm_XY`) on the same major version with a minor of at least
+/// Y. Otherwise the PTX is loaded instead (e.g. `KFUSE_TARGET=sm_80` on an H100).
+pub(crate) fn cubin_runs_on(arch: &str, cc: (i32, i32)) -> bool {
+    let Some(digits) = arch.strip_prefix("sm_") else { return false };
+    let (digits, specific) = match digits.strip_suffix('a') {
+        Some(d) => (d, true),
+        None => (digits, false),
+    };
+    let Ok(sm) = digits.parse::<i32>() else { return false };
+    let (major, minor) = (sm / 10, sm % 10);
+    if specific {
+        (major, minor) == cc
+    } else {
+        major == cc.0 && minor <= cc.1
     }
 }
 
@@ -419,6 +442,16 @@ impl fmt::Debug for Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cubins_run_on_their_own_family() {
+        assert!(cubin_runs_on("sm_90a", (9, 0)));
+        assert!(!cubin_runs_on("sm_90a", (10, 0)));
+        assert!(cubin_runs_on("sm_80", (8, 6)) && cubin_runs_on("sm_80", (8, 0)));
+        assert!(!cubin_runs_on("sm_80", (9, 0)), "an sm_80 cubin does not run on Hopper: its PTX is loaded");
+        assert!(!cubin_runs_on("sm_89", (8, 6)));
+        assert!(!cubin_runs_on("compute_90a", (9, 0)) && !cubin_runs_on("sm_x", (9, 0)));
+    }
 
     #[test]
     fn cpu_device_basics() {

@@ -872,11 +872,19 @@ fn load(device: &Device, kernel: &Kernel, key: &ModuleKey) -> Result<(Arc<Loaded
     // a kernel with register-room attempts (`EmittedKernel::register_attempt`) takes
     // the first whose function the driver's assembler built without local memory
     // (spills)
+    // (the build times count the attempts' compiles and loads as their own steps, not as
+    // codegen)
+    let started = std::time::Instant::now();
+    let mut attempts = std::time::Duration::ZERO;
     let emitted = kfuse_codegen::compile_with_fallbacks(kernel, &key.spec, &key.target, |e| -> Result<bool> {
-        let (k, _) = gpu.functions.get_or_load(e, |ptx, e| device.load_ptx(ptx, &e.entry, e.smem_bytes, e.cluster_x))?;
-        Ok(k.local_bytes > 0)
-    })?;
-    let (k, o) = gpu.functions.get_or_load(&emitted, |ptx, e| device.load_ptx(ptx, &e.entry, e.smem_bytes, e.cluster_x))?;
+        let t = std::time::Instant::now();
+        let r = gpu.functions.get_or_load(e, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.cluster_x));
+        attempts += t.elapsed();
+        Ok(r?.0.local_bytes > 0)
+    });
+    crate::build_times::add(crate::build_times::Step::Codegen, started.elapsed().saturating_sub(attempts));
+    let emitted = emitted?;
+    let (k, o) = gpu.functions.get_or_load(&emitted, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.cluster_x))?;
     gpu.functions.insert(key.clone(), k.clone());
     Ok((k, o))
 }
@@ -957,8 +965,11 @@ fn built_ir(def: &KernelDef, dtypes: &[DType]) -> Result<Arc<(Kernel, kfuse_ir::
     if let Some(k) = find(&cache.lock().unwrap_or_else(|e| e.into_inner())) {
         return Ok(k);
     }
-    let kernel = (def.build)(dtypes)?;
-    let grid = kfuse_ir::grid::derive(&kernel)?;
+    let (kernel, grid) = crate::build_times::timed(crate::build_times::Step::Ir, || -> Result<_> {
+        let kernel = (def.build)(dtypes)?;
+        let grid = kfuse_ir::grid::derive(&kernel)?;
+        Ok((kernel, grid))
+    })?;
     let built = Arc::new((kernel, grid));
     let mut m = cache.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(k) = find(&m) {
@@ -985,7 +996,7 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
         return Ok(launched);
     }
     let gpu = device.gpu_ref().expect("a GPU");
-    let (loaded, outcome) = gpu.functions.get_or_load(emitted, |ptx, e| device.load_ptx(ptx, &e.entry, e.smem_bytes, e.cluster_x))?;
+    let (loaded, outcome) = gpu.functions.get_or_load(emitted, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.cluster_x))?;
     launched.skipped_empty = !issue(&device, &loaded, kernel, args, &shapes, None)?;
     launched.cache = Some(outcome);
     launched.build = build_info(&loaded);

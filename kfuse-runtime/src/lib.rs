@@ -12,12 +12,14 @@
 //! - [`error`]: the [`Error`] type and its messages;
 //! - [`device`]: [`Device`] (CPU or a CUDA GPU), the driver probe, streams, timing;
 //! - [`tensor`]: [`Tensor`], strided views of host or device storage;
-//! - [`nvrtc`]: finding libnvrtc and the CUDA headers, compiling to PTX;
-//! - [`cache`]: PTX cache in memory and on disk, loaded kernels per device;
+//! - [`nvrtc`]: finding libnvrtc and the CUDA headers, compiling to PTX and cubins;
+//! - [`cache`]: module cache (PTX and cubin) in memory and on disk, loaded kernels per
+//!   device;
+//! - [`build_times`]: where first calls' time goes (IR, codegen, disk, NVRTC, load);
 //! - [`settings`]: the `KFUSE_*` variables launches consult, read once a process, and
 //!   the same settings made in code ([`Config`]), which win over them;
 //! - [`autotune`]: optional tuning of `dot` kernels' tiles (`KFUSE_AUTOTUNE=1`), winners
-//!   kept in `autotune.json` beside the PTX cache;
+//!   kept in `autotune.json` beside the module cache;
 //! - [`launch`](mod@launch): argument checking, specialization, dispatch;
 //! - [`tma`]: TMA tensor maps (`cuTensorMapEncodeTiled`) for kernels that take them;
 //! - `vendor` (cargo feature `vendor-baselines`, off by default; the benchmarks and tests
@@ -43,6 +45,7 @@
 //! variables. The README's Environment section has the table of every variable read.
 
 pub mod autotune;
+pub mod build_times;
 pub mod cache;
 pub mod device;
 pub mod error;
@@ -54,7 +57,9 @@ pub mod tma;
 #[cfg(feature = "vendor-baselines")]
 pub mod vendor;
 
-pub use cache::{compile_cached, CacheOutcome, PtxCache};
+pub use build_times::{build_times, BuildTimes};
+pub use cache::{compile_cached, CacheOutcome, ModuleCache};
+pub use nvrtc::Module;
 pub use device::{gpu_count, Device};
 pub use error::{Error, Result};
 pub use kfuse_ir::DType;
@@ -75,6 +80,6 @@ mod tests {
         send_sync::<crate::Device>();
         send_sync::<crate::Error>();
         send_sync::<crate::Launched>();
-        send_sync::<crate::PtxCache>();
+        send_sync::<crate::ModuleCache>();
     }
 }

@@ -1,6 +1,7 @@
-//! NVRTC: finding libnvrtc and the CUDA headers, compiling CUDA C++ to PTX.
+//! NVRTC: finding libnvrtc and the CUDA headers, compiling CUDA C++ to PTX and cubins.
 //!
-//! Owns: the search for libnvrtc, [`compile_ptx`], [`nvrtc_version`],
+//! Owns: the search for libnvrtc, [`compile_ptx`] and [`compile_module`] (PTX and, for a
+//! real architecture, the cubin of one compile: [`Module`]), [`nvrtc_version`],
 //! [`cuda_include_dirs`] and the count of NVRTC compiles, [`compiles`]. Needs no GPU and
 //! no driver.
 //!
@@ -29,7 +30,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use cudarc::nvrtc::{CompileError, CompileOptions};
 
 use crate::error::{Error, Result};
 
@@ -95,9 +95,14 @@ fn dedup(v: Vec<PathBuf>) -> Vec<PathBuf> {
 /// CUDA include directories that exist: `$CUDA_HOME/include`, `$CUDA_PATH/include`,
 /// `/usr/local/cuda/include`, and the pip roots' `include` (`$KFUSE_CUDA_PIP`, `.cuda`
 /// in the current directory or a parent). Each becomes an `--include-path`.
+/// Looked for once a process (every compile's options, and so its cache key, name them).
 pub fn cuda_include_dirs() -> Vec<PathBuf> {
-    let cands = toolkit_roots().into_iter().chain(pip_roots()).map(|r| r.join("include"));
-    dedup(cands.filter(|d| d.join("cuda_fp16.h").is_file() || d.join("cuda.h").is_file()).collect())
+    static DIRS: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    DIRS.get_or_init(|| {
+        let cands = toolkit_roots().into_iter().chain(pip_roots()).map(|r| r.join("include"));
+        dedup(cands.filter(|d| d.join("cuda_fp16.h").is_file() || d.join("cuda.h").is_file()).collect())
+    })
+    .clone()
 }
 
 /// Looks for libnvrtc in `dirs`: the first existing file named `libnvrtc.so.13` or `libnvrtc.so`.
@@ -145,51 +150,54 @@ fn preload(path: &Path) -> std::result::Result<(), String> {
 pub fn ensure_nvrtc() -> Result<()> {
     static STATE: OnceLock<std::result::Result<(), Vec<String>>> = OnceLock::new();
     STATE
-        .get_or_init(|| {
-            // SAFETY: only tries to dlopen the candidate names.
-            if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                return Ok(());
-            }
-            let mut searched = vec![by_name_note()];
-            match find_nvrtc_in(&nvrtc_search_dirs()) {
-                Err(tried) => {
-                    searched.extend(tried);
-                    Err(searched)
-                }
-                Ok(path) => {
-                    // NVRTC opens its builtins library by name at compile time; load the
-                    // copy beside it first so that the name resolves to it.
-                    if let Some(dir) = path.parent() {
-                        if let Ok(rd) = std::fs::read_dir(dir) {
-                            let mut builtins: Vec<PathBuf> = rd
-                                .filter_map(|e| e.ok().map(|e| e.path()))
-                                .filter(|p| {
-                                    let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                                    n.starts_with("libnvrtc-builtins.so")
-                                })
-                                .collect();
-                            builtins.sort();
-                            for b in builtins {
-                                let _ = preload(&b);
-                            }
-                        }
-                    }
-                    if let Err(e) = preload(&path) {
-                        searched.push(e);
-                        return Err(searched);
-                    }
-                    // SAFETY: as above.
-                    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                        Ok(())
-                    } else {
-                        searched.push(format!("{} (loaded, but not under a name cudarc asks for)", path.display()));
-                        Err(searched)
-                    }
-                }
-            }
-        })
+        .get_or_init(|| crate::build_times::timed(crate::build_times::Step::NvrtcLoad, probe))
         .clone()
         .map_err(|searched| Error::NvrtcMissing { searched })
+}
+
+/// Finds and loads libnvrtc (see [`ensure_nvrtc`]); the places tried on failure.
+fn probe() -> std::result::Result<(), Vec<String>> {
+    // SAFETY: only tries to dlopen the candidate names.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Ok(());
+    }
+    let mut searched = vec![by_name_note()];
+    match find_nvrtc_in(&nvrtc_search_dirs()) {
+        Err(tried) => {
+            searched.extend(tried);
+            Err(searched)
+        }
+        Ok(path) => {
+            // NVRTC opens its builtins library by name at compile time; load the
+            // copy beside it first so that the name resolves to it.
+            if let Some(dir) = path.parent() {
+                if let Ok(rd) = std::fs::read_dir(dir) {
+                    let mut builtins: Vec<PathBuf> = rd
+                        .filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter(|p| {
+                            let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                            n.starts_with("libnvrtc-builtins.so")
+                        })
+                        .collect();
+                    builtins.sort();
+                    for b in builtins {
+                        let _ = preload(&b);
+                    }
+                }
+            }
+            if let Err(e) = preload(&path) {
+                searched.push(e);
+                return Err(searched);
+            }
+            // SAFETY: as above.
+            if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                Ok(())
+            } else {
+                searched.push(format!("{} (loaded, but not under a name cudarc asks for)", path.display()));
+                Err(searched)
+            }
+        }
+    }
 }
 
 /// True when libnvrtc can be loaded (see [`ensure_nvrtc`]).
@@ -235,24 +243,109 @@ pub fn compiles() -> u64 {
     COMPILES.load(Ordering::Relaxed)
 }
 
-/// Compiles with exactly these NVRTC options (see [`full_options`]).
+/// What one NVRTC compile gives: the PTX, and for a real architecture (`sm_90a`,
+/// `sm_80`, …) the cubin NVRTC's own assembler built from it. A GPU loads the cubin as
+/// it is, with no PTX → SASS step in the driver; a virtual architecture (`compute_90a`)
+/// gives PTX only, which the driver assembles when it loads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Module {
+    /// The PTX text.
+    pub ptx: String,
+    /// The cubin (ELF) for a real architecture; empty for a virtual one.
+    pub cubin: Vec<u8>,
+    /// The version `(major, minor)` of the NVRTC that built it.
+    pub nvrtc: (i32, i32),
+}
+
+impl Module {
+    /// What the driver's `cuModuleLoadData` takes: the cubin when there is one, else
+    /// the PTX with its terminating NUL.
+    pub fn image(&self) -> Vec<u8> {
+        if self.cubin.is_empty() {
+            self.ptx_image()
+        } else {
+            self.cubin.clone()
+        }
+    }
+
+    /// The PTX with its terminating NUL, as `cuModuleLoadData` takes it (the driver
+    /// assembles it for the GPU at hand).
+    pub fn ptx_image(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.ptx.len() + 1);
+        v.extend_from_slice(self.ptx.as_bytes());
+        v.push(0);
+        v
+    }
+}
+
+/// Compiles with exactly these NVRTC options (see [`full_options`]) and returns the PTX.
 pub(crate) fn compile_ptx_exact(source: &str, options: &[String]) -> Result<String> {
+    compile_module_exact(source, options).map(|m| m.ptx)
+}
+
+/// Compiles CUDA C++ `source` for `arch` with extra `options` into PTX and, for a real
+/// architecture, a cubin ([`Module`]).
+pub fn compile_module(source: &str, arch: &str, options: &[String]) -> Result<Module> {
+    compile_module_exact(source, &full_options(arch, options))
+}
+
+/// [`compile_module`] with exactly these NVRTC options (see [`full_options`]).
+pub(crate) fn compile_module_exact(source: &str, options: &[String]) -> Result<Module> {
     ensure_nvrtc()?;
     if source.contains('\0') {
         return Err(Error::InvalidArgument("the CUDA source contains a NUL byte".into()));
     }
+    if let Some(o) = options.iter().find(|o| o.contains('\0')) {
+        return Err(Error::InvalidArgument(format!("the NVRTC option {o:?} contains a NUL byte")));
+    }
     COMPILES.fetch_add(1, Ordering::Relaxed);
-    let opts = CompileOptions { options: options.to_vec(), name: Some("kfuse_kernel.cu".into()), ..Default::default() };
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cudarc::nvrtc::compile_ptx_with_opts(source, opts)));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_nvrtc(source, options)));
     let log = match r {
-        Ok(Ok(ptx)) => return Ok(ptx.to_src()),
-        Ok(Err(CompileError::CompileError { nvrtc, options, log })) => {
-            format!("{}\n({:?}; options: {})", log.to_string_lossy().trim_end(), nvrtc, options.join(" "))
-        }
-        Ok(Err(e)) => format!("{e:?}"),
+        Ok(Ok(m)) => return Ok(m),
+        Ok(Err(log)) => log,
         Err(p) => format!("NVRTC panicked: {}", crate::device::panic_text(&p)),
     };
     Err(Error::Nvrtc { log, source: source.to_string() })
+}
+
+/// One NVRTC program: created, compiled, its PTX and cubin read, destroyed. The error is
+/// NVRTC's log (or the failing call) with the options.
+fn run_nvrtc(source: &str, options: &[String]) -> std::result::Result<Module, String> {
+    use cudarc::nvrtc::{result, sys};
+    use std::ffi::CString;
+    let src = CString::new(source).map_err(|e| e.to_string())?;
+    let name = c"kfuse_kernel.cu";
+    let prog = result::create_program(&src, Some(name)).map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
+    struct Destroy(sys::nvrtcProgram);
+    impl Drop for Destroy {
+        fn drop(&mut self) {
+            // SAFETY: created above, destroyed once here.
+            let _ = unsafe { result::destroy_program(self.0) };
+        }
+    }
+    let prog = Destroy(prog);
+    let text = |v: Vec<std::ffi::c_char>| -> String {
+        let bytes: Vec<u8> = v.into_iter().map(|c| c as u8).take_while(|&b| b != 0).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    // SAFETY: `prog` is a live program for every call below; `src` and `name` outlive it.
+    unsafe {
+        if let Err(e) = result::compile_program(prog.0, options) {
+            let log = result::get_program_log(prog.0).map(text).unwrap_or_default();
+            return Err(format!("{}\n({e:?}; options: {})", log.trim_end(), options.join(" ")));
+        }
+        let (mut major, mut minor) = (0, 0);
+        sys::nvrtcVersion(&mut major, &mut minor).result().map_err(|e| format!("nvrtcVersion: {e:?}"))?;
+        let ptx = text(result::get_ptx(prog.0).map_err(|e| format!("nvrtcGetPTX: {e:?}"))?);
+        let mut size = 0usize;
+        let mut cubin = Vec::new();
+        // a virtual architecture has no cubin: the size call fails or says 0
+        if sys::nvrtcGetCUBINSize(prog.0, &mut size) == sys::nvrtcResult::NVRTC_SUCCESS && size > 0 {
+            cubin = vec![0u8; size];
+            sys::nvrtcGetCUBIN(prog.0, cubin.as_mut_ptr().cast()).result().map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))?;
+        }
+        Ok(Module { ptx, cubin, nvrtc: (major, minor) })
+    }
 }
 
 #[cfg(test)]

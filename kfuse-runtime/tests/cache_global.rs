@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use kfuse_codegen::EmittedKernel;
 use kfuse_runtime::settings::Config;
-use kfuse_runtime::{compile_cached, CacheOutcome, PtxCache};
+use kfuse_runtime::{compile_cached, CacheOutcome, ModuleCache};
 
 #[test]
 fn compile_cached_uses_the_configured_cache_dir() {
@@ -18,7 +18,7 @@ fn compile_cached_uses_the_configured_cache_dir() {
         assert!(std::env::var("KFUSE_REQUIRE_NVRTC").map_or(true, |v| v != "1"), "KFUSE_REQUIRE_NVRTC=1 but no libnvrtc");
         return;
     }
-    assert_eq!(PtxCache::global().dir(), Some(dir.as_path()));
+    assert_eq!(ModuleCache::global().dir(), Some(dir.as_path()));
     let e = EmittedKernel {
         entry: "k".into(),
         source: "extern \"C\" __global__ void k(float* y) { y[threadIdx.x] = 1.0f; }\n".into(),
@@ -39,7 +39,7 @@ fn compile_cached_uses_the_configured_cache_dir() {
     assert_eq!(o1, CacheOutcome::Compiled);
     let (p2, o2) = compile_cached(&e).unwrap();
     assert_eq!((o2, p2), (CacheOutcome::Memory, p1.clone()));
-    let (p3, o3) = PtxCache::new(Some(dir.clone())).compile_emitted(&e).unwrap();
+    let (p3, o3) = ModuleCache::new(Some(dir.clone())).compile_emitted(&e).unwrap();
     assert_eq!((o3, p3), (CacheOutcome::Disk, p1));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,5 +1,5 @@
 //! Concurrent first compiles of one kernel run NVRTC once (issue 23): eight threads of a
-//! process share the in-flight compile of their `PtxCache`, and two processes on one
+//! process share the in-flight compile of their `ModuleCache`, and two processes on one
 //! cache directory share its lock file — 2 × 8 threads, one compile in all.
 //!
 //! Needs NVRTC, not a GPU. Without libnvrtc these tests fail (`scripts/test.sh` installs
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use kfuse_runtime::cache::CacheStats;
 use kfuse_runtime::nvrtc::{compiles, ensure_nvrtc};
-use kfuse_runtime::{CacheOutcome, Error, PtxCache};
+use kfuse_runtime::{CacheOutcome, Error, ModuleCache};
 use sha2::{Digest, Sha256};
 
 const ARCH: &str = "sm_80";
@@ -90,7 +90,7 @@ fn sha(s: &str) -> String {
 }
 
 /// `THREADS` threads call `cache.compile(src)` at once.
-fn race(cache: &PtxCache, src: &str) -> Vec<kfuse_runtime::Result<(String, CacheOutcome)>> {
+fn race(cache: &ModuleCache, src: &str) -> Vec<kfuse_runtime::Result<(std::sync::Arc<kfuse_runtime::Module>, CacheOutcome)>> {
     let start = Barrier::new(THREADS);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..THREADS)
@@ -120,19 +120,19 @@ fn eight_threads_compile_once() {
     for disk in [None, Some(dir.clone())] {
         let src = source(random());
         let before = compiles();
-        let cache = PtxCache::new(disk.clone());
+        let cache = ModuleCache::new(disk.clone());
         let r: Vec<_> = race(&cache, &src).into_iter().map(|r| r.unwrap()).collect();
         assert_eq!(compiles() - before, 1, "NVRTC compiles of {THREADS} concurrent first calls (disk {disk:?})");
         let outcomes: Vec<_> = r.iter().map(|(_, o)| *o).collect();
         assert_eq!((count(&outcomes, CacheOutcome::Compiled), count(&outcomes, CacheOutcome::Memory)), (1, THREADS - 1), "{outcomes:?}");
-        assert!(r.iter().all(|(p, _)| *p == r[0].0 && p.contains(".entry kf_once")), "every thread gets the one PTX");
+        assert!(r.iter().all(|(p, _)| *p == r[0].0 && p.ptx.contains(".entry kf_once") && !p.cubin.is_empty()), "every thread gets the one module");
         assert_eq!(cache.stats(), CacheStats { compiles: 1, memory_hits: THREADS as u64 - 1, disk_hits: 0, lock_waits: 0 });
 
         if disk.is_some() {
             // the entry is on disk, the lock file gone; a fresh cache's threads read it once
             let key_file = cache.entry_path(&src, ARCH, &[]).unwrap().unwrap();
             assert_eq!(files(&dir), vec![key_file.file_name().unwrap().to_str().unwrap().to_string()]);
-            let fresh = PtxCache::new(disk.clone());
+            let fresh = ModuleCache::new(disk.clone());
             let r2: Vec<_> = race(&fresh, &src).into_iter().map(|r| r.unwrap()).collect();
             let outcomes: Vec<_> = r2.iter().map(|(_, o)| *o).collect();
             assert_eq!((count(&outcomes, CacheOutcome::Disk), count(&outcomes, CacheOutcome::Memory)), (1, THREADS - 1), "{outcomes:?}");
@@ -153,7 +153,7 @@ fn a_failed_compile_reaches_every_waiter_and_is_not_kept() {
     let dir = temp_dir("error");
     let bad = format!("extern \"C\" __global__ void k(float* y) {{ y[0] = undefined_{}; }}\n", random());
     let before = compiles();
-    let cache = PtxCache::new(Some(dir.clone()));
+    let cache = ModuleCache::new(Some(dir.clone()));
     let r = race(&cache, &bad);
     for x in &r {
         match x {
@@ -182,14 +182,14 @@ fn no_lock_to_be_had_still_compiles() {
     let file = base.join("file");
     std::fs::write(&file, b"x").unwrap();
     let src = source(random());
-    let cache = PtxCache::new(Some(file.join("cache")));
+    let cache = ModuleCache::new(Some(file.join("cache")));
     assert_eq!(cache.compile(&src, ARCH, &[]).unwrap().1, CacheOutcome::Compiled);
-    assert_eq!(PtxCache::new(Some(file.join("cache"))).compile(&src, ARCH, &[]).unwrap().1, CacheOutcome::Compiled);
+    assert_eq!(ModuleCache::new(Some(file.join("cache"))).compile(&src, ARCH, &[]).unwrap().1, CacheOutcome::Compiled);
 
     // a lock another holder keeps past the wait: the compile runs anyway, once the wait
     // is over
     let dir = base.join("cache");
-    let cache = PtxCache::new(Some(dir.clone())).with_lock_wait(Duration::from_millis(300));
+    let cache = ModuleCache::new(Some(dir.clone())).with_lock_wait(Duration::from_millis(300));
     let lock_path = cache.entry_path(&src, ARCH, &[]).unwrap().unwrap().with_extension("lock");
     std::fs::create_dir_all(&dir).unwrap();
     let holder = std::fs::File::create(&lock_path).unwrap();
@@ -203,7 +203,7 @@ fn no_lock_to_be_had_still_compiles() {
     // while the lock is held, an entry another process writes is taken as it appears
     let src2 = source(random());
     let before = compiles();
-    let waiter = PtxCache::new(Some(dir.clone()));
+    let waiter = ModuleCache::new(Some(dir.clone()));
     let lock2 = waiter.entry_path(&src2, ARCH, &[]).unwrap().unwrap().with_extension("lock");
     let holder2 = std::fs::File::create(&lock2).unwrap();
     holder2.lock().unwrap();
@@ -211,7 +211,7 @@ fn no_lock_to_be_had_still_compiles() {
         let w = s.spawn(|| waiter.compile(&src2, ARCH, &[]).unwrap());
         std::thread::sleep(Duration::from_millis(100));
         // an impatient writer: finds the lock held, does not wait, compiles and writes
-        let writer = PtxCache::new(Some(dir.clone())).with_lock_wait(Duration::ZERO);
+        let writer = ModuleCache::new(Some(dir.clone())).with_lock_wait(Duration::ZERO);
         let (p, o) = writer.compile(&src2, ARCH, &[]).unwrap();
         assert_eq!(o, CacheOutcome::Compiled);
         assert_eq!(w.join().unwrap(), (p, CacheOutcome::Disk));
@@ -277,7 +277,7 @@ fn two_processes_of_eight_threads_compile_once() {
     assert!(reports.iter().all(|r| r.ptx == reports[0].ptx), "{reports:?}");
     // one entry, no lock or temporary file left
     let left = files(&dir);
-    assert!(left.len() == 1 && left[0].ends_with(".ptx"), "{left:?}");
+    assert!(left.len() == 1 && left[0].ends_with(".module"), "{left:?}");
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&sync);
 }
@@ -292,7 +292,7 @@ fn worker_process() {
     };
     assert!(require_nvrtc());
     let src = source(seed.parse().unwrap());
-    let cache = PtxCache::new(Some(PathBuf::from(dir)));
+    let cache = ModuleCache::new(Some(PathBuf::from(dir)));
     // everything but the compile done before the meeting: NVRTC loaded, the key known
     cache.entry_path(&src, ARCH, &[]).unwrap();
     let sync = PathBuf::from(sync);
@@ -312,6 +312,6 @@ fn worker_process() {
         s.memory_hits,
         s.disk_hits,
         s.lock_waits,
-        sha(&r[0].0)
+        sha(&r[0].0.ptx)
     );
 }

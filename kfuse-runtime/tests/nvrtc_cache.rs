@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use kfuse_runtime::nvrtc::{compile_ptx, cuda_include_dirs, nvrtc_available, nvrtc_version};
-use kfuse_runtime::{CacheOutcome, Error, PtxCache};
+use kfuse_runtime::{CacheOutcome, Error, ModuleCache};
 
 const SRC: &str = r#"
 extern "C" __global__ void axpy(float* __restrict__ y, const float* __restrict__ x, float a, long long n) {
@@ -84,14 +84,16 @@ fn disk_cache_levels_and_corruption_recovery() {
     }
     let dir = temp_dir("cache");
     for arch in ["sm_90a", "sm_80"] {
-        let c1 = PtxCache::new(Some(dir.clone()));
+        let c1 = ModuleCache::new(Some(dir.clone()));
         let (p1, o1) = c1.compile(SRC, arch, &[]).unwrap();
         assert_eq!(o1, CacheOutcome::Compiled, "{arch}");
+        // a real architecture: the cubin (an ELF file) comes with the PTX
+        assert!(p1.cubin.starts_with(b"\x7fELF") && p1.ptx.contains(".entry axpy"), "{arch}");
         let (p2, o2) = c1.compile(SRC, arch, &[]).unwrap();
         assert_eq!((o2, &p2), (CacheOutcome::Memory, &p1));
 
         // A fresh process-level cache finds the file.
-        let c2 = PtxCache::new(Some(dir.clone()));
+        let c2 = ModuleCache::new(Some(dir.clone()));
         let (p3, o3) = c2.compile(SRC, arch, &[]).unwrap();
         assert_eq!((o3, &p3), (CacheOutcome::Disk, &p1));
 
@@ -103,12 +105,12 @@ fn disk_cache_levels_and_corruption_recovery() {
         let n = bytes.len();
         bytes[n - 10] ^= 0x20;
         std::fs::write(&path, &bytes).unwrap();
-        let (p4, o4) = PtxCache::new(Some(dir.clone())).compile(SRC, arch, &[]).unwrap();
+        let (p4, o4) = ModuleCache::new(Some(dir.clone())).compile(SRC, arch, &[]).unwrap();
         assert_eq!((o4, &p4), (CacheOutcome::Compiled, &p1));
         std::fs::write(&path, &bytes[..n / 2]).unwrap();
-        let (_, o5) = PtxCache::new(Some(dir.clone())).compile(SRC, arch, &[]).unwrap();
+        let (_, o5) = ModuleCache::new(Some(dir.clone())).compile(SRC, arch, &[]).unwrap();
         assert_eq!(o5, CacheOutcome::Compiled);
-        let (_, o6) = PtxCache::new(Some(dir.clone())).compile(SRC, arch, &[]).unwrap();
+        let (_, o6) = ModuleCache::new(Some(dir.clone())).compile(SRC, arch, &[]).unwrap();
         assert_eq!(o6, CacheOutcome::Disk, "the rewritten entry verifies");
 
         // Other options make another entry.
@@ -117,7 +119,7 @@ fn disk_cache_levels_and_corruption_recovery() {
     }
     let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert_eq!(files.len(), 4, "{files:?}");
-    assert!(files.iter().all(|f| f.ends_with(".ptx") && f.len() == 64 + 4), "{files:?}");
+    assert!(files.iter().all(|f| f.ends_with(".module") && f.len() == 64 + 7), "{files:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -126,7 +128,7 @@ fn no_disk_level_still_compiles() {
     if !have_nvrtc() {
         return;
     }
-    let c = PtxCache::new(None);
+    let c = ModuleCache::new(None);
     assert_eq!(c.compile(SRC, "sm_80", &[]).unwrap().1, CacheOutcome::Compiled);
     assert_eq!(c.compile(SRC, "sm_80", &[]).unwrap().1, CacheOutcome::Memory);
     assert_eq!(c.entry_path(SRC, "sm_80", &[]).unwrap(), None);

@@ -27,6 +27,11 @@
 //! and [`gemm_batched_ex`] take leading batch dimensions (`b` may be shared by the
 //! batch). Each is one launch of a `#[kfuse]` kernel whose epilogue does the scaling.
 //!
+//! [`warm`] compiles the kernels of a list of op calls ahead of time (`gemm bf16
+//! 4096x4096 4096x4096`, a line each: [`parse_warm_list`]), so that a later process finds
+//! them in the disk cache: its first call of each then loads a cubin instead of
+//! compiling.
+//!
 //! # Strided inputs
 //!
 //! Every op takes inputs of any strides; a contiguous input takes the same kernel and
@@ -56,8 +61,10 @@
 pub mod kernels;
 mod matmul;
 mod rope;
+mod warm;
 
 pub use matmul::{gemm_batched, gemm_batched_ex, gemm_ex, gemm_grouped, gemm_grouped_ex, swiglu_gemm, GemmOptions};
+pub use warm::{parse_warm_list, warm, WarmCall, WARM_OPS};
 pub use rope::{rope, Freqs, Positions, RopeLayout, RopeOptions};
 
 #[doc(hidden)]

@@ -17,7 +17,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, LoopId, Op, OpId, ParamKind, ReduceOp, SmemLayout, UnaryOp, ValueId};
 
-use crate::analysis::{concrete_shape, extent_value, is_zero, non_negative};
+use crate::analysis::{concrete_shape, extent_value, is_zero, non_negative, same_scalar};
 use crate::cuda::prelude::CLUSTER_PRELUDE;
 use crate::cuda::writer::Writer;
 use crate::layout::{AxisMap, RegMap};
@@ -393,6 +393,10 @@ struct Emitter<'a> {
     dynamic_ranges: BTreeSet<(LoopId, u32)>,
     /// Carried tiles found to need that: the kernel is written again with them added.
     retry: BTreeSet<(LoopId, u32)>,
+    /// Upper valid-range variables whose value is known: `hi` → (shape symbol, offset,
+    /// extent) for `hi = max(0, min(n - offset, extent))` (`mma_common::range_of`), so
+    /// that a store can tell at compile time that a value covers its block.
+    bounds: HashMap<String, (kfuse_ir::ShapeSym, ValueId, u32)>,
 }
 
 type R = Result<(), CodegenError>;
@@ -419,6 +423,7 @@ impl<'a> Emitter<'a> {
             loop_depth: 0,
             dynamic_ranges: BTreeSet::new(),
             retry: BTreeSet::new(),
+            bounds: HashMap::new(),
         }
     }
 }

@@ -26,7 +26,8 @@ pub(super) fn range_of(e: &mut Emitter, load: OpId, d: usize, ext: u32) -> Resul
     let Op::Load { tensor, .. } = k.op(load) else { unreachable!() };
     let off_v = k.operands(load)[d];
     let off = e.val(off_v).name.clone();
-    let n = e.shape_var(k.tensor_dims(*tensor)[d]);
+    let sym = k.tensor_dims(*tensor)[d];
+    let n = e.shape_var(sym);
     let lo = if non_negative(k, off_v) {
         "0".to_string()
     } else {
@@ -36,6 +37,7 @@ pub(super) fn range_of(e: &mut Emitter, load: OpId, d: usize, ext: u32) -> Resul
     };
     let hi = e.fresh("kf_b");
     e.line(format!("const long long {hi} = kf_maxi(0LL, kf_mini({n} - {off}, {ext}LL));"))?;
+    e.bounds.insert(hi.clone(), (sym, off_v, ext));
     Ok((lo, hi))
 }
 

@@ -822,7 +822,10 @@ pub(super) fn emit_kernel(
 impl Emitter<'_> {
     /// The epilogue store of a `[BM, BN]` tile through shared memory and a TMA bulk
     /// store, when the value's valid lanes are exactly the in-bounds part of the tile
-    /// (what the copy engine writes; checked at run time), else the ordinary store.
+    /// (what the copy engine writes), else the ordinary store. What the IR shows at
+    /// compile time (a range from loads at the same block offsets, `Emitter::bounds`
+    /// and `same_scalar`; offsets that cannot be negative) is not checked again; with
+    /// nothing left to check, the ordinary store is not written.
     ///
     /// Shared memory holds the tile as `BN / inner` boxes of `[BM, inner]` elements,
     /// 128-byte rows swizzled like TMA's 128-byte mode (16-byte chunk `j` of row `r` at
@@ -855,23 +858,40 @@ impl Emitter<'_> {
         }
         let tdims = k.tensor_dims(*tensor).to_vec();
         let offs: Vec<String> = ops[..r].iter().map(|o| self.val(*o).name.clone()).collect();
+        // what is not known here is checked at run time; where everything is (the
+        // accumulator's range is that of the loads along the same block offsets, the
+        // usual case), the ordinary store is not written at all
         let mut conds = Vec::new();
         for t in 0..2 {
             let n = self.shape_var(tdims[t]);
             let ext = val.shape[t];
-            conds.push(format!("{} == 0", val.lo[t]));
-            conds.push(format!("{} == kf_maxi(0LL, kf_mini({n} - {}, {ext}LL))", val.hi[t], offs[t]));
-            conds.push(format!("{} >= 0", offs[t]));
+            if val.lo[t] != "0" {
+                conds.push(format!("{} == 0", val.lo[t]));
+            }
+            let covers = self.bounds.get(&val.hi[t]).is_some_and(|&(sym, off, e)| sym == tdims[t] && e == ext && same_scalar(k, off, ops[t]));
+            if !covers {
+                conds.push(format!("{} == kf_maxi(0LL, kf_mini({n} - {}, {ext}LL))", val.hi[t], offs[t]));
+            }
+            if !non_negative(k, ops[t]) {
+                conds.push(format!("{} >= 0", offs[t]));
+            }
         }
-        let ok = self.fresh("kf_tma_ok");
-        self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
+        let fallback = !conds.is_empty();
+        // `if (ok) {`, or a plain block where the store is known to fit
+        let guard = if fallback {
+            let ok = self.fresh("kf_tma_ok");
+            self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
+            format!("if ({ok})")
+        } else {
+            String::new()
+        };
         let boxes = val.shape[1] / inner;
         if buffers > 0 && buffers < boxes {
             let c = &map.axes[1];
             if c.replicated() || c.ctas > 1 || !inner.is_multiple_of(c.chunk) {
                 return Err(CodegenError::Unsupported(format!("an output tile in {inner}-column boxes from a register layout whose columns repeat every {}", c.chunk)));
             }
-            self.open(format!("if ({ok})"))?;
+            self.open(&guard)?;
             self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)(kf_pipe - kf_dsmem) + {c_base});"))?;
             let b = self.barrier;
             let e1 = map.axes[1].e_stride;
@@ -897,11 +917,14 @@ impl Emitter<'_> {
                 self.close()?;
             }
             self.close()?;
-            self.open("else")?;
-            self.op(op)?;
-            return self.close();
+            if fallback {
+                self.open("else")?;
+                self.op(op)?;
+                self.close()?;
+            }
+            return Ok(());
         }
-        self.open(format!("if ({ok})"))?;
+        self.open(&guard)?;
         self.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");"))?;
         let b = self.barrier;
         self.line(b)?;
@@ -926,9 +949,12 @@ impl Emitter<'_> {
         self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
         self.close()?;
         self.close()?;
-        self.open("else")?;
-        self.op(op)?;
-        self.close()
+        if fallback {
+            self.open("else")?;
+            self.op(op)?;
+            self.close()?;
+        }
+        Ok(())
     }
 
     /// Writes register `k0` of `name` and the next along the columns (a 16-bit pair)

@@ -1,0 +1,96 @@
+//! The first call of a GEMM and of a row kernel in a fresh process, and where its time
+//! goes (`kfuse::runtime::build_times`: IR, codegen, disk cache, NVRTC, module load):
+//! with an empty cache directory (cold), with the disk cache the cold process filled
+//! (warm disk), and with a cache that `kfuse::ops::warm` filled ahead of time from a
+//! list of calls. The cold phase runs twice, the second time with another empty cache
+//! and NVRTC's libraries (~200 MB) already in the OS's page cache. Each phase is its own process, started by this one; the device
+//! context is made before the clock starts.
+//!
+//!     cargo run --release --example cold_start [M N K]   (default 4096 4096 4096)
+//!
+//! A first call's time is from the op's call to the end of a device synchronize after
+//! it: the build steps, the launch and the kernel itself.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kfuse::runtime::build_times;
+use kfuse::{DType, Device, Tensor};
+
+const CHILD: &str = "KFUSE_COLD_START_CHILD";
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// One op's first and second call in this process, with the first call's build steps.
+fn first_call(dev: &Device, what: &str, f: impl Fn() -> kfuse::Result<()>) -> kfuse::Result<()> {
+    let before = build_times();
+    let t = Instant::now();
+    f()?;
+    dev.synchronize()?;
+    let first = t.elapsed();
+    let steps = build_times().since(&before);
+    let t = Instant::now();
+    f()?;
+    dev.synchronize()?;
+    let second = t.elapsed();
+    println!("  {what:<28} first call {:8.2} ms, second {:6.3} ms | {steps}", ms(first), ms(second));
+    Ok(())
+}
+
+fn child(phase: &str, m: usize, n: usize, k: usize) -> kfuse::Result<()> {
+    let t = Instant::now();
+    let dev = Device::gpu(0)?;
+    let a = Tensor::empty(&[m, k], DType::BF16, &dev)?;
+    let b = Tensor::empty(&[k, n], DType::BF16, &dev)?;
+    let x = Tensor::empty(&[m, n], DType::BF16, &dev)?;
+    dev.synchronize()?;
+    let list = format!("gemm bf16 {m}x{k} {k}x{n}\nsoftmax bf16 {m}x{n}\n");
+    if phase == "warm-list" {
+        let t = Instant::now();
+        kfuse::ops::warm(&dev, &kfuse::ops::parse_warm_list(&list)?)?;
+        println!("{phase}: kfuse::ops::warm of [{}] took {:.1} ms", list.trim().replace('\n', "; "), ms(t.elapsed()));
+        return Ok(());
+    }
+    println!("{phase}: device context and inputs {:.1} ms (before the clock)", ms(t.elapsed()));
+    first_call(&dev, &format!("gemm {m}x{n}x{k} bf16"), || kfuse::ops::gemm(&a, &b).map(drop))?;
+    first_call(&dev, &format!("softmax {m}x{n} bf16"), || kfuse::ops::softmax(&x).map(drop))?;
+    Ok(())
+}
+
+fn main() -> kfuse::Result<()> {
+    let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("M N K")).collect();
+    let (m, n, k) = if args.len() >= 3 { (args[0], args[1], args[2]) } else { (4096, 4096, 4096) };
+    if let Ok(phase) = std::env::var(CHILD) {
+        return child(&phase, m, n, k);
+    }
+    if kfuse::runtime::gpu_count() == 0 {
+        println!("cold_start: no GPU, nothing to time");
+        return Ok(());
+    }
+    let exe = std::env::current_exe()?;
+    let root = std::env::temp_dir().join(format!("kfuse-cold-start-{}", std::process::id()));
+    let (filled, listed) = (root.join("filled"), root.join("listed"));
+    let _ = std::fs::remove_dir_all(&root);
+    println!("{}", Device::gpu(0)?.describe());
+    let other = root.join("other");
+    // the second cold process finds NVRTC's libraries in the OS's page cache
+    for (phase, dir) in [
+        ("cold (empty cache)", &filled),
+        ("cold again (another empty cache)", &other),
+        ("warm disk", &filled),
+        ("warm disk again", &filled),
+        ("warm-list", &listed),
+        ("after kfuse::ops::warm", &listed),
+    ] {
+        let out = Command::new(&exe).args([m, n, k].map(|v| v.to_string())).env(CHILD, phase).env("KFUSE_CACHE_DIR", dir).output()?;
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+        if !out.status.success() {
+            eprint!("{}", String::from_utf8_lossy(&out.stderr));
+            return Err(kfuse::Error::InvalidArgument(format!("the `{phase}` process failed ({})", out.status)));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    Ok(())
+}
