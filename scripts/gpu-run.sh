@@ -37,7 +37,7 @@ if [ "$gemm_only" = 1 ]; then
   printf '%s\n' "${rows[@]}"
   exit 0
 fi
-for t in ${KFUSE_TESTS:-gpu errors user_kernels rope rows gpu_gemm gpu_gemm_f32 gpu_gemm_tf32 gpu_gemm_swiglu gpu_gemm_fp8 gpu_gemm_ex gemm_grouped autotune loops masks attention interpreter_tiles kfuse_runtime gpu_runtime vendor_fp8 compile_once}; do
+for t in ${KFUSE_TESTS:-gpu errors user_kernels rope rows gpu_gemm gpu_gemm_f32 gpu_gemm_tf32 gpu_gemm_swiglu gpu_gemm_fp8 gpu_gemm_ex gemm_grouped autotune loops masks attention interpreter_tiles kfuse_runtime gpu_runtime vendor_fp8 compile_once memory_pool}; do
   bin="$here/bin/$t"
   [ -x "$bin" ] || { rows+=("test $t: MISSING"); continue; }
   # snapshot tests compare against files of the build machine's checkout: skipped here

@@ -1,18 +1,20 @@
 //! Devices: the CPU (the interpreter's home) and CUDA GPUs.
 //!
 //! Owns: finding the CUDA driver and the GPUs, one CUDA context and stream per GPU, the
-//! GPU's facts ([`Device::target`]), the per-device cache of loaded kernels, loading PTX
-//! into a module, and timing with CUDA events.
+//! GPU's facts ([`Device::target`]), the per-device cache of loaded kernels and memory
+//! pool ([`crate::pool`]: [`Device::memory_stats`], [`Device::empty_cache`]), loading
+//! PTX into a module, and timing with CUDA events.
 //!
 //! Invariants:
 //! - A [`Device`] is a cheap handle (`Clone` copies an `Arc`). All handles to one GPU
 //!   ordinal share one `Gpu` record, created on first use and kept for the life of the
-//!   process: one primary context, one stream, one kernel cache per GPU.
+//!   process: one primary context, one stream, one kernel cache, one memory pool per GPU.
 //! - Every GPU operation of the runtime (allocation, copies, memsets, launches, events)
 //!   goes to that GPU's one stream, the context's legacy default stream. Work is
 //!   therefore ordered as issued, which is why cudarc's per-allocation event tracking is
 //!   switched off (it only matters with several streams, and costs two events per
-//!   allocation).
+//!   allocation). It is also what lets the memory pool hand a freed block to the next
+//!   tensor at once: whatever used the block earlier is ahead on the same stream.
 //! - Nothing here panics when libcuda is missing or no GPU is present: the driver library
 //!   is probed without loading it for good, and the remaining cudarc calls that could
 //!   panic (a missing symbol in an old driver) run under `catch_unwind`. Those cases are
@@ -32,8 +34,10 @@ use kfuse_codegen::Target;
 
 use crate::cache::FunctionCache;
 use crate::error::{driver, Error, Result};
+use crate::pool::{DevicePool, MemoryStats};
 
-/// One GPU: its context, its stream, its facts and its cache of loaded kernels.
+/// One GPU: its context, its stream, its facts, its cache of loaded kernels and its
+/// memory pool.
 pub(crate) struct Gpu {
     pub(crate) ordinal: usize,
     pub(crate) ctx: Arc<CudaContext>,
@@ -46,6 +50,8 @@ pub(crate) struct Gpu {
     /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`, in bytes.
     pub(crate) smem_optin: u32,
     pub(crate) functions: FunctionCache,
+    /// The device memory of tensors (see [`crate::pool`]).
+    pub(crate) memory: DevicePool,
     /// [`Device::describe`]'s text, made once (launches and their error messages use it).
     pub(crate) description: String,
 }
@@ -163,7 +169,7 @@ fn open_gpu(ordinal: usize) -> Result<Gpu> {
         let smem = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(driver(&what))?;
         let num_sms = num_sms.max(0) as u32;
         let description = format!("cuda:{ordinal} ({name}, sm_{}{}, {num_sms} SMs)", cc.0, cc.1);
-        Ok(Gpu { ordinal, ctx, stream, name, cc, num_sms, smem_optin: smem.max(0) as u32, functions: FunctionCache::default(), description })
+        Ok(Gpu { ordinal, ctx, stream, name, cc, num_sms, smem_optin: smem.max(0) as u32, functions: FunctionCache::default(), memory: DevicePool::default(), description })
     }));
     match r {
         Ok(r) => r,
@@ -275,6 +281,30 @@ impl Device {
             Kind::Cpu => Ok(()),
             Kind::Gpu(g) => g.sync(),
         }
+    }
+
+    /// What the GPU's memory pool holds and has done ([`MemoryStats`]: bytes allocated to
+    /// tensors, reserved from the driver, the peak; allocations, pool hits, driver
+    /// allocations). All zeros on the CPU, whose tensors are not pooled.
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.gpu_ref().map_or_else(MemoryStats::default, |g| g.memory.stats())
+    }
+
+    /// Starts [`MemoryStats::peak_allocated_bytes`] over from the bytes allocated now.
+    pub fn reset_peak_memory_stats(&self) {
+        if let Some(g) = self.gpu_ref() {
+            g.memory.reset_peak();
+        }
+    }
+
+    /// Gives the cached free blocks of the GPU's memory pool back to the driver (after
+    /// the work issued so far, which it waits for), so that other libraries and processes
+    /// can have that memory; `reserved_bytes` drops to `allocated_bytes`. Storage of live
+    /// tensors stays. A no-op on the CPU.
+    pub fn empty_cache(&self) -> Result<()> {
+        let Some(g) = self.gpu_ref() else { return Ok(()) };
+        g.memory.release_cached(&g.stream).map_err(driver(format_args!("freeing the cached memory of {}", self.description())))?;
+        g.sync()
     }
 
     /// Times `f`: runs it `warmup` times, then `iters` times with a CUDA event recorded
@@ -442,6 +472,7 @@ impl fmt::Debug for Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Tensor;
 
     #[test]
     fn cubins_run_on_their_own_family() {
@@ -462,6 +493,10 @@ mod tests {
         assert_eq!(d.target(), None);
         assert_eq!(d, Device::cpu());
         d.synchronize().unwrap();
+        let _held = Tensor::zeros(&[64], kfuse_ir::DType::F32, &d).unwrap();
+        assert_eq!(d.memory_stats(), MemoryStats::default(), "host tensors are not pooled");
+        d.reset_peak_memory_stats();
+        d.empty_cache().unwrap();
         let mut n = 0;
         let t = d.time_ms(2, 3, || {
             n += 1;

@@ -12,6 +12,8 @@
 //! - [`error`]: the [`Error`] type and its messages;
 //! - [`device`]: [`Device`] (CPU or a CUDA GPU), the driver probe, streams, timing;
 //! - [`tensor`]: [`Tensor`], strided views of host or device storage;
+//! - [`pool`]: the per-GPU caching pool of device memory and its [`MemoryStats`]
+//!   ([`Device::memory_stats`], [`Device::empty_cache`]);
 //! - [`nvrtc`]: finding libnvrtc and the CUDA headers, compiling to PTX and cubins;
 //! - [`cache`]: module cache (PTX and cubin) in memory and on disk, loaded kernels per
 //!   device;
@@ -51,6 +53,7 @@ pub mod device;
 pub mod error;
 pub mod launch;
 pub mod nvrtc;
+pub mod pool;
 pub mod settings;
 pub mod tensor;
 pub mod tma;
@@ -61,6 +64,7 @@ pub use build_times::{build_times, BuildTimes};
 pub use cache::{compile_cached, CacheOutcome, ModuleCache};
 pub use nvrtc::Module;
 pub use device::{gpu_count, Device};
+pub use pool::MemoryStats;
 pub use error::{Error, Result};
 pub use kfuse_ir::DType;
 pub use settings::Config;

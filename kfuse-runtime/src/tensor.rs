@@ -15,10 +15,12 @@
 //!   says whether two tensors share it. Cloning a tensor makes another view, not a copy.
 //! - Host storage is little-endian bytes behind an `RwLock`: writes through `&mut Tensor`
 //!   (`fill`, kernel outputs) take the write lock, reads take the read lock.
-//! - Device storage is one `cudarc` allocation of the GPU's stream plus that GPU's
-//!   [`Device`]; a zero-byte tensor allocates nothing and has address 0. All device work
-//!   is ordered on the GPU's one stream (see `device.rs`), and every read back to the host
-//!   synchronizes that stream.
+//! - Device storage is one block of the GPU's memory pool ([`crate::pool`]: the request
+//!   rounded up to its size class) plus that GPU's [`Device`]; dropping the storage
+//!   returns the block to the pool, which hands it to a later tensor of the same class
+//!   without a driver call. A zero-byte tensor takes no block and has address 0. All
+//!   device work is ordered on the GPU's one stream (see `device.rs`), which is what makes
+//!   the reuse safe, and every read back to the host synchronizes that stream.
 //! - Element values written from `f32`/`f64` are rounded to the dtype with
 //!   [`DType::write`] (round to nearest even).
 
@@ -31,14 +33,24 @@ use kfuse_ir::DType;
 use crate::device::Device;
 use crate::error::{driver, Error, Result};
 
-/// A device allocation.
+/// A device allocation: a block of its GPU's memory pool, returned to the pool on drop.
 pub(crate) struct DeviceBuffer {
     /// `None` for a zero-byte buffer (the driver refuses zero-byte allocations).
-    _slice: Option<CudaSlice<u8>>,
+    block: Option<CudaSlice<u8>>,
     /// The address of byte 0 (0 when empty).
     pub(crate) ptr: u64,
+    /// The bytes asked for (the block may be larger: [`crate::pool::size_class`]).
     pub(crate) bytes: usize,
+    /// Keeps the GPU record, and so the pool the block returns to, alive.
     pub(crate) device: Device,
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if let (Some(block), Some(g)) = (self.block.take(), self.device.gpu_ref()) {
+            g.memory.free(block);
+        }
+    }
 }
 
 /// The memory behind one or more tensors.
@@ -197,17 +209,14 @@ impl Tensor {
             }
             Some(g) => {
                 if bytes == 0 {
-                    return Ok(Storage::Device(DeviceBuffer { _slice: None, ptr: 0, bytes: 0, device: device.clone() }));
+                    return Ok(Storage::Device(DeviceBuffer { block: None, ptr: 0, bytes: 0, device: device.clone() }));
                 }
-                // SAFETY: the memory is uninitialized, which `Tensor::empty` documents;
-                // every other constructor writes it before it is read.
-                let slice = unsafe { g.stream.alloc::<u8>(bytes) }
-                    .map_err(driver(format_args!("allocating {bytes} bytes on {}", device.description())))?;
+                let block = g.memory.alloc(&g.stream, bytes).map_err(driver(format_args!("allocating {bytes} bytes on {}", device.description())))?;
                 let ptr = {
-                    let (ptr, _rec) = slice.device_ptr(&g.stream);
+                    let (ptr, _rec) = block.device_ptr(&g.stream);
                     ptr
                 };
-                Ok(Storage::Device(DeviceBuffer { ptr, _slice: Some(slice), bytes, device: device.clone() }))
+                Ok(Storage::Device(DeviceBuffer { ptr, block: Some(block), bytes, device: device.clone() }))
             }
         }
     }
@@ -217,7 +226,7 @@ impl Tensor {
     }
 
     /// A packed tensor with unspecified contents (zeros on the CPU; uninitialized device
-    /// memory on a GPU).
+    /// memory on a GPU, which may hold what an earlier tensor of the pool left there).
     pub fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         let bytes = checked_bytes(shape, dtype)?;
         Ok(Tensor::packed(Tensor::alloc(bytes, device)?, shape, dtype))
