@@ -9,7 +9,7 @@
 //! and test builds):
 //! `verify → hoist_invariants → choose_tiles → select_mma_path → pipeline_stages →
 //! persist_programs → rematerialize → assign_layouts → vectorize → verify →
-//! prefetch_ahead → emit`. A pipelined `dot` loop is written by the matrix-path
+//! prefetch_ahead → order_grid → emit`. A pipelined `dot` loop is written by the matrix-path
 //! writer its plan names (`cuda/emit/wgmma.rs` on sm_90a, `cuda/emit/mma_sm80.rs` on
 //! sm_80/sm_89, `cuda/emit/dot_fma.rs` for exact f32 FMAs on any target); every other
 //! loop is written op by op, its carried values in registers (`cuda/emit/loops.rs`). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
@@ -131,6 +131,7 @@ fn schedule_passes(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kern
     passes::vectorize::run(&mut k, spec)?;
     verify(&k, "vectorize")?;
     passes::prefetch_ahead::run(&mut k, spec, target)?;
+    passes::order_grid::run(&mut k, spec)?;
     Ok(k)
 }
 
@@ -155,6 +156,9 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
         axes.push(GridAxisEval { dim: a.dim, step });
     }
     let out = cuda::emit::emit(&k, spec, target, &axes)?;
+    // the launch grid lists the axes in launch order (x, y, z): `order_grid` may have
+    // put another program axis along x
+    axes.swap(0, k.schedule.grid_x as usize);
     // the writer sizes the shared memory it declares (statically, in the source, plus
     // the dynamic pipeline buffers of the matrix path); recorded for the printer
     k.schedule.smem_bytes = out.static_smem + out.dynamic_smem;

@@ -53,13 +53,15 @@ pub struct TensorSpec {
 pub struct Spec {
     /// Per parameter (in signature order): the tensor facts; `None` for scalars.
     pub tensors: Vec<Option<TensorSpec>>,
-    /// Per shape symbol: its value rounded up to a power of two (used where the symbol
-    /// is a full tile extent, and to cap tile sizes for small tensors).
+    /// Per shape symbol: its value rounded up to a power of two, at most 2^31, which
+    /// stands for any larger value (used where the symbol is a full tile extent, to cap
+    /// tile sizes for small tensors, and to bound the programs along a grid axis).
     pub shape_pow2: Vec<u32>,
     /// Per shape symbol: the largest power of two dividing its value, capped at its
     /// `shape_pow2` (so `shape_div == shape_pow2` says the value is exactly that power of
-    /// two). Empty or missing entries: unknown (1). A full tile extent whose value is
-    /// exact needs no bounds masks (`Schedule::full_exact`).
+    /// two; never for a value above 2^31, whose `shape_pow2` is capped). Empty or
+    /// missing entries: unknown (1). A full tile extent whose value is exact needs no
+    /// bounds masks (`Schedule::full_exact`). [`shape_facts`] gives both of a value.
     pub shape_div: Vec<u32>,
     /// Tile-size overrides by tile-symbol name (`BN` → 1024); powers of two.
     pub tiles: BTreeMap<String, u32>,
@@ -74,6 +76,17 @@ pub struct Spec {
     /// Which register-room attempt to compile (`Schedule::register_attempt`; 0 the
     /// first). [`crate::compile_with_fallbacks`] steps through them.
     pub register_attempt: u32,
+}
+
+/// [`Spec::shape_pow2`] and [`Spec::shape_div`] of a shape value `v`: `v` rounded up to
+/// a power of two (at least 1, at most 2^31), and the largest power of two dividing `v`
+/// (0 counts as 1), at most that. A value above 2^31 gets at most 2^30 for the second,
+/// so that it is never taken for exactly 2^31.
+pub fn shape_facts(v: u64) -> (u32, u32) {
+    let v = v.max(1);
+    let pow2 = v.next_power_of_two().min(1 << 31);
+    let cap = if v > 1 << 31 { 1 << 30 } else { pow2 };
+    (pow2 as u32, (1u64 << v.trailing_zeros()).min(cap) as u32)
 }
 
 /// One CUDA kernel parameter, in order.
@@ -191,4 +204,21 @@ impl EmittedKernel {
 /// [`EmittedKernel::grouped`]): grid (3), programs before it (1), one per parameter.
 pub fn group_record_words(params: &[KernelParam]) -> usize {
     4 + params.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shape_facts;
+
+    #[test]
+    fn shape_facts_round_up_and_divide() {
+        assert_eq!(shape_facts(0), (1, 1));
+        assert_eq!(shape_facts(12), (16, 4));
+        assert_eq!(shape_facts(4096), (4096, 4096));
+        assert_eq!(shape_facts(1 << 31), (1 << 31, 1 << 31), "2^31 exactly");
+        // past 2^31 the power of two is capped and never claimed exact
+        assert_eq!(shape_facts((1 << 31) + 7), (1 << 31, 1));
+        assert_eq!(shape_facts(1 << 32), (1 << 31, 1 << 30));
+        assert_eq!(shape_facts(3 << 31), (1 << 31, 1 << 30));
+    }
 }

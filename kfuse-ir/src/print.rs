@@ -163,6 +163,10 @@ pub fn print(k: &Kernel) -> String {
             let split = s.split.map(|e| k.extent_name(e)).unwrap_or_default();
             let _ = writeln!(out, "  cluster {} blocks along x, splitting {split}", s.cluster);
         }
+        if s.grid_x > 0 {
+            let yz = ["x", "y", "z"][s.grid_x as usize];
+            let _ = writeln!(out, "  grid: program_id({}) along x, program_id(0) along {yz} (more than 65535 programs along y or z otherwise)", s.grid_x);
+        }
         if s.l2_prefetch > 0 {
             let _ = writeln!(out, "  L2 prefetch: each block asks L2 for its slice of the rows {} programs ahead before its own loads", s.l2_prefetch);
         }

@@ -105,6 +105,11 @@ pub struct Schedule {
     /// held in registers (`rematerialize`): fewer registers a thread, more blocks a
     /// multiprocessor.
     pub remat: bool,
+    /// The `program_id` axis whose programs run along the launch grid's x; axis 0 takes
+    /// its place (y or z) and the others keep theirs. 0, the plain grid, but where the
+    /// specialization lets another axis have more programs than CUDA's 65535 along y or
+    /// z and axis 0 cannot (`order_grid`; x takes up to 2^31 - 1).
+    pub grid_x: u8,
     /// A grouped launch (`Spec::grouped`): the programs of several problems in one
     /// launch; each block finds its problem and program in a table the runtime passes,
     /// whose entries bind the parameters' names (pointers, strides, shapes, scalars).

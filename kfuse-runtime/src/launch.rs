@@ -445,7 +445,8 @@ fn pow2_div(x: u64) -> u32 {
 
 /// The specialization facts of actual arguments: per tensor parameter the alignment of
 /// element 0's address and the divisibility of each stride (0 for a unit stride), per
-/// shape symbol its value rounded up to a power of two (at least 1, at most 2^31).
+/// shape symbol its value rounded up to a power of two (at least 1, at most 2^31) and
+/// the power of two dividing it (`kfuse_codegen::target::shape_facts`).
 pub fn spec_for(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Spec> {
     spec_with_shapes(kernel, args, &shape_values(kernel, args)?)
 }
@@ -464,8 +465,7 @@ fn spec_with_shapes(kernel: &Kernel, args: &[Arg<'_>], vals: &[u64]) -> Result<S
             _ => None,
         })
         .collect();
-    let shape_pow2: Vec<u32> = vals.iter().map(|&v| v.max(1).next_power_of_two().min(1 << 31) as u32).collect();
-    let shape_div = vals.iter().zip(&shape_pow2).map(|(&v, &p)| (1u64 << v.max(1).trailing_zeros()).min(p as u64) as u32).collect();
+    let (shape_pow2, shape_div) = vals.iter().map(|&v| kfuse_codegen::target::shape_facts(v)).unzip();
     let settings = crate::settings::current();
     Ok(Spec {
         tensors,

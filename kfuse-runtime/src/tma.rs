@@ -118,7 +118,7 @@ impl TiledMapDesc {
     /// the tensor-memory accelerator's rules, and returns the encode arguments. Refused,
     /// with [`Error::InvalidArgument`] naming the rule: a rank of 0 or above 5, an
     /// innermost stride other than 1, a negative stride or one that is not a multiple of
-    /// 16 bytes (or ≥ 2^40 bytes), an extent of 0 or above 2^32, an address not 16-byte
+    /// 16 bytes (or ≥ 2^40 bytes), an extent of 0 or above 2^31, an address not 16-byte
     /// aligned, a box of another rank, a box extent of 0 or above 256, an inner box row
     /// that is not a multiple of 16 bytes, a swizzle other than 0/32/64/128 bytes, and an
     /// inner box row longer than the swizzle span.
@@ -138,8 +138,10 @@ impl TiledMapDesc {
                 strides[rank - 1]
             ));
         }
-        if let Some(d) = (0..rank).find(|&d| shape[d] == 0 || shape[d] as u64 > 1 << 32) {
-            return bad(format!("dimension {d} has extent {}; TMA needs 1 to 2^32", shape[d]));
+        // the driver encodes extents up to 2^32, but a copy names its box by signed
+        // 32-bit coordinates: elements from 2^31 on cannot be addressed
+        if let Some(d) = (0..rank).find(|&d| shape[d] == 0 || shape[d] as u64 > 1 << 31) {
+            return bad(format!("dimension {d} has extent {}; TMA needs 1 to 2^31 (its coordinates are signed 32-bit)", shape[d]));
         }
         let mut global_strides = Vec::with_capacity(rank - 1);
         for d in (0..rank - 1).rev() {
@@ -385,6 +387,11 @@ mod tests {
         assert!(err(ok(&[100, 200], &[200, 1], 0, &[16, 32], 32)).contains("more than the 32-byte swizzle span"));
         assert!(err(ok(&[100, 200], &[200, 1], 0, &[16, 16], 48)).contains("swizzle of 48 bytes"));
         assert!(err(ok(&[0, 200], &[200, 1], 0, &[16, 16], 0)).contains("dimension 0 has extent 0"));
+        // coordinates are signed 32-bit: 2^31 rows are the most a map reaches
+        let big = (1usize << 31) + 1;
+        assert!(err(ok(&[big, 8], &[8, 1], 0, &[16, 8], 0)).contains("dimension 0 has extent 2147483649; TMA needs 1 to 2^31"));
+        assert!(err(ok(&[8, big], &[big.next_multiple_of(8) as isize, 1], 0, &[8, 16], 0)).contains("dimension 1 has extent 2147483649"));
+        ok(&[1 << 31, 8], &[8, 1], 0, &[16, 8], 0).unwrap();
         assert!(err(ok(&[], &[], 0, &[], 0)).contains("rank 0"));
         assert!(err(ok(&[1; 6], &[1; 6], 0, &[1; 6], 0)).contains("rank 6"));
         // within the limits: 64 bf16 = 128 bytes under a 128-byte swizzle

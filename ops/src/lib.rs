@@ -9,7 +9,12 @@
 //! - empty tensors → an empty result, no launch;
 //! - strided inputs (a transposed or narrowed view, any rank) are taken as PyTorch takes
 //!   them, and outputs are always new contiguous tensors: see "Strided inputs" below;
-//! - tensors on different devices → `Error::DeviceMismatch`.
+//! - tensors on different devices → `Error::DeviceMismatch`;
+//! - sizes: any, past 2^31 elements included (64-bit offsets; a long program axis runs
+//!   along the grid's x). Refused with `Error::InvalidArgument` naming the limit: a
+//!   launch of 2^31 or more programs along x, or of two axes of more than 65535 each,
+//!   and, on sm_90a, a 16-bit, 8-bit or TF32 matrix product with an operand or output
+//!   dimension above 2^31 (TMA coordinates are signed 32-bit).
 //!
 //! Row ops work along the last dimension: reductions ([`sum`], [`mean`], [`max`],
 //! [`min`] with [`Dim::Last`], or over everything with [`Dim::All`]), [`softmax`],
@@ -659,7 +664,9 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<(Tenso
 ///
 /// Errors: a rank other than 2 or an integer dtype (`Error::InvalidArgument`), different
 /// dtypes (`Error::DTypeMismatch`), inner dimensions that differ (`Error::ShapeMismatch`),
-/// different devices (`Error::DeviceMismatch`).
+/// different devices (`Error::DeviceMismatch`), on sm_90a a 16-bit or 8-bit product with
+/// `M`, `N` or `K` above 2^31 (`Error::InvalidArgument`: the TMA path's coordinates are
+/// signed 32-bit).
 pub fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     // the default case of the configurable product: same checks, same launch
     matmul::product("kfuse::ops::gemm", a, b, &GemmOptions::default())

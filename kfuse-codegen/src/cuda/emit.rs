@@ -547,7 +547,8 @@ impl<'a> Emitter<'a> {
             }
             Op::ProgramId { axis } => {
                 let c = k.schedule.cluster;
-                let e = if *axis == 0 && c > 1 { format!("(long long)(blockIdx.x / {c})") } else { format!("(long long)blockIdx.{}", ["x", "y", "z"][*axis as usize]) };
+                let dim = crate::passes::order_grid::block_dim(k, *axis);
+                let e = if *axis == 0 && c > 1 { format!("(long long)(blockIdx.x / {c})") } else { format!("(long long)blockIdx.{}", ["x", "y", "z"][dim]) };
                 scalar(self, DType::I64, e)
             }
             Op::ScalarParam { param } => {

@@ -3,6 +3,7 @@
 pub mod assign_layouts;
 pub mod choose_tiles;
 pub mod hoist_invariants;
+pub mod order_grid;
 pub mod persist_programs;
 pub mod pipeline_stages;
 pub mod prefetch_ahead;

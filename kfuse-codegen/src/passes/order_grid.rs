@@ -1,0 +1,75 @@
+//! `order_grid`: decides which `program_id` axis runs along the launch grid's x
+//! (`Schedule::grid_x`).
+//!
+//! CUDA launches up to 2^31 - 1 blocks along x but only 65535 along y and z. Program
+//! axis `a` is launched along x, y, z in order, so a kernel whose axis 1 or 2 covers a
+//! long dimension in small tiles (a transpose of `[2, N]`, `copy2d` of a strided row
+//! `[1, N]` with 64-wide tiles: N above 4M, the `[NB, M, N]` kernels with `NB` above
+//! 65535) would need more blocks there than a launch allows. When the specialization
+//! says an axis other than 0 may need more than 65535 programs and axis 0 cannot, that
+//! axis goes along x and axis 0 takes its place; the writer reads each program id from
+//! its block index accordingly and the kernel's `grid` lists the axes in launch order.
+//! Otherwise nothing changes (`grid_x = 0`): the source of a kernel at ordinary shapes
+//! is the same as without this pass.
+//!
+//! Bounds come from `Spec::shape_pow2` (the shape rounded up to a power of two):
+//! `ceil(shape_pow2 / step)` programs at most; 2^31, the cap of `shape_pow2`, stands for
+//! any larger shape; a missing entry is taken as small (the runtime always fills it).
+//! Where both axis 0 and another may exceed 65535 (a tensor of more than 2^32 tiles),
+//! the order stays and the launch refuses the grid with an error that names the limit.
+//!
+//! Not for kernels that walk or cluster their programs along x (persistent, grouped,
+//! thread-block clusters, L2 prefetch of later programs): they read `blockIdx.x` as
+//! program axis 0 themselves.
+
+use kfuse_ir::Kernel;
+
+use crate::analysis::extent_value;
+use crate::target::Spec;
+use crate::CodegenError;
+
+/// Most blocks a launch may have along y and z.
+pub const MAX_BLOCKS_YZ: u64 = 65535;
+
+pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
+    k.schedule.grid_x = 0;
+    let s = &k.schedule;
+    let cluster = s.mma.as_ref().map_or(s.cluster, |p| p.split_k.max(p.multicast).max(s.cluster));
+    if s.persistent > 0 || s.grouped || cluster > 1 || s.l2_prefetch > 0 || k.grid_rank() < 2 {
+        return Ok(());
+    }
+    let grid = kfuse_ir::grid::derive(k)?;
+    let bounds: Vec<u64> = grid
+        .axes
+        .iter()
+        .map(|a| {
+            let step = a.step.map_or(1, |e| extent_value(k, e).max(1)) as u64;
+            match spec.shape_pow2.get(a.dim.0 as usize).copied() {
+                Some(p) if p >= 1 << 31 => u64::MAX,
+                p => (p.unwrap_or(1).max(1) as u64).div_ceil(step),
+            }
+        })
+        .collect();
+    if bounds.first().is_some_and(|&b| b > MAX_BLOCKS_YZ) {
+        return Ok(());
+    }
+    // the axis with the most programs, of those that may exceed the y/z limit
+    let wide = (1..bounds.len()).filter(|&a| bounds[a] > MAX_BLOCKS_YZ).max_by_key(|&a| (bounds[a], std::cmp::Reverse(a)));
+    if let Some(a) = wide {
+        k.schedule.grid_x = a as u8;
+    }
+    Ok(())
+}
+
+/// The launch-grid dimension (0 = x, 1 = y, 2 = z) of program axis `axis` under
+/// `Schedule::grid_x`: that axis and axis 0 trade places.
+pub fn block_dim(k: &Kernel, axis: u8) -> usize {
+    let x = k.schedule.grid_x;
+    if axis == x {
+        0
+    } else if axis == 0 {
+        x as usize
+    } else {
+        axis as usize
+    }
+}
