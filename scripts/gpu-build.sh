@@ -33,6 +33,6 @@ for n, k, path in arts:
   cp "$path" ".gpu/bin/$name"
 done
 strip .gpu/bin/* 2>/dev/null || true
-cp scripts/gpu-run.sh scripts/gemm-sass.sh scripts/bench_torch.py scripts/bench_torch_memory.py scripts/bench_torch_gelu.py scripts/compare_rows.py .gpu/
+cp scripts/gpu-run.sh scripts/sanitize.sh scripts/gemm-sass.sh scripts/bench_torch.py scripts/bench_torch_memory.py scripts/bench_torch_gelu.py scripts/compare_rows.py .gpu/
 ls -la .gpu/bin
 du -sh .gpu

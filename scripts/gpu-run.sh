@@ -5,6 +5,7 @@
 # full logs go to the folder given as $1 (default ./gpu-logs); a short table is printed
 # last.
 #   usage: .gpu/gpu-run.sh [LOG_DIR] [--no-bench] [--sanitize] [--gemm]
+#   --sanitize: also .gpu/sanitize.sh (compute-sanitizer memcheck and racecheck, < 10 min)
 #   --gemm: only the GEMM benchmark (no tests, no other benchmark)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -49,17 +50,10 @@ for t in ${KFUSE_TESTS:-gpu errors user_kernels rope rows gpu_gemm gpu_gemm_f32 
   [ "$unbuilt" -gt 0 ] && sum="$sum (WARNING: $unbuilt GPU-only tests ignored: not built with --cfg kfuse_gpu)"
   rows+=("test $t: rc=$rc ${sum:-no summary}")
 done
-if [ "$sanitize" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$here/bin/gpu" --test-threads=1 every_op_on_the_gpu > "$logs/sanitize-$tool.log" 2>&1
-    rows+=("compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitize-$tool.log" | tail -1)")
-    # the row ops and reductions (the 2^22- and 2^24-element checks left out: too slow here)
-    # (racecheck: the cluster kernels through the one-row-per-op test; the long-rows
-    # test with clusters of 16 takes racecheck longer than a device call allows)
-    if [ "$tool" = racecheck ]; then skip_long="--skip long_rows"; else skip_long=""; fi
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$here/bin/rows" --test-threads=1 --skip three_stages --skip deterministic $skip_long > "$logs/sanitize-rows-$tool.log" 2>&1
-    rows+=("compute-sanitizer $tool (rows): rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitize-rows-$tool.log" | tail -1)")
-  done
+if [ "$sanitize" = 1 ]; then
+  # memcheck and racecheck over every op's GPU tests (sanitize.sh says which and why)
+  "$here/sanitize.sh" "$logs" > "$logs/sanitize.log" 2>&1
+  rows+=("compute-sanitizer: rc=$? $(tail -1 "$logs/sanitize-summary.txt" 2>/dev/null) (per run: $logs/sanitize-summary.txt)")
 fi
 "$here/bin/quickstart" > "$logs/quickstart.log" 2>&1
 rows+=("quickstart: rc=$? $(grep -m1 'ran ' "$logs/quickstart.log")")

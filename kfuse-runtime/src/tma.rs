@@ -13,6 +13,13 @@
 //! interleave; L2 promotion 256 bytes; out-of-bounds elements read as zero
 //! (`CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE`).
 //!
+//! What no check here can see, as the kernel names each box: the innermost coordinate of
+//! a copy (the column a box starts at) times the element size must be a multiple of 16
+//! bytes, or the copy stops the kernel with an illegal instruction (measured on the H100:
+//! a bf16 box at column 4 or 100 does, at 8 or 120 not; rows start anywhere, before the
+//! tensor too). kfuse's kernels start boxes at multiples of their tiles; a hand-written
+//! kernel given a map (`launch_emitted`) must keep to it.
+//!
 //! Invariants:
 //! - Every requirement of `cuTensorMapEncodeTiled` that depends on the tensor or the box
 //!   is checked here first and refused with [`Error::InvalidArgument`] saying which one
