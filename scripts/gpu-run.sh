@@ -38,7 +38,7 @@ if [ "$gemm_only" = 1 ]; then
   printf '%s\n' "${rows[@]}"
   exit 0
 fi
-for t in ${KFUSE_TESTS:-gpu errors user_kernels rope rows gpu_gemm gpu_gemm_f32 gpu_gemm_tf32 gpu_gemm_swiglu gpu_gemm_fp8 gpu_gemm_ex gemm_grouped autotune loops masks attention interpreter_tiles kfuse_runtime gpu_runtime vendor_fp8 compile_once memory_pool}; do
+for t in ${KFUSE_TESTS:-gpu errors user_kernels rope rows gpu_gemm gpu_gemm_f32 gpu_gemm_tf32 gpu_gemm_swiglu gpu_gemm_fp8 gpu_gemm_ex gemm_grouped autotune loops masks attention interpreter_tiles kfuse_runtime gpu_runtime vendor_fp8 compile_once memory_pool large_tensors}; do
   bin="$here/bin/$t"
   [ -x "$bin" ] || { rows+=("test $t: MISSING"); continue; }
   # snapshot tests compare against files of the build machine's checkout: skipped here
@@ -60,6 +60,9 @@ rows+=("quickstart: rc=$? $(grep -m1 'ran ' "$logs/quickstart.log")")
 if [ "$bench" = 1 ]; then
   KFUSE_BENCH_OUT="$logs" "$here/bin/memory" --table-only > "$logs/bench.log" 2>&1
   rows+=("bench: rc=$?")
+  # copy and add at 16, 64 and 512 MiB beside PyTorch's copy_ of the same bytes
+  python3 "$here/bench_torch_memory.py" "$logs" > "$logs/bench-torch-memory.log" 2>&1
+  rows+=("bench torch memory: rc=$?")
   # row kernels (softmax, RMSNorm, LayerNorm, sum), then PyTorch on the same shapes, joined
   KFUSE_BENCH_OUT="$logs" "$here/bin/rows_bench" --table-only > "$logs/bench-rows.log" 2>&1
   rows+=("bench rows: rc=$?")
@@ -71,6 +74,7 @@ if [ "$bench" = 1 ]; then
 fi
 echo "=== device: $(cat "$logs/device.txt")"
 [ -f "$logs/bench.md" ] && cat "$logs/bench.md"
+[ -f "$logs/memory_compare.md" ] && { echo; cat "$logs/memory_compare.md"; }
 [ -f "$logs/rows_compare.md" ] && { echo; cat "$logs/rows_compare.md"; }
 [ -f "$logs/gemm.md" ] && { echo; cat "$logs/gemm.md"; }
 printf '%s\n' "${rows[@]}"

@@ -220,3 +220,25 @@ fn stores_round_what_only_they_read() {
     let e = compile(&(gemm.build)(&[kfuse::DType::BF16]).unwrap(), &common::gemm::spec_mnk(gemm, 4096, 4096, 4096), &Target::sm90a()).unwrap();
     assert!(!e.source.contains("= kf_rbf16(kf_acc"), "{}", e.source);
 }
+
+/// A tile of `program_id · BN` along a dimension the specialization knows `BN` divides
+/// lies inside the tensor for every program: no per-vector masks. Without that fact the
+/// masks stay (a length with a tail), as they do for an offset that is not the grid's.
+#[test]
+fn tiles_that_divide_their_dimension_need_no_masks() {
+    let bf16 = kfuse::DType::BF16;
+    let def = &kfuse::ops::kernels::add::DEF;
+    let k = (def.build)(&[bf16]).unwrap();
+    let source = |n: u32, div: u32| {
+        let mut spec = common::snapshot_spec(def);
+        spec.shape_pow2 = vec![n.next_power_of_two()];
+        spec.shape_div = vec![div];
+        spec.tiles.insert("BN".into(), 4096);
+        compile(&k, &spec, &Target::sm90a()).unwrap().source
+    };
+    let exact = source(1 << 23, 1 << 23);
+    assert!(!exact.contains("= n_N - ") && !exact.contains("< kf_r"), "{exact}");
+    // 2^23 + 8 elements: 8 divides, 4096 does not — the last program masks its tail
+    let tail = source((1 << 23) + 8, 8);
+    assert!(tail.contains("= n_N - ") && tail.contains("(c0 + 7) < kf_r"), "{tail}");
+}

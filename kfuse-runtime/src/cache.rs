@@ -78,6 +78,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 use crate::build_times::{timed, Step};
 use crate::nvrtc::{self, Module};
+use crate::settings::Settings;
 
 /// Where a compile was answered from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -571,15 +572,70 @@ pub(crate) struct LoadedKernel {
     pub maps: crate::tma::MapCache,
 }
 
-/// Per-device loaded kernels, by `ModuleKey` and by source hash (see module docs).
+/// Per-device loaded kernels, by `ModuleKey` and by source hash (see module docs), and
+/// by launch signature (`launch::LaunchSig`) under the settings they were launched with.
 #[derive(Default)]
 pub(crate) struct FunctionCache {
     by_key: Mutex<HashMap<ModuleKey, Arc<LoadedKernel>>>,
     by_source: Mutex<HashMap<String, Arc<LoadedKernel>>>,
     loading: InFlight<Arc<LoadedKernel>>,
+    by_signature: Mutex<BySignature>,
 }
 
+/// Loaded kernels by launch signature, with the settings they were launched under.
+type BySignature = HashMap<Box<[u64]>, (Arc<Settings>, Arc<LoadedKernel>), std::hash::BuildHasherDefault<WordHasher>>;
+
+/// A multiply-rotate hasher (FxHash's step) for the signature memo, whose keys are a
+/// few words this process builds, not input an adversary picks: a tenth of SipHash's
+/// time on a launch's path.
+#[derive(Default)]
+pub(crate) struct WordHasher(u64);
+
+impl std::hash::Hasher for WordHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.write_u64(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        for &b in chunks.remainder() {
+            self.write_u64(b as u64);
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Most launch signatures a device remembers; past it the memo starts over (a program
+/// that launches ever new shapes pays the full path, never unbounded memory).
+const MAX_SIGNATURES: usize = 4096;
+
 impl FunctionCache {
+    /// The kernel launched for this signature under these settings (the same `Arc`: a
+    /// settings change, in code or by `settings::reload`, makes a new one).
+    pub(crate) fn remembered(&self, sig: &[u64], settings: &Arc<Settings>) -> Option<Arc<LoadedKernel>> {
+        let m = lock(&self.by_signature);
+        let (s, k) = m.get(sig)?;
+        Arc::ptr_eq(s, settings).then(|| k.clone())
+    }
+
+    pub(crate) fn remember(&self, sig: &[u64], settings: Arc<Settings>, k: Arc<LoadedKernel>) {
+        let mut m = lock(&self.by_signature);
+        if m.len() >= MAX_SIGNATURES {
+            m.clear();
+        }
+        m.insert(sig.into(), (settings, k));
+    }
+
     pub(crate) fn get(&self, key: &ModuleKey) -> Option<Arc<LoadedKernel>> {
         lock(&self.by_key).get(key).cloned()
     }

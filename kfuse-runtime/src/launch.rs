@@ -602,6 +602,16 @@ fn launch_with(def: &KernelDef, args: &mut [Arg<'_>], interp_tiles: Option<&std:
         },
         Some(device) => {
             let gpu = device.gpu_ref().expect("a GPU");
+            // arguments of a signature this device launched before, under the same
+            // settings: the kernel it launched (`LaunchSig`), without the spec and key
+            let settings = crate::settings::current();
+            let sig = if settings.autotune || settings.tail_split { None } else { LaunchSig::of(def, &checked.dtypes, args) };
+            if let Some(loaded) = sig.as_ref().and_then(|s| gpu.functions.remembered(s.words(), &settings)) {
+                launched.skipped_empty = !issue(device, &loaded, kernel, args, &shapes, None)?;
+                launched.cache = Some(CacheOutcome::Memory);
+                launched.build = build_info(&loaded);
+                return Ok(launched);
+            }
             let target = gpu.target()?;
             // with the tile sizes that follow from the exact shape, not its power-of-two
             // bucket
@@ -623,9 +633,62 @@ fn launch_with(def: &KernelDef, args: &mut [Arg<'_>], interp_tiles: Option<&std:
             launched.skipped_empty = !issue(device, &loaded, kernel, args, &shapes, None)?;
             launched.cache = Some(outcome);
             launched.build = build_info(&loaded);
+            if let Some(s) = sig {
+                gpu.functions.remember(s.words(), settings, loaded);
+            }
         }
     }
     Ok(launched)
+}
+
+/// What the kernel a GPU launch runs depends on, besides the settings and the device:
+/// the def, the dtypes bound to its generics, and per argument its kind — for a tensor
+/// its dtype, its address's alignment (the power of two ≤ 16 dividing it), and per
+/// dimension its size and its stride's class (unit, or the power of two ≤ 16 dividing
+/// it). Exactly the facts [`spec_with_shapes`] and `exact_shape_tiles` read, so equal
+/// signatures under one [`crate::settings::Settings`] give one [`ModuleKey`]: a launch
+/// whose signature the device has seen takes the loaded kernel from
+/// `FunctionCache::remembered` and skips building the spec and its key (most of a
+/// launch's own host time). Built on the stack; `None` (the full path) for an argument
+/// list too long for it.
+struct LaunchSig {
+    words: [u64; LaunchSig::CAP],
+    len: usize,
+}
+
+impl LaunchSig {
+    const CAP: usize = 48;
+
+    fn of(def: &KernelDef, dtypes: &[DType], args: &[Arg<'_>]) -> Option<LaunchSig> {
+        let mut s = LaunchSig { words: [0; LaunchSig::CAP], len: 0 };
+        s.push(def.build as usize as u64)?;
+        s.push(dtypes.iter().fold(dtypes.len() as u64, |w, &d| (w << 4) | d as u64))?;
+        for a in args {
+            match (a, a.tensor()) {
+                (Arg::Scalar(v), _) => s.push(1 << 62 | v.dtype() as u64)?,
+                (_, Some(t)) => {
+                    let kind = if matches!(a, Arg::Out(_)) { 3u64 << 62 } else { 2u64 << 62 };
+                    s.push(kind | (t.dtype() as u64) << 16 | (t.rank() as u64) << 8 | pow2_div(t.address()) as u64)?;
+                    for (&n, &st) in t.shape().iter().zip(t.strides()) {
+                        s.push(n as u64)?;
+                        s.push(if st == 1 { 0 } else { pow2_div(st.unsigned_abs() as u64) as u64 })?;
+                    }
+                }
+                (_, None) => return None,
+            }
+        }
+        Some(s)
+    }
+
+    fn push(&mut self, w: u64) -> Option<()> {
+        *self.words.get_mut(self.len)? = w;
+        self.len += 1;
+        Some(())
+    }
+
+    fn words(&self) -> &[u64] {
+        &self.words[..self.len]
+    }
 }
 
 /// Launches `def` once over several problems (`groups`, each a full argument list of
@@ -1125,12 +1188,32 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
     if e.block_threads == 0 || e.block_threads > 1024 {
         return Err(Error::InvalidArgument(format!("`{name}` asks for {} threads per block; CUDA allows 1 to 1024", e.block_threads)));
     }
+    PARAMS.with_borrow_mut(|vals| {
+        vals.clear();
+        param_values(k, kernel, args, shapes, vals)?;
+        launch_raw(device, k, g, vals)
+    })?;
+    if sync_each_launch() {
+        gpu.sync().map_err(|err| Error::Driver(format!("kernel `{name}` failed: {err}")))?;
+    }
+    Ok(true)
+}
+
+thread_local! {
+    /// The parameter values of the launch under way on this thread (reused: a launch
+    /// allocates nothing for them).
+    static PARAMS: std::cell::RefCell<Vec<PVal>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The values of `k`'s parameters, in [`EmittedKernel::params`] order, into `vals`.
+fn param_values(k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64], vals: &mut Vec<PVal>) -> Result<()> {
+    let e = &k.emitted;
+    let name = &e.entry;
     let tensor = |p: kfuse_ir::ParamId| -> Result<&Tensor> {
         args.get(p.0 as usize)
             .and_then(|a| a.tensor())
             .ok_or_else(|| Error::InvalidArgument(format!("`{name}` takes parameter #{} as a tensor, but it is not one", p.0)))
     };
-    let mut vals = Vec::with_capacity(e.params.len());
     for (slot, p) in e.params.iter().enumerate() {
         vals.push(match *p {
             KernelParam::TensorMap { tensor: id, ref box_dims, swizzle, ref order } => {
@@ -1161,29 +1244,49 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
             }
         });
     }
-    let mut b = gpu.stream.launch_builder(&k.func);
-    for v in &vals {
-        match v {
-            PVal::U64(x) => b.arg(x),
-            PVal::I64(x) => b.arg(x),
-            PVal::F32(x) => b.arg(x),
-            PVal::Map(x) => b.arg(x),
+    Ok(())
+}
+
+/// `cuLaunchKernel` of `k` on the device's stream over grid `g` with the parameter
+/// values `vals` (pointers to them on the stack; no allocation).
+fn launch_raw(device: &Device, k: &LoadedKernel, g: [u64; 3], vals: &mut [PVal]) -> Result<()> {
+    let e = &k.emitted;
+    let gpu = device.gpu_ref().expect("a GPU");
+    const INLINE: usize = 32;
+    let mut inline = [std::ptr::null_mut::<std::ffi::c_void>(); INLINE];
+    let mut spilled = Vec::new();
+    let ptrs: &mut [*mut std::ffi::c_void] = if vals.len() <= INLINE { &mut inline[..vals.len()] } else { spilled.resize(vals.len(), std::ptr::null_mut()); &mut spilled };
+    for (p, v) in ptrs.iter_mut().zip(vals.iter_mut()) {
+        *p = match v {
+            PVal::U64(x) => x as *mut u64 as *mut _,
+            PVal::I64(x) => x as *mut i64 as *mut _,
+            PVal::F32(x) => x as *mut f32 as *mut _,
+            PVal::Map(x) => x as *mut crate::tma::TensorMap as *mut _,
         };
     }
-    let cfg = LaunchConfig { grid_dim: (g[0] as u32, g[1] as u32, g[2] as u32), block_dim: (e.block_threads, 1, 1), shared_mem_bytes: e.smem_bytes };
+    gpu.bind()?;
     // SAFETY: the parameters follow `emitted.params`, which the codegen wrote the
-    // kernel's signature from; pointers are live allocations of this device, and the
-    // kernel masks its accesses to the shapes passed.
-    unsafe { b.launch(cfg) }.map_err(driver(format_args!(
-        "launching `{name}` (grid {g:?}, {} threads, {} bytes of shared memory) on {}",
+    // kernel's signature from, each pointer to a value of its parameter's size that
+    // lives until the call returns (`cuLaunchKernel` copies them); pointers are live
+    // allocations of this device, and the kernel masks its accesses to the shapes
+    // passed.
+    unsafe {
+        cudarc::driver::result::launch_kernel(
+            k.func.cu_function(),
+            (g[0] as u32, g[1] as u32, g[2] as u32),
+            (e.block_threads, 1, 1),
+            e.smem_bytes,
+            gpu.stream.cu_stream(),
+            ptrs,
+        )
+    }
+    .map_err(driver(format_args!(
+        "launching `{}` (grid {g:?}, {} threads, {} bytes of shared memory) on {}",
+        e.entry,
         e.block_threads,
         e.smem_bytes,
         device.description()
-    )))?;
-    if sync_each_launch() {
-        gpu.sync().map_err(|err| Error::Driver(format!("kernel `{name}` failed: {err}")))?;
-    }
-    Ok(true)
+    )))
 }
 
 /// What of a loaded kernel the device holds at once (see `LoadedKernel::resident`): the
@@ -1291,3 +1394,4 @@ mod tests {
         assert_eq!(Backend::Gpu { device: "cuda:0 (X)".into() }.to_string(), "GPU cuda:0 (X)");
     }
 }
+

@@ -227,6 +227,27 @@ fn exact_from_zero(k: &Kernel, e: Extent, off: ValueId) -> bool {
     matches!(e, Extent::Full(s) if k.schedule.full_exact.contains(&s)) && is_zero(k, off)
 }
 
+/// Whether a tile axis of extent `e` (a literal or tile size `t`) at offset `off` along
+/// a tensor dimension of size `dim` is in bounds for every program: the offset is
+/// `program_id(a) · t`, grid axis `a` launches `ceil(dim / t)` programs, and the
+/// specialization says `t` divides `dim` (`Spec::shape_div`) — so every program's tile
+/// ends at or before `dim`. (Then the access needs no masks.)
+fn whole_programs(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], e: Extent, off: ValueId, dim: kfuse_ir::ShapeSym) -> bool {
+    if matches!(e, Extent::Full(_)) {
+        return false;
+    }
+    let t = extent_value(k, e) as u64;
+    let Op::Binary(BinaryOp::Mul) = k.op(off.op()) else { return false };
+    let ops = k.operands(off.op());
+    let axis = match (k.op(ops[0].op()), k.op(ops[1].op())) {
+        (Op::ProgramId { axis }, _) if crate::analysis::int_value(k, ops[1]) == Some(t as i64) => *axis,
+        (_, Op::ProgramId { axis }) if crate::analysis::int_value(k, ops[0]) == Some(t as i64) => *axis,
+        _ => return false,
+    };
+    let divides = spec.shape_div.get(dim.0 as usize).is_some_and(|&d| d as u64 >= t && (d as u64).is_multiple_of(t));
+    divides && grid.get(axis as usize).is_some_and(|g| g.dim == dim && g.step == t)
+}
+
 /// The offset of this block's piece along map axis `i` (cluster splits).
 fn cta_base(map: &RegMap, i: usize) -> Option<String> {
     let m = &map.axes[i];
@@ -393,6 +414,8 @@ struct Emitter<'a> {
     dynamic_ranges: BTreeSet<(LoopId, u32)>,
     /// Carried tiles found to need that: the kernel is written again with them added.
     retry: BTreeSet<(LoopId, u32)>,
+    /// The launch grid, by program axis (`whole_programs`).
+    grid: Vec<crate::target::GridAxisEval>,
     /// Upper valid-range variables whose value is known: `hi` → (shape symbol, offset,
     /// extent) for `hi = max(0, min(n - offset, extent))` (`mma_common::range_of`), so
     /// that a store can tell at compile time that a value covers its block.
@@ -402,10 +425,11 @@ struct Emitter<'a> {
 type R = Result<(), CodegenError>;
 
 impl<'a> Emitter<'a> {
-    fn new(k: &'a Kernel, spec: &'a Spec, barrier: &'static str) -> Self {
+    fn new(k: &'a Kernel, spec: &'a Spec, barrier: &'static str, grid: &[crate::target::GridAxisEval]) -> Self {
         Emitter {
             k,
             spec,
+            grid: grid.to_vec(),
             w: Writer::new(String::new()),
             vals: HashMap::new(),
             smem: 0,
@@ -767,6 +791,8 @@ impl<'a> Emitter<'a> {
         for (dd, ad) in dims.iter().enumerate() {
             let n = self.shape_var(tdims[dd]);
             let o = &off[dd];
+            // (not `whole_programs`: the program id here is one ahead of this block's,
+            // possibly past the grid)
             let exact = matches!(ad, AccessDim::Tile(e) if exact_from_zero(k, *e, offs[dd]));
             if matches!(ad, AccessDim::Tile(_)) && t == axis {
                 if !exact {
@@ -1458,7 +1484,14 @@ impl<'a> Emitter<'a> {
         let base_e = self.element_ptr(tensor, &off);
         let cst = if store.is_some() { "" } else { "const " };
         self.line(format!("{cst}{}* {base} = {base_e};", stype(d)))?;
-        // per tile axis: tensor dim, remaining extent, lower bound
+        // per tile axis: tensor dim, remaining extent, lower bound. Tiles of whole
+        // programs drop their masks only where that leaves the access none at all (a
+        // row masked along its length keeps its per-vector branches either way, and
+        // ptxas spilled f32 softmax rows with the row mask alone dropped)
+        let whole = dims.iter().enumerate().all(|(dd, ad)| match ad {
+            AccessDim::Index => true,
+            AccessDim::Tile(e) => exact_from_zero(k, *e, offs[dd]) || whole_programs(k, self.spec, &self.grid, *e, offs[dd], tdims[dd]),
+        });
         let mut ok = Vec::new();
         let mut tile_dims = Vec::new();
         for (dd, ad) in dims.iter().enumerate() {
@@ -1472,7 +1505,7 @@ impl<'a> Emitter<'a> {
                     }
                 }
                 AccessDim::Tile(e) => {
-                    let exact = exact_from_zero(k, *e, offs[dd]);
+                    let exact = exact_from_zero(k, *e, offs[dd]) || whole;
                     let rem = if exact {
                         None
                     } else {
@@ -1944,7 +1977,7 @@ pub struct Emitted {
 /// Writes the body of a kernel without a matrix loop, the carried tiles in `dynamic`
 /// with valid ranges that follow the iterations.
 fn body<'a>(k: &'a Kernel, spec: &'a Spec, grid: &[crate::target::GridAxisEval], dynamic: BTreeSet<(LoopId, u32)>) -> Result<Emitter<'a>, CodegenError> {
-    let mut e = Emitter::new(k, spec, "__syncthreads();");
+    let mut e = Emitter::new(k, spec, "__syncthreads();", grid);
     e.dynamic_ranges = dynamic;
     e.w.indent();
     if k.schedule.persistent > 0 {

@@ -152,7 +152,7 @@ pub(super) fn emit_kernel(
     }
     let pipe_bytes = floats * 4;
 
-    let mut e = Emitter::new(k, spec, "__syncthreads();");
+    let mut e = Emitter::new(k, spec, "__syncthreads();", grid);
     e.w.indent();
     // everything before the loop (but the zeros that only feed its init), the zeroed
     // accumulator, the trip count

@@ -153,7 +153,7 @@ pub(super) fn emit_kernel(
     let (a_bytes, b_bytes) = (operands[0].bytes(), operands[1].bytes());
     let stage_bytes = a_bytes + b_bytes;
 
-    let mut e = Emitter::new(k, spec, "__syncthreads();");
+    let mut e = Emitter::new(k, spec, "__syncthreads();", grid);
     e.w.indent();
     // everything before the loop (but the zeros that only feed its init), the zeroed
     // accumulator, the trip count

@@ -346,7 +346,7 @@ pub(super) fn emit_kernel(
     } else {
         "asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");"
     };
-    let mut e = Emitter::new(k, spec, barrier);
+    let mut e = Emitter::new(k, spec, barrier, grid);
     e.w.indent();
     let pipe = |e: &mut Emitter| -> R {
         e.line("extern __shared__ __align__(1024) unsigned char kf_dsmem[];")?;
