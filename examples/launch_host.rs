@@ -61,16 +61,43 @@ fn main() -> kfuse::Result<()> {
     let (small_a, small_b) = (common::random_bf16(1024, 1, &dev).0, common::random_bf16(1024, 2, &dev).0);
     let mut small_c = Tensor::empty(&[1024], DType::BF16, &dev)?;
     kfuse::ops::add(&small_a, &small_b)?;
+    let (pa, pb, pc) = (small_a.address(), small_b.address(), small_c.address());
     let bare = || -> kfuse::Result<()> {
         use cudarc::driver::PushKernelArg;
-        let (pa, pb, pc, n) = (small_a.address(), small_b.address(), small_c.address(), 1024i64);
+        let n = 1024i64;
         let mut b = stream.launch_builder(&floor_fn);
         b.arg(&pa).arg(&pb).arg(&pc).arg(&n);
         let cfg = cudarc::driver::LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         unsafe { b.launch(cfg) }.map(drop).map_err(|e| kfuse::Error::Driver(format!("{e:?}")))
     };
+    // kfuse's own add kernel for these tensors, launched through cudarc: the driver's
+    // cost for this kernel, without kfuse's launch path
+    let add_def = &kfuse::ops::kernels::add::DEF;
+    let add_ir = (add_def.build)(&[DType::BF16])?;
+    let add_spec = {
+        use kfuse::runtime::Arg;
+        kfuse::runtime::spec_for(&add_ir, &[Arg::In(&small_a), Arg::In(&small_b), Arg::Out(&mut small_c)])?
+    };
+    let add_e = kfuse::runtime::emit_for(add_def, &[DType::BF16], &add_spec, &dev.target().expect("a GPU"))?;
+    let add_fn = dev
+        .cuda_context()
+        .expect("a GPU")
+        .load_module(cudarc::nvrtc::Ptx::from_binary(kfuse::runtime::nvrtc::compile_module(&add_e.source, &add_e.arch, &add_e.options)?.image()))
+        .and_then(|m| m.load_function(&add_e.entry))
+        .map_err(|e| kfuse::Error::Driver(format!("{e:?}")))?;
+    let add_grid = add_e.grid_dims(&[1024]);
+    let bare_add = || -> kfuse::Result<()> {
+        use cudarc::driver::PushKernelArg;
+        let n = 1024i64;
+        let mut b = stream.launch_builder(&add_fn);
+        b.arg(&pa).arg(&pb).arg(&pc).arg(&n);
+        let cfg = cudarc::driver::LaunchConfig { grid_dim: (add_grid[0] as u32, 1, 1), block_dim: (add_e.block_threads, 1, 1), shared_mem_bytes: 0 };
+        unsafe { b.launch(cfg) }.map(drop).map_err(|e| kfuse::Error::Driver(format!("{e:?}")))
+    };
+    assert_eq!(add_e.params.len(), 4, "a, b, out and N: {:?}", add_e.params);
     let rows: Vec<(&str, f64)> = vec![
         ("empty kernel, 4 params (cudarc launch)", host_us(&dev, bare)?),
+        ("kfuse's add kernel, 1024 bf16, through cudarc", host_us(&dev, bare_add)?),
         ("kfuse::ops::add, 1024 bf16 (new output)", host_us(&dev, || kfuse::ops::add(&small_a, &small_b).map(drop))?),
         ("kfuse kernels::add, 1024 bf16 (preallocated)", host_us(&dev, || kfuse::ops::kernels::add(&small_a, &small_b, &mut small_c).map(drop))?),
         ("cuBLAS gemm_into (preallocated output)", host_us(&dev, || blas.gemm_into(&a, &b, &mut c_blas, Library::Cublas, Math::Fp32))?),
@@ -78,6 +105,7 @@ fn main() -> kfuse::Result<()> {
         ("kfuse kernels::gemm (preallocated output)", host_us(&dev, || kfuse::ops::kernels::gemm(&a, &b, &mut c_kf).map(drop))?),
         ("Tensor::empty [M, N] + drop", host_us(&dev, || Tensor::empty(&[m, n], DType::BF16, &dev).map(drop))?),
         ("tma::encode_tiled of A (64x64 box)", host_us(&dev, || kfuse::runtime::tma::encode_tiled(&a, &[64, 64], 128).map(drop))?),
+        ("empty kernel, 4 params (again, last)", host_us(&dev, bare)?),
         ("CUDA event record", host_us(&dev, || event.record(&stream).map_err(|e| kfuse::Error::Driver(format!("{e:?}"))))?),
     ];
     println!("host time a call, M{m} N{n} K{k} bf16, on {}:", dev.describe());

@@ -186,6 +186,9 @@ impl Device {
     /// The GPU with this ordinal. Fails with [`Error::NoGpu`] when there is no driver, no
     /// device, or fewer devices than `ordinal + 1`.
     pub fn gpu(ordinal: usize) -> Result<Device> {
+        // while the driver starts: NVRTC's libraries into the OS's page cache, for the
+        // first compile (a hint in the background; see `nvrtc::prefetch_libraries`)
+        crate::nvrtc::prefetch_libraries();
         let count = match driver_status() {
             Ok(n) => *n,
             Err(reason) => return Err(Error::NoGpu { reason: reason.clone() }),

@@ -120,6 +120,12 @@ fn binary(a: &Tensor, b: &Tensor, what: &str, k: Binary, k3: Binary) -> Result<T
         })?;
         return Ok(out);
     }
+    if out.rank() == 1 {
+        // already the kernel's rank-1 shape: no views to make (host time a call)
+        let mut out = out;
+        k(a, b, &mut out)?;
+        return Ok(out);
+    }
     let (fa, fb) = (flat(a, what, "a")?, flat(b, what, "b")?);
     let mut fo = out.reshape(&[out.numel()])?;
     k(&fa, &fb, &mut fo)?;
@@ -134,6 +140,11 @@ fn unary(x: &Tensor, what: &str, k: Unary, k3: Unary) -> Result<Tensor> {
     }
     if !x.is_contiguous() {
         strided(&[x], &out, &mut |v, o| if o.rank() == 1 { k(&v[0], o) } else { k3(&v[0], o) })?;
+        return Ok(out);
+    }
+    if out.rank() == 1 {
+        let mut out = out;
+        k(x, &mut out)?;
         return Ok(out);
     }
     let fx = flat(x, what, "x")?;
