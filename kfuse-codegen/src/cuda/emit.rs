@@ -1485,13 +1485,17 @@ impl<'a> Emitter<'a> {
         let cst = if store.is_some() { "" } else { "const " };
         self.line(format!("{cst}{}* {base} = {base_e};", stype(d)))?;
         // per tile axis: tensor dim, remaining extent, lower bound. Tiles of whole
-        // programs drop their masks only where that leaves the access none at all (a
-        // row masked along its length keeps its per-vector branches either way, and
-        // ptxas spilled f32 softmax rows with the row mask alone dropped)
-        let whole = dims.iter().enumerate().all(|(dd, ad)| match ad {
-            AccessDim::Index => true,
-            AccessDim::Tile(e) => exact_from_zero(k, *e, offs[dd]) || whole_programs(k, self.spec, &self.grid, *e, offs[dd], tdims[dd]),
-        });
+        // programs drop their masks only where that leaves the access none at all, and
+        // not in a kernel with full extents (rows): there the row mask costs a branch a
+        // row, and without it ptxas gave LayerNorm's 16384-element rows 94 registers
+        // instead of 64 (one 512-thread block a multiprocessor instead of two: 98% → 64%
+        // of the copy bandwidth on the H100) and spilled f32 softmax rows
+        let rows = !k.schedule.full.is_empty();
+        let whole = !rows
+            && dims.iter().enumerate().all(|(dd, ad)| match ad {
+                AccessDim::Index => true,
+                AccessDim::Tile(e) => exact_from_zero(k, *e, offs[dd]) || whole_programs(k, self.spec, &self.grid, *e, offs[dd], tdims[dd]),
+            });
         let mut ok = Vec::new();
         let mut tile_dims = Vec::new();
         for (dd, ad) in dims.iter().enumerate() {
