@@ -2,10 +2,10 @@
 //! picks the block's thread count.
 //!
 //! Heuristic (memory-bound tile programs): each block access covers about 4096
-//! elements (8 KiB of 2-byte types, 16 KiB of 4-byte ones): with 512 threads that is
-//! 8 elements, one or two 16-byte vectors, per thread and tensor — enough bytes in
-//! flight, few enough registers that math-heavy bodies (erf, tanh) do not spill. For
-//! each load/store,
+//! elements (8 KiB of 2-byte types, 16 KiB of 4-byte ones): with 512 threads (rank-1
+//! tiles) that is 8 elements, one or two 16-byte vectors, per thread and tensor, with
+//! 256 (2-D tiles) 16 — enough bytes in flight, few enough registers that math-heavy
+//! bodies (erf, tanh) do not spill. For each load/store,
 //! the extents that are not tile symbols (literals, padded full extents) are fixed; the
 //! budget left is shared evenly (geometric mean, rounded down to a power of two) among
 //! the tile symbols of that access, and each is capped at the tensor extent it tiles
@@ -13,7 +13,8 @@
 //! several accesses takes the smallest choice. `Spec::tiles` overrides by name.
 //!
 //! Threads: one per 8 elements of the largest tile ([`ELEMS_PER_THREAD`]), between 32
-//! and 512, for tiles without a full extent; one per 32 elements, up to 1024, for rows
+//! and 512, for rank-1 tiles without a full extent; one per 16, up to 256, for tiles of
+//! higher rank ([`TILE2D_ELEMS_PER_THREAD`]); one per 32 elements, up to 1024, for rows
 //! ([`ROW_ELEMS_PER_THREAD`]: 128 threads at 1024- and 4096-element rows, 512 at 16384).
 //!
 //! Long rows: when a full-extent tile would need more than 32 elements per thread,
@@ -55,7 +56,7 @@ use crate::CodegenError;
 /// Largest number of elements of one value a thread may hold.
 pub const MAX_ELEMS_PER_THREAD: u32 = 64;
 
-/// Elements per thread the thread count aims at, for tiles without a full extent
+/// Elements per thread the thread count aims at, for rank-1 tiles without a full extent
 /// (elementwise kernels: 512-thread blocks of 4096-element tiles, one 16-byte vector of
 /// each 16-bit tensor a thread). H100, bf16 add and copy at 16, 64 and 512 MiB a tensor,
 /// L2 evicted (2026-11-26): add 3007 / 3152 / 3086 GB/s against 2886 / 3116 / 3065 with
@@ -63,8 +64,15 @@ pub const MAX_ELEMS_PER_THREAD: u32 = 64;
 /// first where masks branch); copy alike.
 pub const ELEMS_PER_THREAD: u32 = 8;
 
-/// Most threads a block of tiles without a full extent gets.
+/// Most threads a block of rank-1 tiles without a full extent gets.
 pub const MAX_TILE_THREADS: u32 = 512;
+
+/// Elements per thread, and most threads, for tiles of rank 2 and more without a full
+/// extent: 256-thread blocks of 4096-element tiles. The 16384² bf16 transpose (a layout
+/// conversion through shared memory) ran at 92.1% of the copy bandwidth so and at
+/// 89.5-89.7% with 512-thread blocks (H100, 2026-11-26).
+pub const TILE2D_ELEMS_PER_THREAD: u32 = 16;
+pub const MAX_TILE2D_THREADS: u32 = 256;
 
 /// Elements per thread for kernels with a full extent (rows): four 16-byte loads in
 /// flight per thread for 16-bit data. H100, bf16, L2 evicted (NOTES.md, r9/r10): 128
@@ -196,14 +204,17 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             }
         }
     }
-    let cap = if has_full { 1024 } else { MAX_TILE_THREADS };
+    // the rank of the largest tile: rank-1 tiles (elementwise) take more, thinner threads
+    let flat = max_op.is_none_or(|op| k.ty(op.value()).shape.len() <= 1);
+    let (per, cap) = match (has_full, flat) {
+        (true, _) => (ROW_ELEMS_PER_THREAD, 1024),
+        (false, true) => (ELEMS_PER_THREAD, MAX_TILE_THREADS),
+        (false, false) => (TILE2D_ELEMS_PER_THREAD, MAX_TILE2D_THREADS),
+    };
     let mut threads = match spec.threads {
         Some(t) if t.is_power_of_two() && (32..=1024).contains(&t) => t,
         Some(t) => return Err(CodegenError::Unsupported(format!("threads override {t}: a power of two from 32 to 1024"))),
-        None => {
-            let per = if has_full { ROW_ELEMS_PER_THREAD } else { ELEMS_PER_THREAD };
-            (max_elems / per).next_power_of_two().clamp(32, cap)
-        }
+        None => (max_elems / per).next_power_of_two().clamp(32, cap),
     };
     // a row split across a cluster: the fewest threads (CLUSTER_MIN_THREADS to
     // CLUSTER_THREADS) that leave a thread at most what it may hold in the largest
