@@ -49,8 +49,9 @@
 //!   or where no lock can be taken (no disk level, a directory that cannot be written, a
 //!   file system without locks), the process compiles without one — at worst a second
 //!   compile, never an error or a hang.
-//! - [`crate::nvrtc::compiles`] counts the process's NVRTC compiles and
-//!   [`ModuleCache::stats`] a cache's compiles, memory and disk hits.
+//! - [`crate::nvrtc::compiles`] counts the process's NVRTC compiles,
+//!   [`ModuleCache::stats`] a cache's compiles, memory and disk hits, and
+//!   [`ModuleCache::disk_usage`] the entries and bytes of its directory.
 //! - Everything here but `FunctionCache` works without a GPU (only NVRTC), so CI tests
 //!   the disk cache and its corruption recovery.
 //!
@@ -123,6 +124,15 @@ pub struct CacheStats {
     pub lock_waits: u64,
 }
 
+/// What a [`ModuleCache`]'s directory holds ([`ModuleCache::disk_usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskUsage {
+    /// Module files (`<key>.module`), one per compiled kernel and architecture.
+    pub entries: u64,
+    /// Their size in bytes.
+    pub bytes: u64,
+}
+
 #[derive(Default)]
 struct Counters {
     compiles: AtomicU64,
@@ -189,21 +199,30 @@ impl ModuleCache {
     /// device stay loaded. The next compile of each kernel runs NVRTC again.
     pub fn clear(&self) -> Result<usize> {
         lock(&self.mem).clear();
-        let Some(dir) = &self.dir else { return Ok(0) };
+        let files = self.module_files()?;
+        for path in &files {
+            std::fs::remove_file(path)?;
+        }
+        Ok(files.len())
+    }
+
+    /// The entry files (`*.module`) of the disk directory: none without a disk level or
+    /// before the directory exists.
+    fn module_files(&self) -> Result<Vec<PathBuf>> {
+        let Some(dir) = &self.dir else { return Ok(Vec::new()) };
         let entries = match std::fs::read_dir(dir) {
             Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(e.into()),
         };
-        let mut n = 0;
+        let mut files = Vec::new();
         for e in entries {
             let path = e?.path();
             if path.extension().is_some_and(|x| x == EXTENSION) {
-                std::fs::remove_file(&path)?;
-                n += 1;
+                files.push(path);
             }
         }
-        Ok(n)
+        Ok(files)
     }
 
     /// What this cache has answered so far: NVRTC compiles, memory and disk hits, waits
@@ -216,6 +235,32 @@ impl ModuleCache {
             disk_hits: c.disk_hits.load(Ordering::Relaxed),
             lock_waits: c.lock_waits.load(Ordering::Relaxed),
         }
+    }
+
+    /// The entries of this cache's directory on disk (its `*.module` files, those
+    /// [`ModuleCache::clear`] deletes) and the bytes they take; zero without a disk level
+    /// or before the directory exists. Other processes sharing the directory count too.
+    ///
+    /// ```
+    /// let cache = kfuse_runtime::ModuleCache::new(None); // no disk level
+    /// assert_eq!(cache.disk_usage()?, kfuse_runtime::cache::DiskUsage { entries: 0, bytes: 0 });
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
+    pub fn disk_usage(&self) -> Result<DiskUsage> {
+        let mut usage = DiskUsage::default();
+        for path in self.module_files()? {
+            // an entry another process deletes meanwhile is not counted
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_file() => {
+                    usage.entries += 1;
+                    usage.bytes += m.len();
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(usage)
     }
 
     /// The cache key of a compile: hex SHA-256 of the entry format, source, arch and
@@ -916,6 +961,27 @@ mod tests {
         assert_ne!(k, ModuleCache::key("src2", "sm_80", &o));
         assert_ne!(k, ModuleCache::key("src", "sm_90a", &o));
         assert_ne!(k, ModuleCache::key("src", "sm_80", &[]));
+    }
+
+    #[test]
+    fn disk_usage_counts_module_files_only() {
+        let dir = std::env::temp_dir().join(format!("kfuse-cache-usage-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cache = ModuleCache::new(Some(dir.clone()));
+        // no directory yet, and no disk level: nothing
+        assert_eq!(cache.disk_usage().unwrap(), DiskUsage::default());
+        assert_eq!(ModuleCache::new(None).disk_usage().unwrap(), DiskUsage::default());
+        let m = Module { ptx: "body".into(), cubin: vec![9; 3], nvrtc: (13, 0) };
+        write_entry(&dir.join("a.module"), &m).unwrap();
+        write_entry(&dir.join("b.module"), &Module { ptx: "longer body".into(), ..m.clone() }).unwrap();
+        // lock files and the autotuning store are not entries
+        std::fs::write(dir.join("a.lock"), b"").unwrap();
+        std::fs::write(dir.join("autotune.json"), b"{}").unwrap();
+        let bytes = (format_entry(&m).len() + format_entry(&Module { ptx: "longer body".into(), ..m.clone() }).len()) as u64;
+        assert_eq!(cache.disk_usage().unwrap(), DiskUsage { entries: 2, bytes });
+        assert_eq!(cache.clear().unwrap(), 2);
+        assert_eq!(cache.disk_usage().unwrap(), DiskUsage::default());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub mod tma;
 pub mod vendor;
 
 pub use build_times::{build_times, BuildTimes};
-pub use cache::{compile_cached, CacheOutcome, ModuleCache};
+pub use cache::{compile_cached, CacheOutcome, CacheStats, DiskUsage, ModuleCache};
 pub use nvrtc::Module;
 pub use device::{gpu_count, Device};
 pub use pool::MemoryStats;

@@ -132,6 +132,8 @@ fn eight_threads_compile_once() {
             // the entry is on disk, the lock file gone; a fresh cache's threads read it once
             let key_file = cache.entry_path(&src, ARCH, &[]).unwrap().unwrap();
             assert_eq!(files(&dir), vec![key_file.file_name().unwrap().to_str().unwrap().to_string()]);
+            let usage = cache.disk_usage().unwrap();
+            assert_eq!((usage.entries, usage.bytes), (1, std::fs::metadata(&key_file).unwrap().len()));
             let fresh = ModuleCache::new(disk.clone());
             let r2: Vec<_> = race(&fresh, &src).into_iter().map(|r| r.unwrap()).collect();
             let outcomes: Vec<_> = r2.iter().map(|(_, o)| *o).collect();
