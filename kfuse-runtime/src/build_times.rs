@@ -30,12 +30,20 @@ const STEPS: usize = 6;
 static NANOS: [AtomicU64; STEPS] = [const { AtomicU64::new(0) }; STEPS];
 static COUNTS: [AtomicU64; STEPS] = [const { AtomicU64::new(0) }; STEPS];
 
-/// Runs `f`, adding its wall time to `step`.
-pub(crate) fn timed<T>(step: Step, f: impl FnOnce() -> T) -> T {
+/// Runs `f`, adding its wall time to `step`; returns its result and that time (for the
+/// step's `tracing` event).
+pub(crate) fn measured<T>(step: Step, f: impl FnOnce() -> T) -> (T, Duration) {
     let t = Instant::now();
     let r = f();
-    add(step, t.elapsed());
-    r
+    let d = t.elapsed();
+    add(step, d);
+    (r, d)
+}
+
+/// A duration in milliseconds to the microsecond: the `elapsed_ms` field of the
+/// runtime's `tracing` events (lib.rs, Logging).
+pub(crate) fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 /// Adds one run of `step` that took `d`.
@@ -134,7 +142,8 @@ mod tests {
     #[test]
     fn timed_steps_add_up_and_since_subtracts() {
         let before = build_times();
-        timed(Step::Codegen, || std::thread::sleep(Duration::from_millis(2)));
+        let ((), t) = measured(Step::Codegen, || std::thread::sleep(Duration::from_millis(2)));
+        assert!(t >= Duration::from_millis(2) && ms(t) >= 2.0);
         let d = build_times().since(&before);
         assert!(d.codegen >= Duration::from_millis(2), "{d}");
         assert!(d.counts[1] >= 1);

@@ -77,7 +77,7 @@ use kfuse_ir::DType;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::build_times::{timed, Step};
+use crate::build_times::{measured, ms, Step};
 use crate::nvrtc::{self, Module};
 use crate::settings::Settings;
 
@@ -296,10 +296,12 @@ impl ModuleCache {
         let full = nvrtc::full_options(arch, options);
         let key = ModuleCache::key(source, arch, &full);
         let memory = || lock(&self.mem).get(&key).cloned();
+        let t = Instant::now();
         let (module, outcome) = match memory() {
             Some(p) => (p, CacheOutcome::Memory),
             None => self.flights.run(&key, memory, || self.fill(&key, source, &full))?,
         };
+        tracing::debug!(target: "kfuse::cache", %arch, key = %&key[..16], ?outcome, elapsed_ms = ms(t.elapsed()), "module cache lookup");
         if outcome == CacheOutcome::Memory {
             bump(&self.counters.memory_hits);
         }
@@ -308,6 +310,7 @@ impl ModuleCache {
 
     /// [`ModuleCache::compile`] for an emitted kernel (its source, arch and options).
     pub fn compile_emitted(&self, emitted: &EmittedKernel) -> Result<(Arc<Module>, CacheOutcome)> {
+        let _span = tracing::debug_span!(target: "kfuse::cache", "compile", kernel = %emitted.entry).entered();
         self.compile(&emitted.source, &emitted.arch, &emitted.options)
     }
 
@@ -321,7 +324,9 @@ impl ModuleCache {
         };
         let mut held = None;
         if let Some(path) = &path {
-            if let Some(m) = timed(Step::Disk, || read_entry(path)) {
+            let (m, d) = measured(Step::Disk, || read_entry(path));
+            tracing::debug!(target: "kfuse::cache", hit = m.is_some(), path = %path.display(), elapsed_ms = ms(d), "disk cache read");
+            if let Some(m) = m {
                 return disk(m);
             }
             // another process may be compiling it: wait for its lock, and take the entry
@@ -335,7 +340,9 @@ impl ModuleCache {
         bump(&self.counters.compiles);
         // (the library's first load is a step of its own, not part of the compile's time)
         nvrtc::ensure_nvrtc()?;
-        let m = timed(Step::Nvrtc, || nvrtc::compile_module_exact(source, full))?;
+        let (m, d) = measured(Step::Nvrtc, || nvrtc::compile_module_exact(source, full));
+        tracing::debug!(target: "kfuse::nvrtc", ok = m.is_ok(), elapsed_ms = ms(d), "NVRTC compile");
+        let m = m?;
         if let Some(path) = &path {
             let _ = write_entry(path, &m);
         }
@@ -712,10 +719,12 @@ impl FunctionCache {
             #[cfg(feature = "dev-hooks")]
             let emitted = hooked.as_ref().unwrap_or(emitted);
             let (module, outcome) = compile_cached(emitted)?;
-            let func = timed(Step::Load, || load(&module, emitted))?;
+            let (func, d) = measured(Step::Load, || load(&module, emitted));
+            let func = func?;
             let what = |a: &str| crate::error::driver(format!("reading the {a} of `{}`", emitted.entry));
             let registers = func.num_regs().map_err(what("registers"))? as u32;
             let local_bytes = func.local_size_bytes().map_err(what("local memory"))? as u32;
+            tracing::debug!(target: "kfuse::runtime", kernel = %emitted.entry, registers, local_bytes, smem_bytes = emitted.smem_bytes, elapsed_ms = ms(d), "module load");
             let k = Arc::new(LoadedKernel { func, emitted: emitted.clone(), registers, local_bytes, resident: Default::default(), maps: Default::default() });
             lock(&self.by_source).insert(skey.clone(), k.clone());
             Ok((k, outcome))

@@ -535,8 +535,11 @@ pub fn emit_for(def: &KernelDef, dtypes: &[DType], spec: &Spec, target: &Target)
             dtypes.len()
         )));
     }
+    let t = std::time::Instant::now();
     let k = (def.build)(dtypes)?;
-    Ok(kfuse_codegen::compile(&k, spec, target)?)
+    let emitted = kfuse_codegen::compile(&k, spec, target);
+    tracing::debug!(target: "kfuse::codegen", kernel = %def.name, target = %target.arch(), ok = emitted.is_ok(), elapsed_ms = crate::build_times::ms(t.elapsed()), "codegen");
+    Ok(emitted?)
 }
 
 fn backend_of(device: &Option<Device>) -> Backend {
@@ -596,10 +599,16 @@ fn launch_with(def: &KernelDef, args: &mut [Arg<'_>], interp_tiles: Option<&std:
         return Ok(launched);
     }
     match checked.device.as_ref().and_then(|d| d.gpu_ref().map(|_| d)) {
-        None => match interp_tiles {
-            Some(tiles) => run_interpreter(kernel, args, tiles)?,
-            None => run_interpreter(kernel, args, crate::settings::current().tiles()?)?,
-        },
+        None => {
+            let traced = tracing::enabled!(target: "kfuse::launch", tracing::Level::TRACE).then(std::time::Instant::now);
+            match interp_tiles {
+                Some(tiles) => run_interpreter(kernel, args, tiles)?,
+                None => run_interpreter(kernel, args, crate::settings::current().tiles()?)?,
+            }
+            if let Some(t) = traced {
+                tracing::trace!(target: "kfuse::launch", kernel = %def.name, elapsed_ms = crate::build_times::ms(t.elapsed()), "interpreter run");
+            }
+        }
         Some(device) => {
             let gpu = device.gpu_ref().expect("a GPU");
             // arguments of a signature this device launched before, under the same
@@ -932,6 +941,7 @@ fn load(device: &Device, kernel: &Kernel, key: &ModuleKey) -> Result<(Arc<Loaded
     if let Some(k) = gpu.functions.get(key) {
         return Ok((k, CacheOutcome::Memory));
     }
+    let _span = tracing::debug_span!(target: "kfuse::runtime", "build", kernel = %key.kernel, target = %key.target.arch()).entered();
     // a kernel with register-room attempts (`EmittedKernel::register_attempt`) takes
     // the first whose function the driver's assembler built without local memory
     // (spills)
@@ -945,9 +955,12 @@ fn load(device: &Device, kernel: &Kernel, key: &ModuleKey) -> Result<(Arc<Loaded
         attempts += t.elapsed();
         Ok(r?.0.local_bytes > 0)
     });
-    crate::build_times::add(crate::build_times::Step::Codegen, started.elapsed().saturating_sub(attempts));
+    let codegen = started.elapsed().saturating_sub(attempts);
+    crate::build_times::add(crate::build_times::Step::Codegen, codegen);
+    tracing::debug!(target: "kfuse::codegen", kernel = %key.kernel, ok = emitted.is_ok(), elapsed_ms = crate::build_times::ms(codegen), "codegen");
     let emitted = emitted?;
     let (k, o) = gpu.functions.get_or_load(&emitted, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.cluster_x))?;
+    tracing::debug!(target: "kfuse::runtime", kernel = %key.kernel, outcome = ?o, elapsed_ms = crate::build_times::ms(started.elapsed()), "kernel ready");
     gpu.functions.insert(key.clone(), k.clone());
     Ok((k, o))
 }
@@ -1028,11 +1041,13 @@ fn built_ir(def: &KernelDef, dtypes: &[DType]) -> Result<Arc<(Kernel, kfuse_ir::
     if let Some(k) = find(&cache.lock().unwrap_or_else(|e| e.into_inner())) {
         return Ok(k);
     }
-    let (kernel, grid) = crate::build_times::timed(crate::build_times::Step::Ir, || -> Result<_> {
+    let (built, d) = crate::build_times::measured(crate::build_times::Step::Ir, || -> Result<_> {
         let kernel = (def.build)(dtypes)?;
         let grid = kfuse_ir::grid::derive(&kernel)?;
         Ok((kernel, grid))
-    })?;
+    });
+    tracing::debug!(target: "kfuse::runtime", kernel = %def.name, ?dtypes, elapsed_ms = crate::build_times::ms(d), "IR build");
+    let (kernel, grid) = built?;
     let built = Arc::new((kernel, grid));
     let mut m = cache.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(k) = find(&m) {
@@ -1265,12 +1280,14 @@ fn launch_raw(device: &Device, k: &LoadedKernel, g: [u64; 3], vals: &mut [PVal])
         };
     }
     gpu.bind()?;
+    // (an event only at `trace` for `kfuse::launch`; off, one relaxed load of the level)
+    let traced = tracing::enabled!(target: "kfuse::launch", tracing::Level::TRACE).then(std::time::Instant::now);
     // SAFETY: the parameters follow `emitted.params`, which the codegen wrote the
     // kernel's signature from, each pointer to a value of its parameter's size that
     // lives until the call returns (`cuLaunchKernel` copies them); pointers are live
     // allocations of this device, and the kernel masks its accesses to the shapes
     // passed.
-    unsafe {
+    let r = unsafe {
         cudarc::driver::result::launch_kernel(
             k.func.cu_function(),
             (g[0] as u32, g[1] as u32, g[2] as u32),
@@ -1286,7 +1303,12 @@ fn launch_raw(device: &Device, k: &LoadedKernel, g: [u64; 3], vals: &mut [PVal])
         e.block_threads,
         e.smem_bytes,
         device.description()
-    )))
+    )));
+    if let Some(t) = traced {
+        let host_us = t.elapsed().as_secs_f64() * 1e6;
+        tracing::trace!(target: "kfuse::launch", kernel = %e.entry, grid = ?g, threads = e.block_threads, smem_bytes = e.smem_bytes, host_us, ok = r.is_ok(), "launch");
+    }
+    r
 }
 
 /// What of a loaded kernel the device holds at once (see `LoadedKernel::resident`): the

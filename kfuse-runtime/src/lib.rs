@@ -45,6 +45,16 @@
 //! launch, and again only after [`settings::reload`]; a program sets the same in code
 //! with [`Config`] (`Config::new().cache_dir(d).tile("BM", 128).apply()?`), over the
 //! variables. The README's Environment section has the table of every variable read.
+//!
+//! Logging: the runtime reports through [`tracing`](https://docs.rs/tracing) and prints
+//! nothing itself. At `debug` each step a first call takes is an event with its
+//! `elapsed_ms` — the IR build and the module load (target `kfuse::runtime`, inside a
+//! `build` span naming the kernel on a GPU), codegen (`kfuse::codegen`), the disk cache
+//! read and the lookup's [`CacheOutcome`] (`kfuse::cache`, inside a `compile` span naming
+//! the kernel), the NVRTC library load and compile (`kfuse::nvrtc`); at `trace` every
+//! launch (`kfuse::launch`: kernel, grid, host time), which costs a launch one atomic load
+//! when `trace` is off. So with `tracing_subscriber`'s `EnvFilter`, `RUST_LOG=kfuse=debug`
+//! shows what a call did (`examples/trace_first_call.rs`).
 
 pub mod autotune;
 pub mod build_times;

@@ -150,7 +150,11 @@ fn preload(path: &Path) -> std::result::Result<(), String> {
 pub fn ensure_nvrtc() -> Result<()> {
     static STATE: OnceLock<std::result::Result<(), Vec<String>>> = OnceLock::new();
     STATE
-        .get_or_init(|| crate::build_times::timed(crate::build_times::Step::NvrtcLoad, probe))
+        .get_or_init(|| {
+            let (r, d) = crate::build_times::measured(crate::build_times::Step::NvrtcLoad, probe);
+            tracing::debug!(target: "kfuse::nvrtc", found = r.is_ok(), elapsed_ms = crate::build_times::ms(d), "NVRTC library load");
+            r
+        })
         .clone()
         .map_err(|searched| Error::NvrtcMissing { searched })
 }
