@@ -1,5 +1,6 @@
 //! Configuration: the README's table of environment variables against the variables
-//! the library's sources read; settings made in code (`kfuse::Config`) over the
+//! the library's sources read; the README's snapshot example against the test file that
+//! runs it; settings made in code (`kfuse::Config`) over the
 //! environment's; and `STAGES=3`, a pipeline depth that is no power of two, accepted and
 //! built (NVRTC + `ptxas -v`) on the matrix paths of sm_90a and sm_80. No GPU needed.
 //! The test of settings over the environment runs alone in a child process
@@ -101,6 +102,20 @@ fn readme_table(readme: &str) -> BTreeSet<String> {
         }
     }
     names
+}
+
+/// The README's snapshot example (`## Pinning what the compiler emits`) is
+/// `tests/readme_snapshot.rs`, character for character: CI runs what the README shows.
+#[test]
+fn the_readme_snapshot_example_is_the_test_that_runs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let heading = "\n## Pinning what the compiler emits\n";
+    let section = &readme[readme.find(heading).expect("README: no `## Pinning what the compiler emits` section")..];
+    let start = section.find("```rust\n").expect("README: no rust block in the snapshot section") + "```rust\n".len();
+    let block = &section[start..start + section[start..].find("```\n").expect("README: an unclosed block")];
+    let file = std::fs::read_to_string(root.join("tests/readme_snapshot.rs")).unwrap();
+    assert_eq!(block, file, "README's snapshot example and tests/readme_snapshot.rs differ");
 }
 
 #[test]

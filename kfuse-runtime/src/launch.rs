@@ -3,8 +3,10 @@
 //!
 //! Owns: [`Arg`], [`Scalar`], [`launch`] and its result [`Launched`],
 //! [`launch_interpreter`] (the interpreter with tiles given), the specialization facts
-//! of actual arguments ([`spec_for`]) and the tiles a GPU plan takes from them
-//! ([`gpu_plan_tiles`]), and the argument order of the CUDA kernel call.
+//! of actual arguments ([`spec_for`], [`launch_spec`]) and the tiles a GPU plan takes
+//! from them ([`gpu_plan_tiles`]), what a launch on described arguments ([`ArgDesc`])
+//! would compile ([`emit`]: the same checks and specialization, no GPU), and the
+//! argument order of the CUDA kernel call.
 //!
 //! [`launch`] does, in order:
 //! 1. check the arguments against the signature ([`check_args`]): count and kind of each
@@ -108,11 +110,176 @@ impl Arg<'_> {
         }
     }
 
+}
+
+/// A description of one argument of a kernel, for [`emit`]: a tensor's dtype, shape,
+/// strides and the offset of its element 0 from an allocation, or a scalar's dtype — the
+/// facts the checks and the specialization of a launch read of an [`Arg`], without the
+/// memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArgDesc {
+    /// A tensor, for an input or an output parameter alike.
+    Tensor(TensorDesc),
+    /// A scalar of this dtype (`f32` or `i64`).
+    Scalar(DType),
+}
+
+/// A tensor argument described ([`ArgDesc::tensor`], [`ArgDesc::strided`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorDesc {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// In elements, one per dimension.
+    pub strides: Vec<isize>,
+    /// The byte offset of element 0 from the start of its allocation, which is taken to
+    /// be aligned to 256 bytes, as kfuse's memory pool and `cuMemAlloc` align theirs (0:
+    /// a whole allocation; a view at element `k` of a bf16 tensor is at `2 * k`).
+    pub byte_offset: u64,
+}
+
+/// The address [`TensorDesc`]s are taken to be allocated at: aligned to 256 bytes (the
+/// specialization reads its alignment only, up to 16 bytes).
+const DESC_BASE: u64 = 1 << 32;
+
+impl ArgDesc {
+    /// A contiguous (row-major) tensor of `shape`, at the start of its allocation.
+    pub fn tensor(dtype: DType, shape: &[usize]) -> ArgDesc {
+        ArgDesc::strided(dtype, shape, &crate::tensor::contiguous_strides(shape))
+    }
+
+    /// A tensor of `shape` with these element strides (a transposed or sliced view),
+    /// at the start of its allocation.
+    pub fn strided(dtype: DType, shape: &[usize], strides: &[isize]) -> ArgDesc {
+        ArgDesc::Tensor(TensorDesc { dtype, shape: shape.to_vec(), strides: strides.to_vec(), byte_offset: 0 })
+    }
+
+    /// The same tensor with its element 0 `bytes` past the start of its allocation
+    /// ([`TensorDesc::byte_offset`]); a scalar is returned as it is.
+    pub fn at_byte_offset(self, bytes: u64) -> ArgDesc {
+        match self {
+            ArgDesc::Tensor(t) => ArgDesc::Tensor(TensorDesc { byte_offset: bytes, ..t }),
+            s => s,
+        }
+    }
+}
+
+/// What the checks and the specialization read of a tensor argument: a [`Tensor`] or a
+/// [`TensorDesc`].
+trait TensorFacts {
+    fn dtype(&self) -> DType;
+    fn shape(&self) -> &[usize];
+    fn strides(&self) -> &[isize];
+    /// The address of element 0 (its alignment is what counts).
+    fn address(&self) -> u64;
+}
+
+impl TensorFacts for Tensor {
+    fn dtype(&self) -> DType {
+        Tensor::dtype(self)
+    }
+    fn shape(&self) -> &[usize] {
+        Tensor::shape(self)
+    }
+    fn strides(&self) -> &[isize] {
+        Tensor::strides(self)
+    }
+    fn address(&self) -> u64 {
+        Tensor::address(self)
+    }
+}
+
+impl TensorFacts for TensorDesc {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+    fn address(&self) -> u64 {
+        DESC_BASE + self.byte_offset
+    }
+}
+
+/// An argument as the signature checks ([`check_signature`]) and the specialization
+/// ([`gpu_spec`]) see it: a launch's [`Arg`] or an [`ArgDesc`] of [`emit`].
+trait ArgFacts {
+    type T: TensorFacts;
+    /// The tensor of a tensor argument.
+    fn tensor(&self) -> Option<&Self::T>;
+    /// The dtype of a scalar argument.
+    fn scalar(&self) -> Option<DType>;
+    /// Whether it can be passed for a parameter of kind `kind`.
+    fn fits(&self, kind: &PKind<'_>) -> bool;
+    /// What to pass for a parameter of kind `kind`, for error messages.
+    fn expected(kind: &PKind<'_>) -> &'static str;
+    fn describe(&self) -> String;
+}
+
+impl ArgFacts for Arg<'_> {
+    type T = Tensor;
+    fn tensor(&self) -> Option<&Tensor> {
+        Arg::tensor(self)
+    }
+    fn scalar(&self) -> Option<DType> {
+        match self {
+            Arg::Scalar(s) => Some(s.dtype()),
+            _ => None,
+        }
+    }
+    fn fits(&self, kind: &PKind<'_>) -> bool {
+        matches!(
+            (kind, self),
+            (PKind::Tensor { output: true, .. }, Arg::Out(_)) | (PKind::Tensor { output: false, .. }, Arg::In(_)) | (PKind::Scalar(_), Arg::Scalar(_))
+        )
+    }
+    fn expected(kind: &PKind<'_>) -> &'static str {
+        match kind {
+            PKind::Tensor { output: true, .. } => "an output tensor: pass `Arg::Out(&mut t)`",
+            PKind::Tensor { output: false, .. } => "an input tensor: pass `Arg::In(&t)`",
+            PKind::Scalar(DType::I64) => "an i64 scalar: pass `Arg::Scalar(Scalar::I64(v))`",
+            PKind::Scalar(_) => "a scalar: pass `Arg::Scalar(Scalar::F32(v))`",
+        }
+    }
     fn describe(&self) -> String {
         match self {
             Arg::In(t) => format!("an input tensor (`Arg::In`, {} {:?})", t.dtype(), t.shape()),
             Arg::Out(t) => format!("an output tensor (`Arg::Out`, {} {:?})", t.dtype(), t.shape()),
             Arg::Scalar(s) => format!("a scalar (`Arg::Scalar({s:?})`)"),
+        }
+    }
+}
+
+impl ArgFacts for ArgDesc {
+    type T = TensorDesc;
+    fn tensor(&self) -> Option<&TensorDesc> {
+        match self {
+            ArgDesc::Tensor(t) => Some(t),
+            ArgDesc::Scalar(_) => None,
+        }
+    }
+    fn scalar(&self) -> Option<DType> {
+        match self {
+            ArgDesc::Scalar(d) => Some(*d),
+            ArgDesc::Tensor(_) => None,
+        }
+    }
+    fn fits(&self, kind: &PKind<'_>) -> bool {
+        matches!((kind, self), (PKind::Tensor { .. }, ArgDesc::Tensor(_)) | (PKind::Scalar(_), ArgDesc::Scalar(_)))
+    }
+    fn expected(kind: &PKind<'_>) -> &'static str {
+        match kind {
+            PKind::Tensor { .. } => "a tensor: pass `ArgDesc::tensor(dtype, &shape)`",
+            PKind::Scalar(DType::I64) => "an i64 scalar: pass `ArgDesc::Scalar(DType::I64)`",
+            PKind::Scalar(_) => "a scalar: pass `ArgDesc::Scalar(DType::F32)`",
+        }
+    }
+    fn describe(&self) -> String {
+        match self {
+            ArgDesc::Tensor(t) => format!("a tensor (`ArgDesc::Tensor`, {} {:?})", t.dtype, t.shape),
+            ArgDesc::Scalar(d) => format!("a scalar (`ArgDesc::Scalar({d:?})`)"),
         }
     }
 }
@@ -218,7 +385,10 @@ struct Checked {
     device: Option<Device>,
 }
 
-fn check(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[Arg<'_>]) -> Result<Checked> {
+/// The checks of arguments against a signature that need no memory (those of [`check`]
+/// but the device and storage ones): count, kinds, ranks, dtypes, shape symbols, and
+/// outputs without a zero stride; returns the dtypes bound to the generics.
+fn check_signature<A: ArgFacts>(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[A]) -> Result<Vec<DType>> {
     // Count.
     if args.len() != params.len() {
         let names: Vec<&str> = params.iter().map(|p| p.name).collect();
@@ -231,42 +401,33 @@ fn check(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[Arg<'_>]
     }
     // Kinds and ranks.
     for (i, (p, a)) in params.iter().zip(args).enumerate() {
-        let ok = matches!(
-            (&p.kind, a),
-            (PKind::Tensor { output: true, .. }, Arg::Out(_)) | (PKind::Tensor { output: false, .. }, Arg::In(_)) | (PKind::Scalar(_), Arg::Scalar(_))
-        );
-        if !ok {
-            let expected = match &p.kind {
-                PKind::Tensor { output: true, .. } => "an output tensor: pass `Arg::Out(&mut t)`",
-                PKind::Tensor { output: false, .. } => "an input tensor: pass `Arg::In(&t)`",
-                PKind::Scalar(DType::I64) => "an i64 scalar: pass `Arg::Scalar(Scalar::I64(v))`",
-                PKind::Scalar(_) => "a scalar: pass `Arg::Scalar(Scalar::F32(v))`",
-            };
+        if !a.fits(&p.kind) {
             return Err(Error::InvalidArgument(format!(
-                "argument {i} of `{kernel}` (`{}`) must be {expected}, but it is {}",
+                "argument {i} of `{kernel}` (`{}`) must be {}, but it is {}",
                 p.name,
+                A::expected(&p.kind),
                 a.describe()
             )));
         }
-        match (&p.kind, a) {
-            (PKind::Scalar(d), Arg::Scalar(s)) => {
+        match (&p.kind, a.scalar()) {
+            (PKind::Scalar(d), Some(s)) => {
                 if !matches!(d, DType::F32 | DType::I64) {
                     return Err(Error::InvalidArgument(format!(
                         "scalar parameter `{}` of `{kernel}` is {d}; only f32 and i64 scalars can be passed",
                         p.name
                     )));
                 }
-                if s.dtype() != *d {
+                if s != *d {
                     return Err(Error::DTypeMismatch(format!(
-                        "scalar `{}` of `{kernel}` is {d}, but a {} was given ({s:?})",
+                        "scalar `{}` of `{kernel}` is {d}, but {} was given",
                         p.name,
-                        s.dtype()
+                        a.describe()
                     )));
                 }
             }
-            (PKind::Tensor { dims, .. }, a) => {
+            (PKind::Tensor { dims, .. }, _) => {
                 let t = a.tensor().expect("tensor argument");
-                if t.rank() != dims.len() {
+                if t.shape().len() != dims.len() {
                     return Err(Error::ShapeMismatch(format!(
                         "`{}` of `{kernel}` has {} dimension(s) ({}), but the tensor given has shape {:?}",
                         p.name,
@@ -340,6 +501,24 @@ fn check(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[Arg<'_>]
             }
         }
     }
+    // Outputs: no broadcast (zero-stride) dims.
+    for (p, a) in params.iter().zip(args) {
+        let (PKind::Tensor { output: true, .. }, Some(t)) = (&p.kind, a.tensor()) else { continue };
+        if let Some(d) = (0..t.shape().len()).find(|&d| t.strides()[d] == 0 && t.shape()[d] > 1) {
+            return Err(Error::InvalidArgument(format!(
+                "output `{}` of `{kernel}` has stride 0 on dimension {d} (size {}): several elements would be written to one address",
+                p.name,
+                t.shape()[d]
+            )));
+        }
+    }
+    Ok(dtypes)
+}
+
+/// Step 1 of [`launch`] (module docs): [`check_signature`], then one device and no
+/// output sharing storage with another argument.
+fn check(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[Arg<'_>]) -> Result<Checked> {
+    let dtypes = check_signature(kernel, generics, params, args)?;
     // One device.
     let mut device: Option<(Device, &str)> = None;
     for (p, a) in params.iter().zip(args) {
@@ -356,7 +535,7 @@ fn check(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[Arg<'_>]
             _ => {}
         }
     }
-    // Outputs: no storage shared with another argument, no broadcast (zero-stride) dims.
+    // Outputs: no storage shared with another argument.
     for (i, (p, a)) in params.iter().zip(args).enumerate() {
         let Arg::Out(t) = a else { continue };
         for (j, (q, b)) in params.iter().zip(args).enumerate() {
@@ -375,13 +554,6 @@ fn check(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[Arg<'_>]
                 }
             }
         }
-        if let Some(d) = (0..t.rank()).find(|&d| t.strides()[d] == 0 && t.shape()[d] > 1) {
-            return Err(Error::InvalidArgument(format!(
-                "output `{}` of `{kernel}` has stride 0 on dimension {d} (size {}): several elements would be written to one address",
-                p.name,
-                t.shape()[d]
-            )));
-        }
     }
     Ok(Checked { dtypes, device: device.map(|(d, _)| d) })
 }
@@ -395,6 +567,11 @@ pub fn check_args(def: &KernelDef, args: &[Arg<'_>]) -> Result<Vec<DType>> {
 /// The value of each shape symbol of `kernel` (indexed by `ShapeSym`) from the tensor
 /// arguments.
 pub fn shape_values(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Vec<u64>> {
+    shapes_of(kernel, args)
+}
+
+/// [`shape_values`] of [`Arg`]s or [`ArgDesc`]s.
+fn shapes_of<A: ArgFacts>(kernel: &Kernel, args: &[A]) -> Result<Vec<u64>> {
     if args.len() != kernel.params.len() {
         return Err(Error::InvalidArgument(format!(
             "the IR of `{}` has {} parameters but {} arguments were given",
@@ -406,7 +583,7 @@ pub fn shape_values(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Vec<u64>> {
     let mut vals: Vec<Option<u64>> = vec![None; kernel.shape_syms.len()];
     for (p, a) in kernel.params.iter().zip(args) {
         let Some(t) = a.tensor() else { continue };
-        if p.dims().len() != t.rank() {
+        if p.dims().len() != t.shape().len() {
             return Err(Error::ShapeMismatch(format!("`{}` has rank {} in the IR but the tensor has shape {:?}", p.name, p.dims().len(), t.shape())));
         }
         for (&s, &size) in p.dims().iter().zip(t.shape()) {
@@ -452,7 +629,7 @@ pub fn spec_for(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Spec> {
 }
 
 /// [`spec_for`] with the shape values already known ([`shape_values`]).
-fn spec_with_shapes(kernel: &Kernel, args: &[Arg<'_>], vals: &[u64]) -> Result<Spec> {
+fn spec_with_shapes<A: ArgFacts>(kernel: &Kernel, args: &[A], vals: &[u64]) -> Result<Spec> {
     let tensors = kernel
         .params
         .iter()
@@ -483,7 +660,7 @@ fn spec_with_shapes(kernel: &Kernel, args: &[Arg<'_>], vals: &[u64]) -> Result<S
 /// autotuning): [`spec_for`]'s facts with `KFUSE_TILES`, plus the tile choices codegen
 /// makes from the exact shape (`choose_tiles::exact_shape_tiles`, in the spec so that the
 /// cache keys on them; explicit `KFUSE_TILES` entries win).
-fn gpu_spec(kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64], target: &Target) -> Result<Spec> {
+fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], target: &Target) -> Result<Spec> {
     let mut spec = spec_with_shapes(kernel, args, shapes)?;
     for (name, v) in kfuse_codegen::passes::choose_tiles::exact_shape_tiles(kernel, &spec, shapes, target) {
         spec.tiles.entry(name).or_insert(v);
@@ -505,13 +682,83 @@ fn gpu_spec(kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64], target: &Target) 
 /// checks, an unparsable `KFUSE_TILES`, and codegen's refusals (a target below sm_80, an
 /// override that is not a power of two) as [`Error::Codegen`].
 pub fn gpu_plan_tiles(def: &KernelDef, args: &[Arg<'_>], target: &Target) -> Result<std::collections::BTreeMap<String, u32>> {
-    let checked = check(def.name, def.generics, &def_params(def), args)?;
-    let built = built_ir(def, &checked.dtypes)?;
-    let kernel = &built.0;
-    let shapes = shape_values(kernel, args)?;
-    let spec = gpu_spec(kernel, args, &shapes, target)?;
-    let k = kfuse_codegen::schedule(kernel, &spec, target)?;
+    check(def.name, def.generics, &def_params(def), args)?;
+    let (built, spec) = planned(def, args, target)?;
+    let k = kfuse_codegen::schedule(&built.0, &spec, target)?;
     Ok(k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect())
+}
+
+/// The [`Spec`] a GPU launch of `def` on `args` compiles for `target` (step 5 of
+/// [`launch`], before autotuning): alignment, strides and shapes of the arguments, the
+/// tile and thread settings in force, and the tiles codegen chooses from the exact
+/// shape. The arguments may live on the CPU or a GPU; errors are those of [`launch`]'s
+/// checks. With [`emit_for`], what [`emit`] gives for [`ArgDesc`]s of these tensors.
+pub fn launch_spec(def: &KernelDef, args: &[Arg<'_>], target: &Target) -> Result<Spec> {
+    check(def.name, def.generics, &def_params(def), args)?;
+    Ok(planned(def, args, target)?.1)
+}
+
+/// The IR of `def` for the dtypes of `args` and the [`Spec`] of a GPU launch on them
+/// ([`gpu_spec`]), for arguments that passed [`check_signature`].
+fn planned<A: ArgFacts>(def: &KernelDef, args: &[A], target: &Target) -> Result<(Arc<(Kernel, kfuse_ir::grid::Grid)>, Spec)> {
+    let dtypes = check_signature(def.name, def.generics, &def_params(def), args)?;
+    let built = built_ir(def, &dtypes)?;
+    let shapes = shapes_of(&built.0, args)?;
+    let spec = gpu_spec(&built.0, args, &shapes, target)?;
+    Ok((built, spec))
+}
+
+/// What a GPU launch of `def` on tensors described by `args` compiles for `target`: the
+/// IR after scheduling ([`EmittedKernel::ir`]) and the CUDA ([`EmittedKernel::source`]),
+/// with the launch facts beside them (block size, shared memory, tiles, parameters).
+/// No GPU and no NVRTC are needed, and the result is deterministic: it depends on
+/// `def`, `args`, `target` and the tile and thread settings in force only
+/// (`KFUSE_TILES`, `KFUSE_THREADS`, `KFUSE_MIN_BLOCKS` or the same made with
+/// [`Config`](crate::settings::Config); unset, none), so that a test can pin it with a
+/// snapshot.
+///
+/// `args` follow the signature, one per parameter: [`ArgDesc::tensor`] for a tensor
+/// (input or output), contiguous and at the start of an allocation aligned to 256 bytes
+/// as kfuse's allocations are, [`ArgDesc::strided`] and [`ArgDesc::at_byte_offset`] for
+/// views, [`ArgDesc::Scalar`] for a scalar. The specialization is exactly that of a
+/// launch on such tensors (the same code: [`launch_spec`] is its counterpart for
+/// tensors), and so are the checks: count and kind of each argument, ranks, dtype
+/// generics bound from the tensors, shape symbols consistent, no output with a zero
+/// stride — each failure an `Err` ([`Error::InvalidArgument`], [`Error::DTypeMismatch`],
+/// [`Error::ShapeMismatch`]), as is a kernel the target cannot run ([`Error::Codegen`]).
+/// Not included: tiles `KFUSE_AUTOTUNE=1` would measure on a GPU, and the later
+/// register-room attempt a GPU launch takes when the driver reports that the first
+/// one spills (`EmittedKernel::register_attempt`).
+///
+/// ```
+/// use kfuse_codegen::{EmittedKernel, Target};
+/// use kfuse_runtime::{emit, ArgDesc, DType, Result};
+///
+/// /// `def`: the `add::DEF` of `#[kfuse] fn add<T: Float>(a: Tensor<T, (N,)>,
+/// /// b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>)`
+/// fn add_bf16_sm90a(def: &kfuse_ir::KernelDef) -> Result<EmittedKernel> {
+///     let t = ArgDesc::tensor(DType::BF16, &[1 << 20]);
+///     emit(def, &[t.clone(), t.clone(), t], &Target::sm90a())
+/// }
+/// ```
+pub fn emit(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<EmittedKernel> {
+    for (p, a) in def.params.iter().zip(args) {
+        if let ArgDesc::Tensor(t) = a {
+            if t.strides.len() != t.shape.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "`{}` of `{}`: {} strides ({:?}) for {} dimensions (shape {:?})",
+                    p.name(),
+                    def.name,
+                    t.strides.len(),
+                    t.strides,
+                    t.shape.len(),
+                    t.shape
+                )));
+            }
+        }
+    }
+    let (built, spec) = planned(def, args, target)?;
+    Ok(kfuse_codegen::compile(&built.0, &spec, target)?)
 }
 
 /// Tile-size overrides from `KFUSE_TILES` (`BM=128,BN=64`) and

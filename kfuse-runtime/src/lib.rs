@@ -22,7 +22,9 @@
 //!   the same settings made in code ([`Config`]), which win over them;
 //! - [`autotune`]: optional tuning of `dot` kernels' tiles (`KFUSE_AUTOTUNE=1`), winners
 //!   kept in `autotune.json` beside the module cache;
-//! - [`launch`](mod@launch): argument checking, specialization, dispatch;
+//! - [`launch`](mod@launch): argument checking, specialization, dispatch, and
+//!   [`emit()`]: the IR and CUDA a launch on described arguments ([`ArgDesc`]) compiles,
+//!   without a GPU (for snapshot tests of a user's kernels);
 //! - [`tma`]: TMA tensor maps (`cuTensorMapEncodeTiled`) for kernels that take them;
 //! - `vendor` (cargo feature `vendor-baselines`, off by default; the benchmarks and tests
 //!   turn it on): cuBLAS / cuBLASLt GEMMs on kfuse tensors — benchmark and test support
@@ -78,7 +80,7 @@ pub use pool::MemoryStats;
 pub use error::{Error, Result};
 pub use kfuse_ir::DType;
 pub use settings::Config;
-pub use launch::{check_args, emit_for, gpu_plan_tiles, launch, launch_emitted, launch_grouped, launch_interpreter, spec_for, Arg, Backend, BuildInfo, Launched, Scalar};
+pub use launch::{check_args, emit, emit_for, gpu_plan_tiles, launch, launch_emitted, launch_grouped, launch_interpreter, launch_spec, spec_for, Arg, ArgDesc, Backend, BuildInfo, Launched, Scalar, TensorDesc};
 pub use tensor::Tensor;
 
 /// The cudarc version this runtime is built on, for interoperation (cuBLAS baselines).

@@ -204,3 +204,70 @@ fn emit_for_checks_the_dtype_count() {
     let e = emit_for(&ADD, &[], &Default::default(), &kfuse_codegen::Target::sm90a()).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
 }
+
+/// `emit` on described arguments compiles what a launch on such tensors would: the spec
+/// a launch builds from real tensors (`launch_spec`), given to `emit_for`, gives the same
+/// IR and CUDA — contiguous, transposed and offset views alike.
+#[test]
+fn emit_on_descriptions_matches_a_launch_on_tensors() {
+    use kfuse_codegen::Target;
+    use kfuse_runtime::{emit, launch_spec, ArgDesc};
+    let m = Tensor::zeros(&[64, 96], DType::BF16, &cpu()).unwrap();
+    // CPU storage is 16-byte aligned as a GPU allocation is (the facts cap at 16 bytes)
+    assert_eq!(m.address() % 16, 0, "the allocator gave an unaligned buffer");
+    let views = [
+        (m.clone(), ArgDesc::tensor(DType::BF16, &[64, 96])),
+        (m.t(), ArgDesc::strided(DType::BF16, &[96, 64], &[1, 96])),
+        (m.narrow(1, 1, 95).unwrap(), ArgDesc::strided(DType::BF16, &[64, 95], &[96, 1]).at_byte_offset(2)),
+    ];
+    for target in [Target::sm80(), Target::sm90a()] {
+        let mut sources = Vec::new();
+        for (x, desc) in &views {
+            let mut o = Tensor::zeros(x.shape(), DType::BF16, &cpu()).unwrap();
+            let spec = launch_spec(&COPY2D, &[Arg::In(x), Arg::Out(&mut o)], &target).unwrap();
+            let want = emit_for(&COPY2D, &[DType::BF16], &spec, &target).unwrap();
+            let got = emit(&COPY2D, &[desc.clone(), ArgDesc::tensor(DType::BF16, x.shape())], &target).unwrap();
+            assert_eq!((&got.ir, &got.source, &got.tiles), (&want.ir, &want.source, &want.tiles), "{desc:?} on {}", target.arch());
+            // deterministic
+            let again = emit(&COPY2D, &[desc.clone(), ArgDesc::tensor(DType::BF16, x.shape())], &target).unwrap();
+            assert_eq!(again.source, got.source);
+            sources.push(got.source);
+        }
+        // the layout and alignment of each view show in what is compiled
+        assert!(sources[0] != sources[1] && sources[0] != sources[2] && sources[1] != sources[2]);
+    }
+}
+
+#[test]
+fn emit_checks_its_descriptions() {
+    use kfuse_codegen::Target;
+    use kfuse_runtime::{emit, ArgDesc};
+    let sm90 = Target::sm90a();
+    let v = |dt, n| ArgDesc::tensor(dt, &[n]);
+    // generics bound from the tensors; concrete dtypes and scalars checked
+    let e = emit(&ADD, &[v(DType::F16, 8), v(DType::BF16, 8), v(DType::F16, 8)], &sm90).unwrap_err();
+    assert!(matches!(&e, Error::DTypeMismatch(m) if m.contains("`b` is bf16") && m.contains("T = f16")), "{e}");
+    let e = emit(&SCALE, &[v(DType::F16, 8), v(DType::F16, 8), ArgDesc::Scalar(DType::F32)], &sm90).unwrap_err();
+    assert!(matches!(&e, Error::DTypeMismatch(m) if m.contains("`out`")), "{e}");
+    let e = emit(&SCALE, &[v(DType::F16, 8), v(DType::F32, 8), ArgDesc::Scalar(DType::I64)], &sm90).unwrap_err();
+    assert!(matches!(&e, Error::DTypeMismatch(m) if m.contains("`alpha`")), "{e}");
+    assert!(emit(&SCALE, &[v(DType::F16, 8), v(DType::F32, 8), ArgDesc::Scalar(DType::F32)], &sm90).is_ok());
+    // shape symbols agree
+    let e = emit(&ADD, &[v(DType::F32, 8), v(DType::F32, 9), v(DType::F32, 8)], &sm90).unwrap_err();
+    assert!(matches!(&e, Error::ShapeMismatch(m) if m.contains("(N) is 9")), "{e}");
+    // count, kinds, ranks, strides
+    let e = emit(&ADD, &[v(DType::F32, 8), v(DType::F32, 8)], &sm90).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("takes 3 argument(s)")), "{e}");
+    let e = emit(&SCALE, &[v(DType::F32, 8), v(DType::F32, 8), v(DType::F32, 1)], &sm90).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("ArgDesc::Scalar(DType::F32)")), "{e}");
+    let e = emit(&ADD, &[v(DType::F32, 8), ArgDesc::tensor(DType::F32, &[2, 4]), v(DType::F32, 8)], &sm90).unwrap_err();
+    assert!(matches!(&e, Error::ShapeMismatch(_)), "{e}");
+    let e = emit(&ADD, &[v(DType::F32, 8), ArgDesc::strided(DType::F32, &[8], &[1, 1]), v(DType::F32, 8)], &sm90).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("2 strides")), "{e}");
+    // an output may not have a zero stride
+    let e = emit(&ADD, &[v(DType::F32, 8), v(DType::F32, 8), ArgDesc::strided(DType::F32, &[8], &[0])], &sm90).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("stride 0")), "{e}");
+    // a target below sm_80
+    let old = Target { sm: 70, num_sms: 80, smem_per_block: 96 * 1024 };
+    assert!(matches!(emit(&ADD, &[v(DType::F32, 8), v(DType::F32, 8), v(DType::F32, 8)], &old), Err(Error::Codegen(_))));
+}
