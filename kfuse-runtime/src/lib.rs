@@ -17,7 +17,7 @@
 //! - [`nvrtc`]: finding libnvrtc and the CUDA headers, compiling to PTX and cubins;
 //! - [`cache`]: module cache (PTX and cubin) in memory and on disk, loaded kernels per
 //!   device;
-//! - [`build_times`]: where first calls' time goes (IR, codegen, disk, NVRTC, load);
+//! - [`build_times`](mod@build_times): where first calls' time goes (IR, codegen, disk, NVRTC, load);
 //! - [`settings`]: the `KFUSE_*` variables launches consult, read once a process, and
 //!   the same settings made in code ([`Config`]), which win over them;
 //! - [`autotune`]: optional tuning of `dot` kernels' tiles (`KFUSE_AUTOTUNE=1`), winners
