@@ -1,0 +1,354 @@
+//! The `kfuse` command (cargo feature `cli`): what the compiler emits for a standard
+//! kernel, the module cache, and what this machine has for kfuse. A thin layer over the
+//! library: `kfuse::runtime::emit`, `kfuse::runtime::ModuleCache`, `kfuse::ops::warm`,
+//! `kfuse::runtime::nvrtc`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kfuse::codegen::Target;
+use kfuse::ir::{DTypeSig, KernelDef, ParamSig};
+use kfuse::ops::kernels;
+use kfuse::runtime::{nvrtc, ArgDesc, ModuleCache};
+use kfuse::{DType, Device, Error, Result};
+
+#[derive(Parser)]
+#[command(name = "kfuse", version, about = "kfuse's compiler, module cache and setup, from the command line")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the IR, CUDA or PTX of a standard kernel for argument shapes and a target
+    Emit(Emit),
+    /// Show, clear or warm the module cache
+    #[command(subcommand)]
+    Cache(Cache),
+    /// Check the CUDA driver, GPU, NVRTC, ptxas and cache directory
+    Doctor,
+}
+
+#[derive(Args)]
+#[command(after_help = "One --shape per tensor parameter, outputs included, in signature order; scalars \
+                        take their type from the signature.\n\
+                        Example: kfuse emit gemm --dtype bf16 --shape 4096,4096 --shape 4096,4096 --shape 4096,4096 --ptx")]
+struct Emit {
+    /// Kernel of kfuse::ops::kernels (add, copy, transpose, softmax, rms_norm_w, gemm, ...)
+    kernel: String,
+    /// Element type of the dtype generics, in order (one for all when given once)
+    #[arg(long, value_name = "DTYPE", required = true, value_parser = parse_dtype)]
+    dtype: Vec<DType>,
+    /// Sizes of one tensor parameter, comma-separated (4096,4096)
+    #[arg(long, value_name = "DIMS", value_parser = parse_shape)]
+    shape: Vec<Vec<usize>>,
+    /// GPU architecture to compile for
+    #[arg(long, value_enum, default_value_t = Arch::Sm90a)]
+    target: Arch,
+    #[command(flatten)]
+    what: What,
+}
+
+#[derive(Args)]
+#[group(multiple = false)]
+struct What {
+    /// Print the IR after scheduling
+    #[arg(long)]
+    ir: bool,
+    /// Print the CUDA C++ (the default)
+    #[arg(long)]
+    cuda: bool,
+    /// Print the PTX (needs NVRTC)
+    #[arg(long)]
+    ptx: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Arch {
+    #[value(name = "sm_80")]
+    Sm80,
+    #[value(name = "sm_89")]
+    Sm89,
+    #[value(name = "sm_90a")]
+    Sm90a,
+}
+
+impl Arch {
+    fn target(self) -> Target {
+        match self {
+            Arch::Sm80 => Target::sm80(),
+            Arch::Sm89 => Target::sm89(),
+            Arch::Sm90a => Target::sm90a(),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Cache {
+    /// Print the cache directory
+    Path,
+    /// Print the cache directory's entries and size
+    Stats,
+    /// Delete the cache's entries
+    Clear,
+    /// Compile the kernels of a warm list's op calls into the cache (needs a GPU)
+    #[command(after_help = "A line of FILE: OP DTYPE SHAPE..., e.g. `gemm bf16 4096x4096 4096x4096`; `#` starts a comment.")]
+    Warm {
+        /// The warm list
+        file: PathBuf,
+    },
+}
+
+fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
+    DType::from_name(s).ok_or_else(|| format!("expected one of f32, f16, bf16, f8e4m3, f8e5m2, i64, bool, got `{s}`"))
+}
+
+fn parse_shape(s: &str) -> std::result::Result<Vec<usize>, String> {
+    s.split([',', 'x'])
+        .map(|d| d.trim().parse::<usize>().map_err(|_| format!("expected sizes separated by commas (4096,4096), got `{s}`")))
+        .collect()
+}
+
+/// The kernels of `kfuse::ops::kernels`, by their names.
+macro_rules! defs {
+    ($($k:ident),* $(,)?) => { &[$(&kernels::$k::DEF),*] };
+}
+
+const KERNELS: &[&KernelDef] = defs![
+    add, sub, mul, div, scale, silu, gelu, gelu_tanh, swiglu, add3d, sub3d, mul3d, div3d, swiglu3d, scale3d, silu3d, gelu3d,
+    gelu_tanh3d, copy, copy2d, copy3d, transpose, row_sum, row_mean, row_max, row_min, softmax, log_softmax, rms_norm, rms_norm_w,
+    rms_norm_wb, add_rms_norm, add_rms_norm_w, layer_norm, sum_chunks, max_chunks, min_chunks, rope_offset, rope_pos,
+    rope_table_offset, rope_table_pos, gemm, gemm_scaled, gemm_axpby, gemm_batched_scaled, gemm_batched_axpby, gemm_tf32_scaled,
+    gemm_tf32_axpby, gemm_batched_tf32_scaled, gemm_batched_tf32_axpby, swiglu_gemm,
+];
+
+/// `x: [M, N]`, `out: &mut [M, N]`, `eps: f32`: a signature for messages.
+fn signature(def: &KernelDef) -> String {
+    let params: Vec<String> = def
+        .params
+        .iter()
+        .map(|p| match p {
+            ParamSig::Tensor { name, dims, output, .. } => format!("{name}: {}[{}]", if *output { "&mut " } else { "" }, dims.join(", ")),
+            ParamSig::Scalar { name, dtype } => format!("{name}: {}", dtype.name()),
+        })
+        .collect();
+    format!("{}({})", def.name, params.join(", "))
+}
+
+/// The `ArgDesc`s of `def` for `--dtype`s and `--shape`s: tensors in signature order,
+/// scalars of the signature's type.
+fn arg_descs(def: &KernelDef, dtypes: &[DType], shapes: &[Vec<usize>]) -> Result<Vec<ArgDesc>> {
+    let bad = |why: String| Error::InvalidArgument(format!("{why}; the signature is {}", signature(def)));
+    let tensors = def.params.iter().filter(|p| matches!(p, ParamSig::Tensor { .. })).count();
+    if shapes.len() != tensors {
+        return Err(bad(format!("`{}` takes {tensors} --shape (one per tensor parameter), {} given", def.name, shapes.len())));
+    }
+    let generics = def.generics.len().max(1);
+    if dtypes.len() != 1 && dtypes.len() != generics {
+        return Err(bad(format!("`{}` takes 1 or {generics} --dtype ({}), {} given", def.name, def.generics.join(", "), dtypes.len())));
+    }
+    let mut shapes = shapes.iter();
+    Ok(def
+        .params
+        .iter()
+        .map(|p| match p {
+            ParamSig::Tensor { dtype, .. } => {
+                let dt = match dtype {
+                    DTypeSig::Generic(i) => dtypes[(*i).min(dtypes.len() - 1)],
+                    DTypeSig::Concrete(d) => *d,
+                };
+                ArgDesc::tensor(dt, shapes.next().expect("counted above"))
+            }
+            ParamSig::Scalar { dtype, .. } => ArgDesc::Scalar(*dtype),
+        })
+        .collect())
+}
+
+fn emit(e: &Emit) -> Result<()> {
+    let def = KERNELS.iter().find(|d| d.name == e.kernel).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "no kernel `{}` in kfuse::ops::kernels; known: {}",
+            e.kernel,
+            KERNELS.iter().map(|d| d.name).collect::<Vec<_>>().join(", ")
+        ))
+    })?;
+    let args = arg_descs(def, &e.dtype, &e.shape)?;
+    let emitted = kfuse::runtime::emit(def, &args, &e.target.target())?;
+    let text = if e.what.ir {
+        emitted.ir
+    } else if e.what.ptx {
+        nvrtc::compile_ptx(&emitted.source, &emitted.arch, &emitted.options)?
+    } else {
+        emitted.source
+    };
+    let mut out = std::io::stdout().lock();
+    let written = out.write_all(text.as_bytes()).and_then(|()| if text.ends_with('\n') { Ok(()) } else { out.write_all(b"\n") });
+    match written {
+        // `kfuse emit ... | head`: the reader has what it wanted
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+fn cache_dir() -> Result<PathBuf> {
+    ModuleCache::default_dir()
+        .ok_or_else(|| Error::InvalidArgument("the disk cache is off (KFUSE_CACHE_DIR is set but empty)".into()))
+}
+
+fn cache(c: &Cache) -> Result<()> {
+    match c {
+        Cache::Path => println!("{}", cache_dir()?.display()),
+        Cache::Stats => {
+            let dir = cache_dir()?;
+            let u = ModuleCache::global().disk_usage()?;
+            println!("{}: {}, {}", dir.display(), entries(u.entries), human_bytes(u.bytes));
+        }
+        Cache::Clear => {
+            let dir = cache_dir()?;
+            let n = ModuleCache::global().clear()?;
+            println!("removed {} from {}", entries(n as u64), dir.display());
+        }
+        Cache::Warm { file } => {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| Error::InvalidArgument(format!("reading the warm list {}: {e}", file.display())))?;
+            let calls = kfuse::ops::parse_warm_list(&text)?;
+            let device = Device::gpu(0).map_err(|e| match e {
+                Error::NoGpu { reason } => Error::NoGpu { reason: format!("`kfuse cache warm` compiles by running each call on GPU 0: {reason}") },
+                e => e,
+            })?;
+            kfuse::ops::warm(&device, &calls)?;
+            let u = ModuleCache::global().disk_usage()?;
+            let dir = ModuleCache::default_dir().map_or("(no disk cache)".to_string(), |d| d.display().to_string());
+            println!("warmed {} call(s) on {}; {dir}: {}, {}", calls.len(), device.describe(), entries(u.entries), human_bytes(u.bytes));
+        }
+    }
+    Ok(())
+}
+
+fn entries(n: u64) -> String {
+    format!("{n} {}", if n == 1 { "entry" } else { "entries" })
+}
+
+fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
+/// One line of `kfuse doctor`: what was found, or what is missing and the fix.
+fn report(what: &str, found: std::result::Result<String, (String, String)>) {
+    match found {
+        Ok(s) => println!("{what:>8}  ok       {s}"),
+        Err((missing, fix)) => {
+            println!("{what:>8}  missing  {missing}");
+            for line in fix.lines() {
+                println!("{:>8}           {line}", "");
+            }
+        }
+    }
+}
+
+/// The CUDA driver's version (`13.0`), read once a GPU opened (the library is loaded).
+fn driver_version() -> Option<String> {
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: one valid out-pointer; called only after the driver initialized.
+    let r = std::panic::catch_unwind(move || unsafe {
+        let r = kfuse::runtime::cudarc::driver::sys::cuDriverGetVersion(&mut v);
+        (r, v)
+    });
+    match r {
+        Ok((kfuse::runtime::cudarc::driver::sys::CUresult::CUDA_SUCCESS, v)) => Some(format!("{}.{}", v / 1000, (v % 1000) / 10)),
+        _ => None,
+    }
+}
+
+fn doctor() {
+    report(
+        "GPU",
+        match Device::gpu(0) {
+            Ok(d) => {
+                let driver = driver_version().map_or(String::new(), |v| format!(", CUDA driver {v}"));
+                Ok(format!("{} of {} device(s){driver}", d.describe(), kfuse::runtime::gpu_count()))
+            }
+            Err(Error::NoGpu { reason }) => Err((
+                reason,
+                "on a machine with an NVIDIA GPU: install the NVIDIA driver (libcuda.so.1 on the loader's path)\n\
+                 and check `nvidia-smi`; without one, `kfuse emit` still works"
+                    .to_string(),
+            )),
+            Err(e) => Err((e.to_string(), "check `nvidia-smi`".to_string())),
+        },
+    );
+    let nvrtc_fix = || {
+        let hint: Vec<&str> = kfuse::runtime::error::NVRTC_INSTALL_HINT.lines().map(str::trim).collect();
+        format!("in a kfuse checkout: source scripts/cuda-env.sh\nelsewhere, {}", hint.join("\n  "))
+    };
+    report(
+        "NVRTC",
+        match nvrtc::nvrtc_version() {
+            Ok((a, b)) => {
+                let files = nvrtc::library_files();
+                let at = files.first().map_or("found by the dynamic loader".to_string(), |f| f.display().to_string());
+                Ok(format!("{a}.{b} ({at})"))
+            }
+            Err(Error::NvrtcMissing { searched }) => Err((format!("libnvrtc not found ({} places searched)", searched.len()), nvrtc_fix())),
+            Err(e) => Err((e.to_string(), nvrtc_fix())),
+        },
+    );
+    report("ptxas", find_ptxas().ok_or_else(|| {
+        (
+            "ptxas not found (KFUSE_PTXAS unset, none on PATH); only `ptxas -v` facts and the compile-check tests need it".to_string(),
+            "in a kfuse checkout: source scripts/cuda-env.sh (sets KFUSE_PTXAS)\n\
+             elsewhere, install it with\n  \
+             python3 -m pip install --target .cuda \"nvidia-cuda-nvcc==13.0.*\"\n  \
+             export KFUSE_PTXAS=$PWD/.cuda/nvidia/cu13/bin/ptxas"
+                .to_string(),
+        )
+    }));
+    report(
+        "cache",
+        match ModuleCache::default_dir() {
+            Some(dir) => Ok(match ModuleCache::global().disk_usage() {
+                Ok(u) => format!("{} ({}, {})", dir.display(), entries(u.entries), human_bytes(u.bytes)),
+                Err(e) => format!("{} (unreadable: {e})", dir.display()),
+            }),
+            None => Err((
+                "no disk cache: KFUSE_CACHE_DIR is set but empty, so every process compiles its kernels again".to_string(),
+                "unset KFUSE_CACHE_DIR, or set it to a directory".to_string(),
+            )),
+        },
+    );
+}
+
+/// `KFUSE_PTXAS` if it names a file, else `ptxas` on `PATH`.
+fn find_ptxas() -> Option<String> {
+    if let Some(p) = std::env::var_os("KFUSE_PTXAS").map(PathBuf::from).filter(|p| p.is_file()) {
+        return Some(format!("{} (KFUSE_PTXAS)", p.display()));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join("ptxas")).find(|p| p.is_file()).map(|p| p.display().to_string())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match &cli.command {
+        Command::Emit(e) => emit(e),
+        Command::Cache(c) => cache(c),
+        Command::Doctor => {
+            doctor();
+            Ok(())
+        }
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
