@@ -11,3 +11,5 @@ cargo test --workspace "$@"
 # the source hook (KFUSE_SOURCE_HOOK) is compiled in only with kfuse-runtime's
 # `dev-hooks` feature, off in the build above: its unit test, with the feature
 cargo test -p kfuse-runtime --lib --features dev-hooks source_hook
+# the `kfuse` command (cargo feature `cli`): its tests, with the feature
+cargo test --features cli --test cli

@@ -24,11 +24,13 @@
 //! `kfuse::Config::new().cache_dir(dir).autotune(true).tile("BM", 128).apply()?`
 //! ([`runtime::settings`]; the README's Environment section lists every variable).
 //!
-//! Cargo features, both off by default: `vendor-baselines` (`kfuse::runtime::vendor`,
+//! Cargo features, all off by default: `vendor-baselines` (`kfuse::runtime::vendor`,
 //! cuBLAS / cuBLASLt GEMMs on kfuse tensors, the baselines of the benchmarks and
-//! tests) and `dev-hooks` (`KFUSE_SOURCE_HOOK`, a development aid).
+//! tests), `dev-hooks` (`KFUSE_SOURCE_HOOK`, a development aid) and `cli` (the `kfuse`
+//! command, `src/bin/kfuse.rs`).
 //!
-//! This crate only re-exports; it holds no logic of its own.
+//! This library only re-exports; it holds no logic of its own (the `kfuse` command is a
+//! thin binary over it).
 
 pub use kfuse_codegen as codegen;
 pub use kfuse_ir as ir;
