@@ -248,6 +248,24 @@ fn whole_programs(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval],
     divides && grid.get(axis as usize).is_some_and(|g| g.dim == dim && g.step == t)
 }
 
+/// A tile axis of a block access: tensor dimension, remaining extent (`None`: in bounds
+/// everywhere), lower bound (`None`: the offset is not negative), extent.
+type TileDim = (usize, Option<String>, Option<String>, u32);
+
+/// Whether an access drops its masks: every tile axis is in bounds everywhere
+/// ([`exact_from_zero`] or [`whole_programs`]), and the kernel has no full extents. Row
+/// kernels keep their row masks: there the mask costs a branch a row, and without it
+/// ptxas gave LayerNorm's 16384-element rows 94 registers instead of 64 (one 512-thread
+/// block a multiprocessor instead of two: 98% → 64% of the copy bandwidth on the H100)
+/// and spilled f32 softmax rows.
+fn whole_tiles(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], dims: &[AccessDim], offs: &[ValueId], tdims: &[kfuse_ir::ShapeSym]) -> bool {
+    k.schedule.full.is_empty()
+        && dims.iter().enumerate().all(|(dd, ad)| match ad {
+            AccessDim::Index => true,
+            AccessDim::Tile(e) => exact_from_zero(k, *e, offs[dd]) || whole_programs(k, spec, grid, *e, offs[dd], tdims[dd]),
+        })
+}
+
 /// The offset of this block's piece along map axis `i` (cluster splits).
 fn cta_base(map: &RegMap, i: usize) -> Option<String> {
     let m = &map.axes[i];
@@ -1213,8 +1231,29 @@ impl<'a> Emitter<'a> {
         self.butterfly("kf_acc", 32, &comb)?;
         self.line(format!("{name}[0] = kf_acc;"))?;
         self.close()?;
-    
         Ok(())
+    }
+
+    /// `{ct} kf_acc` = the combination of `n` partials, partial `i` read by `read(i)`
+    /// (partial 0 by `first`): over a butterfly of `width` lanes (lane `i` reads partial
+    /// `i`, the others start from `ident`), or, without one, by one thread's loop (`var`
+    /// declares its index).
+    #[allow(clippy::too_many_arguments)]
+    fn fold_partials(&mut self, ct: &str, n: u32, butterfly: Option<u32>, var: &str, first: &str, read: &dyn Fn(&str) -> String, ident: &str, comb: &dyn Fn(&str, &str) -> String) -> R {
+        match butterfly {
+            Some(width) => {
+                self.line(format!("{ct} kf_acc = kf_lane < {n} ? {} : {ident};", read("kf_lane")))?;
+                self.butterfly("kf_acc", width, comb)
+            }
+            None => {
+                let i = var.rsplit(' ').next().unwrap_or(var);
+                self.line(format!("{ct} kf_acc = {first};"))?;
+                self.line("#pragma unroll")?;
+                self.open(format!("for ({var} = 1; {i} < {n}; ++{i})"))?;
+                self.line(format!("kf_acc = {};", comb("kf_acc", &read(i))))?;
+                self.close()
+            }
+        }
     }
 
     /// Reduction step 3: the warps' partials through shared memory.
@@ -1241,24 +1280,14 @@ impl<'a> Emitter<'a> {
         self.close()?;
         self.line(self.barrier)?;
         self.unroll("k", nregs)?;
-        if am.wpb >= 8 && slots == 1 {
-            // lane w of every warp takes warp w's partial, a butterfly over the warp
-            // combines them: one shared-memory read a thread instead of `wpb` (only
-            // for one partial per warp: with several slots, lanes would need
-            // different ones and the butterfly would mix them)
-            self.line(format!("{ct} kf_acc = kf_lane < {} ? kf_red[kf_lane * {slots} + {sl}] : {ident};", am.wpb))?;
-            self.butterfly("kf_acc", 32, &comb)?;
-        } else {
-            self.line(format!("{ct} kf_acc = kf_red[{sl}];"))?;
-            self.line("#pragma unroll")?;
-            self.open(format!("for (int w = 1; w < {}; ++w)", am.wpb))?;
-            self.line(format!("kf_acc = {};", comb("kf_acc", &format!("kf_red[w * {slots} + {sl}]"))))?;
-            self.close()?;
-        }
+        // (a butterfly: lane w of every warp takes warp w's partial, one shared-memory
+        // read a thread instead of `wpb`; only for one partial per warp: with several
+        // slots, lanes would need different ones and the butterfly would mix them)
+        let butterfly = (am.wpb >= 8 && slots == 1).then_some(32);
+        self.fold_partials(ct, am.wpb, butterfly, "int w", &format!("kf_red[{sl}]"), &|i| format!("kf_red[{i} * {slots} + {sl}]"), ident, &comb)?;
         self.line(format!("{name}[k] = kf_acc;"))?;
         self.close()?;
         self.close()?;
-    
         Ok(())
     }
 
@@ -1309,24 +1338,18 @@ impl<'a> Emitter<'a> {
         self.close()?;
         self.line("kf_cluster_sync();")?;
         self.unroll("k", nregs)?;
-        if am.ctas.is_power_of_two() && am.ctas <= 32 {
-            // lane c reads block c's partial, a butterfly over the first `ctas`
-            // lanes combines them (the same bits in each: every step combines the
-            // same two values), lane 0 hands the total to the warp
-            self.line(format!("float kf_acc = kf_lane < {} ? kf_ld_cluster_f32({cl} + {sl}, kf_lane) : {ident};", am.ctas))?;
-            self.butterfly("kf_acc", am.ctas, &comb)?;
+        // (a butterfly: lane c reads block c's partial, the first `ctas` lanes combine
+        // them — the same bits in each: every step combines the same two values — and
+        // lane 0 hands the total to the warp)
+        let butterfly = (am.ctas.is_power_of_two() && am.ctas <= 32).then_some(am.ctas);
+        let read = |i: &str| format!("kf_ld_cluster_f32({cl} + {sl}, {i})");
+        self.fold_partials("float", am.ctas, butterfly, "unsigned c", &read("0"), &read, ident, &comb)?;
+        if butterfly.is_some() {
             self.line("kf_acc = __shfl_sync(0xffffffffu, kf_acc, 0);")?;
-        } else {
-            self.line(format!("float kf_acc = kf_ld_cluster_f32({cl} + {sl}, 0);"))?;
-            self.line("#pragma unroll")?;
-            self.open(format!("for (unsigned c = 1; c < {}; ++c)", am.ctas))?;
-            self.line(format!("kf_acc = {};", comb("kf_acc", &format!("kf_ld_cluster_f32({cl} + {sl}, c)"))))?;
-            self.close()?;
         }
         self.line(format!("{name}[k] = kf_acc;"))?;
         self.close()?;
         self.close()?;
-    
         Ok(())
     }
 
@@ -1470,32 +1493,14 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
-    /// Loads (`store == None`) or stores a block.
-    fn access(&mut self, op: OpId, tensor: kfuse_ir::ParamId, dims: &[AccessDim], offs: &[ValueId], store: Option<ValueId>) -> R {
+    /// The bounds of a block access, written before it: the scalar condition of its
+    /// index dimensions (`kf_okN`, and whether it is plain `true`), and per tile axis
+    /// the tensor dimension, the remaining extent (`None`: in bounds everywhere), the
+    /// lower bound (`None`: the offset is not negative) and the extent.
+    fn access_bounds(&mut self, dims: &[AccessDim], offs: &[ValueId], tdims: &[kfuse_ir::ShapeSym], off: &[String]) -> Result<(String, bool, Vec<TileDim>), CodegenError> {
         let k = self.k;
-        let p = k.param(tensor);
-        let d = p.dtype;
-        let tdims = p.dims().to_vec();
-        let width = *k.schedule.vector.get(&op).unwrap_or(&1);
-        let off: Vec<String> = offs.iter().map(|o| self.val(*o).name.clone()).collect();
         let nonneg: Vec<bool> = offs.iter().map(|o| non_negative(k, *o)).collect();
-        // base pointer and bounds
-        let base = self.fresh("kf_p");
-        let base_e = self.element_ptr(tensor, &off);
-        let cst = if store.is_some() { "" } else { "const " };
-        self.line(format!("{cst}{}* {base} = {base_e};", stype(d)))?;
-        // per tile axis: tensor dim, remaining extent, lower bound. Tiles of whole
-        // programs drop their masks only where that leaves the access none at all, and
-        // not in a kernel with full extents (rows): there the row mask costs a branch a
-        // row, and without it ptxas gave LayerNorm's 16384-element rows 94 registers
-        // instead of 64 (one 512-thread block a multiprocessor instead of two: 98% → 64%
-        // of the copy bandwidth on the H100) and spilled f32 softmax rows
-        let rows = !k.schedule.full.is_empty();
-        let whole = !rows
-            && dims.iter().enumerate().all(|(dd, ad)| match ad {
-                AccessDim::Index => true,
-                AccessDim::Tile(e) => exact_from_zero(k, *e, offs[dd]) || whole_programs(k, self.spec, &self.grid, *e, offs[dd], tdims[dd]),
-            });
+        let whole = whole_tiles(k, self.spec, &self.grid, dims, offs, tdims);
         let mut ok = Vec::new();
         let mut tile_dims = Vec::new();
         for (dd, ad) in dims.iter().enumerate() {
@@ -1525,6 +1530,23 @@ impl<'a> Emitter<'a> {
         let okv = self.fresh("kf_ok");
         let okv_true = ok.is_empty();
         self.line(format!("const bool {okv} = {};", if ok.is_empty() { "true".to_string() } else { ok.join(" && ") }))?;
+        Ok((okv, okv_true, tile_dims))
+    }
+
+    /// Loads (`store == None`) or stores a block.
+    fn access(&mut self, op: OpId, tensor: kfuse_ir::ParamId, dims: &[AccessDim], offs: &[ValueId], store: Option<ValueId>) -> R {
+        let k = self.k;
+        let p = k.param(tensor);
+        let d = p.dtype;
+        let tdims = p.dims().to_vec();
+        let width = *k.schedule.vector.get(&op).unwrap_or(&1);
+        let off: Vec<String> = offs.iter().map(|o| self.val(*o).name.clone()).collect();
+        // base pointer and bounds
+        let base = self.fresh("kf_p");
+        let base_e = self.element_ptr(tensor, &off);
+        let cst = if store.is_some() { "" } else { "const " };
+        self.line(format!("{cst}{}* {base} = {base_e};", stype(d)))?;
+        let (okv, okv_true, tile_dims) = self.access_bounds(dims, offs, &tdims, &off)?;
         let value_ty = store.map(|s| k.ty(s).clone()).unwrap_or_else(|| k.ty(op.value()).clone());
         if value_ty.is_scalar() {
             return match store {
@@ -1825,7 +1847,7 @@ impl<'a> Emitter<'a> {
 
     /// The element offset from the tile's base pointer of the coordinates `cv` (one per
     /// tile axis of the access).
-    fn tile_offset(&self, tensor: kfuse_ir::ParamId, tile_dims: &[(usize, Option<String>, Option<String>, u32)], cv: &[String]) -> String {
+    fn tile_offset(&self, tensor: kfuse_ir::ParamId, tile_dims: &[TileDim], cv: &[String]) -> String {
         let mut a = String::new();
         for (t, (dd, _, _, _)) in tile_dims.iter().enumerate() {
             if cv[t] == "0" {
@@ -1846,7 +1868,7 @@ impl<'a> Emitter<'a> {
     /// load needs no mask), or `None` when the masks are compile-time true already.
     /// Per masked tile axis: the remaining extent covers the largest coordinate any
     /// thread holds, and the offset is not negative.
-    fn whole_tile_test(&self, okv: &str, tile_dims: &[(usize, Option<String>, Option<String>, u32)], val: &Val, map: &RegMap) -> Option<String> {
+    fn whole_tile_test(&self, okv: &str, tile_dims: &[TileDim], val: &Val, map: &RegMap) -> Option<String> {
         let mut c = Vec::new();
         for (t, (_, rem, lo, _)) in tile_dims.iter().enumerate() {
             if let Some(rem) = rem {
