@@ -40,6 +40,26 @@ fn host_us(dev: &Device, mut f: impl FnMut() -> kfuse::Result<()>) -> kfuse::Res
     Ok(common::median(per))
 }
 
+/// Loads `entry` of a compiled module on `dev`.
+fn load(dev: &kfuse::Device, m: &kfuse::runtime::Module, entry: &str) -> kfuse::Result<cudarc::driver::CudaFunction> {
+    dev.cuda_context()
+        .expect("a GPU")
+        .load_module(cudarc::nvrtc::Ptx::from_binary(m.image()))
+        .and_then(|m| m.load_function(entry))
+        .map_err(|e| kfuse::Error::Driver(format!("{e:?}")))
+}
+
+/// Launches `f(a, b, c, n)` through cudarc's launch builder: `blocks` of `threads`.
+fn launch4(stream: &std::sync::Arc<cudarc::driver::CudaStream>, f: &cudarc::driver::CudaFunction, ptrs: [u64; 3], n: i64, blocks: u32, threads: u32) -> kfuse::Result<()> {
+    use cudarc::driver::PushKernelArg;
+    let mut b = stream.launch_builder(f);
+    b.arg(&ptrs[0]).arg(&ptrs[1]).arg(&ptrs[2]).arg(&n);
+    let cfg = cudarc::driver::LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: both kernels launched here take three pointers and an i64, and the
+    // pointers are live device allocations of at least n elements
+    unsafe { b.launch(cfg) }.map(drop).map_err(|e| kfuse::Error::Driver(format!("{e:?}")))
+}
+
 fn main() -> kfuse::Result<()> {
     let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("M N K")).collect();
     let (m, n, k) = if args.len() >= 3 { (args[0], args[1], args[2]) } else { (127, 4096, 4096) };
@@ -52,24 +72,12 @@ fn main() -> kfuse::Result<()> {
     // the driver's floor: an empty kernel with four parameters, launched through cudarc
     let floor_src = "extern \"C\" __global__ void kf_empty(const void* a, const void* b, void* c, long long n) {}";
     let floor_mod = kfuse::runtime::nvrtc::compile_module(floor_src, "sm_90a", &[])?;
-    let floor_fn = dev
-        .cuda_context()
-        .expect("a GPU")
-        .load_module(cudarc::nvrtc::Ptx::from_binary(floor_mod.image()))
-        .and_then(|m| m.load_function("kf_empty"))
-        .map_err(|e| kfuse::Error::Driver(format!("{e:?}")))?;
+    let floor_fn = load(&dev, &floor_mod, "kf_empty")?;
     let (small_a, small_b) = (common::random_bf16(1024, 1, &dev).0, common::random_bf16(1024, 2, &dev).0);
     let mut small_c = Tensor::empty(&[1024], DType::BF16, &dev)?;
     kfuse::ops::add(&small_a, &small_b)?;
-    let (pa, pb, pc) = (small_a.address(), small_b.address(), small_c.address());
-    let bare = || -> kfuse::Result<()> {
-        use cudarc::driver::PushKernelArg;
-        let n = 1024i64;
-        let mut b = stream.launch_builder(&floor_fn);
-        b.arg(&pa).arg(&pb).arg(&pc).arg(&n);
-        let cfg = cudarc::driver::LaunchConfig { grid_dim: (1, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        unsafe { b.launch(cfg) }.map(drop).map_err(|e| kfuse::Error::Driver(format!("{e:?}")))
-    };
+    let ptrs = [small_a.address(), small_b.address(), small_c.address()];
+    let bare = || launch4(&stream, &floor_fn, ptrs, 1024, 1, 128);
     // kfuse's own add kernel for these tensors, launched through cudarc: the driver's
     // cost for this kernel, without kfuse's launch path
     let add_def = &kfuse::ops::kernels::add::DEF;
@@ -79,21 +87,9 @@ fn main() -> kfuse::Result<()> {
         kfuse::runtime::spec_for(&add_ir, &[Arg::In(&small_a), Arg::In(&small_b), Arg::Out(&mut small_c)])?
     };
     let add_e = kfuse::runtime::emit_for(add_def, &[DType::BF16], &add_spec, &dev.target().expect("a GPU"))?;
-    let add_fn = dev
-        .cuda_context()
-        .expect("a GPU")
-        .load_module(cudarc::nvrtc::Ptx::from_binary(kfuse::runtime::nvrtc::compile_module(&add_e.source, &add_e.arch, &add_e.options)?.image()))
-        .and_then(|m| m.load_function(&add_e.entry))
-        .map_err(|e| kfuse::Error::Driver(format!("{e:?}")))?;
+    let add_fn = load(&dev, &kfuse::runtime::nvrtc::compile_module(&add_e.source, &add_e.arch, &add_e.options)?, &add_e.entry)?;
     let add_grid = add_e.grid_dims(&[1024]);
-    let bare_add = || -> kfuse::Result<()> {
-        use cudarc::driver::PushKernelArg;
-        let n = 1024i64;
-        let mut b = stream.launch_builder(&add_fn);
-        b.arg(&pa).arg(&pb).arg(&pc).arg(&n);
-        let cfg = cudarc::driver::LaunchConfig { grid_dim: (add_grid[0] as u32, 1, 1), block_dim: (add_e.block_threads, 1, 1), shared_mem_bytes: 0 };
-        unsafe { b.launch(cfg) }.map(drop).map_err(|e| kfuse::Error::Driver(format!("{e:?}")))
-    };
+    let bare_add = || launch4(&stream, &add_fn, ptrs, 1024, add_grid[0] as u32, add_e.block_threads);
     assert_eq!(add_e.params.len(), 4, "a, b, out and N: {:?}", add_e.params);
     let rows: Vec<(&str, f64)> = vec![
         ("empty kernel, 4 params (cudarc launch)", host_us(&dev, bare)?),
