@@ -119,7 +119,7 @@ impl Settings {
         self.target.clone().map_err(Error::InvalidArgument)
     }
 
-    /// The directory of the on-disk PTX cache and of `autotune.json`: `KFUSE_CACHE_DIR`
+    /// The directory of the on-disk module cache (PTX and cubins) and of `autotune.json`: `KFUSE_CACHE_DIR`
     /// or [`Config::cache_dir`], else `<user cache dir>/kfuse`; `None` (an empty
     /// `KFUSE_CACHE_DIR`, [`Config::no_disk_cache`]) keeps both in memory only.
     pub fn cache_dir(&self) -> Option<&Path> {
@@ -177,7 +177,7 @@ impl Config {
         Config::default()
     }
 
-    /// The directory of the on-disk PTX cache and of the tuner's `autotune.json`
+    /// The directory of the on-disk module cache (PTX and cubins) and of the tuner's `autotune.json`
     /// (`KFUSE_CACHE_DIR`). Compiles after the apply use it; PTX already in memory stays
     /// there.
     pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Config {
