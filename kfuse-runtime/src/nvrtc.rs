@@ -217,9 +217,9 @@ fn builtins_beside(lib: &Path) -> Vec<PathBuf> {
 /// Reads [`library_files`] once a process, from a background thread, so that the
 /// operating system holds them in its page cache (the bytes read are dropped). In a
 /// process whose libraries are not cached yet (the first after a machine starts), a
-/// compile otherwise pages NVRTC's code in from disk piece by piece as it runs it: 710
-/// ms of an 840 ms first GEMM call on the H100 host, against 26 ms with the libraries
-/// cached. [`crate::Device::gpu`] calls it before it starts the driver, so that the
+/// compile pages NVRTC's code in from disk piece by piece as it runs it: NVRTC took
+/// 683 ms of an 827 ms first GEMM call on the H100 host without this, 629 of 658 with
+/// it, and 26-33 ms with the libraries cached. [`crate::Device::gpu`] calls it before it starts the driver, so that the
 /// reading overlaps the context's creation. With the libraries cached it costs a
 /// background copy of ~115 MB; a process that finds every kernel in the module cache
 /// never needs them.
