@@ -7,9 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cuda-env.sh
 export KFUSE_CACHE_DIR="${KFUSE_CACHE_DIR:-$PWD/target/kfuse-cache}"
-cargo test --workspace "$@"
+# the `kfuse` command (cargo feature `cli`) builds with the rest, so that its tests
+# (tests/cli.rs) run and no dependency is compiled twice
+cargo test --workspace --features kfuse/cli "$@"
 # the source hook (KFUSE_SOURCE_HOOK) is compiled in only with kfuse-runtime's
 # `dev-hooks` feature, off in the build above: its unit test, with the feature
 cargo test -p kfuse-runtime --lib --features dev-hooks source_hook
-# the `kfuse` command (cargo feature `cli`): its tests, with the feature
-cargo test --features cli --test cli
