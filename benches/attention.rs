@@ -1,13 +1,16 @@
 //! The flash attention proof kernel (`tests/kernels/flash_attention.rs`, written in
-//! `#[kfuse]`) on the GPU: bf16, Q/K/V/O `[B, S, H, D]`, B·S = 16k tokens and H·D = 2048
-//! (B4 H16 S4096 D128, and B4 H32 S4096 D64), non-causal and causal. PyTorch's cuDNN SDPA
-//! is timed beside it by `../shared/bench/anchors_attn.py` in the same device call.
+//! `#[kfuse]`) on the GPU: bf16, Q/K/V/O `[B, S, H, D]`, B·S = 16k tokens and H·D = 2048:
+//! D128 (H16) at S = 1024, 2048, 4096 and 8192, non-causal and causal, and B4 H32 S4096
+//! D64. PyTorch's cuDNN SDPA is timed beside it by `../shared/bench/anchors_attn.py` in
+//! the same device call.
 //!
 //! TFLOP/s = 4·B·H·Sq·Skv·D / time, halved when causal (FlashAttention's count). Timing:
 //! CUDA events around each launch, 3 warm-ups, 10 timed launches, median. Before timing,
 //! each case's output is checked on two (batch, head) pairs and 8 query rows against a
-//! float64 CPU reference; a wrong result or a refusal prints a row saying so.
-//! `KFUSE_BENCH_OUT` receives `attention.md`.
+//! float64 CPU reference; a wrong result or a refusal prints a row saying so. Each row
+//! also gives the device memory the kernel's launches took above its tensors.
+//! `KFUSE_BENCH_OUT` receives `attention.md` and `attention.svg` (TFLOP/s against the
+//! sequence length, D128).
 
 #[path = "../tests/kernels/flash_attention.rs"]
 mod kernel;
@@ -48,9 +51,15 @@ fn main() {
         return;
     }
     println!("attention (kfuse #[kfuse] proof kernel), {}", dev.describe());
-    let mut md = String::from("| case | kfuse ms | kfuse TFLOP/s | check |\n|---|---|---|---|\n");
-    for (d, causal) in [(128usize, false), (128, true), (64, false)] {
-        let (b, s, h) = (4usize, 4096usize, 2048 / d);
+    let mut md = String::from("| case | kfuse ms | kfuse TFLOP/s | check | device memory above its tensors (MiB) |\n|---|---|---|---|---|\n");
+    let lengths = [1024usize, 2048, 4096, 8192];
+    let cases: Vec<(usize, usize, bool)> = lengths.iter().flat_map(|&s| [(s, 128, false), (s, 128, true)]).chain([(4096, 64, false)]).collect();
+    // the chart: D128 TFLOP/s by sequence length, non-causal and causal
+    let mut series = [false, true].map(|c| common::report::Series { name: if c { "causal" } else { "non-causal" }.into(), values: vec![None; lengths.len()] });
+    let bar = common::report::progress(cases.len(), "attention");
+    for (s, d, causal) in cases {
+        let (b, h) = (16384 / s, 2048 / d);
+        bar.set_message(format!("S{s} D{d} causal={}", causal as u8));
         let n = b * s * h * d;
         let input = |seed: u64| {
             let (t, v) = random_bf16(n, seed, &dev);
@@ -64,24 +73,42 @@ fn main() {
         let case = format!("B{b} H{h} S{s} D{d} causal={}", causal as u8);
         let first = flash_attention(&q, &k, &v, &mut o, &mut lse, scale, causal as i64).and_then(|_| o.to_vec_f64());
         let row = match first {
-            Err(e) => format!("| {case} | refused | — | {e} |"),
+            Err(e) => format!("| {case} | refused | — | {e} | |"),
             Ok(out) => {
                 let err = check(&qv, &kv, &vv, &out, (b, s, h, d), causal);
                 if !(err < 2e-2) {
-                    format!("| {case} | — | — | WRONG: relative error {err:.2e} |")
+                    format!("| {case} | — | — | WRONG: relative error {err:.2e} | |")
                 } else {
+                    let span = common::report::MemorySpan::open(&dev);
                     let times = dev.time_ms(3, 10, || flash_attention(&q, &k, &v, &mut o, &mut lse, scale, causal as i64).map(|_| ())).expect("timing");
+                    let extra = common::report::mib(span.peak(&dev));
                     let ms = median(times);
                     let flops = 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
-                    format!("| {case} | {ms:.3} | {:.1} | rel err {err:.1e} |", flops / ms / 1e9)
+                    let tflops = flops / ms / 1e9;
+                    if d == 128 {
+                        series[causal as usize].values[lengths.iter().position(|&l| l == s).expect("a chart length")] = Some(tflops);
+                    }
+                    format!("| {case} | {ms:.3} | {tflops:.1} | rel err {err:.1e} | {extra} |")
                 }
             }
         };
-        println!("{row}");
+        bar.inc(1);
+        bar.suspend(|| println!("{row}"));
         md.push_str(&row);
         md.push('\n');
     }
-    if let Ok(dir) = std::env::var("KFUSE_BENCH_OUT") {
-        let _ = std::fs::write(std::path::Path::new(&dir).join("attention.md"), md);
+    bar.finish_and_clear();
+    if let Some(dir) = common::report::out_dir() {
+        let _ = std::fs::write(dir.join("attention.md"), md);
+        let panel = common::report::Panel {
+            title: format!("Flash attention, kfuse proof kernel, bf16 D128, 16k tokens ({})", dev.name()),
+            y_label: "TFLOP/s".into(),
+            labels: lengths.iter().map(|s| format!("S = {s}")).collect(),
+            series: series.into_iter().collect(),
+            reference: None,
+        };
+        if let Err(e) = common::report::bar_charts(&dir.join("attention.svg"), &[panel], 1) {
+            eprintln!("{e}");
+        }
     }
 }

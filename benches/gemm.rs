@@ -15,9 +15,12 @@
 //!
 //! Prints a table — TFLOP/s (2·M·N·K per call) of cuBLAS (`cublasGemmEx`), cuBLASLt
 //! (`cublasLtMatmul`, heuristic algorithm, 32 MiB workspace) and `kfuse::ops::gemm`, and
-//! kfuse's ratio to the faster vendor call — writes it as `gemm.md` and `gemm.csv` into
-//! `$KFUSE_BENCH_OUT` when set, and ends with one `gemm summary:` line (what
-//! `scripts/gpu-run.sh` puts in its final table).
+//! kfuse's ratio to the faster vendor call, and the device memory one kfuse call took
+//! from kfuse's pool at its peak (its output and any temporaries, such as padded
+//! operands; cuBLAS's workspace is not in that pool) — writes it as `gemm.md` and
+//! `gemm.csv`, and the ratios as a chart, `gemm.svg`, into `$KFUSE_BENCH_OUT` when set,
+//! and ends with one `gemm summary:` line (what `scripts/gpu-run.sh` puts in its final
+//! table). On a terminal a progress bar shows the row being timed.
 //!
 //! Timing: CUDA events around each call, 10 warm-ups of every competitor before any
 //! timed call, 150 timed calls (`KFUSE_BENCH_ITERS=N`: N), median; the competitors of a
@@ -210,12 +213,15 @@ struct Row {
     err: Option<f64>,
     /// cuBLAS vs float64 on sampled elements, relative.
     vendor_err: Option<f64>,
+    /// Device memory one kfuse call took from the pool at its peak (its output and any
+    /// temporaries, such as padded operands), with the inputs already allocated.
+    kfuse_mem: Option<usize>,
 }
 
 fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> kfuse::Result<Row> {
     let mut inputs = Inputs::new(c, dev)?;
     let sets = inputs.sets();
-    let mut row = Row { case: *c, cublas: Err(String::new()), cublaslt: Err(String::new()), kfuse: None, err: None, vendor_err: None };
+    let mut row = Row { case: *c, cublas: Err(String::new()), cublaslt: Err(String::new()), kfuse: None, err: None, vendor_err: None, kfuse_mem: None };
 
     // vendor: checked once (cuBLAS vs f64, cuBLASLt vs cuBLAS), then timed
     let mut reference = Tensor::empty(&[c.m, c.n], c.dtype, dev)?;
@@ -255,8 +261,14 @@ fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> k
             eprintln!("{} {}: kfuse host {host:.1} µs/call, host+GPU {total:.1} µs/call", c.dtype_label(), c.label());
         }
     }
-    // kfuse: the first call compiles (or is refused, or panics) and is checked
+    // kfuse: the first call compiles (or is refused, or panics) and is checked; the
+    // memory it took is read while its output is alive
+    let span = common::report::MemorySpan::open(dev);
     let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| kfuse_gemm(&a[0], &b[0], c.math)));
+    if let Ok(Some(Ok(_))) = &first {
+        dev.synchronize()?;
+        row.kfuse_mem = Some(span.peak(dev));
+    }
     let kfuse_ok: Option<Result<(), String>> = match first {
         Ok(None) => None,
         Err(p) => Some(Err(format!("kfuse panicked: {}", first_line(panic_message(&*p))))),
@@ -294,6 +306,21 @@ fn run_case(c: &Case, blas: &Blas, dev: &Device, warm: usize, iters: usize) -> k
     Ok(row)
 }
 
+/// Puts one row's ratio into the chart's data: a group per shape (in table order), a
+/// series per dtype.
+fn chart_point(labels: &mut Vec<String>, series: &mut Vec<common::report::Series>, shape: String, dtype: String, ratio: Option<f64>) {
+    let g = labels.iter().position(|l| *l == shape).unwrap_or_else(|| {
+        labels.push(shape);
+        series.iter_mut().for_each(|s| s.values.push(None));
+        labels.len() - 1
+    });
+    let k = series.iter().position(|s| s.name == dtype).unwrap_or_else(|| {
+        series.push(common::report::Series { name: dtype, values: vec![None; labels.len()] });
+        series.len() - 1
+    });
+    series[k].values[g] = ratio;
+}
+
 fn fmt_t(c: &Case, r: &Result<f64, String>) -> String {
     match r {
         Ok(ms) => format!("{:.0}", c.tflops(*ms)),
@@ -318,16 +345,21 @@ fn main() -> kfuse::Result<()> {
     // starts with it (`f16_`: the f16 rows; `fused`, `swiglu`, `fp8`: only that table)
     // (experiments)
     let filter = std::env::var("KFUSE_BENCH_FILTER").ok();
-    for c in CASES.iter().filter(|c| filter.as_ref().is_none_or(|f| c.label().contains(f.as_str()) || c.id().starts_with(f.as_str()))) {
+    let cases: Vec<&Case> = CASES.iter().filter(|c| filter.as_ref().is_none_or(|f| c.label().contains(f.as_str()) || c.id().starts_with(f.as_str()))).collect();
+    // the main table's shapes, then the fused, SwiGLU and fp8 rows (2 + 3 + 2)
+    let bar = common::report::progress(cases.len() + 7, "gemm");
+    for c in cases {
+        bar.set_message(format!("{} {}", c.dtype_label(), c.label()));
         let row = run_case(c, &blas, &dev, warm, iters)?;
-        eprintln!(
+        bar.inc(1);
+        bar.suspend(|| eprintln!(
             "{} {}: cuBLAS {} cuBLASLt {} kfuse {}",
             c.dtype_label(),
             c.label(),
             fmt_t(c, &row.cublas),
             fmt_t(c, &row.cublaslt),
             row.kfuse.as_ref().map(|k| fmt_t(c, k)).unwrap_or_else(|| "—".into())
-        );
+        ));
         rows.push(row);
     }
 
@@ -335,6 +367,7 @@ fn main() -> kfuse::Result<()> {
         "| shape | dtype | kfuse fused GEMM+bias+GELU | cuBLAS GEMM, then bias+GELU kernel | speed-up | rel. err |\n|---|---|---|---|---|---|\n",
     );
     for (m, n, k) in [(4096, 4096, 4096), (8192, 8192, 8192)] {
+        bar.inc(1);
         if filter.as_ref().is_some_and(|f| !"fused".contains(f.as_str()) && !format!("M{m} N{n} K{k}").contains(f.as_str())) {
             continue;
         }
@@ -348,6 +381,7 @@ fn main() -> kfuse::Result<()> {
         "| shape | dtype | kfuse swiglu_gemm (one kernel) | cuBLAS GEMM ×2, then swiglu | cuBLAS GEMM of [Wg \\| Wu], then swiglu | speed-up over the faster baseline | rel. err vs cuBLAS ×2 |\n|---|---|---|---|---|---|---|\n",
     );
     for (m, n, k) in [(4096, 4096, 4096), (8192, 14336, 4096), (127, 14336, 4096)] {
+        bar.inc(1);
         if filter.as_ref().is_some_and(|f| !"swiglu".contains(f.as_str()) && !format!("M{m} N{n} K{k}").contains(f.as_str())) {
             continue;
         }
@@ -361,6 +395,7 @@ fn main() -> kfuse::Result<()> {
         "| shape | dtype | cuBLASLt fp8 TFLOP/s (default accumulation) | cuBLASLt fp8 TFLOP/s (fast accumulation) | kfuse TFLOP/s | kfuse ÷ best cuBLASLt | kfuse rel. err vs cuBLASLt / vs f64 (sampled) |\n|---|---|---|---|---|---|---|\n",
     );
     for n3 in [4096, 8192] {
+        bar.inc(1);
         if filter.as_ref().is_some_and(|f| !"fp8".contains(f.as_str()) && !format!("{n3}³").contains(f.as_str())) {
             continue;
         }
@@ -370,18 +405,25 @@ fn main() -> kfuse::Result<()> {
         }
     }
 
+    bar.finish_and_clear();
     let device = dev.describe();
     let mut md = String::from(
-        "| shape | dtype | cuBLAS TFLOP/s | cuBLASLt TFLOP/s | kfuse TFLOP/s | kfuse ÷ best vendor | kfuse vs cuBLAS (rel. err) | cuBLAS vs f64 (sampled) | note |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "| shape | dtype | cuBLAS TFLOP/s | cuBLASLt TFLOP/s | kfuse TFLOP/s | kfuse ÷ best vendor | kfuse vs cuBLAS (rel. err) | cuBLAS vs f64 (sampled) | kfuse device memory a call (MiB; output MiB) | note |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
-    let mut csv = String::from("shape,dtype,M,N,K,cublas_tflops,cublaslt_tflops,kfuse_tflops,ratio,kfuse_rel_err,cublas_rel_err_f64,note\n");
+    let mut csv = String::from("shape,dtype,M,N,K,cublas_tflops,cublaslt_tflops,kfuse_tflops,ratio,kfuse_rel_err,cublas_rel_err_f64,kfuse_peak_bytes,note\n");
+    // the chart: kfuse ÷ best vendor per shape, a bar per dtype
+    let mut chart_labels: Vec<String> = Vec::new();
+    let mut chart_series: Vec<common::report::Series> = Vec::new();
     let mut ratios = Vec::new();
     for r in &rows {
         let c = &r.case;
         let vendor_best = [&r.cublas, &r.cublaslt].iter().filter_map(|x| x.as_ref().ok()).map(|ms| c.tflops(*ms)).fold(f64::NAN, f64::max);
         let kf = r.kfuse.as_ref().and_then(|k| k.as_ref().ok()).map(|ms| c.tflops(*ms));
         let ratio = kf.map(|k| k / vendor_best).filter(|x| x.is_finite());
+        chart_point(&mut chart_labels, &mut chart_series, c.label(), c.dtype_label(), ratio);
+        let out_bytes = kfuse::runtime::pool::size_class(c.m * c.n * c.dtype.size_bytes()).unwrap_or(0);
+        let mem = r.kfuse_mem.map(|b| format!("{}; {}", common::report::mib(b), common::report::mib(out_bytes)));
         if let (Some(x), DType::BF16) = (ratio, c.dtype) {
             ratios.push(x);
         }
@@ -398,7 +440,7 @@ fn main() -> kfuse::Result<()> {
         };
         let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map(f).unwrap_or_else(|| "—".into());
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {kcol} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {kcol} | {} | {} | {} | {} | {} |\n",
             c.label(),
             c.dtype_label(),
             fmt_t(c, &r.cublas),
@@ -406,11 +448,12 @@ fn main() -> kfuse::Result<()> {
             opt(ratio, &|x| format!("{x:.2}×")),
             opt(r.err, &|x| format!("{x:.1e}")),
             opt(r.vendor_err, &|x| format!("{x:.1e}")),
+            mem.unwrap_or_else(|| "—".into()),
             note
         ));
         let num = |x: &Result<f64, String>| x.as_ref().map(|ms| format!("{:.1}", c.tflops(*ms))).unwrap_or_default();
         csv.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
             c.label(),
             c.dtype_label(),
             c.m,
@@ -422,6 +465,7 @@ fn main() -> kfuse::Result<()> {
             ratio.map(|x| format!("{x:.3}")).unwrap_or_default(),
             r.err.map(|x| format!("{x:.2e}")).unwrap_or_default(),
             r.vendor_err.map(|x| format!("{x:.2e}")).unwrap_or_default(),
+            r.kfuse_mem.map(|b| b.to_string()).unwrap_or_default(),
             note.replace('"', "'")
         ));
     }
@@ -444,6 +488,16 @@ fn main() -> kfuse::Result<()> {
         let out = std::path::PathBuf::from(out);
         std::fs::write(out.join("gemm.md"), format!("device: {device}\n\n{md}\n{fp8_md}\n{fused_md}\n{swiglu_md}\n{summary}\n")).ok();
         std::fs::write(out.join("gemm.csv"), csv).ok();
+        let panel = common::report::Panel {
+            title: format!("GEMM, kfuse against the faster of cuBLAS and cuBLASLt ({})", dev.name()),
+            y_label: "kfuse TFLOP/s ÷ best vendor's".into(),
+            labels: chart_labels,
+            series: chart_series,
+            reference: Some((1.0, "vendor".into())),
+        };
+        if let Err(e) = common::report::bar_charts(&out.join("gemm.svg"), &[panel], 1) {
+            eprintln!("{e}");
+        }
     }
     Ok(())
 }

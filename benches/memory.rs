@@ -1,8 +1,9 @@
 //! Memory-bound kernels against the device's own copy bandwidth, measured in the same
 //! run: elementwise add and copy over 2^28 bf16 elements, transpose of 16384×16384 bf16.
 //!
-//! Prints a table (GB/s counting bytes read once and written once, and the fraction of
-//! a device-to-device `cuMemcpyDtoD` measured in the same process), writes it as
+//! Prints a table (GB/s counting bytes read once and written once, the fraction of a
+//! device-to-device `cuMemcpyDtoD` measured in the same process, and the device memory
+//! each kernel's launches took above its tensors), writes it as
 //! `bench.md` and `bench.json` into `$KFUSE_BENCH_OUT` when set, then runs the same
 //! kernels under criterion (skipped with `--table-only`; `--mid-only` prints only the
 //! mid-size rows below).
@@ -37,6 +38,17 @@ struct Row {
     shape: String,
     ms: f64,
     bytes: f64,
+    /// Device memory the timed launches took from the pool above the tensors they were
+    /// given (`None` where not measured).
+    extra_mem: Option<usize>,
+}
+
+/// Times `f` (`w` warm-ups, `it` launches, median) and reads the device memory its
+/// launches took above what was allocated before them.
+fn timed(dev: &kfuse::Device, w: usize, it: usize, f: impl FnMut() -> kfuse::Result<()>) -> kfuse::Result<(f64, usize)> {
+    let span = common::report::MemorySpan::open(dev);
+    let ms = median(dev.time_ms(w, it, f)?);
+    Ok((ms, span.peak(dev)))
 }
 
 
@@ -59,11 +71,11 @@ fn mid_sizes(dev: &kfuse::Device, w: usize, it: usize) -> kfuse::Result<Vec<Row>
         assert_eq!(c.to_vec_f32()?, av, "copy wrong at {mib} MiB");
         let bytes = (n * 2) as f64;
         let t = median(dev.time_ms_with(w, it, || l2.flush(), || dtod(dev, &a, &mut c))?);
-        rows.push(Row { name: "device copy (cuMemcpyDtoD)", shape: mib.to_string(), ms: t, bytes: 2.0 * bytes });
+        rows.push(Row { name: "device copy (cuMemcpyDtoD)", shape: mib.to_string(), ms: t, bytes: 2.0 * bytes, extra_mem: None });
         let t = median(dev.time_ms_with(w, it, || l2.flush(), || kernels::copy(&a, &mut c).map(|_| ()))?);
-        rows.push(Row { name: "kfuse copy", shape: mib.to_string(), ms: t, bytes: 2.0 * bytes });
+        rows.push(Row { name: "kfuse copy", shape: mib.to_string(), ms: t, bytes: 2.0 * bytes, extra_mem: None });
         let t = median(dev.time_ms_with(w, it, || l2.flush(), || kernels::add(&a, &b, &mut c).map(|_| ()))?);
-        rows.push(Row { name: "kfuse add", shape: mib.to_string(), ms: t, bytes: 3.0 * bytes });
+        rows.push(Row { name: "kfuse add", shape: mib.to_string(), ms: t, bytes: 3.0 * bytes, extra_mem: None });
     }
     Ok(rows)
 }
@@ -104,23 +116,30 @@ fn main() -> kfuse::Result<()> {
     let (w, it) = (10, 50);
     let nb = (N * 2) as f64;
     let mut rows = Vec::new();
-    let t = median(dev.time_ms(w, it, || dtod(&dev, &a, &mut c))?);
-    rows.push(Row { name: "device copy (cuMemcpyDtoD)", shape: "2^28 bf16".into(), ms: t, bytes: 2.0 * nb });
-    let t = median(dev.time_ms(w, it, || kernels::copy(&a, &mut c).map(|_| ()))?);
-    rows.push(Row { name: "kfuse copy", shape: "2^28 bf16".into(), ms: t, bytes: 2.0 * nb });
-    let t = median(dev.time_ms(w, it, || kernels::add(&a, &b, &mut c).map(|_| ()))?);
-    rows.push(Row { name: "kfuse add", shape: "2^28 bf16".into(), ms: t, bytes: 3.0 * nb });
-    let t = median(dev.time_ms(w, it, || kernels::transpose(&x, &mut y).map(|_| ()))?);
-    rows.push(Row { name: "kfuse transpose", shape: format!("{T}x{T} bf16"), ms: t, bytes: 2.0 * (T * T * 2) as f64 });
-
+    let bar = common::report::progress(5, "memory");
+    let (t, _) = timed(&dev, w, it, || dtod(&dev, &a, &mut c))?;
+    rows.push(Row { name: "device copy (cuMemcpyDtoD)", shape: "2^28 bf16".into(), ms: t, bytes: 2.0 * nb, extra_mem: None });
+    bar.inc(1);
+    let (t, m) = timed(&dev, w, it, || kernels::copy(&a, &mut c).map(|_| ()))?;
+    rows.push(Row { name: "kfuse copy", shape: "2^28 bf16".into(), ms: t, bytes: 2.0 * nb, extra_mem: Some(m) });
+    bar.inc(1);
+    let (t, m) = timed(&dev, w, it, || kernels::add(&a, &b, &mut c).map(|_| ()))?;
+    rows.push(Row { name: "kfuse add", shape: "2^28 bf16".into(), ms: t, bytes: 3.0 * nb, extra_mem: Some(m) });
+    bar.inc(1);
+    let (t, m) = timed(&dev, w, it, || kernels::transpose(&x, &mut y).map(|_| ()))?;
+    rows.push(Row { name: "kfuse transpose", shape: format!("{T}x{T} bf16"), ms: t, bytes: 2.0 * (T * T * 2) as f64, extra_mem: Some(m) });
+    bar.inc(1);
+    bar.set_message("mid sizes");
     let mid = mid_sizes(&dev, w, it)?;
+    bar.finish_and_clear();
 
     let ceiling = rows[0].bytes / rows[0].ms / 1e6;
-    let mut md = String::from("| kernel | shape | time (ms) | GB/s | of copy bandwidth |\n|---|---|---|---|---|\n");
+    let mut md = String::from("| kernel | shape | time (ms) | GB/s | of copy bandwidth | device memory above its tensors (MiB) |\n|---|---|---|---|---|---|\n");
     let mut json = Vec::new();
     for r in &rows {
         let gbs = r.bytes / r.ms / 1e6;
-        md.push_str(&format!("| {} | {} | {:.3} | {:.0} | {:.1}% |\n", r.name, r.shape, r.ms, gbs, 100.0 * gbs / ceiling));
+        let extra = r.extra_mem.map(common::report::mib).unwrap_or_default();
+        md.push_str(&format!("| {} | {} | {:.3} | {:.0} | {:.1}% | {extra} |\n", r.name, r.shape, r.ms, gbs, 100.0 * gbs / ceiling));
         json.push(format!(
             "{{\"kernel\": \"{}\", \"shape\": \"{}\", \"ms\": {:.4}, \"gbps\": {:.1}, \"fraction_of_copy\": {:.4}}}",
             r.name, r.shape, r.ms, gbs, gbs / ceiling

@@ -4,11 +4,15 @@
 //! elements), plus kfuse's copy of the same tensor as a reference row.
 //!
 //! Prints a table (GB/s counting each input read once and each output written once, the
-//! f32 statistics included; and the fraction of a device-to-device `cuMemcpyDtoD` of
-//! 2^28 bf16 measured in the same process), writes it as `rows.md` and `rows.json` into
-//! `$KFUSE_BENCH_OUT` when set, then runs the same kernels under criterion (skipped with
-//! `--table-only`). `scripts/bench_torch.py` measures PyTorch on the same ops and shapes
-//! and `scripts/compare_rows.py` joins the two.
+//! f32 statistics included; the fraction of a device-to-device `cuMemcpyDtoD` of 2^28
+//! bf16 measured in the same process; the device memory each op's launches took above
+//! its tensors, and per shape the pool's bytes for the tensors against the pool's peak
+//! while they were allocated), writes it as `rows.md` and `rows.json` into
+//! `$KFUSE_BENCH_OUT` when set, with a chart, `rows.svg` (GB/s per op and shape, beside
+//! PyTorch's when `scripts/bench_torch.py` wrote `torch_rows.json` there first), then
+//! runs the same kernels under criterion (skipped with `--table-only`).
+//! `scripts/compare_rows.py` joins the two tables. On a terminal a progress bar shows
+//! the op being timed.
 //!
 //! Timing: CUDA events around each launch, 10 warm-ups, 50 timed launches, median; the
 //! L2 cache is evicted before every launch, outside the timed interval, by reading a
@@ -163,6 +167,41 @@ struct Row {
     result: Result<f64, String>,
     err: Option<f64>,
     tiles: String,
+    /// Device memory the op's timed launches took from the pool above its tensors (none
+    /// of these ops allocates temporaries: 0 unless one does).
+    extra_mem: Option<usize>,
+}
+
+/// The chart of the table: a panel per op (the copy reference row left out), a group of
+/// bars per shape, kfuse's GB/s beside PyTorch's where `torch_rows.json`
+/// (`scripts/bench_torch.py`, run before this benchmark into the same `$KFUSE_BENCH_OUT`)
+/// is there, and this run's device copy as the ceiling.
+fn chart(rows: &[Row], copy_gbps: f64, out: &std::path::Path, device: &str) -> Vec<common::report::Panel> {
+    let torch: Option<serde_json::Value> = std::fs::read_to_string(out.join("torch_rows.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let torch_gbps = |op: Op, m: usize, n: usize| -> Option<f64> {
+        let rows = torch.as_ref()?.get("rows")?.as_array()?;
+        let r = rows.iter().find(|r| r["op"] == op.name() && r["M"] == m && r["N"] == n && r["status"] == "ok")?;
+        r["gbps"].as_f64()
+    };
+    let shapes: Vec<(usize, usize)> = rows.iter().filter(|r| r.op == OPS[0]).map(|r| (r.m, r.n)).collect();
+    OPS.iter()
+        .filter(|&&op| op != Op::Copy)
+        .map(|&op| {
+            let of = |r: &&Row| r.op == op;
+            let kfuse: Vec<Option<f64>> = rows.iter().filter(of).map(|r| r.result.as_ref().ok().map(|ms| r.op.bytes(r.m, r.n) / ms / 1e6)).collect();
+            let mut series = vec![common::report::Series { name: "kfuse".into(), values: kfuse }];
+            if torch.is_some() {
+                series.push(common::report::Series { name: "PyTorch".into(), values: shapes.iter().map(|&(m, n)| torch_gbps(op, m, n)).collect() });
+            }
+            common::report::Panel {
+                title: format!("{}, bf16 ({device})", op.label()),
+                y_label: "GB/s".into(),
+                labels: shapes.iter().map(|(m, n)| format!("{m}×{n}")).collect(),
+                series,
+                reference: Some((copy_gbps, "device copy".into())),
+            }
+        })
+        .collect()
 }
 
 fn main() -> kfuse::Result<()> {
@@ -181,12 +220,15 @@ fn main() -> kfuse::Result<()> {
 
     let mut rows = Vec::new();
     let mut bufs = Vec::new();
+    // per shape: the pool bytes of its tensors and the pool's peak above what it held
+    // before they were allocated
+    let mut memory = Vec::new();
     // `KFUSE_BENCH_SHAPES=1024x131072,256x262144`: only those shapes (experiments)
     let only: Option<Vec<String>> = std::env::var("KFUSE_BENCH_SHAPES").ok().map(|v| v.split(',').map(str::to_string).collect());
-    for (si, &(m, n)) in SHAPES.iter().enumerate() {
-        if only.as_ref().is_some_and(|o| !o.contains(&format!("{m}x{n}"))) {
-            continue;
-        }
+    let shapes: Vec<(usize, (usize, usize))> = SHAPES.iter().copied().enumerate().filter(|(_, (m, n))| only.as_ref().is_none_or(|o| o.contains(&format!("{m}x{n}")))).collect();
+    let bar = common::report::progress(shapes.len() * OPS.len(), "rows");
+    for (si, (m, n)) in shapes {
+        let span = common::report::MemorySpan::open(&dev);
         let (x, xv) = random_bf16(m * n, 10 + si as u64, &dev);
         let (w_, wv) = random_bf16(n, 20 + si as u64, &dev);
         let (b_, bv) = random_bf16(n, 30 + si as u64, &dev);
@@ -204,8 +246,10 @@ fn main() -> kfuse::Result<()> {
             mean: Tensor::empty(&[m], DType::F32, &dev)?,
             rstd: Tensor::empty(&[m], DType::F32, &dev)?,
         };
+        memory.push((m, n, common::report::pool_bytes(&[&t.x, &t.w, &t.b, &t.y, &t.s, &t.mean, &t.rstd]), span.peak(&dev)));
         for op in OPS {
-            let mut row = Row { op, m, n, result: Err(String::new()), err: None, tiles: String::new() };
+            bar.set_message(format!("{} {m}x{n}", op.name()));
+            let mut row = Row { op, m, n, result: Err(String::new()), err: None, tiles: String::new(), extra_mem: None };
             // first launch: compiles (or is refused), then the output is checked once
             // (a panic in the compiler is reported like a refusal, with its message)
             let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| launch(op, &mut t).and_then(|l| dev.synchronize().map(|_| l))))
@@ -229,19 +273,24 @@ fn main() -> kfuse::Result<()> {
                         if diag {
                             diagnose(op, &mut t, &dev);
                         }
-                        dev.time_ms_with(w, it, || l2.flush(), || launch(op, &mut t).map(|_| ())).map(median).map_err(|e| format!("timing failed: {e}"))
+                        let span = common::report::MemorySpan::open(&dev);
+                        let timed = dev.time_ms_with(w, it, || l2.flush(), || launch(op, &mut t).map(|_| ())).map(median).map_err(|e| format!("timing failed: {e}"));
+                        row.extra_mem = Some(span.peak(&dev));
+                        timed
                     }
                 },
             };
             row.tiles = schedule(op, &mut t, &dev) + &built;
             rows.push(row);
+            bar.inc(1);
         }
         bufs.push(t);
     }
+    bar.finish_and_clear();
 
     let device = dev.describe();
     let mut md = format!(
-        "| op | M×N | time (ms) | GB/s | of copy bandwidth | schedule |\n|---|---|---|---|---|---|\n| device copy (cuMemcpyDtoD) | 2^28 bf16 | {copy_ms:.3} | {copy_gbps:.0} | 100.0% | |\n"
+        "| op | M×N | time (ms) | GB/s | of copy bandwidth | device memory above its tensors (MiB) | schedule |\n|---|---|---|---|---|---|---|\n| device copy (cuMemcpyDtoD) | 2^28 bf16 | {copy_ms:.3} | {copy_gbps:.0} | 100.0% | | |\n"
     );
     let mut json = Vec::new();
     for r in &rows {
@@ -249,19 +298,21 @@ fn main() -> kfuse::Result<()> {
         match &r.result {
             Ok(ms) => {
                 let gbps = r.op.bytes(r.m, r.n) / ms / 1e6;
-                md.push_str(&format!("| {} | {shape} | {ms:.3} | {gbps:.0} | {:.1}% | {} |\n", r.op.label(), 100.0 * gbps / copy_gbps, r.tiles));
+                let extra = r.extra_mem.map(common::report::mib).unwrap_or_default();
+                md.push_str(&format!("| {} | {shape} | {ms:.3} | {gbps:.0} | {:.1}% | {extra} | {} |\n", r.op.label(), 100.0 * gbps / copy_gbps, r.tiles));
                 json.push(format!(
-                    "{{\"op\": \"{}\", \"M\": {}, \"N\": {}, \"status\": \"ok\", \"ms\": {ms:.5}, \"gbps\": {gbps:.1}, \"fraction_of_copy\": {:.4}, \"max_rel_err\": {:.2e}, \"schedule\": \"{}\"}}",
+                    "{{\"op\": \"{}\", \"M\": {}, \"N\": {}, \"status\": \"ok\", \"ms\": {ms:.5}, \"gbps\": {gbps:.1}, \"fraction_of_copy\": {:.4}, \"max_rel_err\": {:.2e}, \"extra_mem_bytes\": {}, \"schedule\": \"{}\"}}",
                     r.op.name(),
                     r.m,
                     r.n,
                     gbps / copy_gbps,
                     r.err.unwrap_or(0.0),
+                    r.extra_mem.unwrap_or(0),
                     r.tiles.replace('"', "'")
                 ));
             }
             Err(why) => {
-                md.push_str(&format!("| {} | {shape} | — | — | — | {} |\n", r.op.label(), why.replace('|', "/")));
+                md.push_str(&format!("| {} | {shape} | — | — | — | | {} |\n", r.op.label(), why.replace('|', "/")));
                 json.push(format!(
                     "{{\"op\": \"{}\", \"M\": {}, \"N\": {}, \"status\": \"{}\", \"note\": {}}}",
                     r.op.name(),
@@ -273,10 +324,18 @@ fn main() -> kfuse::Result<()> {
             }
         }
     }
+    // device memory: each shape's tensors as the pool rounds them, and the pool's peak
+    // above what it held before they were allocated
+    md.push_str("\n| M×N | tensors of the shape (MiB, pool blocks) | pool peak while allocating them (MiB) |\n|---|---|---|\n");
+    for (m, n, tensors, peak) in &memory {
+        md.push_str(&format!("| {m}x{n} | {} | {} |\n", common::report::mib(*tensors), common::report::mib(*peak)));
+    }
     println!("device: {device}\n{md}");
-    if let Ok(out) = std::env::var("KFUSE_BENCH_OUT") {
-        let out = std::path::PathBuf::from(out);
+    if let Some(out) = common::report::out_dir() {
         std::fs::write(out.join("rows.md"), format!("device: {device}\n\n{md}")).ok();
+        if let Err(e) = common::report::bar_charts(&out.join("rows.svg"), &chart(&rows, copy_gbps, &out, &dev.name()), 2) {
+            eprintln!("{e}");
+        }
         std::fs::write(
             out.join("rows.json"),
             format!(

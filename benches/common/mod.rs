@@ -9,6 +9,7 @@ use kfuse::{DType, Device, Tensor};
 #[path = "../../tests/common/epilogue_kernels.rs"]
 pub mod epilogue;
 pub mod gemm;
+pub mod report;
 
 /// The GPU to measure on, or `None` after saying there is nothing to measure (every
 /// benchmark needs a CUDA device; without one it exits cleanly).

@@ -68,6 +68,37 @@ pub(crate) fn count_timing() {
     TIMINGS.fetch_add(1, Ordering::Relaxed);
 }
 
+/// A tuning's progress over its candidates, as a bar on standard error when that is a
+/// terminal (nothing otherwise: logs, CI and captured output stay as they were). The
+/// bar is cleared when the tuning ends.
+pub(crate) struct Progress(indicatif::ProgressBar);
+
+impl Progress {
+    pub(crate) fn new(kernel: &str, candidates: usize) -> Progress {
+        use std::io::IsTerminal;
+        let target = if std::io::stderr().is_terminal() { indicatif::ProgressDrawTarget::stderr() } else { indicatif::ProgressDrawTarget::hidden() };
+        let bar = indicatif::ProgressBar::with_draw_target(Some(candidates as u64), target);
+        if let Ok(style) = indicatif::ProgressStyle::with_template("kfuse: autotuning {prefix} [{bar:24}] {pos}/{len} {msg}") {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(kernel.to_string());
+        Progress(bar)
+    }
+
+    /// Candidate `i` (0-based) is being timed: `i` are done; its tiles are shown.
+    pub(crate) fn at(&self, i: usize, tiles: &BTreeMap<String, u32>) {
+        let text: Vec<String> = tiles.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        self.0.set_position(i as u64);
+        self.0.set_message(text.join(" "));
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -1256,7 +1256,9 @@ fn autotune(
         return Ok(None);
     }
     let mut best: Option<(f64, std::collections::BTreeMap<String, u32>)> = None;
-    for tiles in candidates {
+    let progress = crate::autotune::Progress::new(def.name, candidates.len());
+    for (i, tiles) in candidates.into_iter().enumerate() {
+        progress.at(i, &tiles);
         let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: dtypes.to_vec(), spec: Spec { tiles: tiles.clone(), ..spec.clone() }, target: target.clone() };
         let Ok((loaded, _)) = load(device, kernel, &key) else { continue };
         count_timing();
