@@ -63,11 +63,12 @@ if [ "$bench" = 1 ]; then
   # copy and add at 16, 64 and 512 MiB beside PyTorch's copy_ of the same bytes
   python3 "$here/bench_torch_memory.py" "$logs" > "$logs/bench-torch-memory.log" 2>&1
   rows+=("bench torch memory: rc=$?")
-  # row kernels (softmax, RMSNorm, LayerNorm, sum), then PyTorch on the same shapes, joined
-  KFUSE_BENCH_OUT="$logs" "$here/bin/rows_bench" --table-only > "$logs/bench-rows.log" 2>&1
-  rows+=("bench rows: rc=$?")
+  # PyTorch on the row ops (softmax, RMSNorm, LayerNorm, sum), then kfuse on the same
+  # shapes (its chart, rows.svg, puts PyTorch's torch_rows.json beside it), joined
   python3 "$here/bench_torch.py" "$logs" > "$logs/bench-torch.log" 2>&1
   rows+=("bench torch: rc=$?")
+  KFUSE_BENCH_OUT="$logs" "$here/bin/rows_bench" --table-only > "$logs/bench-rows.log" 2>&1
+  rows+=("bench rows: rc=$?")
   python3 "$here/compare_rows.py" "$logs" > "$logs/compare-rows.log" 2>&1
   rows+=("compare rows: rc=$?")
   gemm_bench
