@@ -424,6 +424,7 @@ fn duplicate(e: &Error) -> Error {
         Error::Codegen(c) => Error::Codegen(c.clone()),
         Error::Ir(i) => Error::Ir(i.clone()),
         Error::Io(io) => Error::Io(std::io::Error::new(io.kind(), io.to_string())),
+        Error::Ptxas(m) => Error::Ptxas(m.clone()),
         Error::Vendor(m) => Error::Vendor(m.clone()),
     }
 }

@@ -15,6 +15,8 @@
 //! - [`pool`]: the per-GPU caching pool of device memory and its [`MemoryStats`]
 //!   ([`Device::memory_stats`], [`Device::empty_cache`]);
 //! - [`nvrtc`]: finding libnvrtc and the CUDA headers, compiling to PTX and cubins;
+//! - [`ptxas`]: finding ptxas, running `ptxas -v` on PTX and reading its report
+//!   (registers, shared memory, spills), for `explain` and the compile checks;
 //! - [`cache`]: module cache (PTX and cubin) in memory and on disk, loaded kernels per
 //!   device;
 //! - [`build_times`](mod@build_times): where first calls' time goes (IR, codegen, disk, NVRTC, load);
@@ -66,6 +68,7 @@ pub mod error;
 pub mod launch;
 pub mod nvrtc;
 pub mod pool;
+pub mod ptxas;
 pub mod settings;
 pub mod tensor;
 pub mod tma;

@@ -301,9 +301,9 @@ fn doctor() {
             Err(e) => Err((e.to_string(), nvrtc_fix())),
         },
     );
-    report("ptxas", find_ptxas().ok_or_else(|| {
+    report("ptxas", kfuse::runtime::ptxas::find_ptxas().map(|p| p.display().to_string()).ok_or_else(|| {
         (
-            "ptxas not found (KFUSE_PTXAS unset, none on PATH); only `ptxas -v` facts and the compile-check tests need it".to_string(),
+            "ptxas not found (KFUSE_PTXAS, ./.cuda, CUDA_HOME, PATH); `kfuse explain` and the compile-check tests need it".to_string(),
             "in a kfuse checkout: source scripts/cuda-env.sh (sets KFUSE_PTXAS)\n\
              elsewhere, install it with\n  \
              python3 -m pip install --target .cuda \"nvidia-cuda-nvcc==13.0.*\"\n  \
@@ -324,14 +324,6 @@ fn doctor() {
             )),
         },
     );
-}
-
-/// `KFUSE_PTXAS` if it names a file, else `ptxas` on `PATH`.
-fn find_ptxas() -> Option<String> {
-    if let Some(p) = std::env::var_os("KFUSE_PTXAS").map(PathBuf::from).filter(|p| p.is_file()) {
-        return Some(format!("{} (KFUSE_PTXAS)", p.display()));
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join("ptxas")).find(|p| p.is_file()).map(|p| p.display().to_string())
 }
 
 fn main() -> ExitCode {
