@@ -47,7 +47,7 @@ pub enum Error {
     Ir(kfuse_ir::IrError),
     /// A file-system error (the disk cache).
     Io(std::io::Error),
-    /// ptxas, the CUDA assembler `explain` runs (`ptxas -v`), is missing or
+    /// ptxas, the CUDA assembler [`crate::explain()`] runs (`ptxas -v`), is missing or
     /// failed ([`crate::ptxas`]); the message says which, and how to get it.
     Ptxas(String),
     /// A vendor library used for baselines (cuBLAS, cuBLASLt; the `vendor` module, cargo

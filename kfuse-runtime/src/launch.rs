@@ -167,6 +167,47 @@ impl ArgDesc {
     }
 }
 
+impl fmt::Display for ArgDesc {
+    /// `bf16[4096, 4096]` (with `strides [1, 4096]` when not contiguous, `at byte 6` off
+    /// the start of its allocation), or the dtype of a scalar.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArgDesc::Tensor(t) => {
+                write!(f, "{}{:?}", t.dtype, t.shape)?;
+                if crate::tensor::contiguous_strides(&t.shape) != t.strides {
+                    write!(f, " strides {:?}", t.strides)?;
+                }
+                if t.byte_offset != 0 {
+                    write!(f, " at byte {}", t.byte_offset)?;
+                }
+                Ok(())
+            }
+            ArgDesc::Scalar(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+impl From<&Tensor> for ArgDesc {
+    /// The description of a tensor as it is: dtype, shape, strides and the alignment of
+    /// its element 0 (its address modulo 256 as [`TensorDesc::byte_offset`]), so that
+    /// [`emit`] and [`crate::explain()`] specialize as a launch on it does.
+    fn from(t: &Tensor) -> ArgDesc {
+        ArgDesc::Tensor(TensorDesc { dtype: t.dtype(), shape: t.shape().to_vec(), strides: t.strides().to_vec(), byte_offset: t.address() % 256 })
+    }
+}
+
+impl From<&Arg<'_>> for ArgDesc {
+    /// The description of a launch argument: its tensor's ([`ArgDesc::from`] a
+    /// [`Tensor`]) or its scalar's dtype.
+    fn from(a: &Arg<'_>) -> ArgDesc {
+        match a {
+            Arg::In(t) => ArgDesc::from(*t),
+            Arg::Out(t) => ArgDesc::from(&**t),
+            Arg::Scalar(s) => ArgDesc::Scalar(s.dtype()),
+        }
+    }
+}
+
 /// What the checks and the specialization read of a tensor argument: a [`Tensor`] or a
 /// [`TensorDesc`].
 trait TensorFacts {
@@ -766,6 +807,18 @@ fn planned<A: ArgFacts>(def: &KernelDef, args: &[A], target: &Target) -> Result<
 /// }
 /// ```
 pub fn emit(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<EmittedKernel> {
+    let (built, spec) = planned_descs(def, args, target)?;
+    Ok(kfuse_codegen::compile(&built.0, &spec, target)?)
+}
+
+/// [`shape_values`] of [`ArgDesc`]s.
+pub(crate) fn desc_shapes(kernel: &Kernel, args: &[ArgDesc]) -> Result<Vec<u64>> {
+    shapes_of(kernel, args)
+}
+
+/// [`planned`] for [`ArgDesc`]s, whose strides are checked against their shapes first:
+/// what [`emit`] and [`crate::explain()`] compile.
+pub(crate) fn planned_descs(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<(Arc<(Kernel, kfuse_ir::grid::Grid)>, Spec)> {
     for (p, a) in def.params.iter().zip(args) {
         if let ArgDesc::Tensor(t) = a {
             if t.strides.len() != t.shape.len() {
@@ -781,8 +834,7 @@ pub fn emit(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<Emitte
             }
         }
     }
-    let (built, spec) = planned(def, args, target)?;
-    Ok(kfuse_codegen::compile(&built.0, &spec, target)?)
+    planned(def, args, target)
 }
 
 /// Tile-size overrides from `KFUSE_TILES` (`BM=128,BN=64`) and

@@ -4,7 +4,7 @@
 //! Owns: [`find_ptxas`] and the places it looks ([`ptxas_candidates`]), [`assemble`] and
 //! its result [`Assembly`], and the parser of the `-v` report, [`PtxasInfo::parse`].
 //! Needs no GPU and no driver. A GPU launch does not use it (the driver assembles, and
-//! the runtime reads the result from the loaded function); `explain` and the
+//! the runtime reads the result from the loaded function); [`crate::explain()`] and the
 //! compile checks of the tests do.
 //!
 //! Finding ptxas, first found wins: `$KFUSE_PTXAS` when it names a file; the pip package
