@@ -109,5 +109,6 @@ mod tests {
         send_sync::<crate::Error>();
         send_sync::<crate::Launched>();
         send_sync::<crate::ModuleCache>();
+        send_sync::<crate::Explain>();
     }
 }

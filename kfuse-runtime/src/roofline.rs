@@ -29,6 +29,7 @@
 //! which may use `mma.sync`), the CUDA cores' f32 figure otherwise. Other targets have no
 //! figures here (`peak` is `None`); the counts stand alone.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use kfuse_codegen::Target;
@@ -90,10 +91,11 @@ impl Compute {
         });
         match (path, dot) {
             (Some(MmaPath::FmaSimt), _) | (_, None) => Compute::CudaCoresF32,
-            (_, Some((d, _))) if d.is_fp8() => Compute::TensorCoresFp8,
-            (_, Some((DType::F16 | DType::BF16, _))) => Compute::TensorCores16Bit,
+            (Some(_), Some((d, _))) if d.is_fp8() => Compute::TensorCoresFp8,
             // f32 operands reach the tensor cores only as TF32 on a matrix path
             (Some(_), Some((DType::F32, DotPrecision::Tf32))) => Compute::TensorCoresTf32,
+            // (dots one by one: 16-bit ones may take mma.sync, the others are FMAs)
+            (_, Some((DType::F16 | DType::BF16, _))) => Compute::TensorCores16Bit,
             _ => Compute::CudaCoresF32,
         }
     }
@@ -270,7 +272,7 @@ enum Unknown {
 }
 
 /// Programs whose loops are evaluated one by one, at most.
-const MAX_PROGRAMS: u64 = 1 << 22;
+const MAX_PROGRAMS: u64 = 1 << 20;
 
 impl Counter<'_> {
     fn bytes(&self) -> u64 {
@@ -358,23 +360,31 @@ impl Counter<'_> {
         })
     }
 
-    /// Trips of loop `l` with the program ids `pid`.
-    fn trips(&self, l: LoopId, pid: Option<&[u64]>) -> std::result::Result<u64, Unknown> {
+    /// The `lo`, `hi` and `step` operands of each loop's `For`.
+    fn bounds(&self) -> HashMap<LoopId, Vec<ValueId>> {
         let k = self.k;
-        let info = k.loop_info(l).ok_or(Unknown::Other)?;
-        let ops = k.operands(info.for_op);
-        let (lo, hi, step) = (self.scalar(ops[0], pid)?, self.scalar(ops[1], pid)?, self.scalar(ops[2], pid)?);
+        k.ops()
+            .filter_map(|o| match k.op(o) {
+                Op::For { id, .. } => Some((*id, k.operands(o)[..3].to_vec())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Trips of a loop of bounds `b` ([`Counter::bounds`]) with the program ids `pid`.
+    fn trips(&self, b: &[ValueId], pid: Option<&[u64]>) -> std::result::Result<u64, Unknown> {
+        let (lo, hi, step) = (self.scalar(b[0], pid)?, self.scalar(b[1], pid)?, self.scalar(b[2], pid)?);
         if step <= 0 {
             return Err(Unknown::Other);
         }
         Ok(if hi > lo { ((hi - lo) as u64).div_ceil(step as u64) } else { 0 })
     }
 
-    /// Executions of an op inside `loops` over every program, or `None` when a trip
-    /// count cannot be evaluated.
-    fn executions(&self, loops: &[LoopId], programs: &[u64]) -> Option<u64> {
+    /// Executions of an op inside the loops of bounds `loops` over every program, or
+    /// `None` when a trip count cannot be evaluated.
+    fn executions(&self, loops: &[&[ValueId]], programs: &[u64]) -> Option<u64> {
         let total: u64 = programs.iter().product();
-        let product = |pid: Option<&[u64]>| loops.iter().try_fold(1u64, |n, &l| Ok(n.saturating_mul(self.trips(l, pid)?)));
+        let product = |pid: Option<&[u64]>| loops.iter().try_fold(1u64, |n, b| Ok(n.saturating_mul(self.trips(b, pid)?)));
         match product(None) {
             Ok(n) => Some(n.saturating_mul(total)),
             Err(Unknown::Other) => None,
@@ -401,13 +411,21 @@ impl Counter<'_> {
     fn flops(&self) -> Result<Option<u64>> {
         let grid = kfuse_ir::grid::derive(self.k)?;
         let programs = grid.eval(|s| self.shapes[s.0 as usize], |e| self.extent(e));
+        let bounds = self.bounds();
+        // executions by the loops around an op (a few distinct nests a kernel)
+        let mut by_nest: HashMap<Vec<LoopId>, Option<u64>> = HashMap::new();
         let mut total = 0u64;
         for o in self.k.ops() {
             let f = self.op_flops(o);
             if f == 0 {
                 continue;
             }
-            let Some(n) = self.executions(&self.k.loops_around(o), &programs) else { return Ok(None) };
+            let nest = self.k.loops_around(o);
+            let n = *by_nest.entry(nest).or_insert_with_key(|nest| {
+                let b: Option<Vec<&[ValueId]>> = nest.iter().map(|l| bounds.get(l).map(Vec::as_slice)).collect();
+                self.executions(&b?, &programs)
+            });
+            let Some(n) = n else { return Ok(None) };
             total = total.saturating_add(f.saturating_mul(n));
         }
         Ok(Some(total))
