@@ -19,6 +19,27 @@
 //!
 //! The standard kernels live in [`ops`] and are written the same way.
 //!
+//! What a launch runs is visible: every GPU launch's [`Launched`] carries the kernel's
+//! plan (`Launched::plan`: matrix path and why, tiles, stages, warps, cluster,
+//! persistence, shared memory, registers, spills), and [`explain()`] gives the same
+//! without a GPU — for a kernel, argument shapes and dtypes ([`runtime::ArgDesc`]) and a
+//! target — with the IR after scheduling, the CUDA, the PTX, `ptxas -v`'s facts and a
+//! roofline estimate ([`runtime::Roofline`]: compulsory bytes and FLOPs, the time at the
+//! device's peak). The `kfuse explain` command prints it for the standard kernels.
+//! Explaining needs NVRTC and ptxas (`scripts/cuda-env.sh` in a checkout), no GPU:
+//!
+//! ```
+//! use kfuse::codegen::Target;
+//! use kfuse::runtime::ArgDesc;
+//!
+//! let t = ArgDesc::tensor(kfuse::DType::BF16, &[4096, 4096]);
+//! let e = kfuse::explain(&kfuse::ops::kernels::gemm::DEF, &[t.clone(), t.clone(), t], &Target::sm90a())?;
+//! println!("{e}"); // the plan, `ptxas -v`'s registers and shared memory, the roofline
+//! assert_eq!(e.roofline.flops, Some(2 * 4096u64.pow(3)));
+//! assert!(e.ptxas.registers > 0 && e.ptx.contains(".target sm_90a"));
+//! # Ok::<(), kfuse::Error>(())
+//! ```
+//!
 //! Settings (cache directory, target, autotuning, tile overrides, …) come from the
 //! `KFUSE_*` environment variables, or from code, which wins over them:
 //! `kfuse::Config::new().cache_dir(dir).autotune(true).tile("BM", 128).apply()?`
@@ -36,7 +57,7 @@ pub use kfuse_codegen as codegen;
 pub use kfuse_ir as ir;
 pub use kfuse_macros::kfuse;
 pub use kfuse_runtime as runtime;
-pub use kfuse_runtime::{Backend, Config, DType, Device, Error, Launched, Result, Tensor};
+pub use kfuse_runtime::{explain, Backend, Config, DType, Device, Error, Explain, Launched, Result, Tensor};
 
 /// The standard kernels (`kfuse::ops::add(&a, &b)`, `kfuse::ops::transpose(&x)`, …).
 pub mod ops {

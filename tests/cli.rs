@@ -59,7 +59,7 @@ fn bad_input_is_an_error_not_a_panic() {
         (&["emit", "add", "--dtype", "bf17", "--shape", "8"][..], 2),
         (&["emit", "add", "--dtype", "bf16", "--shape", "8,x"][..], 2),
         (&["emit", "add", "--dtype", "bf16", "--shape", "8", "--target", "sm_75"][..], 2),
-        (&["emit", "add", "--dtype", "bf16", "--shape", "8"][..], 1),
+        (&["emit", "add", "--dtype", "bf16", "--shape", "8,8"][..], 1),
         (&["emit", "add", "--dtype", "bf16", "--shape", "8", "--shape", "9", "--shape", "8"][..], 1),
         (&["cache", "warm", "/nonexistent/kfuse-warm-list"][..], 1),
     ] {
@@ -80,5 +80,68 @@ fn emit_ptx_or_the_nvrtc_fix() {
         let e = text(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{e}");
         assert!(e.contains("nvidia-cuda-nvrtc==13.0.*"), "{e}");
+    }
+}
+
+/// `kfuse explain <kernel> --shape ...` with the op-level shape (the kernel's sizes in
+/// one --shape) runs without a GPU: the plan, registers, shared memory and the roofline
+/// estimate, their numbers sane.
+#[test]
+fn explain_gemm_prints_the_plan_and_the_roofline() {
+    let o = kfuse(&["explain", "gemm", "--shape", "4096,4096,4096", "--dtype", "bf16", "--target", "sm_90a"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let s = text(&o.stdout);
+    // the number after `key` on the first line that has it
+    let number = |key: &str| -> f64 {
+        let l = s.lines().find(|l| l.contains(key)).unwrap_or_else(|| panic!("no `{key}` line:\n{s}"));
+        let rest = &l[l.find(key).unwrap() + key.len()..];
+        rest.split_whitespace().next().and_then(|w| w.trim_end_matches(',').parse().ok()).unwrap_or_else(|| panic!("no number after `{key}` in {l:?}"))
+    };
+    assert!(s.contains("matrix path: WGMMA + TMA"), "{s}");
+    let registers = number("registers:");
+    assert!((1.0..=255.0).contains(&registers) && registers.fract() == 0.0, "{s}");
+    let smem = number("shared memory:");
+    assert!(smem > 0.0 && smem <= 227.0 * 1024.0, "{s}");
+    assert_eq!(number("bytes moved:"), (3 * 4096 * 4096 * 2) as f64, "{s}");
+    assert_eq!(number("FLOPs:"), 2.0 * 4096f64.powi(3), "{s}");
+    // at the H100's 989.5 TFLOP/s: 138.9 µs
+    let us = number("time at peak:");
+    assert!((us - 2.0 * 4096f64.powi(3) / 989.5e12 * 1e6).abs() < 1e-3, "{s}");
+    // --ir, --cuda and --ptx add their sections
+    let o = kfuse(&["explain", "add", "--shape", "N=1000", "--dtype", "f32", "--ir", "--cuda", "--ptx"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let s = text(&o.stdout);
+    for section in ["--- IR after scheduling ---\nkernel add(", "--- CUDA ---", "--- PTX ---"] {
+        assert!(s.contains(section), "no {section:?} in\n{s}");
+    }
+}
+
+#[test]
+fn explain_refuses_shapes_that_do_not_fit() {
+    for (args, says) in [
+        (&["explain", "gemm", "--shape", "4096,4096", "--dtype", "bf16"][..], "takes one --shape of its sizes M,N,K"),
+        (&["explain", "gemm", "--shape", "M=8,N=8,Q=8", "--dtype", "bf16"][..], "has no size `Q`"),
+        (&["explain", "gemm", "--shape", "8,8", "--shape", "8,8", "--dtype", "bf16"][..], "one --shape per tensor parameter (3 of them)"),
+        (&["explain", "no_such_op", "--shape", "8", "--dtype", "bf16"][..], "no kernel `no_such_op`"),
+    ] {
+        let o = kfuse(args);
+        let e = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {e}");
+        assert!(e.starts_with("error:") && e.contains(says) && !e.contains("panicked"), "{args:?}: {e}");
+    }
+}
+
+/// Without a GPU, `kfuse bench` says so and exits 1; with one, it prints kfuse's line
+/// and the vendor's.
+#[test]
+fn bench_needs_a_gpu() {
+    let o = kfuse(&["bench", "gemm", "--shape", "256,256,256", "--dtype", "bf16", "--warmup", "1", "--iters", "3"]);
+    if o.status.success() {
+        let s = text(&o.stdout);
+        assert!(s.contains("kfuse") && s.contains("TFLOP/s") && s.contains("cuBLAS"), "{s}");
+    } else {
+        let e = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{e}");
+        assert!(e.starts_with("error: no usable GPU: `kfuse bench` times kernels on GPU 0"), "{e}");
     }
 }

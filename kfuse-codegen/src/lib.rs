@@ -15,6 +15,9 @@
 //! loop is written op by op, its carried values in registers (`cuda/emit/loops.rs`). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
 //! of this list.
 //!
+//! Every [`EmittedKernel`] carries its [`Plan`] (`plan.rs`): the decisions above in a
+//! reader's terms, for reports (`kfuse::explain`, a launch's `Launched::plan`).
+//!
 //! [`tuning_candidates`] (`tuning.rs`) lists tile overrides around the heuristic for a
 //! runtime autotuner to time (`KFUSE_AUTOTUNE=1`); codegen itself never measures.
 
@@ -22,9 +25,11 @@ pub mod analysis;
 pub mod cuda;
 pub mod layout;
 pub mod passes;
+pub mod plan;
 pub mod target;
 pub mod tuning;
 
+pub use plan::{MatrixPlan, Plan};
 pub use target::{group_record_words, EmittedKernel, GridAxisEval, KernelParam, Spec, Target, TensorSpec};
 pub use tuning::tuning_candidates;
 
@@ -163,6 +168,8 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
     // the dynamic pipeline buffers of the matrix path); recorded for the printer
     k.schedule.smem_bytes = out.static_smem + out.dynamic_smem;
     let tiles = k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect();
+    let cluster_x = k.schedule.mma.as_ref().map_or(k.schedule.cluster, |p| p.split_k.max(p.multicast)).max(1);
+    let plan = Plan::of_scheduled(&k, &target.arch(), &out, cluster_x);
     Ok(EmittedKernel {
         entry: cuda::emit::entry_name(&k),
         source: out.source,
@@ -172,12 +179,13 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
         smem_bytes: out.dynamic_smem,
         params: out.params,
         grid: axes,
-        cluster_x: k.schedule.mma.as_ref().map_or(k.schedule.cluster, |p| p.split_k.max(p.multicast)).max(1),
+        cluster_x,
         persistent: out.persistent,
         grouped: spec.grouped,
         ir: kfuse_ir::print::print(&k),
         tiles,
         register_attempt: k.schedule.register_attempt,
+        plan,
     })
 }
 

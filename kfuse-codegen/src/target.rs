@@ -160,6 +160,9 @@ pub struct EmittedKernel {
     /// (`Schedule::register_attempt`): when the assembler spills this one and a later
     /// one exists, [`crate::compile_with_fallbacks`] compiles that instead.
     pub register_attempt: (u32, u32),
+    /// What the passes decided, for reports ([`crate::Plan`]; registers unknown until a
+    /// kernel is assembled). A hand-written kernel may leave it `Plan::default()`.
+    pub plan: crate::Plan,
 }
 
 impl EmittedKernel {

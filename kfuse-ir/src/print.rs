@@ -197,16 +197,15 @@ pub fn print(k: &Kernel) -> String {
                     let _ = writeln!(
                         out,
                         "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr {}{wg_tf32}, {} consumer warpgroups{}, {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B, persistent raster group_m={}",
-                        m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2],
-                        m.wgmma_widths().iter().map(|n| format!("m{}n{n}k{}", m.instr[0], m.instr[2])).collect::<Vec<_>>().join(" + "),
+                        m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instructions(),
                         m.consumers, if m.pingpong { " (ping-pong: a tile each, alternate tiles)" } else { "" }, m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle, m.group_m
                     );
                 }
                 crate::schedule::MmaPath::MmaSyncCpAsync => {
                     let _ = writeln!(
                         out,
-                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr m{}n{}k{}, warps {}x{} (warp tile {}x{}), {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B",
-                        m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instr[0], m.instr[1], m.instr[2],
+                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr {}, warps {}x{} (warp tile {}x{}), {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B",
+                        m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instructions(),
                         m.warps[0], m.warps[1], m.tile[0] / m.warps[0].max(1), m.tile[1] / m.warps[1].max(1),
                         m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle
                     );

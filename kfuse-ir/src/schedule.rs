@@ -148,6 +148,11 @@ pub struct Schedule {
     /// Why the kernel's `dot`s are not a pipelined matrix loop (`mma`), when they are
     /// not: each is then lowered where it stands, as one op among the others.
     pub dots_one_by_one: Option<String>,
+    /// Why the pipelined `dot` loop of `mma` takes its path (`select_mma_path`): the
+    /// target, the operands' dtype and precision, and, for the FMA fallback of 16-bit
+    /// operands, what the matrix path's copies cannot read. Reported by plans
+    /// (`kfuse_codegen::Plan`); the IR printer does not show it.
+    pub mma_why: Option<String>,
 }
 
 /// Which matrix instructions and data movement a pipelined `dot` loop uses.
@@ -334,6 +339,17 @@ impl MmaPlan {
             left -= w;
         }
         v
+    }
+
+    /// The instructions a K step issues, as the IR printer and plans name them: the
+    /// `m64nNkK` WGMMAs covering `BN` ([`MmaPlan::wgmma_widths`], joined by ` + `), the
+    /// `m16n8k16` of mma.sync, or the `f32 fma` of the FMA path.
+    pub fn instructions(&self) -> String {
+        match self.path {
+            MmaPath::WgmmaTma => self.wgmma_widths().iter().map(|n| format!("m{}n{n}k{}", self.instr[0], self.instr[2])).collect::<Vec<_>>().join(" + "),
+            MmaPath::MmaSyncCpAsync => format!("m{}n{}k{}", self.instr[0], self.instr[1], self.instr[2]),
+            MmaPath::FmaSimt => "f32 fma".to_string(),
+        }
     }
 
     /// Every dot of the plan, the first one first: `(dot, carried, a, b)`.

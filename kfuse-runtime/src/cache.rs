@@ -424,6 +424,7 @@ fn duplicate(e: &Error) -> Error {
         Error::Codegen(c) => Error::Codegen(c.clone()),
         Error::Ir(i) => Error::Ir(i.clone()),
         Error::Io(io) => Error::Io(std::io::Error::new(io.kind(), io.to_string())),
+        Error::Ptxas(m) => Error::Ptxas(m.clone()),
         Error::Vendor(m) => Error::Vendor(m.clone()),
     }
 }
@@ -615,6 +616,9 @@ pub(crate) struct LoadedKernel {
     /// assembler built the function.
     pub registers: u32,
     pub local_bytes: u32,
+    /// The kernel's plan with those registers and local memory (`Launched::plan`), built
+    /// once here so that a launch only clones the `Arc`.
+    pub plan: Arc<kfuse_codegen::Plan>,
     /// What of this kernel the device holds at once, from the driver's occupancy
     /// calculator on the first launch (`launch::resident`): blocks per multiprocessor
     /// without clusters, clusters per device with them; 0 when it cannot say. Sizes a
@@ -725,7 +729,8 @@ impl FunctionCache {
             let registers = func.num_regs().map_err(what("registers"))? as u32;
             let local_bytes = func.local_size_bytes().map_err(what("local memory"))? as u32;
             tracing::debug!(target: "kfuse::runtime", kernel = %emitted.entry, registers, local_bytes, smem_bytes = emitted.smem_bytes, elapsed_ms = ms(d), "module load");
-            let k = Arc::new(LoadedKernel { func, emitted: emitted.clone(), registers, local_bytes, resident: Default::default(), maps: Default::default() });
+            let plan = Arc::new(emitted.plan.assembled(registers, local_bytes));
+            let k = Arc::new(LoadedKernel { func, emitted: emitted.clone(), registers, local_bytes, plan, resident: Default::default(), maps: Default::default() });
             lock(&self.by_source).insert(skey.clone(), k.clone());
             Ok((k, outcome))
         };
@@ -808,6 +813,7 @@ mod tests {
             ir: String::new(),
             tiles: Default::default(),
             register_attempt: (0, 1),
+            plan: Default::default(),
         }
     }
 
@@ -849,6 +855,7 @@ mod tests {
             ir: String::new(),
             tiles: Default::default(),
             register_attempt: (0, 1),
+            plan: Default::default(),
         };
         let k = source_key(&base);
         assert_eq!(k, source_key(&base.clone()));

@@ -47,6 +47,9 @@ pub enum Error {
     Ir(kfuse_ir::IrError),
     /// A file-system error (the disk cache).
     Io(std::io::Error),
+    /// ptxas, the CUDA assembler [`crate::explain()`] runs (`ptxas -v`), is missing or
+    /// failed ([`crate::ptxas`]); the message says which, and how to get it.
+    Ptxas(String),
     /// A vendor library used for baselines (cuBLAS, cuBLASLt; the `vendor` module, cargo
     /// feature `vendor-baselines`) is missing or failed.
     Vendor(String),
@@ -104,6 +107,7 @@ impl fmt::Display for Error {
             Error::Codegen(e) => write!(f, "code generation failed: {e}"),
             Error::Ir(e) => write!(f, "{e}"),
             Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::Ptxas(m) => write!(f, "ptxas: {m}"),
             Error::Vendor(m) => write!(f, "vendor library: {m}"),
         }
     }

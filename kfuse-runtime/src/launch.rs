@@ -167,6 +167,47 @@ impl ArgDesc {
     }
 }
 
+impl fmt::Display for ArgDesc {
+    /// `bf16[4096, 4096]` (with `strides [1, 4096]` when not contiguous, `at byte 6` off
+    /// the start of its allocation), or the dtype of a scalar.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArgDesc::Tensor(t) => {
+                write!(f, "{}{:?}", t.dtype, t.shape)?;
+                if crate::tensor::contiguous_strides(&t.shape) != t.strides {
+                    write!(f, " strides {:?}", t.strides)?;
+                }
+                if t.byte_offset != 0 {
+                    write!(f, " at byte {}", t.byte_offset)?;
+                }
+                Ok(())
+            }
+            ArgDesc::Scalar(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+impl From<&Tensor> for ArgDesc {
+    /// The description of a tensor as it is: dtype, shape, strides and the alignment of
+    /// its element 0 (its address modulo 256 as [`TensorDesc::byte_offset`]), so that
+    /// [`emit`] and [`crate::explain()`] specialize as a launch on it does.
+    fn from(t: &Tensor) -> ArgDesc {
+        ArgDesc::Tensor(TensorDesc { dtype: t.dtype(), shape: t.shape().to_vec(), strides: t.strides().to_vec(), byte_offset: t.address() % 256 })
+    }
+}
+
+impl From<&Arg<'_>> for ArgDesc {
+    /// The description of a launch argument: its tensor's ([`ArgDesc::from`] a
+    /// [`Tensor`]) or its scalar's dtype.
+    fn from(a: &Arg<'_>) -> ArgDesc {
+        match a {
+            Arg::In(t) => ArgDesc::from(*t),
+            Arg::Out(t) => ArgDesc::from(&**t),
+            Arg::Scalar(s) => ArgDesc::Scalar(s.dtype()),
+        }
+    }
+}
+
 /// What the checks and the specialization read of a tensor argument: a [`Tensor`] or a
 /// [`TensorDesc`].
 trait TensorFacts {
@@ -324,6 +365,23 @@ pub struct Launched {
     /// launch (`KFUSE_TAIL_SPLIT=1`): the blocks of each cluster that shared a last
     /// tile's loop. `None` otherwise.
     pub last_wave_split: Option<u32>,
+    /// For a GPU launch: the plan of the kernel that ran — matrix path and why, tiles,
+    /// stages, warps and warpgroups, cluster, persistence, shared memory, and the
+    /// registers and local memory (spills) the driver's assembler gave it. Built once
+    /// when the kernel is loaded and shared by its launches (a launch clones the `Arc`).
+    /// `None` otherwise. [`crate::explain()`] gives the same without a GPU.
+    ///
+    /// ```no_run
+    /// # fn main() -> kfuse_runtime::Result<()> {
+    /// # let (def, mut args): (&kfuse_ir::KernelDef, Vec<kfuse_runtime::Arg<'_>>) = unimplemented!();
+    /// let launched = kfuse_runtime::launch(def, &mut args)?;
+    /// if let Some(plan) = &launched.plan {
+    ///     println!("{plan}cache: {:?}", launched.cache);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub plan: Option<Arc<kfuse_codegen::Plan>>,
 }
 
 /// What the driver's assembler made of a loaded kernel.
@@ -340,8 +398,11 @@ pub struct BuildInfo {
     pub local_bytes: u32,
 }
 
-fn build_info(k: &LoadedKernel) -> Option<BuildInfo> {
-    Some(BuildInfo { register_attempt: k.emitted.register_attempt, registers: k.registers, local_bytes: k.local_bytes })
+/// Records in `launched` what the loaded kernel `k` that ran is: its [`BuildInfo`] and
+/// its plan.
+fn record_kernel(launched: &mut Launched, k: &LoadedKernel) {
+    launched.build = Some(BuildInfo { register_attempt: k.emitted.register_attempt, registers: k.registers, local_bytes: k.local_bytes });
+    launched.plan = Some(k.plan.clone());
 }
 
 /// A parameter as the checker sees it, from a [`KernelDef`] or a [`Kernel`].
@@ -746,6 +807,18 @@ fn planned<A: ArgFacts>(def: &KernelDef, args: &[A], target: &Target) -> Result<
 /// }
 /// ```
 pub fn emit(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<EmittedKernel> {
+    let (built, spec) = planned_descs(def, args, target)?;
+    Ok(kfuse_codegen::compile(&built.0, &spec, target)?)
+}
+
+/// [`shape_values`] of [`ArgDesc`]s.
+pub(crate) fn desc_shapes(kernel: &Kernel, args: &[ArgDesc]) -> Result<Vec<u64>> {
+    shapes_of(kernel, args)
+}
+
+/// [`planned`] for [`ArgDesc`]s, whose strides are checked against their shapes first:
+/// what [`emit`] and [`crate::explain()`] compile.
+pub(crate) fn planned_descs(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<(Arc<(Kernel, kfuse_ir::grid::Grid)>, Spec)> {
     for (p, a) in def.params.iter().zip(args) {
         if let ArgDesc::Tensor(t) = a {
             if t.strides.len() != t.shape.len() {
@@ -761,8 +834,7 @@ pub fn emit(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<Emitte
             }
         }
     }
-    let (built, spec) = planned(def, args, target)?;
-    Ok(kfuse_codegen::compile(&built.0, &spec, target)?)
+    planned(def, args, target)
 }
 
 /// Tile-size overrides from `KFUSE_TILES` (`BM=128,BN=64`) and
@@ -843,7 +915,7 @@ fn launch_with(def: &KernelDef, args: &mut [Arg<'_>], interp_tiles: Option<&std:
     let built = built_ir(def, &checked.dtypes)?;
     let (kernel, grid) = (&built.0, &built.1);
     let shapes = shape_values(kernel, args)?;
-    let mut launched = Launched { backend: backend_of(&checked.device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None, last_wave_split: None };
+    let mut launched = Launched { backend: backend_of(&checked.device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None, last_wave_split: None, plan: None };
     // Tile extents do not change whether an axis is empty: evaluate them as 1.
     if grid.eval(|s| shapes[s.0 as usize], |_| 1).contains(&0) || any_output_empty(args) {
         launched.skipped_empty = true;
@@ -869,7 +941,7 @@ fn launch_with(def: &KernelDef, args: &mut [Arg<'_>], interp_tiles: Option<&std:
             if let Some(loaded) = sig.as_ref().and_then(|s| gpu.functions.remembered(s.words(), &settings)) {
                 launched.skipped_empty = !issue(device, &loaded, kernel, args, &shapes, None)?;
                 launched.cache = Some(CacheOutcome::Memory);
-                launched.build = build_info(&loaded);
+                record_kernel(&mut launched, &loaded);
                 return Ok(launched);
             }
             let target = gpu.target()?;
@@ -886,13 +958,13 @@ fn launch_with(def: &KernelDef, args: &mut [Arg<'_>], interp_tiles: Option<&std:
             let (loaded, outcome) = load(device, kernel, &key)?;
             if let Some((main, split)) = split_last_wave(device, kernel, &key, &loaded, args, &shapes)? {
                 launched.cache = Some(outcome);
-                launched.build = build_info(&main);
+                record_kernel(&mut launched, &main);
                 launched.last_wave_split = Some(split);
                 return Ok(launched);
             }
             launched.skipped_empty = !issue(device, &loaded, kernel, args, &shapes, None)?;
             launched.cache = Some(outcome);
-            launched.build = build_info(&loaded);
+            record_kernel(&mut launched, &loaded);
             if let Some(s) = sig {
                 gpu.functions.remember(s.words(), settings, loaded);
             }
@@ -987,7 +1059,7 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
     let device = device.unwrap();
     let built = built_ir(def, &dtypes)?;
     let (kernel, grid) = (&built.0, &built.1);
-    let mut launched = Launched { backend: backend_of(&device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None, last_wave_split: None };
+    let mut launched = Launched { backend: backend_of(&device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None, last_wave_split: None, plan: None };
     // the problems with work to do, and their shapes
     let mut live = Vec::new();
     for (g, args) in groups.iter().enumerate() {
@@ -1023,7 +1095,7 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
     let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes, spec, target };
     let (loaded, outcome) = load(&device, kernel, &key)?;
     launched.cache = Some(outcome);
-    launched.build = build_info(&loaded);
+    record_kernel(&mut launched, &loaded);
     let e = &loaded.emitted;
     if !e.grouped || e.cluster_x > 1 {
         return Err(Error::InvalidArgument(format!("`{}` did not compile as a grouped kernel", def.name)));
@@ -1321,7 +1393,7 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
     let Some(device) = checked.device.filter(|d| d.is_gpu()) else {
         return Err(Error::InvalidArgument(format!("launch_emitted runs `{}` on a GPU: its tensor arguments must live on one", kernel.name)));
     };
-    let mut launched = Launched { backend: backend_of(&Some(device.clone())), kernel: kernel.name.clone(), skipped_empty: false, cache: None, build: None, last_wave_split: None };
+    let mut launched = Launched { backend: backend_of(&Some(device.clone())), kernel: kernel.name.clone(), skipped_empty: false, cache: None, build: None, last_wave_split: None, plan: None };
     if emitted.grid_dims(&shapes).contains(&0) || any_output_empty(args) {
         launched.skipped_empty = true;
         return Ok(launched);
@@ -1330,7 +1402,7 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
     let (loaded, outcome) = gpu.functions.get_or_load(emitted, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.cluster_x))?;
     launched.skipped_empty = !issue(&device, &loaded, kernel, args, &shapes, None)?;
     launched.cache = Some(outcome);
-    launched.build = build_info(&loaded);
+    record_kernel(&mut launched, &loaded);
     Ok(launched)
 }
 

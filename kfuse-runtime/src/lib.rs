@@ -15,6 +15,13 @@
 //! - [`pool`]: the per-GPU caching pool of device memory and its [`MemoryStats`]
 //!   ([`Device::memory_stats`], [`Device::empty_cache`]);
 //! - [`nvrtc`]: finding libnvrtc and the CUDA headers, compiling to PTX and cubins;
+//! - [`explain`](mod@explain): [`explain()`], what a launch on described arguments would
+//!   run — plan, IR, CUDA, PTX, `ptxas -v` facts and a roofline estimate — without a
+//!   GPU; [`roofline()`] the estimate alone;
+//! - [`roofline`](mod@roofline): compulsory bytes and FLOPs, and the peaks of the
+//!   devices the targets stand for;
+//! - [`ptxas`]: finding ptxas, running `ptxas -v` on PTX and reading its report
+//!   (registers, shared memory, spills), for [`explain()`] and the compile checks;
 //! - [`cache`]: module cache (PTX and cubin) in memory and on disk, loaded kernels per
 //!   device;
 //! - [`build_times`](mod@build_times): where first calls' time goes (IR, codegen, disk, NVRTC, load);
@@ -63,9 +70,12 @@ pub mod build_times;
 pub mod cache;
 pub mod device;
 pub mod error;
+pub mod explain;
 pub mod launch;
 pub mod nvrtc;
 pub mod pool;
+pub mod ptxas;
+pub mod roofline;
 pub mod settings;
 pub mod tensor;
 pub mod tma;
@@ -78,6 +88,8 @@ pub use nvrtc::Module;
 pub use device::{gpu_count, Device};
 pub use pool::MemoryStats;
 pub use error::{Error, Result};
+pub use explain::{explain, roofline, Explain};
+pub use roofline::Roofline;
 pub use kfuse_ir::DType;
 pub use settings::Config;
 pub use launch::{check_args, emit, emit_for, gpu_plan_tiles, launch, launch_emitted, launch_grouped, launch_interpreter, launch_spec, spec_for, Arg, ArgDesc, Backend, BuildInfo, Launched, Scalar, TensorDesc};
@@ -97,5 +109,6 @@ mod tests {
         send_sync::<crate::Error>();
         send_sync::<crate::Launched>();
         send_sync::<crate::ModuleCache>();
+        send_sync::<crate::Explain>();
     }
 }

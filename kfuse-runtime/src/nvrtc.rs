@@ -38,7 +38,7 @@ const NVRTC_NAMES: &[&str] = &["libnvrtc.so.13", "libnvrtc.so"];
 
 /// pip `--target` roots that may hold `nvidia/cu13/{lib,include}`: `$KFUSE_CUDA_PIP`,
 /// then `.cuda` in the current directory and each of its parents.
-fn pip_roots() -> Vec<PathBuf> {
+pub(crate) fn pip_roots() -> Vec<PathBuf> {
     let mut roots = Vec::new();
     if let Some(p) = std::env::var_os("KFUSE_CUDA_PIP").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
@@ -54,7 +54,7 @@ fn pip_roots() -> Vec<PathBuf> {
 }
 
 /// CUDA toolkit roots from the environment and the default install location.
-fn toolkit_roots() -> Vec<PathBuf> {
+pub(crate) fn toolkit_roots() -> Vec<PathBuf> {
     let mut roots = Vec::new();
     for var in ["CUDA_HOME", "CUDA_PATH"] {
         if let Some(p) = std::env::var_os(var).filter(|p| !p.is_empty()) {
@@ -82,7 +82,7 @@ pub fn nvrtc_search_dirs() -> Vec<PathBuf> {
     dedup(dirs)
 }
 
-fn dedup(v: Vec<PathBuf>) -> Vec<PathBuf> {
+pub(crate) fn dedup(v: Vec<PathBuf>) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
     for p in v {
         if !out.contains(&p) {

@@ -34,6 +34,7 @@ fn compile_cached_uses_the_configured_cache_dir() {
         ir: String::new(),
         tiles: BTreeMap::new(),
         register_attempt: (0, 1),
+        plan: Default::default(),
     };
     let (p1, o1) = compile_cached(&e).unwrap();
     assert_eq!(o1, CacheOutcome::Compiled);

@@ -114,6 +114,7 @@ extern "C" __global__ void __launch_bounds__(128) kf_add(const float* __restrict
         smem_bytes: 0,
         grouped: false,
         register_attempt: (0, 1),
+        plan: Default::default(),
         params: vec![
             KernelParam::Ptr(p(0)),
             KernelParam::Stride { tensor: p(0), dim: 0 },
@@ -322,6 +323,7 @@ fn tma_box_kernel(arch: String, br: u32, bc: u32, swizzle: u32) -> EmittedKernel
         smem_bytes: br * bc * 2 + 1024,
         grouped: false,
         register_attempt: (0, 1),
+        plan: Default::default(),
         params: vec![
             KernelParam::TensorMap { tensor: p(0), box_dims: vec![br, bc], swizzle, order: vec![1, 0] },
             KernelParam::Ptr(p(1)),

@@ -1,7 +1,12 @@
 //! The `kfuse` command (cargo feature `cli`): what the compiler emits for a standard
-//! kernel, the module cache, and what this machine has for kfuse. A thin layer over the
-//! library: `kfuse::runtime::emit`, `kfuse::runtime::ModuleCache`, `kfuse::ops::warm`,
+//! kernel and the plan it takes, how fast it runs beside the vendor library, the module
+//! cache, and what this machine has for kfuse. A thin layer over the library:
+//! `kfuse::runtime::emit`, `kfuse::explain`, `kfuse::runtime::roofline`,
+//! `kfuse::runtime::vendor`, `kfuse::runtime::ModuleCache`, `kfuse::ops::warm`,
 //! `kfuse::runtime::nvrtc`.
+
+#[path = "kfuse/bench.rs"]
+mod bench;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -15,7 +20,7 @@ use kfuse::runtime::{nvrtc, ArgDesc, ModuleCache};
 use kfuse::{DType, Device, Error, Result};
 
 #[derive(Parser)]
-#[command(name = "kfuse", version, about = "kfuse's compiler, module cache and setup, from the command line")]
+#[command(name = "kfuse", version, about = "kfuse's compiler, plans, benchmarks, module cache and setup, from the command line")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -24,7 +29,19 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Print the IR, CUDA or PTX of a standard kernel for argument shapes and a target
-    Emit(Emit),
+    #[command(after_help = format!("{SHAPES_HELP}\n\n\
+                            Examples:\n  kfuse emit gemm --dtype bf16 --shape 4096,4096,4096 --ptx\n  \
+                            kfuse emit gemm --dtype bf16 --shape 4096,4096 --shape 4096,4096 --shape 4096,4096 --ir"))]
+    Emit(Compile),
+    /// Print the plan, ptxas facts and roofline estimate of a standard kernel (no GPU needed)
+    #[command(after_help = format!("{SHAPES_HELP}\n\n\
+                            Needs NVRTC and ptxas, no GPU. The roofline counts each tensor once and 2*M*N*K FLOPs a \
+                            dot (the library's kfuse::runtime::roofline says what else), against the datasheet peaks \
+                            of the H100 SXM (sm_90a) or the A100 SXM (sm_80).\n\n\
+                            Example: kfuse explain gemm --shape 4096,4096,4096 --dtype bf16 --target sm_90a"))]
+    Explain(Compile),
+    /// Time a standard kernel on the GPU beside the vendor library
+    Bench(Bench),
     /// Show, clear or warm the module cache
     #[command(subcommand)]
     Cache(Cache),
@@ -32,19 +49,30 @@ enum Command {
     Doctor,
 }
 
+/// How `--shape` is read, for every command's `--help`.
+const SHAPES_HELP: &str = "Shapes: either one --shape listing the kernel's sizes — the output's dimensions first, \
+                           then the others (gemm: M,N,K; a row op: rows,cols; an elementwise op: the tensor's \
+                           shape), or named (M=4096,N=4096,K=4096) — or one --shape per tensor parameter, outputs \
+                           included, in signature order. Scalars take their type from the signature.";
+
+/// The kernel, dtypes and shapes every command that compiles takes.
 #[derive(Args)]
-#[command(after_help = "One --shape per tensor parameter, outputs included, in signature order; scalars \
-                        take their type from the signature.\n\
-                        Example: kfuse emit gemm --dtype bf16 --shape 4096,4096 --shape 4096,4096 --shape 4096,4096 --ptx")]
-struct Emit {
+struct KernelArgs {
     /// Kernel of kfuse::ops::kernels (add, copy, transpose, softmax, rms_norm_w, gemm, ...)
     kernel: String,
     /// Element type of the dtype generics, in order (one for all when given once)
     #[arg(long, value_name = "DTYPE", required = true, value_parser = parse_dtype)]
     dtype: Vec<DType>,
-    /// Sizes of one tensor parameter, comma-separated (4096,4096)
+    /// The kernel's sizes (4096,4096,4096 or M=4096,N=4096,K=4096), or one tensor's
     #[arg(long, value_name = "DIMS", value_parser = parse_shape)]
-    shape: Vec<Vec<usize>>,
+    shape: Vec<Shape>,
+}
+
+/// What `emit` and `explain` take: a kernel for a target, and the listings to print.
+#[derive(Args)]
+struct Compile {
+    #[command(flatten)]
+    kernel: KernelArgs,
     /// GPU architecture to compile for
     #[arg(long, value_enum, default_value_t = Arch::Sm90a)]
     target: Arch,
@@ -53,17 +81,64 @@ struct Emit {
 }
 
 #[derive(Args)]
-#[group(multiple = false)]
+#[command(after_help = format!("{SHAPES_HELP}\n\n\
+                        Times the kernel on GPU 0 with CUDA events (median), inputs uniform in [-1, 1), and \
+                        prints TFLOP/s, GB/s and the fraction of the roofline; for gemm also cuBLAS and \
+                        cuBLASLt on the same tensors, and the ratio.\n\n\
+                        Example: kfuse bench gemm --shape 4096,4096,4096 --dtype bf16"))]
+struct Bench {
+    #[command(flatten)]
+    kernel: KernelArgs,
+    /// Untimed calls before the timed ones
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    warmup: usize,
+    /// Timed calls
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    iters: u32,
+}
+
+/// The listings to print (each under a title when there are several, or after
+/// `explain`'s report).
+#[derive(Args)]
 struct What {
     /// Print the IR after scheduling
     #[arg(long)]
     ir: bool,
-    /// Print the CUDA C++ (the default)
+    /// Print the CUDA C++ (emit's default)
     #[arg(long)]
     cuda: bool,
     /// Print the PTX (needs NVRTC)
     #[arg(long)]
     ptx: bool,
+}
+
+impl What {
+    /// The listings asked for, each with its title, in the order IR, CUDA, PTX (`ptx`
+    /// is called only when the PTX is asked for).
+    fn listings(&self, ir: &str, cuda: &str, ptx: impl FnOnce() -> Result<String>) -> Result<Vec<(&'static str, String)>> {
+        let mut v = Vec::new();
+        if self.ir {
+            v.push(("IR after scheduling", ir.to_string()));
+        }
+        if self.cuda {
+            v.push(("CUDA", cuda.to_string()));
+        }
+        if self.ptx {
+            v.push(("PTX", ptx()?));
+        }
+        Ok(v)
+    }
+}
+
+/// `listings` after `text`, each under a `--- title ---` line.
+fn with_sections(mut text: String, listings: &[(&str, String)]) -> String {
+    for (title, body) in listings {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text += &format!("--- {title} ---\n{body}");
+    }
+    text
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -106,10 +181,26 @@ fn parse_dtype(s: &str) -> std::result::Result<DType, String> {
     DType::from_name(s).ok_or_else(|| format!("expected one of f32, f16, bf16, f8e4m3, f8e5m2, i64, bool, got `{s}`"))
 }
 
-fn parse_shape(s: &str) -> std::result::Result<Vec<usize>, String> {
-    s.split([',', 'x'])
-        .map(|d| d.trim().parse::<usize>().map_err(|_| format!("expected sizes separated by commas (4096,4096), got `{s}`")))
-        .collect()
+/// One `--shape`: sizes in order (`4096,4096`), or sizes by name (`M=4096,N=1024`).
+#[derive(Clone, Debug)]
+enum Shape {
+    Sizes(Vec<usize>),
+    Named(Vec<(String, usize)>),
+}
+
+fn parse_shape(s: &str) -> std::result::Result<Shape, String> {
+    let size = |d: &str| d.trim().parse::<usize>().map_err(|_| format!("expected sizes separated by commas (4096,4096 or M=4096,N=4096), got `{s}`"));
+    if s.contains('=') {
+        s.split(',')
+            .map(|p| match p.split_once('=') {
+                Some((n, v)) if !n.trim().is_empty() => Ok((n.trim().to_string(), size(v)?)),
+                _ => Err(format!("expected NAME=SIZE pairs separated by commas (M=4096,N=4096), got `{s}`")),
+            })
+            .collect::<std::result::Result<_, _>>()
+            .map(Shape::Named)
+    } else {
+        s.split([',', 'x']).map(size).collect::<std::result::Result<_, _>>().map(Shape::Sizes)
+    }
 }
 
 /// The kernels of `kfuse::ops::kernels`, by their names.
@@ -138,14 +229,80 @@ fn signature(def: &KernelDef) -> String {
     format!("{}({})", def.name, params.join(", "))
 }
 
+/// The sizes of `def` one `--shape` lists, in order: the shape symbols of its first
+/// output, then the others in order of first appearance in the signature (literal
+/// dimensions are no sizes). gemm `(a: [M, K], b: [K, N], c: &mut [M, N])`: M, N, K.
+fn op_sizes(def: &KernelDef) -> Vec<&'static str> {
+    let dims = |output: bool| {
+        def.params.iter().filter_map(move |p| match p {
+            ParamSig::Tensor { dims, output: o, .. } if !output || *o => Some(*dims),
+            _ => None,
+        })
+    };
+    let mut syms: Vec<&'static str> = Vec::new();
+    for d in dims(true).take(1).chain(dims(false)).flatten() {
+        if d.parse::<usize>().is_err() && !syms.contains(d) {
+            syms.push(d);
+        }
+    }
+    syms
+}
+
+/// Each tensor parameter's shape from the `--shape`s (see [`SHAPES_HELP`]).
+fn tensor_shapes(def: &KernelDef, shapes: &[Shape]) -> Result<Vec<Vec<usize>>> {
+    let bad = |why: String| Error::InvalidArgument(format!("{why}; the signature is {}", signature(def)));
+    let dims: Vec<&[&str]> = def.params.iter().filter_map(|p| if let ParamSig::Tensor { dims, .. } = p { Some(*dims) } else { None }).collect();
+    let syms = op_sizes(def);
+    let forms = || {
+        let (sizes, named): (Vec<&str>, Vec<String>) = syms.iter().map(|s| ("4096", format!("{s}=4096"))).unzip();
+        format!(
+            "`{}` takes one --shape of its sizes {} (--shape {} or --shape {}) or one --shape per tensor parameter ({} of them)",
+            def.name,
+            syms.join(","),
+            sizes.join(","),
+            named.join(","),
+            dims.len()
+        )
+    };
+    let sizes: Vec<usize> = match shapes {
+        [Shape::Sizes(v)] if dims.len() != 1 => {
+            if v.len() != syms.len() {
+                return Err(bad(format!("{}; got one --shape of {} size(s)", forms(), v.len())));
+            }
+            v.clone()
+        }
+        [Shape::Named(named)] => {
+            if let Some((n, _)) = named.iter().find(|(n, _)| !syms.contains(&n.as_str())) {
+                return Err(bad(format!("`{}` has no size `{n}`; its sizes are {}", def.name, syms.join(", "))));
+            }
+            syms.iter()
+                .map(|s| match named.iter().filter(|(n, _)| n == s).map(|(_, v)| *v).collect::<Vec<_>>()[..] {
+                    [v] => Ok(v),
+                    [] => Err(bad(format!("`--shape` names no size {s}; `{}` takes {}", def.name, syms.join(", ")))),
+                    _ => Err(bad(format!("`--shape` names {s} more than once"))),
+                })
+                .collect::<Result<_>>()?
+        }
+        _ if shapes.len() == dims.len() => {
+            return shapes
+                .iter()
+                .map(|s| match s {
+                    Shape::Sizes(v) => Ok(v.clone()),
+                    Shape::Named(_) => Err(bad(format!("{}; a named --shape gives all sizes at once", forms()))),
+                })
+                .collect();
+        }
+        _ => return Err(bad(format!("{}; got {} --shape", forms(), shapes.len()))),
+    };
+    let value = |d: &str| d.parse::<usize>().unwrap_or_else(|_| sizes[syms.iter().position(|s| *s == d).expect("every symbol is a size")]);
+    Ok(dims.iter().map(|ds| ds.iter().map(|d| value(d)).collect()).collect())
+}
+
 /// The `ArgDesc`s of `def` for `--dtype`s and `--shape`s: tensors in signature order,
 /// scalars of the signature's type.
-fn arg_descs(def: &KernelDef, dtypes: &[DType], shapes: &[Vec<usize>]) -> Result<Vec<ArgDesc>> {
+fn arg_descs(def: &KernelDef, dtypes: &[DType], shapes: &[Shape]) -> Result<Vec<ArgDesc>> {
     let bad = |why: String| Error::InvalidArgument(format!("{why}; the signature is {}", signature(def)));
-    let tensors = def.params.iter().filter(|p| matches!(p, ParamSig::Tensor { .. })).count();
-    if shapes.len() != tensors {
-        return Err(bad(format!("`{}` takes {tensors} --shape (one per tensor parameter), {} given", def.name, shapes.len())));
-    }
+    let shapes = tensor_shapes(def, shapes)?;
     let generics = def.generics.len().max(1);
     if dtypes.len() != 1 && dtypes.len() != generics {
         return Err(bad(format!("`{}` takes 1 or {generics} --dtype ({}), {} given", def.name, def.generics.join(", "), dtypes.len())));
@@ -160,30 +317,29 @@ fn arg_descs(def: &KernelDef, dtypes: &[DType], shapes: &[Vec<usize>]) -> Result
                     DTypeSig::Generic(i) => dtypes[(*i).min(dtypes.len() - 1)],
                     DTypeSig::Concrete(d) => *d,
                 };
-                ArgDesc::tensor(dt, shapes.next().expect("counted above"))
+                ArgDesc::tensor(dt, shapes.next().expect("one a tensor parameter"))
             }
             ParamSig::Scalar { dtype, .. } => ArgDesc::Scalar(*dtype),
         })
         .collect())
 }
 
-fn emit(e: &Emit) -> Result<()> {
-    let def = KERNELS.iter().find(|d| d.name == e.kernel).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "no kernel `{}` in kfuse::ops::kernels; known: {}",
-            e.kernel,
-            KERNELS.iter().map(|d| d.name).collect::<Vec<_>>().join(", ")
-        ))
-    })?;
-    let args = arg_descs(def, &e.dtype, &e.shape)?;
-    let emitted = kfuse::runtime::emit(def, &args, &e.target.target())?;
-    let text = if e.what.ir {
-        emitted.ir
-    } else if e.what.ptx {
-        nvrtc::compile_ptx(&emitted.source, &emitted.arch, &emitted.options)?
-    } else {
-        emitted.source
-    };
+impl KernelArgs {
+    /// The kernel of `kfuse::ops::kernels` named, and its arguments described.
+    fn resolve(&self) -> Result<(&'static KernelDef, Vec<ArgDesc>)> {
+        let def = KERNELS.iter().find(|d| d.name == self.kernel).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "no kernel `{}` in kfuse::ops::kernels; known: {}",
+                self.kernel,
+                KERNELS.iter().map(|d| d.name).collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        Ok((def, arg_descs(def, &self.dtype, &self.shape)?))
+    }
+}
+
+/// Writes `text` to stdout, a newline after it if it has none.
+fn print_text(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let written = out.write_all(text.as_bytes()).and_then(|()| if text.ends_with('\n') { Ok(()) } else { out.write_all(b"\n") });
     match written {
@@ -191,6 +347,25 @@ fn emit(e: &Emit) -> Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(()),
     }
+}
+
+fn emit(e: &Compile) -> Result<()> {
+    let (def, args) = e.kernel.resolve()?;
+    let emitted = kfuse::runtime::emit(def, &args, &e.target.target())?;
+    let what = if e.what.ir || e.what.ptx { &e.what } else { &What { ir: false, cuda: true, ptx: false } };
+    let mut listings = what.listings(&emitted.ir, &emitted.source, || nvrtc::compile_ptx(&emitted.source, &emitted.arch, &emitted.options))?;
+    // one listing as it is (for a pipe), several under their titles
+    match listings.len() {
+        1 => print_text(&listings.remove(0).1),
+        _ => print_text(&with_sections(String::new(), &listings)),
+    }
+}
+
+fn explain(e: &Compile) -> Result<()> {
+    let (def, args) = e.kernel.resolve()?;
+    let x = kfuse::explain(def, &args, &e.target.target())?;
+    let listings = e.what.listings(&x.ir, &x.cuda, || Ok(x.ptx.clone()))?;
+    print_text(&with_sections(x.to_string(), &listings))
 }
 
 fn cache_dir() -> Result<PathBuf> {
@@ -301,9 +476,9 @@ fn doctor() {
             Err(e) => Err((e.to_string(), nvrtc_fix())),
         },
     );
-    report("ptxas", find_ptxas().ok_or_else(|| {
+    report("ptxas", kfuse::runtime::ptxas::find_ptxas().map(|p| p.display().to_string()).ok_or_else(|| {
         (
-            "ptxas not found (KFUSE_PTXAS unset, none on PATH); only `ptxas -v` facts and the compile-check tests need it".to_string(),
+            "ptxas not found (KFUSE_PTXAS, ./.cuda, CUDA_HOME, PATH); `kfuse explain` and the compile-check tests need it".to_string(),
             "in a kfuse checkout: source scripts/cuda-env.sh (sets KFUSE_PTXAS)\n\
              elsewhere, install it with\n  \
              python3 -m pip install --target .cuda \"nvidia-cuda-nvcc==13.0.*\"\n  \
@@ -326,18 +501,12 @@ fn doctor() {
     );
 }
 
-/// `KFUSE_PTXAS` if it names a file, else `ptxas` on `PATH`.
-fn find_ptxas() -> Option<String> {
-    if let Some(p) = std::env::var_os("KFUSE_PTXAS").map(PathBuf::from).filter(|p| p.is_file()) {
-        return Some(format!("{} (KFUSE_PTXAS)", p.display()));
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join("ptxas")).find(|p| p.is_file()).map(|p| p.display().to_string())
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match &cli.command {
         Command::Emit(e) => emit(e),
+        Command::Explain(e) => explain(e),
+        Command::Bench(b) => bench::run(b),
         Command::Cache(c) => cache(c),
         Command::Doctor => {
             doctor();

@@ -324,49 +324,24 @@ pub fn snapshot_spec(def: &KernelDef) -> Spec {
     Spec { tensors, shape_pow2: vec![big; shape_syms.len()], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0 }
 }
 
-/// The ptxas to assemble with (panics with how to get one when there is none).
+/// The ptxas to assemble with (`kfuse::runtime::ptxas::find_ptxas`; panics with how to
+/// get one when there is none).
 pub fn ptxas() -> std::path::PathBuf {
-    use std::path::PathBuf;
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Ok(p) = std::env::var("KFUSE_PTXAS") {
-        candidates.push(p.into());
-    }
-    candidates.push(root.join(".cuda/nvidia/cu13/bin/ptxas"));
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Ok(p) = std::env::var(var) {
-            candidates.push(PathBuf::from(p).join("bin/ptxas"));
-        }
-    }
-    candidates.push("/usr/local/cuda/bin/ptxas".into());
-    candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
+    use kfuse::runtime::ptxas;
+    ptxas::find_ptxas().unwrap_or_else(|| {
         panic!(
-            "ptxas not found (looked at {candidates:?}); run scripts/test.sh, which installs it with \
-             `python3 -m pip install --target .cuda \"nvidia-cuda-nvcc==13.0.*\"`"
+            "ptxas not found (looked at {:?}); run scripts/test.sh, which installs it, or {}",
+            ptxas::ptxas_candidates(),
+            ptxas::PTXAS_INSTALL_HINT
         )
     })
 }
 
-/// (registers, spill bytes) from `ptxas -v` output.
+/// (registers, spill bytes) from `ptxas -v` output (`PtxasInfo::parse`; 0 and 0 when it
+/// names no registers).
 pub fn ptxas_resources(log: &str) -> (u32, u32) {
-    let mut regs = 0;
-    let mut spill = 0;
-    for l in log.lines() {
-        if let Some(i) = l.find("Used ") {
-            regs = l[i + 5..].split_whitespace().next().and_then(|s| s.parse().ok()).unwrap_or(0);
-        }
-        if l.contains("spill stores") {
-            for part in l.split(',') {
-                let part = part.trim();
-                if part.ends_with("spill stores") || part.ends_with("spill loads") {
-                    spill += part.split_whitespace().next().and_then(|s| s.parse::<u32>().ok()).unwrap_or(0);
-                }
-            }
-        }
-    }
-    (regs, spill)
+    kfuse::runtime::ptxas::PtxasInfo::parse(log).map_or((0, 0), |i| (i.registers, i.spill_bytes()))
 }
-
 
 /// An error of [`compile_assembled`]: the compiler's, NVRTC's or the assembler's, as text.
 #[derive(Debug)]
@@ -395,32 +370,18 @@ pub fn compile_assembled(
     Ok((e, regs, spill))
 }
 
-/// Compiles CUDA source with NVRTC and assembles it with `ptxas -v`; returns
-/// (registers, spill bytes) or the failure.
+/// Compiles CUDA source with NVRTC and assembles it with `ptxas -v`
+/// (`kfuse::runtime::ptxas::assemble_with`); returns (registers, spill bytes) or the
+/// failure (`name` labels it).
 pub fn assemble(source: &str, arch: &str, options: &[String], name: &str) -> std::result::Result<(u32, u32), String> {
-    let ptx = kfuse::runtime::nvrtc::compile_ptx(source, arch, options).map_err(|e| format!("NVRTC: {e}"))?;
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("assemble");
-    std::fs::create_dir_all(&dir).unwrap();
-    let f = dir.join(format!("{name}_{arch}.ptx"));
-    std::fs::write(&f, ptx).unwrap();
-    let out = std::process::Command::new(ptxas())
-        .arg(format!("-arch={arch}"))
-        .arg("-v")
-        .arg(&f)
-        .arg("-o")
-        .arg(f.with_extension("cubin"))
-        .output()
-        .map_err(|e| format!("running ptxas: {e}"))?;
-    let log = String::from_utf8_lossy(&out.stderr).to_string();
-    if !out.status.success() {
-        return Err(format!("ptxas failed:\n{log}"));
-    }
+    let ptx = kfuse::runtime::nvrtc::compile_ptx(source, arch, options).map_err(|e| format!("{name}: NVRTC: {e}"))?;
+    let a = kfuse::runtime::ptxas::assemble_with(&ptxas(), &ptx, arch).map_err(|e| format!("{name}: {e}"))?;
     // a serialized WGMMA pipeline (ptxas C7514 and its kin) is a silent slowdown of up
     // to several times (f16 GEMM at M127: 4.5x with 4 stages): refused like a spill
-    if log.contains("wgmma.mma_async instructions are serialized") {
-        return Err(format!("ptxas serialized the wgmma pipeline:\n{log}"));
+    if a.log.contains("wgmma.mma_async instructions are serialized") {
+        return Err(format!("{name}: ptxas serialized the wgmma pipeline:\n{}", a.log));
     }
-    Ok(ptxas_resources(&log))
+    Ok((a.info.registers, a.info.spill_bytes()))
 }
 
 /// Compiles each kernel of `defs` (every dtype of `DTYPES`, with `snapshot_spec`) for

@@ -301,6 +301,7 @@ pub(crate) fn matrix_loop(k: &Kernel, dots: &[OpId]) -> Result<(LoopInfo, Vec<Ac
 
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     k.schedule.dots_one_by_one = None;
+    k.schedule.mma_why = None;
     let dots = dots(k);
     let Some(&dot) = dots.first() else { return Ok(()) };
     // a loop of another shape: its dots are lowered where they stand (the writer's `dot`)
@@ -357,6 +358,11 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let wgmma = target.sm == 90;
     // (several dots here were lowered one by one: `several_dots_elsewhere`)
     if dtype == DType::F32 && (!tf32 || !wgmma) {
+        k.schedule.mma_why = Some(if tf32 {
+            format!("`dot_tf32` of f32 on sm_{}: kfuse has no TF32 mma.sync path, and exact f32 products are within what TF32 allows", target.sm)
+        } else {
+            "f32 operands of `dot`: exact f32 products, which no matrix instruction gives (they read f32 as TF32)".to_string()
+        });
         return fma::plan(k, spec, &fma_loop);
     }
     // WGMMA on sm_90, mma.sync on every other sm_80+ target (`schedule` refuses older
@@ -376,7 +382,9 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             // 16-bit operands the copy engines cannot read: FMAs instead; so do f32
             // operands of `dot_tf32` (exact products are within what it allows)
             if matches!(dtype, DType::F16 | DType::BF16) || tf32 {
-                one_dot(&format!("the {copy} path cannot read an operand: {why}"))?;
+                let why = format!("the {copy} path cannot read an operand: {why}");
+                one_dot(&why)?;
+                k.schedule.mma_why = Some(why);
                 return fma::plan(k, spec, &fma_loop);
             }
             return Err(unsupported(format!("the {copy} path cannot read this `dot` operand: {why}")));
@@ -417,7 +425,8 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let (bm, bk, bn) = (extent_value(k, at[0]), extent_value(k, at[1]), extent_value(k, bt[1]));
     let esz = dtype.size_bytes() as u32;
     if mma_sync_only {
-        if [a_load, b_load].iter().any(|&l| cp_async_obstacle(k, spec, l, esz).is_some()) {
+        if let Some(why) = [a_load, b_load].iter().find_map(|&l| cp_async_obstacle(k, spec, l, esz)) {
+            k.schedule.mma_why = Some(format!("the cp.async path cannot read an operand: {why}"));
             return fma::plan(k, spec, &fma_loop);
         }
         let heavy = heavy_epilogue(k, info.yield_pos);
@@ -446,6 +455,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             pingpong: false,
             store_buffers: 0,
         });
+        k.schedule.mma_why = Some(format!("sm_{} has no WGMMA; {dtype} operands that cp.async copies in 16-byte chunks", target.sm));
         return Ok(());
     }
     if bk * esz != 128 {
@@ -566,6 +576,8 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         pingpong,
         store_buffers: 0,
     });
+    let read = if tf32 { "f32 operands of `dot_tf32` (read as TF32)".to_string() } else { format!("{dtype} operands") };
+    k.schedule.mma_why = Some(format!("sm_90a: {read} that TMA can read (unit inner stride, other strides multiples of 16 bytes, 16-byte aligned)"));
     Ok(())
 }
 

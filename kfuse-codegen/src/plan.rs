@@ -1,0 +1,236 @@
+//! The plan of a compiled kernel: what the scheduling passes decided for one
+//! specialization and target, as a reader asks about it — the matrix path and why,
+//! tiles, pipeline stages, warps and warpgroups, cluster, persistence, shared memory —
+//! plus, once an assembler has built the kernel, its registers and local memory.
+//!
+//! Owns: [`Plan`] and [`MatrixPlan`], built by [`crate::compile`] from the scheduled
+//! kernel ([`Plan::of_scheduled`]) and carried by every [`EmittedKernel`]
+//! (`EmittedKernel::plan`). The facts are the schedule's (`kfuse_ir::Schedule`, which the
+//! IR printer also shows: the instruction names come from the same
+//! [`MmaPlan::instructions`]); the writer adds the block size and the shared memory it
+//! declared. Registers and local memory are not codegen's to know: the runtime fills them
+//! in from the driver when it loads a kernel, and `kfuse::explain` from `ptxas -v`.
+//!
+//! [`EmittedKernel`]: crate::EmittedKernel
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use kfuse_ir::{Kernel, MmaPath, MmaPlan};
+
+use crate::cuda::emit::Emitted;
+
+/// What the passes decided for one compiled kernel (see the module docs). `Display`
+/// writes it as a few indented lines, one topic each.
+///
+/// ```
+/// use kfuse_codegen::Plan;
+///
+/// // a hand-written kernel's emitted plan says little; `compile` fills it in
+/// let plan = Plan { kernel: "add".into(), arch: "sm_90a".into(), block_threads: 256, ..Plan::default() };
+/// let text = plan.to_string();
+/// assert!(text.starts_with("plan of add for sm_90a"));
+/// assert!(text.contains("block: 256 threads (8 warps)"));
+/// assert!(text.contains("registers: not assembled"));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// The kernel's name (`gemm`).
+    pub kernel: String,
+    /// The architecture it was compiled for (`sm_90a`).
+    pub arch: String,
+    /// The pipelined matrix loop, when the kernel has one.
+    pub matrix: Option<MatrixPlan>,
+    /// Why the kernel's `dot`s are no pipelined matrix loop, when it has dots that are
+    /// not: each is then lowered where it stands.
+    pub dots_one_by_one: Option<String>,
+    /// Threads a block (on the WGMMA path the consumer warpgroups and the producer).
+    pub block_threads: u32,
+    /// Blocks a multiprocessor the register allocator leaves room for
+    /// (`__launch_bounds__`); 0: the assembler's choice.
+    pub min_blocks: u32,
+    /// The chosen size of each tile symbol, by name.
+    pub tiles: BTreeMap<String, u32>,
+    /// Blocks a thread-block cluster (1: no clusters).
+    pub cluster: u32,
+    /// A persistent kernel: at most this many programs (clusters) a launch, each block
+    /// walking the programs (times the blocks a multiprocessor holds, without clusters).
+    pub persistent: Option<u32>,
+    /// Shared memory the source declares, in bytes, and the dynamic shared memory a
+    /// launch asks for (the matrix path's pipeline buffers).
+    pub static_smem_bytes: u32,
+    pub dynamic_smem_bytes: u32,
+    /// Which register-room attempt this is (0-based) and how many the kernel has (a later
+    /// one is compiled when the assembler spills this one).
+    pub register_attempt: (u32, u32),
+    /// Registers a thread, once an assembler built the kernel (the driver's at load,
+    /// `ptxas -v` in `kfuse::explain`); `None` from codegen.
+    pub registers: Option<u32>,
+    /// Local memory a thread in bytes (spills: kfuse's kernels have no other), with
+    /// [`Plan::registers`].
+    pub local_bytes: Option<u32>,
+}
+
+/// The pipelined `dot` loop of a [`Plan`] (`kfuse_ir::MmaPlan`, in a reader's terms).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatrixPlan {
+    /// WGMMA with TMA (sm_90a), mma.sync with cp.async (sm_80, sm_89), or f32 FMAs.
+    pub path: MmaPath,
+    /// Why this path: the target, the operands, and for a fallback what the faster
+    /// path cannot read.
+    pub why: String,
+    /// Dots the loop accumulates at once (several only on WGMMA: SwiGLU's pair).
+    pub dots: u32,
+    /// Block tile `[BM, BN, BK]`.
+    pub tile: [u32; 3],
+    /// The instructions of a K step (`m64n256k16`, `m16n8k16`, `f32 fma`).
+    pub instructions: String,
+    /// Shared-memory pipeline stages.
+    pub stages: u32,
+    /// Warps sharing the accumulator tile, along M and along N.
+    pub warps: [u32; 2],
+    /// Consumer warpgroups (WGMMA; 0 on the other paths). The block has one more, the
+    /// producer, which issues the TMA copies.
+    pub consumer_warpgroups: u32,
+    /// Ping-pong consumers: each warpgroup takes whole tiles, alternating.
+    pub pingpong: bool,
+    /// Blocks of a cluster sharing each tile's loop (1: no split-K).
+    pub split_k: u32,
+    /// Blocks of a cluster sharing one operand tile by TMA multicast (1: none).
+    pub multicast: u32,
+    /// The output tile leaves through shared memory and a TMA store.
+    pub tma_store: bool,
+    /// Tile rows a persistent walk's group spans (L2 reuse).
+    pub group_m: u32,
+}
+
+impl MatrixPlan {
+    fn of(m: &MmaPlan, why: Option<&str>) -> MatrixPlan {
+        MatrixPlan {
+            path: m.path,
+            why: why.unwrap_or_default().to_string(),
+            dots: 1 + m.more.len() as u32,
+            tile: m.tile,
+            instructions: m.instructions(),
+            stages: m.stages,
+            warps: m.warps,
+            consumer_warpgroups: m.consumers,
+            pingpong: m.pingpong,
+            split_k: m.split_k,
+            multicast: m.multicast,
+            tma_store: m.store.is_some(),
+            group_m: m.group_m,
+        }
+    }
+
+    /// The path's name: `WGMMA + TMA`, `mma.sync + cp.async` or `FMA (CUDA cores)`.
+    pub fn path_name(&self) -> &'static str {
+        match self.path {
+            MmaPath::WgmmaTma => "WGMMA + TMA",
+            MmaPath::MmaSyncCpAsync => "mma.sync + cp.async",
+            MmaPath::FmaSimt => "FMA (CUDA cores)",
+        }
+    }
+
+    /// Whether the path runs on the tensor cores.
+    pub fn tensor_cores(&self) -> bool {
+        self.path != MmaPath::FmaSimt
+    }
+}
+
+impl Plan {
+    /// The plan of a scheduled kernel `k` (after `crate::schedule`) compiled for `arch`,
+    /// with what the writer made of it (`written`: threads a block, shared memory
+    /// declared in the source and asked for at launch, persistence) and its cluster.
+    pub fn of_scheduled(k: &Kernel, arch: &str, written: &Emitted, cluster: u32) -> Plan {
+        let s = &k.schedule;
+        Plan {
+            kernel: k.name.clone(),
+            arch: arch.to_string(),
+            matrix: s.mma.as_ref().map(|m| MatrixPlan::of(m, s.mma_why.as_deref())),
+            dots_one_by_one: s.dots_one_by_one.clone(),
+            block_threads: written.block_threads,
+            min_blocks: s.min_blocks,
+            tiles: s.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect(),
+            cluster: cluster.max(1),
+            persistent: written.persistent,
+            static_smem_bytes: written.static_smem,
+            dynamic_smem_bytes: written.dynamic_smem,
+            register_attempt: s.register_attempt,
+            registers: None,
+            local_bytes: None,
+        }
+    }
+
+    /// The same plan with what an assembler reported: registers and local memory a
+    /// thread.
+    pub fn assembled(&self, registers: u32, local_bytes: u32) -> Plan {
+        Plan { registers: Some(registers), local_bytes: Some(local_bytes), ..self.clone() }
+    }
+
+    /// Shared memory a block in bytes, static and dynamic together.
+    pub fn smem_bytes(&self) -> u32 {
+        self.static_smem_bytes + self.dynamic_smem_bytes
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "plan of {} for {}", self.kernel, self.arch)?;
+        match (&self.matrix, &self.dots_one_by_one) {
+            (Some(m), _) => {
+                writeln!(f, "  matrix path: {}", m.path_name())?;
+                writeln!(f, "    why: {}", m.why)?;
+                let dots = if m.dots > 1 { format!(", {} dots sharing the loop", m.dots) } else { String::new() };
+                writeln!(f, "  matrix tile: {}x{}x{} (BM x BN x BK), {}, {} stages{dots}", m.tile[0], m.tile[1], m.tile[2], m.instructions, m.stages)?;
+                let mut warps = format!("  warps: {}x{} share the accumulator", m.warps[0], m.warps[1]);
+                if m.consumer_warpgroups > 0 {
+                    let pp = if m.pingpong { ", ping-pong: a tile each" } else { "" };
+                    let s = if m.consumer_warpgroups > 1 { "s" } else { "" };
+                    warps += &format!("; {} consumer warpgroup{s} + 1 producer warpgroup{pp}", m.consumer_warpgroups);
+                }
+                writeln!(f, "{warps}")?;
+                if m.split_k > 1 {
+                    writeln!(f, "  split-K: {} blocks of a cluster share each tile's loop", m.split_k)?;
+                }
+                if m.multicast > 1 {
+                    writeln!(f, "  multicast: {} blocks of a cluster share an operand tile", m.multicast)?;
+                }
+                if m.tma_store {
+                    writeln!(f, "  epilogue: the output tile through shared memory and a TMA store")?;
+                }
+            }
+            (None, Some(why)) => writeln!(f, "  matrix path: none, dots one by one ({why})")?,
+            (None, None) => writeln!(f, "  matrix path: none (no `dot`)")?,
+        }
+        let bounds = if self.min_blocks > 0 { format!(", __launch_bounds__ minimum {} block(s) a multiprocessor", self.min_blocks) } else { String::new() };
+        writeln!(f, "  block: {} threads ({} warps){bounds}", self.block_threads, self.block_threads / 32)?;
+        let cluster = if self.cluster > 1 { format!("clusters of {} blocks", self.cluster) } else { "no clusters".to_string() };
+        if let Some(p) = self.persistent {
+            let walkers = if self.cluster > 1 { format!("at most {p} clusters") } else { format!("{p} x (blocks a multiprocessor holds) blocks") };
+            let groups = self.matrix.as_ref().map_or(String::new(), |m| format!(" in groups of {} tile rows", m.group_m));
+            writeln!(f, "  grid: persistent, {walkers} walking the programs{groups}; {cluster}")?;
+        } else {
+            writeln!(f, "  grid: one block a program; {cluster}")?;
+        }
+        let tiles: Vec<String> = self.tiles.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        writeln!(f, "  tiles: {}", if tiles.is_empty() { "none".to_string() } else { tiles.join(" ") })?;
+        writeln!(
+            f,
+            "  shared memory: {} bytes a block ({} static + {} dynamic)",
+            self.smem_bytes(),
+            self.static_smem_bytes,
+            self.dynamic_smem_bytes
+        )?;
+        match (self.registers, self.local_bytes) {
+            (Some(r), Some(0)) => writeln!(f, "  registers: {r} a thread, no spills")?,
+            (Some(r), Some(l)) => writeln!(f, "  registers: {r} a thread, {l} bytes of local memory a thread (spills)")?,
+            _ => writeln!(f, "  registers: not assembled")?,
+        }
+        let (a, n) = self.register_attempt;
+        if n > 1 {
+            writeln!(f, "  register room: attempt {} of {n} (the next is taken when the assembler spills this one)", a + 1)?;
+        }
+        Ok(())
+    }
+}
