@@ -1,10 +1,10 @@
 //! `#[kfuse]`: turns a kernel written as a Rust function into a `KernelDef` (its
 //! signature and a function that builds its IR) and a wrapper that launches it.
 //!
-//! Pipeline, one module each: [`parse`] (`syn` → [`ast`], the syntax the language
-//! has) → [`lower`] (names resolved; the kernel as a [`lower::Plan`] of IR-builder
-//! calls) → [`validate`] (the plan runs on the real `kfuse_ir::Builder` for every dtype
-//! assignment of the generics, so the typing rules are the builder's) → [`expand`] (the
+//! Pipeline, one private module each: `parse` (`syn` → `ast`, the syntax the language
+//! has) → `lower` (names resolved; the kernel as a `lower::Plan` of IR-builder
+//! calls) → `validate` (the plan runs on the real `kfuse_ir::Builder` for every dtype
+//! assignment of the generics, so the typing rules are the builder's) → `expand` (the
 //! same plan printed as the generated `build`). On errors the `compile_error!`s are
 //! emitted together with the items (with a `build` that returns an error), so that code
 //! using the kernel still resolves.

@@ -558,7 +558,7 @@ pub fn gemm_batched_scaled<T: Float, O: Float>(
     out.block([z, i * BM, j * BN], [_, BM, BN]).store((acc * alpha).cast::<O>());
 }
 
-/// `out[z] = alpha * (a[z] · b[z]) + beta * c[z]`, batched as [`gemm_batched_scaled`].
+/// `out[z] = alpha * (a[z] · b[z]) + beta * c[z]`, batched as [`gemm_batched_scaled()`].
 #[kfuse(crate = "crate::deps")]
 pub fn gemm_batched_axpby<T: Float, O: Float>(
     a: Tensor<T, (NB, M, K)>,
@@ -613,7 +613,7 @@ pub fn gemm_tf32_axpby<O: Float>(
     out.block([i * BM, j * BN], [BM, BN]).store(y.cast::<O>());
 }
 
-/// `out[z] = alpha * (a[z] · b[z])`, batched as [`gemm_batched_scaled`], f32 operands
+/// `out[z] = alpha * (a[z] · b[z])`, batched as [`gemm_batched_scaled()`], f32 operands
 /// read as TF32.
 #[kfuse(crate = "crate::deps")]
 pub fn gemm_batched_tf32_scaled<O: Float>(
@@ -630,7 +630,7 @@ pub fn gemm_batched_tf32_scaled<O: Float>(
     out.block([z, i * BM, j * BN], [_, BM, BN]).store((acc * alpha).cast::<O>());
 }
 
-/// `out[z] = alpha * (a[z] · b[z]) + beta * c[z]`, batched as [`gemm_batched_axpby`],
+/// `out[z] = alpha * (a[z] · b[z]) + beta * c[z]`, batched as [`gemm_batched_axpby()`],
 /// f32 operands read as TF32.
 #[kfuse(crate = "crate::deps")]
 pub fn gemm_batched_tf32_axpby<O: Float>(
