@@ -105,6 +105,18 @@ enum Kind {
 
 /// Where tensors live and kernels run: the CPU (kernels run in the IR interpreter) or a
 /// CUDA GPU. See the module docs.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_runtime::Device;
+///
+/// let cpu = Device::cpu();
+/// assert!(cpu.is_cpu() && cpu.target().is_none());
+/// assert_eq!(cpu.describe(), "cpu");
+/// let dev = Device::best(); // GPU 0 when there is one
+/// println!("running on {}", dev.describe());
+/// ```
 #[derive(Clone)]
 pub struct Device {
     kind: Kind,
@@ -148,6 +160,15 @@ pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// Number of CUDA GPUs visible to this process (0 without a driver).
+///
+/// # Examples
+///
+/// ```
+/// let gpus: Vec<_> = (0..kfuse_runtime::gpu_count()).filter_map(|i| kfuse_runtime::Device::gpu(i).ok()).collect();
+/// for g in &gpus {
+///     println!("{}", g.describe());
+/// }
+/// ```
 pub fn gpu_count() -> usize {
     match driver_status() {
         Ok(n) => *n,
@@ -185,6 +206,17 @@ impl Device {
 
     /// The GPU with this ordinal. Fails with [`Error::NoGpu`] when there is no driver, no
     /// device, or fewer devices than `ordinal + 1`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use kfuse_runtime::Device;
+    ///
+    /// let gpu = Device::gpu(0)?;
+    /// let target = gpu.target().expect("a GPU has a target");
+    /// println!("{}: compiling for {}", gpu.describe(), target.arch());
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn gpu(ordinal: usize) -> Result<Device> {
         // while the driver starts: NVRTC's libraries into the OS's page cache, for the
         // first compile (a hint in the background; see `nvrtc::prefetch_libraries`)
@@ -314,6 +346,22 @@ impl Device {
     /// before and after each call (wall-clock on the CPU), and returns the `iters`
     /// per-call times in milliseconds. `f` should only issue work to this device (e.g.
     /// [`crate::launch()`]); it must not synchronize if the times are to mean GPU time.
+    ///
+    /// # Examples
+    ///
+    /// The median of 20 calls after 3 warm-ups (a fill here; a kernel launch, a
+    /// `#[kfuse]` function's call or a `kfuse::ops` call in practice):
+    ///
+    /// ```
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let dev = Device::best();
+    /// let mut t = Tensor::empty(&[1 << 20], DType::F32, &dev)?;
+    /// let mut ms = dev.time_ms(3, 20, || t.fill(0.5))?;
+    /// ms.sort_by(f32::total_cmp);
+    /// println!("median {:.4} ms on {}", ms[ms.len() / 2], dev.describe());
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn time_ms(&self, warmup: usize, iters: usize, f: impl FnMut() -> Result<()>) -> Result<Vec<f32>> {
         self.time_ms_with(warmup, iters, || Ok(()), f)
     }
