@@ -9,24 +9,28 @@
 
 use kfuse_macros::kfuse;
 
+/// `out = a + b`.
 #[kfuse(crate = "crate::deps")]
 pub fn add<T: Float>(a: Tensor<T, (N,)>, b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>) {
     let i = program_id(0);
     out.block([i * BN], [BN]).store(a.block([i * BN], [BN]).load() + b.block([i * BN], [BN]).load());
 }
 
+/// `out = a - b`.
 #[kfuse(crate = "crate::deps")]
 pub fn sub<T: Float>(a: Tensor<T, (N,)>, b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>) {
     let i = program_id(0);
     out.block([i * BN], [BN]).store(a.block([i * BN], [BN]).load() - b.block([i * BN], [BN]).load());
 }
 
+/// `out = a * b`.
 #[kfuse(crate = "crate::deps")]
 pub fn mul<T: Float>(a: Tensor<T, (N,)>, b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>) {
     let i = program_id(0);
     out.block([i * BN], [BN]).store(a.block([i * BN], [BN]).load() * b.block([i * BN], [BN]).load());
 }
 
+/// `out = a / b`.
 #[kfuse(crate = "crate::deps")]
 pub fn div<T: Float>(a: Tensor<T, (N,)>, b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>) {
     let i = program_id(0);
