@@ -59,6 +59,12 @@ pub mod ops {
     pub use kfuse_ops::*;
 }
 
+/// The README's quickstart (`## Quickstart`), run as a doc test; `tests/configuration.rs`
+/// checks that the README shows this file.
+#[cfg(doctest)]
+#[doc = concat!("```\n", include_str!("../tests/readme/quickstart.rs"), "```")]
+struct ReadmeQuickstart;
+
 /// What a kernel file needs: the attribute, the tensor type and the `Float` bound.
 pub mod prelude {
     pub use crate::{kfuse, DType, Device, Tensor};
