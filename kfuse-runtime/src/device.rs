@@ -311,6 +311,15 @@ impl Device {
 
     /// Waits until all work issued to the device is done and reports asynchronous
     /// errors. A no-op on the CPU.
+    ///
+    /// ```no_run
+    /// # use kfuse_runtime::{DType, Device, Tensor};
+    /// let gpu = Device::gpu(0)?;
+    /// let mut t = Tensor::empty(&[1 << 20], DType::F32, &gpu)?;
+    /// t.fill(1.0)?; // queued
+    /// gpu.synchronize()?; // done, and no earlier launch failed
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         match &self.kind {
             Kind::Cpu => Ok(()),
@@ -336,6 +345,16 @@ impl Device {
     /// the work issued so far, which it waits for), so that other libraries and processes
     /// can have that memory; `reserved_bytes` drops to `allocated_bytes`. Storage of live
     /// tensors stays. A no-op on the CPU.
+    ///
+    /// ```no_run
+    /// # use kfuse_runtime::{DType, Device, Tensor};
+    /// let gpu = Device::gpu(0)?;
+    /// drop(Tensor::empty(&[1 << 28], DType::F32, &gpu)?); // 1 GiB back to the pool
+    /// assert!(gpu.memory_stats().reserved_bytes >= 1 << 30);
+    /// gpu.empty_cache()?; // and from the pool to the driver
+    /// assert_eq!(gpu.memory_stats().reserved_bytes, gpu.memory_stats().allocated_bytes);
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn empty_cache(&self) -> Result<()> {
         let Some(g) = self.gpu_ref() else { return Ok(()) };
         g.memory.release_cached(&g.stream).map_err(driver(format_args!("freeing the cached memory of {}", self.description())))?;
@@ -371,6 +390,22 @@ impl Device {
     /// must not count, such as evicting the L2 cache. Work `before` leaves on the GPU
     /// also keeps the stream busy while the host issues `f`, so the interval holds the
     /// GPU time of `f` rather than the host's launch latency.
+    ///
+    /// # Examples
+    ///
+    /// Each timed call starts from a freshly written input:
+    ///
+    /// ```
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let dev = Device::best();
+    /// let mut src = Tensor::zeros(&[1 << 16], DType::F32, &dev)?;
+    /// let mut dst = Tensor::empty(&[1 << 16], DType::F32, &dev)?;
+    /// let mut calls = 0;
+    /// let ms = dev.time_ms_with(1, 5, || src.fill(1.0), || { calls += 1; dst.fill(2.0) })?;
+    /// assert_eq!((ms.len(), calls), (5, 6)); // 1 warm-up, 5 timed
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn time_ms_with(&self, warmup: usize, iters: usize, mut before: impl FnMut() -> Result<()>, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f32>> {
         for _ in 0..warmup {
             before()?;

@@ -601,8 +601,8 @@ fn check(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[Arg<'_>]
 ///
 /// /// The dtype `T` binds to in a `#[kfuse] fn k<T: Float>(x: Tensor<T, (N,)>,
 /// /// y: &mut Tensor<T, (N,)>)` called on `x` and `y` (`def`: `k::DEF`).
-/// fn bound_dtype(def: &kfuse_ir::KernelDef, x: &Tensor, y: &Tensor) -> Result<DType> {
-///     Ok(check_args(def, &[Arg::In(x), Arg::In(y)])?[0])
+/// fn bound_dtype(def: &kfuse_ir::KernelDef, x: &Tensor, y: &mut Tensor) -> Result<DType> {
+///     Ok(check_args(def, &[Arg::In(x), Arg::Out(y)])?[0])
 /// }
 /// ```
 pub fn check_args(def: &KernelDef, args: &[Arg<'_>]) -> Result<Vec<DType>> {
@@ -727,8 +727,7 @@ fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], target: &T
 /// checks, an unparsable `KFUSE_TILES`, and codegen's refusals (a target below sm_80, an
 /// override that is not a power of two) as [`Error::Codegen`].
 ///
-/// An output may be passed as [`Arg::In`] here (only its facts are read), which
-/// leaves it free for the launch that follows; [`launch_interpreter`] shows both.
+/// [`launch_interpreter`]'s example runs a kernel with these tiles.
 pub fn gpu_plan_tiles(def: &KernelDef, args: &[Arg<'_>], target: &Target) -> Result<std::collections::BTreeMap<String, u32>> {
     check(def.name, def.generics, &def_params(def), args)?;
     let (built, spec) = planned(def, args, target)?;
@@ -936,8 +935,9 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
 /// /// Runs `def` (a `#[kfuse] fn k(x: Tensor<..>, y: &mut Tensor<..>)`'s `k::DEF`) on CPU
 /// /// tensors with the tiles an H100 launch would use.
 /// fn as_on_h100(def: &kfuse_ir::KernelDef, x: &Tensor, y: &mut Tensor) -> Result<Launched> {
-///     let tiles = gpu_plan_tiles(def, &[Arg::In(x), Arg::In(y)], &Target::sm90a())?;
-///     launch_interpreter(def, &mut [Arg::In(x), Arg::Out(y)], &tiles)
+///     let mut args = [Arg::In(x), Arg::Out(y)];
+///     let tiles = gpu_plan_tiles(def, &args, &Target::sm90a())?;
+///     launch_interpreter(def, &mut args, &tiles)
 /// }
 /// ```
 pub fn launch_interpreter(def: &KernelDef, args: &mut [Arg<'_>], tiles: &std::collections::BTreeMap<String, u32>) -> Result<Launched> {
@@ -1074,6 +1074,20 @@ impl LaunchSig {
 /// Every problem must pass the checks of [`launch`] and instantiate the kernel with the
 /// same dtypes. Problems with nothing to compute are left out; `skipped_empty` says
 /// that none had anything.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_runtime::{launch_grouped, Arg, Result, Tensor};
+///
+/// /// `y_i = k(x_i)` for two problems of their own sizes in one launch (`def`: the
+/// /// `k::DEF` of a `#[kfuse] fn k<T: Float>(x: Tensor<T, (M, N)>, y: &mut Tensor<T, (M, N)>)`).
+/// fn both(def: &kfuse_ir::KernelDef, x: [&Tensor; 2], y: [&mut Tensor; 2]) -> Result<()> {
+///     let [y0, y1] = y;
+///     launch_grouped(def, &mut [vec![Arg::In(x[0]), Arg::Out(y0)], vec![Arg::In(x[1]), Arg::Out(y1)]])?;
+///     Ok(())
+/// }
+/// ```
 pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<Launched> {
     if groups.is_empty() {
         return Err(Error::InvalidArgument(format!("a grouped launch of `{}` needs at least one problem", def.name)));

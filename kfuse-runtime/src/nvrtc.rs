@@ -286,7 +286,7 @@ pub fn full_options(arch: &str, options: &[String]) -> Vec<String> {
 ///
 /// # Examples
 ///
-/// ```no_run
+/// ```
 /// let src = r#"extern "C" __global__ void zero(float* p) { p[threadIdx.x] = 0.0f; }"#;
 /// let ptx = kfuse_runtime::nvrtc::compile_ptx(src, "sm_80", &[])?;
 /// assert!(ptx.contains(".entry zero"));

@@ -245,6 +245,18 @@ impl Tensor {
 
     /// A packed tensor with unspecified contents (zeros on the CPU; uninitialized device
     /// memory on a GPU, which may hold what an earlier tensor of the pool left there).
+    ///
+    /// # Examples
+    ///
+    /// An output for a kernel to write:
+    ///
+    /// ```
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let out = Tensor::empty(&[128, 64], DType::BF16, &Device::cpu())?;
+    /// assert_eq!((out.numel(), out.storage_bytes()), (8192, 16384));
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         let bytes = checked_bytes(shape, dtype)?;
         Ok(Tensor::packed(Tensor::alloc(bytes, device)?, shape, dtype))
@@ -273,6 +285,17 @@ impl Tensor {
     }
 
     /// A packed tensor from little-endian element bytes in row-major order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let bytes: Vec<u8> = [7i64, -1].iter().flat_map(|v| v.to_le_bytes()).collect();
+    /// let pos = Tensor::from_bytes(&bytes, &[2], DType::I64, &Device::cpu())?; // positions for rope
+    /// assert_eq!(pos.to_bytes()?, bytes);
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn from_bytes(bytes: &[u8], shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         let n = checked_numel(shape)?;
         let want = checked_bytes(shape, dtype)?;
@@ -387,6 +410,17 @@ impl Tensor {
 
     /// Sets every element of this view to `v` (rounded to the dtype); other elements of
     /// the storage are untouched. `f64::NAN` poisons an output before a test.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let mut m = Tensor::zeros(&[2, 3], DType::F32, &Device::cpu())?;
+    /// m.narrow(1, 2, 1)?.fill(9.0)?; // the last column, through a view
+    /// assert_eq!(m.to_vec_f32()?, [0., 0., 9., 0., 0., 9.]);
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn fill(&mut self, v: f64) -> Result<()> {
         let es = self.dtype.size_bytes();
         let mut one = vec![0u8; es];
@@ -465,6 +499,14 @@ impl Tensor {
     }
 
     /// A copy in separate storage on the same device, packed.
+    ///
+    /// ```
+    /// # use kfuse_runtime::{DType, Device, Tensor};
+    /// let a = Tensor::zeros(&[4], DType::F32, &Device::cpu())?;
+    /// let (view, copy) = (a.clone(), a.deep_clone()?);
+    /// assert!(view.same_storage(&a) && !copy.same_storage(&a));
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn deep_clone(&self) -> Result<Tensor> {
         Tensor::from_bytes(&self.to_bytes()?, &self.shape, self.dtype, &self.device())
     }
