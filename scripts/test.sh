@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs NVRTC and ptxas if missing (so the compile checks never
-# drop out), then runs every test of the workspace. No GPU needed: the GPU-only tests
+# drop out), then runs every test of the workspace (doc tests included) and builds the
+# documentation with warnings as errors. No GPU needed: the GPU-only tests
 # are ignored (cargo counts them as ignored, .ci/run as skipped) unless the tests are
 # built with --cfg kfuse_gpu, as scripts/gpu-build.sh does for the GPU host.
 set -euo pipefail
@@ -13,3 +14,7 @@ cargo test --workspace --features kfuse/cli "$@"
 # the source hook (KFUSE_SOURCE_HOOK) is compiled in only with kfuse-runtime's
 # `dev-hooks` feature, off in the build above: its unit test, with the feature
 cargo test -p kfuse-runtime --lib --features dev-hooks source_hook
+# the API documentation, with the feature-gated modules: any rustdoc warning (a broken
+# or private link, an undocumented public item: the library crates deny missing_docs)
+# fails the run. Its examples ran above, as the doc tests of `cargo test --workspace`.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --features kfuse/vendor-baselines,kfuse/dev-hooks

@@ -1,3 +1,4 @@
+#![deny(missing_docs)]
 //! # kfuse
 //!
 //! A tile-level GPU kernel language embedded in Rust. Write a kernel as a Rust function
@@ -6,18 +7,33 @@
 //! compiles that with NVRTC, caches it and launches it — or, with no GPU, runs the IR
 //! on the CPU interpreter and says so.
 //!
-//! ```ignore
+//! ```
 //! use kfuse::prelude::*;
 //!
+//! /// `out = a * x + y`, computed in f32.
 //! #[kfuse]
 //! pub fn axpy<T: Float>(x: Tensor<T, (N,)>, y: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>, a: f32) {
-//!     let i = program_id(0);
+//!     let i = program_id(0); // one program per BN elements: ceil(N / BN) of them
 //!     let v = x.block([i * BN], [BN]).load().to_f32() * a + y.block([i * BN], [BN]).load().to_f32();
 //!     out.block([i * BN], [BN]).store(v.cast::<T>());
 //! }
+//!
+//! # fn main() -> kfuse::Result<()> {
+//! let dev = Device::best(); // GPU 0 if there is one, else the CPU interpreter
+//! let x = Tensor::from_f32(&[1., 2., 3.], &[3], DType::BF16, &dev)?;
+//! let y = Tensor::from_f32(&[10., 20., 30.], &[3], DType::BF16, &dev)?;
+//! let mut out = Tensor::empty(&[3], DType::BF16, &dev)?;
+//! let ran = axpy(&x, &y, &mut out, 2.0)?; // the launcher #[kfuse] generates
+//! println!("ran on {}", ran.backend);
+//! assert_eq!(out.to_vec_f32()?, [12., 24., 36.]);
+//! assert_eq!(kfuse::ops::add(&x, &y)?.to_vec_f32()?, [11., 22., 33.]);
+//! # Ok(()) }
 //! ```
 //!
-//! The standard kernels live in [`ops`] and are written the same way.
+//! The standard kernels live in [`ops`] and are written the same way. The README's
+//! quickstart says how the launch grid follows from the kernel, what `#[kfuse]`
+//! generates, how to time a call on the GPU ([`Device::time_ms`]) and which ops take
+//! strided inputs.
 //!
 //! What a launch runs is visible: every GPU launch's [`Launched`] carries the kernel's
 //! plan (`Launched::plan`: matrix path and why, tiles, stages, warps, cluster,
@@ -63,6 +79,12 @@ pub use kfuse_runtime::{explain, Backend, Config, DType, Device, Error, Explain,
 pub mod ops {
     pub use kfuse_ops::*;
 }
+
+/// The README's quickstart (`## Quickstart`), run as a doc test; `tests/configuration.rs`
+/// checks that the README shows this file.
+#[cfg(doctest)]
+#[doc = concat!("```\n", include_str!("../tests/readme/quickstart.rs"), "```")]
+struct ReadmeQuickstart;
 
 /// What a kernel file needs: the attribute, the tensor type and the `Float` bound.
 pub mod prelude {

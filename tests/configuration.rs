@@ -104,18 +104,32 @@ fn readme_table(readme: &str) -> BTreeSet<String> {
     names
 }
 
+/// The first `rust` block of the README's section `heading` (`## …`) and the file `path`,
+/// read from the repository.
+fn readme_block_and_file(heading: &str, path: &str) -> (String, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let section = &readme[readme.find(&format!("\n{heading}\n")).unwrap_or_else(|| panic!("README: no `{heading}` section"))..];
+    let start = section.find("```rust\n").unwrap_or_else(|| panic!("README: no rust block under `{heading}`")) + "```rust\n".len();
+    let block = &section[start..start + section[start..].find("```\n").expect("README: an unclosed block")];
+    (block.to_string(), std::fs::read_to_string(root.join(path)).unwrap())
+}
+
 /// The README's snapshot example (`## Pinning what the compiler emits`) is
 /// `tests/readme_snapshot.rs`, character for character: CI runs what the README shows.
 #[test]
 fn the_readme_snapshot_example_is_the_test_that_runs() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let heading = "\n## Pinning what the compiler emits\n";
-    let section = &readme[readme.find(heading).expect("README: no `## Pinning what the compiler emits` section")..];
-    let start = section.find("```rust\n").expect("README: no rust block in the snapshot section") + "```rust\n".len();
-    let block = &section[start..start + section[start..].find("```\n").expect("README: an unclosed block")];
-    let file = std::fs::read_to_string(root.join("tests/readme_snapshot.rs")).unwrap();
+    let (block, file) = readme_block_and_file("## Pinning what the compiler emits", "tests/readme_snapshot.rs");
     assert_eq!(block, file, "README's snapshot example and tests/readme_snapshot.rs differ");
+}
+
+/// The README's quickstart program (`## Quickstart`) is `tests/readme/quickstart.rs`,
+/// character for character; that file runs as a doc test of the `kfuse` crate
+/// (`src/lib.rs`, `ReadmeQuickstart`).
+#[test]
+fn the_readme_quickstart_is_the_program_that_runs() {
+    let (block, file) = readme_block_and_file("## Quickstart", "tests/readme/quickstart.rs");
+    assert_eq!(block, file, "README's quickstart and tests/readme/quickstart.rs differ");
 }
 
 #[test]

@@ -150,26 +150,35 @@ pub fn permute(b: &Blocked, perm: &[u32]) -> Blocked {
 pub struct AxisMap {
     /// The axis of the parent blocked layout this value axis is.
     pub parent_axis: usize,
+    /// The axis's extent in the parent layout.
     pub shape: u32,
-    /// Blocks of the cluster this axis is cut across, and the piece each holds.
+    /// Blocks of the cluster this axis is cut across.
     pub ctas: u32,
+    /// Elements of the axis each of those blocks holds (`shape / ctas`).
     pub piece: u32,
+    /// Consecutive elements a thread holds along the axis.
     pub spt: u32,
+    /// Sweeps of the block needed to cover the piece (`ceil(piece / chunk)`).
     pub reps: u32,
-    /// Register-index strides of this axis's element and repetition digits.
+    /// Register-index stride of this axis's element digit.
     pub e_stride: u32,
+    /// Register-index stride of this axis's repetition digit.
     pub rep_stride: u32,
     /// Elements one sweep of the block covers (`spt * tpw * wpb`).
     pub chunk: u32,
     /// Lane/warp decomposition: lane component = `(lane / lane_div) % tpw`.
     pub lane_div: u32,
+    /// Lanes along the axis.
     pub tpw: u32,
+    /// Warp component = `(warp / warp_div) % wpb`.
     pub warp_div: u32,
+    /// Warps along the axis.
     pub wpb: u32,
-    /// Coordinate steps of the element digit, the lane component and the warp
-    /// component (`1`, `spt`, `spt * tpw` for a plain blocked layout).
+    /// Coordinate step of the element digit (`1` for a plain blocked layout).
     pub elem_step: u32,
+    /// Coordinate step of the lane component (`spt` for a plain blocked layout).
     pub lane_step: u32,
+    /// Coordinate step of the warp component (`spt * tpw` for a plain blocked layout).
     pub warp_step: u32,
 }
 
@@ -185,7 +194,9 @@ impl AxisMap {
 /// that a slice removed (their thread components mark replicas).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegMap {
+    /// One map per axis of the value.
     pub axes: Vec<AxisMap>,
+    /// Registers (elements) each thread holds.
     pub regs: u32,
     /// Parent axes absent from the value (a slice's reduced axis) with their thread
     /// decomposition: threads whose component there is non-zero hold replicas.

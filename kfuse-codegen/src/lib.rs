@@ -1,3 +1,4 @@
+#![deny(missing_docs)]
 //! kfuse-codegen: the scheduling passes and the CUDA C++ writer.
 //!
 //! [`compile`] runs the pipeline on a verified kernel for one specialization
@@ -36,19 +37,53 @@ pub use tuning::tuning_candidates;
 use kfuse_ir::{verify::verify, Extent, Kernel, OpId};
 
 /// An error of the passes or the writer.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_codegen::{compile, CodegenError, Spec, Target};
+/// use kfuse_ir::{AccessDim, Builder, DType};
+///
+/// let mut b = Builder::new("zero");
+/// let n = b.shape_sym("N");
+/// let out = b.tensor_param("out", DType::F32, &[n], true);
+/// let i = b.program_id(0)?;
+/// let z = b.constant(kfuse_ir::Literal::Float(0.0), DType::F32);
+/// b.store(out, &[i], &[AccessDim::Index], z)?;
+/// let k = b.finish()?;
+///
+/// let turing = Target { sm: 75, ..Target::sm80() };
+/// let e = compile(&k, &Spec::default(), &turing).unwrap_err();
+/// assert!(matches!(e, CodegenError::At { ref kernel, .. } if kernel == "zero"));
+/// assert!(matches!(e.unlocated(), CodegenError::Target(arch, _) if arch == "sm_75"));
+/// # Ok::<(), kfuse_codegen::CodegenError>(())
+/// ```
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum CodegenError {
+    /// The kernel's IR is invalid, or its grid cannot be derived.
     #[error(transparent)]
     Ir(#[from] kfuse_ir::IrError),
+    /// The kernel is valid IR that codegen cannot (yet) compile for this
+    /// specialization and target; the message says what.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The target cannot run the kernel: the architecture (`sm_80`) and why.
     #[error("target {0}: {1}")]
     Target(String, String),
     /// An error located in the user's kernel: its name and, where one op is at fault,
     /// the op ([`Kernel::op_label`]) and its source line. Reads
     /// ``kernel `rows`, `load x` at line 42: unsupported: …``.
     #[error("kernel `{kernel}`{}: {error}", where_(op, line))]
-    At { kernel: String, op: Option<String>, line: Option<u32>, error: Box<CodegenError> },
+    At {
+        /// The kernel's name.
+        kernel: String,
+        /// The op at fault, as [`Kernel::op_label`] names it.
+        op: Option<String>,
+        /// The op's line in the user's source, where the front end recorded it.
+        line: Option<u32>,
+        /// The error itself.
+        error: Box<CodegenError>,
+    },
 }
 
 fn where_(op: &Option<String>, line: &Option<u32>) -> String {
@@ -94,6 +129,34 @@ fn check(k: &Kernel, pass: &str) -> Result<(), CodegenError> {
 
 /// Runs the scheduling passes on a copy of `kernel` and returns the scheduled kernel.
 /// Its errors name the kernel ([`CodegenError::At`]).
+///
+/// # Examples
+///
+/// The tiles and threads chosen for a row maximum over rows of 3000 elements (a full
+/// extent: the tile spans the row, padded to 4096):
+///
+/// ```
+/// use kfuse_codegen::{schedule, Spec, Target};
+/// use kfuse_ir::{AccessDim, Builder, DType, Extent, ReduceOp};
+///
+/// let mut b = Builder::new("row_max");
+/// let (m, n) = (b.shape_sym("M"), b.shape_sym("N"));
+/// let x = b.tensor_param("x", DType::BF16, &[m, n], false);
+/// let out = b.tensor_param("out", DType::BF16, &[m], true);
+/// let row = b.program_id(0)?;
+/// let col = b.constant(kfuse_ir::Literal::Int(0), DType::I64);
+/// let xs = b.load(x, &[row, col], &[AccessDim::Index, AccessDim::Tile(Extent::Full(n))])?;
+/// let top = b.reduce(ReduceOp::Max, xs, -1, false)?;
+/// b.store(out, &[row], &[AccessDim::Index], top)?;
+/// let k = b.finish()?;
+///
+/// let spec = Spec { shape_pow2: vec![1024, 4096], ..Spec::default() };
+/// let s = schedule(&k, &spec, &Target::sm80())?;
+/// assert!(s.schedule.is_scheduled());
+/// assert_eq!(s.schedule.full[&n], 4096);
+/// println!("{}", kfuse_ir::print::print(&s)); // the decisions, as snapshots pin them
+/// # Ok::<(), kfuse_codegen::CodegenError>(())
+/// ```
 pub fn schedule(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kernel, CodegenError> {
     schedule_passes(kernel, spec, target).map_err(|e| e.at(kernel, None))
 }
@@ -142,6 +205,45 @@ fn schedule_passes(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kern
 
 /// Compiles a kernel for one specialization and target. Its errors name the kernel
 /// and, where one op is at fault, the op and its source line ([`CodegenError::At`]).
+///
+/// No GPU and no NVRTC are needed: the result is CUDA source and what a launch of it
+/// needs (the runtime compiles the source with NVRTC).
+///
+/// # Examples
+///
+/// `out = a + b` in blocks of `BN`, for contiguous, 16-byte aligned tensors of 2^20
+/// elements:
+///
+/// ```
+/// use kfuse_codegen::{compile, Spec, Target, TensorSpec};
+/// use kfuse_ir::{AccessDim, BinaryOp, Builder, DType, Extent};
+///
+/// let mut b = Builder::new("add");
+/// let n = b.shape_sym("N");
+/// let bn = Extent::Tile(b.tile_sym("BN"));
+/// let pa = b.tensor_param("a", DType::BF16, &[n], false);
+/// let pb = b.tensor_param("b", DType::BF16, &[n], false);
+/// let out = b.tensor_param("out", DType::BF16, &[n], true);
+/// let i = b.program_id(0)?;
+/// let step = b.tile_extent(bn);
+/// let off = b.binary(BinaryOp::Mul, i, step)?;
+/// let va = b.load(pa, &[off], &[AccessDim::Tile(bn)])?;
+/// let vb = b.load(pb, &[off], &[AccessDim::Tile(bn)])?;
+/// let sum = b.binary(BinaryOp::Add, va, vb)?;
+/// b.store(out, &[off], &[AccessDim::Tile(bn)], sum)?;
+/// let k = b.finish()?;
+///
+/// // one TensorSpec per tensor parameter: aligned pointer, unit stride
+/// let t = Some(TensorSpec { ptr_align: 16, stride_div: vec![0] });
+/// let spec = Spec { tensors: vec![t.clone(), t.clone(), t], shape_pow2: vec![1 << 20], ..Spec::default() };
+/// let e = compile(&k, &spec, &Target::sm90a())?;
+/// assert!(e.source.contains(&e.entry));
+/// assert_eq!(e.arch, "sm_90a");
+/// // one program per BN elements, along x
+/// let bn = e.tiles["BN"] as u64;
+/// assert_eq!(e.grid_dims(&[1 << 20]), [(1 << 20) / bn, 1, 1]);
+/// # Ok::<(), kfuse_codegen::CodegenError>(())
+/// ```
 pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedKernel, CodegenError> {
     compile_scheduled(kernel, spec, target).map_err(|e| e.at(kernel, None))
 }
@@ -194,6 +296,31 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
 /// local memory; the compile checks run `ptxas -v`) and says whether it spilled. The
 /// result is the first attempt that does not spill, or the last one. A kernel without
 /// attempts (`register_attempt.1 ≤ 1`) is compiled once and `spills` is not called.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_codegen::{compile_with_fallbacks, CodegenError, Spec, Target};
+/// use kfuse_ir::{AccessDim, Builder, DType};
+///
+/// let mut b = Builder::new("copy");
+/// let n = b.shape_sym("N");
+/// let x = b.tensor_param("x", DType::F32, &[n], false);
+/// let out = b.tensor_param("out", DType::F32, &[n], true);
+/// let at = b.program_id(0)?;
+/// let v = b.load(x, &[at], &[AccessDim::Index])?;
+/// b.store(out, &[at], &[AccessDim::Index], v)?;
+/// let k = b.finish()?;
+///
+/// let mut assembled = 0;
+/// let e = compile_with_fallbacks(&k, &Spec::default(), &Target::sm80(), |_| {
+///     assembled += 1; // here: load the module, or run `ptxas -v`, and read its spills
+///     Ok::<bool, CodegenError>(false)
+/// })?;
+/// assert_eq!(e.register_attempt.0, 0);
+/// assert!(assembled <= 1); // a kernel without register-room attempts is not assembled
+/// # Ok::<(), CodegenError>(())
+/// ```
 pub fn compile_with_fallbacks<E: From<CodegenError>>(
     kernel: &Kernel,
     spec: &Spec,

@@ -6,6 +6,22 @@ use std::collections::BTreeMap;
 use kfuse_ir::{ParamId, ShapeSym};
 
 /// The GPU a kernel is compiled for.
+///
+/// A GPU device gives its own (the runtime's `Device::target`); the constructors
+/// here name one GPU of each architecture, for compiling without one.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_codegen::Target;
+///
+/// let t = Target::sm90a();
+/// assert_eq!((t.sm, t.arch()), (90, "sm_90a".to_string()));
+/// assert_eq!(Target::sm80().arch(), "sm_80");
+/// // another part of the same architecture: fewer multiprocessors
+/// let smaller = Target { num_sms: 114, ..Target::sm90a() };
+/// assert_eq!(smaller.arch(), "sm_90a");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Target {
     /// Compute capability as `major * 10 + minor` (80, 89, 90).
@@ -17,12 +33,16 @@ pub struct Target {
 }
 
 impl Target {
+    /// Ampere: sm_80, 108 multiprocessors (an A100), 163 KiB of shared memory a block.
     pub fn sm80() -> Target {
         Target { sm: 80, num_sms: 108, smem_per_block: 163 * 1024 }
     }
+    /// Ada: sm_89, 128 multiprocessors, 99 KiB of shared memory a block.
     pub fn sm89() -> Target {
         Target { sm: 89, num_sms: 128, smem_per_block: 99 * 1024 }
     }
+    /// Hopper: sm_90a, 132 multiprocessors (an H100 SXM), 227 KiB of shared memory a
+    /// block.
     pub fn sm90a() -> Target {
         Target { sm: 90, num_sms: 132, smem_per_block: 227 * 1024 }
     }
@@ -82,6 +102,13 @@ pub struct Spec {
 /// a power of two (at least 1, at most 2^31), and the largest power of two dividing `v`
 /// (0 counts as 1), at most that. A value above 2^31 gets at most 2^30 for the second,
 /// so that it is never taken for exactly 2^31.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(kfuse_codegen::target::shape_facts(3000), (4096, 8));
+/// assert_eq!(kfuse_codegen::target::shape_facts(4096), (4096, 4096)); // exact
+/// ```
 pub fn shape_facts(v: u64) -> (u32, u32) {
     let v = v.max(1);
     let pow2 = v.next_power_of_two().min(1 << 31);
@@ -95,7 +122,12 @@ pub enum KernelParam {
     /// Device pointer to a tensor's first element (byte offset applied).
     Ptr(ParamId),
     /// A tensor's stride along a dimension, in elements (`long long`).
-    Stride { tensor: ParamId, dim: u32 },
+    Stride {
+        /// The tensor parameter.
+        tensor: ParamId,
+        /// Its dimension.
+        dim: u32,
+    },
     /// The runtime value of a shape symbol (`long long`).
     Shape(ShapeSym),
     /// A scalar parameter (`float` for f32, `long long` for i64).
@@ -112,13 +144,24 @@ pub enum KernelParam {
     /// `order` lists the tensor's dimensions innermost first (the driver's order): its
     /// first entry is the unit-stride dimension, whose box extent spans at most the
     /// swizzle; a transposed view has order `[0, 1]`, a row-major matrix `[1, 0]`.
-    TensorMap { tensor: ParamId, box_dims: Vec<u32>, swizzle: u32, order: Vec<u32> },
+    TensorMap {
+        /// The tensor parameter.
+        tensor: ParamId,
+        /// Box extent per tensor dimension, outermost first.
+        box_dims: Vec<u32>,
+        /// Swizzle span in bytes: 0, 32, 64 or 128.
+        swizzle: u32,
+        /// The tensor's dimensions, innermost first.
+        order: Vec<u32>,
+    },
 }
 
 /// Programs along one grid axis: `ceil(shape(dim) / step)`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GridAxisEval {
+    /// The shape symbol the axis covers.
     pub dim: ShapeSym,
+    /// Elements of it a program covers (1: one program per index).
     pub step: u64,
 }
 
@@ -127,14 +170,17 @@ pub struct GridAxisEval {
 pub struct EmittedKernel {
     /// The `extern "C" __global__` entry point.
     pub entry: String,
+    /// The CUDA C++ source: self-contained, no headers needed.
     pub source: String,
     /// `--gpu-architecture` for NVRTC.
     pub arch: String,
     /// Further NVRTC options.
     pub options: Vec<String>,
+    /// Threads a block.
     pub block_threads: u32,
     /// Dynamic shared memory in bytes.
     pub smem_bytes: u32,
+    /// The entry point's parameters, in order.
     pub params: Vec<KernelParam>,
     /// A grouped launch (`Spec::grouped`): the kernel takes `(const long long* kf_grp,
     /// long long kf_ngrp)` instead of `params`; `kf_grp` holds one record of

@@ -32,6 +32,27 @@ use crate::target::{Spec, Target};
 /// A few tile overrides to time for `kernel` on `target` (see the module docs): empty
 /// without a `dot`; otherwise the heuristic's choice first, then the alternatives the
 /// pipeline accepts, without duplicates.
+///
+/// # Examples
+///
+/// A kernel without a `dot` has nothing to tune:
+///
+/// ```
+/// use kfuse_codegen::{tuning_candidates, Spec, Target};
+/// use kfuse_ir::{AccessDim, Builder, DType, UnaryOp};
+///
+/// let mut b = Builder::new("negate");
+/// let n = b.shape_sym("N");
+/// let x = b.tensor_param("x", DType::F32, &[n], false);
+/// let out = b.tensor_param("out", DType::F32, &[n], true);
+/// let i = b.program_id(0)?;
+/// let v = b.load(x, &[i], &[AccessDim::Index])?;
+/// let neg = b.unary(UnaryOp::Neg, v)?;
+/// b.store(out, &[i], &[AccessDim::Index], neg)?;
+/// let k = b.finish()?;
+/// assert!(tuning_candidates(&k, &Spec::default(), &Target::sm90a()).is_empty());
+/// # Ok::<(), kfuse_ir::IrError>(())
+/// ```
 pub fn tuning_candidates(kernel: &Kernel, spec: &Spec, target: &Target) -> Vec<BTreeMap<String, u32>> {
     let Some(&dot) = dots(kernel).first() else { return Vec::new() };
     let Ok(scheduled) = crate::schedule(kernel, spec, target) else { return Vec::new() };

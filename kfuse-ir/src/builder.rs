@@ -36,6 +36,33 @@ use crate::error::{IrError, Result};
 use crate::kernel::*;
 
 /// Builds a [`Kernel`]; see the module docs for the typing rules.
+///
+/// # Examples
+///
+/// `out = x + y` in blocks of `BN` elements, one program per block — what
+/// `out.block([i * BN], [BN]).store(x.block([i * BN], [BN]).load() + …)` lowers to:
+///
+/// ```
+/// use kfuse_ir::{AccessDim, BinaryOp, Builder, DType, Extent};
+///
+/// let mut b = Builder::new("add");
+/// let n = b.shape_sym("N");
+/// let bn = Extent::Tile(b.tile_sym("BN"));
+/// let x = b.tensor_param("x", DType::F32, &[n], false);
+/// let y = b.tensor_param("y", DType::F32, &[n], false);
+/// let out = b.tensor_param("out", DType::F32, &[n], true);
+/// let i = b.program_id(0)?;
+/// let bn_value = b.tile_extent(bn);
+/// let off = b.binary(BinaryOp::Mul, i, bn_value)?; // i * BN
+/// let xs = b.load(x, &[off], &[AccessDim::Tile(bn)])?;
+/// let ys = b.load(y, &[off], &[AccessDim::Tile(bn)])?;
+/// let sum = b.binary(BinaryOp::Add, xs, ys)?;
+/// b.store(out, &[off], &[AccessDim::Tile(bn)], sum)?;
+/// let k = b.finish()?; // verified
+/// assert_eq!(k.params.len(), 3);
+/// assert!(kfuse_ir::print::print(&k).contains("store out"));
+/// # Ok::<(), kfuse_ir::IrError>(())
+/// ```
 pub struct Builder {
     k: Kernel,
     shapes: HashMap<String, ShapeSym>,
@@ -71,6 +98,7 @@ fn type_str(k: &Kernel, t: &Type) -> String {
 }
 
 impl Builder {
+    /// An empty kernel named `name` (a Rust identifier).
     pub fn new(name: impl Into<String>) -> Builder {
         Builder {
             k: Kernel::new(name),

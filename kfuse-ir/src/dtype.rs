@@ -13,14 +13,34 @@ use std::fmt;
 /// and *saturating* (`satfinite`, as the hardware's conversion): a finite value or an
 /// infinity beyond the largest finite one becomes that largest value with its sign;
 /// NaN stays NaN.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_ir::DType;
+///
+/// assert_eq!(DType::BF16.size_bytes(), 2);
+/// assert_eq!(DType::from_name("bf16"), Some(DType::BF16));
+/// assert_eq!(DType::F8E4M3.round(1000.0), 448.0); // saturates
+/// let mut buf = vec![0u8; 4];
+/// DType::F16.write(&mut buf, 1, 0.1);
+/// assert_eq!(DType::F16.read(&buf, 1), DType::F16.round(0.1));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
+    /// IEEE binary32.
     F32,
+    /// IEEE binary16.
     F16,
+    /// bfloat16: binary32's exponent, 7 mantissa bits.
     BF16,
+    /// OCP FP8 e4m3 ("fn": no infinities, largest finite 448).
     F8E4M3,
+    /// OCP FP8 e5m2 (largest finite 57344).
     F8E5M2,
+    /// 64-bit signed integer: indices, offsets, shape extents.
     I64,
+    /// A truth value: comparisons and `select` conditions (one byte in memory).
     Bool,
 }
 

@@ -28,6 +28,7 @@ pub struct GridAxis {
 /// The grid of a kernel: one entry per `program_id` axis in use (at most 3).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Grid {
+    /// Axis `a` is `program_id(a)`'s.
     pub axes: Vec<GridAxis>,
 }
 
@@ -70,6 +71,30 @@ fn pid_term(k: &Kernel, v: ValueId) -> Option<(u8, Option<Extent>)> {
 }
 
 /// Derives the grid (see the module docs).
+///
+/// # Examples
+///
+/// A store at `program_id(0) * BN` gives axis 0 `ceil(N / BN)` programs:
+///
+/// ```
+/// use kfuse_ir::{AccessDim, BinaryOp, Builder, DType, Extent};
+///
+/// let mut b = Builder::new("fill");
+/// let n = b.shape_sym("N");
+/// let bn = Extent::Tile(b.tile_sym("BN"));
+/// let out = b.tensor_param("out", DType::F32, &[n], true);
+/// let i = b.program_id(0)?;
+/// let step = b.tile_extent(bn);
+/// let off = b.binary(BinaryOp::Mul, i, step)?;
+/// let one = b.constant(kfuse_ir::Literal::Float(1.0), DType::F32);
+/// b.store(out, &[off], &[AccessDim::Tile(bn)], one)?;
+/// let grid = kfuse_ir::grid::derive(&b.finish()?)?;
+/// assert_eq!(grid.axes[0].dim, n);
+/// assert_eq!(grid.axes[0].step, Some(bn));
+/// // N = 1000, BN = 256: 4 programs
+/// assert_eq!(grid.eval(|_| 1000, |_| 256), vec![4]);
+/// # Ok::<(), kfuse_ir::IrError>(())
+/// ```
 pub fn derive(k: &Kernel) -> Result<Grid> {
     let rank = k.grid_rank();
     let mut axes: Vec<Option<GridAxis>> = vec![None; rank];

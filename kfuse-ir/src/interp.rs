@@ -121,32 +121,41 @@ use crate::kernel::*;
 /// An input tensor argument: little-endian elements of `dtype`, a strided view.
 #[derive(Clone, Copy, Debug)]
 pub struct TensorRef<'a> {
+    /// The element type (the parameter's).
     pub dtype: DType,
+    /// The size of each dimension.
     pub shape: &'a [usize],
     /// Element strides, one per dimension.
     pub strides: &'a [isize],
     /// Element index of element `(0, 0, …)` in `data`.
     pub offset: usize,
+    /// The storage: little-endian elements of `dtype`.
     pub data: &'a [u8],
 }
 
 /// An output tensor argument; the same view as [`TensorRef`], writable.
 #[derive(Debug)]
 pub struct TensorMut<'a> {
+    /// The element type (the parameter's).
     pub dtype: DType,
+    /// The size of each dimension.
     pub shape: &'a [usize],
     /// Element strides, one per dimension.
     pub strides: &'a [isize],
     /// Element index of element `(0, 0, …)` in `data`.
     pub offset: usize,
+    /// The storage the kernel writes: little-endian elements of `dtype`.
     pub data: &'a mut [u8],
 }
 
 /// One argument of [`run`], per entry of [`Kernel::params`], in the same order.
 #[derive(Debug)]
 pub enum Arg<'a> {
+    /// An input tensor parameter.
     In(TensorRef<'a>),
+    /// An output tensor parameter (`&mut Tensor`).
     Out(TensorMut<'a>),
+    /// A scalar parameter, rounded to the parameter's dtype.
     Scalar(f64),
 }
 
@@ -251,6 +260,37 @@ struct Step<'k> {
 /// [`IrError::Interp`]: argument count, kind, dtype or rank unlike the parameter's, a view
 /// reaching outside its buffer, one shape symbol with two sizes, a tile size of 0, an
 /// `i64` division by zero, a loop whose step is 0 or less.
+///
+/// # Examples
+///
+/// `out[r] = sum(x[r, :])`, one program per row, on a 2 × 3 `f32` matrix:
+///
+/// ```
+/// use kfuse_ir::interp::{contiguous_strides, run, Arg, Options, TensorMut, TensorRef};
+/// use kfuse_ir::{AccessDim, Builder, DType, Extent, ReduceOp};
+///
+/// let mut b = Builder::new("row_sums");
+/// let (m, n) = (b.shape_sym("M"), b.shape_sym("N"));
+/// let x = b.tensor_param("x", DType::F32, &[m, n], false);
+/// let out = b.tensor_param("out", DType::F32, &[m], true);
+/// let row = b.program_id(0)?;
+/// let zero = b.constant(kfuse_ir::Literal::Int(0), DType::I64);
+/// let xs = b.load(x, &[row, zero], &[AccessDim::Index, AccessDim::Tile(Extent::Full(n))])?;
+/// let s = b.reduce(ReduceOp::Sum, xs, -1, false)?;
+/// b.store(out, &[row], &[AccessDim::Index], s)?;
+/// let k = b.finish()?;
+///
+/// let data: Vec<u8> = [1f32, 2., 3., 4., 5., 6.].iter().flat_map(|v| v.to_le_bytes()).collect();
+/// let mut sums = vec![0u8; 2 * 4];
+/// let (xs, os) = ([2, 3], [2]);
+/// let (xst, ost) = (contiguous_strides(&xs), contiguous_strides(&os));
+/// run(&k, &mut [
+///     Arg::In(TensorRef { dtype: DType::F32, shape: &xs, strides: &xst, offset: 0, data: &data }),
+///     Arg::Out(TensorMut { dtype: DType::F32, shape: &os, strides: &ost, offset: 0, data: &mut sums }),
+/// ], &Options::default())?;
+/// assert_eq!((DType::F32.read(&sums, 0), DType::F32.read(&sums, 1)), (6.0, 15.0));
+/// # Ok::<(), kfuse_ir::IrError>(())
+/// ```
 pub fn run(k: &Kernel, args: &mut [Arg<'_>], opts: &Options) -> Result<()> {
     crate::verify::verify(k, "interp")?;
     let (views, syms) = bind_args(k, args)?;

@@ -60,6 +60,7 @@ impl OpId {
     pub fn value(self) -> ValueId {
         ValueId(self.0)
     }
+    /// Dense index of the node (the same number as its value's `%n`).
     pub fn index(self) -> usize {
         self.0.index()
     }
@@ -113,20 +114,26 @@ pub enum Extent {
 /// The type of a value: an element type and a tile shape. Rank 0 is a scalar.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Type {
+    /// The element type.
     pub dtype: DType,
+    /// One extent per tile axis; empty for a scalar.
     pub shape: Vec<Extent>,
 }
 
 impl Type {
+    /// A rank-0 value of `dtype`.
     pub fn scalar(dtype: DType) -> Type {
         Type { dtype, shape: Vec::new() }
     }
+    /// A tile of `dtype` with one extent per axis.
     pub fn tile(dtype: DType, shape: Vec<Extent>) -> Type {
         Type { dtype, shape }
     }
+    /// The number of tile axes (0 for a scalar).
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
+    /// True for rank 0.
     pub fn is_scalar(&self) -> bool {
         self.shape.is_empty()
     }
@@ -137,7 +144,12 @@ impl Type {
 pub enum ParamKind {
     /// A tensor in device memory with one shape symbol per dimension; `output` tensors
     /// are written (`&mut Tensor` in the kernel signature), the others only read.
-    Tensor { dims: Vec<ShapeSym>, output: bool },
+    Tensor {
+        /// The shape symbol of each dimension, outermost first.
+        dims: Vec<ShapeSym>,
+        /// True for a `&mut Tensor` parameter.
+        output: bool,
+    },
     /// A scalar passed by value.
     Scalar,
 }
@@ -145,15 +157,20 @@ pub enum ParamKind {
 /// One kernel parameter, in signature order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Param {
+    /// The parameter's name in the signature.
     pub name: String,
+    /// The element type of a tensor, or the type of a scalar.
     pub dtype: DType,
+    /// Tensor or scalar.
     pub kind: ParamKind,
 }
 
 impl Param {
+    /// True for a tensor parameter (input or output).
     pub fn is_tensor(&self) -> bool {
         matches!(self.kind, ParamKind::Tensor { .. })
     }
+    /// True for an output tensor (`&mut Tensor`).
     pub fn is_output(&self) -> bool {
         matches!(self.kind, ParamKind::Tensor { output: true, .. })
     }
@@ -179,12 +196,16 @@ pub enum AccessDim {
 /// A scalar literal.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Literal {
+    /// A floating-point literal (`1.0`), held as `f64`.
     Float(f64),
+    /// An integer literal (`2`).
     Int(i64),
+    /// `true` or `false`.
     Bool(bool),
 }
 
 impl Literal {
+    /// The literal's value as `f64` (`true` is 1).
     pub fn as_f64(self) -> f64 {
         match self {
             Literal::Float(v) => v,
@@ -197,17 +218,27 @@ impl Literal {
 /// Elementwise functions of one operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UnaryOp {
+    /// `-x`.
     Neg,
+    /// `|x|`.
     Abs,
+    /// `e^x`.
     Exp,
+    /// The natural logarithm.
     Log,
+    /// The square root.
     Sqrt,
+    /// `1 / sqrt(x)`.
     Rsqrt,
+    /// `1 / (1 + e^-x)`.
     Sigmoid,
+    /// The hyperbolic tangent.
     Tanh,
+    /// The error function.
     Erf,
-    /// Sine and cosine (radians).
+    /// Sine (radians).
     Sin,
+    /// Cosine (radians).
     Cos,
     /// Logical not (for `Bool`).
     Not,
@@ -216,27 +247,40 @@ pub enum UnaryOp {
 /// Elementwise functions of two operands of the same type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BinaryOp {
+    /// `a + b`.
     Add,
+    /// `a - b`.
     Sub,
+    /// `a * b`.
     Mul,
     /// Float division; on `I64`, division truncating toward zero.
     Div,
     /// Remainder (`I64` only).
     Rem,
+    /// The larger operand (maxNum: a NaN operand is ignored).
     Max,
+    /// The smaller operand (minNum).
     Min,
-    /// Comparisons give `Bool`.
+    /// `a < b`. The comparisons give `Bool`.
     Lt,
+    /// `a <= b`.
     Le,
+    /// `a > b`.
     Gt,
+    /// `a >= b`.
     Ge,
+    /// `a == b`.
     Eq,
+    /// `a != b`.
     Ne,
+    /// Logical and of `Bool` operands.
     And,
+    /// Logical or of `Bool` operands.
     Or,
 }
 
 impl BinaryOp {
+    /// True for `Lt`, `Le`, `Gt`, `Ge`, `Eq` and `Ne`, whose result is `Bool`.
     pub fn is_comparison(self) -> bool {
         matches!(self, BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge | BinaryOp::Eq | BinaryOp::Ne)
     }
@@ -245,8 +289,11 @@ impl BinaryOp {
 /// Reductions along one axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReduceOp {
+    /// The sum of the valid lanes.
     Sum,
+    /// The largest valid lane.
     Max,
+    /// The smallest valid lane.
     Min,
     /// The sum divided by the number of *valid* (in-bounds) elements.
     Mean,
@@ -256,22 +303,47 @@ pub enum ReduceOp {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// `program_id(axis)`: this program instance's index along a grid axis. `I64` scalar.
-    ProgramId { axis: u8 },
+    ProgramId {
+        /// The grid axis: 0, 1 or 2.
+        axis: u8,
+    },
     /// The value of a scalar parameter.
-    ScalarParam { param: ParamId },
+    ScalarParam {
+        /// The scalar parameter read.
+        param: ParamId,
+    },
     /// The runtime value of a shape symbol. `I64` scalar.
-    ShapeDim { sym: ShapeSym },
+    ShapeDim {
+        /// The symbol read.
+        sym: ShapeSym,
+    },
     /// The compiled value of a tile extent (a tile symbol in index arithmetic). `I64` scalar.
-    TileExtent { extent: Extent },
+    TileExtent {
+        /// The extent read.
+        extent: Extent,
+    },
     /// A scalar literal of the result type.
-    Const { value: Literal },
+    Const {
+        /// The literal, rounded to the result's dtype.
+        value: Literal,
+    },
     /// Reads a block of a tensor parameter. Operands: one `I64` scalar offset per tensor
     /// dimension. Elements outside the tensor are not loaded: they are *invalid* lanes of
     /// the tile (see `crate` docs on masking).
-    Load { tensor: ParamId, dims: Vec<AccessDim> },
+    Load {
+        /// The tensor parameter read.
+        tensor: ParamId,
+        /// How the block covers each tensor dimension, outermost first.
+        dims: Vec<AccessDim>,
+    },
     /// Writes a tile into a block of an output tensor. Operands: one offset per tensor
     /// dimension, then the value. Only in-bounds, valid lanes are written.
-    Store { tensor: ParamId, dims: Vec<AccessDim> },
+    Store {
+        /// The output tensor parameter written.
+        tensor: ParamId,
+        /// How the block covers each tensor dimension, outermost first.
+        dims: Vec<AccessDim>,
+    },
     /// Operand: one value.
     Unary(UnaryOp),
     /// Operands: two values of the same shape and dtype.
@@ -280,22 +352,41 @@ pub enum Op {
     /// one shape.
     Select,
     /// Converts the operand to another element type.
-    Cast { to: DType },
+    Cast {
+        /// The result's element type.
+        to: DType,
+    },
     /// Reduces one axis of the operand; invalid lanes do not take part. With `keep_dim`
     /// the axis stays in the result with extent 1.
-    Reduce { op: ReduceOp, axis: u32, keep_dim: bool },
+    Reduce {
+        /// Sum, max, min or mean.
+        op: ReduceOp,
+        /// The operand axis reduced.
+        axis: u32,
+        /// Whether the reduced axis stays, with extent 1.
+        keep_dim: bool,
+    },
     /// Broadcasts the operand to `Type::shape` of the result: numpy rules, axes aligned
     /// to the right; each operand axis equals the result's or is the literal extent 1,
     /// and leading result axes may be absent from the operand.
     Broadcast,
     /// Reorders the axes of the operand: result axis `i` is operand axis `perm[i]`.
-    Permute { perm: Vec<u32> },
+    Permute {
+        /// A permutation of `0..rank`.
+        perm: Vec<u32>,
+    },
     /// No operands: the `I64` tile `[extent]` holding `0, 1, …, extent - 1` (every lane
     /// valid).
-    Iota { extent: Extent },
+    Iota {
+        /// The tile's one extent.
+        extent: Extent,
+    },
     /// Operand: one value. The result is the operand with a new axis of literal extent 1
     /// inserted at position `axis` (`0..=rank`); the data is unchanged.
-    ExpandDims { axis: u32 },
+    ExpandDims {
+        /// Where the new axis goes.
+        axis: u32,
+    },
     /// The identity on values: marks where the value changes its distribution over
     /// threads (inserted by the layout pass; the writer moves it through shared memory).
     Convert,
@@ -303,28 +394,52 @@ pub enum Op {
     /// (`I64` scalars), then the `carried` initial values (any types). No result. The
     /// body follows in program order up to the [`Op::Yield`] of the same id. A `step`
     /// of 0 or less is an error when the loop runs (never a hang).
-    For { id: LoopId, carried: u32 },
+    For {
+        /// The loop this `For` opens.
+        id: LoopId,
+        /// How many values the loop carries.
+        carried: u32,
+    },
     /// No operands: the induction variable `i` of loop `id`, an `I64` scalar. Lives in
     /// the loop's body (by convention right after the `For`).
-    LoopIndex { id: LoopId },
+    LoopIndex {
+        /// The loop.
+        id: LoopId,
+    },
     /// No operands: carried value `index` of loop `id` at the start of the current
     /// iteration (the init on the first one, then what the `Yield` gave). Its type is
     /// the type of init `index`. Lives in the loop's body (by convention right after the
     /// `For`).
-    LoopCarried { id: LoopId, index: u32 },
+    LoopCarried {
+        /// The loop.
+        id: LoopId,
+        /// Which carried value (0-based).
+        index: u32,
+    },
     /// Closes the body of loop `id`. Operands: the next value of each carried value
     /// (types equal to the inits'). No result.
-    Yield { id: LoopId },
+    Yield {
+        /// The loop this `Yield` closes.
+        id: LoopId,
+    },
     /// No operands: carried value `index` of loop `id` after the loop (the init when
     /// the loop runs zero times); the type of init `index`. Placed after the `Yield`,
     /// outside the body, in the loop that holds the `For` (if any).
-    LoopResult { id: LoopId, index: u32 },
+    LoopResult {
+        /// The loop.
+        id: LoopId,
+        /// Which carried value (0-based).
+        index: u32,
+    },
     /// Matrix product of tiles. Operands: `a: [M, K]` and `b: [K, N]` of one float dtype
     /// (`F16`, `BF16`, `F32`, `F8E4M3` or `F8E5M2`), `a`'s axis 1 and `b`'s axis 0 the
     /// same extent. Result: `F32 [M, N]`, `M` from `a`'s axis 0 and `N` from `b`'s
     /// axis 1. `precision` says how exactly the products must be formed (see
     /// [`DotPrecision`]; `Tf32` only with `F32` operands).
-    Dot { precision: DotPrecision },
+    Dot {
+        /// Exact products, or TF32 permitted.
+        precision: DotPrecision,
+    },
 }
 
 /// How exactly a [`Op::Dot`] must multiply its operands. The sum is f32 either way.
@@ -412,12 +527,15 @@ impl Op {
 /// The parts of one loop, as [`Kernel::loop_info`] finds them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoopInfo {
+    /// The loop.
     pub id: LoopId,
-    /// The `For` op and its position in [`Kernel::order`].
+    /// The `For` op.
     pub for_op: OpId,
+    /// The `For`'s position in [`Kernel::order`].
     pub for_pos: usize,
-    /// The `Yield` op and its position; the body is `order[for_pos + 1..yield_pos]`.
+    /// The `Yield` op.
     pub yield_op: OpId,
+    /// The `Yield`'s position; the body is `order[for_pos + 1..yield_pos]`.
     pub yield_pos: usize,
     /// Number of carried values (the `For`'s `carried`).
     pub carried: u32,
@@ -434,7 +552,9 @@ pub struct LoopInfo {
 /// [`crate::Builder::at`]). Error messages name it; the printer does not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Loc {
+    /// The line, from 1.
     pub line: u32,
+    /// The column, from 1.
     pub column: u32,
 }
 
@@ -447,6 +567,7 @@ impl fmt::Display for Loc {
 /// A node of the graph.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
+    /// What the node computes.
     pub op: Op,
     /// The result type; `None` exactly when the op has no result (see [`Op::has_result`]).
     pub ty: Option<Type>,
@@ -457,11 +578,13 @@ pub struct Node {
 pub struct Kernel {
     /// The kernel's name (a Rust identifier; the CUDA entry point is derived from it).
     pub name: String,
+    /// The parameters, in signature order (indexed by [`ParamId`]).
     pub params: Vec<Param>,
     /// Names of shape symbols, indexed by [`ShapeSym`].
     pub shape_syms: Vec<String>,
     /// Names of tile symbols, indexed by [`TileSym`].
     pub tile_syms: Vec<String>,
+    /// The ops; an edge's weight is the operand position it feeds.
     pub graph: StableDiGraph<Node, u8>,
     /// Every node exactly once, in program order (a topological order of `graph`).
     pub order: Vec<OpId>,
@@ -490,10 +613,12 @@ impl Kernel {
         }
     }
 
+    /// The node of an op: the op and its result type.
     pub fn node(&self, op: OpId) -> &Node {
         &self.graph[op.0]
     }
 
+    /// The op of a node.
     pub fn op(&self, op: OpId) -> &Op {
         &self.graph[op.0].op
     }
@@ -723,6 +848,7 @@ impl Kernel {
         self.params[p.0 as usize].dims()
     }
 
+    /// A parameter by id.
     pub fn param(&self, p: ParamId) -> &Param {
         &self.params[p.0 as usize]
     }

@@ -1,3 +1,4 @@
+#![deny(missing_docs)]
 //! kfuse-ir: the tile IR of kfuse.
 //!
 //! A kernel is a graph of tile ops ([`kernel`]) built with the [`builder`], checked by

@@ -77,6 +77,23 @@ pub fn layout_str(l: &Layout) -> String {
 }
 
 /// Prints a kernel (and its schedule, once scheduled).
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_ir::{AccessDim, Builder, DType};
+///
+/// let mut b = Builder::new("first");
+/// let n = b.shape_sym("N");
+/// let x = b.tensor_param("x", DType::F32, &[n], false);
+/// let out = b.tensor_param("out", DType::F32, &[n], true);
+/// let i = b.constant(kfuse_ir::Literal::Int(0), DType::I64);
+/// let v = b.load(x, &[i], &[AccessDim::Index])?;
+/// b.store(out, &[i], &[AccessDim::Index], v)?;
+/// let text = kfuse_ir::print::print(&b.finish()?);
+/// assert!(text.contains("load x"));
+/// # Ok::<(), kfuse_ir::IrError>(())
+/// ```
 pub fn print(k: &Kernel) -> String {
     let mut out = String::new();
     let params: Vec<String> = k

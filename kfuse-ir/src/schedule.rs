@@ -35,10 +35,15 @@ use crate::kernel::{OpId, ShapeSym, TileSym, ValueId};
 /// (see [`AxisSteps`]). Empty means the plain formula above.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Blocked {
+    /// The tile's concrete extent along each axis.
     pub shape: Vec<u32>,
+    /// Consecutive elements a thread holds along each axis (`spt`).
     pub size_per_thread: Vec<u32>,
+    /// Lanes of a warp along each axis (`tpw`; their product is 32).
     pub threads_per_warp: Vec<u32>,
+    /// Warps of a block along each axis (`wpc`).
     pub warps_per_block: Vec<u32>,
+    /// The axes, fastest first.
     pub order: Vec<u32>,
     /// Blocks of the cluster along each axis (all 1 without a cluster split).
     pub ctas_per_cluster: Vec<u32>,
@@ -50,8 +55,11 @@ pub struct Blocked {
 /// along one axis of a [`Blocked`] layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AxisSteps {
+    /// The step between a thread's consecutive registers.
     pub elem: u32,
+    /// The step between consecutive lanes.
     pub lane: u32,
+    /// The step between consecutive warps.
     pub warp: u32,
 }
 
@@ -60,10 +68,16 @@ pub struct AxisSteps {
 pub enum Layout {
     /// A scalar: every thread holds the same value.
     Uniform,
+    /// A tile spread over the block's threads as [`Blocked`] says.
     Blocked(Blocked),
     /// The parent layout with axis `axis` removed: what a reduction along `axis` of a
     /// `parent`-distributed tile leaves, and what broadcasting back into it needs.
-    Slice { parent: Blocked, axis: u32 },
+    Slice {
+        /// The layout of the tile before the axis was removed.
+        parent: Blocked,
+        /// The removed axis of `parent`.
+        axis: u32,
+    },
 }
 
 /// How a layout conversion lays its tile out in shared memory (rank-2 tiles are stored
@@ -71,12 +85,20 @@ pub enum Layout {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SmemLayout {
     /// Rows padded by `pad` elements; every access is one element.
-    Padded { pad: u32 },
+    Padded {
+        /// Elements of padding after each row.
+        pad: u32,
+    },
     /// No padding; the `vec`-element chunk `j` of row `r` is stored at chunk
     /// `j ^ ((r / phase_div) % (C / vec))`. The side whose fastest axis is the row moves
     /// whole chunks (one vector access each); the other side, which walks down columns
     /// `phase_div` rows at a time, finds the lanes of one access in distinct banks.
-    Swizzled { vec: u32, phase_div: u32 },
+    Swizzled {
+        /// Elements a chunk.
+        vec: u32,
+        /// Rows that share one swizzle phase.
+        phase_div: u32,
+    },
 }
 
 /// Everything the scheduling passes decided for one kernel specialization.
@@ -220,6 +242,7 @@ pub enum Major {
 pub struct MmaOperand {
     /// The `Load` inside the loop that feeds the `dot`.
     pub load: OpId,
+    /// Which of its dimensions is contiguous.
     pub major: Major,
     /// Shared-memory swizzle span in bytes (also the TMA box's inner extent in bytes).
     pub swizzle: u32,
@@ -231,9 +254,13 @@ pub struct MmaOperand {
 /// loaded once a stage and read by both) or one of its own.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MmaDot {
+    /// The `Dot` op.
     pub dot: OpId,
+    /// Its accumulator's index among the loop's carried values.
     pub carried: u32,
+    /// Its `[M, K]` operand.
     pub a: MmaOperand,
+    /// Its `[K, N]` operand.
     pub b: MmaOperand,
 }
 
@@ -258,21 +285,26 @@ pub enum TileWalk {
 /// dots, each into its own accumulator: [`MmaPlan::more`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MmaPlan {
+    /// The instructions and data movement.
     pub path: MmaPath,
-    /// The loop's `For` op, its (first) `Dot`, and that dot's loop-carried accumulator
-    /// index.
+    /// The loop's `For` op.
     pub for_op: OpId,
+    /// The loop's (first) `Dot`.
     pub dot: OpId,
+    /// That dot's loop-carried accumulator index.
     pub carried: u32,
+    /// The first dot's `[M, K]` operand.
     pub a: MmaOperand,
+    /// The first dot's `[K, N]` operand.
     pub b: MmaOperand,
     /// The loop's other dots, in program order (empty for a loop of one dot; only
     /// [`MmaPath::WgmmaTma`] takes more). A stage holds every distinct operand tile
     /// once: A, B, then for each of these its A when it has its own, and its B.
     pub more: Vec<MmaDot>,
-    /// Block tile `[BM, BN, BK]` and instruction shape `[m, n, k]` (on
-    /// [`MmaPath::FmaSimt`]: the thread tile `[tm, tn, 1]`, `tm × tn` FMAs per `k`).
+    /// Block tile `[BM, BN, BK]`.
     pub tile: [u32; 3],
+    /// Instruction shape `[m, n, k]` (on [`MmaPath::FmaSimt`]: the thread tile
+    /// `[tm, tn, 1]`, `tm × tn` FMAs per `k`).
     pub instr: [u32; 3],
     /// Consumer warpgroups (each owns `BM / consumers` rows of the tile); 0 on paths
     /// without warp specialization.
@@ -320,6 +352,7 @@ pub struct MmaPlan {
 }
 
 impl Schedule {
+    /// True once the passes have run (`num_threads > 0`).
     pub fn is_scheduled(&self) -> bool {
         self.num_threads > 0
     }

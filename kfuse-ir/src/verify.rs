@@ -42,6 +42,27 @@ use crate::kernel::*;
 use crate::schedule::Layout;
 
 /// Checks every invariant listed in the module docs; `pass` names the pass that just ran.
+///
+/// # Examples
+///
+/// A graph edited by hand that loses an operand no longer verifies:
+///
+/// ```
+/// use kfuse_ir::{AccessDim, Builder, DType};
+///
+/// let mut b = Builder::new("k");
+/// let n = b.shape_sym("N");
+/// let out = b.tensor_param("out", DType::F32, &[n], true);
+/// let i = b.constant(kfuse_ir::Literal::Int(0), DType::I64);
+/// let one = b.constant(kfuse_ir::Literal::Float(1.0), DType::F32);
+/// b.store(out, &[i], &[AccessDim::Index], one)?;
+/// let mut k = b.finish()?;
+/// kfuse_ir::verify::verify(&k, "my_pass")?;
+/// k.remove(one.op()); // the store's value is gone
+/// let e = kfuse_ir::verify::verify(&k, "my_pass").unwrap_err();
+/// assert!(e.to_string().contains("after `my_pass`"));
+/// # Ok::<(), kfuse_ir::IrError>(())
+/// ```
 pub fn verify(k: &Kernel, pass: &str) -> Result<()> {
     let fail = |msg: String| IrError::Verify { pass: pass.to_string(), msg };
     // 1. order

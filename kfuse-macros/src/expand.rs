@@ -109,6 +109,13 @@ pub fn kernel(k: &Kernel, krate: &syn::Path, plan: Option<&Plan>) -> TokenStream
     let cfgs = k.attrs.iter().filter(|a| a.path().is_ident("cfg"));
     let mod_doc = format!(" The IR definition of the `#[kfuse]` kernel `{name_str}`: [`DEF`] and [`build`].");
     let build_doc = format!(" Builds the IR of `{name_str}` for concrete dtypes (one per generic: {generics:?}).");
+    // A launcher the user left undocumented gets a line of its own, so that a crate
+    // under `#![deny(missing_docs)]` takes its kernels; the user's docs are kept as
+    // they are.
+    let launcher_doc = (!k.attrs.iter().any(|a| a.path().is_ident("doc"))).then(|| {
+        let d = format!(" Launches the `#[kfuse]` kernel `{name_str}` (its signature and IR: `{name_str}::DEF`).");
+        quote!(#[doc = #d])
+    });
 
     quote! {
         #(#cfgs)*
@@ -135,6 +142,7 @@ pub fn kernel(k: &Kernel, krate: &syn::Path, plan: Option<&Plan>) -> TokenStream
         }
 
         #(#attrs)*
+        #launcher_doc
         #vis fn #name(#(#wparams),*) -> #rt::Result<#rt::Launched> {
             #rt::launch(&#name::DEF, &mut [#(#args),*])
         }

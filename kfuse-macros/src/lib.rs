@@ -1,10 +1,11 @@
+#![deny(missing_docs)]
 //! `#[kfuse]`: turns a kernel written as a Rust function into a `KernelDef` (its
 //! signature and a function that builds its IR) and a wrapper that launches it.
 //!
-//! Pipeline, one module each: [`parse`] (`syn` → [`ast`], the syntax the language
-//! has) → [`lower`] (names resolved; the kernel as a [`lower::Plan`] of IR-builder
-//! calls) → [`validate`] (the plan runs on the real `kfuse_ir::Builder` for every dtype
-//! assignment of the generics, so the typing rules are the builder's) → [`expand`] (the
+//! Pipeline, one private module each: `parse` (`syn` → `ast`, the syntax the language
+//! has) → `lower` (names resolved; the kernel as a `lower::Plan` of IR-builder
+//! calls) → `validate` (the plan runs on the real `kfuse_ir::Builder` for every dtype
+//! assignment of the generics, so the typing rules are the builder's) → `expand` (the
 //! same plan printed as the generated `build`). On errors the `compile_error!`s are
 //! emitted together with the items (with a `build` that returns an error), so that code
 //! using the kernel still resolves.
@@ -25,7 +26,19 @@ mod tests;
 
 /// Compiles a kernel: `#[kfuse]` or `#[kfuse(crate = "path::to::kfuse")]`.
 ///
-/// ```ignore
+/// # Examples
+///
+/// RMSNorm, one row a program, launched on the CPU interpreter (a tensor made on
+/// `Device::gpu(0)?` runs it on the GPU):
+///
+/// ```
+/// # extern crate self as kfuse;
+/// # pub use kfuse_ir as ir;
+/// # pub use kfuse_runtime as runtime;
+/// # pub mod prelude { pub use kfuse_macros::kfuse; pub use kfuse_runtime::{DType, Device, Tensor}; }
+/// use kfuse::prelude::*;
+///
+/// /// `out = x / rms(x) * w`, row by row.
 /// #[kfuse]
 /// pub fn rmsnorm<T: Float>(x: Tensor<T, (M, N)>, w: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>, eps: f32) {
 ///     let row = program_id(0);
@@ -33,6 +46,22 @@ mod tests;
 ///     let r = rsqrt((xr * xr).mean() + eps);
 ///     out.row(row).store((xr * r * w.load().to_f32()).cast::<T>());
 /// }
+///
+/// # fn main() -> kfuse::runtime::Result<()> {
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[3., 4., 1., 1.], &[2, 2], DType::F32, &dev)?;
+/// let w = Tensor::from_f32(&[1., 2.], &[2], DType::F32, &dev)?;
+/// let mut out = Tensor::empty(&[2, 2], DType::F32, &dev)?;
+/// // the launcher: tensors by reference (`&mut` for outputs), scalars by value
+/// let ran = rmsnorm(&x, &w, &mut out, 0.0)?;
+/// println!("{} ran on {}", ran.kernel, ran.backend);
+/// let y = out.to_vec_f32()?; // row 1: [1, 1] / 1 · [1, 2]
+/// assert_eq!(&y[2..], [1., 2.]);
+/// // the generated module: the signature the runtime checks, and the IR builder
+/// assert_eq!(rmsnorm::DEF.params.len(), 4);
+/// let ir = rmsnorm::build(&[DType::BF16]).expect("builds for bf16");
+/// assert_eq!(ir.name, "rmsnorm");
+/// # Ok(()) }
 /// ```
 ///
 /// **Signature.** Generics are dtypes, each bounded by exactly `Float` (one of f32,
@@ -71,9 +100,21 @@ mod tests;
 /// Typing (dtypes, broadcasting, what may be stored where) is `kfuse_ir::Builder`'s,
 /// checked at compile time for every dtype of the generics.
 ///
-/// **Output.** A module of the kernel's name with `DEF: KernelDef` and
-/// `build(&[DType]) -> Result<Kernel, IrError>`, and a function of the same name taking
-/// `&Tensor` / `&mut Tensor` / scalars that calls `runtime::launch(&name::DEF, ..)`.
+/// **Output.** For `vis fn name<..>(params)` the macro emits, with `kfuse` standing for
+/// the crate path:
+/// - `vis fn name(..) -> kfuse::runtime::Result<kfuse::runtime::Launched>`, the
+///   launcher: one argument per parameter in signature order, `&kfuse::runtime::Tensor`
+///   for an input tensor, `&mut kfuse::runtime::Tensor` for an output, `f32` or `i64` for
+///   a scalar (no generics: the dtypes come from the tensors at launch). It calls
+///   `kfuse::runtime::launch(&name::DEF, ..)`, which runs the kernel on the GPU the
+///   tensors live on, or in the CPU interpreter for CPU tensors, and says which in
+///   `Launched::backend`. The function's attributes and docs go to the launcher (an
+///   undocumented one gets a line of its own).
+/// - `vis mod name`, holding `pub static DEF: kfuse::ir::KernelDef` (the name, the dtype
+///   generics and the parameters the runtime checks arguments against, and `build`) and
+///   `pub fn build(&[kfuse::ir::DType]) -> Result<kfuse::ir::Kernel, kfuse::ir::IrError>`
+///   (the IR for one dtype per generic). `&name::DEF` is what the runtime's `emit`,
+///   `gpu_plan_tiles`, `launch_interpreter` and `launch_grouped` take.
 #[proc_macro_attribute]
 pub fn kfuse(attr: TokenStream, item: TokenStream) -> TokenStream {
     kfuse2(attr.into(), item.into()).into()

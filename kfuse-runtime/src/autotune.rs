@@ -126,9 +126,13 @@ pub fn merge_tiles(winner: &BTreeMap<String, u32>, explicit: &BTreeMap<String, u
 /// One stored winner.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Winner {
+    /// The kernel's name (for people reading the file).
     pub kernel: String,
+    /// The device's name (for people reading the file).
     pub device: String,
+    /// The target architecture (`sm_90a`; for people reading the file).
     pub arch: String,
+    /// The fastest tile settings by tile-symbol name: the one field a launch uses.
     pub tiles: BTreeMap<String, u32>,
     /// Its median time in milliseconds (for people reading the file).
     pub ms: f64,

@@ -126,6 +126,16 @@ impl std::fmt::Display for BuildTimes {
 
 /// The time this process has spent building kernels so far, by step (module docs).
 /// Take the [`BuildTimes::since`] of two readings for the cost of the calls between.
+///
+/// # Examples
+///
+/// ```
+/// let before = kfuse_runtime::build_times();
+/// // … the first calls of some kernels …
+/// let spent = kfuse_runtime::build_times().since(&before);
+/// println!("{spent}"); // IR … ms (n), codegen … ms (n), …; total … ms
+/// assert!(spent.total() >= spent.nvrtc);
+/// ```
 pub fn build_times() -> BuildTimes {
     let d = |s: Step| Duration::from_nanos(NANOS[s as usize].load(Ordering::Relaxed));
     let mut counts = [0; STEPS];

@@ -150,6 +150,29 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Modules compiled from CUDA source, cached in memory and on disk (see the module docs).
+///
+/// # Examples
+///
+/// Needs NVRTC (not a GPU):
+///
+/// ```
+/// use kfuse_runtime::{CacheOutcome, ModuleCache};
+///
+/// let src = r#"extern "C" __global__ void k(float* p) { p[threadIdx.x] = 1.0f; }"#;
+/// let dir = std::env::temp_dir().join(format!("kfuse-doc-{}", std::process::id()));
+/// let cache = ModuleCache::new(Some(dir.clone()));
+/// let (_, first) = cache.compile(src, "sm_90a", &[])?; // NVRTC, then a file on disk
+/// let (_, again) = cache.compile(src, "sm_90a", &[])?;
+/// assert_eq!((first, again), (CacheOutcome::Compiled, CacheOutcome::Memory));
+/// // another process (or another cache of this directory) reads the file instead
+/// let (_, fresh) = ModuleCache::new(cache.dir().map(Into::into)).compile(src, "sm_90a", &[])?;
+/// assert_eq!(fresh, CacheOutcome::Disk);
+/// assert_eq!(cache.stats().compiles, 1);
+/// assert_eq!(cache.disk_usage()?.entries, 1);
+/// assert_eq!(cache.clear()?, 1); // files deleted
+/// # std::fs::remove_dir_all(dir)?;
+/// # Ok::<(), kfuse_runtime::Error>(())
+/// ```
 pub struct ModuleCache {
     dir: Option<PathBuf>,
     mem: Mutex<HashMap<String, Arc<Module>>>,
@@ -526,6 +549,23 @@ fn is_at(file: &File, path: &Path) -> bool {
 
 /// The module of an emitted kernel through the process-wide [`ModuleCache::global`]. Needs NVRTC,
 /// not a GPU.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_codegen::Target;
+/// use kfuse_runtime::{compile_cached, emit, ArgDesc, DType, Result};
+///
+/// /// Compiles what a launch of `def` (`k::DEF` of a `#[kfuse] fn k(x: Tensor<T, (N,)>,
+/// /// y: &mut Tensor<T, (N,)>)`) on 2^20 bf16 elements runs on an sm_80 GPU, without one.
+/// fn precompile(def: &kfuse_ir::KernelDef) -> Result<usize> {
+///     let t = ArgDesc::tensor(DType::BF16, &[1 << 20]);
+///     let emitted = emit(def, &[t.clone(), t], &Target::sm80())?;
+///     let (module, outcome) = compile_cached(&emitted)?;
+///     println!("{}: {outcome:?}", emitted.entry);
+///     Ok(module.ptx.len())
+/// }
+/// ```
 pub fn compile_cached(emitted: &EmittedKernel) -> Result<(Arc<Module>, CacheOutcome)> {
     ModuleCache::global().compile_emitted(emitted)
 }

@@ -105,6 +105,18 @@ enum Kind {
 
 /// Where tensors live and kernels run: the CPU (kernels run in the IR interpreter) or a
 /// CUDA GPU. See the module docs.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_runtime::Device;
+///
+/// let cpu = Device::cpu();
+/// assert!(cpu.is_cpu() && cpu.target().is_none());
+/// assert_eq!(cpu.describe(), "cpu");
+/// let dev = Device::best(); // GPU 0 when there is one
+/// println!("running on {}", dev.describe());
+/// ```
 #[derive(Clone)]
 pub struct Device {
     kind: Kind,
@@ -148,6 +160,15 @@ pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// Number of CUDA GPUs visible to this process (0 without a driver).
+///
+/// # Examples
+///
+/// ```
+/// let gpus: Vec<_> = (0..kfuse_runtime::gpu_count()).filter_map(|i| kfuse_runtime::Device::gpu(i).ok()).collect();
+/// for g in &gpus {
+///     println!("{}", g.describe());
+/// }
+/// ```
 pub fn gpu_count() -> usize {
     match driver_status() {
         Ok(n) => *n,
@@ -185,6 +206,17 @@ impl Device {
 
     /// The GPU with this ordinal. Fails with [`Error::NoGpu`] when there is no driver, no
     /// device, or fewer devices than `ordinal + 1`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use kfuse_runtime::Device;
+    ///
+    /// let gpu = Device::gpu(0)?;
+    /// let target = gpu.target().expect("a GPU has a target");
+    /// println!("{}: compiling for {}", gpu.describe(), target.arch());
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn gpu(ordinal: usize) -> Result<Device> {
         // while the driver starts: NVRTC's libraries into the OS's page cache, for the
         // first compile (a hint in the background; see `nvrtc::prefetch_libraries`)
@@ -279,6 +311,15 @@ impl Device {
 
     /// Waits until all work issued to the device is done and reports asynchronous
     /// errors. A no-op on the CPU.
+    ///
+    /// ```no_run
+    /// # use kfuse_runtime::{DType, Device, Tensor};
+    /// let gpu = Device::gpu(0)?;
+    /// let mut t = Tensor::empty(&[1 << 20], DType::F32, &gpu)?;
+    /// t.fill(1.0)?; // queued
+    /// gpu.synchronize()?; // done, and no earlier launch failed
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn synchronize(&self) -> Result<()> {
         match &self.kind {
             Kind::Cpu => Ok(()),
@@ -304,6 +345,16 @@ impl Device {
     /// the work issued so far, which it waits for), so that other libraries and processes
     /// can have that memory; `reserved_bytes` drops to `allocated_bytes`. Storage of live
     /// tensors stays. A no-op on the CPU.
+    ///
+    /// ```no_run
+    /// # use kfuse_runtime::{DType, Device, Tensor};
+    /// let gpu = Device::gpu(0)?;
+    /// drop(Tensor::empty(&[1 << 28], DType::F32, &gpu)?); // 1 GiB back to the pool
+    /// assert!(gpu.memory_stats().reserved_bytes >= 1 << 30);
+    /// gpu.empty_cache()?; // and from the pool to the driver
+    /// assert_eq!(gpu.memory_stats().reserved_bytes, gpu.memory_stats().allocated_bytes);
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn empty_cache(&self) -> Result<()> {
         let Some(g) = self.gpu_ref() else { return Ok(()) };
         g.memory.release_cached(&g.stream).map_err(driver(format_args!("freeing the cached memory of {}", self.description())))?;
@@ -314,6 +365,22 @@ impl Device {
     /// before and after each call (wall-clock on the CPU), and returns the `iters`
     /// per-call times in milliseconds. `f` should only issue work to this device (e.g.
     /// [`crate::launch()`]); it must not synchronize if the times are to mean GPU time.
+    ///
+    /// # Examples
+    ///
+    /// The median of 20 calls after 3 warm-ups (a fill here; a kernel launch, a
+    /// `#[kfuse]` function's call or a `kfuse::ops` call in practice):
+    ///
+    /// ```
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let dev = Device::best();
+    /// let mut t = Tensor::empty(&[1 << 20], DType::F32, &dev)?;
+    /// let mut ms = dev.time_ms(3, 20, || t.fill(0.5))?;
+    /// ms.sort_by(f32::total_cmp);
+    /// println!("median {:.4} ms on {}", ms[ms.len() / 2], dev.describe());
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn time_ms(&self, warmup: usize, iters: usize, f: impl FnMut() -> Result<()>) -> Result<Vec<f32>> {
         self.time_ms_with(warmup, iters, || Ok(()), f)
     }
@@ -323,6 +390,22 @@ impl Device {
     /// must not count, such as evicting the L2 cache. Work `before` leaves on the GPU
     /// also keeps the stream busy while the host issues `f`, so the interval holds the
     /// GPU time of `f` rather than the host's launch latency.
+    ///
+    /// # Examples
+    ///
+    /// Each timed call starts from a freshly written input:
+    ///
+    /// ```
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let dev = Device::best();
+    /// let mut src = Tensor::zeros(&[1 << 16], DType::F32, &dev)?;
+    /// let mut dst = Tensor::empty(&[1 << 16], DType::F32, &dev)?;
+    /// let mut calls = 0;
+    /// let ms = dev.time_ms_with(1, 5, || src.fill(1.0), || { calls += 1; dst.fill(2.0) })?;
+    /// assert_eq!((ms.len(), calls), (5, 6)); // 1 warm-up, 5 timed
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn time_ms_with(&self, warmup: usize, iters: usize, mut before: impl FnMut() -> Result<()>, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f32>> {
         for _ in 0..warmup {
             before()?;

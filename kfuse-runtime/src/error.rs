@@ -25,7 +25,14 @@ pub enum Error {
     /// Element types do not fit together.
     DTypeMismatch(String),
     /// An operation needs a packed row-major tensor and got a strided view.
-    NonContiguous { what: String, shape: Vec<usize>, strides: Vec<isize> },
+    NonContiguous {
+        /// The operation and argument that needs the packed tensor.
+        what: String,
+        /// The view's shape.
+        shape: Vec<usize>,
+        /// The view's strides, in elements.
+        strides: Vec<isize>,
+    },
     /// Tensors of one call live on different devices.
     DeviceMismatch(String),
     /// An output tensor shares storage with another argument of the same call.
@@ -34,11 +41,22 @@ pub enum Error {
     InvalidArgument(String),
     /// A GPU was asked for and there is none usable (no driver library, no device, bad
     /// ordinal).
-    NoGpu { reason: String },
+    NoGpu {
+        /// What was missing or failed.
+        reason: String,
+    },
     /// libnvrtc could not be loaded; `searched` lists the places and names tried.
-    NvrtcMissing { searched: Vec<String> },
+    NvrtcMissing {
+        /// The paths and library names tried, in order.
+        searched: Vec<String>,
+    },
     /// NVRTC rejected a source: its log and the source it was given.
-    Nvrtc { log: String, source: String },
+    Nvrtc {
+        /// NVRTC's compile log.
+        log: String,
+        /// The CUDA source it compiled.
+        source: String,
+    },
     /// A CUDA driver call failed (allocation, copy, module load, launch, …).
     Driver(String),
     /// Code generation failed.

@@ -62,11 +62,14 @@ use crate::tensor::Tensor;
 /// A scalar argument, passed by value.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Scalar {
+    /// For an `f32` parameter.
     F32(f32),
+    /// For an `i64` parameter.
     I64(i64),
 }
 
 impl Scalar {
+    /// `F32` or `I64`.
     pub fn dtype(self) -> DType {
         match self {
             Scalar::F32(_) => DType::F32,
@@ -74,6 +77,7 @@ impl Scalar {
         }
     }
 
+    /// The value as `f64` (what the interpreter takes).
     pub fn as_f64(self) -> f64 {
         match self {
             Scalar::F32(v) => v as f64,
@@ -99,8 +103,11 @@ impl From<i64> for Scalar {
 /// for a by-value parameter.
 #[derive(Debug)]
 pub enum Arg<'a> {
+    /// An input tensor: read only.
     In(&'a Tensor),
+    /// An output tensor: written (and may be read too).
     Out(&'a mut Tensor),
+    /// A scalar, passed by value.
     Scalar(Scalar),
 }
 
@@ -120,6 +127,22 @@ impl Arg<'_> {
 /// strides and the offset of its element 0 from an allocation, or a scalar's dtype — the
 /// facts the checks and the specialization of a launch read of an [`Arg`], without the
 /// memory.
+///
+/// # Examples
+///
+/// The arguments of a transpose of the first 100 columns of a `[4096, 4096]` bf16 matrix
+/// (`x.narrow(1, 0, 100)`) into a packed `[100, 4096]` output:
+///
+/// ```
+/// use kfuse_runtime::{ArgDesc, DType};
+///
+/// let x = ArgDesc::strided(DType::BF16, &[4096, 100], &[4096, 1]);
+/// let args = [x.clone(), ArgDesc::tensor(DType::BF16, &[100, 4096])];
+/// // the same slice from column 8 on: 16 bytes into the allocation
+/// let from_col_8 = x.at_byte_offset(16);
+/// assert!(matches!(from_col_8, ArgDesc::Tensor(ref t) if t.byte_offset == 16));
+/// assert!(matches!(&args[1], ArgDesc::Tensor(t) if t.strides == [4096, 1]));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArgDesc {
     /// A tensor, for an input or an output parameter alike.
@@ -131,7 +154,9 @@ pub enum ArgDesc {
 /// A tensor argument described ([`ArgDesc::tensor`], [`ArgDesc::strided`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorDesc {
+    /// The element type.
     pub dtype: DType,
+    /// The size of each dimension.
     pub shape: Vec<usize>,
     /// In elements, one per dimension.
     pub strides: Vec<isize>,
@@ -333,7 +358,10 @@ impl ArgFacts for ArgDesc {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// On a GPU; `device` describes it (`cuda:0 (NVIDIA H100 …)`).
-    Gpu { device: String },
+    Gpu {
+        /// [`Device::describe`]'s text.
+        device: String,
+    },
     /// In the IR interpreter on the CPU.
     Interpreter,
 }
@@ -350,6 +378,7 @@ impl fmt::Display for Backend {
 /// What a launch did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launched {
+    /// Where it ran: a GPU or the interpreter.
     pub backend: Backend,
     /// The kernel's name.
     pub kernel: String,
@@ -625,6 +654,18 @@ fn check(kernel: &str, generics: &[&str], params: &[PDesc<'_>], args: &[Arg<'_>]
 
 /// Checks `args` against `def`'s signature (step 1 of [`launch`]) and returns the dtypes
 /// bound to its generics, in order.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_runtime::{check_args, Arg, DType, Result, Tensor};
+///
+/// /// The dtype `T` binds to in a `#[kfuse] fn k<T: Float>(x: Tensor<T, (N,)>,
+/// /// y: &mut Tensor<T, (N,)>)` called on `x` and `y` (`def`: `k::DEF`).
+/// fn bound_dtype(def: &kfuse_ir::KernelDef, x: &Tensor, y: &mut Tensor) -> Result<DType> {
+///     Ok(check_args(def, &[Arg::In(x), Arg::Out(y)])?[0])
+/// }
+/// ```
 pub fn check_args(def: &KernelDef, args: &[Arg<'_>]) -> Result<Vec<DType>> {
     Ok(check(def.name, def.generics, &def_params(def), args)?.dtypes)
 }
@@ -746,6 +787,8 @@ fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], target: &T
 /// (`SPLITK`, `MCAST`, …), which are no tile symbols. Errors: those of [`launch`]'s
 /// checks, an unparsable `KFUSE_TILES`, and codegen's refusals (a target below sm_80, an
 /// override that is not a power of two) as [`Error::Codegen`].
+///
+/// [`launch_interpreter`]'s example runs a kernel with these tiles.
 pub fn gpu_plan_tiles(def: &KernelDef, args: &[Arg<'_>], target: &Target) -> Result<std::collections::BTreeMap<String, u32>> {
     check(def.name, def.generics, &def_params(def), args)?;
     let (built, spec) = planned(def, args, target)?;
@@ -848,6 +891,19 @@ pub fn tile_overrides() -> Result<std::collections::BTreeMap<String, u32>> {
 
 /// Builds the IR of `def` for `dtypes` and generates code for `spec` and `target`
 /// (what a GPU launch compiles; snapshot tests call it without a GPU).
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_codegen::{Spec, Target};
+/// use kfuse_runtime::{emit_for, DType, Result};
+///
+/// /// The CUDA of `def` on bf16 for a spec built by hand (one `TensorSpec` a tensor
+/// /// parameter, one `shape_pow2` a shape symbol); `emit` builds it from arguments.
+/// fn cuda(def: &kfuse_ir::KernelDef, spec: &Spec) -> Result<String> {
+///     Ok(emit_for(def, &[DType::BF16], spec, &Target::sm80())?.source)
+/// }
+/// ```
 pub fn emit_for(def: &KernelDef, dtypes: &[DType], spec: &Spec, target: &Target) -> Result<EmittedKernel> {
     if dtypes.len() != def.generics.len() {
         return Err(Error::InvalidArgument(format!(
@@ -881,6 +937,54 @@ fn any_output_empty(args: &[Arg<'_>]) -> bool {
 /// queued (GPU) or done (CPU). The interpreter takes the tile sizes `KFUSE_TILES` names
 /// (from the same [`crate::settings`] snapshot as GPU launches) and 16 for the others
 /// (`kfuse_ir::interp::Options`); [`launch_interpreter`] takes any tiles.
+///
+/// `#[kfuse] fn name` generates a function `name(..)` that calls this with `&name::DEF`
+/// and one [`Arg`] per parameter; a `KernelDef` written by hand launches the same way.
+///
+/// # Examples
+///
+/// `out[i] = x[i] * s`, one element a program, on CPU tensors (the interpreter):
+///
+/// ```
+/// use kfuse_ir::{AccessDim, BinaryOp, Builder, DTypeSig, Kernel, KernelDef, ParamSig};
+/// use kfuse_runtime::{launch, Arg, Backend, DType, Device, Scalar, Tensor};
+///
+/// fn build(dtypes: &[DType]) -> kfuse_ir::error::Result<Kernel> {
+///     let mut b = Builder::new("scale");
+///     let n = b.shape_sym("N");
+///     let x = b.tensor_param("x", dtypes[0], &[n], false);
+///     let out = b.tensor_param("out", dtypes[0], &[n], true);
+///     let (_, s) = b.scalar_param("s", DType::F32);
+///     let i = b.program_id(0)?;
+///     let v = b.load(x, &[i], &[AccessDim::Index])?;
+///     let v = b.cast(v, DType::F32)?;
+///     let v = b.binary(BinaryOp::Mul, v, s)?;
+///     let v = b.cast(v, dtypes[0])?;
+///     b.store(out, &[i], &[AccessDim::Index], v)?;
+///     b.finish()
+/// }
+///
+/// // what `#[kfuse]` records for `fn scale<T: Float>(x: Tensor<T, (N,)>,
+/// // out: &mut Tensor<T, (N,)>, s: f32)`
+/// static SCALE: KernelDef = KernelDef {
+///     name: "scale",
+///     generics: &["T"],
+///     params: &[
+///         ParamSig::Tensor { name: "x", dtype: DTypeSig::Generic(0), dims: &["N"], output: false },
+///         ParamSig::Tensor { name: "out", dtype: DTypeSig::Generic(0), dims: &["N"], output: true },
+///         ParamSig::Scalar { name: "s", dtype: DType::F32 },
+///     ],
+///     build,
+/// };
+///
+/// let cpu = Device::cpu();
+/// let x = Tensor::from_f32(&[1.0, 2.0, 3.0], &[3], DType::BF16, &cpu)?;
+/// let mut out = Tensor::empty(&[3], DType::BF16, &cpu)?;
+/// let ran = launch(&SCALE, &mut [Arg::In(&x), Arg::Out(&mut out), Arg::Scalar(Scalar::F32(2.0))])?;
+/// assert_eq!(ran.backend, Backend::Interpreter);
+/// assert_eq!(out.to_vec_f32()?, [2.0, 4.0, 6.0]);
+/// # Ok::<(), kfuse_runtime::Error>(())
+/// ```
 pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
     launch_with(def, args, None)
 }
@@ -894,9 +998,19 @@ pub fn launch(def: &KernelDef, args: &mut [Arg<'_>]) -> Result<Launched> {
 /// otherwise: copy them with `.to_device(&Device::cpu())`); a tile of size 0 is an
 /// interpreter error ([`Error::Ir`]).
 ///
-/// ```ignore
-/// let tiles = kfuse::runtime::gpu_plan_tiles(&my_kernel::DEF, &[Arg::In(&x), Arg::Out(&mut y)], &Target::sm90a())?;
-/// kfuse::runtime::launch_interpreter(&my_kernel::DEF, &mut [Arg::In(&x), Arg::Out(&mut y)], &tiles)?;
+/// # Examples
+///
+/// ```
+/// use kfuse_codegen::Target;
+/// use kfuse_runtime::{gpu_plan_tiles, launch_interpreter, Arg, Launched, Result, Tensor};
+///
+/// /// Runs `def` (a `#[kfuse] fn k(x: Tensor<..>, y: &mut Tensor<..>)`'s `k::DEF`) on CPU
+/// /// tensors with the tiles an H100 launch would use.
+/// fn as_on_h100(def: &kfuse_ir::KernelDef, x: &Tensor, y: &mut Tensor) -> Result<Launched> {
+///     let mut args = [Arg::In(x), Arg::Out(y)];
+///     let tiles = gpu_plan_tiles(def, &args, &Target::sm90a())?;
+///     launch_interpreter(def, &mut args, &tiles)
+/// }
 /// ```
 pub fn launch_interpreter(def: &KernelDef, args: &mut [Arg<'_>], tiles: &std::collections::BTreeMap<String, u32>) -> Result<Launched> {
     launch_with(def, args, Some(tiles))
@@ -1032,6 +1146,20 @@ impl LaunchSig {
 /// Every problem must pass the checks of [`launch`] and instantiate the kernel with the
 /// same dtypes. Problems with nothing to compute are left out; `skipped_empty` says
 /// that none had anything.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_runtime::{launch_grouped, Arg, Result, Tensor};
+///
+/// /// `y_i = k(x_i)` for two problems of their own sizes in one launch (`def`: the
+/// /// `k::DEF` of a `#[kfuse] fn k<T: Float>(x: Tensor<T, (M, N)>, y: &mut Tensor<T, (M, N)>)`).
+/// fn both(def: &kfuse_ir::KernelDef, x: [&Tensor; 2], y: [&mut Tensor; 2]) -> Result<()> {
+///     let [y0, y1] = y;
+///     launch_grouped(def, &mut [vec![Arg::In(x[0]), Arg::Out(y0)], vec![Arg::In(x[1]), Arg::Out(y1)]])?;
+///     Ok(())
+/// }
+/// ```
 pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<Launched> {
     if groups.is_empty() {
         return Err(Error::InvalidArgument(format!("a grouped launch of `{}` needs at least one problem", def.name)));

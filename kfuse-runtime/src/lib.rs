@@ -1,3 +1,4 @@
+#![deny(missing_docs)]
 //! kfuse-runtime: devices, tensors, NVRTC compilation, the module cache, and launching
 //! kernels.
 //!

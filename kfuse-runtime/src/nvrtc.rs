@@ -239,6 +239,19 @@ pub fn prefetch_libraries() {
 }
 
 /// True when libnvrtc can be loaded (see [`ensure_nvrtc`]).
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_runtime::nvrtc;
+///
+/// if nvrtc::nvrtc_available() {
+///     println!("NVRTC {:?}", nvrtc::nvrtc_version()?);
+/// } else {
+///     println!("no NVRTC: GPU launches cannot compile; emit() and the interpreter still work");
+/// }
+/// # Ok::<(), kfuse_runtime::Error>(())
+/// ```
 pub fn nvrtc_available() -> bool {
     ensure_nvrtc().is_ok()
 }
@@ -270,6 +283,15 @@ pub fn full_options(arch: &str, options: &[String]) -> Vec<String> {
 
 /// Compiles CUDA C++ `source` for `arch` (`sm_90a`, `sm_80`, …) with extra `options`
 /// and returns the PTX text.
+///
+/// # Examples
+///
+/// ```
+/// let src = r#"extern "C" __global__ void zero(float* p) { p[threadIdx.x] = 0.0f; }"#;
+/// let ptx = kfuse_runtime::nvrtc::compile_ptx(src, "sm_80", &[])?;
+/// assert!(ptx.contains(".entry zero"));
+/// # Ok::<(), kfuse_runtime::Error>(())
+/// ```
 pub fn compile_ptx(source: &str, arch: &str, options: &[String]) -> Result<String> {
     compile_ptx_exact(source, &full_options(arch, options))
 }

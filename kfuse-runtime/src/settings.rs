@@ -262,6 +262,18 @@ impl Config {
     /// Makes these settings the process's, over the environment's, from the next launch
     /// on. Errors ([`Error::InvalidArgument`], nothing changed): a tile override that is
     /// not a power of two (or a count option below its least value, [`COUNT_OPTIONS`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kfuse_runtime::settings::{self, Config};
+    ///
+    /// Config::new().tile("BN", 256).sync(true).apply()?;
+    /// assert_eq!(settings::current().tiles()?.get("BN"), Some(&256));
+    /// assert!(Config::new().tile("BN", 100).apply().is_err()); // not a power of two
+    /// settings::clear_config(); // back to the environment's
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn apply(self) -> Result<()> {
         for (name, &v) in self.tiles.iter().flatten().chain(&self.tile) {
             check_tile(name, v).map_err(|m| Error::InvalidArgument(format!("Config::tile: {m}")))?;
@@ -387,6 +399,16 @@ pub fn current() -> Arc<Settings> {
 /// Re-reads the variables: call it after changing one of them in-process (launches
 /// before the call keep the old values, launches after it see the new ones). Settings
 /// made in code stay over them.
+///
+/// # Examples
+///
+/// ```
+/// // a program that sets a variable after its first launch
+/// std::env::set_var("KFUSE_THREADS", "256");
+/// kfuse_runtime::settings::reload();
+/// assert_eq!(kfuse_runtime::settings::current().threads()?, Some(256));
+/// # Ok::<(), kfuse_runtime::Error>(())
+/// ```
 pub fn reload() {
     state().write().unwrap_or_else(|e| e.into_inner()).refresh(true);
 }

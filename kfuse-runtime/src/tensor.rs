@@ -78,6 +78,24 @@ fn write(l: &RwLock<Vec<u8>>) -> RwLockWriteGuard<'_, Vec<u8>> {
 
 /// A strided view of elements of one dtype in host or device memory. See the module
 /// docs for the layout rules.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_runtime::{DType, Device, Tensor};
+///
+/// let cpu = Device::cpu(); // or Device::gpu(0)?: the same calls
+/// let m = Tensor::from_f32(&[1., 2., 3., 4., 5., 6.], &[2, 3], DType::F32, &cpu)?;
+/// let mt = m.t(); // [3, 2], sharing storage
+/// assert_eq!((mt.shape(), mt.strides()), (&[3, 2][..], &[1, 3][..]));
+/// assert!(!mt.is_contiguous() && mt.same_storage(&m));
+/// assert_eq!(mt.to_vec_f32()?, [1., 4., 2., 5., 3., 6.]);
+/// let col = m.narrow(1, 1, 1)?; // the middle column, [2, 1]
+/// assert_eq!(col.to_vec_f32()?, [2., 5.]);
+/// let packed = mt.contiguous()?; // a copy, row-major
+/// assert!(packed.is_contiguous() && !packed.same_storage(&m));
+/// # Ok::<(), kfuse_runtime::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Tensor {
     dtype: DType,
@@ -227,6 +245,18 @@ impl Tensor {
 
     /// A packed tensor with unspecified contents (zeros on the CPU; uninitialized device
     /// memory on a GPU, which may hold what an earlier tensor of the pool left there).
+    ///
+    /// # Examples
+    ///
+    /// An output for a kernel to write:
+    ///
+    /// ```
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let out = Tensor::empty(&[128, 64], DType::BF16, &Device::cpu())?;
+    /// assert_eq!((out.numel(), out.storage_bytes()), (8192, 16384));
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         let bytes = checked_bytes(shape, dtype)?;
         Ok(Tensor::packed(Tensor::alloc(bytes, device)?, shape, dtype))
@@ -238,6 +268,16 @@ impl Tensor {
     }
 
     /// A packed tensor with every element `v` (rounded to `dtype`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let ones = Tensor::full(&[2, 2], 1.0, DType::F16, &Device::cpu())?;
+    /// assert_eq!(ones.to_vec_f64()?, [1.0; 4]);
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn full(shape: &[usize], v: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         let mut t = Tensor::empty(shape, dtype, device)?;
         t.fill(v)?;
@@ -245,6 +285,17 @@ impl Tensor {
     }
 
     /// A packed tensor from little-endian element bytes in row-major order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let bytes: Vec<u8> = [7i64, -1].iter().flat_map(|v| v.to_le_bytes()).collect();
+    /// let pos = Tensor::from_bytes(&bytes, &[2], DType::I64, &Device::cpu())?; // positions for rope
+    /// assert_eq!(pos.to_bytes()?, bytes);
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn from_bytes(bytes: &[u8], shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         let n = checked_numel(shape)?;
         let want = checked_bytes(shape, dtype)?;
@@ -288,6 +339,17 @@ impl Tensor {
     }
 
     /// A packed tensor from row-major `f32` values, each rounded to `dtype`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let t = Tensor::from_f32(&[1.0, 0.1], &[2], DType::BF16, &Device::cpu())?;
+    /// assert_eq!(t.to_vec_f32()?, [1.0, 0.10009765625]); // 0.1 rounded to bf16
+    /// assert!(Tensor::from_f32(&[1.0], &[2], DType::BF16, &Device::cpu()).is_err());
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn from_f32(data: &[f32], shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         Tensor::check_len("from_f32", data.len(), shape)?;
         Tensor::from_bytes(&Tensor::encode(data.iter().map(|&v| v as f64), dtype), shape, dtype, device)
@@ -348,6 +410,17 @@ impl Tensor {
 
     /// Sets every element of this view to `v` (rounded to the dtype); other elements of
     /// the storage are untouched. `f64::NAN` poisons an output before a test.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let mut m = Tensor::zeros(&[2, 3], DType::F32, &Device::cpu())?;
+    /// m.narrow(1, 2, 1)?.fill(9.0)?; // the last column, through a view
+    /// assert_eq!(m.to_vec_f32()?, [0., 0., 9., 0., 0., 9.]);
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn fill(&mut self, v: f64) -> Result<()> {
         let es = self.dtype.size_bytes();
         let mut one = vec![0u8; es];
@@ -396,6 +469,18 @@ impl Tensor {
     /// This tensor's data on `device`, packed. On the device it already lives on, this is
     /// a cheap view sharing storage (like `clone`); elsewhere it is a copy (through the
     /// host between two GPUs).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let host = Tensor::from_f32(&[1.0, 2.0], &[2], DType::F32, &Device::cpu())?;
+    /// let on_gpu = host.to_device(&Device::gpu(0)?)?; // upload
+    /// let back = on_gpu.to_device(&Device::cpu())?; // download
+    /// assert_eq!(back.to_vec_f32()?, [1.0, 2.0]);
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
         if &self.device() == device {
             return Ok(self.clone());
@@ -414,14 +499,24 @@ impl Tensor {
     }
 
     /// A copy in separate storage on the same device, packed.
+    ///
+    /// ```
+    /// # use kfuse_runtime::{DType, Device, Tensor};
+    /// let a = Tensor::zeros(&[4], DType::F32, &Device::cpu())?;
+    /// let (view, copy) = (a.clone(), a.deep_clone()?);
+    /// assert!(view.same_storage(&a) && !copy.same_storage(&a));
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn deep_clone(&self) -> Result<Tensor> {
         Tensor::from_bytes(&self.to_bytes()?, &self.shape, self.dtype, &self.device())
     }
 
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// The size of each dimension.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
@@ -436,6 +531,7 @@ impl Tensor {
         self.offset
     }
 
+    /// The number of dimensions.
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
@@ -492,6 +588,14 @@ impl Tensor {
     /// stride is that of a packed layout, so a contiguous tensor stays contiguous.
     /// `dim` runs from 0 to the rank (inclusive: a new last dimension); a larger one is
     /// an `InvalidArgument`.
+    ///
+    /// ```
+    /// # use kfuse_runtime::{DType, Device, Tensor};
+    /// let v = Tensor::zeros(&[4], DType::F32, &Device::cpu())?;
+    /// assert_eq!(v.unsqueeze(0)?.shape(), [1, 4]);
+    /// assert_eq!(v.unsqueeze(1)?.shape(), [4, 1]);
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn unsqueeze(&self, dim: usize) -> Result<Tensor> {
         if dim > self.rank() {
             return Err(Error::InvalidArgument(format!(
@@ -511,6 +615,14 @@ impl Tensor {
 
     /// The view with its dimensions reordered: dimension `i` of the result is dimension
     /// `perm[i]` of this tensor (shares storage).
+    ///
+    /// ```
+    /// # use kfuse_runtime::{DType, Device, Tensor};
+    /// let x = Tensor::zeros(&[2, 3, 4], DType::F32, &Device::cpu())?;
+    /// let p = x.permute(&[2, 0, 1])?;
+    /// assert_eq!((p.shape(), p.strides()), (&[4, 2, 3][..], &[1, 12, 4][..]));
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
         let mut seen = vec![false; self.rank()];
         if perm.len() != self.rank() || perm.iter().any(|&p| p >= self.rank() || std::mem::replace(&mut seen[p], true)) {
@@ -523,6 +635,14 @@ impl Tensor {
     }
 
     /// The view with dimension `dim` restricted to `start..start + len` (shares storage).
+    ///
+    /// ```
+    /// # use kfuse_runtime::{DType, Device, Tensor};
+    /// let x = Tensor::from_f32(&[0., 1., 2., 3., 4., 5.], &[6], DType::F32, &Device::cpu())?;
+    /// let mid = x.narrow(0, 2, 3)?;
+    /// assert_eq!((mid.offset(), mid.to_vec_f32()?), (2, vec![2., 3., 4.]));
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor> {
         if dim >= self.rank() {
             return Err(Error::InvalidArgument(format!("narrow: dimension {dim} of a tensor of rank {}", self.rank())));
@@ -547,6 +667,14 @@ impl Tensor {
     /// The same elements under another shape (shares storage). Needs a contiguous tensor
     /// ([`Error::NonContiguous`] otherwise: call [`Tensor::contiguous`] first) and the same
     /// number of elements.
+    ///
+    /// ```
+    /// # use kfuse_runtime::{DType, Device, Tensor};
+    /// let x = Tensor::zeros(&[2, 6], DType::F32, &Device::cpu())?;
+    /// assert_eq!(x.reshape(&[3, 4])?.shape(), [3, 4]);
+    /// assert!(x.t().reshape(&[12]).is_err()); // strided: `.contiguous()` first
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         let n = checked_numel(shape)?;
         if n != self.numel() {
@@ -572,6 +700,16 @@ impl Tensor {
     /// its size and a column slice `[M, N']` of `[B, M, N]` becomes `[B · M, N']`. Unlike
     /// [`Tensor::reshape`] the result may be strided. Errors: another number of elements
     /// (`ShapeMismatch`), strides that cannot be merged as asked (`NonContiguous`).
+    ///
+    /// ```
+    /// # use kfuse_runtime::{DType, Device, Tensor};
+    /// let x = Tensor::zeros(&[2, 3, 8], DType::F32, &Device::cpu())?;
+    /// let cols = x.narrow(2, 0, 4)?; // [2, 3, 4], rows of 8 apart
+    /// let flat = cols.view(&[6, 4])?; // no copy
+    /// assert_eq!((flat.strides(), flat.same_storage(&x)), (&[8, 1][..], true));
+    /// assert!(cols.view(&[24]).is_err()); // the columns do not merge
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
     pub fn view(&self, shape: &[usize]) -> Result<Tensor> {
         let n = checked_numel(shape)?;
         if n != self.numel() {

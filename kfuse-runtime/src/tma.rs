@@ -58,6 +58,7 @@ pub const MAX_BOX: u32 = 256;
 #[repr(C, align(128))]
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct TensorMap {
+    /// The bytes `cuTensorMapEncodeTiled` wrote.
     pub opaque: [u64; 16],
 }
 
@@ -82,6 +83,7 @@ impl std::fmt::Debug for TensorMap {
 /// [`TiledMapDesc::new`]). Dimension arrays are innermost first, as the driver takes them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TiledMapDesc {
+    /// The element type, in the driver's terms ([`data_type`]).
     pub data_type: CUtensorMapDataType,
     /// Address of element 0.
     pub address: u64,
@@ -91,6 +93,7 @@ pub struct TiledMapDesc {
     pub global_strides: Vec<u64>,
     /// Box extent per dimension, innermost first.
     pub box_dim: Vec<u32>,
+    /// How shared memory is swizzled (none, 32, 64 or 128 bytes).
     pub swizzle: CUtensorMapSwizzle,
 }
 

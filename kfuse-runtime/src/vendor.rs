@@ -491,6 +491,21 @@ impl Drop for LtPlan {
 /// on that GPU goes to), a shared workspace, and cuBLASLt plans by problem. One per
 /// thread: it is `Send` but not `Sync` (cuBLAS handles are not to be used from two
 /// threads at once).
+///
+/// # Examples
+///
+/// ```no_run
+/// use kfuse_runtime::vendor::{Blas, Library, Math};
+/// use kfuse_runtime::{DType, Device, Tensor};
+///
+/// let dev = Device::gpu(0)?;
+/// let a = Tensor::full(&[256, 128], 1.0, DType::BF16, &dev)?;
+/// let b = Tensor::full(&[128, 64], 0.5, DType::BF16, &dev)?;
+/// let blas = Blas::new(&dev)?;
+/// let c = blas.gemm(&a, &b, Library::Cublas, Math::default())?; // [256, 64], bf16
+/// assert_eq!(c.to_vec_f32()?[0], 64.0);
+/// # Ok::<(), kfuse_runtime::Error>(())
+/// ```
 pub struct Blas {
     device: Device,
     handle: cb::cublasHandle_t,

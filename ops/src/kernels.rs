@@ -9,24 +9,28 @@
 
 use kfuse_macros::kfuse;
 
+/// `out = a + b`.
 #[kfuse(crate = "crate::deps")]
 pub fn add<T: Float>(a: Tensor<T, (N,)>, b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>) {
     let i = program_id(0);
     out.block([i * BN], [BN]).store(a.block([i * BN], [BN]).load() + b.block([i * BN], [BN]).load());
 }
 
+/// `out = a - b`.
 #[kfuse(crate = "crate::deps")]
 pub fn sub<T: Float>(a: Tensor<T, (N,)>, b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>) {
     let i = program_id(0);
     out.block([i * BN], [BN]).store(a.block([i * BN], [BN]).load() - b.block([i * BN], [BN]).load());
 }
 
+/// `out = a * b`.
 #[kfuse(crate = "crate::deps")]
 pub fn mul<T: Float>(a: Tensor<T, (N,)>, b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>) {
     let i = program_id(0);
     out.block([i * BN], [BN]).store(a.block([i * BN], [BN]).load() * b.block([i * BN], [BN]).load());
 }
 
+/// `out = a / b`.
 #[kfuse(crate = "crate::deps")]
 pub fn div<T: Float>(a: Tensor<T, (N,)>, b: Tensor<T, (N,)>, out: &mut Tensor<T, (N,)>) {
     let i = program_id(0);
@@ -558,7 +562,7 @@ pub fn gemm_batched_scaled<T: Float, O: Float>(
     out.block([z, i * BM, j * BN], [_, BM, BN]).store((acc * alpha).cast::<O>());
 }
 
-/// `out[z] = alpha * (a[z] · b[z]) + beta * c[z]`, batched as [`gemm_batched_scaled`].
+/// `out[z] = alpha * (a[z] · b[z]) + beta * c[z]`, batched as [`gemm_batched_scaled()`].
 #[kfuse(crate = "crate::deps")]
 pub fn gemm_batched_axpby<T: Float, O: Float>(
     a: Tensor<T, (NB, M, K)>,
@@ -613,7 +617,7 @@ pub fn gemm_tf32_axpby<O: Float>(
     out.block([i * BM, j * BN], [BM, BN]).store(y.cast::<O>());
 }
 
-/// `out[z] = alpha * (a[z] · b[z])`, batched as [`gemm_batched_scaled`], f32 operands
+/// `out[z] = alpha * (a[z] · b[z])`, batched as [`gemm_batched_scaled()`], f32 operands
 /// read as TF32.
 #[kfuse(crate = "crate::deps")]
 pub fn gemm_batched_tf32_scaled<O: Float>(
@@ -630,7 +634,7 @@ pub fn gemm_batched_tf32_scaled<O: Float>(
     out.block([z, i * BM, j * BN], [_, BM, BN]).store((acc * alpha).cast::<O>());
 }
 
-/// `out[z] = alpha * (a[z] · b[z]) + beta * c[z]`, batched as [`gemm_batched_axpby`],
+/// `out[z] = alpha * (a[z] · b[z]) + beta * c[z]`, batched as [`gemm_batched_axpby()`],
 /// f32 operands read as TF32.
 #[kfuse(crate = "crate::deps")]
 pub fn gemm_batched_tf32_axpby<O: Float>(

@@ -1,3 +1,4 @@
+#![deny(missing_docs)]
 //! kfuse-ops: the standard kernels of kfuse, written in the kfuse language.
 //!
 //! [`kernels`] holds the `#[kfuse]` functions; the functions at the crate root are the
@@ -36,6 +37,27 @@
 //! 4096x4096 4096x4096`, a line each: [`parse_warm_list`]), so that a later process finds
 //! them in the disk cache: its first call of each then loads a cubin instead of
 //! compiling.
+//!
+//! # Examples
+//!
+//! The examples here are written against the facade crate (`kfuse::ops`, `kfuse::Tensor`)
+//! and run on the CPU interpreter; a tensor made on `Device::gpu(0)?` runs the same
+//! calls on the GPU.
+//!
+//! ```
+//! # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+//! use kfuse::{DType, Device, Tensor};
+//!
+//! let dev = Device::cpu();
+//! let x = Tensor::from_f32(&[1., 2., 3., 4., 5., 6.], &[2, 3], DType::BF16, &dev)?;
+//! let y = kfuse::ops::scale(&x, 0.5)?;
+//! let s = kfuse::ops::softmax(&kfuse::ops::add(&x, &y)?)?; // rows of 3
+//! let rows = kfuse::ops::sum(&s, kfuse::ops::Dim::Last)?; // [2]
+//! assert!(rows.to_vec_f32()?.iter().all(|v| (v - 1.0).abs() < 1e-2));
+//! let t = kfuse::ops::transpose(&x)?; // [3, 2], contiguous
+//! assert_eq!(t.to_vec_f32()?, [1., 4., 2., 5., 3., 6.]);
+//! # Ok::<(), kfuse::Error>(())
+//! ```
 //!
 //! # Strided inputs
 //!
@@ -211,26 +233,108 @@ fn each3d(ins: Vec<Tensor>, out: Tensor, k: &mut dyn FnMut(&[Tensor], &mut Tenso
 }
 
 /// `a + b`, elementwise.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let a = Tensor::from_f32(&[1., 2., 3., 4.], &[2, 2], DType::F32, &dev)?;
+/// let b = Tensor::from_f32(&[10., 20., 30., 40.], &[2, 2], DType::F32, &dev)?;
+/// assert_eq!(kfuse::ops::add(&a, &b)?.to_vec_f32()?, [11., 22., 33., 44.]);
+/// // a transposed view is read as it lies, no copy first
+/// assert_eq!(kfuse::ops::add(&a.t(), &b)?.to_vec_f32()?, [11., 23., 32., 44.]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     binary(a, b, "add", kernels::add, kernels::add3d)
 }
 /// `a - b`, elementwise.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let a = Tensor::full(&[3], 5.0, DType::BF16, &dev)?;
+/// let b = Tensor::from_f32(&[1., 2., 3.], &[3], DType::BF16, &dev)?;
+/// assert_eq!(kfuse::ops::sub(&a, &b)?.to_vec_f32()?, [4., 3., 2.]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn sub(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     binary(a, b, "sub", kernels::sub, kernels::sub3d)
 }
 /// `a * b`, elementwise.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[0., 1., 2., 3., 4., 5.], &[6], DType::F16, &dev)?;
+/// // every other element times the first three
+/// let y = kfuse::ops::mul(&x.view(&[3, 2])?.narrow(1, 0, 1)?, &x.narrow(0, 0, 3)?.view(&[3, 1])?)?;
+/// assert_eq!(y.to_vec_f32()?, [0., 2., 8.]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     binary(a, b, "mul", kernels::mul, kernels::mul3d)
 }
 /// `a / b`, elementwise.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let a = Tensor::from_f32(&[1., 1.], &[2], DType::F32, &dev)?;
+/// let b = Tensor::from_f32(&[4., 0.], &[2], DType::F32, &dev)?;
+/// assert_eq!(kfuse::ops::div(&a, &b)?.to_vec_f32()?, [0.25, f32::INFINITY]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn div(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     binary(a, b, "div", kernels::div, kernels::div3d)
 }
 /// `silu(g) * u`, elementwise (the SwiGLU activation).
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let g = Tensor::from_f32(&[0., 10.], &[2], DType::F32, &dev)?;
+/// let u = Tensor::from_f32(&[3., 2.], &[2], DType::F32, &dev)?;
+/// let y = kfuse::ops::swiglu(&g, &u)?.to_vec_f32()?; // [0 · 3, silu(10) · 2]
+/// assert_eq!(y[0], 0.0);
+/// assert!((y[1] - 2.0 * 10.0 / (1.0 + (-10f32).exp())).abs() < 1e-4);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn swiglu(g: &Tensor, u: &Tensor) -> Result<Tensor> {
     binary(g, u, "swiglu", kernels::swiglu, kernels::swiglu3d)
 }
 /// `x * s`.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[1., -2.], &[2], DType::BF16, &dev)?;
+/// assert_eq!(kfuse::ops::scale(&x, 0.5)?.to_vec_f32()?, [0.5, -1.0]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
     float_x(x, "scale", "x")?;
     let out = Tensor::empty(x.shape(), x.dtype(), &x.device())?;
@@ -247,14 +351,55 @@ pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
     Ok(out)
 }
 /// SiLU, `x * sigmoid(x)`.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[0., 1.], &[2], DType::F32, &dev)?;
+/// let y = kfuse::ops::silu(&x)?.to_vec_f32()?;
+/// assert_eq!(y[0], 0.0);
+/// assert!((y[1] - 1.0 / (1.0 + (-1f32).exp())).abs() < 1e-6);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn silu(x: &Tensor) -> Result<Tensor> {
     unary(x, "silu", kernels::silu, kernels::silu3d)
 }
 /// GELU (erf form).
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[0., 3.], &[2], DType::F32, &dev)?;
+/// let y = kfuse::ops::gelu(&x)?.to_vec_f32()?; // x · Φ(x)
+/// assert_eq!(y[0], 0.0);
+/// assert!((y[1] - 2.99595).abs() < 1e-4);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
     unary(x, "gelu", kernels::gelu, kernels::gelu3d)
 }
 /// GELU (tanh approximation).
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[-1., 1.], &[2], DType::F32, &dev)?;
+/// let (erf, tanh) = (kfuse::ops::gelu(&x)?.to_vec_f32()?, kfuse::ops::gelu_tanh(&x)?.to_vec_f32()?);
+/// assert!(erf.iter().zip(&tanh).all(|(a, b)| (a - b).abs() < 1e-3)); // close, not equal
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
     unary(x, "gelu_tanh", kernels::gelu_tanh, kernels::gelu_tanh3d)
 }
@@ -262,6 +407,20 @@ pub fn gelu_tanh(x: &Tensor) -> Result<Tensor> {
 /// A contiguous copy of `x`, of any strides and rank (strides read as they lie: one
 /// launch up to rank 3, and above that one per index of the leading dimensions that do
 /// not merge).
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[1., 2., 3., 4., 5., 6.], &[2, 3], DType::F32, &dev)?;
+/// let y = kfuse::ops::copy(&x.t())?; // [3, 2], packed
+/// assert!(y.is_contiguous() && !y.same_storage(&x));
+/// assert_eq!(y.to_vec_f32()?, [1., 4., 2., 5., 3., 6.]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn copy(x: &Tensor) -> Result<Tensor> {
     float_x(x, "copy", "x")?;
     let out = Tensor::empty(x.shape(), x.dtype(), &x.device())?;
@@ -298,6 +457,19 @@ pub fn copy(x: &Tensor) -> Result<Tensor> {
 }
 
 /// `x` itself if contiguous (a cheap view), else a contiguous copy.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::zeros(&[4, 4], DType::F32, &dev)?;
+/// assert!(kfuse::ops::contiguous(&x)?.same_storage(&x)); // already packed: a view
+/// assert!(!kfuse::ops::contiguous(&x.t())?.same_storage(&x)); // a copy
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn contiguous(x: &Tensor) -> Result<Tensor> {
     if x.is_contiguous() {
         Ok(x.clone())
@@ -307,6 +479,19 @@ pub fn contiguous(x: &Tensor) -> Result<Tensor> {
 }
 
 /// The transpose of a 2-D tensor (any strides), as a new contiguous tensor.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[1., 2., 3., 4., 5., 6.], &[3, 2], DType::BF16, &dev)?;
+/// let t = kfuse::ops::transpose(&x)?;
+/// assert_eq!((t.shape(), t.to_vec_f32()?), (&[2, 3][..], vec![1., 3., 5., 2., 4., 6.]));
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn transpose(x: &Tensor) -> Result<Tensor> {
     if x.shape().len() != 2 {
         return Err(Error::InvalidArgument(format!("transpose: expected a 2-D tensor, got shape {:?}", x.shape())));
@@ -525,18 +710,72 @@ fn reduce_all(x: &Tensor, op: Red) -> Result<Tensor> {
 }
 
 /// The sum along `dim`, accumulated in f32, in `x`'s dtype. Empty: 0.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// use kfuse::ops::Dim;
+/// let x = Tensor::from_f32(&[1., 2., 3., 4., 5., 6.], &[2, 3], DType::F32, &dev)?;
+/// assert_eq!(kfuse::ops::sum(&x, Dim::Last)?.to_vec_f32()?, [6., 15.]); // shape [2]
+/// let all = kfuse::ops::sum(&x, Dim::All)?; // shape []
+/// assert_eq!((all.rank(), all.to_vec_f32()?), (0, vec![21.]));
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn sum(x: &Tensor, dim: Dim) -> Result<Tensor> {
     reduce(x, dim, Red::Sum)
 }
 /// The mean along `dim`, accumulated in f32, in `x`'s dtype. Empty: NaN.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[1., 2., 3., 4.], &[2, 2], DType::F32, &dev)?;
+/// // over the columns: the mean of the transposed view's rows
+/// assert_eq!(kfuse::ops::mean(&x.t(), kfuse::ops::Dim::Last)?.to_vec_f32()?, [2., 3.]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn mean(x: &Tensor, dim: Dim) -> Result<Tensor> {
     reduce(x, dim, Red::Mean)
 }
 /// The maximum along `dim` (exact). Over no elements: an error.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[3., -1., 7., 2.], &[4], DType::F16, &dev)?;
+/// assert_eq!(kfuse::ops::max(&x, kfuse::ops::Dim::All)?.to_vec_f32()?, [7.]);
+/// let none = Tensor::zeros(&[0], DType::F16, &dev)?;
+/// assert!(kfuse::ops::max(&none, kfuse::ops::Dim::All).is_err()); // no elements
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn max(x: &Tensor, dim: Dim) -> Result<Tensor> {
     reduce(x, dim, Red::Max)
 }
 /// The minimum along `dim` (exact). Over no elements: an error.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[3., -1., 7., 2.], &[2, 2], DType::F32, &dev)?;
+/// assert_eq!(kfuse::ops::min(&x, kfuse::ops::Dim::Last)?.to_vec_f32()?, [-1., 2.]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn min(x: &Tensor, dim: Dim) -> Result<Tensor> {
     reduce(x, dim, Red::Min)
 }
@@ -555,12 +794,39 @@ fn row_op(x: &Tensor, what: &str, k: Unary) -> Result<Tensor> {
 
 /// Softmax along the last dimension, computed in f32 (PyTorch's semantics: a row of
 /// only `-inf` gives NaN).
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[0., 0., f32::NEG_INFINITY, 1.], &[2, 2], DType::F32, &dev)?;
+/// let p = kfuse::ops::softmax(&x)?.to_vec_f32()?;
+/// assert_eq!(&p[..3], [0.5, 0.5, 0.0]);
+/// assert_eq!(p[3], 1.0);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     row_op(x, "softmax", kernels::softmax)
 }
 
 /// Log-softmax along the last dimension, computed in f32 (a row of only `-inf` gives
 /// NaN; `-inf` elements of other rows give `-inf`).
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[0., 0.], &[2], DType::F32, &dev)?;
+/// let l = kfuse::ops::log_softmax(&x)?.to_vec_f32()?;
+/// assert!(l.iter().all(|v| (v + std::f32::consts::LN_2).abs() < 1e-6));
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     row_op(x, "log_softmax", kernels::log_softmax)
 }
@@ -592,6 +858,22 @@ fn stat(lead: &[usize], x: &Tensor) -> Result<Tensor> {
 /// `rstd = 1 / sqrt(mean(x²) + eps)`, in f32, rounded to `x`'s dtype. Returns `(y, rstd)`;
 /// `rstd` (f32) has `x`'s shape without its last dimension. `w` and `b` have shape `[N]`
 /// and `x`'s dtype; a bias needs a weight.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[3., 4., 0., 0.], &[2, 2], DType::F32, &dev)?;
+/// let w = Tensor::from_f32(&[1., 2.], &[2], DType::F32, &dev)?;
+/// let (y, rstd) = kfuse::ops::rms_norm(&x, Some(&w), None, 0.0)?;
+/// let r = 1.0 / 12.5f32.sqrt(); // 1 / sqrt(mean(3², 4²))
+/// assert!((rstd.to_vec_f32()?[0] - r).abs() < 1e-6);
+/// assert!((y.to_vec_f32()?[1] - 4.0 * r * 2.0).abs() < 1e-5);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn rms_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<(Tensor, Tensor)> {
     const WHAT: &str = "rms_norm";
     let io = norm_io(x, WHAT, eps)?;
@@ -620,6 +902,21 @@ pub fn rms_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) ->
 /// Residual add, then RMSNorm: `s = x + r` (rounded to the dtype), `y = s * rstd [* w]`
 /// with `rstd = 1 / sqrt(mean(s²) + eps)` in f32. One launch; returns `(s, y, rstd)`.
 /// `r` has `x`'s shape and dtype; `w` has shape `[N]`.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[1., 2.], &[1, 2], DType::BF16, &dev)?;
+/// let r = Tensor::from_f32(&[2., 2.], &[1, 2], DType::BF16, &dev)?;
+/// let (s, y, _rstd) = kfuse::ops::add_rms_norm(&x, &r, None, 1e-6)?;
+/// assert_eq!(s.to_vec_f32()?, [3., 4.]); // the new residual
+/// assert_eq!(y.shape(), [1, 2]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn add_rms_norm(x: &Tensor, r: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<(Tensor, Tensor, Tensor)> {
     const WHAT: &str = "add_rms_norm";
     let io = norm_io(x, WHAT, eps)?;
@@ -646,6 +943,22 @@ pub fn add_rms_norm(x: &Tensor, r: &Tensor, w: Option<&Tensor>, eps: f32) -> Res
 /// with the biased variance `var = mean((x - mean)²)` and `rstd = 1 / sqrt(var + eps)`, in
 /// f32, rounded to `x`'s dtype. Returns `(y, mean, rstd)`; the statistics are f32 with
 /// `x`'s shape without its last dimension.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::from_f32(&[1., 3.], &[1, 2], DType::F32, &dev)?;
+/// let w = Tensor::full(&[2], 1.0, DType::F32, &dev)?;
+/// let b = Tensor::zeros(&[2], DType::F32, &dev)?;
+/// let (y, mean, rstd) = kfuse::ops::layer_norm(&x, &w, &b, 0.0)?;
+/// assert_eq!((mean.to_vec_f32()?, rstd.to_vec_f32()?), (vec![2.], vec![1.]));
+/// assert_eq!(y.to_vec_f32()?, [-1., 1.]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<(Tensor, Tensor, Tensor)> {
     const WHAT: &str = "layer_norm";
     let io = norm_io(x, WHAT, eps)?;
@@ -678,6 +991,22 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f32) -> Result<(Tenso
 /// different devices (`Error::DeviceMismatch`), on sm_90a a 16-bit or 8-bit product with
 /// `M`, `N` or `K` above 2^31 (`Error::InvalidArgument`: the TMA path's coordinates are
 /// signed 32-bit).
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let a = Tensor::from_f32(&[1., 2., 3., 4., 5., 6.], &[2, 3], DType::BF16, &dev)?;
+/// let b = Tensor::from_f32(&[1., 0., 0., 1., 1., 1.], &[3, 2], DType::BF16, &dev)?;
+/// let c = kfuse::ops::gemm(&a, &b)?; // [2, 2], bf16
+/// assert_eq!(c.to_vec_f32()?, [4., 5., 10., 11.]);
+/// // operands of any strides: `a · aᵀ` reads the transposed view as it lies
+/// assert_eq!(kfuse::ops::gemm(&a, &a.t())?.to_vec_f32()?, [14., 32., 32., 77.]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     // the default case of the configurable product: same checks, same launch
     matmul::product("kfuse::ops::gemm", a, b, &GemmOptions::default())

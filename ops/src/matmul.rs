@@ -55,6 +55,7 @@ pub struct GemmOptions<'a> {
     /// `alpha` — `out = alpha · scale_a · scale_b · (a · b) + beta · c` — as one f32
     /// factor in the epilogue; any operand dtype takes them.
     pub scale_a: f32,
+    /// The dequantization scale of `b` (see [`GemmOptions::scale_a`]).
     pub scale_b: f32,
     /// Lets f32 operands be read as TF32 (8-bit exponent, 10-bit mantissa) by the
     /// tensor cores: on sm_90a the product runs as `wgmma … tf32` (about 7x the exact
@@ -139,6 +140,24 @@ fn check_float(what: &str, t: &Tensor, arg: &str) -> Result<()> {
 /// different dtypes or a `c` not of the output dtype (`DTypeMismatch`), inner dimensions
 /// that differ or a `c` not `[M, N]` (`ShapeMismatch`), different devices
 /// (`DeviceMismatch`).
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// use kfuse::ops::GemmOptions;
+/// let a = Tensor::full(&[2, 4], 1.0, DType::BF16, &dev)?;
+/// let b = Tensor::full(&[4, 3], 0.5, DType::BF16, &dev)?;
+/// let c = Tensor::full(&[2, 3], 10.0, DType::F32, &dev)?;
+/// // out = 2 · a·b − 1 · c, in f32
+/// let opts = GemmOptions { alpha: 2.0, beta: -1.0, c: Some(&c), out_dtype: Some(DType::F32), ..Default::default() };
+/// let out = kfuse::ops::gemm_ex(&a, &b, &opts)?;
+/// assert_eq!((out.dtype(), out.to_vec_f32()?), (DType::F32, vec![-6.0; 6]));
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn gemm_ex(a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>) -> Result<Tensor> {
     product("kfuse::ops::gemm_ex", a, b, opts)
 }
@@ -263,6 +282,21 @@ fn through_aligned_rows(out: &mut Tensor, run: impl FnOnce(&mut Tensor) -> Resul
 /// Errors: a rank other than 2 or an integer dtype (`InvalidArgument`), different
 /// dtypes (`DTypeMismatch`), shapes that do not fit (`ShapeMismatch`), different devices
 /// (`DeviceMismatch`).
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::full(&[2, 4], 1.0, DType::BF16, &dev)?;
+/// let wg = Tensor::zeros(&[4, 3], DType::BF16, &dev)?;
+/// let wu = Tensor::full(&[4, 3], 1.0, DType::BF16, &dev)?;
+/// // silu(x · wg) ⊙ (x · wu) = silu(0) · 4
+/// assert_eq!(kfuse::ops::swiglu_gemm(&x, &wg, &wu)?.to_vec_f32()?, [0.0; 6]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn swiglu_gemm(x: &Tensor, wg: &Tensor, wu: &Tensor) -> Result<Tensor> {
     const WHAT: &str = "kfuse::ops::swiglu_gemm";
     for (t, arg) in [(x, "x"), (wg, "wg"), (wu, "wu")] {
@@ -318,6 +352,20 @@ pub fn swiglu_gemm(x: &Tensor, wg: &Tensor, wu: &Tensor) -> Result<Tensor> {
 /// `b: [B.., K, N]` (the same leading batch dimensions) or `b: [K, N]` (one `b` for
 /// every `a[z]`), as a new contiguous `[B.., M, N]` tensor of the operands' dtype.
 /// `gemm_batched_ex(a, b, &GemmOptions::default())`; see there.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x = Tensor::full(&[2, 3, 4], 1.0, DType::F32, &dev)?; // a batch of 2 [3, 4]
+/// let w = Tensor::full(&[4, 5], 0.25, DType::F32, &dev)?; // one [4, 5] for all
+/// let y = kfuse::ops::gemm_batched(&x, &w)?;
+/// assert_eq!((y.shape(), y.to_vec_f32()?[0]), (&[2, 3, 5][..], 1.0));
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn gemm_batched(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     gemm_batched_ex(a, b, &GemmOptions::default())
 }
@@ -340,6 +388,21 @@ pub fn gemm_batched(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// (`InvalidArgument`); batch dimensions, inner dimensions or `c`'s shape that do not fit
 /// (`ShapeMismatch`); operands of different dtypes or a `c` not of the output dtype
 /// (`DTypeMismatch`); different devices (`DeviceMismatch`).
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// use kfuse::ops::GemmOptions;
+/// let a = Tensor::full(&[3, 2, 2], 1.0, DType::F16, &dev)?;
+/// let b = Tensor::full(&[3, 2, 2], 1.0, DType::F16, &dev)?; // one b per batch entry
+/// let y = kfuse::ops::gemm_batched_ex(&a, &b, &GemmOptions { alpha: 0.5, ..Default::default() })?;
+/// assert_eq!(y.to_vec_f32()?, [1.0; 12]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn gemm_batched_ex(a: &Tensor, b: &Tensor, opts: &GemmOptions<'_>) -> Result<Tensor> {
     const WHAT: &str = "kfuse::ops::gemm_batched_ex";
     check_float(WHAT, a, "a")?;
@@ -536,6 +599,22 @@ fn tensor_core_f32(a: &Tensor, tf32: bool) -> bool {
 /// Grouped products: `out[i] = a[i] · b[i]` for a list of independent problems of any
 /// sizes (`a[i]: [M_i, K_i]`, `b[i]: [K_i, N_i]`), in one launch. See
 /// [`gemm_grouped_ex`].
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// // two problems of different sizes, one launch
+/// let (a0, b0) = (Tensor::full(&[2, 3], 1.0, DType::BF16, &dev)?, Tensor::full(&[3, 4], 1.0, DType::BF16, &dev)?);
+/// let (a1, b1) = (Tensor::full(&[5, 8], 1.0, DType::BF16, &dev)?, Tensor::full(&[8, 1], 2.0, DType::BF16, &dev)?);
+/// let out = kfuse::ops::gemm_grouped(&[&a0, &a1], &[&b0, &b1])?;
+/// assert_eq!((out[0].shape(), out[1].shape()), (&[2, 4][..], &[5, 1][..]));
+/// assert_eq!((out[0].to_vec_f32()?[0], out[1].to_vec_f32()?[0]), (3.0, 16.0));
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn gemm_grouped(a: &[&Tensor], b: &[&Tensor]) -> Result<Vec<Tensor>> {
     gemm_grouped_ex(a, b, &GemmOptions::default())
 }
@@ -558,6 +637,22 @@ pub fn gemm_grouped(a: &[&Tensor], b: &[&Tensor]) -> Result<Vec<Tensor>> {
 /// Errors: lists of different lengths, an empty list, a rank other than 2, `K` that
 /// differ within a problem, dtypes or devices that differ between problems, and
 /// `c`, `beta`, `tf32` or 8-bit operands (not taken by grouped products yet).
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// use kfuse::ops::GemmOptions;
+/// let a = Tensor::full(&[4, 4], 1.0, DType::BF16, &dev)?;
+/// let opts = GemmOptions { alpha: 0.25, out_dtype: Some(DType::F32), ..Default::default() };
+/// let out = kfuse::ops::gemm_grouped_ex(&[&a, &a], &[&a, &a.t()], &opts)?;
+/// assert!(out.iter().all(|o| o.dtype() == DType::F32));
+/// assert_eq!(out[1].to_vec_f32()?, [1.0; 16]);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn gemm_grouped_ex(a: &[&Tensor], b: &[&Tensor], opts: &GemmOptions<'_>) -> Result<Vec<Tensor>> {
     let what = "kfuse::ops::gemm_grouped";
     if a.len() != b.len() {

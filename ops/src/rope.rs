@@ -33,19 +33,30 @@ pub enum Positions<'a> {
 #[derive(Clone, Copy, Debug)]
 pub enum Freqs<'a> {
     /// Computed in the kernel, in f32.
-    Computed { base: f32 },
+    Computed {
+        /// The base of the frequencies (10000 in most models); positive and finite.
+        base: f32,
+    },
     /// Read from tables: `cos[p, j] = cos θ`, `sin[p, j] = sin θ`, both `[P, D/2]` of one
     /// float dtype (f32 recommended). Positions must lie in `0..P`; a token whose position
     /// does not is left unchanged.
-    Table { cos: &'a Tensor, sin: &'a Tensor },
+    Table {
+        /// `cos θ` by position and pair.
+        cos: &'a Tensor,
+        /// `sin θ` by position and pair.
+        sin: &'a Tensor,
+    },
 }
 
 /// Options of [`rope`]. The default is half-split pairs, positions from 0 and angles
 /// computed with base 10000.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeOptions<'a> {
+    /// Which elements of a head are paired.
     pub layout: RopeLayout,
+    /// Each token's position.
     pub positions: Positions<'a>,
+    /// The rotation angles.
     pub freqs: Freqs<'a>,
 }
 
@@ -102,6 +113,25 @@ fn pair_view(x: &Tensor, t: usize, h: usize, d: usize, layout: RopeLayout) -> Re
 ///
 /// One launch, or one per batch where `B` and `S` of `q`, `k` or `[B, S]` positions do
 /// not merge into one token dimension (a `[S, B, H, D]` tensor permuted to `[B, S, H, D]`).
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// use kfuse::ops::{Positions, RopeOptions};
+/// // one token at position 1, one head of dimension 2: the pair turns by 1 radian
+/// let mut q = Tensor::from_f32(&[1., 0.], &[1, 1, 2], DType::F32, &dev)?;
+/// let mut k = Tensor::from_f32(&[0., 1.], &[1, 1, 2], DType::F32, &dev)?;
+/// kfuse::ops::rope(&mut q, &mut k, &RopeOptions { positions: Positions::Offset(1), ..Default::default() })?;
+/// let (c, s) = (1f32.cos(), 1f32.sin());
+/// let (q, k) = (q.to_vec_f32()?, k.to_vec_f32()?);
+/// assert!((q[0] - c).abs() < 1e-6 && (q[1] - s).abs() < 1e-6);
+/// assert!((k[0] + s).abs() < 1e-6 && (k[1] - c).abs() < 1e-6);
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn rope(q: &mut Tensor, k: &mut Tensor, opts: &RopeOptions<'_>) -> Result<()> {
     // Shapes.
     if q.rank() != k.rank() {

@@ -82,6 +82,19 @@ impl std::str::FromStr for WarmCall {
 
 /// Parses a warm list: one [`WarmCall`] a line; empty lines and `#` comments are
 /// skipped.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let calls = kfuse::ops::parse_warm_list("# serving shapes\ngemm bf16 4096x4096 4096x4096\nsoftmax bf16 8192x4096\n")?;
+/// assert_eq!(calls.len(), 2);
+/// assert_eq!((calls[0].op.as_str(), calls[0].dtype, &calls[1].shapes[0]), ("gemm", DType::BF16, &vec![8192, 4096]));
+/// assert!(kfuse::ops::parse_warm_list("gemm bf16 4096x4096").is_err()); // gemm takes two shapes
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn parse_warm_list(text: &str) -> Result<Vec<WarmCall>> {
     text.lines().map(|l| l.split('#').next().unwrap_or("").trim()).filter(|l| !l.is_empty()).map(str::parse).collect()
 }
@@ -89,6 +102,18 @@ pub fn parse_warm_list(text: &str) -> Result<Vec<WarmCall>> {
 /// Runs each call once on `device` (module docs) and waits for the device; every kernel
 /// the calls need is then in the module cache (on disk, unless the disk level is off).
 /// The first failing call's error is returned, naming it.
+///
+/// # Examples
+///
+/// ```no_run
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::{DType, Device, Tensor};
+///
+/// // at deploy time, on the GPU the service will run on
+/// let calls = kfuse::ops::parse_warm_list(&std::fs::read_to_string("warm.txt")?)?;
+/// kfuse::ops::warm(&Device::gpu(0)?, &calls)?;
+/// # Ok::<(), kfuse::Error>(())
+/// ```
 pub fn warm(device: &Device, calls: &[WarmCall]) -> Result<()> {
     for c in calls {
         run(device, c).map_err(|e| Error::InvalidArgument(format!("warming `{} {} {:?}`: {e}", c.op, c.dtype.name(), c.shapes)))?;

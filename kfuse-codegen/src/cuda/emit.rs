@@ -1989,12 +1989,15 @@ pub(super) fn bind_group_params(w: &mut Writer<String>, decls: &[String], uses_m
 
 /// What the writer produced for one kernel: the CUDA source and the parameter list.
 pub struct Emitted {
+    /// The whole CUDA C++ source, prelude included.
     pub source: String,
+    /// The entry point's parameters, in order.
     pub params: Vec<KernelParam>,
     /// Shared memory declared statically in the source.
     pub static_smem: u32,
     /// Dynamic shared memory to pass at launch.
     pub dynamic_smem: u32,
+    /// Threads a block.
     pub block_threads: u32,
     /// Most programs to launch (persistent kernels walk the rest themselves).
     pub persistent: Option<u32>,
@@ -2019,6 +2022,8 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, grid: &[crate::target::GridAxisEval],
     Ok(e)
 }
 
+/// Writes the CUDA source of a scheduled kernel ([`crate::schedule`]'s result) for
+/// `target`; `grid` is the kernel's grid in program-axis order (axis 0 first).
 pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::GridAxisEval]) -> Result<Emitted, CodegenError> {
     let mut params = Vec::new();
     let mut decls = Vec::new();

@@ -2,6 +2,7 @@
 //! 16-bit floats travel as their bit patterns (`unsigned short`) and are computed in
 //! `float`; conversions use PTX `cvt` with round-to-nearest-even.
 
+/// The helpers' CUDA source, written at the top of every generated kernel.
 pub const PRELUDE: &str = r#"typedef unsigned short kf_u16;
 struct __align__(16) kf_v16 { unsigned int w[4]; };
 struct __align__(8) kf_v8 { unsigned int w[2]; };

@@ -9,6 +9,7 @@ pub struct Writer<W: fmt::Write> {
 }
 
 impl<W: fmt::Write> Writer<W> {
+    /// A writer at indentation level 0 over `out`.
     pub fn new(out: W) -> Self {
         Writer { out, level: 0 }
     }
@@ -50,6 +51,7 @@ impl<W: fmt::Write> Writer<W> {
         self.out.write_str(s)
     }
 
+    /// The sink, with everything written.
     pub fn finish(self) -> W {
         self.out
     }

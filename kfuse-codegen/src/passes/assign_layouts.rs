@@ -159,6 +159,8 @@ fn convert(k: &mut Kernel, user: OpId, v: ValueId, to: Layout) -> ValueId {
     c
 }
 
+/// Runs the pass on a kernel whose tiles are chosen: a layout for every value of rank ≥
+/// 1, `Convert`s where they must change (module docs).
 pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     // a carried tile that starts as a broadcast scalar (`zeros`) is free to live where
     // its next values are computed: a dry run on a copy finds that layout, so that the

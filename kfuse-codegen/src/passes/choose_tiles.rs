@@ -72,6 +72,7 @@ pub const MAX_TILE_THREADS: u32 = 512;
 /// conversion through shared memory) ran at 92.1% of the copy bandwidth so and at
 /// 89.5-89.7% with 512-thread blocks (H100, 2026-11-26).
 pub const TILE2D_ELEMS_PER_THREAD: u32 = 16;
+/// Most threads a block of such tiles gets (see [`TILE2D_ELEMS_PER_THREAD`]).
 pub const MAX_TILE2D_THREADS: u32 = 256;
 
 /// Elements per thread for kernels with a full extent (rows): four 16-byte loads in
@@ -108,6 +109,8 @@ pub const MAX_CLUSTER: u32 = 8;
 /// of 512 threads, one a multiprocessor.
 pub const MAX_CLUSTER_NONPORTABLE: u32 = 16;
 
+/// Runs the pass: every tile symbol, full extent and the thread count get values, from
+/// `spec` (its overrides first) and `target` (module docs).
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     // a pipelined matrix loop gets matrix tiles; dots lowered one by one (another loop
     // shape) are tiles like any other, of the memory-bound heuristic's size

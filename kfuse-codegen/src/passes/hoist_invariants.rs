@@ -27,6 +27,8 @@ fn hoistable(op: &Op) -> bool {
     )
 }
 
+/// Runs the pass: moves loop-invariant scalar index arithmetic before its loop (module
+/// docs).
 pub fn run(k: &mut Kernel) -> Result<(), CodegenError> {
     loop {
         let nest = k.loop_nest();

@@ -31,6 +31,8 @@ use crate::CodegenError;
 /// Most blocks a launch may have along y and z.
 pub const MAX_BLOCKS_YZ: u64 = 65535;
 
+/// Runs the pass: sets `Schedule::grid_x` (module docs); leaves 0 for kernels that walk
+/// or cluster their programs along x.
 pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     k.schedule.grid_x = 0;
     let s = &k.schedule;

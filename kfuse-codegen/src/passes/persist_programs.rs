@@ -37,6 +37,8 @@ use crate::CodegenError;
 /// row over a cluster of 8 spilled 28-72 bytes with their next-program copy).
 pub const MAX_PREFETCH_PER_THREAD: u32 = 16;
 
+/// Runs the pass: sets `Schedule::persistent` for the kernels that qualify (module
+/// docs).
 pub fn run(k: &mut Kernel, target: &Target) -> Result<(), CodegenError> {
     k.schedule.persistent = 0;
     if k.schedule.grouped {

@@ -74,6 +74,8 @@ pub fn stage_bytes(k: &Kernel) -> u32 {
     (na * p.tile[0] * p.tile[2] + nb * p.tile[2] * p.tile[1]) * esz
 }
 
+/// Runs the pass: sets the stage count of the kernel's `MmaPlan`, if it has one (module
+/// docs).
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     // the FMA path keeps two stages, one computed while the next waits in registers
     // (`select_mma_path` records them)

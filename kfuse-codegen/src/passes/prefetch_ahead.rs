@@ -31,6 +31,8 @@ use crate::passes::persist_programs::prefetch_loads;
 use crate::target::{Spec, Target};
 use crate::CodegenError;
 
+/// Runs the pass: sets `Schedule::l2_prefetch` for the cluster row kernels that qualify
+/// (module docs).
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     k.schedule.l2_prefetch = 0;
     let Some(split) = k.schedule.split else { return Ok(()) };

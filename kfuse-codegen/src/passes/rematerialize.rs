@@ -63,6 +63,8 @@ pub const AIM_REGS: u32 = 80;
 /// Registers of a multiprocessor.
 const REGISTER_FILE: u32 = 65536;
 
+/// Runs the pass: sets `Schedule::remat` and the kernel's register-room attempts
+/// (module docs).
 pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     let s = &k.schedule;
     // (f32 tiles gain nothing: they are held one element a register either way)

@@ -299,6 +299,8 @@ pub(crate) fn matrix_loop(k: &Kernel, dots: &[OpId]) -> Result<(LoopInfo, Vec<Ac
     Ok((info, found))
 }
 
+/// Runs the pass: records the `MmaPlan` of a loop that accumulates `dot(load, load)`,
+/// or why the kernel's dots are lowered one by one (module docs).
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     k.schedule.dots_one_by_one = None;
     k.schedule.mma_why = None;

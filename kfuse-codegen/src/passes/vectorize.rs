@@ -18,6 +18,7 @@ use crate::layout::RegMap;
 use crate::target::Spec;
 use crate::CodegenError;
 
+/// Runs the pass: the vector width of every load and store (module docs).
 pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     for op in k.order.clone() {
         let (tensor, dims, value) = match k.op(op) {
