@@ -436,3 +436,30 @@ fn views_and_aliasing() {
     });
     a.finish();
 }
+
+/// The whole of a small tensor, scaled: no `program_id`, so one program (the grid has
+/// no axis).
+#[kfuse]
+pub fn scale_all<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>, s: f32) {
+    out.store((x.load().to_f32() * s).cast::<T>());
+}
+
+/// A kernel without `program_id` compiles for the GPU (one program, an empty grid of
+/// axes) and runs on the interpreter; code generation once panicked on its grid.
+#[test]
+fn a_kernel_without_program_ids_compiles_and_runs() {
+    use kfuse::codegen::Target;
+    use kfuse::runtime::{emit, ArgDesc};
+    let desc = |shape: &[usize]| ArgDesc::tensor(DType::F32, shape);
+    for target in [Target::sm80(), Target::sm90a()] {
+        let emitted = emit(&scale_all::DEF, &[desc(&[3, 5]), desc(&[3, 5]), ArgDesc::Scalar(DType::F32)], &target);
+        let emitted = emitted.unwrap_or_else(|e| panic!("{}: {e}", target.arch()));
+        assert!(emitted.source.contains("__global__"), "{}", target.arch());
+    }
+    let (x, v) = rt(&[3, 5], DType::F32, 29);
+    let mut out = kfuse::Tensor::empty(&[3, 5], DType::F32, &cpu()).expect("alloc");
+    out.fill(f64::NAN).expect("poison");
+    scale_all(&x, &mut out, 1.5).expect("launch");
+    let want: Vec<f64> = v.iter().map(|a| a * 1.5).collect();
+    close(&out, &want, 1e-6).expect("values");
+}

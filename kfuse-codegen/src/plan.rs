@@ -56,9 +56,10 @@ pub struct Plan {
     /// A persistent kernel: at most this many programs (clusters) a launch, each block
     /// walking the programs (times the blocks a multiprocessor holds, without clusters).
     pub persistent: Option<u32>,
-    /// Shared memory the source declares, in bytes, and the dynamic shared memory a
-    /// launch asks for (the matrix path's pipeline buffers).
+    /// Shared memory the source declares, in bytes.
     pub static_smem_bytes: u32,
+    /// The dynamic shared memory a launch asks for, in bytes (the matrix path's
+    /// pipeline buffers).
     pub dynamic_smem_bytes: u32,
     /// Which register-room attempt this is (0-based) and how many the kernel has (a later
     /// one is compiled when the assembler spills this one).

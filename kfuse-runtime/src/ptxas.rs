@@ -57,8 +57,9 @@ pub struct PtxasInfo {
     pub static_smem_bytes: u32,
     /// The stack frame a thread, in bytes: its local memory (spill slots included).
     pub stack_frame_bytes: u32,
-    /// Bytes a thread stores to and loads from local memory because registers ran out.
+    /// Bytes a thread stores to local memory because registers ran out.
     pub spill_store_bytes: u32,
+    /// Bytes a thread loads back from those spill slots.
     pub spill_load_bytes: u32,
     /// The `ptxas warning` lines of the report, as printed.
     pub warnings: Vec<String>,
@@ -159,6 +160,7 @@ fn bytes_of(part: &str) -> (u32, &str) {
 /// One run of `ptxas -v`: the facts it reported and its whole report.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Assembly {
+    /// The facts parsed from the report.
     pub info: PtxasInfo,
     /// What ptxas printed (its `-v` report and any warnings).
     pub log: String,

@@ -110,6 +110,7 @@ pub struct Peak {
     pub bytes_per_s: f64,
     /// FLOPs a second of [`Peak::compute`].
     pub flops_per_s: f64,
+    /// The units the FLOP peak is of (tensor cores of a dtype, or FP32 FMAs).
     pub compute: Compute,
 }
 
@@ -152,7 +153,9 @@ pub fn peak(target: &Target, compute: Compute) -> Option<Peak> {
 /// Which of its two roofs bounds a kernel at the peak.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bound {
+    /// Moving the bytes takes longer than the FLOPs at the peak.
     Memory,
+    /// The FLOPs take longer than moving the bytes at the peak.
     Compute,
 }
 
