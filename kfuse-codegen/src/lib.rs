@@ -157,8 +157,10 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
     }
     let out = cuda::emit::emit(&k, spec, target, &axes)?;
     // the launch grid lists the axes in launch order (x, y, z): `order_grid` may have
-    // put another program axis along x
-    axes.swap(0, k.schedule.grid_x as usize);
+    // put another program axis along x (a kernel without program ids has no axis)
+    if !axes.is_empty() {
+        axes.swap(0, k.schedule.grid_x as usize);
+    }
     // the writer sizes the shared memory it declares (statically, in the source, plus
     // the dynamic pipeline buffers of the matrix path); recorded for the printer
     k.schedule.smem_bytes = out.static_smem + out.dynamic_smem;
