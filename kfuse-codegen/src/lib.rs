@@ -7,7 +7,7 @@
 //!
 //! The pipeline (one pass per file under `passes/`, the verifier after each in debug
 //! and test builds):
-//! `verify → hoist_invariants → choose_tiles → select_mma_path → pipeline_stages →
+//! `verify → hoist_invariants → chunk_rows → choose_tiles → select_mma_path → pipeline_stages →
 //! persist_programs → rematerialize → assign_layouts → vectorize → verify →
 //! prefetch_ahead → order_grid → emit`. A pipelined `dot` loop is written by the matrix-path
 //! writer its plan names (`cuda/emit/wgmma.rs` on sm_90a, `cuda/emit/mma_sm80.rs` on
@@ -111,6 +111,8 @@ fn schedule_passes(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kern
     k.schedule.grouped = spec.grouped;
     passes::hoist_invariants::run(&mut k)?;
     check(&k, "hoist_invariants")?;
+    passes::chunk_rows::run(&mut k, spec, target)?;
+    check(&k, "chunk_rows")?;
     passes::choose_tiles::run(&mut k, spec, target)?;
     check(&k, "choose_tiles")?;
     passes::select_mma_path::run(&mut k, spec, target)?;

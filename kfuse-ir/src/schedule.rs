@@ -148,6 +148,20 @@ pub struct Schedule {
     /// Why the kernel's `dot`s are not a pipelined matrix loop (`mma`), when they are
     /// not: each is then lowered where it stands, as one op among the others.
     pub dots_one_by_one: Option<String>,
+    /// A row too long for one block, on a target without a cluster to take it, walked in
+    /// chunks by loops the pass wrote into the kernel (`chunk_rows`).
+    pub row_chunks: Option<RowChunks>,
+}
+
+/// How `chunk_rows` walks a row too long for one block: loops over chunks of `chunk`
+/// elements of the full extent of `sym` (padded to `row` elements), `passes` of them
+/// one after another (a later pass needs a statistic of the row an earlier one made).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowChunks {
+    pub sym: ShapeSym,
+    pub row: u32,
+    pub chunk: u32,
+    pub passes: u32,
 }
 
 /// Which matrix instructions and data movement a pipelined `dot` loop uses.

@@ -25,7 +25,10 @@
 //! [`CLUSTER_MIN_THREADS`] to [`CLUSTER_THREADS`], that leave a thread at most 64
 //! elements in a cluster of 8 (at most 32 in a row with masks): 256 at 131072-element
 //! rows, 512 at 262144 — 1024 where 512 would leave a thread more. Past 64 elements per
-//! thread the kernel is refused.
+//! thread the kernel is refused. Where no cluster takes such a row (sm_80 and sm_89; a
+//! row reduced inside a loop), `chunk_rows` has rewritten it into loops over chunks
+//! before this pass ([`row_too_long`] is its test): each chunk is a row of one block and
+//! takes the row heuristic's threads (`Schedule::row_chunks`).
 //!
 //! Register room: an elementwise body with transcendental math (exp, log, erf, tanh,
 //! sigmoid, …) on whole tiles asks for one block per multiprocessor (`min_blocks = 1`), which lets the assembler
@@ -307,9 +310,11 @@ fn largest_tile(k: &Kernel) -> Largest {
 }
 
 /// The block's threads before a cluster split: the override, else one per
-/// [`ROW_ELEMS_PER_THREAD`] elements of the largest tile for rows (a full extent), one per
+/// [`ROW_ELEMS_PER_THREAD`] elements of the largest tile for rows (a full extent, or a
+/// row walked in chunks: each chunk is a row of one block), one per
 /// [`ELEMS_PER_THREAD`] for rank-1 tiles, one per [`TILE2D_ELEMS_PER_THREAD`] for others.
 fn row_threads(k: &Kernel, spec: &Spec, max_elems: u32, max_op: Option<OpId>, has_full: bool) -> Result<u32, CodegenError> {
+    let has_full = has_full || k.schedule.row_chunks.is_some();
     // the rank of the largest tile: rank-1 tiles (elementwise) take more, thinner threads
     let flat = max_op.is_none_or(|op| k.ty(op.value()).shape.len() <= 1);
     let (per, cap) = match (has_full, flat) {
