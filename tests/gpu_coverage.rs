@@ -2,7 +2,8 @@
 //! standard kernels (`kfuse::ops`, `common::ops`) and the user kernels of `tests/kernels/`
 //! (loops, masks, row and column kernels, user GEMMs, flash attention), each in f32, f16
 //! and bf16, for sm_80 and sm_90a, at the snapshot shapes and, for the row kernels, at
-//! rows of 131072 elements. Compiled as the runtime does (codegen, NVRTC, `ptxas -v`),
+//! rows of 131072 elements (a cluster's on sm_90a, walked in chunks on sm_80 and inside
+//! a loop: `chunk_rows`). Compiled as the runtime does (codegen, NVRTC, `ptxas -v`),
 //! without a GPU.
 //!
 //! The kernels still refused are listed in `REFUSED` with the reason the compiler gives;
@@ -29,14 +30,6 @@ use kfuse::DType;
 
 /// Kernels refused today: (kernel, target, shapes, what the refusal says).
 const REFUSED: &[(&str, &str, &str, &str)] = &[
-    // not a hardware limit: issue 20 item 8 asks for such rows as a loop over chunks
-    ("softmax_rows", "sm_80", "long rows", "needs a thread-block cluster (sm_90)"),
-    ("center_rows", "sm_80", "long rows", "needs a thread-block cluster (sm_90)"),
-    ("weighted_rms", "sm_80", "long rows", "needs a thread-block cluster (sm_90)"),
-    ("row_range", "sm_80", "long rows", "needs a thread-block cluster (sm_90)"),
-    // a cluster's reduction slots serve one use, not one an iteration
-    ("long_row_sums", "sm_90a", "long rows", "cluster inside a loop"),
-    ("long_row_sums", "sm_80", "long rows", "needs a thread-block cluster (sm_90)"),
     // D = 4096 (the snapshot spec's size of every symbol): a one-by-one dot's operands
     // past the 48 KiB of static shared memory (the writer does not opt into more yet)
     ("flash_attention", "sm_80", "snapshot", "static limit 49152"),

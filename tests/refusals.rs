@@ -6,16 +6,20 @@ use kfuse::codegen::{CodegenError, Spec, Target, TensorSpec};
 use kfuse::ir::{KernelDef, ParamSig};
 use kfuse::prelude::*;
 
-/// The line of the `#[kfuse]` attribute below; the load is 4 lines further down.
+/// The line of the `#[kfuse]` attribute below; the loop is 3 lines further down, the
+/// load 4. Column sums of a matrix in one program, a whole row carried by the loop: too
+/// long for one block on sm_80, and not a row a loop over chunks can walk.
 const ROW_KERNEL_LINE: u32 = line!() + 1;
 #[kfuse]
-pub fn refused_long_rows<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>) {
-    let r = program_id(0);
-    let v = x.row(r).load().to_f32();
-    let e = exp(v - v.max());
-    out.row(r).store((e / e.sum()).cast::<T>());
+pub fn refused_long_rows<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (N,)>) {
+    let mut acc = zeros::<f32>([N]);
+    for r in 0..M {
+        acc = acc + x.row(r).load().to_f32();
+    }
+    out.block([0], [N]).store(acc.cast::<T>());
 }
-const LOAD_LINE: u32 = ROW_KERNEL_LINE + 3;
+const LOOP_LINE: u32 = ROW_KERNEL_LINE + 3;
+const LOAD_LINE: u32 = ROW_KERNEL_LINE + 4;
 
 /// Contiguous, 16-byte-aligned tensors whose shape symbols are `sizes`, in order.
 fn spec(def: &KernelDef, sizes: &[u32]) -> Spec {
@@ -39,10 +43,10 @@ fn the_macro_records_each_ops_source_line() {
     assert_eq!(loads.len(), 1);
     let loc = k.locs[&loads[0]];
     assert_eq!(loc.line, LOAD_LINE, "{loc}");
-    // the column of the load's expression (`x.row(r).load()` starts at `x`, column 13)
-    assert_eq!(loc.column, 13, "{loc}");
+    // the column of the load's expression (`x.row(r).load()` starts at `x`, column 21)
+    assert_eq!(loc.column, 21, "{loc}");
     // every op of the body has a line in the kernel's body
-    let body = ROW_KERNEL_LINE + 2..=ROW_KERNEL_LINE + 5;
+    let body = ROW_KERNEL_LINE + 2..=ROW_KERNEL_LINE + 6;
     for o in k.ops() {
         if matches!(k.op(o), kfuse::ir::Op::ScalarParam { .. }) {
             continue;
@@ -51,7 +55,9 @@ fn the_macro_records_each_ops_source_line() {
         assert!(body.contains(&l.line), "{} at {l}, outside lines {body:?}", k.op_label(o));
     }
     let store = k.ops().find(|&o| matches!(k.op(o), kfuse::ir::Op::Store { .. })).unwrap();
-    assert_eq!(k.locs[&store].line, ROW_KERNEL_LINE + 5);
+    assert_eq!(k.locs[&store].line, ROW_KERNEL_LINE + 6);
+    let for_op = k.ops().find(|&o| matches!(k.op(o), kfuse::ir::Op::For { .. })).unwrap();
+    assert_eq!(k.locs[&for_op].line, LOOP_LINE);
 }
 
 #[test]
@@ -62,15 +68,16 @@ fn a_refusal_names_the_kernel_the_op_and_its_line() {
     assert_eq!(
         text,
         format!(
-            "kernel `refused_long_rows`, `load x` at line {LOAD_LINE}: unsupported: a tile of 131072 elements needs a \
-             thread-block cluster (sm_90) on this target (sm_80)"
+            "kernel `refused_long_rows`, `for` at line {LOOP_LINE}: unsupported: a tile of 131072 elements needs a \
+             thread-block cluster (sm_90) on this target (sm_80), and its row cannot be walked in chunks: a loop carries \
+             a value that spans the row"
         )
     );
     match &err {
         CodegenError::At { kernel, op, line, error } => {
             assert_eq!(kernel, "refused_long_rows");
-            assert_eq!(op.as_deref(), Some("load x"));
-            assert_eq!(*line, Some(LOAD_LINE));
+            assert_eq!(op.as_deref(), Some("for"));
+            assert_eq!(*line, Some(LOOP_LINE));
             assert!(matches!(**error, CodegenError::Unsupported(_)), "{error:?}");
         }
         e => panic!("not located: {e:?}"),
@@ -78,7 +85,7 @@ fn a_refusal_names_the_kernel_the_op_and_its_line() {
     assert!(matches!(err.unlocated(), CodegenError::Unsupported(_)));
     // as the runtime reports it
     let runtime = kfuse::Error::from(err).to_string();
-    assert!(runtime.starts_with(&format!("code generation failed: kernel `refused_long_rows`, `load x` at line {LOAD_LINE}: ")), "{runtime}");
+    assert!(runtime.starts_with(&format!("code generation failed: kernel `refused_long_rows`, `for` at line {LOOP_LINE}: ")), "{runtime}");
     // the same kernel compiles where a cluster is there to take the row
     kfuse::codegen::compile(&k, &spec(&refused_long_rows::DEF, &[4, 131072]), &Target::sm90a()).unwrap();
 }

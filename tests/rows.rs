@@ -340,6 +340,19 @@ fn rows_in_clusters_of_8_and_16_on_the_gpu() {
     check_on_the_gpu("cluster rows", &[DType::BF16], &[(1, 131072), (1, 262144)]);
 }
 
+/// Long rows on the sm_80 path (`KFUSE_TARGET=sm_80`, on any GPU): without clusters the
+/// compiler walks each row in chunks (`chunk_rows`), reading it once a pass. In a child
+/// process of its own, where the variable is set.
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn long_rows_in_chunks_on_the_sm80_path_on_the_gpu() {
+    let name = "long_rows_in_chunks_on_the_sm80_path_on_the_gpu";
+    if !common::isolation::alone(name, &[("KFUSE_TARGET", Some(std::ffi::OsStr::new("sm_80")))]) {
+        return;
+    }
+    check_on_the_gpu("long rows in chunks", &common::DTYPES, &[(3, 131072), (2, 262144), (2, 262147), (17, 131000)]);
+}
+
 /// Every op in each of `dtypes` on each `(M, N)` against float64, on the GPU only (the
 /// interpreter has no cluster plans and takes long on these sizes; the tests calling
 /// this are ignored without `--cfg kfuse_gpu`); `what` names the rows in the message of

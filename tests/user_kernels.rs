@@ -97,9 +97,10 @@ fn row_ranges() {
 }
 
 /// Rows too long for one block are cut across a thread-block cluster on sm_90a; the
-/// kernel compiles and assembles without spills, and sm_80 gets a clear refusal.
+/// kernel compiles and assembles without spills. sm_80, without clusters, walks the row
+/// in chunks (`chunk_rows`): three passes of 16384-element chunks, no spills either.
 #[test]
-fn long_rows_use_a_cluster() {
+fn long_rows_use_a_cluster_or_chunks() {
     use kfuse::codegen::{compile, Spec, Target, TensorSpec};
     let k = softmax_rows::build(&[DType::BF16]).unwrap();
     let t = || Some(TensorSpec { ptr_align: 16, stride_div: vec![16, 0] });
@@ -111,13 +112,28 @@ fn long_rows_use_a_cluster() {
     assert!(e.ir.contains("cluster 8 blocks along x"), "{}", e.ir);
     let (regs, spill) = common::assemble(&e.source, &e.arch, &e.options, "softmax_rows_cluster").unwrap();
     assert!(regs > 0 && spill == 0, "{regs} registers, {spill} bytes of spills");
-    let err = compile(&k, &spec, &Target::sm80()).unwrap_err();
-    assert!(err.to_string().contains("thread-block cluster"), "{err}");
+    let e80 = compile(&k, &spec, &Target::sm80()).unwrap();
+    assert_eq!(e80.cluster_x, 1);
+    assert!(e80.ir.contains("row N of 262144 elements walked in chunks of 16384, 3 passes"), "{}", e80.ir);
+    let (regs, spill) = common::assemble(&e80.source, &e80.arch, &e80.options, "softmax_rows_chunks").unwrap();
+    assert!(regs > 0 && spill == 0, "sm_80: {regs} registers, {spill} bytes of spills");
     // a row padded to 2^19 (N = 262147) still compiles: 1024-thread blocks of 64
     // elements each (it spills — a cluster of 16 would halve that; NOTES.md)
     let spec = Spec { shape_pow2: vec![2, 524_288], ..spec };
     let e = compile(&k, &spec, &Target::sm90a()).unwrap();
     assert_eq!((e.cluster_x, e.block_threads), (8, 1024));
+}
+
+/// The tests above with rows too long for one block, on the sm_80 path
+/// (`KFUSE_TARGET=sm_80`, on any GPU): rows walked in chunks (`chunk_rows`) where sm_90a
+/// takes a cluster. Each in a child process of its own, where the variable is set.
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn long_rows_on_the_sm80_path_on_the_gpu() {
+    common::gpu();
+    for name in ["softmax_of_rows", "centering_rows_with_keepdim", "weighted_rms_rows"] {
+        common::isolation::run_alone(name, &[("KFUSE_TARGET", Some(std::ffi::OsStr::new("sm_80")))]);
+    }
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //!
 //! The pipeline (one pass per file under `passes/`, the verifier after each in debug
 //! and test builds):
-//! `verify → hoist_invariants → choose_tiles → select_mma_path → pipeline_stages →
+//! `verify → hoist_invariants → chunk_rows → choose_tiles → select_mma_path → pipeline_stages →
 //! persist_programs → rematerialize → assign_layouts → vectorize → verify →
 //! prefetch_ahead → order_grid → emit`. A pipelined `dot` loop is written by the matrix-path
 //! writer its plan names (`cuda/emit/wgmma.rs` on sm_90a, `cuda/emit/mma_sm80.rs` on
@@ -179,6 +179,8 @@ fn schedule_passes(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kern
     k.schedule.grouped = spec.grouped;
     passes::hoist_invariants::run(&mut k)?;
     check(&k, "hoist_invariants")?;
+    passes::chunk_rows::run(&mut k, spec, target)?;
+    check(&k, "chunk_rows")?;
     passes::choose_tiles::run(&mut k, spec, target)?;
     check(&k, "choose_tiles")?;
     passes::select_mma_path::run(&mut k, spec, target)?;
@@ -264,8 +266,7 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
     }
     let out = cuda::emit::emit(&k, spec, target, &axes)?;
     // the launch grid lists the axes in launch order (x, y, z): `order_grid` may have
-    // put another program axis along x
-    // (a kernel without `program_id` is one program: no axis to move)
+    // put another program axis along x (a kernel without program ids has no axis)
     if !axes.is_empty() {
         axes.swap(0, k.schedule.grid_x as usize);
     }

@@ -56,6 +56,9 @@ pub struct Plan {
     /// A persistent kernel: at most this many programs (clusters) a launch, each block
     /// walking the programs (times the blocks a multiprocessor holds, without clusters).
     pub persistent: Option<u32>,
+    /// A row too long for one block walked in chunks by loops (`chunk_rows`): the row's
+    /// padded length, the chunk and the number of passes over the row.
+    pub row_chunks: Option<(u32, u32, u32)>,
     /// Shared memory the source declares, in bytes.
     pub static_smem_bytes: u32,
     /// The dynamic shared memory a launch asks for, in bytes (the matrix path's
@@ -155,6 +158,7 @@ impl Plan {
             tiles: s.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect(),
             cluster: cluster.max(1),
             persistent: written.persistent,
+            row_chunks: s.row_chunks.map(|c| (c.row, c.chunk, c.passes)),
             static_smem_bytes: written.static_smem,
             dynamic_smem_bytes: written.dynamic_smem,
             register_attempt: s.register_attempt,
@@ -213,6 +217,10 @@ impl fmt::Display for Plan {
             writeln!(f, "  grid: persistent, {walkers} walking the programs{groups}; {cluster}")?;
         } else {
             writeln!(f, "  grid: one block a program; {cluster}")?;
+        }
+        if let Some((row, chunk, passes)) = self.row_chunks {
+            let s = if passes > 1 { "es" } else { "" };
+            writeln!(f, "  row: {row} elements walked in chunks of {chunk}, {passes} pass{s} over it")?;
         }
         let tiles: Vec<String> = self.tiles.iter().map(|(n, v)| format!("{n}={v}")).collect();
         writeln!(f, "  tiles: {}", if tiles.is_empty() { "none".to_string() } else { tiles.join(" ") })?;

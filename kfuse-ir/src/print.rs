@@ -180,6 +180,10 @@ pub fn print(k: &Kernel) -> String {
             let split = s.split.map(|e| k.extent_name(e)).unwrap_or_default();
             let _ = writeln!(out, "  cluster {} blocks along x, splitting {split}", s.cluster);
         }
+        if let Some(c) = &s.row_chunks {
+            let passes = if c.passes == 1 { "1 pass".to_string() } else { format!("{} passes", c.passes) };
+            let _ = writeln!(out, "  row {} of {} elements walked in chunks of {}, {passes}", k.shape_name(c.sym), c.row, c.chunk);
+        }
         if s.grid_x > 0 {
             let yz = ["x", "y", "z"][s.grid_x as usize];
             let _ = writeln!(out, "  grid: program_id({}) along x, program_id(0) along {yz} (more than 65535 programs along y or z otherwise)", s.grid_x);

@@ -175,6 +175,24 @@ pub struct Schedule {
     /// operands, what the matrix path's copies cannot read. Reported by plans
     /// (`kfuse_codegen::Plan`); the IR printer does not show it.
     pub mma_why: Option<String>,
+    /// A row too long for one block, on a target without a cluster to take it, walked in
+    /// chunks by loops the pass wrote into the kernel (`chunk_rows`).
+    pub row_chunks: Option<RowChunks>,
+}
+
+/// How `chunk_rows` walks a row too long for one block: loops over chunks of `chunk`
+/// elements of the full extent of `sym` (padded to `row` elements), `passes` of them
+/// one after another (a later pass needs a statistic of the row an earlier one made).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowChunks {
+    /// The shape symbol whose full extent is the row.
+    pub sym: ShapeSym,
+    /// The row's padded length (a power of two), in elements.
+    pub row: u32,
+    /// Elements a chunk (one loop iteration).
+    pub chunk: u32,
+    /// Loops over the row, one after another.
+    pub passes: u32,
 }
 
 /// Which matrix instructions and data movement a pipelined `dot` loop uses.

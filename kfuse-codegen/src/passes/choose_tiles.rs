@@ -25,7 +25,10 @@
 //! [`CLUSTER_MIN_THREADS`] to [`CLUSTER_THREADS`], that leave a thread at most 64
 //! elements in a cluster of 8 (at most 32 in a row with masks): 256 at 131072-element
 //! rows, 512 at 262144 — 1024 where 512 would leave a thread more. Past 64 elements per
-//! thread the kernel is refused.
+//! thread the kernel is refused. Where no cluster takes such a row (sm_80 and sm_89; a
+//! row reduced inside a loop), `chunk_rows` has rewritten it into loops over chunks
+//! before this pass ([`row_too_long`] is its test): each chunk is a row of one block and
+//! takes the row heuristic's threads (`Schedule::row_chunks`).
 //!
 //! Register room: an elementwise body with transcendental math (exp, log, erf, tanh,
 //! sigmoid, …) on whole tiles asks for one block per multiprocessor (`min_blocks = 1`), which lets the assembler
@@ -47,7 +50,7 @@
 
 use std::collections::BTreeMap;
 
-use kfuse_ir::{AccessDim, Extent, Kernel, Op, OpId, TileSym, UnaryOp};
+use kfuse_ir::{AccessDim, Extent, Kernel, Op, OpId, ShapeSym, TileSym, UnaryOp};
 
 use crate::analysis::concrete_shape;
 use crate::target::{Spec, Target};
@@ -114,12 +117,105 @@ pub const MAX_CLUSTER_NONPORTABLE: u32 = 16;
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     // a pipelined matrix loop gets matrix tiles; dots lowered one by one (another loop
     // shape) are tiles like any other, of the memory-bound heuristic's size
-    let dots = crate::passes::select_mma_path::dots(k);
-    if let Some(&dot) = dots.first() {
-        if crate::passes::select_mma_path::matrix_loop(k, &dots).is_ok() && crate::passes::select_mma_path::several_dots_elsewhere(k, &dots, target).is_none() {
-            return choose_dot_tiles(k, spec, target, dot);
+    if matrix_tiles(k, target) {
+        let dot = crate::passes::select_mma_path::dots(k)[0];
+        return choose_dot_tiles(k, spec, target, dot);
+    }
+    assign_extents(k, spec)?;
+    let Largest { elems: max_elems, op: max_op, widest_full } = largest_tile(k);
+    let mut threads = row_threads(k, spec, max_elems, max_op, widest_full.is_some())?;
+    // a row split across a cluster: the fewest threads (CLUSTER_MIN_THREADS to
+    // CLUSTER_THREADS) that leave a thread at most what it may hold in the largest
+    // cluster — for a row with masks (a length that is not its padded power of two) at
+    // most CLUSTER_ABOVE: masked 262144-element rows at 64 a thread spilled 400-1300
+    // bytes; a row that needs more keeps its 1024 threads
+    let masked = k.schedule.full.keys().any(|s| !k.schedule.full_exact.contains(s));
+    let most = if masked { CLUSTER_ABOVE } else { MAX_ELEMS_PER_THREAD };
+    // the largest cluster this row may take: 16 for an unmasked row too long for 8 of
+    // CLUSTER_MIN_THREADS threads (MAX_CLUSTER_NONPORTABLE)
+    let max_cluster = if !masked && max_elems / (CLUSTER_MIN_THREADS * MAX_CLUSTER) > most { MAX_CLUSTER_NONPORTABLE } else { MAX_CLUSTER };
+    if spec.threads.is_none() && widest_full.is_some() && max_elems / threads > CLUSTER_ABOVE && target.sm >= 90 && max_elems / (CLUSTER_THREADS * max_cluster) <= most {
+        threads = (max_elems / (max_cluster * most)).next_power_of_two().clamp(CLUSTER_MIN_THREADS, CLUSTER_THREADS);
+    }
+    let mut per_thread = max_elems / threads;
+    // Rows too long for one block: cut the full extent across a thread-block cluster.
+    if per_thread > CLUSTER_ABOVE {
+        if let Some((_, e)) = widest_full {
+            if target.sm < 90 {
+                return Err(CodegenError::Unsupported(format!(
+                    "a tile of {max_elems} elements needs a thread-block cluster (sm_90) on this target ({})",
+                    target.arch()
+                ))
+                .at(k, max_op));
+            }
+            if k.schedule.grouped {
+                return Err(CodegenError::Unsupported(format!(
+                    "a tile of {max_elems} elements needs a thread-block cluster, which a grouped launch does not take yet"
+                ))
+                .at(k, max_op));
+            }
+            let mut c = (per_thread / CLUSTER_ABOVE).next_power_of_two().min(MAX_CLUSTER);
+            if per_thread / c > most && max_cluster > MAX_CLUSTER {
+                c = (per_thread / most).next_power_of_two().min(max_cluster);
+            }
+            k.schedule.cluster = c;
+            k.schedule.split = Some(e);
+            per_thread /= c;
         }
     }
+    if per_thread > MAX_ELEMS_PER_THREAD {
+        return Err(CodegenError::Unsupported(format!(
+            "a tile of {max_elems} elements needs {per_thread} elements per thread with {threads} threads \
+             and {} blocks per cluster (limit {MAX_ELEMS_PER_THREAD})",
+            k.schedule.cluster.max(1)
+        ))
+        .at(k, max_op));
+    }
+    k.schedule.num_threads = threads;
+    // math on whole tiles (not on a reduced row statistic) asks for register room
+    let math = k.order.iter().any(|&op| {
+        matches!(k.op(op), Op::Unary(u) if !matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not))
+            && concrete_shape(k, k.ty(op.value())).iter().product::<u32>() >= threads
+    });
+    let reduces = k.order.iter().any(|&op| matches!(k.op(op), Op::Reduce { .. }));
+    k.schedule.min_blocks = match spec.min_blocks {
+        Some(b) => b,
+        // (a block of 1024 threads gets at most 64 registers either way, and ptxas
+        // spilled a 262144-element cluster softmax under `(1024, 1)`, not under `(1024)`)
+        None => u32::from(math && !reduces && threads < 1024),
+    };
+    Ok(())
+}
+
+/// Whether the kernel's tiles are a pipelined matrix loop's (`choose_dot_tiles`).
+fn matrix_tiles(k: &Kernel, target: &Target) -> bool {
+    let dots = crate::passes::select_mma_path::dots(k);
+    !dots.is_empty()
+        && crate::passes::select_mma_path::matrix_loop(k, &dots).is_ok()
+        && crate::passes::select_mma_path::several_dots_elsewhere(k, &dots, target).is_none()
+}
+
+/// The row that [`run`] would cut across a thread-block cluster: the widest full extent
+/// of a kernel whose largest tile leaves each thread of one block more than
+/// [`CLUSTER_ABOVE`] elements, with that tile's elements (`None` when every tile fits a
+/// block, and for a pipelined matrix loop). Decided on a copy: `k` is left as it is.
+pub fn row_too_long(k: &Kernel, spec: &Spec, target: &Target) -> Result<Option<(ShapeSym, u32)>, CodegenError> {
+    if matrix_tiles(k, target) {
+        return Ok(None);
+    }
+    let mut k = k.clone();
+    assign_extents(&mut k, spec)?;
+    let l = largest_tile(&k);
+    let threads = row_threads(&k, spec, l.elems, l.op, l.widest_full.is_some())?;
+    Ok(match l.widest_full {
+        Some((_, Extent::Full(s))) if l.elems / threads > CLUSTER_ABOVE => Some((s, l.elems)),
+        _ => None,
+    })
+}
+
+/// Gives every full extent its padded size (`schedule.full`, `full_exact`) and every tile
+/// symbol its size (`schedule.tiles`): the budget rule of the module docs.
+fn assign_extents(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     // Full extents.
     for op in k.order.clone() {
         let mut extents = access_extents(k, op);
@@ -183,30 +279,45 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         };
         k.schedule.tiles.insert(t, v);
     }
-    // Threads.
-    let mut max_elems = 1u32;
-    // the first op with the largest tile, which errors about its size name
-    let mut max_op: Option<OpId> = None;
-    let mut has_full = false;
-    let mut widest_full: Option<(u32, Extent)> = None;
+    Ok(())
+}
+
+/// The largest tile of a kernel whose extents have their sizes: its elements, the first
+/// op with it (which errors about its size name), and the widest full extent of any value.
+struct Largest {
+    elems: u32,
+    op: Option<OpId>,
+    widest_full: Option<(u32, Extent)>,
+}
+
+fn largest_tile(k: &Kernel) -> Largest {
+    let mut l = Largest { elems: 1, op: None, widest_full: None };
     for op in k.order.clone() {
         if let Some(t) = &k.node(op).ty {
             let n: u32 = concrete_shape(k, t).iter().product();
-            if n > max_elems {
-                max_elems = n;
-                max_op = Some(op);
+            if n > l.elems {
+                l.elems = n;
+                l.op = Some(op);
             }
             for e in &t.shape {
                 if let Extent::Full(s) = e {
-                    has_full = true;
                     let v = k.schedule.full[s];
-                    if widest_full.is_none_or(|(w, _)| v > w) {
-                        widest_full = Some((v, *e));
+                    if l.widest_full.is_none_or(|(w, _)| v > w) {
+                        l.widest_full = Some((v, *e));
                     }
                 }
             }
         }
     }
+    l
+}
+
+/// The block's threads before a cluster split: the override, else one per
+/// [`ROW_ELEMS_PER_THREAD`] elements of the largest tile for rows (a full extent, or a
+/// row walked in chunks: each chunk is a row of one block), one per
+/// [`ELEMS_PER_THREAD`] for rank-1 tiles, one per [`TILE2D_ELEMS_PER_THREAD`] for others.
+fn row_threads(k: &Kernel, spec: &Spec, max_elems: u32, max_op: Option<OpId>, has_full: bool) -> Result<u32, CodegenError> {
+    let has_full = has_full || k.schedule.row_chunks.is_some();
     // the rank of the largest tile: rank-1 tiles (elementwise) take more, thinner threads
     let flat = max_op.is_none_or(|op| k.ty(op.value()).shape.len() <= 1);
     let (per, cap) = match (has_full, flat) {
@@ -214,72 +325,11 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         (false, true) => (ELEMS_PER_THREAD, MAX_TILE_THREADS),
         (false, false) => (TILE2D_ELEMS_PER_THREAD, MAX_TILE2D_THREADS),
     };
-    let mut threads = match spec.threads {
-        Some(t) if t.is_power_of_two() && (32..=1024).contains(&t) => t,
-        Some(t) => return Err(CodegenError::Unsupported(format!("threads override {t}: a power of two from 32 to 1024"))),
-        None => (max_elems / per).next_power_of_two().clamp(32, cap),
-    };
-    // a row split across a cluster: the fewest threads (CLUSTER_MIN_THREADS to
-    // CLUSTER_THREADS) that leave a thread at most what it may hold in the largest
-    // cluster — for a row with masks (a length that is not its padded power of two) at
-    // most CLUSTER_ABOVE: masked 262144-element rows at 64 a thread spilled 400-1300
-    // bytes; a row that needs more keeps its 1024 threads
-    let masked = k.schedule.full.keys().any(|s| !k.schedule.full_exact.contains(s));
-    let most = if masked { CLUSTER_ABOVE } else { MAX_ELEMS_PER_THREAD };
-    // the largest cluster this row may take: 16 for an unmasked row too long for 8 of
-    // CLUSTER_MIN_THREADS threads (MAX_CLUSTER_NONPORTABLE)
-    let max_cluster = if !masked && max_elems / (CLUSTER_MIN_THREADS * MAX_CLUSTER) > most { MAX_CLUSTER_NONPORTABLE } else { MAX_CLUSTER };
-    if spec.threads.is_none() && has_full && max_elems / threads > CLUSTER_ABOVE && target.sm >= 90 && max_elems / (CLUSTER_THREADS * max_cluster) <= most {
-        threads = (max_elems / (max_cluster * most)).next_power_of_two().clamp(CLUSTER_MIN_THREADS, CLUSTER_THREADS);
+    match spec.threads {
+        Some(t) if t.is_power_of_two() && (32..=1024).contains(&t) => Ok(t),
+        Some(t) => Err(CodegenError::Unsupported(format!("threads override {t}: a power of two from 32 to 1024"))),
+        None => Ok((max_elems / per).next_power_of_two().clamp(32, cap)),
     }
-    let mut per_thread = max_elems / threads;
-    // Rows too long for one block: cut the full extent across a thread-block cluster.
-    if per_thread > CLUSTER_ABOVE {
-        if let Some((_, e)) = widest_full {
-            if target.sm < 90 {
-                return Err(CodegenError::Unsupported(format!(
-                    "a tile of {max_elems} elements needs a thread-block cluster (sm_90) on this target ({})",
-                    target.arch()
-                ))
-                .at(k, max_op));
-            }
-            if k.schedule.grouped {
-                return Err(CodegenError::Unsupported(format!(
-                    "a tile of {max_elems} elements needs a thread-block cluster, which a grouped launch does not take yet"
-                ))
-                .at(k, max_op));
-            }
-            let mut c = (per_thread / CLUSTER_ABOVE).next_power_of_two().min(MAX_CLUSTER);
-            if per_thread / c > most && max_cluster > MAX_CLUSTER {
-                c = (per_thread / most).next_power_of_two().min(max_cluster);
-            }
-            k.schedule.cluster = c;
-            k.schedule.split = Some(e);
-            per_thread /= c;
-        }
-    }
-    if per_thread > MAX_ELEMS_PER_THREAD {
-        return Err(CodegenError::Unsupported(format!(
-            "a tile of {max_elems} elements needs {per_thread} elements per thread with {threads} threads \
-             and {} blocks per cluster (limit {MAX_ELEMS_PER_THREAD})",
-            k.schedule.cluster.max(1)
-        ))
-        .at(k, max_op));
-    }
-    k.schedule.num_threads = threads;
-    // math on whole tiles (not on a reduced row statistic) asks for register room
-    let math = k.order.iter().any(|&op| {
-        matches!(k.op(op), Op::Unary(u) if !matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not))
-            && concrete_shape(k, k.ty(op.value())).iter().product::<u32>() >= threads
-    });
-    let reduces = k.order.iter().any(|&op| matches!(k.op(op), Op::Reduce { .. }));
-    k.schedule.min_blocks = match spec.min_blocks {
-        Some(b) => b,
-        // (a block of 1024 threads gets at most 64 registers either way, and ptxas
-        // spilled a 262144-element cluster softmax under `(1024, 1)`, not under `(1024)`)
-        None => u32::from(math && !reduces && threads < 1024),
-    };
-    Ok(())
 }
 
 fn access_extents(k: &Kernel, op: kfuse_ir::OpId) -> Vec<Extent> {

@@ -2,6 +2,7 @@
 
 pub mod assign_layouts;
 pub mod choose_tiles;
+pub mod chunk_rows;
 pub mod hoist_invariants;
 pub mod order_grid;
 pub mod persist_programs;
