@@ -50,6 +50,11 @@
 //!   waves' tiles only, or over the last tiles, one cluster of the split each (its
 //!   partial and output tile then reuse the stage ring).
 //!
+//! The writer plans the kernel first ([`WgmmaKernel::new`]: tensor maps, stage layout,
+//! shared memory), then prints it in parts: the ring's barriers, the tile walk and the
+//! producer (`wgmma/producer.rs`), the consumers' main loop, split reduction and
+//! epilogue (`wgmma/consumer.rs`), and the epilogue's TMA store (`wgmma/tma_store.rs`).
+//!
 //! Shared memory of one operand in one stage, by majorness (swizzle 128 B): K-major —
 //! `rows × 128` bytes (64 16-bit, 128 8-bit or 32 f32 elements), 8-row atoms 1024 bytes apart
 //! (descriptor SBO 1024, each instruction's K step +32 bytes); MN-major (16-bit only) — boxes of
@@ -57,9 +62,9 @@
 //! 1024 bytes apart (SBO) and boxes `BK * 128` bytes apart (LBO), each `k16` step +2048
 //! bytes. TMA writes exactly these boxes (box inner extent = 128 bytes).
 
-use super::mma_common::{accumulator_map_of, accumulator_name, accumulator_val_named, dot_loop, scalar_slice, zeroed_accumulators};
+use super::mma_common::{accumulator_map_of, accumulator_name, accumulator_val_named, dot_loop, scalar_slice, zeroed_accumulators, AccRanges};
 use super::*;
-use kfuse_ir::{Major, MmaDot, MmaOperand, MmaPlan, TileWalk};
+use kfuse_ir::{LoopInfo, Major, MmaDot, MmaOperand, MmaPlan, TileWalk};
 
 use crate::target::GridAxisEval;
 
@@ -200,39 +205,78 @@ fn wgmma_instr_fn(name: &str, dtype: DType, n: u32, trans_a: bool, trans_b: bool
     ))
 }
 
-pub(super) fn emit_kernel(
-    k: &Kernel,
-    spec: &Spec,
-    target: &Target,
-    grid: &[GridAxisEval],
-    plan: &MmaPlan,
-    mut params: Vec<KernelParam>,
-    mut decls: Vec<String>,
-) -> Result<Emitted, CodegenError> {
-    let [bm, bn, bk] = plan.tile;
-    let stages = plan.stages;
-    let consumers = plan.consumers;
-    let dops = k.operands(plan.dot);
-    let dtype = k.ty(dops[0]).dtype;
-    let esz = dtype.size_bytes() as u32;
-    if grid.is_empty() || grid.len() > 3 {
-        return Err(CodegenError::Unsupported("a dot kernel must index its output by program ids (1 to 3 grid axes)".into()));
-    }
-    let info = dot_loop(k, plan)?;
 
-    let split = plan.split_k.max(1);
-    let mcast = plan.multicast.max(1);
-    let cluster = split.max(mcast);
-    // ping-pong consumers (`MmaPlan::pingpong`): each warpgroup a whole tile
-    let pp = plan.pingpong;
-    if pp && (cluster > 1 || k.schedule.grouped || !plan.more.is_empty() || consumers != 2 || bm != 128) {
-        return Err(CodegenError::Unsupported("ping-pong consumers with a cluster, a grouped launch, several dots, or other than two warpgroups on 128-row tiles".into()));
+mod consumer;
+mod producer;
+mod tma_store;
+
+/// The output tile's TMA store ([`MmaPlan::store`]): the store op, the box's inner extent
+/// in elements (one swizzle span) and the bytes of one `[BM, inner]` box.
+#[derive(Clone, Copy)]
+struct OutputMap {
+    store: OpId,
+    inner: u32,
+    box_bytes: u32,
+}
+
+/// The WGMMA kernel as its parts read it, fixed before any text is written: the plan's
+/// cluster shape, the operands' tensor maps and where each lies in a stage, and the
+/// shared-memory plan of the epilogue.
+struct WgmmaKernel<'a> {
+    k: &'a Kernel,
+    grid: &'a [GridAxisEval],
+    plan: &'a MmaPlan,
+    info: LoopInfo,
+    /// Every dot of the plan, the first one first ([`MmaPlan::all_dots`]).
+    dots: Vec<MmaDot>,
+    dtype: DType,
+    /// Blocks sharing one tile's loop (`split_k`), blocks sharing an operand by
+    /// multicast, the cluster size (the larger of the two).
+    split: u32,
+    mcast: u32,
+    cluster: u32,
+    /// Ping-pong consumers ([`MmaPlan::pingpong`]).
+    pp: bool,
+    /// The stage operand a multicast cluster shares (0: A, 1: B under `multicast_b`) and
+    /// the grid axis along which its blocks hold neighbouring tiles (1 when they share
+    /// A, a tile row; 0 when they share B, a tile column).
+    shared: usize,
+    mcast_axis: usize,
+    /// The distinct operand tiles of a stage, their offsets in it and its size.
+    operands: Vec<Operand>,
+    at: Vec<u32>,
+    stage_bytes: u32,
+    /// The output tile's (or under a split, the partial's) offset from `kf_pipe`, whether
+    /// it lies over the ring, the bytes of one output tile, the dynamic shared memory.
+    c_off: u32,
+    aliased: bool,
+    c_bytes: u32,
+    dynamic_smem: u32,
+    c_map: Option<OutputMap>,
+    /// The output's tensor map (`kf_tm2` for a single dot).
+    c_map_name: String,
+    grouped: bool,
+    /// Words of a grouped launch's problem record.
+    rec: usize,
+    decls: Vec<String>,
+    /// The C name of the loop index.
+    index_name: String,
+    /// The persistent walk over the output tiles.
+    tile_walk: String,
+}
+
+/// The stage pointer of operand `i` (`kf_sa`, `kf_sb` for a single dot's A and B).
+fn stage_ptr(i: usize) -> String {
+    match i {
+        0 => "kf_sa".to_string(),
+        1 => "kf_sb".to_string(),
+        i => format!("kf_s{i}"),
     }
-    if split > 1 && mcast > 1 {
-        return Err(CodegenError::Unsupported("a dot loop split across a cluster and multicast at once".into()));
-    }
-    // tensor maps: one per distinct operand tile of a stage (A and B of a single dot)
-    let dots = plan.all_dots();
+}
+
+/// One tensor map per distinct operand tile of a stage (A and B of a single dot), its
+/// declaration and launch parameter added.
+fn operand_maps(k: &Kernel, spec: &Spec, plan: &MmaPlan, dots: &[MmaDot], params: &mut Vec<KernelParam>, decls: &mut Vec<String>) -> Result<Vec<Operand>, CodegenError> {
     let mut operands = Vec::new();
     for (i, o) in plan.stage_operands().iter().enumerate() {
         let is_a = dots.iter().any(|d| d.a.load == o.load);
@@ -246,539 +290,202 @@ pub(super) fn emit_kernel(
         let offs = k.operands(o.load).iter().map(|v| format!("v{}", v.index())).collect();
         operands.push(Operand { map, offs, order, boxes, nq, outer_slices, box_bytes, bytes: box_bytes * nq, major: o.major, is_a });
     }
-    // multicast: each block of the cluster loads a slice of the shared operand's tile
-    // (A, or B under `multicast_b`: operand 0 or 1 of the single dot) for all of them
-    // (whole boxes when the tile comes in several, else a slice of its rows)
-    let shared = usize::from(plan.multicast_b);
-    // the grid axis along which a multicast cluster's blocks hold neighbouring tiles:
-    // 1 (a tile row) when they share A, 0 (a tile column) when they share B
-    let mcast_axis = usize::from(!plan.multicast_b);
-    if mcast > 1 && (bn > 256 || operands.iter().any(|o| o.outer_slices)) {
-        return Err(CodegenError::Unsupported(format!("multicast of a {bm}x{bn} tile (tiles wider than 256 columns take no cluster)")));
-    }
-    if split > 1 && bn > 256 {
-        return Err(CodegenError::Unsupported(format!("a {bm}x{bn} tile split across a cluster (tiles wider than 256 columns take no cluster)")));
-    }
-    if mcast > 1 {
-        let a = &mut operands[shared];
-        let name = if a.is_a { "A" } else { "B" };
-        if a.boxes.len() != 2 {
+    Ok(operands)
+}
+
+impl Operand {
+    /// Multicast over `mcast` blocks: each block of the cluster loads a slice of this
+    /// (shared) tile for all of them — whole boxes when the tile comes in several, else a
+    /// slice of its rows.
+    fn slice_for_multicast(&mut self, mcast: u32) -> R {
+        let name = if self.is_a { "A" } else { "B" };
+        if self.boxes.len() != 2 {
             return Err(CodegenError::Unsupported("multicast of a rank-3 operand".into()));
         }
-        if a.nq % mcast != 0 {
-            if a.nq != 1 {
-                return Err(CodegenError::Unsupported(format!("multicast over {mcast} blocks of {} boxes of {name}", a.nq)));
+        if !self.nq.is_multiple_of(mcast) {
+            if self.nq != 1 {
+                return Err(CodegenError::Unsupported(format!("multicast over {mcast} blocks of {} boxes of {name}", self.nq)));
             }
-            let outer = a.order[1] as usize;
-            if a.boxes[outer] % (8 * mcast) != 0 {
-                return Err(CodegenError::Unsupported(format!("multicast of a {}-row {name} tile over {mcast} blocks", a.boxes[outer])));
+            let outer = self.order[1] as usize;
+            if !self.boxes[outer].is_multiple_of(8 * mcast) {
+                return Err(CodegenError::Unsupported(format!("multicast of a {}-row {name} tile over {mcast} blocks", self.boxes[outer])));
             }
-            a.boxes[outer] /= mcast;
-            a.box_bytes /= mcast;
-            a.nq = mcast;
-            a.outer_slices = true;
+            self.boxes[outer] /= mcast;
+            self.box_bytes /= mcast;
+            self.nq = mcast;
+            self.outer_slices = true;
         }
-        let boxes = a.boxes.clone();
-        // the operands' maps lead the signature's tensor maps, in stage order
-        if let Some(KernelParam::TensorMap { box_dims, .. }) = params.iter_mut().filter(|p| matches!(p, KernelParam::TensorMap { .. })).nth(shared) {
-            *box_dims = boxes;
-        }
+        Ok(())
     }
-    let a_bytes = bm * bk * esz;
-    let b_bytes = bk * bn * esz;
-    if operands.iter().any(|o| o.bytes != if o.is_a { a_bytes } else { b_bytes }) {
-        return Err(CodegenError::Unsupported("TMA boxes that do not cover the dot's tiles".into()));
-    }
-    // each operand's offset in a stage, in stage order
-    let mut at = Vec::new();
-    let mut stage_bytes = 0;
-    for o in &operands {
-        at.push(stage_bytes);
-        stage_bytes += o.bytes;
-    }
-    // the stage pointer of operand `i` (`kf_sa`, `kf_sb` for a single dot's A and B)
-    let sname = |i: usize| match i {
-        0 => "kf_sa".to_string(),
-        1 => "kf_sb".to_string(),
-        i => format!("kf_s{i}"),
-    };
-    let op_index = |load: OpId| plan.stage_operands().iter().position(|o| o.load == load).unwrap_or(0);
-    // the epilogue's output tile (TMA store) and, under a cluster split, the partial
-    // accumulator (the same bytes: only the first block stores): after the stages and
-    // the barriers (full, empty per stage; two for the split's hand-off), 1024-aligned
-    let ring_end = (stages * stage_bytes + 16 * stages + 16).div_ceil(1024) * 1024;
-    // (a kernel of one tile a block puts them over the ring, free once the loop is done:
-    // `pipeline_stages::epilogue_reuses_ring`)
-    let aliased = crate::passes::pipeline_stages::epilogue_reuses_ring(k);
-    let c_off = if aliased { 0 } else { ring_end };
-    let part_bytes = crate::passes::pipeline_stages::partial_bytes(k);
-    // the output tiles' shared memory as `pipeline_stages` sized it (the whole tile, one
-    // per warpgroup under ping-pong, or `store_buffers` of its boxes)
-    let store_bytes = crate::passes::pipeline_stages::store_bytes(k);
-    let c_tiles = if pp { consumers } else { 1 };
-    let c_bytes = store_bytes / c_tiles;
-    let mut c_map = None;
-    // the output's tensor map follows the operands' (`kf_tm2` for a single dot)
-    let c_map_name = format!("kf_tm{}", operands.len());
-    if let Some(st) = &plan.store {
-        let Op::Store { tensor, .. } = k.op(st.load) else { unreachable!() };
-        let esz = k.param(*tensor).dtype.size_bytes() as u32;
-        let inner = st.swizzle / esz;
-        decls.push(format!("const __grid_constant__ CUtensorMap {c_map_name}"));
-        params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: vec![bm, inner], swizzle: st.swizzle, order: vec![1, 0] });
-        c_map = Some((st.load, inner, bm * inner * esz));
-    }
-    // (ping-pong: one output tile per warpgroup, the second `c_bytes` after the first;
-    // over the ring, `pipeline_stages` gave it one at least its size)
-    let dynamic_smem = 1024 + ring_end.max(c_off + store_bytes.max(part_bytes));
+}
 
-    // a grouped launch (`Schedule::grouped`): the parameters, tensor maps included, come
-    // from the record of the problem each tile belongs to
-    let grouped = k.schedule.grouped;
-    if grouped && cluster > 1 {
-        return Err(CodegenError::Unsupported("a grouped launch of a dot loop split or multicast across a cluster".into()));
+/// The output's tensor map named `name` when the plan stores the tile by TMA, its
+/// declaration and launch parameter added.
+fn output_map(k: &Kernel, plan: &MmaPlan, name: &str, params: &mut Vec<KernelParam>, decls: &mut Vec<String>) -> Option<OutputMap> {
+    let st = plan.store.as_ref()?;
+    let Op::Store { tensor, .. } = k.op(st.load) else { unreachable!() };
+    let esz = k.param(*tensor).dtype.size_bytes() as u32;
+    let inner = st.swizzle / esz;
+    let bm = plan.tile[0];
+    decls.push(format!("const __grid_constant__ CUtensorMap {name}"));
+    params.push(KernelParam::TensorMap { tensor: *tensor, box_dims: vec![bm, inner], swizzle: st.swizzle, order: vec![1, 0] });
+    Some(OutputMap { store: st.load, inner, box_bytes: bm * inner * esz })
+}
+
+/// The plan's dot loop, once what the plan asks of the cluster and the grid is checked.
+fn checked_loop(k: &Kernel, grid: &[GridAxisEval], plan: &MmaPlan) -> Result<LoopInfo, CodegenError> {
+    if grid.is_empty() || grid.len() > 3 {
+        return Err(CodegenError::Unsupported("a dot kernel must index its output by program ids (1 to 3 grid axes)".into()));
     }
-    let rec = 4 + decls.len();
-    // the epilogue's barrier: the consumers of the tile — both warpgroups (named barrier
-    // 1), or under ping-pong the tile's own warpgroup (1 + kf_wg: 1 or 2)
-    let barrier = if pp {
-        "asm volatile(\"bar.sync %0, 128;\" :: \"r\"(1 + kf_wg) : \"memory\");"
-    } else {
-        "asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");"
-    };
-    let mut e = Emitter::new(k, spec, barrier, grid);
-    e.w.indent();
-    let pipe = |e: &mut Emitter| -> R {
-        e.line("extern __shared__ __align__(1024) unsigned char kf_dsmem[];")?;
-        e.line("unsigned char* kf_pipe = (unsigned char*)((((unsigned long long)kf_dsmem) + 1023ull) & ~1023ull);")?;
-        e.line(format!("unsigned long long* kf_full = (unsigned long long*)(kf_pipe + {});", stages * stage_bytes))?;
-        e.line(format!("unsigned long long* kf_empty = kf_full + {stages};"))?;
-        e.line(format!("unsigned long long* kf_red = kf_full + {};", 2 * stages))?;
-        e.line("(void)kf_red;")?;
-        e.open("if (kf_tid == 0)")?;
-        e.unroll("s", stages)?;
-        e.line("kf_mbar_init(&kf_full[s], 1);")?;
-        // a stage is released by every warp that read it: all consumers' (ping-pong: the
-        // one warpgroup whose tile it holds), in every block that multicast into it
-        let readers = if pp { 4 } else { consumers * 4 };
-        e.line(format!("kf_mbar_init(&kf_empty[s], {});", readers * mcast))?;
-        e.close()?;
-        if split > 1 {
-            // kf_red[0]: partials ready (the first block: every warp of the others);
-            // kf_red[1]: partial read (the others: every warp of the first block)
-            e.line(format!("kf_mbar_init(&kf_red[0], {});", (split - 1) * consumers * 4))?;
-            e.line(format!("kf_mbar_init(&kf_red[1], {});", consumers * 4))?;
+    let info = dot_loop(k, plan)?;
+    let (split, mcast) = (plan.split_k.max(1), plan.multicast.max(1));
+    let cluster = split.max(mcast);
+    if plan.pingpong && (cluster > 1 || k.schedule.grouped || !plan.more.is_empty() || plan.consumers != 2 || plan.tile[0] != 128) {
+        return Err(CodegenError::Unsupported("ping-pong consumers with a cluster, a grouped launch, several dots, or other than two warpgroups on 128-row tiles".into()));
+    }
+    if split > 1 && mcast > 1 {
+        return Err(CodegenError::Unsupported("a dot loop split across a cluster and multicast at once".into()));
+    }
+    Ok(info)
+}
+
+impl<'a> WgmmaKernel<'a> {
+    /// Plans the kernel: the operands' tensor maps (added to `params` and `decls`), a
+    /// multicast's slices, the stage layout and the epilogue's shared memory.
+    fn new(k: &'a Kernel, spec: &Spec, grid: &'a [GridAxisEval], plan: &'a MmaPlan, params: &mut Vec<KernelParam>, mut decls: Vec<String>) -> Result<Self, CodegenError> {
+        let [bm, bn, bk] = plan.tile;
+        let dtype = k.ty(k.operands(plan.dot)[0]).dtype;
+        let esz = dtype.size_bytes() as u32;
+        let info = checked_loop(k, grid, plan)?;
+        let (split, mcast) = (plan.split_k.max(1), plan.multicast.max(1));
+        let cluster = split.max(mcast);
+        let pp = plan.pingpong;
+        let dots = plan.all_dots();
+        let mut operands = operand_maps(k, spec, plan, &dots, params, &mut decls)?;
+        let shared = usize::from(plan.multicast_b);
+        let mcast_axis = usize::from(!plan.multicast_b);
+        if mcast > 1 && (bn > 256 || operands.iter().any(|o| o.outer_slices)) {
+            return Err(CodegenError::Unsupported(format!("multicast of a {bm}x{bn} tile (tiles wider than 256 columns take no cluster)")));
         }
-        e.line("asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");")?;
-        e.close()?;
-        // the cluster's blocks reach each other's barriers: all initialized first
-        e.line(if cluster > 1 { "kf_cluster_sync();" } else { "__syncthreads();" })?;
-        if grouped {
-            // a grouped launch: every problem's tiles, one walk (see `pids`)
-            e.line(format!("const long long* kf_last = kf_grp + (kf_ngrp - 1) * {rec};"))?;
-            e.line("const long long kf_tiles = kf_last[3] + kf_last[0] * kf_last[1] * kf_last[2];")?;
-            return Ok(());
-        }
-        // program count per grid axis, and the walk over them
-        let mut total = Vec::new();
-        for (i, a) in grid.iter().enumerate() {
-            let n = e.shape_var(a.dim);
-            e.line(format!("const long long kf_g{i} = ({n} + {}LL) / {}LL;", a.step - 1, a.step))?;
-            total.push(format!("kf_g{i}"));
+        if split > 1 && bn > 256 {
+            return Err(CodegenError::Unsupported(format!("a {bm}x{bn} tile split across a cluster (tiles wider than 256 columns take no cluster)")));
         }
         if mcast > 1 {
-            // a program walks groups of `mcast` neighbouring tiles along that axis
-            let a = mcast_axis;
-            e.line(format!("const long long kf_g{a}m = (kf_g{a} + {}LL) / {mcast}LL;", mcast - 1))?;
-            total[a] = format!("kf_g{a}m");
-        }
-        e.line(format!("const long long kf_tiles = {};", total.join(" * ")))?;
-        if cluster > 1 {
-            e.line(format!("const unsigned kf_crank = blockIdx.x % {cluster};"))?;
-        }
-        Ok(())
-    };
-    pipe(&mut e)?;
-    // program ids of tile `kf_t`: axes 0 and 1 grouped `group_m` along axis 0
-    // (`maps`: the tensor maps the caller reads — a grouped launch binds only those)
-    let pids = |e: &mut Emitter, maps: &dyn Fn(&str) -> bool| -> R {
-        let r = grid.len();
-        let t0 = if grouped {
-            // the tile's problem: the last whose first tile is at or before it; its
-            // record binds the parameters' names for this tile
-            e.line("long long kf_gi = 0;")?;
-            e.line(format!("while (kf_gi + 1 < kf_ngrp && kf_t >= kf_grp[(kf_gi + 1) * {rec} + 3]) ++kf_gi;"))?;
-            e.line(format!("const long long* kf_rec = kf_grp + kf_gi * {rec};"))?;
-            e.line("const long long kf_g0 = kf_rec[0], kf_g1 = kf_rec[1];")?;
-            e.line("(void)kf_g0; (void)kf_g1;")?;
-            super::bind_group_params(&mut e.w, &decls, maps).map_err(fmt_err)?;
-            "(kf_t - kf_rec[3])"
-        } else {
-            "kf_t"
-        };
-        e.line("long long kf_pid0 = 0, kf_pid1 = 0, kf_pid2 = 0;")?;
-        if r == 1 {
-            e.line(format!("kf_pid0 = {t0};"))?;
-        } else {
-            e.open("")?;
-            e.line(format!("long long t = {t0};"))?;
-            // the program counts walked: a multicast cluster is one program of the
-            // walk, which spans its axis's groups of `mcast` tiles
-            let (g0, g1) = match (mcast > 1, mcast_axis) {
-                (false, _) => ("kf_g0", "kf_g1"),
-                (true, 1) => ("kf_g0", "kf_g1m"),
-                (true, _) => ("kf_g0m", "kf_g1"),
-            };
-            if r == 3 {
-                e.line(format!("kf_pid2 = t / ({g0} * {g1});"))?;
-                e.line(format!("t -= kf_pid2 * {g0} * {g1};"))?;
+            operands[shared].slice_for_multicast(mcast)?;
+            let boxes = operands[shared].boxes.clone();
+            // the operands' maps lead the signature's tensor maps, in stage order
+            if let Some(KernelParam::TensorMap { box_dims, .. }) = params.iter_mut().filter(|p| matches!(p, KernelParam::TensorMap { .. })).nth(shared) {
+                *box_dims = boxes;
             }
-            e.line(format!("const long long per = {}LL * {g1};", plan.group_m))?;
-            e.line(format!("const long long first = (t / per) * {}LL;", plan.group_m))?;
-            e.line(format!("const long long gm = kf_mini({g0} - first, {}LL);", plan.group_m))?;
-            e.line("kf_pid0 = first + (t % per) % gm;")?;
-            e.line("kf_pid1 = (t % per) / gm;")?;
-            if mcast > 1 {
-                e.line(format!("kf_pid{mcast_axis} = kf_pid{mcast_axis} * {mcast} + kf_crank;"))?;
-            }
-            e.close()?;
         }
-        e.pid = Some(vec!["kf_pid0".into(), "kf_pid1".into(), "kf_pid2".into()]);
-        Ok(())
-    };
-    let for_ops = k.operands(plan.for_op);
-    let (lo, hi, step) = (for_ops[0], for_ops[1], for_ops[2]);
-    let index_name = info.index.map(|v| format!("v{}", v.index())).unwrap_or_else(|| "kf_kv".into());
-    // the loop header: all iterations, or this block's contiguous share of them
-    let loop_head = |e: &mut Emitter| -> Result<String, CodegenError> {
-        let (l, h, s) = (e.val(lo).name.clone(), e.val(hi).name.clone(), e.val(step).name.clone());
-        if split == 1 {
-            return Ok(format!("for (long long {index_name} = {l}; {index_name} < {h}; {index_name} += {s})"));
+        if operands.iter().any(|o| o.bytes != if o.is_a { bm * bk * esz } else { bk * bn * esz }) {
+            return Err(CodegenError::Unsupported("TMA boxes that do not cover the dot's tiles".into()));
         }
-        e.line(format!("const long long kf_nit = {h} > {l} ? ({h} - {l} + {s} - 1) / {s} : 0LL;"))?;
-        e.line(format!("const long long kf_it0 = kf_nit * kf_crank / {split}, kf_it1 = kf_nit * (kf_crank + 1) / {split};"))?;
-        Ok(format!("for (long long {index_name} = {l} + kf_it0 * {s}; {index_name} < {l} + kf_it1 * {s}; {index_name} += {s})"))
-    };
-    // the persistent walk: every tile, or under a split last wave (`MmaPlan::walk`) the
-    // whole waves' tiles (one block each) or the last tiles (one cluster each)
-    let tile_walk = match (plan.walk, cluster) {
-        (TileWalk::All, 1) => "for (long long kf_t = blockIdx.x; kf_t < kf_tiles; kf_t += gridDim.x)".to_string(),
-        (TileWalk::All, c) => format!("for (long long kf_t = blockIdx.x / {c}; kf_t < kf_tiles; kf_t += gridDim.x / {c})"),
-        (TileWalk::WholeWaves, 1) => {
-            "for (long long kf_t = blockIdx.x; kf_t < kf_tiles / gridDim.x * gridDim.x; kf_t += gridDim.x)".to_string()
+        // each operand's offset in a stage, in stage order
+        let mut at = Vec::new();
+        let mut stage_bytes = 0;
+        for o in &operands {
+            at.push(stage_bytes);
+            stage_bytes += o.bytes;
         }
-        // (one tile a cluster: the epilogue's shared memory reuses the ring)
-        (TileWalk::LastTiles, c) if c > 1 && split > 1 => format!(
-            "for (long long kf_t = kf_maxi(0LL, kf_tiles - (long long)(gridDim.x / {c})) + blockIdx.x / {c}; kf_t < kf_tiles; kf_t = kf_tiles)"
-        ),
-        (w, c) => return Err(CodegenError::Unsupported(format!("the tile walk {w:?} in clusters of {c}"))),
-    };
+        // the epilogue's output tile (TMA store) and, under a cluster split, the partial
+        // accumulator (the same bytes: only the first block stores): after the stages and
+        // the barriers (full, empty per stage; two for the split's hand-off), 1024-aligned
+        let stages = plan.stages;
+        let ring_end = (stages * stage_bytes + 16 * stages + 16).div_ceil(1024) * 1024;
+        // (a kernel of one tile a block puts them over the ring, free once the loop is done:
+        // `pipeline_stages::epilogue_reuses_ring`)
+        let aliased = crate::passes::pipeline_stages::epilogue_reuses_ring(k);
+        let c_off = if aliased { 0 } else { ring_end };
+        let part_bytes = crate::passes::pipeline_stages::partial_bytes(k);
+        // the output tiles' shared memory as `pipeline_stages` sized it (the whole tile, one
+        // per warpgroup under ping-pong, or `store_buffers` of its boxes)
+        let store_bytes = crate::passes::pipeline_stages::store_bytes(k);
+        let c_bytes = store_bytes / if pp { plan.consumers } else { 1 };
+        // the output's tensor map follows the operands' (`kf_tm2` for a single dot)
+        let c_map_name = format!("kf_tm{}", operands.len());
+        let c_map = output_map(k, plan, &c_map_name, params, &mut decls);
+        // (ping-pong: one output tile per warpgroup, the second `c_bytes` after the first;
+        // over the ring, `pipeline_stages` gave it one at least its size)
+        let dynamic_smem = 1024 + ring_end.max(c_off + store_bytes.max(part_bytes));
+        // a grouped launch (`Schedule::grouped`): the parameters, tensor maps included, come
+        // from the record of the problem each tile belongs to
+        let grouped = k.schedule.grouped;
+        if grouped && cluster > 1 {
+            return Err(CodegenError::Unsupported("a grouped launch of a dot loop split or multicast across a cluster".into()));
+        }
+        let rec = 4 + decls.len();
+        let index_name = info.index.map(|v| format!("v{}", v.index())).unwrap_or_else(|| "kf_kv".into());
+        let tile_walk = producer::tile_walk(plan.walk, cluster, split)?;
+        Ok(WgmmaKernel {
+            k,
+            grid,
+            plan,
+            info,
+            dots,
+            dtype,
+            split,
+            mcast,
+            cluster,
+            pp,
+            shared,
+            mcast_axis,
+            operands,
+            at,
+            stage_bytes,
+            c_off,
+            aliased,
+            c_bytes,
+            dynamic_smem,
+            c_map,
+            c_map_name,
+            grouped,
+            rec,
+            decls,
+            index_name,
+            tile_walk,
+        })
+    }
 
-    // ---- producer
-    e.open("if (kf_tid < 128)")?;
-    // registers: the consumers of a 256-wide tile hold 128 accumulators each and take
-    // 240 (232 spilled a bias epilogue), leaving the producer 24; narrower tiles leave
-    // the producer 56 (its split-loop index arithmetic spilled at 24 and at 40). Several
-    // dots count their accumulators together (two 128-wide ones as one 256-wide).
-    let acc_cols = if pp { 2 * bn } else { bn } * dots.len() as u32;
-    let (prod_regs, cons_regs) = match (consumers, acc_cols > 128) {
-        (1, _) => (40, 256),
-        // a multicasting producer needs a few more (it spilled at 24); a split kernel
-        // spilled 16 bytes at 40 / 232 (SPLITK=4 at 128x256) and builds at 56 / 224
-        (_, true) if split > 1 => (56, 224),
-        (_, true) if cluster > 1 => (40, 232),
-        (_, true) => (24, 240),
-        (_, false) => (56, 216),
-    };
-    e.line(format!("asm volatile(\"setmaxnreg.dec.sync.aligned.u32 {prod_regs};\" ::: \"memory\");"))?;
-    e.open("if (kf_tid == 0)")?;
-    e.line("int kf_stage = 0;")?;
-    e.line("unsigned kf_phase = 0;")?;
-    e.open(tile_walk.clone())?;
-    // the producer reads the operands' maps, the consumers only the output's
-    pids(&mut e, &|m: &str| m != c_map_name)?;
-    let mut roots = vec![lo, hi, step];
-    for o in plan.stage_operands() {
-        roots.extend(k.operands(o.load));
+    /// The position of a load among the stage's operands.
+    fn op_index(&self, load: OpId) -> usize {
+        self.plan.stage_operands().iter().position(|o| o.load == load).unwrap_or(0)
     }
-    let slice = scalar_slice(k, &roots, 0)?;
-    for &o in slice.iter().filter(|o| k.position(**o) < info.for_pos) {
-        e.op(o)?;
-    }
-    e.line(format!("if (!({} > 0)) __trap();", e.val(step).name))?;
-    let head = loop_head(&mut e)?;
-    e.open(head)?;
-    for &o in slice.iter().filter(|o| k.position(**o) > info.for_pos) {
-        e.op(o)?;
-    }
-    e.line("kf_mbar_wait(&kf_empty[kf_stage], kf_phase ^ 1u);")?;
-    e.line(format!("kf_mbar_expect_tx(&kf_full[kf_stage], {stage_bytes}u);"))?;
-    e.line(format!("unsigned char* kf_sa = kf_pipe + kf_stage * {stage_bytes};"))?;
-    for (i, &off) in at.iter().enumerate().skip(1) {
-        e.line(format!("unsigned char* {} = kf_sa + {off};", sname(i)))?;
-    }
-    for (i, op) in operands.iter().enumerate() {
-        let dst = sname(i);
-        let dst = dst.as_str();
-        let r = op.boxes.len();
-        if !(2..=3).contains(&r) {
-            return Err(CodegenError::Unsupported(format!("a rank-{r} dot operand tensor (TMA here takes rank 2 and 3)")));
+
+    /// Accumulator registers a consumer thread: one m64 instruction's (BN / 2), or under
+    /// ping-pong two, rows 0..64 then 64..128 of the tile.
+    fn regs(&self) -> u32 {
+        let half = self.plan.tile[1] / 2;
+        if self.pp {
+            2 * half
+        } else {
+            half
         }
-        let multicast = mcast > 1 && i == shared;
-        for q in 0..op.nq {
-            // coordinates innermost first
-            let mut c: Vec<String> = op.order.iter().map(|&d| format!("(int){}", op.offs[d as usize])).collect();
-            if q > 0 {
-                let slot = if op.outer_slices { 1 } else { 0 };
-                let d = op.order[slot] as usize;
-                c[slot] = format!("(int)({} + {})", op.offs[d], q * op.boxes[d]);
+    }
+
+    /// The epilogue's barrier: the consumers of the tile — both warpgroups (named barrier
+    /// 1), or under ping-pong the tile's own warpgroup (1 + kf_wg: 1 or 2).
+    fn epilogue_barrier(&self) -> &'static str {
+        if self.pp {
+            "asm volatile(\"bar.sync %0, 128;\" :: \"r\"(1 + kf_wg) : \"memory\");"
+        } else {
+            "asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");"
+        }
+    }
+
+    /// One helper per majorness of the dots' operands (the first dot's is `kf_wgmma`).
+    fn wgmma_helpers(&self) -> Result<String, CodegenError> {
+        let dots = &self.dots;
+        let mut text = String::new();
+        let mut helpers: Vec<String> = Vec::new();
+        for d in dots {
+            let name = wgmma_name(&dots[0], d);
+            if helpers.contains(&name) {
+                continue;
             }
-            if multicast {
-                // box q is this block's when q % cluster == its rank; it lands in every block
-                e.line(format!(
-                    "if (kf_crank == {}) kf_tma_2d_mc({dst} + {}, &{}, {}, &kf_full[kf_stage], (unsigned short){});",
-                    q % mcast,
-                    q * op.box_bytes,
-                    op.map,
-                    c.join(", "),
-                    (1u32 << mcast) - 1
-                ))?;
-            } else {
-                e.line(format!("kf_tma_{r}d({dst} + {}, &{}, {}, &kf_full[kf_stage]);", q * op.box_bytes, op.map, c.join(", ")))?;
-            }
-        }
-    }
-    e.line(format!("if (++kf_stage == {stages}) {{ kf_stage = 0; kf_phase ^= 1u; }}"))?;
-    e.close()?; // k loop
-    e.close()?; // tiles
-    e.close()?; // thread 0
-    e.close()?; // producer
-    // ---- consumers
-    e.open("else")?;
-    e.line(format!("asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {cons_regs};\" ::: \"memory\");"))?;
-    if pp {
-        // each warpgroup holds its own tiles: warps 0..3 of the layout, in each
-        e.line("const int kf_wg = ((kf_tid >> 5) - 4) >> 2;")?;
-        e.line("const int kf_warp = ((kf_tid >> 5) - 4) & 3;")?;
-    } else {
-        e.line("const int kf_warp = (kf_tid >> 5) - 4;")?;
-        e.line("const int kf_wg = kf_warp >> 2;")?;
-    }
-    e.line("(void)kf_warp; (void)kf_wg;")?;
-    e.line("int kf_stage = 0;")?;
-    e.line("unsigned kf_phase = 0;")?;
-    e.line("unsigned kf_rphase = 0;")?;
-    e.line("(void)kf_rphase;")?;
-    // the operands' shared-memory descriptors at stage 0 and k-step 0, made once: a
-    // k-step's descriptor adds its offset in 16-byte units to the start-address field,
-    // in the low word (`kf_desc_at`; no carry leaves it, shared memory being under 2^18
-    // bytes). Made in the loop from the stage's pointer, each cost ~10 instructions a
-    // wgmma, a third of the consumers' instructions at M8192 N4096 K14336 (NOTES g27)
-    let mut based: Vec<usize> = Vec::new();
-    for i in dots.iter().flat_map(|d| [op_index(d.a.load), op_index(d.b.load)]) {
-        if based.contains(&i) {
-            continue;
-        }
-        based.push(i);
-        let (half_step, _, lbo) = operands[i].desc_steps();
-        let wg = if half_step > 0 && !pp { format!(" + kf_wg * {half_step}") } else { String::new() };
-        e.line(format!("const unsigned long long {} = kf_desc128(kf_pipe + {}{wg}, {lbo}, 1024);", desc_base(i), at[i]))?;
-    }
-    // ping-pong: warpgroup w takes the block's tiles w, w + 2, …
-    let consumer_walk = if pp { format!("for (long long kf_t = blockIdx.x + kf_wg * gridDim.x; kf_t < kf_tiles; kf_t += {consumers} * gridDim.x)") } else { tile_walk.clone() };
-    e.open(consumer_walk)?;
-    pids(&mut e, &|m: &str| m == c_map_name)?;
-    // everything before the loop (but the zeros that only feed the inits), the zeroed
-    // accumulators
-    // accumulator registers a consumer thread: one m64 instruction's (BN / 2), or under
-    // ping-pong two, rows 0..64 then 64..128 of the tile
-    let half = bn / 2;
-    let regs = if pp { 2 * half } else { half };
-    let ranges = zeroed_accumulators(&mut e, plan, info.for_pos, regs)?;
-    e.line("int kf_prev = -1;")?;
-    // a stage is free once every block that multicasts into it may overwrite it: the
-    // consumers release it in every block of the cluster (an arrive with the default
-    // CTA-scope release: the stage's readers are this warpgroup's finished wgmmas; a
-    // cluster-scope release on every stage halved the speed, 4096³ 334 vs 703 TFLOP/s)
-    let release = if mcast > 1 {
-        format!("if (kf_prev >= 0 && kf_lane == 0) {{ for (unsigned r = 0; r < {mcast}u; ++r) kf_mbar_arrive_remote(&kf_empty[kf_prev], r); }}")
-    } else {
-        "if (kf_prev >= 0 && kf_lane == 0) kf_mbar_arrive(&kf_empty[kf_prev]);".to_string()
-    };
-    let release = release.as_str();
-    e.line(format!("if (!({} > 0)) __trap();", e.val(step).name))?;
-    if pp {
-        // the producer loads every tile of the block in walk order, so the other
-        // warpgroup's tile (the one before this, when this is not the block's first)
-        // takes the ring's next `iterations` stages: step over them. And wait for the
-        // turn: a warpgroup starts a loop only once the other has waited on the last
-        // stage of its tile (named barrier 3 + kf_wg, arrived at after the loop), so
-        // that this loop's first full barrier is at most one phase from its parity
-        let (l, h, s) = (e.val(lo).name.clone(), e.val(hi).name.clone(), e.val(step).name.clone());
-        e.open("if (kf_t >= (long long)blockIdx.x + gridDim.x)")?;
-        e.line("asm volatile(\"bar.sync %0, 256;\" :: \"r\"(3 + kf_wg) : \"memory\");")?;
-        e.line(format!("const int kf_skip = kf_stage + (int)({h} > {l} ? ({h} - {l} + {s} - 1) / {s} : 0LL);"))?;
-        e.line(format!("kf_phase ^= (unsigned)((kf_skip / {stages}) & 1);"))?;
-        e.line(format!("kf_stage = kf_skip % {stages};"))?;
-        e.close()?;
-    }
-    let head = loop_head(&mut e)?;
-    e.open(head)?;
-    e.line("kf_mbar_wait(&kf_full[kf_stage], kf_phase);")?;
-    e.line(format!("const unsigned kf_so = (unsigned)kf_stage * {}u;", stage_bytes / 16))?;
-    e.line("kf_wgmma_fence();")?;
-    e.unroll("kk", bk / plan.instr[2])?;
-    // per dot: A, this warpgroup's 64 rows (a descriptor per distinct A tile); B, all
-    // columns; the instruction variant of its operands' majorness
-    let mut described = Vec::new();
-    for (j, d) in dots.iter().enumerate() {
-        let (ia, ib) = (op_index(d.a.load), op_index(d.b.load));
-        let ((a_off, a_k, _), (_, b_k, _)) = (operands[ia].desc_steps(), operands[ib].desc_steps());
-        let suffix = |i: usize| if i <= 1 { String::new() } else { i.to_string() };
-        let (da, db) = (format!("da{}", suffix(ia)), format!("db{}", suffix(ib)));
-        let (base_a, base_b) = (desc_base(ia), desc_base(ib));
-        let (a_k, b_k) = (a_k / 16, b_k / 16);
-        if pp {
-            // the whole tile: rows 0..64 into the first half of the accumulator, rows
-            // 64..128 into the second
-            e.line(format!("const unsigned long long {da} = kf_desc_at({base_a}, kf_so + kk * {a_k});"))?;
-            e.line(format!("const unsigned long long {da}_hi = kf_desc_at({base_a}, kf_so + {} + kk * {a_k});", a_off / 16))?;
-            e.line(format!("const unsigned long long {db} = kf_desc_at({base_b}, kf_so + kk * {b_k});"))?;
-            let (f, acc) = (wgmma_name(&dots[0], d), accumulator_name(j));
-            e.line(format!("{f}({acc}, {da}, {db});"))?;
-            e.line(format!("{f}({acc} + {half}, {da}_hi, {db});"))?;
-            continue;
-        }
-        if !described.contains(&ia) {
-            e.line(format!("const unsigned long long {da} = kf_desc_at({base_a}, kf_so + kk * {a_k});"))?;
-            described.push(ia);
-        }
-        e.line(format!("const unsigned long long {db} = kf_desc_at({base_b}, kf_so + kk * {b_k});"))?;
-        e.line(format!("{}({}, {da}, {db});", wgmma_name(&dots[0], d), accumulator_name(j)))?;
-    }
-    e.close()?;
-    e.line("kf_wgmma_commit();")?;
-    e.line("kf_wgmma_wait<1>();")?;
-    e.line(release)?;
-    e.line("kf_prev = kf_stage;")?;
-    e.line(format!("if (++kf_stage == {stages}) {{ kf_stage = 0; kf_phase ^= 1u; }}"))?;
-    e.close()?; // k loop
-    if pp {
-        // the other warpgroup's turn (its next tile, if the block has one)
-        e.line("if (kf_t + gridDim.x < kf_tiles) asm volatile(\"bar.arrive %0, 256;\" :: \"r\"(3 + (kf_wg ^ 1)) : \"memory\");")?;
-    }
-    e.line("kf_wgmma_wait<0>();")?;
-    // the epilogue reads the accumulators through an add of +0 (which the compilers
-    // cannot fold: it turns -0 into +0, a value the accumulators, zeroed to +0, never
-    // hold): read directly by some instructions (f16 conversions at 64- and 128-wide
-    // tiles), ptxas serializes every wgmma of the loop (C7514: f16 at M127 ran 1.2x
-    // slower with 8 stages, 3.5x with 4); `tests/common::assemble` refuses that warning.
-    // Only epilogues that make f16 values need it: bf16, fp8 and f32 ones did not draw
-    // the warning, and the add costs 128 instructions a thread (~0.4% at 4096³)
-    let makes_f16 = k.order[info.yield_pos + 1..].iter().any(|&o| k.op(o).has_result() && k.ty(o.value()).dtype == DType::F16);
-    for j in (0..dots.len()).filter(|_| makes_f16) {
-        let acc = accumulator_name(j);
-        e.unroll("i", regs)?;
-        e.line(format!("{acc}[i] = {acc}[i] + 0.0f;"))?;
-        e.close()?;
-    }
-    e.line(release)?;
-    if split > 1 {
-        // the partial sums meet in the first block of the cluster, which alone goes on
-        let threads = consumers * 128;
-        e.line(format!("float* kf_part = reinterpret_cast<float*>(kf_pipe + {c_off});"))?;
-        e.open("if (kf_crank != 0)")?;
-        // (at cluster scope: the first block's reads of the previous partial, released
-        // by its remote arrive, come before this block overwrites it)
-        e.line("kf_mbar_wait_cluster(&kf_red[1], kf_rphase ^ 1u);")?;
-        if aliased {
-            // the partial goes over the ring: both warpgroups' last wgmmas read it first
-            e.line("asm volatile(\"bar.sync 1, %0;\" :: \"n\"(KF_CONSUMERS * 128) : \"memory\");")?;
-        }
-        e.unroll("i", regs)?;
-        e.line(format!("kf_part[i * {threads} + (kf_tid - 128)] = kf_acc[i];"))?;
-        e.close()?;
-        e.line("__syncwarp();")?;
-        e.line("if (kf_lane == 0) kf_mbar_arrive_cluster(&kf_red[0], 0);")?;
-        e.line("kf_rphase ^= 1u;")?;
-        e.line("continue;")?;
-        e.close()?;
-        e.line("kf_mbar_wait_cluster(&kf_red[0], kf_rphase);")?;
-        e.unroll("r", split - 1)?;
-        e.unroll("i", regs)?;
-        e.line(format!("kf_acc[i] += kf_ld_cluster_f32(kf_part + i * {threads} + (kf_tid - 128), r + 1);"))?;
-        e.close()?;
-        e.close()?;
-        e.line("__syncwarp();")?;
-        e.open("if (kf_lane == 0)")?;
-        e.unroll("r", split - 1)?;
-        e.line("kf_mbar_arrive_cluster(&kf_red[1], r + 1);")?;
-        e.close()?;
-        e.close()?;
-        e.line("kf_rphase ^= 1u;")?;
-    }
-    // the output tile's shared memory and the thread that issues its bulk store: the
-    // first consumer thread, or under ping-pong each warpgroup's first and its own tile
-    let c_base = if pp { format!("{c_off} + kf_wg * {c_bytes}") } else { c_off.to_string() };
-    let lead = if pp { "(kf_tid & 127) == 0" } else { "kf_tid == 128" };
-    // the epilogue: everything after the loop, on the accumulator registers
-    for ((j, d), r) in dots.iter().enumerate().zip(ranges) {
-        let (res, map) = accumulator_map_of(k, &info, d.carried)?;
-        if map.regs != regs {
-            return Err(CodegenError::Unsupported(format!("accumulator layout of {} registers, instruction gives {regs}", map.regs)));
-        }
-        e.vals.insert(res, accumulator_val_named(plan, &accumulator_name(j), map, r));
-    }
-    for &o in &k.order[info.yield_pos + 1..] {
-        if matches!(k.op(o), Op::LoopResult { .. }) {
-            continue;
-        }
-        match c_map {
-            Some((st, inner, box_bytes)) if st == o => e.tma_store(o, &c_base, inner, box_bytes, plan.store_buffers, &c_map_name, lead)?,
-            _ => e.op(o)?,
-        }
-    }
-    if pp && e.smem > 0 {
-        // (static shared memory is one buffer for both warpgroups' epilogues)
-        return Err(CodegenError::Unsupported(format!(
-            "ping-pong consumers with an epilogue that needs {} bytes of static shared memory (leave PINGPONG out of the tile overrides)",
-            e.smem
-        )));
-    }
-    if e.smem > 0 {
-        // the epilogue's shared memory is reused by the next tile
-        let b = e.barrier;
-        e.line(b)?;
-    }
-    e.close()?; // tiles
-    if c_map.is_some() {
-        // shared memory must outlive the last bulk store's reads
-        e.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");"))?;
-    }
-    e.close()?; // consumers
-    if cluster > 1 {
-        // no block leaves while another may still read or write its shared memory
-        e.line("kf_cluster_sync();")?;
-    }
-    let static_smem = e.smem;
-    let body = e.w.finish();
-    if static_smem + dynamic_smem > target.smem_per_block {
-        return Err(CodegenError::Unsupported(format!(
-            "{} bytes of shared memory ({dynamic_smem} for {stages} pipeline stages, {static_smem} for the epilogue); the target allows {}",
-            static_smem + dynamic_smem,
-            target.smem_per_block
-        )));
-    }
-    let threads = 128 * (consumers + 1);
-    // one helper per majorness of the dots' operands (the first dot's is `kf_wgmma`)
-    let mut wgmma_text = String::new();
-    let mut helpers: Vec<String> = Vec::new();
-    for d in &dots {
-        let name = wgmma_name(&dots[0], d);
-        if !helpers.contains(&name) {
             // where each instruction's columns of B start in a stage
-            let ob = &operands[op_index(d.b.load)];
-            let widths = plan.wgmma_widths();
+            let ob = &self.operands[self.op_index(d.b.load)];
+            let widths = self.plan.wgmma_widths();
             let mut offsets = Vec::new();
             let mut col = 0;
             for w in &widths {
@@ -788,204 +495,76 @@ pub(super) fn emit_kernel(
                 });
                 col += w;
             }
-            wgmma_text.push_str(&wgmma_fn(&name, dtype, &widths, &offsets, d.a.major == Major::MN, d.b.major == Major::MN)?);
+            text.push_str(&wgmma_fn(&name, self.dtype, &widths, &offsets, d.a.major == Major::MN, d.b.major == Major::MN)?);
             helpers.push(name);
         }
+        Ok(text)
     }
-    let mut w = Writer::new(String::new());
-    let mut head = || -> std::fmt::Result {
-        w.line(format!("// Generated by kfuse from kernel `{}` for {}. Do not edit.", k.name, target.arch()))?;
-        w.raw(&crate::cuda::prelude::base_prelude(k))?;
-        w.raw(crate::cuda::prelude::WGMMA_PRELUDE)?;
-        if cluster > 1 {
-            w.raw(crate::cuda::prelude::CLUSTER_PRELUDE)?;
-        }
-        w.line(format!("#define KF_CONSUMERS {consumers}"))?;
-        w.raw(&wgmma_text)?;
-        w.line("")?;
-        let cattr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
-        let sig = if grouped { "const long long* __restrict__ kf_grp, const long long kf_ngrp".to_string() } else { decls.join(", ") };
-        w.open(format!("extern \"C\" __global__ void {cattr}__launch_bounds__({threads}, 1) {}({sig})", entry_name(k)))?;
-        w.line("const int kf_tid = threadIdx.x;")?;
-        w.line("const int kf_lane = kf_tid & 31;")?;
-        w.line("(void)kf_lane;")?;
-        if static_smem > 0 {
-            w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", static_smem.div_ceil(16) * 16))?;
-        }
-        w.raw(&body)?;
-        w.close()
-    };
-    head().map_err(fmt_err)?;
-    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent: Some(target.num_sms / cluster) })
+
+    /// The kernel's source around `body`: preludes, helpers, signature, thread ids and
+    /// the epilogue's static shared memory.
+    fn source(&self, target: &Target, static_smem: u32, body: &str) -> Result<String, CodegenError> {
+        let (k, cluster, consumers) = (self.k, self.cluster, self.plan.consumers);
+        let wgmma_text = self.wgmma_helpers()?;
+        let mut w = Writer::new(String::new());
+        let mut head = || -> std::fmt::Result {
+            w.line(format!("// Generated by kfuse from kernel `{}` for {}. Do not edit.", k.name, target.arch()))?;
+            w.raw(&crate::cuda::prelude::base_prelude(k))?;
+            w.raw(crate::cuda::prelude::WGMMA_PRELUDE)?;
+            if cluster > 1 {
+                w.raw(crate::cuda::prelude::CLUSTER_PRELUDE)?;
+            }
+            w.line(format!("#define KF_CONSUMERS {consumers}"))?;
+            w.raw(&wgmma_text)?;
+            w.line("")?;
+            let cattr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
+            let sig = if self.grouped { "const long long* __restrict__ kf_grp, const long long kf_ngrp".to_string() } else { self.decls.join(", ") };
+            w.open(format!("extern \"C\" __global__ void {cattr}__launch_bounds__({}, 1) {}({sig})", 128 * (consumers + 1), entry_name(k)))?;
+            w.line("const int kf_tid = threadIdx.x;")?;
+            w.line("const int kf_lane = kf_tid & 31;")?;
+            w.line("(void)kf_lane;")?;
+            if static_smem > 0 {
+                w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", static_smem.div_ceil(16) * 16))?;
+            }
+            w.raw(body)?;
+            w.close()
+        };
+        head().map_err(fmt_err)?;
+        Ok(w.finish())
+    }
 }
 
-impl Emitter<'_> {
-    /// The epilogue store of a `[BM, BN]` tile through shared memory and a TMA bulk
-    /// store, when the value's valid lanes are exactly the in-bounds part of the tile
-    /// (what the copy engine writes), else the ordinary store. What the IR shows at
-    /// compile time (a range from loads at the same block offsets, `Emitter::bounds`
-    /// and `same_scalar`; offsets that cannot be negative) is not checked again; with
-    /// nothing left to check, the ordinary store is not written.
-    ///
-    /// Shared memory holds the tile as `BN / inner` boxes of `[BM, inner]` elements,
-    /// 128-byte rows swizzled like TMA's 128-byte mode (16-byte chunk `j` of row `r` at
-    /// chunk `j ^ (r % 8)`), so that a warp's writes (8 rows x 4 lanes) hit 8 different
-    /// chunks, at `kf_pipe + c_base`. One thread (`lead`: the first consumer, or each
-    /// ping-pong warpgroup's first) waits until the previous tile's bulk store has read
-    /// the buffer, the consumers write, fence the writes for the async proxy, meet at
-    /// the barrier, and the same thread issues the store.
-    ///
-    /// With `buffers > 0` ([`MmaPlan::store_buffers`]) the tile leaves box by box
-    /// through that many box-sized buffers: before writing box `q` into buffer
-    /// `q % buffers`, the thread waits until at most `buffers - 1` bulk stores are still
-    /// reading (all of them before the first box: the previous tile's), and each box's
-    /// registers are those whose column falls in it (known per register at compile time:
-    /// the column axis's thread part stays within one repetition, which a box holds
-    /// whole).
-    #[allow(clippy::too_many_arguments)]
-    fn tma_store(&mut self, op: OpId, c_base: &str, inner: u32, box_bytes: u32, buffers: u32, map_name: &str, lead: &str) -> R {
-        let k = self.k;
-        let Op::Store { tensor, dims } = k.op(op) else { unreachable!() };
-        let ops = k.operands(op);
-        let r = dims.len();
-        let v = ops[r];
-        let val = self.val(v).clone();
-        let d = k.param(*tensor).dtype;
-        let map = val.map.clone().ok_or_else(|| CodegenError::Unsupported("a scalar epilogue store".into()))?;
-        let plain = map.axes.len() == 2 && val.axis_map == [Some(0), Some(1)] && map.axes[1].elem_step == 1 && map.axes[1].spt % 2 == 0;
-        if !plain {
-            return self.op(op);
-        }
-        let tdims = k.tensor_dims(*tensor).to_vec();
-        let offs: Vec<String> = ops[..r].iter().map(|o| self.val(*o).name.clone()).collect();
-        // what is not known here is checked at run time; where everything is (the
-        // accumulator's range is that of the loads along the same block offsets, the
-        // usual case), the ordinary store is not written at all
-        let mut conds = Vec::new();
-        for t in 0..2 {
-            let n = self.shape_var(tdims[t]);
-            let ext = val.shape[t];
-            if val.lo[t] != "0" {
-                conds.push(format!("{} == 0", val.lo[t]));
-            }
-            let covers = self.bounds.get(&val.hi[t]).is_some_and(|&(sym, off, e)| sym == tdims[t] && e == ext && same_scalar(k, off, ops[t]));
-            if !covers {
-                conds.push(format!("{} == kf_maxi(0LL, kf_mini({n} - {}, {ext}LL))", val.hi[t], offs[t]));
-            }
-            if !non_negative(k, ops[t]) {
-                conds.push(format!("{} >= 0", offs[t]));
-            }
-        }
-        let fallback = !conds.is_empty();
-        // `if (ok) {`, or a plain block where the store is known to fit
-        let guard = if fallback {
-            let ok = self.fresh("kf_tma_ok");
-            self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
-            format!("if ({ok})")
-        } else {
-            String::new()
-        };
-        let boxes = val.shape[1] / inner;
-        if buffers > 0 && buffers < boxes {
-            let c = &map.axes[1];
-            if c.replicated() || c.ctas > 1 || !inner.is_multiple_of(c.chunk) {
-                return Err(CodegenError::Unsupported(format!("an output tile in {inner}-column boxes from a register layout whose columns repeat every {}", c.chunk)));
-            }
-            self.open(&guard)?;
-            self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)(kf_pipe - kf_dsmem) + {c_base});"))?;
-            let b = self.barrier;
-            let e1 = map.axes[1].e_stride;
-            for q in 0..boxes {
-                let wait = if q == 0 { 0 } else { buffers - 1 };
-                if q == 0 || q >= buffers {
-                    self.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read {wait};\" ::: \"memory\");"))?;
-                }
-                self.line(b)?;
-                self.unroll("p", map.regs / 2)?;
-                self.line(format!("const int k0 = (p / {e1}) * {} + (p % {e1});", 2 * e1))?;
-                // the box of register k0's column: its repetition's
-                let rep = if c.reps > 1 { format!("((k0 / {}) % {}) * {}", c.rep_stride, c.reps, c.chunk) } else { "0".to_string() };
-                self.open(format!("if (({rep}) / {inner} == {q})"))?;
-                self.pair_to_box(&map, &val.name, d, inner, box_bytes, Some((q % buffers) * box_bytes))?;
-                self.close()?;
-                self.close()?;
-                self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")?;
-                self.line(b)?;
-                self.open(format!("if ({lead})"))?;
-                self.bulk_store_box(map_name, &offs, q * inner, (q % buffers) * box_bytes)?;
-                self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
-                self.close()?;
-            }
-            self.close()?;
-            if fallback {
-                self.open("else")?;
-                self.op(op)?;
-                self.close()?;
-            }
-            return Ok(());
-        }
-        self.open(&guard)?;
-        self.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");"))?;
-        let b = self.barrier;
-        self.line(b)?;
-        // addressed from the shared array itself (`kf_pipe` went through an integer to
-        // be aligned): a pointer the compiler traces to `kf_dsmem` stays in the shared
-        // address space, so these writes are 32-bit-addressed `STS`, not generic 64-bit
-        // `ST` with an extra add each (~1% of a 4096³ bf16 product)
-        self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)(kf_pipe - kf_dsmem) + {c_base});"))?;
-        let pairs = map.regs / 2;
-        let e1 = map.axes[1].e_stride;
-        self.unroll("p", pairs)?;
-        // register k0 and the next along the columns (element digit 0 and 1)
-        self.line(format!("const int k0 = (p / {e1}) * {} + (p % {e1});", 2 * e1))?;
-        self.pair_to_box(&map, &val.name, d, inner, box_bytes, None)?;
-        self.close()?;
-        self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")?;
-        self.line(b)?;
-        self.open(format!("if ({lead})"))?;
-        for q in 0..val.shape[1] / inner {
-            self.bulk_store_box(map_name, &offs, q * inner, q * box_bytes)?;
-        }
-        self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
-        self.close()?;
-        self.close()?;
-        if fallback {
-            self.open("else")?;
-            self.op(op)?;
-            self.close()?;
-        }
-        Ok(())
+pub(super) fn emit_kernel(
+    k: &Kernel,
+    spec: &Spec,
+    target: &Target,
+    grid: &[GridAxisEval],
+    plan: &MmaPlan,
+    mut params: Vec<KernelParam>,
+    decls: Vec<String>,
+) -> Result<Emitted, CodegenError> {
+    let g = WgmmaKernel::new(k, spec, grid, plan, &mut params, decls)?;
+    let mut e = Emitter::new(k, spec, g.epilogue_barrier(), grid);
+    e.w.indent();
+    g.barriers(&mut e)?;
+    g.producer(&mut e)?;
+    g.consumers(&mut e)?;
+    if g.cluster > 1 {
+        // no block leaves while another may still read or write its shared memory
+        e.line("kf_cluster_sync();")?;
     }
-
-    /// Writes register `k0` of `name` and the next along the columns (a 16-bit pair)
-    /// into the output tile's swizzled shared memory at `kf_cs`: in the box its column
-    /// falls in (`box_at`: none — the box `col / inner`, boxes `box_bytes` apart — or
-    /// this byte offset, for a tile stored box by box).
-    fn pair_to_box(&mut self, map: &RegMap, name: &str, d: DType, inner: u32, box_bytes: u32, box_at: Option<u32>) -> R {
-        let esz = d.size_bytes() as u32;
-        let e1 = map.axes[1].e_stride;
-        self.line(format!("const int row = {};", coord(map, 0, "k0")))?;
-        self.line(format!("const int col = {};", coord(map, 1, "k0")))?;
-        let base = match box_at {
-            Some(at) => at.to_string(),
-            None => {
-                self.line(format!("const int q = col / {inner};"))?;
-                format!("q * {box_bytes}")
-            }
-        };
-        self.line(format!("const int cb = (col % {inner}) * {esz};"))?;
-        self.line(format!("const unsigned off = {base} + row * 128 + ((((cb >> 4) ^ (row & 7)) << 4) | (cb & 15));"))?;
-        let lo = from_reg(d, &format!("{name}[k0]"));
-        let hi = from_reg(d, &format!("{name}[k0 + {e1}]"));
-        self.line(format!("*reinterpret_cast<unsigned*>(kf_cs + off) = kf_pack16({lo}, {hi});"))
+    let static_smem = e.smem;
+    let body = e.w.finish();
+    let dynamic_smem = g.dynamic_smem;
+    if static_smem + dynamic_smem > target.smem_per_block {
+        return Err(CodegenError::Unsupported(format!(
+            "{} bytes of shared memory ({dynamic_smem} for {} pipeline stages, {static_smem} for the epilogue); the target allows {}",
+            static_smem + dynamic_smem,
+            plan.stages,
+            target.smem_per_block
+        )));
     }
-
-    /// The bulk store of one `[BM, inner]` box of the output tile, `col` columns into it,
-    /// from `kf_cs + at`.
-    fn bulk_store_box(&mut self, map_name: &str, offs: &[String], col: u32, at: u32) -> R {
-        self.line(format!(
-            "asm volatile(\"cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {{%1, %2}}], [%3];\" :: \"l\"(&{map_name}), \"r\"((int)({} + {col})), \"r\"((int){}), \"r\"(kf_smem_addr(kf_cs + {at})) : \"memory\");",
-            offs[1], offs[0]
-        ))
-    }
+    let source = g.source(target, static_smem, &body)?;
+    let threads = 128 * (plan.consumers + 1);
+    Ok(Emitted { source, params, static_smem, dynamic_smem, block_threads: threads, persistent: Some(target.num_sms / g.cluster) })
 }

@@ -1,0 +1,208 @@
+//! The WGMMA kernel's epilogue store: a `[BM, BN]` tile written into swizzled shared
+//! memory and sent out by TMA bulk stores (`MmaPlan::store`), whole or box by box.
+
+use super::*;
+
+/// Where an epilogue tile leaves by TMA: its shared memory (`c_base` bytes from
+/// `kf_pipe`), its boxes (`inner` columns, `box_bytes` each), how many box-sized buffers
+/// it goes through (0: the whole tile at once), the output's tensor map and the thread
+/// that issues the bulk stores.
+pub(super) struct TmaOut<'s> {
+    pub c_base: &'s str,
+    pub inner: u32,
+    pub box_bytes: u32,
+    pub buffers: u32,
+    pub map_name: &'s str,
+    pub lead: &'s str,
+}
+
+/// The registers of the tile being stored: their map and array name, the output's
+/// dtype, the block offsets (C expressions) and the tile's columns.
+struct TileRegs<'s> {
+    map: &'s RegMap,
+    name: &'s str,
+    dtype: DType,
+    offs: &'s [String],
+    cols: u32,
+}
+
+impl Emitter<'_> {
+    /// The epilogue store of a `[BM, BN]` tile through shared memory and a TMA bulk
+    /// store, when the value's valid lanes are exactly the in-bounds part of the tile
+    /// (what the copy engine writes), else the ordinary store. What the IR shows at
+    /// compile time (a range from loads at the same block offsets, `Emitter::bounds`
+    /// and `same_scalar`; offsets that cannot be negative) is not checked again; with
+    /// nothing left to check, the ordinary store is not written.
+    ///
+    /// Shared memory holds the tile as `BN / inner` boxes of `[BM, inner]` elements,
+    /// 128-byte rows swizzled like TMA's 128-byte mode (16-byte chunk `j` of row `r` at
+    /// chunk `j ^ (r % 8)`), so that a warp's writes (8 rows x 4 lanes) hit 8 different
+    /// chunks, at `kf_pipe + c_base`. One thread (`lead`: the first consumer, or each
+    /// ping-pong warpgroup's first) waits until the previous tile's bulk store has read
+    /// the buffer, the consumers write, fence the writes for the async proxy, meet at
+    /// the barrier, and the same thread issues the store.
+    ///
+    /// With `buffers > 0` ([`MmaPlan::store_buffers`]) the tile leaves box by box
+    /// through that many box-sized buffers: before writing box `q` into buffer
+    /// `q % buffers`, the thread waits until at most `buffers - 1` bulk stores are still
+    /// reading (all of them before the first box: the previous tile's), and each box's
+    /// registers are those whose column falls in it (known per register at compile time:
+    /// the column axis's thread part stays within one repetition, which a box holds
+    /// whole).
+    pub(super) fn tma_store(&mut self, op: OpId, out: &TmaOut) -> R {
+        let k = self.k;
+        let Op::Store { tensor, dims } = k.op(op) else { unreachable!() };
+        let ops = k.operands(op);
+        let r = dims.len();
+        let v = ops[r];
+        let val = self.val(v).clone();
+        let map = val.map.clone().ok_or_else(|| CodegenError::Unsupported("a scalar epilogue store".into()))?;
+        let plain = map.axes.len() == 2 && val.axis_map == [Some(0), Some(1)] && map.axes[1].elem_step == 1 && map.axes[1].spt % 2 == 0;
+        if !plain {
+            return self.op(op);
+        }
+        let tdims = k.tensor_dims(*tensor).to_vec();
+        let offs: Vec<String> = ops[..r].iter().map(|o| self.val(*o).name.clone()).collect();
+        // what is not known here is checked at run time; where everything is (the
+        // accumulator's range is that of the loads along the same block offsets, the
+        // usual case), the ordinary store is not written at all
+        let mut conds = Vec::new();
+        for t in 0..2 {
+            let n = self.shape_var(tdims[t]);
+            let ext = val.shape[t];
+            if val.lo[t] != "0" {
+                conds.push(format!("{} == 0", val.lo[t]));
+            }
+            let covers = self.bounds.get(&val.hi[t]).is_some_and(|&(sym, off, e)| sym == tdims[t] && e == ext && same_scalar(k, off, ops[t]));
+            if !covers {
+                conds.push(format!("{} == kf_maxi(0LL, kf_mini({n} - {}, {ext}LL))", val.hi[t], offs[t]));
+            }
+            if !non_negative(k, ops[t]) {
+                conds.push(format!("{} >= 0", offs[t]));
+            }
+        }
+        let fallback = !conds.is_empty();
+        // `if (ok) {`, or a plain block where the store is known to fit
+        let guard = if fallback {
+            let ok = self.fresh("kf_tma_ok");
+            self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
+            format!("if ({ok})")
+        } else {
+            String::new()
+        };
+        let tile = TileRegs { map: &map, name: &val.name, dtype: k.param(*tensor).dtype, offs: &offs, cols: val.shape[1] };
+        let boxes = val.shape[1] / out.inner;
+        if out.buffers > 0 && out.buffers < boxes {
+            let c = &map.axes[1];
+            if c.replicated() || c.ctas > 1 || !out.inner.is_multiple_of(c.chunk) {
+                return Err(CodegenError::Unsupported(format!("an output tile in {}-column boxes from a register layout whose columns repeat every {}", out.inner, c.chunk)));
+            }
+            self.open(&guard)?;
+            self.store_box_by_box(out, &tile)?;
+        } else {
+            self.open(&guard)?;
+            self.store_whole_tile(out, &tile)?;
+        }
+        self.close()?;
+        if fallback {
+            self.open("else")?;
+            self.op(op)?;
+            self.close()?;
+        }
+        Ok(())
+    }
+
+    /// The whole tile through shared memory at once: the thread waits for the previous
+    /// tile's bulk stores to have read the buffer, every consumer writes its registers,
+    /// then the thread stores every box.
+    fn store_whole_tile(&mut self, out: &TmaOut, t: &TileRegs) -> R {
+        let (lead, inner, box_bytes) = (out.lead, out.inner, out.box_bytes);
+        self.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");"))?;
+        let b = self.barrier;
+        self.line(b)?;
+        // addressed from the shared array itself (`kf_pipe` went through an integer to
+        // be aligned): a pointer the compiler traces to `kf_dsmem` stays in the shared
+        // address space, so these writes are 32-bit-addressed `STS`, not generic 64-bit
+        // `ST` with an extra add each (~1% of a 4096³ bf16 product)
+        self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)(kf_pipe - kf_dsmem) + {});", out.c_base))?;
+        let pairs = t.map.regs / 2;
+        let e1 = t.map.axes[1].e_stride;
+        self.unroll("p", pairs)?;
+        // register k0 and the next along the columns (element digit 0 and 1)
+        self.line(format!("const int k0 = (p / {e1}) * {} + (p % {e1});", 2 * e1))?;
+        self.pair_to_box(t.map, t.name, t.dtype, inner, box_bytes, None)?;
+        self.close()?;
+        self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")?;
+        self.line(b)?;
+        self.open(format!("if ({lead})"))?;
+        for q in 0..t.cols / inner {
+            self.bulk_store_box(out.map_name, t.offs, q * inner, q * box_bytes)?;
+        }
+        self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
+        self.close()
+    }
+
+    /// The tile box by box through `out.buffers` box-sized buffers (see
+    /// [`Self::tma_store`]).
+    fn store_box_by_box(&mut self, out: &TmaOut, t: &TileRegs) -> R {
+        let (lead, inner, box_bytes, buffers) = (out.lead, out.inner, out.box_bytes, out.buffers);
+        let c = &t.map.axes[1];
+        self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)(kf_pipe - kf_dsmem) + {});", out.c_base))?;
+        let b = self.barrier;
+        let e1 = c.e_stride;
+        for q in 0..t.cols / inner {
+            let wait = if q == 0 { 0 } else { buffers - 1 };
+            if q == 0 || q >= buffers {
+                self.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read {wait};\" ::: \"memory\");"))?;
+            }
+            self.line(b)?;
+            self.unroll("p", t.map.regs / 2)?;
+            self.line(format!("const int k0 = (p / {e1}) * {} + (p % {e1});", 2 * e1))?;
+            // the box of register k0's column: its repetition's
+            let rep = if c.reps > 1 { format!("((k0 / {}) % {}) * {}", c.rep_stride, c.reps, c.chunk) } else { "0".to_string() };
+            self.open(format!("if (({rep}) / {inner} == {q})"))?;
+            self.pair_to_box(t.map, t.name, t.dtype, inner, box_bytes, Some((q % buffers) * box_bytes))?;
+            self.close()?;
+            self.close()?;
+            self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")?;
+            self.line(b)?;
+            self.open(format!("if ({lead})"))?;
+            self.bulk_store_box(out.map_name, t.offs, q * inner, (q % buffers) * box_bytes)?;
+            self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
+            self.close()?;
+        }
+        Ok(())
+    }
+
+    /// Writes register `k0` of `name` and the next along the columns (a 16-bit pair)
+    /// into the output tile's swizzled shared memory at `kf_cs`: in the box its column
+    /// falls in (`box_at`: none — the box `col / inner`, boxes `box_bytes` apart — or
+    /// this byte offset, for a tile stored box by box).
+    fn pair_to_box(&mut self, map: &RegMap, name: &str, d: DType, inner: u32, box_bytes: u32, box_at: Option<u32>) -> R {
+        let esz = d.size_bytes() as u32;
+        let e1 = map.axes[1].e_stride;
+        self.line(format!("const int row = {};", coord(map, 0, "k0")))?;
+        self.line(format!("const int col = {};", coord(map, 1, "k0")))?;
+        let base = match box_at {
+            Some(at) => at.to_string(),
+            None => {
+                self.line(format!("const int q = col / {inner};"))?;
+                format!("q * {box_bytes}")
+            }
+        };
+        self.line(format!("const int cb = (col % {inner}) * {esz};"))?;
+        self.line(format!("const unsigned off = {base} + row * 128 + ((((cb >> 4) ^ (row & 7)) << 4) | (cb & 15));"))?;
+        let lo = from_reg(d, &format!("{name}[k0]"));
+        let hi = from_reg(d, &format!("{name}[k0 + {e1}]"));
+        self.line(format!("*reinterpret_cast<unsigned*>(kf_cs + off) = kf_pack16({lo}, {hi});"))
+    }
+
+    /// The bulk store of one `[BM, inner]` box of the output tile, `col` columns into it,
+    /// from `kf_cs + at`.
+    fn bulk_store_box(&mut self, map_name: &str, offs: &[String], col: u32, at: u32) -> R {
+        self.line(format!(
+            "asm volatile(\"cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {{%1, %2}}], [%3];\" :: \"l\"(&{map_name}), \"r\"((int)({} + {col})), \"r\"((int){}), \"r\"(kf_smem_addr(kf_cs + {at})) : \"memory\");",
+            offs[1], offs[0]
+        ))
+    }
+}
