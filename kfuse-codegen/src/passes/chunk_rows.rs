@@ -589,7 +589,12 @@ fn finish(k: &Kernel, p: &Plan, region: &[OpId], w: Writer, finals: &HashMap<OpI
     order.extend(w.out.iter().copied());
     order.extend(k.order[p.span.1..].iter().copied());
     n.order = order;
-    for &o in p.pass.keys() {
+    // in op order: the graph reuses freed slots in the order they were freed, so the ids
+    // (and the names the writer gives values) of later passes' new ops depend on it
+    // (a hash map's order made two compiles of one kernel differ)
+    let mut gone: Vec<OpId> = p.pass.keys().copied().collect();
+    gone.sort();
+    for o in gone {
         n.remove(o);
     }
     loop {
