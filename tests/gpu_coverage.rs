@@ -8,7 +8,8 @@
 //!
 //! The kernels still refused are listed in `REFUSED` with the reason the compiler gives;
 //! the test fails when a kernel is refused that the list does not name, or when a listed
-//! one compiles (so the list shrinks as the compiler grows). (The IR-level kernels of
+//! one compiles (so the list shrinks as the compiler grows), or when a second compile of
+//! a kernel gives another source (codegen is deterministic). (The IR-level kernels of
 //! `kfuse-ir/tests` are built with the builder, not `#[kfuse]`; they are not here.)
 
 mod common;
@@ -65,12 +66,21 @@ fn user_kernels() -> Vec<(&'static KernelDef, Vec<(&'static str, Vec<u32>)>)> {
 fn every_interpreted_kernel_compiles_for_the_gpu_or_is_listed() {
     let mut refused: Vec<(String, String, String, String)> = Vec::new();
     let mut compiled = 0;
+    let mut nondeterministic: Vec<String> = Vec::new();
     let mut try_one = |name: &str, def: &KernelDef, generics: Vec<DType>, shapes: &str, spec: &Spec| {
         let Ok(k) = (def.build)(&generics) else { return };
         for target in [Target::sm80(), Target::sm90a()] {
             let what = format!("{name}_{}_{}", generics.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("_"), shapes.replace(' ', "_"));
             match common::compile_assembled(&k, spec, &target, &what) {
-                Ok(_) => compiled += 1,
+                Ok((e, _, _)) => {
+                    compiled += 1;
+                    // codegen is deterministic: the same kernel and spec give the same
+                    // source again (the attempt the assembler took included)
+                    let again = kfuse::codegen::compile(&k, &Spec { register_attempt: e.register_attempt.0, ..spec.clone() }, &target).map(|a| a.source);
+                    if again.as_ref() != Ok(&e.source) {
+                        nondeterministic.push(what.clone());
+                    }
+                }
                 Err(e) => refused.push((name.to_string(), target.arch(), shapes.to_string(), e.0)),
             }
         }
@@ -100,6 +110,7 @@ fn every_interpreted_kernel_compiles_for_the_gpu_or_is_listed() {
     }
     let stale: Vec<_> = REFUSED.iter().filter(|(n, a, s, _)| !refused.iter().any(|(name, arch, shapes, _)| name == n && arch == a && shapes == s)).collect();
     eprintln!("{compiled} kernels compiled, {} refused", refused.len());
+    assert!(nondeterministic.is_empty(), "compiled twice to different sources: {nondeterministic:?}");
     assert!(unexpected.is_empty(), "refused and not listed in REFUSED:\n{}", unexpected.join("\n"));
     assert!(stale.is_empty(), "listed in REFUSED but compiled: {stale:?}");
 }
