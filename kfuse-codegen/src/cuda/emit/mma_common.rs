@@ -182,6 +182,25 @@ pub(super) fn accumulator_val_named(plan: &MmaPlan, name: &str, map: RegMap, (lo
     Val { name: name.into(), dtype: DType::F32, map: Some(map), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo, hi, lazy: None }
 }
 
+/// The start of a one-tile-per-block dot kernel (the FMA and mma.sync paths): a writer
+/// whose barrier is `__syncthreads()`, with everything before the loop written but the
+/// zeros that only feed its init, the accumulator's `regs` registers zeroed (their valid
+/// ranges returned) and the trip count (the loop's start and step returned).
+pub(super) fn block_prologue<'a>(
+    k: &'a Kernel,
+    spec: &'a Spec,
+    grid: &[crate::target::GridAxisEval],
+    plan: &MmaPlan,
+    for_pos: usize,
+    regs: u32,
+) -> Result<(Emitter<'a>, AccRanges, (String, String)), CodegenError> {
+    let mut e = Emitter::new(k, spec, "__syncthreads();", grid);
+    e.w.indent();
+    let ranges = zeroed_accumulator(&mut e, plan, for_pos, regs)?;
+    let bounds = trip_count(&mut e, plan)?;
+    Ok((e, ranges, bounds))
+}
+
 /// Traps on a non-positive step and writes the dot loop's trip count `kf_n`; gives the
 /// C names of the loop's start and step.
 pub(super) fn trip_count(e: &mut Emitter, plan: &MmaPlan) -> Result<(String, String), CodegenError> {
@@ -198,18 +217,48 @@ pub(super) fn operand_slice(k: &Kernel, plan: &MmaPlan, info: &LoopInfo) -> Resu
     scalar_slice(k, &roots, info.for_pos)
 }
 
-/// Writes the dot loop's index at iteration `it` (a C expression; `start` and `step`
-/// name the loop's bounds) and the scalar ops `slice` that depend on it.
-pub(super) fn bind_iteration(e: &mut Emitter, info: &LoopInfo, (start, step): (&str, &str), it: &str, slice: &[OpId]) -> R {
+/// The dot loop's start and step (C names, from [`trip_count`]) and the scalar ops its
+/// operands' offsets depend on ([`operand_slice`]): what the copies of an iteration
+/// bind ([`bind_iteration`]).
+pub(super) struct Trip {
+    pub start: String,
+    pub step: String,
+    pub slice: Vec<OpId>,
+}
+
+/// Writes the dot loop's index at iteration `it` (a C expression, counted from the
+/// trip's start in its steps) and the scalar ops of the trip's slice that depend on it.
+pub(super) fn bind_iteration(e: &mut Emitter, info: &LoopInfo, trip: &Trip, it: &str) -> R {
     if let Some(ix) = info.index {
         let name = format!("v{}", ix.index());
-        e.line(format!("const long long {name} = {start} + ({it}) * {step};"))?;
+        e.line(format!("const long long {name} = {} + ({it}) * {};", trip.start, trip.step))?;
         e.vals.insert(ix, Val { name, dtype: DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![], lazy: None });
     }
-    for &o in slice {
+    for &o in &trip.slice {
         e.op(o)?;
     }
     Ok(())
+}
+
+/// The corner of a dot operand's block along its indexed dimensions (a C pointer from
+/// the tensor's data pointer, element offsets times strides) and the bounds conditions
+/// of those dimensions; the copy adds the tile axes.
+pub(super) fn index_corner(e: &Emitter, load: OpId) -> (String, Vec<String>) {
+    let k = e.k;
+    let Op::Load { tensor, dims } = k.op(load) else { unreachable!() };
+    let tdims = k.tensor_dims(*tensor);
+    let offs = k.operands(load);
+    let mut corner = format!("p_{}", k.param(*tensor).name);
+    let mut ok = Vec::new();
+    for (d, ad) in dims.iter().enumerate() {
+        if matches!(ad, AccessDim::Index) {
+            let (o, st) = (e.val(offs[d]).name.clone(), e.stride(*tensor, d));
+            corner = if st == "1" { format!("{corner} + {o}") } else { format!("{corner} + {o} * {st}") };
+            let n = e.shape_var(tdims[d]);
+            ok.push(if non_negative(k, offs[d]) { format!("{o} < {n}") } else { format!("{o} >= 0 && {o} < {n}") });
+        }
+    }
+    (corner, ok)
 }
 
 /// Binds the dot loop's result to the accumulator `acc` and writes everything after
@@ -225,16 +274,37 @@ pub(super) fn epilogue(e: &mut Emitter, info: &LoopInfo, res: ValueId, acc: Val)
     Ok(())
 }
 
-/// The source of a one-tile-per-block kernel: the header of [`open_kernel`] with
-/// `preludes`, the dynamic shared memory `kf_smem` aligned to `align` bytes, `body`.
-pub(super) fn block_kernel_source(k: &Kernel, target: &Target, threads: u32, preludes: &[&str], align: u32, decls: &[String], body: &str) -> Result<String, CodegenError> {
+/// What finishes a one-tile-per-block dot kernel (the FMA and mma.sync paths): its
+/// threads, its preludes, the alignment of its dynamic shared memory `kf_smem`, and the
+/// bytes of its stage ring with their description for an error (`two stages of …`).
+pub(super) struct BlockKernel<'s> {
+    pub threads: u32,
+    pub preludes: &'s [&'s str],
+    pub align: u32,
+    pub ring_bytes: u32,
+    pub ring: String,
+}
+
+/// The kernel around the body `e` wrote: its dynamic shared memory (the ring's, or the
+/// epilogue's where that is more; refused past the target's), then the source — the
+/// header of [`open_kernel`] with the preludes, `kf_smem`, the body.
+pub(super) fn finish_block_kernel(e: Emitter, target: &Target, b: &BlockKernel, decls: &[String], params: Vec<KernelParam>) -> Result<Emitted, CodegenError> {
+    let (k, smem) = (e.k, e.smem);
+    let dynamic_smem = b.ring_bytes.max(smem.div_ceil(16) * 16);
+    let body = e.w.finish();
+    if dynamic_smem > target.smem_per_block {
+        return Err(CodegenError::Unsupported(format!(
+            "{dynamic_smem} bytes of shared memory ({}, the epilogue {smem}); the target allows {}",
+            b.ring, target.smem_per_block
+        )));
+    }
     let mut w = Writer::new(String::new());
     let mut write = || -> std::fmt::Result {
-        open_kernel(&mut w, k, target, preludes, "", &launch_bounds(k, threads), decls)?;
-        w.line(format!("extern __shared__ __align__({align}) unsigned char kf_smem[];"))?;
-        w.raw(body)?;
+        open_kernel(&mut w, k, target, b.preludes, "", &launch_bounds(k, b.threads), decls)?;
+        w.line(format!("extern __shared__ __align__({}) unsigned char kf_smem[];", b.align))?;
+        w.raw(&body)?;
         w.close()
     };
     write().map_err(fmt_err)?;
-    Ok(w.finish())
+    Ok(Emitted { source: w.finish(), params, static_smem: 0, dynamic_smem, block_threads: b.threads, persistent: None })
 }
