@@ -299,33 +299,54 @@ pub(crate) fn matrix_loop(k: &Kernel, dots: &[OpId]) -> Result<(LoopInfo, Vec<Ac
     Ok((info, found))
 }
 
-/// Runs the pass: records the `MmaPlan` of a loop that accumulates `dot(load, load)`,
-/// or why the kernel's dots are lowered one by one (module docs).
-pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
-    k.schedule.dots_one_by_one = None;
-    k.schedule.mma_why = None;
-    let dots = dots(k);
-    let Some(&dot) = dots.first() else { return Ok(()) };
-    // a loop of another shape: its dots are lowered where they stand (the writer's `dot`)
-    let (info, found) = match matrix_loop(k, &dots) {
-        Ok(m) => m,
-        Err(why) => {
-            k.schedule.dots_one_by_one = Some(why);
-            return Ok(());
-        }
-    };
-    let first = &found[0];
-    let (index, (a_load, a_t), (b_load, b_t)) = (first.carried, first.a, first.b);
-    let dops = k.operands(dot);
-    // several dots that only the WGMMA path accumulates at once: one by one elsewhere
-    if let Some(why) = several_dots_elsewhere(k, &dots, target) {
-        k.schedule.dots_one_by_one = Some(why);
-        return Ok(());
+/// The dot loop [`matrix_loop`] recognized, with the facts every path's plan reads: its
+/// dots' accumulations (the first one first), their operand dtype, and whether they may
+/// read f32 operands as TF32 (`dot_tf32`).
+struct Recognized {
+    info: LoopInfo,
+    found: Vec<Accumulated>,
+    dtype: DType,
+    tf32: bool,
+}
+
+impl Recognized {
+    /// The first dot.
+    fn dot(&self) -> OpId {
+        self.found[0].dot
     }
+
+    /// The first dot's loop as the FMA path's plan reads it.
+    fn fma_loop(&self) -> fma::DotLoop {
+        let first = &self.found[0];
+        fma::DotLoop { for_op: self.info.for_op, dot: first.dot, carried: first.carried, yield_pos: self.info.yield_pos, a: first.a, b: first.b }
+    }
+
+    /// The FMA fallback of 16-bit operands takes one dot: refused, saying `why`, where
+    /// several meet it.
+    fn one_dot(&self, why: &str) -> Result<(), CodegenError> {
+        if self.found.len() > 1 {
+            return Err(unsupported(format!(
+                "{} `dot`s in one loop: only the sm_90a WGMMA path accumulates several at once ({why})",
+                self.found.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The dots' `[BM, BN, BK]` tile (the first one's: the others share it).
+    fn tile(&self, k: &Kernel) -> [u32; 3] {
+        let dops = k.operands(self.dot());
+        let (at, bt) = (&k.ty(dops[0]).shape, &k.ty(dops[1]).shape);
+        [extent_value(k, at[0]), extent_value(k, bt[1]), extent_value(k, at[1])]
+    }
+}
+
+/// The other dots of the loop against the first: the same dtype, precision and tile
+/// shape; and a load is an A operand or a B operand, not both.
+fn check_alike(k: &Kernel, found: &[Accumulated]) -> Result<(), CodegenError> {
+    let dot = found[0].dot;
+    let dops = k.operands(dot);
     let dtype = k.ty(dops[0]).dtype;
-    let tf32 = matches!(k.op(dot), Op::Dot { precision: DotPrecision::Tf32 });
-    // the other dots: the first one's dtype, precision and tile shape; a load is an A
-    // operand or a B operand, not both
     for f in &found[1..] {
         let fo = k.operands(f.dot);
         if k.op(f.dot) != k.op(dot) || k.ty(fo[0]).dtype != dtype {
@@ -344,17 +365,33 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     if found.iter().any(|f| found.iter().any(|g| f.a.0 == g.b.0)) {
         return Err(unsupported("a tile load feeds one `dot` as its first operand and another as its second"));
     }
-    // the FMA fallback of 16-bit operands takes one dot: say so where several meet it
-    let one_dot = |why: &str| -> Result<(), CodegenError> {
-        if found.len() > 1 {
-            return Err(unsupported(format!(
-                "{} `dot`s in one loop: only the sm_90a WGMMA path accumulates several at once ({why})",
-                found.len()
-            )));
+    Ok(())
+}
+
+/// Runs the pass: records the `MmaPlan` of a loop that accumulates `dot(load, load)`,
+/// or why the kernel's dots are lowered one by one (module docs).
+pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
+    k.schedule.dots_one_by_one = None;
+    k.schedule.mma_why = None;
+    let dots = dots(k);
+    let Some(&dot) = dots.first() else { return Ok(()) };
+    // a loop of another shape: its dots are lowered where they stand (the writer's `dot`)
+    let (info, found) = match matrix_loop(k, &dots) {
+        Ok(m) => m,
+        Err(why) => {
+            k.schedule.dots_one_by_one = Some(why);
+            return Ok(());
         }
-        Ok(())
     };
-    let fma_loop = fma::DotLoop { for_op: info.for_op, dot, carried: index, yield_pos: info.yield_pos, a: (a_load, a_t), b: (b_load, b_t) };
+    // several dots that only the WGMMA path accumulates at once: one by one elsewhere
+    if let Some(why) = several_dots_elsewhere(k, &dots, target) {
+        k.schedule.dots_one_by_one = Some(why);
+        return Ok(());
+    }
+    let dtype = k.ty(k.operands(dot)[0]).dtype;
+    let tf32 = matches!(k.op(dot), Op::Dot { precision: DotPrecision::Tf32 });
+    check_alike(k, &found)?;
+    let r = Recognized { info, found, dtype, tf32 };
     // f32 operands: exact FMAs on every target, unless the dot allows TF32 and the
     // target has a TF32 path (WGMMA, sm_90); elsewhere `dot_tf32` is computed exactly
     let wgmma = target.sm == 90;
@@ -365,7 +402,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         } else {
             "f32 operands of `dot`: exact f32 products, which no matrix instruction gives (they read f32 as TF32)".to_string()
         });
-        return fma::plan(k, spec, &fma_loop);
+        return fma::plan(k, spec, &r.fma_loop());
     }
     // WGMMA on sm_90, mma.sync on every other sm_80+ target (`schedule` refuses older
     // ones). Both read operands in 16-byte pieces (TMA boxes, cp.async chunks), so an
@@ -378,144 +415,165 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         return Err(unsupported(format!("`dot` of {dtype} tiles: the {what} path takes {list}")));
     }
     let copy = if mma_sync_only { "cp.async" } else { "tensor-memory-accelerator" };
-    let loads: Vec<OpId> = found.iter().flat_map(|f| [f.a.0, f.b.0]).collect();
-    for &l in &loads {
-        if let Some(why) = tma_obstacle(k, spec, l) {
-            // 16-bit operands the copy engines cannot read: FMAs instead; so do f32
-            // operands of `dot_tf32` (exact products are within what it allows)
-            if matches!(dtype, DType::F16 | DType::BF16) || tf32 {
-                let why = format!("the {copy} path cannot read an operand: {why}");
-                one_dot(&why)?;
-                k.schedule.mma_why = Some(why);
-                return fma::plan(k, spec, &fma_loop);
-            }
-            return Err(unsupported(format!("the {copy} path cannot read this `dot` operand: {why}")));
+    let loads: Vec<OpId> = r.found.iter().flat_map(|f| [f.a.0, f.b.0]).collect();
+    if let Some(why) = loads.iter().find_map(|&l| tma_obstacle(k, spec, l)) {
+        // 16-bit operands the copy engines cannot read: FMAs instead; so do f32
+        // operands of `dot_tf32` (exact products are within what it allows)
+        if matches!(dtype, DType::F16 | DType::BF16) || tf32 {
+            let why = format!("the {copy} path cannot read an operand: {why}");
+            r.one_dot(&why)?;
+            k.schedule.mma_why = Some(why);
+            return fma::plan(k, spec, &r.fma_loop());
         }
+        return Err(unsupported(format!("the {copy} path cannot read this `dot` operand: {why}")));
     }
-    // majorness: which axis of the operand (as the dot sees it) is contiguous
+    let majors = operand_majors(k, spec, &r)?;
+    if mma_sync_only {
+        return plan_mma_sync(k, spec, target, &r, majors[0]);
+    }
+    plan_wgmma(k, spec, target, &r, &majors)
+}
+
+/// Each dot's operands' majorness: which axis of the operand (as the dot sees it) is
+/// contiguous. WGMMA transposes only 16-bit operands in shared memory: 8-bit and TF32
+/// ones must lie with K contiguous (A row-major, B as the transpose of an `[N, K]`
+/// row-major tensor), else the refusal says how to make such a copy.
+fn operand_majors(k: &Kernel, spec: &Spec, r: &Recognized) -> Result<Vec<(Major, Major)>, CodegenError> {
     let major = |load: OpId, transposed: bool, k_axis: usize| -> Result<Major, CodegenError> {
         let c = contiguous_tile_axis(k, spec, load).ok_or_else(|| unsupported("a `dot` operand with no unit-stride dimension"))?;
         let c = if transposed { 1 - c } else { c };
         Ok(if c == k_axis { Major::K } else { Major::MN })
     };
-    let majors = found.iter().map(|f| Ok((major(f.a.0, f.a.1, 1)?, major(f.b.0, f.b.1, 0)?))).collect::<Result<Vec<_>, CodegenError>>()?;
-    let (a_major, b_major) = majors[0];
-    // WGMMA transposes only 16-bit operands in shared memory: 8-bit and TF32 ones must
-    // lie with K contiguous (A row-major, B as the transpose of an `[N, K]` row-major
-    // tensor)
-    if dtype.size_bytes() != 2 {
-        let (name, fix) = if tf32 {
-            ("`dot_tf32` of f32".to_string(), "`kfuse::ops::gemm_ex` with `tf32: true` makes such a copy")
-        } else {
-            (format!("{dtype} `dot`"), "`kfuse::ops::gemm` makes such a copy")
-        };
-        let read = if tf32 { "TF32".to_string() } else { dtype.to_string() };
-        for (f, &(am, bm)) in found.iter().zip(&majors) {
-            for (maj, l, what) in [(am, f.a.0, "first"), (bm, f.b.0, "second")] {
-                if maj != Major::K {
-                    let Op::Load { tensor, .. } = k.op(l) else { unreachable!() };
-                    return Err(unsupported(format!(
-                        "the {what} operand of a {name} (`{}`) has its unit stride along M/N; WGMMA reads {read} operands only with K contiguous (pass B as the transpose `.t()` of an [N, K] tensor; {fix})",
-                        k.param(*tensor).name
-                    )));
-                }
+    let majors = r.found.iter().map(|f| Ok((major(f.a.0, f.a.1, 1)?, major(f.b.0, f.b.1, 0)?))).collect::<Result<Vec<_>, CodegenError>>()?;
+    let (dtype, tf32) = (r.dtype, r.tf32);
+    if dtype.size_bytes() == 2 {
+        return Ok(majors);
+    }
+    let (name, fix) = if tf32 {
+        ("`dot_tf32` of f32".to_string(), "`kfuse::ops::gemm_ex` with `tf32: true` makes such a copy")
+    } else {
+        (format!("{dtype} `dot`"), "`kfuse::ops::gemm` makes such a copy")
+    };
+    let read = if tf32 { "TF32".to_string() } else { dtype.to_string() };
+    for (f, &(am, bm)) in r.found.iter().zip(&majors) {
+        for (maj, l, what) in [(am, f.a.0, "first"), (bm, f.b.0, "second")] {
+            if maj != Major::K {
+                let Op::Load { tensor, .. } = k.op(l) else { unreachable!() };
+                return Err(unsupported(format!(
+                    "the {what} operand of a {name} (`{}`) has its unit stride along M/N; WGMMA reads {read} operands only with K contiguous (pass B as the transpose `.t()` of an [N, K] tensor; {fix})",
+                    k.param(*tensor).name
+                )));
             }
         }
     }
-    let at = &k.ty(dops[0]).shape;
-    let bt = &k.ty(dops[1]).shape;
-    let (bm, bk, bn) = (extent_value(k, at[0]), extent_value(k, at[1]), extent_value(k, bt[1]));
-    let esz = dtype.size_bytes() as u32;
-    if mma_sync_only {
-        if let Some(why) = [a_load, b_load].iter().find_map(|&l| cp_async_obstacle(k, spec, l, esz)) {
-            k.schedule.mma_why = Some(format!("the cp.async path cannot read an operand: {why}"));
-            return fma::plan(k, spec, &fma_loop);
-        }
-        let heavy = heavy_epilogue(k, info.yield_pos);
-        let plan = mma_sync_plan(k, spec, [a_load, b_load], [a_major, b_major], [bm, bn, bk], esz, heavy).map_err(unsupported)?;
-        k.schedule.num_threads = 32 * plan.1[0] * plan.1[1];
-        k.schedule.min_blocks = spec.min_blocks.unwrap_or_else(|| mma_sync_min_blocks(k.schedule.num_threads, heavy));
-        k.schedule.mma = Some(MmaPlan {
-            path: MmaPath::MmaSyncCpAsync,
-            for_op: info.for_op,
-            dot,
-            carried: index,
-            a: MmaOperand { load: a_load, major: a_major, swizzle: plan.0[0] },
-            b: MmaOperand { load: b_load, major: b_major, swizzle: plan.0[1] },
-            more: Vec::new(),
-            tile: [bm, bn, bk],
-            instr: [16, 8, 16],
-            consumers: 0,
-            warps: plan.1,
-            stages: 0,
-            group_m: 1,
-            store: None,
-            split_k: 1,
-            multicast: 1,
-            multicast_b: false,
-            walk: kfuse_ir::TileWalk::All,
-            pingpong: false,
-            store_buffers: 0,
-        });
-        k.schedule.mma_why = Some(format!("sm_{} has no WGMMA; {dtype} operands that cp.async copies in 16-byte chunks", target.sm));
-        return Ok(());
+    Ok(majors)
+}
+
+/// The mma.sync plan of the loop's one dot (`majors`: its operands'), or the FMA path
+/// where `cp.async` cannot copy an operand's blocks.
+fn plan_mma_sync(k: &mut Kernel, spec: &Spec, target: &Target, r: &Recognized, (a_major, b_major): (Major, Major)) -> Result<(), CodegenError> {
+    let [bm, bn, bk] = r.tile(k);
+    let esz = r.dtype.size_bytes() as u32;
+    let first = &r.found[0];
+    let (a_load, b_load) = (first.a.0, first.b.0);
+    if let Some(why) = [a_load, b_load].iter().find_map(|&l| cp_async_obstacle(k, spec, l, esz)) {
+        k.schedule.mma_why = Some(format!("the cp.async path cannot read an operand: {why}"));
+        return fma::plan(k, spec, &r.fma_loop());
     }
+    let heavy = heavy_epilogue(k, r.info.yield_pos);
+    let plan = mma_sync_plan(k, spec, [a_load, b_load], [a_major, b_major], [bm, bn, bk], esz, heavy).map_err(unsupported)?;
+    k.schedule.num_threads = 32 * plan.1[0] * plan.1[1];
+    k.schedule.min_blocks = spec.min_blocks.unwrap_or_else(|| mma_sync_min_blocks(k.schedule.num_threads, heavy));
+    let (a, b) = (MmaOperand { load: a_load, major: a_major, swizzle: plan.0[0] }, MmaOperand { load: b_load, major: b_major, swizzle: plan.0[1] });
+    k.schedule.mma = Some(MmaPlan { instr: [16, 8, 16], warps: plan.1, ..block_plan(MmaPath::MmaSyncCpAsync, &r.fma_loop(), a, b, [bm, bn, bk]) });
+    k.schedule.mma_why = Some(format!("sm_{} has no WGMMA; {} operands that cp.async copies in 16-byte chunks", target.sm, r.dtype));
+    Ok(())
+}
+
+/// The plan of one dot on a one-tile-per-block path (mma.sync, FMA: every warp
+/// computes), operands `a` and `b`, tile `[BM, BN, BK]`: no further dots, consumers,
+/// stages (until `pipeline_stages`), cluster or persistent walk. The instruction tile
+/// and the warps are the path's own (here zeros and one warp).
+fn block_plan(path: MmaPath, l: &fma::DotLoop, a: MmaOperand, b: MmaOperand, tile: [u32; 3]) -> MmaPlan {
+    MmaPlan {
+        path,
+        for_op: l.for_op,
+        dot: l.dot,
+        carried: l.carried,
+        a,
+        b,
+        more: Vec::new(),
+        tile,
+        instr: [0; 3],
+        consumers: 0,
+        warps: [1, 1],
+        stages: 0,
+        group_m: 1,
+        store: None,
+        split_k: 1,
+        multicast: 1,
+        multicast_b: false,
+        walk: kfuse_ir::TileWalk::All,
+        pingpong: false,
+        store_buffers: 0,
+    }
+}
+
+/// The tiles the WGMMA path takes: K tiles of 128 bytes, `BM` of 64 or 128, `BN` a
+/// multiple of 64 up to 320 — wider than one instruction (320: an m64n256 and an m64n64
+/// a K step, 160 accumulators a consumer thread) only for one dot of 128 rows,
+/// consumers sharing the tile; and the accumulators of several dots share a consumer's
+/// registers: at most 256 columns of f32 in all (128 registers a thread).
+fn check_wgmma_tile(spec: &Spec, dots: usize, [bm, bn, bk]: [u32; 3], esz: u32) -> Result<(), CodegenError> {
     if bk * esz != 128 {
         return Err(unsupported(format!("BK = {bk}: the WGMMA path takes K tiles of 128 bytes ({} elements)", 128 / esz)));
     }
     if !(bm == 64 || bm == 128) || !(64..=320).contains(&bn) || bn % 64 != 0 {
         return Err(unsupported(format!("a {bm}x{bn} dot tile: the WGMMA path takes BM of 64 or 128 and BN a multiple of 64 up to 320")));
     }
-    // wider than one instruction (320: an m64n256 and an m64n64 a K step, 160
-    // accumulators a consumer thread): one dot of 128 rows, consumers sharing the tile
-    if bn > 256 && (found.len() > 1 || bm != 128 || spec.tiles.get("PINGPONG").is_some_and(|&p| p > 0)) {
-        return Err(unsupported(format!("a {bm}x{bn} dot tile with {} dot(s): tiles wider than 256 columns take one dot, 128 rows and no ping-pong", found.len())));
+    if bn > 256 && (dots > 1 || bm != 128 || spec.tiles.get("PINGPONG").is_some_and(|&p| p > 0)) {
+        return Err(unsupported(format!("a {bm}x{bn} dot tile with {dots} dot(s): tiles wider than 256 columns take one dot, 128 rows and no ping-pong")));
     }
-    // the accumulators of several dots share a consumer's registers: at most 256
-    // columns of f32 in all (128 registers a thread)
-    if found.len() > 1 && found.len() as u32 * bn > 256 {
+    let n = dots as u32;
+    if dots > 1 && n * bn > 256 {
         return Err(unsupported(format!(
-            "{} `dot`s of {bm}x{bn} tiles: their accumulators need {} f32 registers a consumer thread; the WGMMA path holds at most 128 (BN = {} for {} dots)",
-            found.len(),
-            found.len() as u32 * bn / 2,
-            (256 / found.len() as u32 / 64) * 64,
-            found.len()
+            "{dots} `dot`s of {bm}x{bn} tiles: their accumulators need {} f32 registers a consumer thread; the WGMMA path holds at most 128 (BN = {} for {dots} dots)",
+            n * bn / 2,
+            (256 / n / 64) * 64,
         )));
     }
-    // ping-pong consumers (`pingpong_wanted`): each warpgroup a whole 128-row tile
-    let pingpong = bm == 128
-        && bn <= 128
-        && found.len() == 1
-        && pingpong_wanted(k, spec, target)
-        && spec.tiles.get("SPLITK").is_none_or(|&s| s <= 1)
-        && spec.tiles.get("MCAST").is_none_or(|&m| m <= 1)
-        && spec.tiles.get("MCASTB").is_none_or(|&m| m <= 1);
-    let consumers = if pingpong { 2 } else { bm / 64 };
-    // the epilogue store that can go out through shared memory and TMA: the one store
-    // after the loop of a 16-bit `[BM, BN]` tile into a 2-D output TMA can write
+    Ok(())
+}
+
+/// The epilogue store that can go out through shared memory and TMA: the one store
+/// after the loop of a 16-bit `[BM, BN]` tile into a 2-D output TMA can write (in a
+/// grouped launch too: the output map is the tile's problem's, in global memory).
+fn tma_epilogue_store(k: &Kernel, spec: &Spec, info: &LoopInfo, bm: u32, bn: u32) -> Option<MmaOperand> {
     let stores: Vec<OpId> = k.order[info.yield_pos + 1..].iter().copied().filter(|&o| matches!(k.op(o), Op::Store { .. })).collect();
-    // (in a grouped launch too: the output map is the tile's problem's, in global memory)
-    let store = match stores.as_slice() {
-        [st] => {
-            let Op::Store { tensor, dims } = k.op(*st) else { unreachable!() };
-            let v = *k.operands(*st).last().unwrap();
-            let ext = |e: &kfuse_ir::Extent| extent_value(k, *e);
-            let tile_dims: Vec<u32> = dims.iter().filter_map(|d| if let AccessDim::Tile(e) = d { Some(ext(e)) } else { None }).collect();
-            let ok = dims.len() == 2
-                && tile_dims == [bm, bn]
-                && matches!(k.param(*tensor).dtype, DType::F16 | DType::BF16)
-                && k.ty(v).shape.len() == 2
-                && tma_order(k, spec, *st).is_some_and(|o| o[0] == 1)
-                && tma_obstacle(k, spec, *st).is_none();
-            ok.then_some(MmaOperand { load: *st, major: Major::MN, swizzle: 128 })
-        }
-        _ => None,
-    };
-    // the loop split across a cluster: only on request (`Spec::tiles["SPLITK"]`); it
-    // did not pay on the H100 yet (see `choose_tiles`)
+    let [st] = stores.as_slice() else { return None };
+    let Op::Store { tensor, dims } = k.op(*st) else { unreachable!() };
+    let v = *k.operands(*st).last().unwrap();
+    let ext = |e: &kfuse_ir::Extent| extent_value(k, *e);
+    let tile_dims: Vec<u32> = dims.iter().filter_map(|d| if let AccessDim::Tile(e) = d { Some(ext(e)) } else { None }).collect();
+    let ok = dims.len() == 2
+        && tile_dims == [bm, bn]
+        && matches!(k.param(*tensor).dtype, DType::F16 | DType::BF16)
+        && k.ty(v).shape.len() == 2
+        && tma_order(k, spec, *st).is_some_and(|o| o[0] == 1)
+        && tma_obstacle(k, spec, *st).is_none();
+    ok.then_some(MmaOperand { load: *st, major: Major::MN, swizzle: 128 })
+}
+
+/// The cluster a WGMMA kernel asks for (`Spec::tiles`), as `(split_k, multicast,
+/// multicast_b, walk)`: the loop split across a cluster only on request (`SPLITK`; it
+/// did not pay on the H100 yet, see `choose_tiles`); A tiles multicast across a cluster
+/// of neighbouring tiles of a tile row (`MCAST`), or B tiles across neighbouring tiles
+/// of a tile column (`MCASTB`), not with a split; the runtime's split of a last wave
+/// (`WHOLEWAVES=1`: the first launch, every block one tile a wave; `LASTTILES=1`: the
+/// second, one cluster of `SPLITK` blocks a tile). None of it in a grouped launch, and
+/// only for a loop of one dot.
+fn wgmma_cluster(k: &Kernel, spec: &Spec, pingpong: bool, dots: usize) -> Result<(u32, u32, bool, kfuse_ir::TileWalk), CodegenError> {
     let split_k = spec.tiles.get("SPLITK").copied().unwrap_or(1).clamp(1, 8);
-    // A tiles multicast across a cluster of neighbouring tiles of a tile row (`MCAST`),
-    // or B tiles across neighbouring tiles of a tile column (`MCASTB`); not with a split
     let mcast = |key: &str| spec.tiles.get(key).copied().unwrap_or(1).clamp(1, 4);
     let (mcast_a, mcast_b) = (mcast("MCAST"), mcast("MCASTB"));
     if k.schedule.grouped && (split_k > 1 || mcast_a > 1 || mcast_b > 1) {
@@ -526,8 +584,6 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     }
     let multicast = if split_k > 1 { 1 } else { mcast_a.max(mcast_b) };
     let multicast_b = multicast > 1 && mcast_b > 1;
-    // the runtime's split of a last wave (`WHOLEWAVES=1`: the first launch, every block
-    // one tile a wave; `LASTTILES=1`: the second, one cluster of `SPLITK` blocks a tile)
     let on = |key: &str| spec.tiles.get(key).is_some_and(|&v| v > 0);
     let walk = match (on("WHOLEWAVES"), on("LASTTILES")) {
         (false, false) => kfuse_ir::TileWalk::All,
@@ -539,9 +595,29 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             ))
         }
     };
-    if found.len() > 1 && (split_k > 1 || multicast > 1) {
-        return Err(unsupported(format!("SPLITK / MCAST / MCASTB with {} `dot`s in one loop (the cluster paths take one)", found.len())));
+    if dots > 1 && (split_k > 1 || multicast > 1) {
+        return Err(unsupported(format!("SPLITK / MCAST / MCASTB with {dots} `dot`s in one loop (the cluster paths take one)")));
     }
+    Ok((split_k, multicast, multicast_b, walk))
+}
+
+/// The WGMMA plan of the loop's dots (`majors`: each one's operands').
+fn plan_wgmma(k: &mut Kernel, spec: &Spec, target: &Target, r: &Recognized, majors: &[(Major, Major)]) -> Result<(), CodegenError> {
+    let [bm, bn, bk] = r.tile(k);
+    let esz = r.dtype.size_bytes() as u32;
+    let found = &r.found;
+    check_wgmma_tile(spec, found.len(), [bm, bn, bk], esz)?;
+    // ping-pong consumers (`pingpong_wanted`): each warpgroup a whole 128-row tile
+    let pingpong = bm == 128
+        && bn <= 128
+        && found.len() == 1
+        && pingpong_wanted(k, spec, target)
+        && spec.tiles.get("SPLITK").is_none_or(|&s| s <= 1)
+        && spec.tiles.get("MCAST").is_none_or(|&m| m <= 1)
+        && spec.tiles.get("MCASTB").is_none_or(|&m| m <= 1);
+    let consumers = if pingpong { 2 } else { bm / 64 };
+    let store = tma_epilogue_store(k, spec, &r.info, bm, bn);
+    let (split_k, multicast, multicast_b, walk) = wgmma_cluster(k, spec, pingpong, found.len())?;
     let more = found[1..]
         .iter()
         .zip(&majors[1..])
@@ -552,15 +628,17 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             b: MmaOperand { load: f.b.0, major: bm, swizzle: 128 },
         })
         .collect();
+    let first = &found[0];
+    let (a_major, b_major) = majors[0];
     k.schedule.num_threads = 128 * consumers;
     k.schedule.min_blocks = 1;
     k.schedule.mma = Some(MmaPlan {
         path: MmaPath::WgmmaTma,
-        for_op: info.for_op,
-        dot,
-        carried: index,
-        a: MmaOperand { load: a_load, major: a_major, swizzle: 128 },
-        b: MmaOperand { load: b_load, major: b_major, swizzle: 128 },
+        for_op: r.info.for_op,
+        dot: first.dot,
+        carried: first.carried,
+        a: MmaOperand { load: first.a.0, major: a_major, swizzle: 128 },
+        b: MmaOperand { load: first.b.0, major: b_major, swizzle: 128 },
         more,
         tile: [bm, bn, bk],
         instr: [64, bn.min(256), 32 / esz],
@@ -578,7 +656,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         pingpong,
         store_buffers: 0,
     });
-    let read = if tf32 { "f32 operands of `dot_tf32` (read as TF32)".to_string() } else { format!("{dtype} operands") };
+    let read = if r.tf32 { "f32 operands of `dot_tf32` (read as TF32)".to_string() } else { format!("{} operands", r.dtype) };
     k.schedule.mma_why = Some(format!("sm_90a: {read} that TMA can read (unit inner stride, other strides multiples of 16 bytes, 16-byte aligned)"));
     Ok(())
 }

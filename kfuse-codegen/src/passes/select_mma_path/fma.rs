@@ -27,7 +27,7 @@
 
 use kfuse_ir::{DType, DotPrecision, Kernel, Major, MmaOperand, MmaPath, MmaPlan, Op, OpId};
 
-use super::{contiguous_tile_axis, cp_async_obstacle, heavy_epilogue, operand_load, tma_obstacle};
+use super::{block_plan, contiguous_tile_axis, cp_async_obstacle, heavy_epilogue, operand_load, tma_obstacle};
 use crate::analysis::extent_value;
 use crate::layout::{fma_accumulator, RegMap};
 use crate::target::{Spec, Target};
@@ -132,27 +132,7 @@ pub(super) fn plan(k: &mut Kernel, spec: &Spec, l: &DotLoop) -> Result<(), Codeg
     let (a_major, b_major) = (major(l.a.0, l.a.1, 1), major(l.b.0, l.b.1, 0));
     k.schedule.num_threads = threads;
     k.schedule.min_blocks = spec.min_blocks.unwrap_or_else(|| fma_min_blocks(threads, thread_tile[0] * thread_tile[1], heavy));
-    k.schedule.mma = Some(MmaPlan {
-        path: MmaPath::FmaSimt,
-        for_op: l.for_op,
-        dot: l.dot,
-        carried: l.carried,
-        a: MmaOperand { load: l.a.0, major: a_major, swizzle: 0 },
-        b: MmaOperand { load: l.b.0, major: b_major, swizzle: 0 },
-        more: Vec::new(),
-        tile: [bm, bn, bk],
-        instr: [thread_tile[0], thread_tile[1], 1],
-        consumers: 0,
-        warps,
-        stages: 2,
-        group_m: 1,
-        store: None,
-        split_k: 1,
-        multicast: 1,
-        multicast_b: false,
-        walk: kfuse_ir::TileWalk::All,
-        pingpong: false,
-        store_buffers: 0,
-    });
+    let (a, b) = (MmaOperand { load: l.a.0, major: a_major, swizzle: 0 }, MmaOperand { load: l.b.0, major: b_major, swizzle: 0 });
+    k.schedule.mma = Some(MmaPlan { instr: [thread_tile[0], thread_tile[1], 1], warps, stages: 2, ..block_plan(MmaPath::FmaSimt, l, a, b, [bm, bn, bk]) });
     Ok(())
 }
