@@ -117,7 +117,18 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             return choose_dot_tiles(k, spec, target, dot);
         }
     }
-    // Full extents.
+    full_extents(k, spec);
+    let choice = tile_choice(k, spec);
+    set_tiles(k, spec, &choice)?;
+    let threads = block_threads(k, spec, target, &largest_tile(k))?;
+    k.schedule.num_threads = threads;
+    k.schedule.min_blocks = min_blocks(k, spec, threads);
+    Ok(())
+}
+
+/// Full extents: each symbol's value padded to a power of two (`Schedule::full`), exact
+/// where the spec says the value is that power of two (`Schedule::full_exact`).
+fn full_extents(k: &mut Kernel, spec: &Spec) {
     for op in k.order.clone() {
         let mut extents = access_extents(k, op);
         if let Some(t) = &k.node(op).ty {
@@ -133,7 +144,13 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             }
         }
     }
-    // Tile symbols.
+}
+
+/// The memory-bound heuristic's size of each tile symbol: every access shares a budget
+/// of 4096 elements evenly (geometric mean, rounded down to a power of two) among its
+/// tile symbols, each capped at its dimension's padded size; a symbol used by several
+/// accesses takes the smallest.
+fn tile_choice(k: &Kernel, spec: &Spec) -> BTreeMap<TileSym, u32> {
     let mut choice: BTreeMap<TileSym, u32> = BTreeMap::new();
     for op in k.order.clone() {
         let (tensor, dims) = match k.op(op) {
@@ -167,6 +184,12 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             *e = (*e).min(v);
         }
     }
+    choice
+}
+
+/// Every tile symbol's size: the spec's override (a power of two), else the heuristic's
+/// `choice`, else 64.
+fn set_tiles(k: &mut Kernel, spec: &Spec, choice: &BTreeMap<TileSym, u32>) -> Result<(), CodegenError> {
     for (i, name) in k.tile_syms.clone().iter().enumerate() {
         let t = TileSym(i as u32);
         let v = match spec.tiles.get(name) {
@@ -180,33 +203,51 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         };
         k.schedule.tiles.insert(t, v);
     }
-    // Threads.
-    let mut max_elems = 1u32;
-    // the first op with the largest tile, which errors about its size name
-    let mut max_op: Option<OpId> = None;
-    let mut has_full = false;
-    let mut widest_full: Option<(u32, Extent)> = None;
+    Ok(())
+}
+
+/// The kernel's largest tile, which sizes the block: its elements and the first op
+/// that has it (errors about its size name it), whether any tile has a full extent, and
+/// the widest full extent (its padded size), which a cluster would split.
+struct LargestTile {
+    elems: u32,
+    op: Option<OpId>,
+    has_full: bool,
+    widest_full: Option<(u32, Extent)>,
+}
+
+fn largest_tile(k: &Kernel) -> LargestTile {
+    let mut t = LargestTile { elems: 1, op: None, has_full: false, widest_full: None };
     for op in k.order.clone() {
-        if let Some(t) = &k.node(op).ty {
-            let n: u32 = concrete_shape(k, t).iter().product();
-            if n > max_elems {
-                max_elems = n;
-                max_op = Some(op);
+        if let Some(ty) = &k.node(op).ty {
+            let n: u32 = concrete_shape(k, ty).iter().product();
+            if n > t.elems {
+                t.elems = n;
+                t.op = Some(op);
             }
-            for e in &t.shape {
+            for e in &ty.shape {
                 if let Extent::Full(s) = e {
-                    has_full = true;
+                    t.has_full = true;
                     let v = k.schedule.full[s];
-                    if widest_full.is_none_or(|(w, _)| v > w) {
-                        widest_full = Some((v, *e));
+                    if t.widest_full.is_none_or(|(w, _)| v > w) {
+                        t.widest_full = Some((v, *e));
                     }
                 }
             }
         }
     }
+    t
+}
+
+/// The block's threads for the largest tile `t` (or the spec's override), and for a
+/// row too long for one block, the cluster that splits it (`Schedule::cluster`,
+/// `Schedule::split`); refused where a thread would hold more than
+/// [`MAX_ELEMS_PER_THREAD`] elements.
+fn block_threads(k: &mut Kernel, spec: &Spec, target: &Target, t: &LargestTile) -> Result<u32, CodegenError> {
+    let (max_elems, max_op) = (t.elems, t.op);
     // the rank of the largest tile: rank-1 tiles (elementwise) take more, thinner threads
     let flat = max_op.is_none_or(|op| k.ty(op.value()).shape.len() <= 1);
-    let (per, cap) = match (has_full, flat) {
+    let (per, cap) = match (t.has_full, flat) {
         (true, _) => (ROW_ELEMS_PER_THREAD, 1024),
         (false, true) => (ELEMS_PER_THREAD, MAX_TILE_THREADS),
         (false, false) => (TILE2D_ELEMS_PER_THREAD, MAX_TILE2D_THREADS),
@@ -226,13 +267,13 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // the largest cluster this row may take: 16 for an unmasked row too long for 8 of
     // CLUSTER_MIN_THREADS threads (MAX_CLUSTER_NONPORTABLE)
     let max_cluster = if !masked && max_elems / (CLUSTER_MIN_THREADS * MAX_CLUSTER) > most { MAX_CLUSTER_NONPORTABLE } else { MAX_CLUSTER };
-    if spec.threads.is_none() && has_full && max_elems / threads > CLUSTER_ABOVE && target.sm >= 90 && max_elems / (CLUSTER_THREADS * max_cluster) <= most {
+    if spec.threads.is_none() && t.has_full && max_elems / threads > CLUSTER_ABOVE && target.sm >= 90 && max_elems / (CLUSTER_THREADS * max_cluster) <= most {
         threads = (max_elems / (max_cluster * most)).next_power_of_two().clamp(CLUSTER_MIN_THREADS, CLUSTER_THREADS);
     }
     let mut per_thread = max_elems / threads;
     // Rows too long for one block: cut the full extent across a thread-block cluster.
     if per_thread > CLUSTER_ABOVE {
-        if let Some((_, e)) = widest_full {
+        if let Some((_, e)) = t.widest_full {
             if target.sm < 90 {
                 return Err(CodegenError::Unsupported(format!(
                     "a tile of {max_elems} elements needs a thread-block cluster (sm_90) on this target ({})",
@@ -263,20 +304,24 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         ))
         .at(k, max_op));
     }
-    k.schedule.num_threads = threads;
-    // math on whole tiles (not on a reduced row statistic) asks for register room
+    Ok(threads)
+}
+
+/// `__launch_bounds__`'s minimum blocks (or the spec's override): one, asking for
+/// register room, where math runs on whole tiles (not on a reduced row statistic) of a
+/// kernel that reduces nothing, in blocks under 1024 threads (a block of 1024 threads
+/// gets at most 64 registers either way, and ptxas spilled a 262144-element cluster
+/// softmax under `(1024, 1)`, not under `(1024)`); else none.
+fn min_blocks(k: &Kernel, spec: &Spec, threads: u32) -> u32 {
     let math = k.order.iter().any(|&op| {
         matches!(k.op(op), Op::Unary(u) if !matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not))
             && concrete_shape(k, k.ty(op.value())).iter().product::<u32>() >= threads
     });
     let reduces = k.order.iter().any(|&op| matches!(k.op(op), Op::Reduce { .. }));
-    k.schedule.min_blocks = match spec.min_blocks {
+    match spec.min_blocks {
         Some(b) => b,
-        // (a block of 1024 threads gets at most 64 registers either way, and ptxas
-        // spilled a 262144-element cluster softmax under `(1024, 1)`, not under `(1024)`)
         None => u32::from(math && !reduces && threads < 1024),
-    };
-    Ok(())
+    }
 }
 
 fn access_extents(k: &Kernel, op: kfuse_ir::OpId) -> Vec<Extent> {
