@@ -102,3 +102,24 @@ fn a_refusal_of_the_whole_kernel_names_the_kernel() {
     let err = kfuse::codegen::schedule(&k, &spec(&refused_long_rows::DEF, &[4, 1024]), &old).unwrap_err();
     assert!(matches!(err, CodegenError::At { op: None, line: None, .. }), "{err:?}");
 }
+
+/// A tile whose size overflows 32 bits (a whole 2^24 × 2^24 block) is refused with its
+/// size and the op, on every target; its element count once wrapped (a panic in a debug
+/// build, a small wrong count in a release one).
+const HUGE_LINE: u32 = line!() + 1;
+#[kfuse]
+pub fn huge_tile<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>) {
+    out.block([0, 0], [M, N]).store(x.block([0, 0], [M, N]).load());
+}
+
+#[test]
+fn a_tile_past_32_bits_of_elements_is_refused_with_its_size() {
+    let kernel = (huge_tile::DEF.build)(&[kfuse::DType::F32]).expect("builds");
+    for target in [Target::sm80(), Target::sm90a()] {
+        let err = kfuse::codegen::compile(&kernel, &spec(&huge_tile::DEF, &[1 << 24, 1 << 24]), &target).map(|_| ()).expect_err("refused");
+        let text = err.to_string();
+        assert!(text.contains("a tile of 281474976710656 elements"), "{}: {text}", target.arch());
+        assert!(text.contains(&format!("line {}", HUGE_LINE + 2)), "{}: {text}", target.arch());
+        assert!(matches!(err, CodegenError::At { .. }), "{}: {err:?}", target.arch());
+    }
+}

@@ -122,7 +122,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         return choose_dot_tiles(k, spec, target, dot);
     }
     assign_extents(k, spec)?;
-    let Largest { elems: max_elems, op: max_op, widest_full } = largest_tile(k);
+    let Largest { elems: max_elems, op: max_op, widest_full } = largest_tile(k)?;
     let mut threads = row_threads(k, spec, max_elems, max_op, widest_full.is_some())?;
     // a row split across a cluster: the fewest threads (CLUSTER_MIN_THREADS to
     // CLUSTER_THREADS) that leave a thread at most what it may hold in the largest
@@ -175,7 +175,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // math on whole tiles (not on a reduced row statistic) asks for register room
     let math = k.order.iter().any(|&op| {
         matches!(k.op(op), Op::Unary(u) if !matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not))
-            && concrete_shape(k, k.ty(op.value())).iter().product::<u32>() >= threads
+            && tile_elems(k, k.ty(op.value())) >= threads as u64
     });
     let reduces = k.order.iter().any(|&op| matches!(k.op(op), Op::Reduce { .. }));
     k.schedule.min_blocks = match spec.min_blocks {
@@ -205,7 +205,7 @@ pub fn row_too_long(k: &Kernel, spec: &Spec, target: &Target) -> Result<Option<(
     }
     let mut k = k.clone();
     assign_extents(&mut k, spec)?;
-    let l = largest_tile(&k);
+    let l = largest_tile(&k)?;
     let threads = row_threads(&k, spec, l.elems, l.op, l.widest_full.is_some())?;
     Ok(match l.widest_full {
         Some((_, Extent::Full(s))) if l.elems / threads > CLUSTER_ABOVE => Some((s, l.elems)),
@@ -290,11 +290,16 @@ struct Largest {
     widest_full: Option<(u32, Extent)>,
 }
 
-fn largest_tile(k: &Kernel) -> Largest {
+fn largest_tile(k: &Kernel) -> Result<Largest, CodegenError> {
     let mut l = Largest { elems: 1, op: None, widest_full: None };
     for op in k.order.clone() {
         if let Some(t) = &k.node(op).ty {
-            let n: u32 = concrete_shape(k, t).iter().product();
+            let n = tile_elems(k, t);
+            // (a product of sizes past u32 would wrap: such a tile is refused, never
+            // scheduled as the small one its wrapped count names)
+            let n = u32::try_from(n).map_err(|_| {
+                CodegenError::Unsupported(format!("a tile of {n} elements: more than a block can hold or a loop over chunks can walk")).at(k, Some(op))
+            })?;
             if n > l.elems {
                 l.elems = n;
                 l.op = Some(op);
@@ -309,7 +314,12 @@ fn largest_tile(k: &Kernel) -> Largest {
             }
         }
     }
-    l
+    Ok(l)
+}
+
+/// The elements of a tile of type `t` at its compiled sizes (saturating at `u64::MAX`).
+fn tile_elems(k: &Kernel, t: &kfuse_ir::Type) -> u64 {
+    concrete_shape(k, t).iter().fold(1u64, |a, &e| a.saturating_mul(e as u64))
 }
 
 /// The block's threads before a cluster split: the override, else one per
