@@ -13,7 +13,7 @@
 //! per-vector branches keep the loads one memory round trip apart. Both copies load the
 //! same registers from the same addresses; the test only picks which code runs.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, LoopId, Op, OpId, ParamKind, ReduceOp, SmemLayout, UnaryOp, ValueId};
 
@@ -27,6 +27,7 @@ use crate::CodegenError;
 mod access;
 mod dot;
 mod dot_fma;
+mod dot_wgmma;
 mod loops;
 mod mma_common;
 mod mma_sm80;
@@ -400,6 +401,13 @@ struct Emitter<'a> {
     /// extent) for `hi = max(0, min(n - offset, extent))` (`mma_common::range_of`), so
     /// that a store can tell at compile time that a value covers its block.
     bounds: HashMap<String, (kfuse_ir::ShapeSym, ValueId, u32)>,
+    /// The dots on the WGMMA rule and their staged operands (`dot_wgmma`; sm_90a).
+    wg: Option<dot_wgmma::WgPlan>,
+    /// No WGMMA instruction has been issued since the last barrier (an operand-area
+    /// region may be written without another one).
+    wg_synced: bool,
+    /// Device functions the body calls, by name (written before the kernel).
+    helpers: BTreeMap<String, String>,
 }
 
 type R = Result<(), CodegenError>;
@@ -428,6 +436,9 @@ impl<'a> Emitter<'a> {
             dynamic_ranges: BTreeSet::new(),
             retry: BTreeSet::new(),
             bounds: HashMap::new(),
+            wg: None,
+            wg_synced: false,
+            helpers: BTreeMap::new(),
         }
     }
 }
@@ -528,7 +539,12 @@ impl<'a> Emitter<'a> {
 
     /// Writes one op; its errors name the op and its source line.
     fn op(&mut self, op: OpId) -> R {
-        self.op_unlocated(op).map_err(|e| e.at(self.k, Some(op)))
+        if matches!(self.k.op(op), Op::For { .. } | Op::Yield { .. }) {
+            // a loop's iterations meet here: the state of the writer's barriers does not
+            // carry across
+            self.wg_synced = false;
+        }
+        self.op_unlocated(op).and_then(|_| self.stage_eager(op.value())).map_err(|e| e.at(self.k, Some(op)))
     }
 
     fn op_unlocated(&mut self, op: OpId) -> R {
@@ -1563,9 +1579,12 @@ pub struct Emitted {
 
 /// Writes the body of a kernel without a matrix loop, the carried tiles in `dynamic`
 /// with valid ranges that follow the iterations.
-fn body<'a>(k: &'a Kernel, spec: &'a Spec, grid: &[crate::target::GridAxisEval], dynamic: BTreeSet<(LoopId, u32)>) -> Result<Emitter<'a>, CodegenError> {
+fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::target::GridAxisEval], dynamic: BTreeSet<(LoopId, u32)>) -> Result<Emitter<'a>, CodegenError> {
     let mut e = Emitter::new(k, spec, "__syncthreads();", grid);
     e.dynamic_ranges = dynamic;
+    if target.sm >= 90 && k.schedule.cluster <= 1 && k.schedule.persistent == 0 {
+        e.wg = Some(dot_wgmma::plan(k)).filter(|p| !p.dots.is_empty());
+    }
     e.w.indent();
     if k.schedule.persistent > 0 {
         e.persistent_body(grid)?;
@@ -1620,11 +1639,11 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         };
     }
     // The body first (its shared-memory needs are known only afterwards).
-    let mut e = body(k, spec, grid, BTreeSet::new())?;
+    let mut e = body(k, spec, target, grid, BTreeSet::new())?;
     while !e.retry.is_empty() {
         // carried tiles whose valid range changes across iterations (see `loops.rs`)
         let dynamic = e.dynamic_ranges.union(&e.retry).copied().collect();
-        e = body(k, spec, grid, dynamic)?;
+        e = body(k, spec, target, grid, dynamic)?;
     }
     if e.cluster_reductions > 0 {
         // the partials in this block's shared memory stay until every block has read them
@@ -1636,22 +1655,38 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         e.line("asm volatile(\"barrier.cluster.arrive.relaxed.aligned;\\n\\tbarrier.cluster.wait.aligned;\" ::: \"memory\");")?;
     }
     let smem = e.smem;
-    let static_smem = smem + e.cluster_smem;
+    // WGMMA dots: the operand area, then the scratch, in dynamic shared memory from a
+    // 1024-byte boundary (the swizzle patterns' repeat)
+    let ops_bytes = e.wg.as_ref().map(|p| p.bytes);
+    let dynamic_smem = ops_bytes.map_or(0, |o| 1024 + o + smem.div_ceil(16) * 16);
+    if dynamic_smem > target.smem_per_block {
+        return Err(CodegenError::Unsupported(format!("{dynamic_smem} bytes of shared memory (the target allows {})", target.smem_per_block)));
+    }
+    let helpers = dot_wgmma::helper_texts(&e.helpers);
+    let static_smem = if ops_bytes.is_some() { e.cluster_smem } else { smem + e.cluster_smem };
     let body = e.w.finish();
-    if smem > MAX_STATIC_SMEM {
+    if ops_bytes.is_none() && smem > MAX_STATIC_SMEM {
         return Err(CodegenError::Unsupported(format!("{smem} bytes of shared memory (static limit {MAX_STATIC_SMEM})")));
     }
     let threads = k.schedule.num_threads;
     let cluster = k.schedule.cluster;
     let cluster_attr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
-    let preludes: &[&str] = if cluster > 1 { &[CLUSTER_PRELUDE] } else { &[] };
+    let mut preludes: Vec<&str> = if cluster > 1 { vec![CLUSTER_PRELUDE] } else { vec![] };
+    if ops_bytes.is_some() {
+        preludes.extend([dot_wgmma::WG_DOT_PRELUDE, helpers.as_str()]);
+    }
     let mut w = Writer::new(String::new());
     let mut head = || -> std::fmt::Result {
-        open_kernel(&mut w, k, target, preludes, &cluster_attr, &launch_bounds(k, threads), &decls)?;
+        open_kernel(&mut w, k, target, &preludes, &cluster_attr, &launch_bounds(k, threads), &decls)?;
         if cluster > 1 {
             w.line(format!("const int kf_crank = (int)(blockIdx.x % {cluster});"))?;
         }
-        if smem > 0 {
+        if let Some(o) = ops_bytes {
+            w.line("extern __shared__ __align__(1024) unsigned char kf_dsmem[];")?;
+            w.line("unsigned char* kf_ops = kf_dsmem + ((1024u - (kf_saddr(kf_dsmem) & 1023u)) & 1023u);")?;
+            w.line(format!("unsigned char* kf_smem = kf_ops + {o};"))?;
+            w.line("(void)kf_smem;")?;
+        } else if smem > 0 {
             w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", smem.div_ceil(16) * 16))?;
         }
         if pushes > 0 {
@@ -1669,5 +1704,5 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     };
     head().map_err(fmt_err)?;
     let persistent = (k.schedule.persistent > 0).then_some(k.schedule.persistent);
-    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem: 0, block_threads: threads, persistent })
+    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent })
 }

@@ -121,9 +121,11 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         let dot = crate::passes::select_mma_path::dots(k)[0];
         return choose_dot_tiles(k, spec, target, dot);
     }
-    assign_extents(k, spec)?;
+    assign_extents(k, spec, target)?;
     let Largest { elems: max_elems, op: max_op, widest_full } = largest_tile(k)?;
     let mut threads = row_threads(k, spec, max_elems, max_op, widest_full.is_some())?;
+    // dots on the warpgroup rule: one warpgroup per 64 rows, never a cluster
+    let warpgroups = spec.threads.is_none().then(|| warpgroup_threads(k, target)).flatten();
     // a row split across a cluster: the fewest threads (CLUSTER_MIN_THREADS to
     // CLUSTER_THREADS) that leave a thread at most what it may hold in the largest
     // cluster — for a row with masks (a length that is not its padded power of two) at
@@ -134,12 +136,14 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // the largest cluster this row may take: 16 for an unmasked row too long for 8 of
     // CLUSTER_MIN_THREADS threads (MAX_CLUSTER_NONPORTABLE)
     let max_cluster = if !masked && max_elems / (CLUSTER_MIN_THREADS * MAX_CLUSTER) > most { MAX_CLUSTER_NONPORTABLE } else { MAX_CLUSTER };
-    if spec.threads.is_none() && widest_full.is_some() && max_elems / threads > CLUSTER_ABOVE && target.sm >= 90 && max_elems / (CLUSTER_THREADS * max_cluster) <= most {
+    if let Some(t) = warpgroups {
+        threads = t;
+    } else if spec.threads.is_none() && widest_full.is_some() && max_elems / threads > CLUSTER_ABOVE && target.sm >= 90 && max_elems / (CLUSTER_THREADS * max_cluster) <= most {
         threads = (max_elems / (max_cluster * most)).next_power_of_two().clamp(CLUSTER_MIN_THREADS, CLUSTER_THREADS);
     }
     let mut per_thread = max_elems / threads;
     // Rows too long for one block: cut the full extent across a thread-block cluster.
-    if per_thread > CLUSTER_ABOVE {
+    if per_thread > CLUSTER_ABOVE && warpgroups.is_none() {
         if let Some((_, e)) = widest_full {
             if target.sm < 90 {
                 return Err(CodegenError::Unsupported(format!(
@@ -204,7 +208,7 @@ pub fn row_too_long(k: &Kernel, spec: &Spec, target: &Target) -> Result<Option<(
         return Ok(None);
     }
     let mut k = k.clone();
-    assign_extents(&mut k, spec)?;
+    assign_extents(&mut k, spec, target)?;
     let l = largest_tile(&k)?;
     let threads = row_threads(&k, spec, l.elems, l.op, l.widest_full.is_some())?;
     Ok(match l.widest_full {
@@ -215,7 +219,7 @@ pub fn row_too_long(k: &Kernel, spec: &Spec, target: &Target) -> Result<Option<(
 
 /// Gives every full extent its padded size (`schedule.full`, `full_exact`) and every tile
 /// symbol its size (`schedule.tiles`): the budget rule of the module docs.
-fn assign_extents(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
+fn assign_extents(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     // Full extents.
     for op in k.order.clone() {
         let mut extents = access_extents(k, op);
@@ -234,6 +238,7 @@ fn assign_extents(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     }
     // Tile symbols.
     let mut choice: BTreeMap<TileSym, u32> = BTreeMap::new();
+    let mut caps: BTreeMap<TileSym, u32> = BTreeMap::new();
     for op in k.order.clone() {
         let (tensor, dims) = match k.op(op) {
             Op::Load { tensor, dims } | Op::Store { tensor, dims } => (*tensor, dims.clone()),
@@ -261,9 +266,18 @@ fn assign_extents(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
         let per = ((budget / fixed.max(1)).max(1) as f64).powf(1.0 / syms.len() as f64);
         let per = 1u32 << (per.log2().floor().max(0.0) as u32);
         for (t, cap) in syms {
+            let c = caps.entry(t).or_insert(cap);
+            *c = (*c).min(cap);
             let v = per.min(cap).max(1);
             let e = choice.entry(t).or_insert(v);
             *e = (*e).min(v);
+        }
+    }
+    if target.sm >= 90 {
+        for t in warpgroup_dot_syms(k) {
+            let floor = WARPGROUP_DOT_TILE.min(caps.get(&t).copied().unwrap_or(WARPGROUP_DOT_TILE));
+            let e = choice.entry(t).or_insert(floor);
+            *e = (*e).max(floor);
         }
     }
     for (i, name) in k.tile_syms.clone().iter().enumerate() {
@@ -280,6 +294,57 @@ fn assign_extents(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
         k.schedule.tiles.insert(t, v);
     }
     Ok(())
+}
+
+/// The size a tile symbol along a dimension of a `dot` lowered one by one on sm_90a with
+/// 16-bit operands at least takes (capped at the tensor extent it tiles): one warpgroup
+/// instruction's 64 rows (`wgmma m64nNk16`), and 64 along N and K, so that the dot runs
+/// on the warpgroup rule of `cuda/emit/dot_wgmma.rs` with A and B tiles whose swizzle
+/// is the widest. (Flash attention at BM = BN = 32: mma.sync over 4 warps.)
+pub const WARPGROUP_DOT_TILE: u32 = 64;
+
+/// The tile symbols along the M, N and K extents of the kernel's `dot`s with f16/bf16
+/// operands (the warpgroup rule's candidates).
+fn warpgroup_dot_syms(k: &Kernel) -> Vec<TileSym> {
+    let mut out = Vec::new();
+    for op in k.ops() {
+        if !matches!(k.op(op), Op::Dot { precision: kfuse_ir::DotPrecision::Exact }) {
+            continue;
+        }
+        let ops = k.operands(op);
+        let (a, b) = (k.ty(ops[0]), k.ty(ops[1]));
+        if a.dtype != b.dtype || !matches!(a.dtype, kfuse_ir::DType::F16 | kfuse_ir::DType::BF16) || a.shape.len() != 2 || b.shape.len() != 2 {
+            continue;
+        }
+        for e in [a.shape[0], a.shape[1], b.shape[1]] {
+            if let Extent::Tile(t) = e {
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+/// The block's threads for `dot`s on the warpgroup rule (sm_90a, 16-bit operands, every
+/// such dot's M a multiple of 64 and N at most 256): one warpgroup per 64 rows of the
+/// largest M, at most two.
+fn warpgroup_threads(k: &Kernel, target: &Target) -> Option<u32> {
+    if target.sm < 90 || !warpgroup_dot_syms(k).iter().any(|_| true) {
+        return None;
+    }
+    let mut rows = 0;
+    for op in k.ops() {
+        if !matches!(k.op(op), Op::Dot { precision: kfuse_ir::DotPrecision::Exact }) {
+            continue;
+        }
+        let ops = k.operands(op);
+        let (a, b) = (concrete_shape(k, k.ty(ops[0])), concrete_shape(k, k.ty(ops[1])));
+        if a.len() != 2 || b.len() != 2 || a[0] % 64 != 0 || b[1] > 256 || a[1] % 16 != 0 || b[1] % 8 != 0 {
+            return None;
+        }
+        rows = rows.max(a[0]);
+    }
+    (rows > 0).then(|| 128 * (rows / 64).min(2))
 }
 
 /// The largest tile of a kernel whose extents have their sizes: its elements, the first

@@ -33,6 +33,9 @@ use crate::CodegenError;
 
 impl Emitter<'_> {
     pub(super) fn dot(&mut self, op: OpId, a: ValueId, b: ValueId) -> R {
+        if let Some(d) = self.wg_rule(op) {
+            return self.dot_wgmma(op, a, b, d);
+        }
         if let Some(warps) = self.mma_rule(op) {
             return self.dot_mma(op, a, b, warps);
         }

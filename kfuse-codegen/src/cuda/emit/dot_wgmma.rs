@@ -1,0 +1,438 @@
+//! Writes a `dot` lowered where it stands (`Schedule::dots_one_by_one`) as warpgroup
+//! matrix instructions on sm_90a: `wgmma.mma_async … m64nNk16`, f32 accumulators.
+//!
+//! The rule applies where `assign_layouts` put the result in the accumulator layout of
+//! whole warpgroups stacked along the rows (`one_dot_mma_layout` with `warps = [4 g, 1]`:
+//! the WGMMA `m64nN` accumulator, LAYOUTS.md §4.2), the operands are f16 or bf16 and
+//! `N ≤ 256`. Warpgroup `g` computes the 64-row blocks `g, g + G, …` of the result.
+//!
+//! Operands:
+//! - **A from registers** where A is itself in the accumulator layout of the same warps
+//!   (flash attention's `p.cast()`): each k16 step packs the thread's own registers in
+//!   pairs (`cvt.rn.bf16x2.f32`), no data moves (LAYOUTS.md §4.4). Lanes outside the
+//!   valid k range are packed as 0.
+//! - **Otherwise from shared memory** ([`SmemTile`]): A K-major; B K-major when its
+//!   registers run along k (`kt.t()`), MN-major when they run along n (`v`), each in
+//!   the widest swizzle (128, 64 or 32 bytes) its contiguous extent takes, 1024-byte
+//!   aligned, described by a matrix descriptor (LAYOUTS.md §5).
+//!
+//! Staging: an operand whose value (through transposes) feeds nothing but such operand
+//! slots in one form is written to its own region of the operand area (`kf_ops`) right
+//! where it is defined ([`WgPlan::eager`]), so that its registers die there and a
+//! loop-invariant operand (flash attention's Q) is written once, before the loop. Any
+//! other operand is written at the dot into the shared scratch (`kf_smem`). Either way
+//! each thread writes its own registers (16-byte vectors where the layout holds 8
+//! consecutive elements along the contiguous axis), lanes outside the value's valid
+//! range along k as 0, then `fence.proxy.async` (generic stores, read by the async
+//! proxy); a barrier before the instructions orders every thread's writes. A region is
+//! written again only after a barrier that follows its last readers.
+//!
+//! Masking: each operand is zero outside its own valid k range, so a product lane is
+//! either valid in both operands or 0 — except where one operand's lane is valid and
+//! holds inf or NaN while the other's is masked (the interpreter ignores that lane; here
+//! it gives NaN). The result is valid on A's rows × B's columns.
+//!
+//! The dot is synchronous: the instructions are committed and waited for before the
+//! next op (`wgmma.wait_group 0`); overlapping them with the next loads is the
+//! pipelining pass's work, not done here.
+
+use std::collections::{BTreeMap, HashMap};
+
+use kfuse_ir::{DType, Kernel, Layout, Op, OpId, ValueId};
+
+use super::{coord, owner, Emitter, R};
+use crate::analysis::concrete_shape;
+use crate::CodegenError;
+
+/// Where a WGMMA operand lives in shared memory: a `[rows, cols]` tile, `cols` the
+/// contiguous extent, cut into atoms of `span / 2` columns (`span` the swizzle width in
+/// bytes), each atom `rows` rows of `span` bytes, atoms one after another; within each
+/// 1024-byte stretch the 16-byte granules of a row are permuted by the swizzle
+/// (`kf_swz`). `row_axis`, `col_axis` and `k_axis` are axes of the staged value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct SmemTile {
+    /// Byte offset in its area (a multiple of 1024).
+    pub off: u32,
+    /// Extent along the strided dimension (a multiple of 8).
+    pub rows: u32,
+    /// Extent along the contiguous dimension.
+    pub cols: u32,
+    /// Swizzle width in bytes: 128, 64 or 32.
+    pub span: u32,
+    /// The staged value's axis along the rows.
+    pub row_axis: usize,
+    /// The staged value's axis along the columns.
+    pub col_axis: usize,
+    /// The staged value's axis along the dot's k.
+    pub k_axis: usize,
+    /// In the operand area (`kf_ops`, written where the value is defined), else the
+    /// scratch (`kf_smem`, written at the dot).
+    pub eager: bool,
+}
+
+impl SmemTile {
+    fn bytes(&self) -> u32 {
+        (self.rows * self.cols * 2).div_ceil(1024) * 1024
+    }
+    fn base(&self) -> String {
+        format!("({} + {})", if self.eager { "kf_ops" } else { "kf_smem" }, self.off)
+    }
+    /// The descriptor's swizzle mode (bits 62–63).
+    fn mode(&self) -> u32 {
+        match self.span {
+            128 => 1,
+            64 => 2,
+            _ => 3,
+        }
+    }
+}
+
+/// Where A comes from.
+#[derive(Clone, Debug)]
+pub(super) enum ASrc {
+    /// The thread's own registers (A in the result's accumulator layout).
+    Regs,
+    /// Shared memory, K-major.
+    Smem(SmemTile),
+}
+
+/// One dot on the WGMMA rule.
+#[derive(Clone, Debug)]
+pub(super) struct WgDot {
+    a: ASrc,
+    b: SmemTile,
+    /// B is MN-major (`imm-trans-b = 1`).
+    b_mn: bool,
+    m: u32,
+    n: u32,
+    kk: u32,
+    /// Warpgroups of the block.
+    groups: u32,
+    dtype: DType,
+}
+
+/// The WGMMA dots of a kernel and the values staged where they are defined.
+#[derive(Clone, Debug, Default)]
+pub(super) struct WgPlan {
+    pub dots: HashMap<OpId, WgDot>,
+    /// Values written to the operand area where they are defined, with their tile.
+    pub eager: HashMap<ValueId, SmemTile>,
+    /// Bytes of the operand area (a multiple of 1024).
+    pub bytes: u32,
+}
+
+/// The widest swizzle (bytes) whose span divides a contiguous extent of `cols` 16-bit
+/// elements.
+fn span_of(cols: u32) -> Option<u32> {
+    [128, 64, 32].into_iter().find(|s| (cols * 2) % s == 0)
+}
+
+/// The dot's WGMMA form, if the rule applies (see the module docs); tiles at offset 0 in
+/// the scratch.
+fn wg_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
+    let Some(Layout::Blocked(have)) = k.schedule.layouts.get(&op.value()) else { return None };
+    let want = crate::passes::assign_layouts::one_dot_mma_layout(k, op)?;
+    let [wm, wn] = [want.warps_per_block[0], want.warps_per_block[1]];
+    if *have != want || wn != 1 || wm % 4 != 0 {
+        return None;
+    }
+    let ops = k.operands(op);
+    let (sa, sb) = (concrete_shape(k, k.ty(ops[0])), concrete_shape(k, k.ty(ops[1])));
+    let (m, kk, n) = (sa[0], sa[1], sb[1]);
+    if n > 256 || m % (16 * wm) != 0 {
+        return None;
+    }
+    let regs_a = crate::layout::mma_tiles_accumulator(m, kk, [wm, 1]);
+    let a = match k.schedule.layouts.get(&ops[0]) {
+        Some(Layout::Blocked(l)) if *l == regs_a => ASrc::Regs,
+        _ => ASrc::Smem(SmemTile { off: 0, rows: m, cols: kk, span: span_of(kk)?, row_axis: 0, col_axis: 1, k_axis: 1, eager: false }),
+    };
+    let along_n = matches!(k.schedule.layouts.get(&ops[1]), Some(Layout::Blocked(l)) if l.order[0] == 1);
+    let (b, b_mn) = match span_of(n) {
+        Some(span) if along_n && n % 8 == 0 => (SmemTile { off: 0, rows: kk, cols: n, span, row_axis: 0, col_axis: 1, k_axis: 0, eager: false }, true),
+        _ => (SmemTile { off: 0, rows: n, cols: kk, span: span_of(kk)?, row_axis: 1, col_axis: 0, k_axis: 0, eager: false }, false),
+    };
+    Some(WgDot { a, b, b_mn, m, n, kk, groups: wm / 4, dtype: k.ty(ops[0]).dtype })
+}
+
+/// The value an operand is a transpose chain of, and per operand axis the axis of that
+/// value.
+fn root(k: &Kernel, x: ValueId) -> (ValueId, [usize; 2]) {
+    let (mut v, mut map) = (x, [0usize, 1]);
+    while let Op::Permute { perm } = k.op(v.op()) {
+        map = [perm[map[0]] as usize, perm[map[1]] as usize];
+        v = k.operands(v.op())[0];
+    }
+    (v, map)
+}
+
+/// The tile of operand slot `t` (axes of the operand) in the axes of its root.
+fn in_root(t: &SmemTile, map: [usize; 2]) -> SmemTile {
+    SmemTile { row_axis: map[t.row_axis], col_axis: map[t.col_axis], k_axis: map[t.k_axis], ..t.clone() }
+}
+
+/// Whether every use of `v` (through transposes) is a shared-memory operand slot of a
+/// WGMMA dot, each asking for the tile `want` (in `v`'s axes).
+fn only_slots(k: &Kernel, dots: &HashMap<OpId, WgDot>, v: ValueId, want: &SmemTile) -> bool {
+    k.users(v).iter().all(|&u| match k.op(u) {
+        Op::Permute { .. } => only_slots(k, dots, u.value(), want),
+        Op::Dot { .. } => {
+            let Some(d) = dots.get(&u) else { return false };
+            k.operands(u).iter().enumerate().all(|(slot, &o)| {
+                let (r, map) = root(k, o);
+                if r != root(k, v).0 {
+                    return true;
+                }
+                let t = match (slot, &d.a) {
+                    (0, ASrc::Smem(t)) => t,
+                    (0, ASrc::Regs) => return false,
+                    _ => &d.b,
+                };
+                in_root(t, map) == *want
+            })
+        }
+        _ => false,
+    })
+}
+
+/// The kernel's WGMMA dots, their operand tiles placed (see the module docs).
+pub(super) fn plan(k: &Kernel) -> WgPlan {
+    let mut p = WgPlan::default();
+    for op in k.ops() {
+        if matches!(k.op(op), Op::Dot { .. }) {
+            if let Some(d) = wg_dot(k, op) {
+                p.dots.insert(op, d);
+            }
+        }
+    }
+    let mut order: Vec<OpId> = p.dots.keys().copied().collect();
+    order.sort_by_key(|o| k.order.iter().position(|x| x == o));
+    for op in order {
+        let mut d = p.dots[&op].clone();
+        let mut scratch = 0;
+        for slot in 0..2 {
+            let t = match (slot, &mut d.a) {
+                (0, ASrc::Smem(t)) => t,
+                (0, ASrc::Regs) => continue,
+                _ => &mut d.b,
+            };
+            let (r, map) = root(k, k.operands(op)[slot]);
+            let want = in_root(t, map);
+            let defined = !matches!(k.op(r.op()), Op::LoopCarried { .. } | Op::LoopResult { .. } | Op::For { .. });
+            if let Some(e) = p.eager.get(&r) {
+                *t = SmemTile { off: e.off, eager: true, ..t.clone() };
+            } else if defined && k.schedule.layouts.get(&r).is_some() && only_slots(k, &p.dots, r, &want) {
+                let off = p.bytes;
+                p.bytes += want.bytes();
+                p.eager.insert(r, SmemTile { off, eager: true, ..want });
+                *t = SmemTile { off, eager: true, ..t.clone() };
+            } else {
+                t.off = scratch;
+                scratch += t.bytes();
+            }
+        }
+        p.dots.insert(op, d);
+    }
+    p
+}
+
+/// The C name of a WGMMA helper and its text: `m64n{n}k16`, A from a descriptor (`ss`)
+/// or four registers (`rs`), B's transpose immediate.
+fn instr_fn(d: &WgDot, rs: bool) -> Result<(String, String), CodegenError> {
+    let ty = match d.dtype {
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        t => return Err(CodegenError::Unsupported(format!("WGMMA of {t} operands"))),
+    };
+    let n = d.n;
+    let name = format!("kf_wg_{}_{ty}_n{n}_t{}", if rs { "rs" } else { "ss" }, d.b_mn as u32);
+    let regs = n / 2;
+    let list: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
+    let outs: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    let (params, a, ins, imm) = if rs {
+        let a = format!("{{%{}, %{}, %{}, %{}}}", regs, regs + 1, regs + 2, regs + 3);
+        ("unsigned a0, unsigned a1, unsigned a2, unsigned a3", a, "\"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"l\"(db)".to_string(), format!("{}", d.b_mn as u32))
+    } else {
+        ("unsigned long long da", format!("%{regs}"), "\"l\"(da), \"l\"(db)".to_string(), format!("0, {}", d.b_mn as u32))
+    };
+    let b = if rs { regs + 4 } else { regs + 1 };
+    let text = format!(
+        "static __device__ __forceinline__ void {name}(float* d, {params}, unsigned long long db) {{\n  asm volatile(\"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, {a}, %{b}, 1, 1, 1, {imm};\"\n    : {}\n    : {ins});\n}}\n",
+        list.join(", "),
+        outs.join(", ")
+    );
+    Ok((name, text))
+}
+
+/// Helpers every kernel with a WGMMA dot carries: the shared address, the swizzled byte
+/// offset, a descriptor, the pair packing, the fences.
+pub(super) const WG_DOT_PRELUDE: &str = r#"static __device__ __forceinline__ unsigned kf_saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ unsigned kf_swz(unsigned o, unsigned mask) { return o ^ (((o >> 7) & mask) << 4); }
+static __device__ __forceinline__ unsigned long long kf_wdesc(const void* p, unsigned lbo, unsigned sbo, unsigned mode) {
+  return (unsigned long long)((kf_saddr(p) & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
+       | ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)mode << 62);
+}
+static __device__ __forceinline__ unsigned kf_pk_bf16(float lo, float hi) { unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
+static __device__ __forceinline__ unsigned kf_pk_f16(float lo, float hi) { unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
+static __device__ __forceinline__ void kf_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+static __device__ __forceinline__ void kf_wg_commit_wait() { asm volatile("wgmma.commit_group.sync.aligned;\n\twgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+static __device__ __forceinline__ void kf_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+"#;
+
+impl Emitter<'_> {
+    /// Writes value `v` to its operand-area tile when the plan stages it where it is
+    /// defined (called after each op).
+    pub(super) fn stage_eager(&mut self, v: ValueId) -> R {
+        let Some(t) = self.wg.as_ref().and_then(|p| p.eager.get(&v)).cloned() else { return Ok(()) };
+        self.stage_tile(v, &t)
+    }
+
+    /// The dot's WGMMA form, if the plan has one.
+    pub(super) fn wg_rule(&self, op: OpId) -> Option<WgDot> {
+        self.wg.as_ref()?.dots.get(&op).cloned()
+    }
+
+    /// Writes the registers of `x` into tile `t` (see the module docs), `dtype`'s 16-bit
+    /// pattern, lanes outside `x`'s valid range along `t.k_axis` as 0.
+    fn stage_tile(&mut self, x: ValueId, t: &SmemTile) -> R {
+        let val = self.val(x).clone();
+        let map = val.map.clone().ok_or_else(|| CodegenError::Unsupported("a `dot` operand that is a scalar".into()))?;
+        let (Some(rm), Some(cm)) = (val.axis_map[t.row_axis], val.axis_map[t.col_axis]) else {
+            return Err(CodegenError::Unsupported("a `dot` operand with a kept extent-1 axis".into()));
+        };
+        let f = &map.axes[cm];
+        let w = if f.e_stride == 1 && f.elem_step == 1 && f.spt > 1 { f.spt.min(8) } else { 1 };
+        let w = if f.piece % w == 0 { w } else { 1 };
+        let (klo, khi) = (val.lo[t.k_axis].clone(), val.hi[t.k_axis].clone());
+        let pk = if val.dtype == DType::F16 { "kf_pk_f16" } else { "kf_pk_bf16" };
+        // a region's last readers (earlier instructions, any warpgroup) are done before
+        // it is written again; the scratch's other users are too
+        if !self.wg_synced || !t.eager {
+            self.line(self.barrier)?;
+            self.wg_synced = true;
+        }
+        self.open("")?;
+        self.line("#pragma unroll")?;
+        self.open(format!("for (int k = 0; k < {}; k += {w})", map.regs))?;
+        self.line(format!("const int r = {}, c = {};", coord(&map, rm, "k"), coord(&map, cm, "k")))?;
+        let own = owner(&map, "k");
+        if own != "true" {
+            self.open(format!("if ({own})"))?;
+        }
+        let elem = |e: &Self, i: u32| -> String {
+            let kc = if t.k_axis == t.col_axis { format!("c + {i}") } else { "r".to_string() };
+            format!("((long long)({kc}) >= (long long)({klo}) && (long long)({kc}) < (long long)({khi}) ? {} : 0.0f)", e.reg(x, &format!("k + {i}")))
+        };
+        let half = t.span / 2;
+        let at = format!("kf_swz((c / {half}) * {} + r * {} + (c % {half}) * 2, {})", t.rows * t.span, t.span, t.span / 16 - 1);
+        let dst = t.base();
+        if w == 1 {
+            let v = super::from_reg(val.dtype, &elem(self, 0));
+            self.line(format!("*reinterpret_cast<kf_u16*>({dst} + {at}) = {v};"))?;
+        } else {
+            let words: Vec<String> = (0..w / 2).map(|i| format!("{pk}({}, {})", elem(self, 2 * i), elem(self, 2 * i + 1))).collect();
+            let store = match w {
+                2 => format!("*reinterpret_cast<unsigned*>({dst} + {at}) = {};", words[0]),
+                4 => format!("*reinterpret_cast<uint2*>({dst} + {at}) = make_uint2({});", words.join(", ")),
+                _ => format!("*reinterpret_cast<uint4*>({dst} + {at}) = make_uint4({});", words.join(", ")),
+            };
+            self.line(store)?;
+        }
+        if own != "true" {
+            self.close()?;
+        }
+        self.close()?;
+        self.line("kf_proxy_fence();")?;
+        self.close()
+    }
+
+    /// Rule: the dot on WGMMA (see the module docs).
+    pub(super) fn dot_wgmma(&mut self, op: OpId, a: ValueId, b: ValueId, d: WgDot) -> R {
+        let v = op.value();
+        let (av, bv) = (self.val(a).clone(), self.val(b).clone());
+        let layout = self.layout(v)?;
+        let val = self.new_tile(v, DType::F32, &layout, vec![av.lo[0].clone(), bv.lo[1].clone()], vec![av.hi[0].clone(), bv.hi[1].clone()], None)?;
+        let name = val.name.clone();
+        let regs = val.map.as_ref().unwrap().regs;
+        self.vals.insert(v, val);
+        let rs = matches!(d.a, ASrc::Regs);
+        let (fname, text) = instr_fn(&d, rs)?;
+        self.helpers.insert(fname.clone(), text);
+        self.open("")?;
+        // operands not staged where they were defined go to the scratch now
+        let mut scratch = 0;
+        for (x, t) in [(a, match &d.a { ASrc::Smem(t) => Some(t), ASrc::Regs => None }), (b, Some(&d.b))] {
+            if let Some(t) = t.filter(|t| !t.eager) {
+                scratch = scratch.max(t.off + t.bytes());
+                self.stage_tile(x, t)?;
+            }
+        }
+        self.smem = self.smem.max(scratch);
+        self.line(self.barrier)?;
+        self.unroll("k", regs)?;
+        self.line(format!("{name}[k] = 0.0f;"))?;
+        self.close()?;
+        self.line("kf_wg_fence();")?;
+        self.line("const int kf_wg = kf_warp / 4;")?;
+        let reps = d.m / (64 * d.groups);
+        let b_desc = self.b_desc(&d);
+        let (klo, khi) = (format!("kf_maxi({}, {})", av.lo[1], bv.lo[0]), format!("kf_mini({}, {})", av.hi[1], bv.hi[0]));
+        self.unroll("i", reps)?;
+        self.unroll("s", d.kk / 16)?;
+        let acc = format!("&{name}[i * {}]", d.n / 2);
+        match &d.a {
+            ASrc::Regs => {
+                // A's registers of k step s: 8 s .. 8 s + 7 of the rep's n/2 (LAYOUTS §4.4)
+                let amap = av.map.clone().unwrap();
+                let mut words = Vec::new();
+                for q in 0..4 {
+                    let pair: Vec<String> = (0..2)
+                        .map(|h| {
+                            let idx = format!("i * {} + 8 * s + {}", d.kk / 2, 2 * q + h);
+                            let c = coord(&amap, av.axis_map[1].unwrap_or(1), &idx);
+                            format!("((long long)({c}) >= (long long)({klo}) && (long long)({c}) < (long long)({khi}) ? {} : 0.0f)", self.reg(a, &idx))
+                        })
+                        .collect();
+                    let pk = if d.dtype == DType::F16 { "kf_pk_f16" } else { "kf_pk_bf16" };
+                    words.push(format!("{pk}({}, {})", pair[0], pair[1]));
+                }
+                self.line(format!("{fname}({acc}, {}, {b_desc});", words.join(", ")))?;
+            }
+            ASrc::Smem(t) => {
+                let a_desc = format!(
+                    "kf_wdesc({} + ((s * 32) / {}) * {} + 64 * (kf_wg + {} * i) * {} + (s * 32) % {}, 16, {}, {})",
+                    t.base(),
+                    t.span,
+                    t.rows * t.span,
+                    d.groups,
+                    t.span,
+                    t.span,
+                    8 * t.span,
+                    t.mode()
+                );
+                self.line(format!("{fname}({acc}, {a_desc}, {b_desc});"))?;
+            }
+        }
+        self.close()?;
+        self.close()?;
+        self.line("kf_wg_commit_wait();")?;
+        self.wg_synced = false;
+        self.close()
+    }
+
+    /// B's descriptor at k step `s` (a C expression).
+    fn b_desc(&self, d: &WgDot) -> String {
+        let t = &d.b;
+        if d.b_mn {
+            // 16 k rows a step; LBO: atom to atom along n; SBO: 8 k rows
+            format!("kf_wdesc({} + s * {}, {}, {}, {})", t.base(), 16 * t.span, t.rows * t.span, 8 * t.span, t.mode())
+        } else {
+            format!("kf_wdesc({} + ((s * 32) / {}) * {} + (s * 32) % {}, 16, {}, {})", t.base(), t.span, t.rows * t.span, t.span, 8 * t.span, t.mode())
+        }
+    }
+}
+
+/// The helpers' texts in name order (deterministic output).
+pub(super) fn helper_texts(h: &BTreeMap<String, String>) -> String {
+    h.values().cloned().collect()
+}
