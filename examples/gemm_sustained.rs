@@ -8,9 +8,10 @@
 //!
 //! Phases (`KFUSE_PHASES`, default `cublas,kfuse-new-output,kfuse,cublas`): cuBLAS alone;
 //! `kfuse::ops::gemm` alone (a new output each call, as the benchmark calls it); kfuse's
-//! kernel into one preallocated output, `kfuse:TILES` with `KFUSE_TILES=TILES` (`+` for
-//! `,`) for that phase; then (without `KFUSE_PHASES`) cuBLAS and `kfuse::ops::gemm`
-//! alternating in blocks of 10 calls. Each call is timed by CUDA events around it;
+//! kernel into one preallocated output, `kfuse:TILES` with the tile overrides `TILES` (as
+//! `KFUSE_TILES` spells them, `+` for `,`; made in code, `kfuse::Config::tiles`) for that
+//! phase; then (without `KFUSE_PHASES`) cuBLAS and `kfuse::ops::gemm` alternating in
+//! blocks of 10 calls. Each call is timed by CUDA events around it;
 //! a phase prints its median, the medians of its first and last fifth, and its spread.
 //! `KFUSE_PROBE=1` prints what the clock-probe source hook (a prototype kept in git
 //! history; NOTES g24) measured.
@@ -51,30 +52,31 @@ fn main() -> kfuse::Result<()> {
     blas.gemm_into(&a, &b, &mut c_blas, Library::Cublas, Math::Fp32)?;
     dev.synchronize()?;
     // the phases: `KFUSE_PHASES=cublas,kfuse,kfuse:MCASTB=2,…` (a kfuse phase's tiles, `+` for `,`,
-    // go to `KFUSE_TILES` for that phase), or the default four
+    // are the tile overrides for that phase), or the default four
     let default = "cublas,kfuse-new-output,kfuse,cublas".to_string();
     let asked = std::env::var("KFUSE_PHASES").ok();
     let phases = asked.clone().unwrap_or(default);
-    let set_tiles = |tiles: &str| {
-        if tiles.is_empty() {
-            std::env::remove_var("KFUSE_TILES");
-        } else {
-            std::env::set_var("KFUSE_TILES", tiles.replace('+', ","));
+    // made in code, not by changing `KFUSE_TILES`: the CUDA libraries' threads may read
+    // the process's environment while this thread would write it
+    let set_tiles = |tiles: &str| -> kfuse::Result<()> {
+        let mut list = Vec::new();
+        for entry in tiles.split('+').map(str::trim).filter(|e| !e.is_empty()) {
+            let parsed = entry.split_once('=').and_then(|(k, v)| Some((k.trim().to_string(), v.trim().parse::<u32>().ok()?)));
+            list.push(parsed.ok_or_else(|| kfuse::Error::InvalidArgument(format!("KFUSE_PHASES: `{entry}` is not NAME=SIZE")))?);
         }
-        // launches read the settings once a process: re-read them
-        kfuse::runtime::settings::reload();
+        kfuse::Config::new().tiles(list).apply()
     };
     // each tile setting compiled before the timed phases (no idle gap between them)
     for name in phases.split(',') {
         if let Some((_, tiles)) = name.split_once(':') {
-            set_tiles(tiles);
+            set_tiles(tiles)?;
             kfuse::ops::kernels::gemm(&a, &b, &mut c_kf)?;
         }
     }
     dev.synchronize()?;
     for name in phases.split(',') {
         let (what, tiles) = name.split_once(':').unwrap_or((name, ""));
-        set_tiles(tiles);
+        set_tiles(tiles)?;
         // every call timed by events around it, 10 untimed calls first
         let at = start.elapsed().as_secs_f64();
         let t = match what {
@@ -85,8 +87,7 @@ fn main() -> kfuse::Result<()> {
         };
         report(name, &t, flops, start, at);
     }
-    std::env::remove_var("KFUSE_TILES");
-    kfuse::runtime::settings::reload();
+    kfuse::runtime::settings::clear_config();
     // `KFUSE_PROBE=1`: the totals the clock-probe source hook (NOTES g24) leaves at the
     // start of kfuse's output (block 0's cycles, nanoseconds and calls over the process)
     if std::env::var("KFUSE_PROBE").is_ok() {

@@ -4,7 +4,9 @@
 //! environment's; and `STAGES=3`, a pipeline depth that is no power of two, accepted and
 //! built (NVRTC + `ptxas -v`) on the matrix paths of sm_90a and sm_80. No GPU needed.
 //! The test of settings over the environment runs alone in a child process
-//! (`common::isolation`): it changes both.
+//! (`common::isolation`): it changes both. And the guard of that rule: no source of the
+//! workspace changes its process's environment outside the places `ENV_WRITERS` lists,
+//! each alone in its process (issue 23).
 
 mod common;
 
@@ -246,4 +248,151 @@ fn three_pipeline_stages_build_on_sm90a_and_sm80() {
         let (regs, spill) = common::assemble(&e.source, &e.arch, &e.options, &format!("gemm_stages3_{}", shape.0)).unwrap_or_else(|e| panic!("{} {shape:?} STAGES=3: {e}", target.arch()));
         assert_eq!(spill, 0, "{} {shape:?} STAGES=3: {spill} bytes of spills ({regs} registers)", target.arch());
     }
+}
+
+/// The calls that change the process's environment (each spelt in two halves, so that
+/// this file's patterns are not taken for calls).
+const ENV_WRITES: [&str; 3] = [concat!("set_", "var("), concat!("remove_", "var("), concat!("set", "env(")];
+
+/// The places of the workspace's sources that may change their process's environment,
+/// each `(file, place, why it races with nothing)`; `place` is the function whose body
+/// does (it must start by going alone into a child process: `common::isolation`), or
+/// `doc test of NAME` for an example in the rustdoc of `NAME`. Anywhere else a write
+/// could change what another test of the same binary reads at the same moment (every
+/// `KFUSE_*` setting a launch consults, `kfuse::runtime::settings`), or race with a
+/// thread that reads the environment (the CUDA libraries'): settings are made in code
+/// (`kfuse::Config`) instead, or the test runs alone in a child process, its variables
+/// set on the child's command.
+const ENV_WRITERS: [(&str, &str, &str); 3] = [
+    (
+        "tests/settings.rs",
+        "settings_are_read_once_and_again_on_reload",
+        "alone in a child process of its binary (`isolation::alone`): it checks that a changed variable is seen only after `settings::reload`",
+    ),
+    (
+        "tests/configuration.rs",
+        "settings_made_in_code_win_over_the_environment",
+        "alone in a child process of its binary (`isolation::is_alone`/`run_alone`): settings made in code stay over a changed, reloaded environment",
+    ),
+    (
+        "kfuse-runtime/src/settings.rs",
+        "doc test of reload",
+        "a doc test is a program of its own (edition 2021: rustdoc builds and runs each alone), one thread; it shows what a program that changes a variable must call",
+    ),
+];
+
+/// Every write of the environment in `src` ([`ENV_WRITES`]): its line (from 1) and its
+/// place, the function whose body it is in, or `doc test of NAME` inside a fenced block
+/// of `NAME`'s rustdoc (`doc test of the module` for `//!`). Comments and doc prose are
+/// not calls and are left out.
+fn env_writes(src: &str) -> Vec<(usize, String)> {
+    let lines: Vec<&str> = src.lines().collect();
+    let (mut out, mut fence, mut last_fn) = (Vec::new(), false, String::from("(no function)"));
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim_start();
+        let doc = t.strip_prefix("///").map(|r| (r, false)).or_else(|| t.strip_prefix("//!").map(|r| (r, true)));
+        let writes = ENV_WRITES.iter().any(|w| line.contains(w));
+        match doc {
+            Some((rest, _)) if rest.trim_start().starts_with("```") => fence = !fence,
+            Some((_, inner)) if fence && writes => {
+                let item = if inner { "the module".to_string() } else { lines[i..].iter().find_map(|l| fn_name(l)).unwrap_or_default() };
+                out.push((i + 1, format!("doc test of {item}")));
+            }
+            Some(_) => {}
+            None => {
+                fence = false;
+                if t.starts_with("//") {
+                    continue;
+                }
+                if let Some(name) = fn_name(line) {
+                    last_fn = name;
+                }
+                if writes {
+                    out.push((i + 1, last_fn.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The name of the function `line` declares, if it does (`fn NAME(` or `fn NAME<`).
+fn fn_name(line: &str) -> Option<String> {
+    let code = line.split("//").next().unwrap();
+    let at = code.match_indices("fn ").map(|(i, _)| i).find(|&i| i == 0 || !code.as_bytes()[i - 1].is_ascii_alphanumeric() && code.as_bytes()[i - 1] != b'_')?;
+    let rest = &code[at + 3..];
+    let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
+    (end > 0 && matches!(rest.as_bytes()[end], b'(' | b'<')).then(|| rest[..end].to_string())
+}
+
+/// The workspace's Rust sources (paths relative to `root`, `/`-separated): every crate's
+/// sources, tests, benches and examples; build outputs and hidden folders left out.
+fn workspace_sources(root: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if p.is_dir() && !name.starts_with('.') && name != "target" {
+                dirs.push(p);
+            } else if name.ends_with(".rs") {
+                files.push(p.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Issue 23: the tests of one binary run in parallel threads of one process, so a test
+/// that changed the environment raced with every other test reading it. Only the places
+/// of [`ENV_WRITERS`] may write it, each alone in its process, and each of them does.
+#[test]
+fn no_test_changes_the_environment_of_other_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = workspace_sources(root);
+    for must in ["tests/settings.rs", "tests/common/isolation.rs", "kfuse-runtime/tests/cache_global.rs", "kfuse-runtime/src/settings.rs", "examples/gemm_sustained.rs", "benches/gemm.rs"] {
+        assert!(files.iter().any(|f| f == must), "the scan missed {must}: it found {files:?}");
+    }
+    let mut found = BTreeSet::new();
+    let mut stray = Vec::new();
+    for f in &files {
+        let src = std::fs::read_to_string(root.join(f)).unwrap();
+        for (line, place) in env_writes(&src) {
+            if ENV_WRITERS.iter().any(|&(file, p, _)| file == f && p == place) {
+                found.insert((f.clone(), place));
+            } else {
+                stray.push(format!("{f}:{line} (in {place})"));
+            }
+        }
+    }
+    assert!(
+        stray.is_empty(),
+        "these change the process's environment, where other tests of the binary (and the CUDA libraries' threads) read it at the same time: make the settings in code (`kfuse::Config` under `common::isolation::SettingsLock`), or run the test alone in a child process with the variables set on its command (`common::isolation::alone`); or, if it is alone in its process, add it to ENV_WRITERS with the reason:\n{}",
+        stray.join("\n")
+    );
+    for (file, place, why) in ENV_WRITERS {
+        assert!(found.contains(&(file.to_string(), place.to_string())), "ENV_WRITERS lists {file} ({place}), which writes no variable any more: drop the entry ({why})");
+        if place.starts_with("doc test of ") {
+            continue;
+        }
+        // the function goes alone into a child process before its first write
+        let src = std::fs::read_to_string(root.join(file)).unwrap();
+        let body = &src[src.find(&format!("fn {place}(")).unwrap()..];
+        let first = ENV_WRITES.iter().filter_map(|w| body.find(w)).min().unwrap();
+        assert!(body[..first].contains("isolation::alone(") || body[..first].contains("isolation::is_alone("), "{file}: `{place}` writes the environment before it runs alone in a child process ({why})");
+    }
+}
+
+#[test]
+fn the_environment_scan_finds_writes_in_code_and_doc_tests() {
+    let [set, remove, _] = ENV_WRITES;
+    let src = format!(
+        "//! prose about `std::env::{set}\"A\")`\n//! ```\n//! std::env::{set}\"A\", \"1\");\n//! ```\n/// ```\n/// std::env::{remove}\"B\");\n/// ```\npub fn reload() {{}}\n\n#[test]\nfn first() {{\n    // std::env::{set}\"C\", \"1\") in a comment\n    let f = |x| x;\n    std::env::{set}\"C\", \"1\");\n}}\n\nfn second<T>() {{\n    unsafe {{ std::env::{remove}\"D\") }};\n}}\n"
+    );
+    let got = env_writes(&src);
+    let want = [(3, "doc test of the module"), (6, "doc test of reload"), (14, "first"), (18, "second")];
+    assert_eq!(got, want.map(|(l, p)| (l, p.to_string())), "{src}");
+    assert_eq!((fn_name("pub(crate) fn a_b<T>(x: T)"), fn_name("let dfn x(")), (Some("a_b".into()), None));
 }

@@ -14,6 +14,10 @@
 //!   [`SettingsLock`] (as does every test whose launches those settings would change) and
 //!   applies it through [`SettingsLock::apply`], whose guard clears it when dropped, a
 //!   panic included.
+//!
+//! `tests/configuration.rs` keeps the first two: it fails on any write of the environment
+//! in the workspace's sources outside the places its `ENV_WRITERS` lists (each of them a
+//! test that goes alone into a child process before it writes, or a doc test).
 
 use std::ffi::OsStr;
 use std::process::Command;
