@@ -31,6 +31,7 @@ mod dot_wgmma;
 mod loops;
 mod mma_common;
 mod mma_sm80;
+mod operand_ring;
 mod wgmma;
 
 /// Static shared memory above this needs the dynamic opt-in, which the writer does not
@@ -539,12 +540,38 @@ impl<'a> Emitter<'a> {
 
     /// Writes one op; its errors name the op and its source line.
     fn op(&mut self, op: OpId) -> R {
-        if matches!(self.k.op(op), Op::For { .. } | Op::Yield { .. }) {
-            // a loop's iterations meet here: the state of the writer's barriers does not
-            // carry across
-            self.wg_synced = false;
+        self.op_staged(op).map_err(|e| e.at(self.k, Some(op)))
+    }
+
+    /// One op, with what the WGMMA plan adds around it: a loop's ring prologue before it
+    /// opens and its stage flip before it closes, a ring load in place of the load, a
+    /// staged operand's copy after its op.
+    fn op_staged(&mut self, op: OpId) -> R {
+        let ring = |e: &Self, l: &LoopId| e.wg.as_ref().is_some_and(|p| p.rings.contains_key(l));
+        match self.k.op(op) {
+            Op::For { id, .. } => {
+                // a loop's iterations meet here: the state of the writer's barriers
+                // does not carry across
+                if ring(self, id) {
+                    self.line(self.barrier)?;
+                    self.ring_prologue(*id, op)?;
+                }
+                self.wg_synced = false;
+            }
+            Op::Yield { id } => {
+                if ring(self, id) {
+                    self.line(format!("kf_st{0} ^= 1;", id.0))?;
+                }
+                self.wg_synced = false;
+            }
+            _ => {}
         }
-        self.op_unlocated(op).and_then(|_| self.stage_eager(op.value())).map_err(|e| e.at(self.k, Some(op)))
+        let v = op.value();
+        if let Some(l) = self.wg.as_ref().and_then(|p| p.eager.get(&v)).and_then(|t| t.ring) {
+            return self.ring_arrive(v, l);
+        }
+        self.op_unlocated(op)?;
+        self.stage_eager(v)
     }
 
     fn op_unlocated(&mut self, op: OpId) -> R {
@@ -1583,7 +1610,7 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
     let mut e = Emitter::new(k, spec, "__syncthreads();", grid);
     e.dynamic_ranges = dynamic;
     if target.sm >= 90 && k.schedule.cluster <= 1 && k.schedule.persistent == 0 {
-        e.wg = Some(dot_wgmma::plan(k)).filter(|p| !p.dots.is_empty());
+        e.wg = Some(dot_wgmma::plan(k, spec)).filter(|p| !p.dots.is_empty());
     }
     e.w.indent();
     if k.schedule.persistent > 0 {
@@ -1673,7 +1700,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     let cluster_attr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
     let mut preludes: Vec<&str> = if cluster > 1 { vec![CLUSTER_PRELUDE] } else { vec![] };
     if ops_bytes.is_some() {
-        preludes.extend([dot_wgmma::WG_DOT_PRELUDE, helpers.as_str()]);
+        preludes.extend([dot_wgmma::WG_DOT_PRELUDE, operand_ring::RING_PRELUDE, helpers.as_str()]);
     }
     let mut w = Writer::new(String::new());
     let mut head = || -> std::fmt::Result {

@@ -68,14 +68,21 @@ pub(super) struct SmemTile {
     /// In the operand area (`kf_ops`, written where the value is defined), else the
     /// scratch (`kf_smem`, written at the dot).
     pub eager: bool,
+    /// A two-stage ring of this loop (`operand_ring`): the region holds two tiles, the
+    /// current one at stage `kf_st<loop>`.
+    pub ring: Option<kfuse_ir::LoopId>,
 }
 
 impl SmemTile {
-    fn bytes(&self) -> u32 {
+    /// Bytes of one tile (one stage), a multiple of 1024.
+    pub fn bytes(&self) -> u32 {
         (self.rows * self.cols * 2).div_ceil(1024) * 1024
     }
     fn base(&self) -> String {
-        format!("({} + {})", if self.eager { "kf_ops" } else { "kf_smem" }, self.off)
+        match self.ring {
+            Some(l) => format!("(kf_ops + {} + kf_st{} * {})", self.off, l.0, self.bytes()),
+            None => format!("({} + {})", if self.eager { "kf_ops" } else { "kf_smem" }, self.off),
+        }
     }
     /// The descriptor's swizzle mode (bits 62–63).
     fn mode(&self) -> u32 {
@@ -117,6 +124,8 @@ pub(super) struct WgPlan {
     pub dots: HashMap<OpId, WgDot>,
     /// Values written to the operand area where they are defined, with their tile.
     pub eager: HashMap<ValueId, SmemTile>,
+    /// Per loop, its ring loads in op order (`operand_ring`).
+    pub rings: BTreeMap<kfuse_ir::LoopId, Vec<ValueId>>,
     /// Bytes of the operand area (a multiple of 1024).
     pub bytes: u32,
 }
@@ -145,12 +154,12 @@ fn wg_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
     let regs_a = crate::layout::mma_tiles_accumulator(m, kk, [wm, 1]);
     let a = match k.schedule.layouts.get(&ops[0]) {
         Some(Layout::Blocked(l)) if *l == regs_a => ASrc::Regs,
-        _ => ASrc::Smem(SmemTile { off: 0, rows: m, cols: kk, span: span_of(kk)?, row_axis: 0, col_axis: 1, k_axis: 1, eager: false }),
+        _ => ASrc::Smem(SmemTile { off: 0, rows: m, cols: kk, span: span_of(kk)?, row_axis: 0, col_axis: 1, k_axis: 1, eager: false, ring: None }),
     };
     let along_n = matches!(k.schedule.layouts.get(&ops[1]), Some(Layout::Blocked(l)) if l.order[0] == 1);
     let (b, b_mn) = match span_of(n) {
-        Some(span) if along_n && n % 8 == 0 => (SmemTile { off: 0, rows: kk, cols: n, span, row_axis: 0, col_axis: 1, k_axis: 0, eager: false }, true),
-        _ => (SmemTile { off: 0, rows: n, cols: kk, span: span_of(kk)?, row_axis: 1, col_axis: 0, k_axis: 0, eager: false }, false),
+        Some(span) if along_n && n % 8 == 0 => (SmemTile { off: 0, rows: kk, cols: n, span, row_axis: 0, col_axis: 1, k_axis: 0, eager: false, ring: None }, true),
+        _ => (SmemTile { off: 0, rows: n, cols: kk, span: span_of(kk)?, row_axis: 1, col_axis: 0, k_axis: 0, eager: false, ring: None }, false),
     };
     Some(WgDot { a, b, b_mn, m, n, kk, groups: wm / 4, dtype: k.ty(ops[0]).dtype })
 }
@@ -195,8 +204,10 @@ fn only_slots(k: &Kernel, dots: &HashMap<OpId, WgDot>, v: ValueId, want: &SmemTi
     })
 }
 
-/// The kernel's WGMMA dots, their operand tiles placed (see the module docs).
-pub(super) fn plan(k: &Kernel) -> WgPlan {
+/// The kernel's WGMMA dots, their operand tiles placed (see the module docs): first
+/// which roots are staged where they are defined, then which of those loads a ring
+/// takes, then the offsets (a ring's region holds two tiles).
+pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec) -> WgPlan {
     let mut p = WgPlan::default();
     for op in k.ops() {
         if matches!(k.op(op), Op::Dot { .. }) {
@@ -207,7 +218,37 @@ pub(super) fn plan(k: &Kernel) -> WgPlan {
     }
     let mut order: Vec<OpId> = p.dots.keys().copied().collect();
     order.sort_by_key(|o| k.order.iter().position(|x| x == o));
-    for op in order {
+    let mut roots: Vec<ValueId> = Vec::new();
+    for &op in &order {
+        for slot in 0..2 {
+            let d = &p.dots[&op];
+            let t = match (slot, &d.a) {
+                (0, ASrc::Smem(t)) => t,
+                (0, ASrc::Regs) => continue,
+                _ => &d.b,
+            };
+            let (r, map) = root(k, k.operands(op)[slot]);
+            let want = in_root(t, map);
+            let defined = !matches!(k.op(r.op()), Op::LoopCarried { .. } | Op::LoopResult { .. } | Op::For { .. });
+            if !p.eager.contains_key(&r) && defined && k.schedule.layouts.get(&r).is_some() && only_slots(k, &p.dots, r, &want) {
+                p.eager.insert(r, SmemTile { eager: true, ..want });
+                roots.push(r);
+            }
+        }
+    }
+    let loops = super::operand_ring::enclosing_loops(k);
+    for &r in &roots {
+        if let Some(l) = super::operand_ring::ring_load(k, spec, &loops, r, &p.eager[&r]) {
+            p.eager.get_mut(&r).unwrap().ring = Some(l);
+            p.rings.entry(l).or_default().push(r);
+        }
+    }
+    for &r in &roots {
+        let t = p.eager.get_mut(&r).unwrap();
+        t.off = p.bytes;
+        p.bytes += t.bytes() * if t.ring.is_some() { 2 } else { 1 };
+    }
+    for &op in &order {
         let mut d = p.dots[&op].clone();
         let mut scratch = 0;
         for slot in 0..2 {
@@ -216,19 +257,13 @@ pub(super) fn plan(k: &Kernel) -> WgPlan {
                 (0, ASrc::Regs) => continue,
                 _ => &mut d.b,
             };
-            let (r, map) = root(k, k.operands(op)[slot]);
-            let want = in_root(t, map);
-            let defined = !matches!(k.op(r.op()), Op::LoopCarried { .. } | Op::LoopResult { .. } | Op::For { .. });
-            if let Some(e) = p.eager.get(&r) {
-                *t = SmemTile { off: e.off, eager: true, ..t.clone() };
-            } else if defined && k.schedule.layouts.get(&r).is_some() && only_slots(k, &p.dots, r, &want) {
-                let off = p.bytes;
-                p.bytes += want.bytes();
-                p.eager.insert(r, SmemTile { off, eager: true, ..want });
-                *t = SmemTile { off, eager: true, ..t.clone() };
-            } else {
-                t.off = scratch;
-                scratch += t.bytes();
+            let (r, _) = root(k, k.operands(op)[slot]);
+            match p.eager.get(&r) {
+                Some(e) => *t = SmemTile { off: e.off, eager: true, ring: e.ring, ..t.clone() },
+                None => {
+                    t.off = scratch;
+                    scratch += t.bytes();
+                }
             }
         }
         p.dots.insert(op, d);
@@ -283,7 +318,7 @@ impl Emitter<'_> {
     /// Writes value `v` to its operand-area tile when the plan stages it where it is
     /// defined (called after each op).
     pub(super) fn stage_eager(&mut self, v: ValueId) -> R {
-        let Some(t) = self.wg.as_ref().and_then(|p| p.eager.get(&v)).cloned() else { return Ok(()) };
+        let Some(t) = self.wg.as_ref().and_then(|p| p.eager.get(&v)).filter(|t| t.ring.is_none()).cloned() else { return Ok(()) };
         self.stage_tile(v, &t)
     }
 

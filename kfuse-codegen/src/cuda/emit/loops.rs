@@ -28,7 +28,7 @@ use super::{ctype, Emitter, Val, R};
 use crate::CodegenError;
 
 /// The name of loop `id`'s index variable.
-fn index_var(id: LoopId) -> String {
+pub(super) fn index_var(id: LoopId) -> String {
     format!("kf_i{}", id.0)
 }
 

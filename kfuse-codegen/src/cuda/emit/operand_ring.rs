@@ -1,0 +1,206 @@
+//! Tile loads that feed only WGMMA operands, inside a loop, copied global → shared
+//! memory with `cp.async` into a two-stage ring, one iteration ahead (sm_90a; the
+//! software pipelining of `dot_wgmma`'s staged operands).
+//!
+//! A load qualifies ([`ring_load`]) when the plan stages it where it is defined
+//! (`WgPlan::eager`), it is a rank-2 tile of a tensor the kernel only reads, its
+//! contiguous tile axis is the tensor's unit-stride last dimension at offset 0 with a
+//! 16-byte aligned pointer and row strides of whole 16-byte units, and every address
+//! operand is either defined before its innermost loop or that loop's index — so the
+//! next iteration's tile is known before this one's math.
+//!
+//! Per loop with such loads: before the loop, the first iteration's tiles are copied
+//! into stage 0 (one `cp.async` group). At the first such load in the body: a barrier
+//! (the other stage's last readers, the previous iteration's instructions, are done),
+//! the next iteration's tiles into the other stage (when there is a next iteration), a
+//! commit, a wait for all but that newest group (this iteration's tiles have landed),
+//! `fence.proxy.async` (the copies are generic-proxy writes, WGMMA reads through the
+//! async proxy) and a barrier. The stage flips at the end of the body. Each copy is 16
+//! bytes (8 elements) of one row into its swizzled place; the source size is the
+//! elements inside the tensor (0 for rows past its end or an index past its extent), and
+//! `cp.async` fills the rest with zeros — the zero lanes outside the valid range that
+//! the dot needs. No register holds these tiles.
+
+use std::collections::BTreeMap;
+
+use kfuse_ir::{AccessDim, Kernel, LoopId, Op, ParamKind, ValueId};
+
+use super::dot_wgmma::SmemTile;
+use super::{Emitter, Val, R};
+use crate::analysis::{concrete_shape, extent_value, is_zero};
+use crate::target::Spec;
+
+/// The innermost loop around each op (`None`: none).
+pub(super) fn enclosing_loops(k: &Kernel) -> BTreeMap<ValueId, LoopId> {
+    let mut stack: Vec<LoopId> = Vec::new();
+    let mut out = BTreeMap::new();
+    for op in k.ops() {
+        match k.op(op) {
+            Op::For { id, .. } => {
+                if let Some(&l) = stack.last() {
+                    out.insert(op.value(), l);
+                }
+                stack.push(*id);
+            }
+            Op::Yield { .. } => {
+                stack.pop();
+            }
+            _ => {
+                if let Some(&l) = stack.last() {
+                    out.insert(op.value(), l);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether `v` is defined inside loop `l` (at any depth).
+fn inside(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, l: LoopId) -> bool {
+    let mut cur = loops.get(&v).copied();
+    while let Some(c) = cur {
+        if c == l {
+            return true;
+        }
+        cur = k.loop_info(c).and_then(|i| loops.get(&i.for_op.value()).copied());
+    }
+    false
+}
+
+/// The loop whose ring takes the staged load `v` with tile `t` (see the module docs).
+pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, t: &SmemTile) -> Option<LoopId> {
+    let Op::Load { tensor, dims } = k.op(v.op()) else { return None };
+    let l = *loops.get(&v)?;
+    let p = k.param(*tensor);
+    if !matches!(p.kind, ParamKind::Tensor { output: false, .. }) || p.dtype.size_bytes() != 2 {
+        return None;
+    }
+    let tiles: Vec<usize> = (0..dims.len()).filter(|&d| matches!(dims[d], AccessDim::Tile(_))).collect();
+    let last = dims.len() - 1;
+    if tiles.len() != 2 || tiles[1] != last || t.col_axis != 1 {
+        return None;
+    }
+    let ts = spec.tensors.get(tensor.0 as usize).cloned().flatten()?;
+    // 16-byte copies: an aligned pointer, a unit last stride, every other stride in
+    // whole 16-byte units
+    if ts.ptr_align < 16 || ts.stride_div.get(last) != Some(&0) || (0..last).any(|d| ts.stride_div.get(d).is_none_or(|&s| s < 8)) {
+        return None;
+    }
+    let ops = k.operands(v.op());
+    if !is_zero(k, ops[last]) {
+        return None;
+    }
+    let ok = ops.iter().all(|&o| matches!(k.op(o.op()), Op::LoopIndex { id } if *id == l) || !inside(k, loops, o, l));
+    ok.then_some(l)
+}
+
+impl Emitter<'_> {
+    /// Before loop `l` opens: its ring's stage variable and the first iteration's tiles.
+    pub(super) fn ring_prologue(&mut self, l: LoopId, for_op: kfuse_ir::OpId) -> R {
+        let Some(loads) = self.wg.as_ref().and_then(|p| p.rings.get(&l)).cloned() else { return Ok(()) };
+        let ops = self.k.operands(for_op);
+        let (lo, hi) = (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone());
+        self.line(format!("int kf_st{} = 0;", l.0))?;
+        self.open(format!("if ({lo} < {hi})"))?;
+        for v in &loads {
+            self.ring_copy(*v, l, &lo, "0")?;
+        }
+        self.close()?;
+        self.line("kf_cp_commit();")
+    }
+
+    /// At a ring load inside its loop: the first one of the loop fetches the next
+    /// iteration and waits for this one; each records its value's valid range.
+    pub(super) fn ring_arrive(&mut self, v: ValueId, l: LoopId) -> R {
+        let loads = self.wg.as_ref().unwrap().rings[&l].clone();
+        if loads[0] == v {
+            let ops = self.k.operands(self.k.loop_info(l).unwrap().for_op);
+            let (hi, step) = (self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone());
+            let iv = super::loops::index_var(l);
+            self.line(self.barrier)?;
+            self.open(format!("if (({hi}) - {iv} > ({step}))"))?;
+            for x in &loads {
+                self.ring_copy(*x, l, &format!("({iv} + ({step}))"), &format!("(kf_st{} ^ 1)", l.0))?;
+            }
+            self.close()?;
+            self.line("kf_cp_commit();")?;
+            self.line("kf_cp_wait1();")?;
+            self.line("kf_proxy_fence();")?;
+            self.line(self.barrier)?;
+            self.wg_synced = true;
+        }
+        let (_, _, his) = self.ring_addr(v, l, &super::loops::index_var(l))?;
+        let layout = self.layout(v)?;
+        let map = crate::layout::RegMap::of(&layout);
+        let shape = concrete_shape(self.k, self.k.ty(v));
+        let his: Vec<String> = his
+            .into_iter()
+            .map(|h| {
+                let n = self.fresh("kf_rb");
+                self.line(format!("const long long {n} = {h};")).map(|_| n)
+            })
+            .collect::<Result<_, _>>()?;
+        let name = format!("v{}", v.index());
+        self.vals.insert(v, Val { name, dtype: self.k.ty(v).dtype, map, axis_map: vec![Some(0), Some(1)], shape, lo: vec!["0".into(), "0".into()], hi: his, lazy: None });
+        Ok(())
+    }
+
+    /// The base pointer, whether the index dimensions are in range, and per tile axis
+    /// the valid extent, of load `v` at loop index `idx`.
+    fn ring_addr(&self, v: ValueId, l: LoopId, idx: &str) -> Result<(String, String, Vec<String>), crate::CodegenError> {
+        let k = self.k;
+        let Op::Load { tensor, dims } = k.op(v.op()) else { unreachable!() };
+        let ops = k.operands(v.op());
+        let name = |o: ValueId| if matches!(k.op(o.op()), Op::LoopIndex { id } if *id == l) { idx.to_string() } else { self.val(o).name.clone() };
+        let offs: Vec<String> = ops.iter().map(|&o| name(o)).collect();
+        let p = k.param(*tensor);
+        let mut ok = vec!["true".to_string()];
+        let mut his = Vec::new();
+        for (d, ad) in dims.iter().enumerate() {
+            let n = self.shape_var(p.dims()[d]);
+            match ad {
+                AccessDim::Index => ok.push(format!("{} >= 0 && {} < {n}", offs[d], offs[d])),
+                AccessDim::Tile(e) => his.push(format!("kf_maxi(0LL, kf_mini({n} - {}, {}LL))", offs[d], extent_value(k, *e))),
+            }
+        }
+        let ok = ok.join(" && ");
+        let his = his.into_iter().map(|h| format!("(({ok}) ? {h} : 0LL)")).collect();
+        Ok((self.element_ptr(*tensor, &offs), ok, his))
+    }
+
+    /// The copies of load `v`'s tile at loop index `idx` into ring stage `stage`.
+    fn ring_copy(&mut self, v: ValueId, l: LoopId, idx: &str, stage: &str) -> R {
+        let t = self.wg.as_ref().unwrap().eager[&v].clone();
+        let (base, _, his) = self.ring_addr(v, l, idx)?;
+        let Op::Load { tensor, dims } = self.k.op(v.op()) else { unreachable!() };
+        let row_dim = (0..dims.len()).filter(|&d| matches!(dims[d], AccessDim::Tile(_))).next().unwrap();
+        let stride = self.stride(*tensor, row_dim);
+        let (cols, rows) = (t.cols, t.rows);
+        let chunks = rows * cols / 8;
+        let threads = self.k.schedule.num_threads;
+        self.open("")?;
+        self.line(format!("const kf_u16* kf_src = {base};"))?;
+        self.line(format!("const long long kf_vr = {}, kf_vc = {};", his[0], his[1]))?;
+        self.line("#pragma unroll")?;
+        self.open(format!("for (int q = kf_tid; q < {chunks}; q += {threads})"))?;
+        self.line(format!("const int r = q / {}, c = (q % {}) * 8;", cols / 8, cols / 8))?;
+        self.line("const long long kf_n = r < kf_vr ? kf_maxi(0LL, kf_mini(kf_vc - c, 8LL)) : 0LL;")?;
+        let half = t.span / 2;
+        let at = format!("kf_swz((c / {half}) * {} + r * {} + (c % {half}) * 2, {})", rows * t.span, t.span, t.span / 16 - 1);
+        self.line(format!(
+            "kf_cp16(kf_ops + {} + {stage} * {} + {at}, kf_n > 0 ? kf_src + (long long)r * {stride} + c : kf_src, (unsigned)(kf_n * 2));",
+            t.off,
+            t.bytes()
+        ))?;
+        self.close()?;
+        self.close()
+    }
+}
+
+/// The `cp.async` helpers of kernels with a ring.
+pub(super) const RING_PRELUDE: &str = r#"static __device__ __forceinline__ void kf_cp16(void* dst, const void* src, unsigned n) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void kf_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+static __device__ __forceinline__ void kf_cp_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+"#;
