@@ -409,6 +409,9 @@ struct Emitter<'a> {
     wg_synced: bool,
     /// Device functions the body calls, by name (written before the kernel).
     helpers: BTreeMap<String, String>,
+    /// Adds whose value a WGMMA dot accumulated in its own registers, with that dot's
+    /// value (`dot_wgmma`'s `addend`).
+    fused_adds: HashMap<OpId, ValueId>,
 }
 
 type R = Result<(), CodegenError>;
@@ -440,6 +443,7 @@ impl<'a> Emitter<'a> {
             wg: None,
             wg_synced: false,
             helpers: BTreeMap::new(),
+            fused_adds: HashMap::new(),
         }
     }
 }
@@ -569,6 +573,9 @@ impl<'a> Emitter<'a> {
         let v = op.value();
         if let Some(l) = self.wg.as_ref().and_then(|p| p.eager.get(&v)).and_then(|t| t.ring) {
             return self.ring_arrive(v, l);
+        }
+        if let Some(r) = self.fused_add(op) {
+            return r;
         }
         self.op_unlocated(op)?;
         self.stage_eager(v)

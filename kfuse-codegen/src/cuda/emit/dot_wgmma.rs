@@ -40,7 +40,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use kfuse_ir::{DType, Kernel, Layout, Op, OpId, ValueId};
 
-use super::{coord, owner, Emitter, R};
+use super::{coord, owner, Emitter, Val, R};
 use crate::analysis::concrete_shape;
 use crate::CodegenError;
 
@@ -404,8 +404,17 @@ impl Emitter<'_> {
         }
         self.smem = self.smem.max(scratch);
         self.line(self.barrier)?;
+        // the instructions add to the accumulator: start it at the one addend (`acc *
+        // alpha + dot(p, v)`), or at 0
+        let addend = self.addend(op);
         self.unroll("k", regs)?;
-        self.line(format!("{name}[k] = 0.0f;"))?;
+        match addend {
+            Some((u, x)) => {
+                self.line(format!("{name}[k] = {};", self.reg(x, "k")))?;
+                self.fused_adds.insert(u, v);
+            }
+            None => self.line(format!("{name}[k] = 0.0f;"))?,
+        }
         self.close()?;
         self.line("kf_wg_fence();")?;
         self.line("const int kf_wg = kf_warp / 4;")?;
@@ -453,6 +462,37 @@ impl Emitter<'_> {
         self.line("kf_wg_commit_wait();")?;
         self.wg_synced = false;
         self.close()
+    }
+
+    /// The add the dot's result feeds alone, and its other operand, when that operand
+    /// is an f32 tile of the result's layout written before the dot: the instructions
+    /// accumulate onto it, and the add is the dot's own registers ([`Self::fused_add`]).
+    fn addend(&self, op: OpId) -> Option<(OpId, ValueId)> {
+        let k = self.k;
+        let v = op.value();
+        let users = k.users(v);
+        let [u] = users.as_slice() else { return None };
+        if !matches!(k.op(*u), Op::Binary(kfuse_ir::BinaryOp::Add)) {
+            return None;
+        }
+        let o = k.operands(*u);
+        let x = if o[0] == v { o[1] } else { o[0] };
+        let pos = |id: OpId| k.order.iter().position(|&y| y == id);
+        let same = k.schedule.layouts.get(&x) == k.schedule.layouts.get(&v) && k.ty(x).dtype == DType::F32 && k.ty(x).shape == k.ty(v).shape;
+        (x != v && same && self.vals.contains_key(&x) && pos(x.op()) < pos(op)).then_some((*u, x))
+    }
+
+    /// An add that a dot accumulated (`addend`): its value is the dot's registers, valid
+    /// where both operands are.
+    pub(super) fn fused_add(&mut self, u: OpId) -> Option<R> {
+        let d = *self.fused_adds.get(&u)?;
+        let o = self.k.operands(u);
+        let x = if o[0] == d { o[1] } else { o[0] };
+        let (dv, xv) = (self.val(d).clone(), self.val(x).clone());
+        let lo = dv.lo.iter().zip(&xv.lo).map(|(a, b)| format!("kf_maxi({a}, {b})")).collect();
+        let hi = dv.hi.iter().zip(&xv.hi).map(|(a, b)| format!("kf_mini({a}, {b})")).collect();
+        self.vals.insert(u.value(), Val { lo, hi, ..dv });
+        Some(Ok(()))
     }
 
     /// B's descriptor at k step `s` (a C expression).
