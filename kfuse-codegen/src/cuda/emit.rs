@@ -407,6 +407,9 @@ struct Emitter<'a> {
     /// No WGMMA instruction has been issued since the last barrier (an operand-area
     /// region may be written without another one).
     wg_synced: bool,
+    /// Some thread may have written an operand tile since the last barrier (a WGMMA
+    /// dot then opens with one).
+    wg_dirty: bool,
     /// Device functions the body calls, by name (written before the kernel).
     helpers: BTreeMap<String, String>,
     /// Adds whose value a WGMMA dot accumulated in its own registers, with that dot's
@@ -443,6 +446,7 @@ impl<'a> Emitter<'a> {
             wg: None,
             wg_synced: false,
             helpers: BTreeMap::new(),
+            wg_dirty: false,
             fused_adds: HashMap::new(),
         }
     }
@@ -560,7 +564,9 @@ impl<'a> Emitter<'a> {
                     self.line(self.barrier)?;
                     self.ring_prologue(*id, op)?;
                 }
+                // a later iteration enters the body in the state its end leaves
                 self.wg_synced = false;
+                self.wg_dirty = true;
             }
             Op::Yield { id } => {
                 if ring(self, id) {

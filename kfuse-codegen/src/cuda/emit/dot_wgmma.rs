@@ -378,6 +378,7 @@ impl Emitter<'_> {
         }
         self.close()?;
         self.line("kf_proxy_fence();")?;
+        self.wg_dirty = true;
         self.close()
     }
 
@@ -403,7 +404,12 @@ impl Emitter<'_> {
             }
         }
         self.smem = self.smem.max(scratch);
-        self.line(self.barrier)?;
+        // every thread's copies are done before the instructions read them (none since
+        // the last barrier: a ring's, which its waits end with)
+        if self.wg_dirty {
+            self.line(self.barrier)?;
+            self.wg_dirty = false;
+        }
         // the instructions add to the accumulator: start it at the one addend (`acc *
         // alpha + dot(p, v)`), or at 0
         let addend = self.addend(op);

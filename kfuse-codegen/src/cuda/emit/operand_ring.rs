@@ -128,6 +128,7 @@ impl Emitter<'_> {
             self.line("kf_proxy_fence();")?;
             self.line(self.barrier)?;
             self.wg_synced = true;
+            self.wg_dirty = false;
         }
         let (_, _, his) = self.ring_addr(v, l, &super::loops::index_var(l))?;
         let layout = self.layout(v)?;
