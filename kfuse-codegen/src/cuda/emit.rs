@@ -583,6 +583,9 @@ impl<'a> Emitter<'a> {
         if let Some(r) = self.fused_add(op) {
             return r;
         }
+        if let Some(r) = self.absorbed_cast(op) {
+            return r;
+        }
         self.op_unlocated(op)?;
         self.stage_eager(v)
     }

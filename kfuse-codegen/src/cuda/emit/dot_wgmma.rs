@@ -126,6 +126,9 @@ pub(super) struct WgPlan {
     pub eager: HashMap<ValueId, SmemTile>,
     /// Per loop, its ring loads in op order (`operand_ring`).
     pub rings: BTreeMap<kfuse_ir::LoopId, Vec<ValueId>>,
+    /// Casts to 16 bits whose one user is a dot's register A: not written, the pairs
+    /// are packed (and rounded) from the cast's f32 operand.
+    pub absorbed: std::collections::HashSet<OpId>,
     /// Bytes of the operand area (a multiple of 1024).
     pub bytes: u32,
 }
@@ -236,6 +239,18 @@ pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec) -> WgPlan {
             }
         }
     }
+    for &op in &order {
+        let a = k.operands(op)[0];
+        if !matches!(p.dots[&op].a, ASrc::Regs) || k.users(a).len() != 1 {
+            continue;
+        }
+        if let Op::Cast { .. } = k.op(a.op()) {
+            let x = k.operands(a.op())[0];
+            if k.ty(x).dtype == DType::F32 && k.schedule.layouts.get(&x) == k.schedule.layouts.get(&a) {
+                p.absorbed.insert(a.op());
+            }
+        }
+    }
     let loops = super::operand_ring::enclosing_loops(k);
     for &r in &roots {
         if let Some(l) = super::operand_ring::ring_load(k, spec, &loops, r, &p.eager[&r]) {
@@ -320,6 +335,19 @@ impl Emitter<'_> {
     pub(super) fn stage_eager(&mut self, v: ValueId) -> R {
         let Some(t) = self.wg.as_ref().and_then(|p| p.eager.get(&v)).filter(|t| t.ring.is_none()).cloned() else { return Ok(()) };
         self.stage_tile(v, &t)
+    }
+
+    /// A cast the plan absorbs into its dot's packing: its value reads its operand's
+    /// registers.
+    pub(super) fn absorbed_cast(&mut self, op: OpId) -> Option<R> {
+        if !self.wg.as_ref()?.absorbed.contains(&op) {
+            return None;
+        }
+        let x = self.k.operands(op)[0];
+        let dtype = self.k.ty(op.value()).dtype;
+        let val = Val { dtype, ..self.val(x).clone() };
+        self.vals.insert(op.value(), val);
+        Some(Ok(()))
     }
 
     /// The dot's WGMMA form, if the plan has one.
@@ -424,9 +452,24 @@ impl Emitter<'_> {
         self.close()?;
         self.line("kf_wg_fence();")?;
         self.line("const int kf_wg = kf_warp / 4;")?;
-        let reps = d.m / (64 * d.groups);
         let b_desc = self.b_desc(&d);
         let (klo, khi) = (format!("kf_maxi({}, {})", av.lo[1], bv.lo[0]), format!("kf_mini({}, {})", av.hi[1], bv.hi[0]));
+        match &d.a {
+            // lanes outside the valid k range are packed as 0 (a branch to an untested
+            // copy for tiles valid along all of k made ptxas spill flash attention)
+            ASrc::Regs => self.issue(&d, &fname, &name, &b_desc, a, &av, Some((&klo, &khi)))?,
+            ASrc::Smem(_) => self.issue(&d, &fname, &name, &b_desc, a, &av, None)?,
+        }
+        self.line("kf_wg_commit_wait();")?;
+        self.wg_synced = false;
+        self.close()
+    }
+
+    /// The instructions of every rep and k step; A from registers packed in pairs (lanes
+    /// outside `mask`'s k range as 0) or from its shared-memory tile.
+    #[allow(clippy::too_many_arguments)]
+    fn issue(&mut self, d: &WgDot, fname: &str, name: &str, b_desc: &str, a: ValueId, av: &Val, mask: Option<(&str, &str)>) -> R {
+        let reps = d.m / (64 * d.groups);
         self.unroll("i", reps)?;
         self.unroll("s", d.kk / 16)?;
         let acc = format!("&{name}[i * {}]", d.n / 2);
@@ -434,16 +477,22 @@ impl Emitter<'_> {
             ASrc::Regs => {
                 // A's registers of k step s: 8 s .. 8 s + 7 of the rep's n/2 (LAYOUTS §4.4)
                 let amap = av.map.clone().unwrap();
+                let pk = if d.dtype == DType::F16 { "kf_pk_f16" } else { "kf_pk_bf16" };
                 let mut words = Vec::new();
                 for q in 0..4 {
                     let pair: Vec<String> = (0..2)
                         .map(|h| {
                             let idx = format!("i * {} + 8 * s + {}", d.kk / 2, 2 * q + h);
-                            let c = coord(&amap, av.axis_map[1].unwrap_or(1), &idx);
-                            format!("((long long)({c}) >= (long long)({klo}) && (long long)({c}) < (long long)({khi}) ? {} : 0.0f)", self.reg(a, &idx))
+                            let r = self.reg(a, &idx);
+                            match mask {
+                                None => r,
+                                Some((klo, khi)) => {
+                                    let c = coord(&amap, av.axis_map[1].unwrap_or(1), &idx);
+                                    format!("((long long)({c}) >= (long long)({klo}) && (long long)({c}) < (long long)({khi}) ? {r} : 0.0f)")
+                                }
+                            }
                         })
                         .collect();
-                    let pk = if d.dtype == DType::F16 { "kf_pk_f16" } else { "kf_pk_bf16" };
                     words.push(format!("{pk}({}, {})", pair[0], pair[1]));
                 }
                 self.line(format!("{fname}({acc}, {}, {b_desc});", words.join(", ")))?;
@@ -464,9 +513,6 @@ impl Emitter<'_> {
             }
         }
         self.close()?;
-        self.close()?;
-        self.line("kf_wg_commit_wait();")?;
-        self.wg_synced = false;
         self.close()
     }
 
