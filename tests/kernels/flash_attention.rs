@@ -5,7 +5,8 @@ use kfuse::prelude::*;
 
 /// One program: `BM` query rows of one head (`program_id(1)`) of one batch
 /// (`program_id(2)`). `causal != 0` masks the keys after
-/// each query's position, counted from the bottom right (`c <= r + SK − SQ`).
+/// each query's position, counted from the bottom right (`c <= r + SK − SQ`), and the
+/// loop stops after the last key tile a row of the block sees.
 #[kfuse]
 pub fn flash_attention<T: Float>(
     q: Tensor<T, (B, SQ, H, D)>,
@@ -22,7 +23,9 @@ pub fn flash_attention<T: Float>(
     let mut m = zeros::<f32>([BM]) + f32::NEG_INFINITY;
     let mut l = zeros::<f32>([BM]);
     let mut acc = zeros::<f32>([BM, D]);
-    for j in (0..SK).step_by(BN) {
+    // causal: the key tiles past this block's last row hold no live key
+    let kv_end = select(causal == 0, SK, min(SK, (i + 1) * BM + (SK - SQ)));
+    for j in (0..kv_end).step_by(BN) {
         let kt = k.block([b, j, h, 0], [_, BN, _, D]).load();
         let vt = v.block([b, j, h, 0], [_, BN, _, D]).load();
         let cols = iota(BN).unsqueeze(0) + j;
