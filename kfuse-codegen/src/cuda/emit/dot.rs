@@ -77,7 +77,8 @@ impl Emitter<'_> {
         let lo = format!("(int)kf_maxi({}, {})", av.lo[1], bv.lo[0]);
         let hi = format!("(int)kf_mini({}, {})", av.hi[1], bv.hi[0]);
         self.unroll("k", map.regs)?;
-        self.line(format!("{name}[k] = 0.0f;"))?;
+        let init = self.accumulate_onto(op);
+        self.line(format!("{name}[k] = {init};"))?;
         self.close()?;
         self.open(format!("for (int kk = {lo}; kk < {hi}; ++kk)"))?;
         self.unroll("k", map.regs)?;
@@ -138,7 +139,8 @@ impl Emitter<'_> {
         }
         self.line(self.barrier)?;
         self.unroll("k", regs)?;
-        self.line(format!("{name}[k] = 0.0f;"))?;
+        let init = self.accumulate_onto(op);
+        self.line(format!("{name}[k] = {init};"))?;
         self.close()?;
         let ty = if d == DType::F16 { "f16" } else { "bf16" };
         let (ti, tj) = (m / 16 / wm, n / 8 / wn);

@@ -258,10 +258,26 @@ pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec) -> WgPlan {
             p.rings.entry(l).or_default().push(r);
         }
     }
+    // tiles staged once first; then the rings, which loops that do not nest share: one
+    // loop's ring is dead before the next loop's prologue (a barrier) fills its own
     for &r in &roots {
         let t = p.eager.get_mut(&r).unwrap();
-        t.off = p.bytes;
-        p.bytes += t.bytes() * if t.ring.is_some() { 2 } else { 1 };
+        if t.ring.is_none() {
+            t.off = p.bytes;
+            p.bytes += t.bytes();
+        }
+    }
+    let ring_loops: Vec<kfuse_ir::LoopId> = p.rings.keys().copied().collect();
+    let nested = ring_loops.iter().any(|&a| ring_loops.iter().any(|&b| a != b && k.loop_info(b).is_some_and(|i| super::operand_ring::inside(k, &loops, i.for_op.value(), a))));
+    let base = p.bytes;
+    for l in ring_loops {
+        let mut off = if nested { p.bytes } else { base };
+        for r in p.rings[&l].clone() {
+            let t = p.eager.get_mut(&r).unwrap();
+            t.off = off;
+            off += 2 * t.bytes();
+        }
+        p.bytes = p.bytes.max(off);
     }
     for &op in &order {
         let mut d = p.dots[&op].clone();
@@ -440,15 +456,9 @@ impl Emitter<'_> {
         }
         // the instructions add to the accumulator: start it at the one addend (`acc *
         // alpha + dot(p, v)`), or at 0
-        let addend = self.addend(op);
         self.unroll("k", regs)?;
-        match addend {
-            Some((u, x)) => {
-                self.line(format!("{name}[k] = {};", self.reg(x, "k")))?;
-                self.fused_adds.insert(u, v);
-            }
-            None => self.line(format!("{name}[k] = 0.0f;"))?,
-        }
+        let init = self.accumulate_onto(op);
+        self.line(format!("{name}[k] = {init};"))?;
         self.close()?;
         self.line("kf_wg_fence();")?;
         self.line("const int kf_wg = kf_warp / 4;")?;
@@ -532,6 +542,18 @@ impl Emitter<'_> {
         let pos = |id: OpId| k.order.iter().position(|&y| y == id);
         let same = k.schedule.layouts.get(&x) == k.schedule.layouts.get(&v) && k.ty(x).dtype == DType::F32 && k.ty(x).shape == k.ty(v).shape;
         (x != v && same && self.vals.contains_key(&x) && pos(x.op()) < pos(op)).then_some((*u, x))
+    }
+
+    /// The start of a dot's accumulator, register `k`: its one addend's (whose add then
+    /// is the dot's registers), or 0. Every rule accumulates onto it (`d = a·b + d`).
+    pub(super) fn accumulate_onto(&mut self, op: OpId) -> String {
+        match self.addend(op) {
+            Some((u, x)) => {
+                self.fused_adds.insert(u, op.value());
+                self.reg(x, "k")
+            }
+            None => "0.0f".into(),
+        }
     }
 
     /// An add that a dot accumulated (`addend`): its value is the dot's registers, valid

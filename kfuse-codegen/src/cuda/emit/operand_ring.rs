@@ -56,7 +56,7 @@ pub(super) fn enclosing_loops(k: &Kernel) -> BTreeMap<ValueId, LoopId> {
 }
 
 /// Whether `v` is defined inside loop `l` (at any depth).
-fn inside(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, l: LoopId) -> bool {
+pub(super) fn inside(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, l: LoopId) -> bool {
     let mut cur = loops.get(&v).copied();
     while let Some(c) = cur {
         if c == l {
