@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::gemm::{bias_gelu_error, operand, reference_rows, sample_rows, within, Outcomes};
+use common::gemm::{bias_gelu_error, bias_gelu_error_rows, gemm_bias_gelu, operand, reference_rows, sample_rows, within, Outcomes};
 use common::isolation::SettingsLock;
 
 use kfuse::prelude::*;
@@ -75,10 +75,61 @@ fn user_gemm_with_bias_gelu_epilogue() {
         assert!(matches!(l.backend, Backend::Gpu { .. }), "{:?}", l.backend);
         assert!(e <= 1e-2, "{m}x{n}x{k}: relative error {e:.3e}");
     }
-    // rows of `b` 600 bytes apart: TMA cannot read them, so the user kernel takes the
-    // exact f32 FMA path (`kfuse::ops::gemm` would make an aligned copy instead)
-    let (_, e) = bias_gelu_error(64, 300, 64, DType::BF16, &dev);
-    assert!(e <= 1e-2, "unaligned b (FMA path): relative error {e:.3e}");
+    // rows of `b` (and of the output) not a multiple of 16 bytes apart: TMA cannot read
+    // them as they lie, so the launch copies `b` to padded rows and the loop runs on the
+    // tensor cores, the output leaving by masked element stores; 600-byte rows, then the
+    // M4095 N4097 K4096 product (8194-byte rows), checked on a sample of rows
+    for &(m, n, k) in &[(64, 300, 64), (4095, 4097, 4096)] {
+        let (l, e) = bias_gelu_error_rows(m, n, k, DType::BF16, &dev, &sample_rows(m));
+        assert!(e <= 1e-2, "{m}x{n}x{k}, unaligned b: relative error {e:.3e}");
+        assert_padded_b_on_tensor_cores(&l, n, &dev);
+    }
+}
+
+/// `l` ran the matrix loop on the tensor cores (WGMMA on sm_90a, mma.sync elsewhere) on
+/// a copy of `b` padded to whole 128-byte lines (`b`: `[K, n]` bf16 rows), and says so.
+fn assert_padded_b_on_tensor_cores(l: &kfuse::Launched, n: usize, dev: &Device) {
+    let plan = l.plan.as_ref().expect("a GPU launch has a plan");
+    let m = plan.matrix.as_ref().expect("a matrix loop");
+    let want = if dev.target().is_some_and(|t| t.sm == 90) { kfuse::ir::MmaPath::WgmmaTma } else { kfuse::ir::MmaPath::MmaSyncCpAsync };
+    assert_eq!(m.path, want, "{plan}");
+    let note = format!("operand `b` copied to a padded pitch of {} elements: row pitch {} bytes is not a multiple of 16", n.div_ceil(64) * 64, 2 * n);
+    assert_eq!(plan.operand_copies, [note], "{plan}");
+}
+
+/// The padded copy of an operand is made at each launch, never kept: after `b` changes
+/// in place, the next launch (the device's remembered kernel for the same arguments)
+/// reads the new values, and `b` itself is never written.
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn padded_operand_copies_are_never_stale() {
+    let _settings = SettingsLock::take();
+    let dev = common::gpu();
+    let (m, n, k) = (257, 301, 200);
+    let (a, av) = common::random_tensor(&[m, k], DType::BF16, 31, 0.05, &dev);
+    let (mut b, bv) = common::random_tensor(&[k, n], DType::BF16, 32, 0.05, &dev);
+    let (bias, biasv) = common::random_tensor(&[n], DType::BF16, 33, 0.05, &dev);
+    let rows: Vec<usize> = (0..m).collect();
+    let want = |bv: &[f64]| -> Vec<f64> {
+        let mut w = reference_rows(&av, bv, k, n, &rows);
+        for (x, idx) in w.iter_mut().zip(0..) {
+            let v = *x + biasv[idx % n];
+            *x = 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2));
+        }
+        w
+    };
+    for round in 0..3 {
+        let bv_now: Vec<f64> = if round == 0 { bv.clone() } else { vec![round as f64 * 0.25; k * n] };
+        if round > 0 {
+            b.fill(round as f64 * 0.25).unwrap();
+        }
+        let mut out = common::poisoned(&[m, n], DType::BF16, &dev);
+        let l = gemm_bias_gelu(&a, &b, &bias, &mut out).unwrap();
+        assert_padded_b_on_tensor_cores(&l, n, &dev);
+        let e = common::rel_err(&out.to_vec_f64().unwrap(), &want(&bv_now));
+        assert!(e <= 1e-2, "round {round}: relative error {e:.3e}");
+        assert_eq!(b.to_vec_f64().unwrap(), bv_now, "round {round}: `b` changed");
+    }
 }
 
 #[test]
