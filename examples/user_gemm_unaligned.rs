@@ -20,10 +20,12 @@
 //! padded rows (no copy: the kernel alone; the difference is what the copy costs).
 //!
 //! Tensor cores in the SASS: run with a module cache of its own and count the matrix
-//! instructions of the kernels it compiled (`HGMMA` on the H100):
+//! instructions of the kernels it compiled (`HGMMA` on the H100; the second argument
+//! lists the user kernels whatever path they took):
 //!
 //!     KFUSE_CACHE_DIR=/tmp/kc-unaligned cargo run --release --example user_gemm_unaligned
 //!     scripts/gemm-sass.sh /tmp/kc-unaligned
+//!     scripts/gemm-sass.sh /tmp/kc-unaligned kf_gemm_bias
 
 #[path = "../benches/common/mod.rs"]
 mod common;
