@@ -75,15 +75,29 @@ fn user_gemm_with_bias_gelu_epilogue() {
         assert!(matches!(l.backend, Backend::Gpu { .. }), "{:?}", l.backend);
         assert!(e <= 1e-2, "{m}x{n}x{k}: relative error {e:.3e}");
     }
-    // rows of `b` (and of the output) not a multiple of 16 bytes apart: TMA cannot read
-    // them as they lie, so the launch copies `b` to padded rows and the loop runs on the
-    // tensor cores, the output leaving by masked element stores; 600-byte rows, then the
-    // M4095 N4097 K4096 product (8194-byte rows), checked on a sample of rows
-    for &(m, n, k) in &[(64, 300, 64), (4095, 4097, 4096)] {
-        let (l, e) = bias_gelu_error_rows(m, n, k, DType::BF16, &dev, &sample_rows(m));
-        assert!(e <= 1e-2, "{m}x{n}x{k}, unaligned b: relative error {e:.3e}");
-        assert_padded_b_on_tensor_cores(&l, n, &dev);
-    }
+    // rows of `b` (and of the output) 600 bytes apart, not a multiple of 16: TMA cannot
+    // read them as they lie, so the launch copies `b` to padded rows and the loop runs on
+    // the tensor cores, the output leaving by masked element stores
+    let (l, e) = bias_gelu_error(64, 300, 64, DType::BF16, &dev);
+    assert!(e <= 1e-2, "unaligned b (padded copy): relative error {e:.3e}");
+    assert_padded_b_on_tensor_cores(&l, 300, &dev);
+}
+
+/// The user GEMM with its bias + GELU epilogue at M4095 N4097 K4096 (issue 20, item 4):
+/// `b`'s rows and the output's are 8194 bytes apart; the launch copies `b` to rows of
+/// 4160 elements and runs WGMMA (it ran f32 FMAs before), checked on a sample of rows.
+/// (Not under the sanitizers: the size; `user_gemm_with_bias_gelu_epilogue` and
+/// `padded_operand_copies_are_never_stale` run the same kernels on small shapes.)
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn user_gemm_at_m4095_n4097_k4096_on_the_tensor_cores() {
+    let _settings = SettingsLock::take();
+    let dev = common::gpu();
+    let (m, n, k) = (4095, 4097, 4096);
+    let (l, e) = bias_gelu_error_rows(m, n, k, DType::BF16, &dev, &sample_rows(m));
+    assert!(e <= 1e-2, "{m}x{n}x{k}, unaligned b: relative error {e:.3e}");
+    assert_padded_b_on_tensor_cores(&l, n, &dev);
+    assert_eq!(l.build.map(|b| b.local_bytes), Some(0), "spills: {:?}", l.build);
 }
 
 /// `l` ran the matrix loop on the tensor cores (WGMMA on sm_90a, mma.sync elsewhere) on
