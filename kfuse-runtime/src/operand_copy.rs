@@ -30,7 +30,9 @@
 //!
 //! The copy: `cuMemcpy2DAsync` blocks of rows on the device's stream, before the kernel
 //! — one block when the rows lie at one pitch (a 2-D tensor, or a batch whose
-//! dimensions merge), else one a matrix of the batch. The storage comes from the
+//! dimensions merge), else one a matrix of the batch (should the driver refuse a pitch,
+//! `cuMemcpy2DUnaligned` between a drained stream and a synchronized context, slower
+//! but in the stream's order; a `kfuse::launch` debug event says so). The storage comes from the
 //! device's memory pool ([`Tensor::empty`]) and lives for the launch only: it is made
 //! again at each launch (so it never holds stale data) and returns to the pool when the
 //! launch has been queued, which the stream's order makes safe. The launch records each
@@ -287,9 +289,18 @@ pub(crate) fn make(t: &Tensor, layout: &PaddedLayout) -> Result<Tensor> {
                 // storage, the pool block just taken), checked by `PaddedLayout::of`'s
                 // walk of `t`'s shape and strides; the copy is ordered on the stream
                 // before the kernel that reads it and before any later use of the block.
-                unsafe { cudarc::driver::sys::cuMemcpy2DAsync_v2(&p, g.stream.cu_stream()) }
-                    .result()
-                    .map_err(driver(format_args!("copying an operand to padded rows on {}", device.description())))?;
+                if let Err(e) = unsafe { cudarc::driver::sys::cuMemcpy2DAsync_v2(&p, g.stream.cu_stream()) }.result() {
+                    // the driver documents that a device-to-device 2-D copy "may fail for
+                    // pitches not computed by cuMemAllocPitch"; its unaligned variant
+                    // takes any pitch but runs outside the stream: the stream is drained
+                    // before it and the context after it, so the order stays the stream's
+                    tracing::debug!(target: "kfuse::launch", error = %crate::error::driver_error_text(e), "cuMemcpy2DAsync refused an operand copy; cuMemcpy2DUnaligned instead");
+                    let what = format_args!("copying an operand to padded rows on {}", device.description());
+                    g.sync()?;
+                    // SAFETY: as above
+                    unsafe { cudarc::driver::sys::cuMemcpy2DUnaligned_v2(&p) }.result().map_err(driver(&what))?;
+                    g.ctx.synchronize().map_err(driver(&what))?;
+                }
             }
         }
         None => {
