@@ -111,6 +111,43 @@ fn assert_padded_b_on_tensor_cores(l: &kfuse::Launched, n: usize, dev: &Device) 
     assert_eq!(plan.operand_copies, [note], "{plan}");
 }
 
+/// Both operands copied, in the layouts a view gives: `a` a column slice starting one
+/// element into its rows (rows 404 bytes apart, data 2 bytes off a 16-byte boundary),
+/// `b` the transpose of a `[N, K]` tensor (columns 402 bytes apart), copied K-major as
+/// it lies; the product against float64 on every row.
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn unaligned_views_are_copied_as_they_lie() {
+    let _settings = SettingsLock::take();
+    let dev = common::gpu();
+    let (m, n, k) = (130, 150, 201);
+    let (full, fv) = common::random_tensor(&[m, k + 1], DType::BF16, 41, 0.05, &dev);
+    let a = full.narrow(1, 1, k).unwrap();
+    let av: Vec<f64> = (0..m * k).map(|x| fv[(x / k) * (k + 1) + x % k + 1]).collect();
+    let (b, bv) = operand(k, n, DType::BF16, 42, true, &dev);
+    let (bias, biasv) = common::random_tensor(&[n], DType::BF16, 43, 0.05, &dev);
+    let mut out = common::poisoned(&[m, n], DType::BF16, &dev);
+    let l = gemm_bias_gelu(&a, &b, &bias, &mut out).unwrap();
+    let plan = l.plan.as_ref().unwrap();
+    assert_eq!(
+        plan.operand_copies,
+        [
+            "operand `a` copied to a padded pitch of 256 elements: row pitch 404 bytes is not a multiple of 16",
+            "operand `b` copied to a padded pitch of 256 elements: column pitch 402 bytes is not a multiple of 16",
+        ],
+        "{plan}"
+    );
+    assert!(plan.matrix.as_ref().is_some_and(|mp| mp.tensor_cores()), "{plan}");
+    let rows: Vec<usize> = (0..m).collect();
+    let mut want = reference_rows(&av, &bv, k, n, &rows);
+    for (x, idx) in want.iter_mut().zip(0..) {
+        let v = *x + biasv[idx % n];
+        *x = 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2));
+    }
+    let e = common::rel_err(&out.to_vec_f64().unwrap(), &want);
+    assert!(e <= 1e-2, "relative error {e:.3e}");
+}
+
 /// The padded copy of an operand is made at each launch, never kept: after `b` changes
 /// in place, the next launch (the device's remembered kernel for the same arguments)
 /// reads the new values, and `b` itself is never written.
