@@ -1130,7 +1130,7 @@ fn with_copies<'a>(args: &'a mut [Arg<'_>], copies: &[OperandCopy], made: &'a [T
         .enumerate()
         .map(|(i, a)| match a {
             Arg::In(t) => Arg::In(copies.iter().position(|c| c.param == i).map_or(&**t, |j| &made[j])),
-            Arg::Out(t) => Arg::Out(&mut **t),
+            Arg::Out(t) => Arg::Out(t),
             Arg::Scalar(s) => Arg::Scalar(*s),
         })
         .collect()

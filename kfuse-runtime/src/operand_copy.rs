@@ -196,7 +196,7 @@ pub struct OperandCopy {
 fn readable<T: TensorFacts>(t: &T, esz: usize) -> bool {
     let st = t.strides();
     let Some(unit) = (0..st.len()).rev().find(|&d| st[d] == 1) else { return false };
-    t.address() % 16 == 0 && (0..st.len()).all(|d| d == unit || (st[d].unsigned_abs() * esz) % 16 == 0)
+    t.address() & 15 == 0 && (0..st.len()).all(|d| d == unit || (st[d].unsigned_abs() * esz) & 15 == 0)
 }
 
 /// Why TMA cannot read the tensor as it lies, in its own numbers.
@@ -205,7 +205,7 @@ fn why<T: TensorFacts>(t: &T, esz: usize, unit: usize) -> String {
     let r = st.len();
     for d in (0..r).rev().filter(|&d| d != unit) {
         let bytes = st[d].unsigned_abs() * esz;
-        if bytes % 16 != 0 {
+        if bytes & 15 != 0 {
             return match (r, unit) {
                 (2, 1) => format!("row pitch {bytes} bytes is not a multiple of 16"),
                 (2, _) => format!("column pitch {bytes} bytes is not a multiple of 16"),
@@ -213,7 +213,7 @@ fn why<T: TensorFacts>(t: &T, esz: usize, unit: usize) -> String {
             };
         }
     }
-    format!("its data starts {} bytes past a 16-byte boundary", t.address() % 16)
+    format!("its data starts {} bytes past a 16-byte boundary", t.address() & 15)
 }
 
 /// The operands of `m` (a kernel's matrix loop) among `args` that a GPU launch on
