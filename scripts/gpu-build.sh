@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # First half of the GPU round trip, on a machine without a GPU: builds the GPU test
-# binaries, the benchmarks (memory, rows, gemm, gemm_criterion) and the quickstart
-# example in release mode, strips them and collects them with the host script in .gpu/
-# (git-ignored; carry it to the GPU host). Built with `--cfg kfuse_gpu`: the GPU-only
+# binaries, the benchmarks (memory, rows, gemm, gemm_criterion), the quickstart
+# example and the GEMM examples (user_gemm_unaligned: a user GEMM at M4095 N4097 K4096
+# beside ops::gemm) in release mode, strips them and collects them with the host script
+# in .gpu/ (git-ignored; carry it to the GPU host). Built with `--cfg kfuse_gpu`: the GPU-only
 # tests, ignored in an ordinary build (CI counts them as skipped), run in these binaries
 # and fail where no GPU is found.
 set -euo pipefail
@@ -28,7 +29,7 @@ for n, k, path in arts:
   cargo test --release --no-run --message-format=json --test gpu --test errors --test user_kernels --test rope --test rows --test gpu_gemm --test gpu_gemm_f32 --test gpu_gemm_tf32 --test gpu_gemm_swiglu --test gpu_gemm_fp8 --test gpu_gemm_ex --test gemm_grouped --test autotune --test loops --test masks --test attention --test interpreter_tiles --test large_tensors
   cargo test --release --no-run --message-format=json -p kfuse-runtime --lib --test gpu_runtime --test vendor_fp8 --test compile_once --test memory_pool
   cargo bench --no-run --message-format=json --bench memory --bench rows --bench gemm --bench gemm_grouped --bench gemm_criterion --bench epilogue --bench attention
-  cargo build --release --message-format=json --example quickstart --example gemm_sustained --example launch_host --example cold_start
+  cargo build --release --message-format=json --example quickstart --example gemm_sustained --example launch_host --example cold_start --example user_gemm_unaligned
 } 2>/dev/null | collect | while read -r name path; do
   cp "$path" ".gpu/bin/$name"
 done

@@ -6,7 +6,7 @@
 # last.
 #   usage: .gpu/gpu-run.sh [LOG_DIR] [--no-bench] [--sanitize] [--gemm]
 #   --sanitize: also .gpu/sanitize.sh (compute-sanitizer memcheck and racecheck, < 10 min)
-#   --gemm: only the GEMM benchmark (no tests, no other benchmark)
+#   --gemm: only the GEMM benchmark and the unaligned user GEMM (no tests, no other benchmark)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${1:-$PWD/gpu-logs}"; shift || true
@@ -31,8 +31,16 @@ gemm_bench() { # the GEMM benchmark beside cuBLAS; one summary row
   local rc=$?
   rows+=("bench gemm: rc=$rc $(grep -m1 '^gemm summary:' "$logs/bench-gemm.log" | sed 's/^gemm summary: //')")
 }
+user_gemm_unaligned() { # a user GEMM at M4095 N4097 K4096 (padded operand copy) beside ops::gemm
+  local bin="$here/bin/user_gemm_unaligned"
+  if [ ! -x "$bin" ]; then rows+=("user gemm unaligned: MISSING"); return; fi
+  "$bin" > "$logs/user-gemm-unaligned.log" 2>&1
+  local rc=$?
+  rows+=("user gemm unaligned: rc=$rc $(grep -m1 '^user_gemm_unaligned summary:' "$logs/user-gemm-unaligned.log" | sed 's/^user_gemm_unaligned summary: //')")
+}
 if [ "$gemm_only" = 1 ]; then
   gemm_bench
+  user_gemm_unaligned
   echo "=== device: $(cat "$logs/device.txt")"
   [ -f "$logs/gemm.md" ] && cat "$logs/gemm.md"
   printf '%s\n' "${rows[@]}"
@@ -72,6 +80,7 @@ if [ "$bench" = 1 ]; then
   python3 "$here/compare_rows.py" "$logs" > "$logs/compare-rows.log" 2>&1
   rows+=("compare rows: rc=$?")
   gemm_bench
+  user_gemm_unaligned
 fi
 echo "=== device: $(cat "$logs/device.txt")"
 [ -f "$logs/bench.md" ] && cat "$logs/bench.md"

@@ -46,7 +46,7 @@ fi
 # Left out, with the reason:
 # - the float64-reference sweeps over shapes up to 4095x4097x4095 (`*_against_float64`
 #   but the batched one, `grouped_products_on_the_gpu`, gpu_gemm's wide-tile, split-K
-#   and multicast tests): their kernels are those of the poisoned-output tests that do
+#   and multicast tests, `user_gemm_at_m4095_n4097_k4096_on_the_tensor_cores`): their kernels are those of the poisoned-output tests that do
 #   run, which write every element of odd, edge-cut shapes, at sizes whose sanitized
 #   runs (and host references) take minutes;
 # - rows' `three_stages` and `deterministic` (2^22- and 2^24-element reductions: the
@@ -69,8 +69,8 @@ plan=(
   "rows|m|--skip three_stages --skip deterministic|softmax, log_softmax, RMSNorm, LayerNorm, sums and other row and whole-tensor reductions, long rows, clusters"
   "rows|r|--skip three_stages --skip deterministic --skip long_rows|the same but the long-row tests"
   "rope|mr|--skip cuda_snapshots --skip structure --skip compiles|RoPE"
-  "gpu_gemm|m|--exact gemm_kernel_runs_on_the_gpu_into_a_poisoned_output user_gemm_with_bias_gelu_epilogue gemm_with_a_split_last_wave|bf16/f16 GEMM (WGMMA + TMA), fused bias + GELU, the f32 FMA path, the opt-in last-wave split"
-  "gpu_gemm|r|--exact gemm_kernel_runs_on_the_gpu_into_a_poisoned_output user_gemm_with_bias_gelu_epilogue|the same but the last-wave split"
+  "gpu_gemm|m|--exact gemm_kernel_runs_on_the_gpu_into_a_poisoned_output user_gemm_with_bias_gelu_epilogue padded_operand_copies_are_never_stale unaligned_views_are_copied_as_they_lie gemm_with_a_split_last_wave|bf16/f16 GEMM (WGMMA + TMA), fused bias + GELU, unaligned operands on padded copies, the opt-in last-wave split"
+  "gpu_gemm|r|--exact gemm_kernel_runs_on_the_gpu_into_a_poisoned_output user_gemm_with_bias_gelu_epilogue padded_operand_copies_are_never_stale unaligned_views_are_copied_as_they_lie|the same but the last-wave split"
   "gpu_gemm_f32|mr|--exact f32_user_gemm_with_bias_gelu_epilogue f32_gemm_reads_unaligned_strided_operands f32_gemm_ex_and_batched|f32 GEMM, gemm_ex, batched"
   "gpu_gemm_tf32|mr|--exact tf32_kernel_writes_every_element_of_a_poisoned_output tf32_gemm_ex_options_and_batched|tf32 GEMM, gemm_ex, batched"
   "gpu_gemm_fp8|mr|--exact fp8_kernel_writes_every_element_of_a_poisoned_output|fp8 GEMM"

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::gemm::{bias_gelu_error, operand, reference_rows, sample_rows, within, Outcomes};
+use common::gemm::{bias_gelu_error, bias_gelu_error_rows, gemm_bias_gelu, operand, reference_rows, sample_rows, within, Outcomes};
 use common::isolation::SettingsLock;
 
 use kfuse::prelude::*;
@@ -75,10 +75,112 @@ fn user_gemm_with_bias_gelu_epilogue() {
         assert!(matches!(l.backend, Backend::Gpu { .. }), "{:?}", l.backend);
         assert!(e <= 1e-2, "{m}x{n}x{k}: relative error {e:.3e}");
     }
-    // rows of `b` 600 bytes apart: TMA cannot read them, so the user kernel takes the
-    // exact f32 FMA path (`kfuse::ops::gemm` would make an aligned copy instead)
-    let (_, e) = bias_gelu_error(64, 300, 64, DType::BF16, &dev);
-    assert!(e <= 1e-2, "unaligned b (FMA path): relative error {e:.3e}");
+    // rows of `b` (and of the output) 600 bytes apart, not a multiple of 16: TMA cannot
+    // read them as they lie, so the launch copies `b` to padded rows and the loop runs on
+    // the tensor cores, the output leaving by masked element stores
+    let (l, e) = bias_gelu_error(64, 300, 64, DType::BF16, &dev);
+    assert!(e <= 1e-2, "unaligned b (padded copy): relative error {e:.3e}");
+    assert_padded_b_on_tensor_cores(&l, 300, &dev);
+}
+
+/// The user GEMM with its bias + GELU epilogue at M4095 N4097 K4096 (issue 20, item 4):
+/// `b`'s rows and the output's are 8194 bytes apart; the launch copies `b` to rows of
+/// 4160 elements and runs WGMMA (it ran f32 FMAs before), checked on a sample of rows.
+/// (Not under the sanitizers: the size; `user_gemm_with_bias_gelu_epilogue` and
+/// `padded_operand_copies_are_never_stale` run the same kernels on small shapes.)
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn user_gemm_at_m4095_n4097_k4096_on_the_tensor_cores() {
+    let _settings = SettingsLock::take();
+    let dev = common::gpu();
+    let (m, n, k) = (4095, 4097, 4096);
+    let (l, e) = bias_gelu_error_rows(m, n, k, DType::BF16, &dev, &sample_rows(m));
+    assert!(e <= 1e-2, "{m}x{n}x{k}, unaligned b: relative error {e:.3e}");
+    assert_padded_b_on_tensor_cores(&l, n, &dev);
+    assert_eq!(l.build.map(|b| b.local_bytes), Some(0), "spills: {:?}", l.build);
+}
+
+/// `l` ran the matrix loop on the tensor cores (WGMMA on sm_90a, mma.sync elsewhere) on
+/// a copy of `b` padded to whole 128-byte lines (`b`: `[K, n]` bf16 rows), and says so.
+fn assert_padded_b_on_tensor_cores(l: &kfuse::Launched, n: usize, dev: &Device) {
+    let plan = l.plan.as_ref().expect("a GPU launch has a plan");
+    let m = plan.matrix.as_ref().expect("a matrix loop");
+    let want = if dev.target().is_some_and(|t| t.sm == 90) { kfuse::ir::MmaPath::WgmmaTma } else { kfuse::ir::MmaPath::MmaSyncCpAsync };
+    assert_eq!(m.path, want, "{plan}");
+    let note = format!("operand `b` copied to a padded pitch of {} elements: row pitch {} bytes is not a multiple of 16", n.div_ceil(64) * 64, 2 * n);
+    assert_eq!(plan.operand_copies, [note], "{plan}");
+}
+
+/// Both operands copied, in the layouts a view gives: `a` a column slice starting one
+/// element into its rows (rows 404 bytes apart, data 2 bytes off a 16-byte boundary),
+/// `b` the transpose of a `[N, K]` tensor (columns 402 bytes apart), copied K-major as
+/// it lies; the product against float64 on every row.
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn unaligned_views_are_copied_as_they_lie() {
+    let _settings = SettingsLock::take();
+    let dev = common::gpu();
+    let (m, n, k) = (130, 150, 201);
+    let (full, fv) = common::random_tensor(&[m, k + 1], DType::BF16, 41, 0.05, &dev);
+    let a = full.narrow(1, 1, k).unwrap();
+    let av: Vec<f64> = (0..m * k).map(|x| fv[(x / k) * (k + 1) + x % k + 1]).collect();
+    let (b, bv) = operand(k, n, DType::BF16, 42, true, &dev);
+    let (bias, biasv) = common::random_tensor(&[n], DType::BF16, 43, 0.05, &dev);
+    let mut out = common::poisoned(&[m, n], DType::BF16, &dev);
+    let l = gemm_bias_gelu(&a, &b, &bias, &mut out).unwrap();
+    let plan = l.plan.as_ref().unwrap();
+    assert_eq!(
+        plan.operand_copies,
+        [
+            "operand `a` copied to a padded pitch of 256 elements: row pitch 404 bytes is not a multiple of 16",
+            "operand `b` copied to a padded pitch of 256 elements: column pitch 402 bytes is not a multiple of 16",
+        ],
+        "{plan}"
+    );
+    assert!(plan.matrix.as_ref().is_some_and(|mp| mp.tensor_cores()), "{plan}");
+    let rows: Vec<usize> = (0..m).collect();
+    let mut want = reference_rows(&av, &bv, k, n, &rows);
+    for (x, idx) in want.iter_mut().zip(0..) {
+        let v = *x + biasv[idx % n];
+        *x = 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2));
+    }
+    let e = common::rel_err(&out.to_vec_f64().unwrap(), &want);
+    assert!(e <= 1e-2, "relative error {e:.3e}");
+}
+
+/// The padded copy of an operand is made at each launch, never kept: after `b` changes
+/// in place, the next launch (the device's remembered kernel for the same arguments)
+/// reads the new values, and `b` itself is never written.
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn padded_operand_copies_are_never_stale() {
+    let _settings = SettingsLock::take();
+    let dev = common::gpu();
+    let (m, n, k) = (257, 301, 200);
+    let (a, av) = common::random_tensor(&[m, k], DType::BF16, 31, 0.05, &dev);
+    let (mut b, bv) = common::random_tensor(&[k, n], DType::BF16, 32, 0.05, &dev);
+    let (bias, biasv) = common::random_tensor(&[n], DType::BF16, 33, 0.05, &dev);
+    let rows: Vec<usize> = (0..m).collect();
+    let want = |bv: &[f64]| -> Vec<f64> {
+        let mut w = reference_rows(&av, bv, k, n, &rows);
+        for (x, idx) in w.iter_mut().zip(0..) {
+            let v = *x + biasv[idx % n];
+            *x = 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2));
+        }
+        w
+    };
+    for round in 0..3 {
+        let bv_now: Vec<f64> = if round == 0 { bv.clone() } else { vec![round as f64 * 0.25; k * n] };
+        if round > 0 {
+            b.fill(round as f64 * 0.25).unwrap();
+        }
+        let mut out = common::poisoned(&[m, n], DType::BF16, &dev);
+        let l = gemm_bias_gelu(&a, &b, &bias, &mut out).unwrap();
+        assert_padded_b_on_tensor_cores(&l, n, &dev);
+        let e = common::rel_err(&out.to_vec_f64().unwrap(), &want(&bv_now));
+        assert!(e <= 1e-2, "round {round}: relative error {e:.3e}");
+        assert_eq!(b.to_vec_f64().unwrap(), bv_now, "round {round}: `b` changed");
+    }
 }
 
 #[test]

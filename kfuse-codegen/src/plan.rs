@@ -73,6 +73,14 @@ pub struct Plan {
     /// Local memory a thread in bytes (spills: kfuse's kernels have no other), with
     /// [`Plan::registers`].
     pub local_bytes: Option<u32>,
+    /// Tensor arguments the launch copied before running the kernel, and why: a
+    /// read-only operand of the matrix loop whose rows TMA (or `cp.async`) cannot read
+    /// as they lie, copied to rows padded to whole 128-byte lines (`operand `b` copied to
+    /// a padded pitch of 4160 elements: row pitch 8194 bytes is not a multiple of 16`).
+    /// Filled in by the runtime (a launch's `Launched::plan`, `kfuse::explain`,
+    /// `kfuse::runtime::emit`); empty from codegen, which compiles for the tensors it is
+    /// given.
+    pub operand_copies: Vec<String>,
 }
 
 /// The pipelined `dot` loop of a [`Plan`] (`kfuse_ir::MmaPlan`, in a reader's terms).
@@ -164,6 +172,7 @@ impl Plan {
             register_attempt: s.register_attempt,
             registers: None,
             local_bytes: None,
+            operand_copies: Vec::new(),
         }
     }
 
@@ -182,6 +191,9 @@ impl Plan {
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "plan of {} for {}", self.kernel, self.arch)?;
+        for c in &self.operand_copies {
+            writeln!(f, "  {c}")?;
+        }
         match (&self.matrix, &self.dots_one_by_one) {
             (Some(m), _) => {
                 writeln!(f, "  matrix path: {}", m.path_name())?;

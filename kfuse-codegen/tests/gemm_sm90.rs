@@ -83,3 +83,33 @@ fn unaligned_rows_fall_back_to_fma() {
     let e = compile(&k, &s, &Target::sm90a()).unwrap();
     assert!(e.ir.contains("mma FmaSimt") && e.source.contains("fmaf(") && !e.source.contains("wgmma"), "{}", e.ir);
 }
+
+#[test]
+fn matrix_operands_say_when_readable_operands_reach_the_tensor_cores() {
+    use kfuse_codegen::passes::select_mma_path::{matrix_operands, tensor_obstacle};
+    let k = gemm_kernel(DType::BF16, false, false, true);
+    let m = matrix_operands(&k).expect("a matrix loop");
+    assert_eq!(m.params.iter().map(|p| k.param(*p).name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+    assert!(m.tensor_core_dtype() && m.dots == 1);
+    let mut s = spec(&k, [4096, 4097, 4096]);
+    // as the arguments lie: `b`'s rows 8194 bytes apart, which TMA cannot read
+    s.tensors[1] = Some(TensorSpec { ptr_align: 16, stride_div: vec![1, 0] });
+    assert_eq!(tensor_obstacle("b", 2, s.tensors[1].as_ref().unwrap()).as_deref(), Some("the stride of `b` along dimension 0 is not a multiple of 16 bytes"));
+    for t in [Target::sm90a(), Target::sm80()] {
+        assert!(!m.tensor_cores(&s, &t), "{}", t.arch());
+    }
+    // on a copy padded to 4160 elements: WGMMA on sm_90a, mma.sync on sm_80, as compiled
+    s.tensors[1] = Some(TensorSpec { ptr_align: 16, stride_div: vec![16, 0] });
+    for (t, path) in [(Target::sm90a(), "mma WgmmaTma"), (Target::sm80(), "mma MmaSyncCpAsync")] {
+        assert!(m.tensor_cores(&s, &t), "{}", t.arch());
+        assert!(compile(&k, &s, &t).unwrap().ir.contains(path));
+    }
+    // f32 operands of `dot`: exact FMAs whatever the layout
+    let f = matrix_operands(&gemm_kernel(DType::F32, false, false, false)).unwrap();
+    assert!(!f.tensor_core_dtype() && !f.tensor_cores(&s, &Target::sm90a()));
+    // TF32 reads on sm_90a only
+    let t = matrix_operands(&common::gemm_kernel_tf32(DType::F32, false, true)).unwrap();
+    let mut st = s.clone();
+    st.tensors[1] = Some(TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
+    assert!(t.tensor_cores(&st, &Target::sm90a()) && !t.tensor_cores(&st, &Target::sm80()));
+}

@@ -71,11 +71,11 @@ pub struct Explain {
 /// }
 /// ```
 pub fn explain(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<Explain> {
-    let (built, spec) = planned_descs(def, args, target)?;
-    let kernel = &built.0;
+    let planned = planned_descs(def, args, target)?;
+    let (kernel, spec) = (&planned.built.0, &planned.spec);
     // each attempt compiled and assembled once: the last one assembled is kept
     let mut last = None;
-    let emitted = kfuse_codegen::compile_with_fallbacks(kernel, &spec, target, |e| -> Result<bool> {
+    let emitted = kfuse_codegen::compile_with_fallbacks(kernel, spec, target, |e| -> Result<bool> {
         Ok(assembled(&mut last, e)?.info.stack_frame_bytes > 0)
     })?;
     assembled(&mut last, &emitted)?;
@@ -88,7 +88,7 @@ pub fn explain(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<Exp
         kernel: def.name.to_string(),
         args: args.to_vec(),
         arch: emitted.arch.clone(),
-        plan: emitted.plan.assembled(info.registers, info.stack_frame_bytes),
+        plan: Plan { operand_copies: planned.notes(), ..emitted.plan.assembled(info.registers, info.stack_frame_bytes) },
         ir: emitted.ir,
         cuda: emitted.source,
         ptx,
@@ -130,9 +130,9 @@ fn assembled<'a>(last: &'a mut Option<(String, String, Assembly)>, e: &kfuse_cod
 /// # }
 /// ```
 pub fn roofline(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<Roofline> {
-    let (built, spec) = planned_descs(def, args, target)?;
-    let kernel = &built.0;
-    let scheduled = kfuse_codegen::schedule(kernel, &spec, target)?;
+    let planned = planned_descs(def, args, target)?;
+    let kernel = &planned.built.0;
+    let scheduled = kfuse_codegen::schedule(kernel, &planned.spec, target)?;
     let shapes = desc_shapes(kernel, args)?;
     Roofline::count(kernel, &shapes, scheduled.schedule.mma.as_ref().map(|m| m.path), target)
 }

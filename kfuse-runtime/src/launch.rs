@@ -19,7 +19,11 @@
 //! 4. on CPU tensors, run the IR interpreter ([`Backend::Interpreter`]) with the tile
 //!    sizes of `KFUSE_TILES` (16 for the others); [`launch_interpreter`] runs it with
 //!    tiles given instead, e.g. those a GPU would use ([`gpu_plan_tiles`]);
-//! 5. on GPU tensors, take the kernel this device launched last for arguments of the
+//! 5. on GPU tensors, first copy any read-only operand of the kernel's matrix loop that
+//!    TMA cannot read as it lies (rows not a multiple of 16 bytes apart, unaligned data)
+//!    to rows padded to 128-byte lines, when that brings the loop onto the tensor cores,
+//!    and run the rest of this step on the copies ([`crate::operand_copy`]; the plan lists
+//!    them); then take the kernel this device launched last for arguments of the
 //!    same signature under the same settings (`LaunchSig`: dtypes, alignment, sizes and
 //!    stride classes, which the spec is a function of), else compute the [`Spec`] (with
 //!    the tile choices codegen makes from the
@@ -51,10 +55,12 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use kfuse_codegen::passes::select_mma_path::{matrix_operands, MatrixOperands};
 use kfuse_codegen::{EmittedKernel, KernelParam, Spec, Target, TensorSpec};
 use kfuse_ir::{DType, DTypeSig, Kernel, KernelDef, ParamSig};
 
 use crate::cache::{CacheOutcome, LoadedKernel, ModuleKey};
+use crate::operand_copy::OperandCopy;
 use crate::device::Device;
 use crate::error::{driver, Error, Result};
 use crate::tensor::Tensor;
@@ -235,7 +241,7 @@ impl From<&Arg<'_>> for ArgDesc {
 
 /// What the checks and the specialization read of a tensor argument: a [`Tensor`] or a
 /// [`TensorDesc`].
-trait TensorFacts {
+pub(crate) trait TensorFacts {
     fn dtype(&self) -> DType;
     fn shape(&self) -> &[usize];
     fn strides(&self) -> &[isize];
@@ -275,7 +281,7 @@ impl TensorFacts for TensorDesc {
 
 /// An argument as the signature checks ([`check_signature`]) and the specialization
 /// ([`gpu_spec`]) see it: a launch's [`Arg`] or an [`ArgDesc`] of [`emit`].
-trait ArgFacts {
+pub(crate) trait ArgFacts {
     type T: TensorFacts;
     /// The tensor of a tensor argument.
     fn tensor(&self) -> Option<&Self::T>;
@@ -397,8 +403,11 @@ pub struct Launched {
     /// For a GPU launch: the plan of the kernel that ran — matrix path and why, tiles,
     /// stages, warps and warpgroups, cluster, persistence, shared memory, and the
     /// registers and local memory (spills) the driver's assembler gave it. Built once
-    /// when the kernel is loaded and shared by its launches (a launch clones the `Arc`).
-    /// `None` otherwise. [`crate::explain()`] gives the same without a GPU.
+    /// when the kernel is loaded and shared by its launches (a launch clones the `Arc`),
+    /// except that a launch which copied matrix operands to padded rows first
+    /// ([`crate::operand_copy`]) gets its own copy of it with those copies listed
+    /// (`Plan::operand_copies`). `None` otherwise. [`crate::explain()`] gives the same
+    /// without a GPU.
     ///
     /// ```no_run
     /// # fn main() -> kfuse_runtime::Result<()> {
@@ -440,7 +449,7 @@ struct PDesc<'s> {
     kind: PKind<'s>,
 }
 
-enum PKind<'s> {
+pub(crate) enum PKind<'s> {
     Tensor { dtype: DTypeSig, dims: std::borrow::Cow<'s, [&'s str]>, output: bool },
     Scalar(DType),
 }
@@ -718,11 +727,20 @@ fn shapes_of<A: ArgFacts>(kernel: &Kernel, args: &[A]) -> Result<Vec<u64>> {
 }
 
 /// The largest power of two ≤ 16 dividing `x` (16 for 0).
-fn pow2_div(x: u64) -> u32 {
+pub(crate) fn pow2_div(x: u64) -> u32 {
     if x == 0 {
         16
     } else {
         (1u64 << x.trailing_zeros().min(4)) as u32
+    }
+}
+
+/// The [`TensorSpec`] of a tensor argument: the alignment of element 0's address and the
+/// divisibility of each stride (0 for a unit stride).
+pub(crate) fn tensor_spec<T: TensorFacts>(t: &T) -> TensorSpec {
+    TensorSpec {
+        ptr_align: pow2_div(t.address()),
+        stride_div: t.strides().iter().map(|&s| if s == 1 { 0 } else { pow2_div(s.unsigned_abs() as u64) }).collect(),
     }
 }
 
@@ -741,10 +759,7 @@ fn spec_with_shapes<A: ArgFacts>(kernel: &Kernel, args: &[A], vals: &[u64]) -> R
         .iter()
         .zip(args)
         .map(|(p, a)| match a.tensor() {
-            Some(t) if p.is_tensor() => Some(TensorSpec {
-                ptr_align: pow2_div(t.address()),
-                stride_div: t.strides().iter().map(|&s| if s == 1 { 0 } else { pow2_div(s.unsigned_abs() as u64) }).collect(),
-            }),
+            Some(t) if p.is_tensor() => Some(tensor_spec(t)),
             _ => None,
         })
         .collect();
@@ -765,9 +780,14 @@ fn spec_with_shapes<A: ArgFacts>(kernel: &Kernel, args: &[A], vals: &[u64]) -> R
 /// The [`Spec`] a GPU launch of `kernel` on `args` compiles for `target` (before
 /// autotuning): [`spec_for`]'s facts with `KFUSE_TILES`, plus the tile choices codegen
 /// makes from the exact shape (`choose_tiles::exact_shape_tiles`, in the spec so that the
-/// cache keys on them; explicit `KFUSE_TILES` entries win).
-fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], target: &Target) -> Result<Spec> {
+/// cache keys on them; explicit `KFUSE_TILES` entries win). `copies`: the arguments a
+/// launch copies to padded rows first ([`crate::operand_copy`]), whose facts are the
+/// copies'.
+fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], target: &Target, copies: &[OperandCopy]) -> Result<Spec> {
     let mut spec = spec_with_shapes(kernel, args, shapes)?;
+    for c in copies {
+        spec.tensors[c.param] = Some(c.layout.spec());
+    }
     for (name, v) in kfuse_codegen::passes::choose_tiles::exact_shape_tiles(kernel, &spec, shapes, target) {
         spec.tiles.entry(name).or_insert(v);
     }
@@ -786,12 +806,13 @@ fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], target: &T
 /// may pick instead on a GPU (tuned tiles are measured there), and non-tile overrides
 /// (`SPLITK`, `MCAST`, …), which are no tile symbols. Errors: those of [`launch`]'s
 /// checks, an unparsable `KFUSE_TILES`, and codegen's refusals (a target below sm_80, an
-/// override that is not a power of two) as [`Error::Codegen`].
+/// override that is not a power of two) as [`Error::Codegen`]. A matrix operand a GPU
+/// launch would copy to padded rows ([`crate::operand_copy`]) counts as that copy.
 ///
 /// [`launch_interpreter`]'s example runs a kernel with these tiles.
 pub fn gpu_plan_tiles(def: &KernelDef, args: &[Arg<'_>], target: &Target) -> Result<std::collections::BTreeMap<String, u32>> {
     check(def.name, def.generics, &def_params(def), args)?;
-    let (built, spec) = planned(def, args, target)?;
+    let Planned { built, spec, .. } = planned(def, args, target)?;
     let k = kfuse_codegen::schedule(&built.0, &spec, target)?;
     Ok(k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect())
 }
@@ -800,20 +821,48 @@ pub fn gpu_plan_tiles(def: &KernelDef, args: &[Arg<'_>], target: &Target) -> Res
 /// [`launch`], before autotuning): alignment, strides and shapes of the arguments, the
 /// tile and thread settings in force, and the tiles codegen chooses from the exact
 /// shape. The arguments may live on the CPU or a GPU; errors are those of [`launch`]'s
-/// checks. With [`emit_for`], what [`emit`] gives for [`ArgDesc`]s of these tensors.
+/// checks. With [`emit_for`], what [`emit`] gives for [`ArgDesc`]s of these tensors. A
+/// matrix operand the launch would copy to padded rows ([`crate::operand_copy`]) has
+/// the copy's facts here (16-byte aligned, rows of whole 128-byte lines), as in the
+/// kernel the launch compiles; [`spec_for`] gives the arguments' own.
 pub fn launch_spec(def: &KernelDef, args: &[Arg<'_>], target: &Target) -> Result<Spec> {
     check(def.name, def.generics, &def_params(def), args)?;
-    Ok(planned(def, args, target)?.1)
+    Ok(planned(def, args, target)?.spec)
 }
 
-/// The IR of `def` for the dtypes of `args` and the [`Spec`] of a GPU launch on them
-/// ([`gpu_spec`]), for arguments that passed [`check_signature`].
-fn planned<A: ArgFacts>(def: &KernelDef, args: &[A], target: &Target) -> Result<(Arc<(Kernel, kfuse_ir::grid::Grid)>, Spec)> {
+/// A kernel's IR for one set of dtypes, with what launches read of it: its grid and the
+/// operands of its matrix loop (`kfuse_codegen`'s `matrix_operands`, `None` without
+/// one). Built once per process ([`built_ir`]).
+pub(crate) type BuiltIr = Arc<(Kernel, kfuse_ir::grid::Grid, Option<MatrixOperands>)>;
+
+/// What a GPU launch on given arguments compiles: the IR ([`built_ir`]), the [`Spec`]
+/// ([`gpu_spec`]) and the operands it copies to padded rows first.
+pub(crate) struct Planned {
+    pub(crate) built: BuiltIr,
+    pub(crate) spec: Spec,
+    pub(crate) copies: Vec<OperandCopy>,
+}
+
+impl Planned {
+    /// The copies' lines for a plan (`Plan::operand_copies`).
+    pub(crate) fn notes(&self) -> Vec<String> {
+        self.copies.iter().map(|c| c.note.clone()).collect()
+    }
+}
+
+/// The IR of `def` for the dtypes of `args`, the [`Spec`] of a GPU launch on them for
+/// `target` ([`gpu_spec`]) and the operands it copies ([`crate::operand_copy::wanted`]),
+/// for arguments that passed [`check_signature`].
+fn planned<A: ArgFacts>(def: &KernelDef, args: &[A], target: &Target) -> Result<Planned> {
     let dtypes = check_signature(def.name, def.generics, &def_params(def), args)?;
     let built = built_ir(def, &dtypes)?;
     let shapes = shapes_of(&built.0, args)?;
-    let spec = gpu_spec(&built.0, args, &shapes, target)?;
-    Ok((built, spec))
+    let copies = match &built.2 {
+        Some(m) => crate::operand_copy::wanted(m, &built.0, args, || Ok(target.clone()))?,
+        None => Vec::new(),
+    };
+    let spec = gpu_spec(&built.0, args, &shapes, target, &copies)?;
+    Ok(Planned { built, spec, copies })
 }
 
 /// What a GPU launch of `def` on tensors described by `args` compiles for `target`: the
@@ -836,7 +885,10 @@ fn planned<A: ArgFacts>(def: &KernelDef, args: &[A], target: &Target) -> Result<
 /// [`Error::ShapeMismatch`]), as is a kernel the target cannot run ([`Error::Codegen`]).
 /// Not included: tiles `KFUSE_AUTOTUNE=1` would measure on a GPU, and the later
 /// register-room attempt a GPU launch takes when the driver reports that the first
-/// one spills (`EmittedKernel::register_attempt`).
+/// one spills (`EmittedKernel::register_attempt`). A matrix operand the launch would
+/// copy to padded rows first ([`crate::operand_copy`]: a tensor TMA cannot read as it
+/// lies, such as a bf16 `[K, 4097]` matrix) is compiled for as that copy, and the plan
+/// says so (`EmittedKernel::plan`'s `operand_copies`).
 ///
 /// ```
 /// use kfuse_codegen::{EmittedKernel, Target};
@@ -850,8 +902,10 @@ fn planned<A: ArgFacts>(def: &KernelDef, args: &[A], target: &Target) -> Result<
 /// }
 /// ```
 pub fn emit(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<EmittedKernel> {
-    let (built, spec) = planned_descs(def, args, target)?;
-    Ok(kfuse_codegen::compile(&built.0, &spec, target)?)
+    let planned = planned_descs(def, args, target)?;
+    let mut e = kfuse_codegen::compile(&planned.built.0, &planned.spec, target)?;
+    e.plan.operand_copies = planned.notes();
+    Ok(e)
 }
 
 /// [`shape_values`] of [`ArgDesc`]s.
@@ -861,7 +915,7 @@ pub(crate) fn desc_shapes(kernel: &Kernel, args: &[ArgDesc]) -> Result<Vec<u64>>
 
 /// [`planned`] for [`ArgDesc`]s, whose strides are checked against their shapes first:
 /// what [`emit`] and [`crate::explain()`] compile.
-pub(crate) fn planned_descs(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<(Arc<(Kernel, kfuse_ir::grid::Grid)>, Spec)> {
+pub(crate) fn planned_descs(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<Planned> {
     for (p, a) in def.params.iter().zip(args) {
         if let ArgDesc::Tensor(t) = a {
             if t.strides.len() != t.shape.len() {
@@ -1018,7 +1072,6 @@ pub fn launch_interpreter(def: &KernelDef, args: &mut [Arg<'_>], tiles: &std::co
 
 /// [`launch`], or with `interp_tiles` [`launch_interpreter`].
 fn launch_with(def: &KernelDef, args: &mut [Arg<'_>], interp_tiles: Option<&std::collections::BTreeMap<String, u32>>) -> Result<Launched> {
-    let args: &[Arg<'_>] = args;
     let checked = check(def.name, def.generics, &def_params(def), args)?;
     if interp_tiles.is_some() && checked.device.as_ref().is_some_and(|d| d.is_gpu()) {
         return Err(Error::InvalidArgument(format!(
@@ -1035,56 +1088,93 @@ fn launch_with(def: &KernelDef, args: &mut [Arg<'_>], interp_tiles: Option<&std:
         launched.skipped_empty = true;
         return Ok(launched);
     }
-    match checked.device.as_ref().and_then(|d| d.gpu_ref().map(|_| d)) {
-        None => {
-            let traced = tracing::enabled!(target: "kfuse::launch", tracing::Level::TRACE).then(std::time::Instant::now);
-            match interp_tiles {
-                Some(tiles) => run_interpreter(kernel, args, tiles)?,
-                None => run_interpreter(kernel, args, crate::settings::current().tiles()?)?,
-            }
-            if let Some(t) = traced {
-                tracing::trace!(target: "kfuse::launch", kernel = %def.name, elapsed_ms = crate::build_times::ms(t.elapsed()), "interpreter run");
-            }
+    let Some(device) = checked.device.as_ref().filter(|d| d.is_gpu()) else {
+        let traced = tracing::enabled!(target: "kfuse::launch", tracing::Level::TRACE).then(std::time::Instant::now);
+        match interp_tiles {
+            Some(tiles) => run_interpreter(kernel, args, tiles)?,
+            None => run_interpreter(kernel, args, crate::settings::current().tiles()?)?,
         }
-        Some(device) => {
-            let gpu = device.gpu_ref().expect("a GPU");
-            // arguments of a signature this device launched before, under the same
-            // settings: the kernel it launched (`LaunchSig`), without the spec and key
-            let settings = crate::settings::current();
-            let sig = if settings.autotune || settings.tail_split { None } else { LaunchSig::of(def, &checked.dtypes, args) };
-            if let Some(loaded) = sig.as_ref().and_then(|s| gpu.functions.remembered(s.words(), &settings)) {
-                launched.skipped_empty = !issue(device, &loaded, kernel, args, &shapes, None)?;
-                launched.cache = Some(CacheOutcome::Memory);
-                record_kernel(&mut launched, &loaded);
-                return Ok(launched);
-            }
-            let target = gpu.target()?;
-            // with the tile sizes that follow from the exact shape, not its power-of-two
-            // bucket
-            let mut spec = gpu_spec(kernel, args, &shapes, &target)?;
-            // only `dot` kernels have anything to tune: no work for the others
-            if crate::autotune::enabled() && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot { .. })) {
-                if let Some(tiles) = autotune(def, &checked.dtypes, kernel, &spec, &target, device, args, &shapes)? {
-                    spec.tiles = tiles;
-                }
-            }
-            let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: checked.dtypes, spec, target };
-            let (loaded, outcome) = load(device, kernel, &key)?;
-            if let Some((main, split)) = split_last_wave(device, kernel, &key, &loaded, args, &shapes)? {
-                launched.cache = Some(outcome);
-                record_kernel(&mut launched, &main);
-                launched.last_wave_split = Some(split);
-                return Ok(launched);
-            }
-            launched.skipped_empty = !issue(device, &loaded, kernel, args, &shapes, None)?;
-            launched.cache = Some(outcome);
-            record_kernel(&mut launched, &loaded);
-            if let Some(s) = sig {
-                gpu.functions.remember(s.words(), settings, loaded);
-            }
+        if let Some(t) = traced {
+            tracing::trace!(target: "kfuse::launch", kernel = %def.name, elapsed_ms = crate::build_times::ms(t.elapsed()), "interpreter run");
         }
+        return Ok(launched);
+    };
+    // matrix operands TMA cannot read as they lie: the kernel runs on padded copies
+    // (`operand_copy`; none in the usual case, found without allocating)
+    let copies = match &built.2 {
+        Some(m) => crate::operand_copy::wanted(m, kernel, args, || device.gpu_ref().expect("a GPU").target())?,
+        None => Vec::new(),
+    };
+    if copies.is_empty() {
+        gpu_launch(def, device, checked.dtypes, kernel, args, &shapes, &mut launched)?;
+        return Ok(launched);
+    }
+    let made = copies.iter().map(|c| crate::operand_copy::make(args[c.param].tensor().expect("a tensor argument"), &c.layout)).collect::<Result<Vec<_>>>()?;
+    for c in &copies {
+        tracing::debug!(target: "kfuse::launch", kernel = %def.name, copy = %c.note, "operand copy");
+    }
+    let swapped = with_copies(args, &copies, &made);
+    gpu_launch(def, device, checked.dtypes, kernel, &swapped, &shapes, &mut launched)?;
+    if let Some(p) = launched.plan.take() {
+        let mut plan = (*p).clone();
+        plan.operand_copies = copies.into_iter().map(|c| c.note).collect();
+        launched.plan = Some(Arc::new(plan));
     }
     Ok(launched)
+}
+
+/// `args` with the input at each copy's parameter replaced by that copy (`made`, in the
+/// order of `copies`).
+fn with_copies<'a>(args: &'a mut [Arg<'_>], copies: &[OperandCopy], made: &'a [Tensor]) -> Vec<Arg<'a>> {
+    args.iter_mut()
+        .enumerate()
+        .map(|(i, a)| match a {
+            Arg::In(t) => Arg::In(copies.iter().position(|c| c.param == i).map_or(&**t, |j| &made[j])),
+            Arg::Out(t) => Arg::Out(t),
+            Arg::Scalar(s) => Arg::Scalar(*s),
+        })
+        .collect()
+}
+
+/// Step 5 of [`launch`] (module docs) on `device`: the kernel for `args` found, built or
+/// tuned, loaded and issued; what happened goes into `launched`.
+fn gpu_launch(def: &KernelDef, device: &Device, dtypes: Vec<DType>, kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64], launched: &mut Launched) -> Result<()> {
+    let gpu = device.gpu_ref().expect("a GPU");
+    // arguments of a signature this device launched before, under the same
+    // settings: the kernel it launched (`LaunchSig`), without the spec and key
+    let settings = crate::settings::current();
+    let sig = if settings.autotune || settings.tail_split { None } else { LaunchSig::of(def, &dtypes, args) };
+    if let Some(loaded) = sig.as_ref().and_then(|s| gpu.functions.remembered(s.words(), &settings)) {
+        launched.skipped_empty = !issue(device, &loaded, kernel, args, shapes, None)?;
+        launched.cache = Some(CacheOutcome::Memory);
+        record_kernel(launched, &loaded);
+        return Ok(());
+    }
+    let target = gpu.target()?;
+    // with the tile sizes that follow from the exact shape, not its power-of-two
+    // bucket (the operands were copied already where they needed it)
+    let mut spec = gpu_spec(kernel, args, shapes, &target, &[])?;
+    // only `dot` kernels have anything to tune: no work for the others
+    if crate::autotune::enabled() && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot { .. })) {
+        if let Some(tiles) = autotune(def, &dtypes, kernel, &spec, &target, device, args, shapes)? {
+            spec.tiles = tiles;
+        }
+    }
+    let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes, spec, target };
+    let (loaded, outcome) = load(device, kernel, &key)?;
+    if let Some((main, split)) = split_last_wave(device, kernel, &key, &loaded, args, shapes)? {
+        launched.cache = Some(outcome);
+        record_kernel(launched, &main);
+        launched.last_wave_split = Some(split);
+        return Ok(());
+    }
+    launched.skipped_empty = !issue(device, &loaded, kernel, args, shapes, None)?;
+    launched.cache = Some(outcome);
+    record_kernel(launched, &loaded);
+    if let Some(s) = sig {
+        gpu.functions.remember(s.words(), settings, loaded);
+    }
+    Ok(())
 }
 
 /// What the kernel a GPU launch runs depends on, besides the settings and the device:
@@ -1481,11 +1571,10 @@ fn autotune(
 
 /// The IR of `def` for `dtypes` and its grid, built once per process: building is
 /// deterministic, and a launch should not pay for it (nor for the verifier) every time.
-fn built_ir(def: &KernelDef, dtypes: &[DType]) -> Result<Arc<(Kernel, kfuse_ir::grid::Grid)>> {
+fn built_ir(def: &KernelDef, dtypes: &[DType]) -> Result<BuiltIr> {
     // by the def's build function, then its name and dtypes (looked up without
     // allocating: this runs on every launch)
-    type Built = Arc<(Kernel, kfuse_ir::grid::Grid)>;
-    type ByBuild = HashMap<usize, Vec<(&'static str, Vec<DType>, Built)>>;
+    type ByBuild = HashMap<usize, Vec<(&'static str, Vec<DType>, BuiltIr)>>;
     static CACHE: OnceLock<Mutex<ByBuild>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let find = |m: &ByBuild| {
@@ -1497,11 +1586,11 @@ fn built_ir(def: &KernelDef, dtypes: &[DType]) -> Result<Arc<(Kernel, kfuse_ir::
     let (built, d) = crate::build_times::measured(crate::build_times::Step::Ir, || -> Result<_> {
         let kernel = (def.build)(dtypes)?;
         let grid = kfuse_ir::grid::derive(&kernel)?;
-        Ok((kernel, grid))
+        let operands = matrix_operands(&kernel);
+        Ok((kernel, grid, operands))
     });
     tracing::debug!(target: "kfuse::runtime", kernel = %def.name, ?dtypes, elapsed_ms = crate::build_times::ms(d), "IR build");
-    let (kernel, grid) = built?;
-    let built = Arc::new((kernel, grid));
+    let built = Arc::new(built?);
     let mut m = cache.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(k) = find(&m) {
         return Ok(k);

@@ -34,6 +34,9 @@
 //!   [`emit()`]: the IR and CUDA a launch on described arguments ([`ArgDesc`]) compiles,
 //!   without a GPU (for snapshot tests of a user's kernels);
 //! - [`tma`]: TMA tensor maps (`cuTensorMapEncodeTiled`) for kernels that take them;
+//! - [`operand_copy`]: padded copies of matrix operands TMA cannot read as they lie
+//!   (rows not a multiple of 16 bytes apart), which a launch makes so that its matrix
+//!   loop reaches the tensor cores, and says so in its plan;
 //! - `vendor` (cargo feature `vendor-baselines`, off by default; the benchmarks and tests
 //!   turn it on): cuBLAS / cuBLASLt GEMMs on kfuse tensors — benchmark and test support
 //!   (baselines in the same process), not part of the kernel path.
@@ -63,7 +66,8 @@
 //! read and the lookup's [`CacheOutcome`] (`kfuse::cache`, inside a `compile` span naming
 //! the kernel), the NVRTC library load and compile (`kfuse::nvrtc`); at `trace` every
 //! launch (`kfuse::launch`: kernel, grid, host time), which costs a launch one atomic load
-//! when `trace` is off. So with `tracing_subscriber`'s `EnvFilter`, `RUST_LOG=kfuse=debug`
+//! when `trace` is off; at `debug` also each padded operand copy a launch makes
+//! (`kfuse::launch`, [`operand_copy`]). So with `tracing_subscriber`'s `EnvFilter`, `RUST_LOG=kfuse=debug`
 //! shows what a call did (`examples/trace_first_call.rs`).
 
 pub mod autotune;
@@ -74,6 +78,7 @@ pub mod error;
 pub mod explain;
 pub mod launch;
 pub mod nvrtc;
+pub mod operand_copy;
 pub mod pool;
 pub mod ptxas;
 pub mod roofline;

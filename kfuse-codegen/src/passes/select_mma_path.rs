@@ -48,9 +48,14 @@
 //!    kfuse yet: the exact product, which TF32 permits but does not require), and the
 //!    fallback for f16/bf16 operands the target's matrix path cannot read (the
 //!    `tma_obstacle` and `cp_async_obstacle` conditions above), converted to f32 as
-//!    they are loaded. `kfuse::ops::gemm` still makes aligned copies of such operands
-//!    for the matrix path. Since paths 1 and 2 both read 16-byte pieces, an operand one
-//!    cannot read the other cannot either: sm_90 falls back to FMAs, not to mma.sync.
+//!    they are loaded. Launches rarely hand such facts here: `kfuse::ops::gemm` makes
+//!    aligned copies of its operands, and the runtime copies a user kernel's read-only
+//!    operands to padded rows where that brings the loop onto the tensor cores
+//!    ([`matrix_operands`] and [`tensor_obstacle`] are what it asks;
+//!    `kfuse_runtime::operand_copy`); what is left is an operand the kernel may write
+//!    or one with no unit-stride dimension. Since paths 1 and 2 both read 16-byte
+//!    pieces, an operand one cannot read the other cannot either: sm_90 falls back to
+//!    FMAs, not to mma.sync.
 //! 4. Dots in a kernel of another shape (outside a loop, a dot whose result is used other
 //!    than as `acc + dot`, a computed operand, more than [`MAX_DOTS`] in a loop, a loop
 //!    that computes tiles beside them — flash attention's `dot(p, v)`): no plan; each
@@ -71,10 +76,13 @@
 use kfuse_ir::{AccessDim, BinaryOp, DType, DotPrecision, Kernel, Literal, LoopInfo, Major, MmaDot, MmaOperand, MmaPath, MmaPlan, Op, OpId, ValueId};
 
 use crate::analysis::extent_value;
-use crate::target::{Spec, Target};
+use crate::target::{Spec, Target, TensorSpec};
 use crate::CodegenError;
 
 pub mod fma;
+pub mod operands;
+
+pub use operands::{matrix_operands, MatrixOperands};
 
 fn unsupported(m: impl Into<String>) -> CodegenError {
     CodegenError::Unsupported(m.into())
@@ -141,26 +149,49 @@ pub fn tma_order(k: &Kernel, spec: &Spec, load: OpId) -> Option<Vec<u32>> {
 
 /// Why TMA cannot read (or write) this access's tensor, if it cannot.
 fn tma_obstacle(k: &Kernel, spec: &Spec, load: OpId) -> Option<String> {
-    let (Op::Load { tensor, dims } | Op::Store { tensor, dims }) = k.op(load) else { return Some("not an access".into()) };
+    let (Op::Load { tensor, .. } | Op::Store { tensor, .. }) = k.op(load) else { return Some("not an access".into()) };
     let p = k.param(*tensor);
-    let esz = p.dtype.size_bytes() as u32;
     let Some(ts) = spec.tensors.get(tensor.0 as usize).cloned().flatten() else {
         return Some(format!("nothing is known of `{}`'s strides", p.name));
     };
-    let Some(order) = tma_order(k, spec, load) else {
-        return Some(format!("`{}` has no unit-stride dimension", p.name));
+    tensor_obstacle(&p.name, p.dtype.size_bytes() as u32, &ts)
+}
+
+/// Why TMA — and `cp.async`, which copies the same 16-byte pieces — cannot read a
+/// tensor named `name` of `esz`-byte elements with the facts `ts`, if it cannot: it
+/// needs a unit-stride dimension (the last one if several, [`tma_order`]), every other
+/// stride a multiple of 16 bytes and its data 16-byte aligned. The first rule broken,
+/// in the order TMA sees the dimensions (the unit-stride one, then the others from the
+/// last to the first). The runtime asks this of a launch's operands to decide which it
+/// copies to padded rows (`kfuse_runtime`'s operand copies); the matrix paths ask it
+/// of the spec they compile for.
+///
+/// ```
+/// use kfuse_codegen::passes::select_mma_path::tensor_obstacle;
+/// use kfuse_codegen::TensorSpec;
+///
+/// // bf16 `[4096, 4097]`, row-major: rows 8194 bytes apart
+/// let b = TensorSpec { ptr_align: 16, stride_div: vec![1, 0] };
+/// let why = tensor_obstacle("b", 2, &b).unwrap();
+/// assert_eq!(why, "the stride of `b` along dimension 0 is not a multiple of 16 bytes");
+/// // rows padded to 4160 elements (8320 bytes)
+/// assert_eq!(tensor_obstacle("b", 2, &TensorSpec { ptr_align: 16, stride_div: vec![16, 0] }), None);
+/// ```
+pub fn tensor_obstacle(name: &str, esz: u32, ts: &TensorSpec) -> Option<String> {
+    let r = ts.stride_div.len();
+    let Some(unit) = (0..r).rev().find(|&d| ts.stride_div[d] == 0) else {
+        return Some(format!("`{name}` has no unit-stride dimension"));
     };
-    for &d in &order[1..] {
+    for d in (0..r).rev().filter(|&d| d != unit) {
         // 0 marks a unit stride here too (a second unit-stride dimension): 1 element
-        let sd = ts.stride_div.get(d as usize).copied().unwrap_or(1).max(1);
+        let sd = ts.stride_div[d].max(1);
         if sd * esz < 16 {
-            return Some(format!("the stride of `{}` along dimension {d} is not a multiple of 16 bytes", p.name));
+            return Some(format!("the stride of `{name}` along dimension {d} is not a multiple of 16 bytes"));
         }
     }
     if ts.ptr_align < 16 {
-        return Some(format!("`{}`'s data is not 16-byte aligned", p.name));
+        return Some(format!("`{name}`'s data is not 16-byte aligned"));
     }
-    let _ = dims;
     None
 }
 
@@ -480,7 +511,7 @@ fn plan_mma_sync(k: &mut Kernel, spec: &Spec, target: &Target, r: &Recognized, (
         k.schedule.mma_why = Some(format!("the cp.async path cannot read an operand: {why}"));
         return fma::plan(k, spec, &r.fma_loop());
     }
-    let heavy = heavy_epilogue(k, r.info.yield_pos);
+    let heavy = heavy_epilogue(k, r.info.yield_pos) || scalar_epilogue_store(k, spec, r.info.yield_pos);
     let plan = mma_sync_plan(k, spec, [a_load, b_load], [a_major, b_major], [bm, bn, bk], esz, heavy).map_err(unsupported)?;
     k.schedule.num_threads = 32 * plan.1[0] * plan.1[1];
     k.schedule.min_blocks = spec.min_blocks.unwrap_or_else(|| mma_sync_min_blocks(k.schedule.num_threads, heavy));
@@ -714,6 +745,23 @@ pub fn heavy_epilogue(k: &Kernel, yield_pos: usize) -> bool {
         Op::Unary(u) => !matches!(u, kfuse_ir::UnaryOp::Neg | kfuse_ir::UnaryOp::Abs | kfuse_ir::UnaryOp::Not) && !k.ty(o.value()).is_scalar(),
         Op::Load { .. } => k.ty(o.value()).rank() >= 2,
         _ => false,
+    })
+}
+
+/// True when a store after the dot loop (the epilogue) writes a 2-D tile of 16-bit
+/// elements one element at a time: its tensor's rows are not a multiple of 4 bytes
+/// apart (a bf16 `[M, 4097]` output) or its data is not 4-byte aligned, so no two
+/// neighbours of a row share an aligned word. The masked element stores hold an
+/// address and a mask per element beside the accumulator: the mma.sync path gives such
+/// an epilogue the warps of a [`heavy_epilogue`] (bias + ReLU into a bf16 `[4095,
+/// 4097]` output spilled 120 bytes at 64x64 warp tiles).
+pub fn scalar_epilogue_store(k: &Kernel, spec: &Spec, yield_pos: usize) -> bool {
+    k.order[yield_pos + 1..].iter().any(|&o| {
+        let Op::Store { tensor, dims } = k.op(o) else { return false };
+        let esz = k.param(*tensor).dtype.size_bytes() as u32;
+        let tiles = dims.iter().filter(|d| matches!(d, AccessDim::Tile(_))).count();
+        let Some(ts) = spec.tensors.get(tensor.0 as usize).cloned().flatten() else { return false };
+        esz == 2 && tiles >= 2 && (ts.ptr_align < 4 || ts.stride_div.iter().any(|&s| s != 0 && s * esz < 4))
     })
 }
 

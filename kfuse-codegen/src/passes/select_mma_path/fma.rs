@@ -10,9 +10,11 @@
 //!    `cp.async` cannot copy (no unit-stride dimension, a stride or the data pointer
 //!    not a multiple of 16 bytes) or, on sm_80/sm_89, a block offset along the
 //!    unit-stride dimension not known to be a multiple of 16 bytes. Their elements
-//!    become f32 as they are loaded. (`kfuse::ops::gemm` still makes aligned copies for
-//!    the matrix path, which is an order of magnitude faster; a user kernel gets this
-//!    path instead of an error.)
+//!    become f32 as they are loaded. (`kfuse::ops::gemm` makes aligned copies for the
+//!    matrix path, which is an order of magnitude faster, and a GPU launch of a user
+//!    kernel copies its read-only operands so (`kfuse_runtime::operand_copy`); what
+//!    reaches this path is an operand the kernel may write or one without a unit-stride
+//!    dimension, which gets it instead of an error.)
 //!
 //! The structure of the loop is checked by `run` before either is considered: the same
 //! pattern and the same refusals as the matrix paths. Tile-size refusals of the matrix
