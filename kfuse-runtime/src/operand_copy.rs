@@ -272,18 +272,26 @@ pub(crate) fn make(t: &Tensor, layout: &PaddedLayout) -> Result<Tensor> {
             g.bind()?;
             let (src, dst) = (t.device_ptr().expect("a GPU tensor"), view.device_ptr().expect("a GPU tensor"));
             for &(s, d) in &layout.blocks {
+                // every field written: the memory types are enums without a zero value,
+                // so a zeroed descriptor is not a valid Rust value (the release build
+                // aborted on `mem::zeroed` here)
                 let p = cudarc::driver::sys::CUDA_MEMCPY2D {
+                    srcXInBytes: 0,
+                    srcY: 0,
                     srcMemoryType: cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    srcHost: std::ptr::null(),
                     srcDevice: src + (s * esz) as u64,
+                    srcArray: std::ptr::null_mut(),
                     srcPitch: pitch,
+                    dstXInBytes: 0,
+                    dstY: 0,
                     dstMemoryType: cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstHost: std::ptr::null_mut(),
                     dstDevice: dst + (d * esz) as u64,
+                    dstArray: std::ptr::null_mut(),
                     dstPitch: dst_pitch,
                     WidthInBytes: width,
                     Height: layout.height,
-                    // SAFETY: the rest of the descriptor (host and array fields, offsets)
-                    // is unused for device-to-device copies, and zero is valid for each
-                    ..unsafe { std::mem::zeroed() }
                 };
                 // SAFETY: both ranges lie in live allocations (the source tensor's
                 // storage, the pool block just taken), checked by `PaddedLayout::of`'s
