@@ -28,9 +28,10 @@
 //! `kfuse::ops::gemm`'s own copies (`tma_readable`) do: each row of a TMA box then
 //! starts on a line and costs no extra sector.
 //!
-//! The copy: `cuMemcpy2DAsync` blocks of rows on the device's stream, before the kernel
-//! — one block when the rows lie at one pitch (a 2-D tensor, or a batch whose
-//! dimensions merge), else one a matrix of the batch (should the driver refuse a pitch,
+//! The copy, on the device's stream before the kernel: a matrix by the runtime's own
+//! tile-copy kernel (`COPY`, built with the IR builder, compiled and cached like any
+//! kernel); a batch by `cuMemcpy2DAsync` blocks of rows — one block when the rows lie at
+//! one pitch (dimensions that merge), else one a matrix of the batch (should the driver refuse a pitch,
 //! `cuMemcpy2DUnaligned` between a drained stream and a synchronized context, slower
 //! but in the stream's order; a `kfuse::launch` debug event says so). The storage comes from the
 //! device's memory pool ([`Tensor::empty`]) and lives for the launch only: it is made
@@ -254,6 +255,36 @@ pub(crate) fn wanted<A: ArgFacts>(m: &MatrixOperands, kernel: &Kernel, args: &[A
     Ok(if m.tensor_cores(&spec, &target()?) { copies } else { Vec::new() })
 }
 
+/// `out = x` for a matrix, one program per `BM × BN` tile, any strides: the kernel the
+/// runtime copies a matrix operand with, written with the IR builder (the runtime
+/// cannot use `kfuse::ops`, which sits above it).
+fn copy_kernel(dtypes: &[kfuse_ir::DType]) -> kfuse_ir::error::Result<Kernel> {
+    use kfuse_ir::{AccessDim, BinaryOp, Extent};
+    let mut b = kfuse_ir::Builder::new("operand_copy");
+    let (m, n) = (b.shape_sym("M"), b.shape_sym("N"));
+    let x = b.tensor_param("x", dtypes[0], &[m, n], false);
+    let out = b.tensor_param("out", dtypes[0], &[m, n], true);
+    let (bm, bn) = (Extent::Tile(b.tile_sym("BM")), Extent::Tile(b.tile_sym("BN")));
+    let (i, j) = (b.program_id(0)?, b.program_id(1)?);
+    let (em, en) = (b.tile_extent(bm), b.tile_extent(bn));
+    let at = [b.binary(BinaryOp::Mul, i, em)?, b.binary(BinaryOp::Mul, j, en)?];
+    let dims = [AccessDim::Tile(bm), AccessDim::Tile(bn)];
+    let v = b.load(x, &at, &dims)?;
+    b.store(out, &at, &dims, v)?;
+    b.finish()
+}
+
+/// The runtime's matrix copy ([`copy_kernel`]).
+static COPY: kfuse_ir::KernelDef = kfuse_ir::KernelDef {
+    name: "operand_copy",
+    generics: &["T"],
+    params: &[
+        kfuse_ir::ParamSig::Tensor { name: "x", dtype: kfuse_ir::DTypeSig::Generic(0), dims: &["M", "N"], output: false },
+        kfuse_ir::ParamSig::Tensor { name: "out", dtype: kfuse_ir::DTypeSig::Generic(0), dims: &["M", "N"], output: true },
+    ],
+    build: copy_kernel,
+};
+
 /// A copy of `t` in `layout` (from [`PaddedLayout::of`] of `t`'s shape and strides),
 /// viewed at `t`'s shape: on a GPU `cuMemcpy2DAsync` on the device's stream into a block
 /// of its memory pool, on the CPU the same rows copied in host memory.
@@ -268,6 +299,14 @@ pub(crate) fn make(t: &Tensor, layout: &PaddedLayout) -> Result<Tensor> {
     }
     let (width, pitch, dst_pitch) = (layout.width * esz, layout.src_pitch * esz, layout.pitch() * esz);
     match device.gpu_ref() {
+        // a matrix: the runtime's own tile copy (`COPY`), at the copy bandwidth where the
+        // driver's 2-D copy of an odd pitch ran at about half of it (H100: 46.5 µs for
+        // a bf16 [4096, 4097])
+        Some(_) if r == 2 && layout.blocks.len() == 1 => {
+            let mut view = view;
+            crate::launch::launch(&COPY, &mut [crate::launch::Arg::In(t), crate::launch::Arg::Out(&mut view)])?;
+            return Ok(view);
+        }
         Some(g) => {
             g.bind()?;
             let (src, dst) = (t.device_ptr().expect("a GPU tensor"), view.device_ptr().expect("a GPU tensor"));
