@@ -34,17 +34,12 @@ use common::epilogue::gemm_bias_gelu;
 use kfuse::prelude::*;
 use kfuse::{DType, Tensor};
 
-/// `out = relu(a · b + bias)`: the user GEMM with its own epilogue.
-#[kfuse]
-pub fn gemm_bias_relu<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, bias: Tensor<T, (N,)>, out: &mut Tensor<T, (M, N)>) {
-    let (i, j) = (program_id(0), program_id(1));
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k in (0..K).step_by(BK) {
-        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
-    }
-    let y = acc + bias.block([j * BN], [BN]).load().to_f32();
-    out.block([i * BM, j * BN], [BM, BN]).store(max(y, 0.0).cast::<T>());
-}
+/// The user GEMM with its own epilogue, `out = relu(a · b + bias)`: the one the tests
+/// check (`tests/kernels/user_gemms.rs`).
+#[path = "../tests/kernels/user_gemms.rs"]
+#[allow(dead_code)]
+mod user_gemms;
+use user_gemms::gemm_bias_relu;
 
 /// `out = a · b` written by a user: the loop and a cast.
 #[kfuse]

@@ -44,6 +44,9 @@ pub struct Plan {
     /// Why the kernel's `dot`s are no pipelined matrix loop, when it has dots that are
     /// not: each is then lowered where it stands.
     pub dots_one_by_one: Option<String>,
+    /// How each of those dots runs, in op order (the writer's rule: `wgmma`, `mma.sync`
+    /// or FMAs, and where the operands come from).
+    pub dots: Vec<String>,
     /// Threads a block (on the WGMMA path the consumer warpgroups and the producer).
     pub block_threads: u32,
     /// Blocks a multiprocessor the register allocator leaves room for
@@ -161,6 +164,7 @@ impl Plan {
             arch: arch.to_string(),
             matrix: s.mma.as_ref().map(|m| MatrixPlan::of(m, s.mma_why.as_deref())),
             dots_one_by_one: s.dots_one_by_one.clone(),
+            dots: written.dot_notes.clone(),
             block_threads: written.block_threads,
             min_blocks: s.min_blocks,
             tiles: s.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect(),
@@ -217,7 +221,12 @@ impl fmt::Display for Plan {
                     writeln!(f, "  epilogue: the output tile through shared memory and a TMA store")?;
                 }
             }
-            (None, Some(why)) => writeln!(f, "  matrix path: none, dots one by one ({why})")?,
+            (None, Some(why)) => {
+                writeln!(f, "  matrix path: none, dots one by one ({why})")?;
+                for d in &self.dots {
+                    writeln!(f, "    {d}")?;
+                }
+            }
             (None, None) => writeln!(f, "  matrix path: none (no `dot`)")?,
         }
         let bounds = if self.min_blocks > 0 { format!(", __launch_bounds__ minimum {} block(s) a multiprocessor", self.min_blocks) } else { String::new() };

@@ -412,6 +412,8 @@ struct Emitter<'a> {
     wg_dirty: bool,
     /// Device functions the body calls, by name (written before the kernel).
     helpers: BTreeMap<String, String>,
+    /// How each dot written so far runs (`Emitted::dot_notes`).
+    dot_notes: Vec<String>,
     /// Adds whose value a WGMMA dot accumulated in its own registers, with that dot's
     /// value (`dot_wgmma`'s `addend`).
     fused_adds: HashMap<OpId, ValueId>,
@@ -448,6 +450,7 @@ impl<'a> Emitter<'a> {
             helpers: BTreeMap::new(),
             wg_dirty: false,
             fused_adds: HashMap::new(),
+            dot_notes: Vec::new(),
         }
     }
 }
@@ -1614,6 +1617,9 @@ pub struct Emitted {
     pub static_smem: u32,
     /// Dynamic shared memory to pass at launch.
     pub dynamic_smem: u32,
+    /// How each `dot` lowered where it stands runs, one line each in op order (the
+    /// plan shows them; empty for the matrix paths).
+    pub dot_notes: Vec<String>,
     /// Threads a block.
     pub block_threads: u32,
     /// Most programs to launch (persistent kernels walk the rest themselves).
@@ -1706,6 +1712,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         return Err(CodegenError::Unsupported(format!("{dynamic_smem} bytes of shared memory (the target allows {})", target.smem_per_block)));
     }
     let helpers = dot_wgmma::helper_texts(&e.helpers);
+    let e_notes = std::mem::take(&mut e.dot_notes);
     let static_smem = if ops_bytes.is_some() { e.cluster_smem } else { smem + e.cluster_smem };
     let body = e.w.finish();
     if ops_bytes.is_none() && smem > MAX_STATIC_SMEM {
@@ -1747,5 +1754,5 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     };
     head().map_err(fmt_err)?;
     let persistent = (k.schedule.persistent > 0).then_some(k.schedule.persistent);
-    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent })
+    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent, dot_notes: e_notes })
 }

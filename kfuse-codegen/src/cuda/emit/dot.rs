@@ -36,9 +36,12 @@ impl Emitter<'_> {
         if let Some(d) = self.wg_rule(op) {
             return self.dot_wgmma(op, a, b, d);
         }
+        let label = super::dot_wgmma::dot_label(self.k, op);
         if let Some(warps) = self.mma_rule(op) {
+            self.dot_notes.push(format!("{label}: mma.sync m16n8k16 over {}x{} warps, both operands written to shared memory at the dot", warps[0], warps[1]));
             return self.dot_mma(op, a, b, warps);
         }
+        self.dot_notes.push(format!("{label}: f32 FMAs, both operands written to shared memory at the dot"));
         let v = op.value();
         let (av, bv) = (self.val(a).clone(), self.val(b).clone());
         let (amap, bmap) = match (&av.map, &bv.map) {

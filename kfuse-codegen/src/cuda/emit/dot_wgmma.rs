@@ -436,6 +436,8 @@ impl Emitter<'_> {
         let regs = val.map.as_ref().unwrap().regs;
         self.vals.insert(v, val);
         let rs = matches!(d.a, ASrc::Regs);
+        let note = self.wg_note(op, &d);
+        self.dot_notes.push(note);
         let (fname, text) = instr_fn(&d, rs)?;
         self.helpers.insert(fname.clone(), text);
         self.open("")?;
@@ -473,6 +475,26 @@ impl Emitter<'_> {
         self.line("kf_wg_commit_wait();")?;
         self.wg_synced = false;
         self.close()
+    }
+
+    /// The plan's line for a WGMMA dot: the instruction and where each operand comes
+    /// from.
+    fn wg_note(&self, op: OpId, d: &WgDot) -> String {
+        let smem = |t: &SmemTile, major: &str| {
+            let when = match (t.ring, t.eager) {
+                (Some(_), _) => "copied by cp.async into a two-stage ring one iteration ahead",
+                (None, true) => "written where it is defined",
+                (None, false) => "written at the dot",
+            };
+            format!("shared memory ({major}, {}-byte swizzle, {when})", t.span)
+        };
+        let a = match &d.a {
+            ASrc::Regs => "registers (the accumulator layout)".to_string(),
+            ASrc::Smem(t) => smem(t, "K-major"),
+        };
+        let b = smem(&d.b, if d.b_mn { "MN-major" } else { "K-major" });
+        let onto = if self.addend(op).is_some() { ", accumulating onto its addend" } else { "" };
+        format!("{}: wgmma m64n{}k16 over {} warpgroup(s){onto}; A from {a}; B from {b}", dot_label(self.k, op), d.n, d.groups)
     }
 
     /// The instructions of every rep and k step; A from registers packed in pairs (lanes
@@ -578,6 +600,14 @@ impl Emitter<'_> {
         } else {
             format!("kf_wdesc({} + ((s * 32) / {}) * {} + (s * 32) % {}, 16, {}, {})", t.base(), t.span, t.rows * t.span, t.span, 8 * t.span, t.mode())
         }
+    }
+}
+
+/// A dot as the plan names it: `dot` and its source line, or its value's name.
+pub(super) fn dot_label(k: &Kernel, op: OpId) -> String {
+    match k.locs.get(&op) {
+        Some(l) => format!("`dot` at line {}", l.line),
+        None => format!("`dot` {}", op.value()),
     }
 }
 
