@@ -108,3 +108,17 @@ fn attention_compiles_for_sm80_and_sm90a() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// At D = 256 the 128-row, 128-key tiles of the warpgroup rule would pass the elements a
+/// thread may hold (`choose_tiles` tries narrower ones, then the memory-bound choice):
+/// the kernel still compiles for sm_90a without spills, as it did before that rule.
+#[test]
+fn attention_at_d256_compiles_for_sm90a() {
+    let mut spec = common::snapshot_spec(&flash_attention::DEF);
+    spec.shape_pow2 = vec![4, 4096, 16, 256, 4096]; // B, SQ, H, D, SK
+    let k = (flash_attention::DEF.build)(&[DType::BF16]).unwrap();
+    match common::compile_assembled(&k, &spec, &Target::sm90a(), "flash_attention_d256") {
+        Ok((_, regs, spill)) => assert_eq!(spill, 0, "{spill} bytes of spills ({regs} registers)"),
+        Err(e) => panic!("D = 256 refused on sm_90a: {}", e.0),
+    }
+}

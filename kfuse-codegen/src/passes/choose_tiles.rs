@@ -125,7 +125,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let Largest { elems: max_elems, op: max_op, widest_full } = largest_tile(k)?;
     let mut threads = row_threads(k, spec, max_elems, max_op, widest_full.is_some())?;
     // dots on the warpgroup rule: one warpgroup per 64 rows, never a cluster
-    let warpgroups = spec.threads.is_none().then(|| warpgroup_threads(k, target)).flatten();
+    let warpgroups = spec.threads.is_none().then(|| warpgroup_threads(k, target)).flatten().filter(|&t| max_elems / t <= MAX_ELEMS_PER_THREAD);
     // a row split across a cluster: the fewest threads (CLUSTER_MIN_THREADS to
     // CLUSTER_THREADS) that leave a thread at most what it may hold in the largest
     // cluster — for a row with masks (a length that is not its padded power of two) at
@@ -273,23 +273,41 @@ fn assign_extents(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), Co
             *e = (*e).min(v);
         }
     }
-    if target.sm >= 90 {
-        // rows first: two warpgroups where the extent allows; then N and K, as wide
-        // where there are two (a block of one warpgroup holding a 128-wide K or V tile
-        // would pass the elements a thread may hold)
-        let cap = |t: &TileSym| caps.get(t).copied().unwrap_or(WARPGROUP_DOT_TILE);
-        let (rows, others) = warpgroup_dot_syms(k);
-        for t in &rows {
-            let e = choice.entry(*t).or_insert(1);
-            *e = (*e).max(WARPGROUP_DOT_TILE.min(cap(t)));
+    let plain = choice.clone();
+    // widest first (128 rows over two warpgroups, 128 along N and K), narrower while a
+    // tile would pass the elements a thread may hold, else the memory-bound choice
+    let tries: &[(u32, u32)] = if target.sm >= 90 { &[(WARPGROUP_DOT_TILE, WARPGROUP_DOT_TILE), (WARPGROUP_DOT_TILE, WARPGROUP_DOT_TILE / 2), (WARPGROUP_DOT_TILE / 2, WARPGROUP_DOT_TILE / 2)] } else { &[] };
+    for &(rows_floor, others_floor) in tries.iter().chain(std::iter::once(&(0, 0))) {
+        let mut c = plain.clone();
+        if rows_floor > 0 {
+            let cap = |t: &TileSym| caps.get(t).copied().unwrap_or(WARPGROUP_DOT_TILE);
+            let (rows, others) = warpgroup_dot_syms(k);
+            for t in &rows {
+                let e = c.entry(*t).or_insert(1);
+                *e = (*e).max(rows_floor.min(cap(t)));
+            }
+            for t in &others {
+                let e = c.entry(*t).or_insert(1);
+                *e = (*e).max(others_floor.min(cap(t)));
+            }
         }
-        let wide = rows.iter().all(|t| choice[t] >= WARPGROUP_DOT_TILE);
-        for t in &others {
-            let floor = if wide { WARPGROUP_DOT_TILE } else { WARPGROUP_DOT_TILE / 2 };
-            let e = choice.entry(*t).or_insert(1);
-            *e = (*e).max(floor.min(cap(t)));
+        set_tiles_of(k, spec, &c)?;
+        if rows_floor == 0 || spec.threads.is_some() {
+            break;
+        }
+        let fits = match (warpgroup_threads(k, target), largest_tile(k)) {
+            (Some(threads), Ok(l)) => l.elems / threads <= MAX_ELEMS_PER_THREAD,
+            _ => false,
+        };
+        if fits {
+            break;
         }
     }
+    Ok(())
+}
+
+/// Gives every tile symbol its override or `choice`'s size (64 for one no access sizes).
+fn set_tiles_of(k: &mut Kernel, spec: &Spec, choice: &BTreeMap<TileSym, u32>) -> Result<(), CodegenError> {
     for (i, name) in k.tile_syms.clone().iter().enumerate() {
         let t = TileSym(i as u32);
         let v = match spec.tiles.get(name) {
