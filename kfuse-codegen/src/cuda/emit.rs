@@ -1632,7 +1632,11 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
     let mut e = Emitter::new(k, spec, "__syncthreads();", grid);
     e.dynamic_ranges = dynamic;
     if target.sm >= 90 && k.schedule.cluster <= 1 && k.schedule.persistent == 0 {
-        e.wg = Some(dot_wgmma::plan(k, spec)).filter(|p| !p.dots.is_empty());
+        // the rings' second stages go first, then the rule, where the operand area
+        // would not fit the block's shared memory
+        let fits = |p: &dot_wgmma::WgPlan| 1024 + p.bytes <= target.smem_per_block;
+        let p = Some(dot_wgmma::plan(k, spec, true)).filter(fits).unwrap_or_else(|| dot_wgmma::plan(k, spec, false));
+        e.wg = Some(p).filter(|p| !p.dots.is_empty() && fits(p));
     }
     e.w.indent();
     if k.schedule.persistent > 0 {

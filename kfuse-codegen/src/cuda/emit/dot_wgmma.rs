@@ -210,7 +210,8 @@ fn only_slots(k: &Kernel, dots: &HashMap<OpId, WgDot>, v: ValueId, want: &SmemTi
 /// The kernel's WGMMA dots, their operand tiles placed (see the module docs): first
 /// which roots are staged where they are defined, then which of those loads a ring
 /// takes, then the offsets (a ring's region holds two tiles).
-pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec) -> WgPlan {
+/// Without `rings`, no load takes a ring (each is staged where it is defined).
+pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec, rings: bool) -> WgPlan {
     let mut p = WgPlan::default();
     for op in k.ops() {
         if matches!(k.op(op), Op::Dot { .. }) {
@@ -252,7 +253,7 @@ pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec) -> WgPlan {
         }
     }
     let loops = super::operand_ring::enclosing_loops(k);
-    for &r in &roots {
+    for &r in roots.iter().filter(|_| rings) {
         if let Some(l) = super::operand_ring::ring_load(k, spec, &loops, r, &p.eager[&r]) {
             p.eager.get_mut(&r).unwrap().ring = Some(l);
             p.rings.entry(l).or_default().push(r);
