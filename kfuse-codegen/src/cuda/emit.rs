@@ -1631,11 +1631,12 @@ pub struct Emitted {
 fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::target::GridAxisEval], dynamic: BTreeSet<(LoopId, u32)>) -> Result<Emitter<'a>, CodegenError> {
     let mut e = Emitter::new(k, spec, "__syncthreads();", grid);
     e.dynamic_ranges = dynamic;
-    if target.sm >= 90 && k.schedule.cluster <= 1 && k.schedule.persistent == 0 {
+    if k.schedule.cluster <= 1 && k.schedule.persistent == 0 {
+        let wgmma = target.sm >= 90;
         // the rings' second stages go first, then the rule, where the operand area
         // would not fit the block's shared memory
         let fits = |p: &dot_wgmma::WgPlan| 1024 + p.bytes <= target.smem_per_block;
-        let p = Some(dot_wgmma::plan(k, spec, true)).filter(fits).unwrap_or_else(|| dot_wgmma::plan(k, spec, false));
+        let p = Some(dot_wgmma::plan(k, spec, true, wgmma)).filter(fits).unwrap_or_else(|| dot_wgmma::plan(k, spec, false, wgmma));
         e.wg = Some(p).filter(|p| !p.dots.is_empty() && fits(p));
     }
     e.w.indent();

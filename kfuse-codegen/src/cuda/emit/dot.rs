@@ -33,13 +33,18 @@ use crate::CodegenError;
 
 impl Emitter<'_> {
     pub(super) fn dot(&mut self, op: OpId, a: ValueId, b: ValueId) -> R {
-        if let Some(d) = self.wg_rule(op) {
+        let planned = self.wg_rule(op);
+        if let Some(d) = planned.clone().filter(|d| d.mma.is_none()) {
             return self.dot_wgmma(op, a, b, d);
         }
         let label = super::dot_wgmma::dot_label(self.k, op);
         if let Some(warps) = self.mma_rule(op) {
-            self.dot_notes.push(format!("{label}: mma.sync m16n8k16 over {}x{} warps, both operands written to shared memory at the dot", warps[0], warps[1]));
-            return self.dot_mma(op, a, b, warps);
+            // operands the plan wrote where they were defined are read there
+            let eager = |t: &super::dot_wgmma::SmemTile| t.eager.then(|| t.base_ptr());
+            let (ea, eb) = planned.as_ref().map_or((None, None), |d| (d.a_tile().and_then(eager), eager(d.b_tile())));
+            let at = |e: &Option<String>| if e.is_some() { "written where it is defined" } else { "written at the dot" };
+            self.dot_notes.push(format!("{label}: mma.sync m16n8k16 over {}x{} warps; A in shared memory {}; B in shared memory {}", warps[0], warps[1], at(&ea), at(&eb)));
+            return self.dot_mma(op, a, b, warps, [ea, eb]);
         }
         self.dot_notes.push(format!("{label}: f32 FMAs, both operands written to shared memory at the dot"));
         let v = op.value();
@@ -103,7 +108,7 @@ impl Emitter<'_> {
     }
 
     /// Rule 1: `mma.sync.m16n8k16` over operands staged in shared memory.
-    fn dot_mma(&mut self, op: OpId, a: ValueId, b: ValueId, [wm, wn]: [u32; 2]) -> R {
+    fn dot_mma(&mut self, op: OpId, a: ValueId, b: ValueId, [wm, wn]: [u32; 2], staged: [Option<String>; 2]) -> R {
         let v = op.value();
         let (av, bv) = (self.val(a).clone(), self.val(b).clone());
         let (amap, bmap) = (av.map.clone().unwrap(), bv.map.clone().unwrap());
@@ -127,10 +132,16 @@ impl Emitter<'_> {
         let (klo, khi) = (self.fresh("kf_klo"), self.fresh("kf_khi"));
         self.line(format!("const int {klo} = (int)kf_maxi({}, {}), {khi} = (int)kf_mini({}, {});", av.lo[1], bv.lo[0], av.hi[1], bv.hi[0]))?;
         self.line(self.barrier)?;
-        self.line("kf_u16* kf_da = reinterpret_cast<kf_u16*>(kf_smem);")?;
-        self.line(format!("kf_u16* kf_db = reinterpret_cast<kf_u16*>(kf_smem + {a_bytes});"))?;
-        // a as [M, K], b as [N, K]; k outside [klo, khi) as 0
+        let da = staged[0].clone().unwrap_or_else(|| "kf_smem".into());
+        let db = staged[1].clone().unwrap_or_else(|| format!("(kf_smem + {a_bytes})"));
+        self.line(format!("kf_u16* kf_da = reinterpret_cast<kf_u16*>({da});"))?;
+        self.line(format!("kf_u16* kf_db = reinterpret_cast<kf_u16*>({db});"))?;
+        // a as [M, K], b as [N, K]; k outside [klo, khi) as 0 (a staged operand: outside
+        // its own valid range, `dot_wgmma::stage_tile`)
         for (x, xv, xmap, dst, k_axis) in [(a, &av, &amap, "kf_da", 1usize), (b, &bv, &bmap, "kf_db", 0usize)] {
+            if staged[k_axis ^ 1].is_some() {
+                continue;
+            }
             let c: Vec<String> = xv.axis_map.iter().map(|am| am.map_or("0".to_string(), |i| coord_raw(xmap, i, "k"))).collect();
             let (kc, other) = (&c[k_axis], &c[1 - k_axis]);
             let own = owner(xmap, "k");
@@ -167,6 +178,8 @@ impl Emitter<'_> {
         self.close()?;
         self.close()?;
         self.close()?;
+        // the staged tiles' readers: a later copy into them waits for a barrier
+        self.wg_synced = false;
         self.close()
     }
 

@@ -71,12 +71,31 @@ pub(super) struct SmemTile {
     /// A two-stage ring of this loop (`operand_ring`): the region holds two tiles, the
     /// current one at stage `kf_st<loop>`.
     pub ring: Option<kfuse_ir::LoopId>,
+    /// The `mma.sync` rule's form instead (`dot.rs`): rows of `cols + 2` elements (one
+    /// 32-bit word of padding), no swizzle.
+    pub padded: bool,
 }
 
 impl SmemTile {
     /// Bytes of one tile (one stage), a multiple of 1024.
     pub fn bytes(&self) -> u32 {
-        (self.rows * self.cols * 2).div_ceil(1024) * 1024
+        (self.rows * self.row_elems() * 2).div_ceil(1024) * 1024
+    }
+    /// Elements from one row to the next.
+    pub fn row_elems(&self) -> u32 {
+        self.cols + if self.padded { 2 } else { 0 }
+    }
+    /// The byte offset of element `(r, c)` (C expressions) in the tile.
+    pub(super) fn at(&self, r: &str, c: &str) -> String {
+        if self.padded {
+            return format!("(({r}) * {} + ({c})) * 2", self.row_elems());
+        }
+        let half = self.span / 2;
+        format!("kf_swz((({c}) / {half}) * {} + ({r}) * {} + (({c}) % {half}) * 2, {})", self.rows * self.span, self.span, self.span / 16 - 1)
+    }
+    /// The start of the tile (a C pointer expression).
+    pub(super) fn base_ptr(&self) -> String {
+        self.base()
     }
     fn base(&self) -> String {
         match self.ring {
@@ -116,6 +135,22 @@ pub(super) struct WgDot {
     /// Warpgroups of the block.
     groups: u32,
     dtype: DType,
+    /// The `mma.sync` rule over these warps instead of WGMMA (its tiles `padded`).
+    pub mma: Option<[u32; 2]>,
+}
+
+impl WgDot {
+    /// A's tile, when A is in shared memory.
+    pub(super) fn a_tile(&self) -> Option<&SmemTile> {
+        match &self.a {
+            ASrc::Smem(t) => Some(t),
+            ASrc::Regs => None,
+        }
+    }
+    /// B's tile.
+    pub(super) fn b_tile(&self) -> &SmemTile {
+        &self.b
+    }
 }
 
 /// The WGMMA dots of a kernel and the values staged where they are defined.
@@ -157,14 +192,30 @@ fn wg_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
     let regs_a = crate::layout::mma_tiles_accumulator(m, kk, [wm, 1]);
     let a = match k.schedule.layouts.get(&ops[0]) {
         Some(Layout::Blocked(l)) if *l == regs_a => ASrc::Regs,
-        _ => ASrc::Smem(SmemTile { off: 0, rows: m, cols: kk, span: span_of(kk)?, row_axis: 0, col_axis: 1, k_axis: 1, eager: false, ring: None }),
+        _ => ASrc::Smem(SmemTile { off: 0, rows: m, cols: kk, span: span_of(kk)?, row_axis: 0, col_axis: 1, k_axis: 1, eager: false, ring: None, padded: false }),
     };
     let along_n = matches!(k.schedule.layouts.get(&ops[1]), Some(Layout::Blocked(l)) if l.order[0] == 1);
     let (b, b_mn) = match span_of(n) {
-        Some(span) if along_n && n % 8 == 0 => (SmemTile { off: 0, rows: kk, cols: n, span, row_axis: 0, col_axis: 1, k_axis: 0, eager: false, ring: None }, true),
-        _ => (SmemTile { off: 0, rows: n, cols: kk, span: span_of(kk)?, row_axis: 1, col_axis: 0, k_axis: 0, eager: false, ring: None }, false),
+        Some(span) if along_n && n % 8 == 0 => (SmemTile { off: 0, rows: kk, cols: n, span, row_axis: 0, col_axis: 1, k_axis: 0, eager: false, ring: None, padded: false }, true),
+        _ => (SmemTile { off: 0, rows: n, cols: kk, span: span_of(kk)?, row_axis: 1, col_axis: 0, k_axis: 0, eager: false, ring: None, padded: false }, false),
     };
-    Some(WgDot { a, b, b_mn, m, n, kk, groups: wm / 4, dtype: k.ty(ops[0]).dtype })
+    Some(WgDot { a, b, b_mn, m, n, kk, groups: wm / 4, dtype: k.ty(ops[0]).dtype, mma: None })
+}
+
+/// The dot's `mma.sync` form (`dot.rs`'s rule 1), its operands as padded tiles: A
+/// `[M, K]`, B `[N, K]`.
+fn mma_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
+    let Some(Layout::Blocked(have)) = k.schedule.layouts.get(&op.value()) else { return None };
+    let want = crate::passes::assign_layouts::one_dot_mma_layout(k, op)?;
+    if *have != want {
+        return None;
+    }
+    let ops = k.operands(op);
+    let (sa, sb) = (concrete_shape(k, k.ty(ops[0])), concrete_shape(k, k.ty(ops[1])));
+    let (m, kk, n) = (sa[0], sa[1], sb[1]);
+    let tile = |rows, row_axis, col_axis, k_axis| SmemTile { off: 0, rows, cols: kk, span: 0, row_axis, col_axis, k_axis, eager: false, ring: None, padded: true };
+    let warps = [want.warps_per_block[0], want.warps_per_block[1]];
+    Some(WgDot { a: ASrc::Smem(tile(m, 0, 1, 1)), b: tile(n, 1, 0, 0), b_mn: false, m, n, kk, groups: 0, dtype: k.ty(ops[0]).dtype, mma: Some(warps) })
 }
 
 /// The value an operand is a transpose chain of, and per operand axis the axis of that
@@ -211,11 +262,12 @@ fn only_slots(k: &Kernel, dots: &HashMap<OpId, WgDot>, v: ValueId, want: &SmemTi
 /// which roots are staged where they are defined, then which of those loads a ring
 /// takes, then the offsets (a ring's region holds two tiles).
 /// Without `rings`, no load takes a ring (each is staged where it is defined).
-pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec, rings: bool) -> WgPlan {
+/// `wgmma`: the target has WGMMA; elsewhere only the `mma.sync` rule's dots are planned.
+pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec, rings: bool, wgmma: bool) -> WgPlan {
     let mut p = WgPlan::default();
     for op in k.ops() {
         if matches!(k.op(op), Op::Dot { .. }) {
-            if let Some(d) = wg_dot(k, op) {
+            if let Some(d) = wg_dot(k, op).filter(|_| wgmma).or_else(|| mma_dot(k, op)) {
                 p.dots.insert(op, d);
             }
         }
@@ -253,7 +305,8 @@ pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec, rings: bool) -> WgPla
         }
     }
     let loops = super::operand_ring::enclosing_loops(k);
-    for &r in roots.iter().filter(|_| rings) {
+    let ringable: Vec<ValueId> = roots.iter().copied().filter(|r| rings && !p.eager[r].padded).collect();
+    for &r in &ringable {
         if let Some(l) = super::operand_ring::ring_load(k, spec, &loops, r, &p.eager[&r]) {
             p.eager.get_mut(&r).unwrap().ring = Some(l);
             p.rings.entry(l).or_default().push(r);
@@ -381,7 +434,9 @@ impl Emitter<'_> {
             return Err(CodegenError::Unsupported("a `dot` operand with a kept extent-1 axis".into()));
         };
         let f = &map.axes[cm];
-        let w = if f.e_stride == 1 && f.elem_step == 1 && f.spt > 1 { f.spt.min(8) } else { 1 };
+        // (a padded row starts on a 4-byte boundary only: pairs at most)
+        let widest = if t.padded { 2 } else { 8 };
+        let w = if f.e_stride == 1 && f.elem_step == 1 && f.spt > 1 { f.spt.min(widest) } else { 1 };
         let w = if f.piece % w == 0 { w } else { 1 };
         let (klo, khi) = (val.lo[t.k_axis].clone(), val.hi[t.k_axis].clone());
         let pk = if val.dtype == DType::F16 { "kf_pk_f16" } else { "kf_pk_bf16" };
@@ -403,8 +458,7 @@ impl Emitter<'_> {
             let kc = if t.k_axis == t.col_axis { format!("c + {i}") } else { "r".to_string() };
             format!("((long long)({kc}) >= (long long)({klo}) && (long long)({kc}) < (long long)({khi}) ? {} : 0.0f)", e.reg(x, &format!("k + {i}")))
         };
-        let half = t.span / 2;
-        let at = format!("kf_swz((c / {half}) * {} + r * {} + (c % {half}) * 2, {})", t.rows * t.span, t.span, t.span / 16 - 1);
+        let at = t.at("r", "c");
         let dst = t.base();
         if w == 1 {
             let v = super::from_reg(val.dtype, &elem(self, 0));
@@ -422,7 +476,9 @@ impl Emitter<'_> {
             self.close()?;
         }
         self.close()?;
-        self.line("kf_proxy_fence();")?;
+        if !t.padded {
+            self.line("kf_proxy_fence();")?;
+        }
         self.wg_dirty = true;
         self.close()
     }

@@ -186,8 +186,7 @@ impl Emitter<'_> {
         self.open(format!("for (int q = kf_tid; q < {chunks}; q += {threads})"))?;
         self.line(format!("const int r = q / {}, c = (q % {}) * 8;", cols / 8, cols / 8))?;
         self.line("const long long kf_n = r < kf_vr ? kf_maxi(0LL, kf_mini(kf_vc - c, 8LL)) : 0LL;")?;
-        let half = t.span / 2;
-        let at = format!("kf_swz((c / {half}) * {} + r * {} + (c % {half}) * 2, {})", rows * t.span, t.span, t.span / 16 - 1);
+        let at = t.at("r", "c");
         self.line(format!(
             "kf_cp16(kf_ops + {} + {stage} * {} + {at}, kf_n > 0 ? kf_src + (long long)r * {stride} + c : kf_src, (unsigned)(kf_n * 2));",
             t.off,
