@@ -10,7 +10,9 @@
 //! rows × `b`'s columns. Like every shared-memory user here, it opens with a barrier so
 //! that the previous user's readers are done.
 //!
-//! Two rules, the faster first:
+//! Three rules, the fastest first:
+//! 0. On sm_90a, a dot the block's warpgroups hold in the `m64nN` accumulator layout:
+//!    `wgmma` (`dot_wgmma.rs`).
 //! 1. f16/bf16 operands whose result `assign_layouts` put in the `m16n8k16` accumulator
 //!    layout (`one_dot_mma_layout`): `mma.sync` on the tensor cores, which every target
 //!    from sm_80 has. The operands are staged as above but `b` transposed (`[N, K]`, so
@@ -21,9 +23,12 @@
 //! 2. Otherwise exact f32 FMAs, summed in ascending `k` (the interpreter sums in f64):
 //!    results agree to f32 rounding.
 //!
-//! Both products are exact (f16/bf16 products fit f32); the sums round in f32. Staging
-//! every call is this writer's cost: a loop-invariant operand (flash attention's Q) is
-//! staged again at each iteration, and the copies are not pipelined with the math.
+//! Both products are exact (f16/bf16 products fit f32); the sums round in f32. Under
+//! rule 1 an operand whose value feeds only such dots in one form is staged where it is
+//! defined instead (`dot_wgmma::plan`, the tiles `padded`: a loop-invariant Q once, K and
+//! V as loaded), zero outside its own valid range; the dot then reads it there. Rule 2
+//! stages at every call, not pipelined with the math. Each rule adds a line to the plan
+//! (`Emitted::dot_notes`).
 
 use kfuse_ir::{DType, Layout, OpId, ValueId};
 

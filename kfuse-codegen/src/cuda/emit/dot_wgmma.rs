@@ -33,8 +33,12 @@
 //! it gives NaN). The result is valid on A's rows × B's columns.
 //!
 //! The dot is synchronous: the instructions are committed and waited for before the
-//! next op (`wgmma.wait_group 0`); overlapping them with the next loads is the
-//! pipelining pass's work, not done here.
+//! next op (`wgmma.wait_group 0`); loads inside a loop overlap them through the operand
+//! rings (`operand_ring.rs`), the math of one warpgroup does not.
+//!
+//! The plan ([`plan`]) also places the operands of dots on the `mma.sync` rule
+//! (`dot.rs`, rule 1) as padded tiles (`SmemTile::padded`), so that those too are staged
+//! where their values are defined; rings take only WGMMA tiles.
 
 use std::collections::{BTreeMap, HashMap};
 
