@@ -175,7 +175,7 @@ pub(super) struct WgPlan {
 /// The widest swizzle (bytes) whose span divides a contiguous extent of `cols` 16-bit
 /// elements.
 fn span_of(cols: u32) -> Option<u32> {
-    [128, 64, 32].into_iter().find(|s| (cols * 2) % s == 0)
+    [128, 64, 32].into_iter().find(|s| (cols * 2).is_multiple_of(*s))
 }
 
 /// The dot's WGMMA form, if the rule applies (see the module docs); tiles at offset 0 in
@@ -290,7 +290,7 @@ pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec, rings: bool, wgmma: b
             let (r, map) = root(k, k.operands(op)[slot]);
             let want = in_root(t, map);
             let defined = !matches!(k.op(r.op()), Op::LoopCarried { .. } | Op::LoopResult { .. } | Op::For { .. });
-            if !p.eager.contains_key(&r) && defined && k.schedule.layouts.get(&r).is_some() && only_slots(k, &p.dots, r, &want) {
+            if !p.eager.contains_key(&r) && defined && k.schedule.layouts.contains_key(&r) && only_slots(k, &p.dots, r, &want) {
                 p.eager.insert(r, SmemTile { eager: true, ..want });
                 roots.push(r);
             }

@@ -174,7 +174,7 @@ impl Emitter<'_> {
         let t = self.wg.as_ref().unwrap().eager[&v].clone();
         let (base, _, his) = self.ring_addr(v, l, idx)?;
         let Op::Load { tensor, dims } = self.k.op(v.op()) else { unreachable!() };
-        let row_dim = (0..dims.len()).filter(|&d| matches!(dims[d], AccessDim::Tile(_))).next().unwrap();
+        let row_dim = (0..dims.len()).find(|&d| matches!(dims[d], AccessDim::Tile(_))).unwrap();
         let stride = self.stride(*tensor, row_dim);
         let (cols, rows) = (t.cols, t.rows);
         let chunks = rows * cols / 8;
