@@ -45,7 +45,7 @@ impl Emitter<'_> {
         let label = super::dot_wgmma::dot_label(self.k, op);
         if let Some(warps) = self.mma_rule(op) {
             // operands the plan wrote where they were defined are read there
-            let eager = |t: &super::dot_wgmma::SmemTile| t.eager.then(|| t.base_ptr());
+            let eager = |t: &super::dot_wgmma::SmemTile| t.eager.then(|| t.base());
             let (ea, eb) = planned.as_ref().map_or((None, None), |d| (d.a_tile().and_then(eager), eager(d.b_tile())));
             let at = |e: &Option<String>| if e.is_some() { "written where it is defined" } else { "written at the dot" };
             self.dot_notes.push(format!("{label}: mma.sync m16n8k16 over {}x{} warps; A in shared memory {}; B in shared memory {}", warps[0], warps[1], at(&ea), at(&eb)));

@@ -97,11 +97,8 @@ impl SmemTile {
         let half = self.span / 2;
         format!("kf_swz((({c}) / {half}) * {} + ({r}) * {} + (({c}) % {half}) * 2, {})", self.rows * self.span, self.span, self.span / 16 - 1)
     }
-    /// The start of the tile (a C pointer expression).
-    pub(super) fn base_ptr(&self) -> String {
-        self.base()
-    }
-    fn base(&self) -> String {
+    /// The start of the tile (a C pointer expression): in a ring, the current stage's.
+    pub(super) fn base(&self) -> String {
         match self.ring {
             Some(l) => format!("(kf_ops + {} + kf_st{} * {})", self.off, l.0, self.bytes()),
             None => format!("({} + {})", if self.eager { "kf_ops" } else { "kf_smem" }, self.off),
