@@ -13,8 +13,9 @@
 //! several accesses takes the smallest choice. `Spec::tiles` overrides by name.
 //!
 //! Threads: one per 8 elements of the largest tile ([`ELEMS_PER_THREAD`]), between 32
-//! and 512, for rank-1 tiles without a full extent; one per 16, up to 256, for tiles of
-//! higher rank ([`TILE2D_ELEMS_PER_THREAD`]); one per 32 elements, up to 1024, for rows
+//! and 512, for rank-1 tiles without a full extent and for purely elementwise kernels of
+//! any rank; one per 16, up to 256, for other tiles of higher rank
+//! ([`TILE2D_ELEMS_PER_THREAD`]: transposes, reductions, loops); one per 32 elements, up to 1024, for rows
 //! ([`ROW_ELEMS_PER_THREAD`]: 128 threads at 1024- and 4096-element rows, 512 at 16384).
 //!
 //! Long rows: when a full-extent tile would need more than 32 elements per thread,
