@@ -24,6 +24,19 @@ use crate::layout::{AxisMap, RegMap};
 use crate::target::{KernelParam, Spec, Target};
 use crate::CodegenError;
 
+/// `cp.async` of 16 bytes with a source size (the rest zero-filled) and its groups (PTX
+/// ISA), as one literal: shared by the mma.sync path's prelude and the operand rings'.
+macro_rules! cp_async_helpers {
+    () => {
+        r#"static __device__ __forceinline__ void kf_cp_async16(unsigned dst, const void* src, unsigned bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void kf_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void kf_cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+"#
+    };
+}
+
 mod access;
 mod dot;
 mod dot_fma;
@@ -34,8 +47,9 @@ mod mma_sm80;
 mod operand_ring;
 mod wgmma;
 
-/// Static shared memory above this needs the dynamic opt-in, which the writer does not
-/// do yet.
+/// Static shared memory above this needs the dynamic opt-in, which the writer makes only
+/// for kernels with an operand area (`dot_wgmma`'s plan); other shared-memory users (and
+/// operands staged at their dot) stay within it.
 const MAX_STATIC_SMEM: u32 = 48 * 1024;
 
 /// What the writer knows of an emitted value.

@@ -40,19 +40,14 @@ use kfuse_ir::{LoopInfo, Major, MmaPlan, ParamId};
 use crate::target::GridAxisEval;
 
 /// The helpers of the mma.sync path (PTX ISA: `cp.async`, `ldmatrix`, `mma.sync`).
-const MMA_SYNC_PRELUDE: &str = r#"static __device__ __forceinline__ unsigned kf_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-static __device__ __forceinline__ void kf_cp_async16(unsigned dst, const void* src, unsigned bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void kf_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> static __device__ __forceinline__ void kf_cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
-static __device__ __forceinline__ void kf_ldsm_x4(unsigned* r, unsigned addr) {
+const MMA_SYNC_PRELUDE: &str = concat!(r#"static __device__ __forceinline__ unsigned kf_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+"#, cp_async_helpers!(), r#"static __device__ __forceinline__ void kf_ldsm_x4(unsigned* r, unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
 static __device__ __forceinline__ void kf_ldsm_x4_t(unsigned* r, unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
-"#;
+"#);
 
 /// `kf_mma(d, a, b)`: `d += a · b` for one `m16n8k16` tile (f32 accumulators).
 fn mma_fn(dtype: DType) -> String {

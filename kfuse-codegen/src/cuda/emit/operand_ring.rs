@@ -106,7 +106,7 @@ impl Emitter<'_> {
             self.ring_copy(*v, l, &lo, "0")?;
         }
         self.close()?;
-        self.line("kf_cp_commit();")
+        self.line("kf_cp_async_commit();")
     }
 
     /// At a ring load inside its loop: the first one of the loop fetches the next
@@ -123,8 +123,8 @@ impl Emitter<'_> {
                 self.ring_copy(*x, l, &format!("({iv} + ({step}))"), &format!("(kf_st{} ^ 1)", l.0))?;
             }
             self.close()?;
-            self.line("kf_cp_commit();")?;
-            self.line("kf_cp_wait1();")?;
+            self.line("kf_cp_async_commit();")?;
+            self.line("kf_cp_async_wait<1>();")?;
             self.line("kf_proxy_fence();")?;
             self.line(self.barrier)?;
             self.wg_synced = true;
@@ -188,7 +188,7 @@ impl Emitter<'_> {
         self.line("const long long kf_n = r < kf_vr ? kf_maxi(0LL, kf_mini(kf_vc - c, 8LL)) : 0LL;")?;
         let at = t.at("r", "c");
         self.line(format!(
-            "kf_cp16(kf_ops + {} + {stage} * {} + {at}, kf_n > 0 ? kf_src + (long long)r * {stride} + c : kf_src, (unsigned)(kf_n * 2));",
+            "kf_cp_async16(kf_saddr(kf_ops + {} + {stage} * {} + {at}), kf_n > 0 ? kf_src + (long long)r * {stride} + c : kf_src, (unsigned)(kf_n * 2));",
             t.off,
             t.bytes()
         ))?;
@@ -197,10 +197,5 @@ impl Emitter<'_> {
     }
 }
 
-/// The `cp.async` helpers of kernels with a ring.
-pub(super) const RING_PRELUDE: &str = r#"static __device__ __forceinline__ void kf_cp16(void* dst, const void* src, unsigned n) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(n) : "memory");
-}
-static __device__ __forceinline__ void kf_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-static __device__ __forceinline__ void kf_cp_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-"#;
+/// The `cp.async` helpers of kernels with a ring (the mma.sync path's, `cp_async_helpers`).
+pub(super) const RING_PRELUDE: &str = cp_async_helpers!();
