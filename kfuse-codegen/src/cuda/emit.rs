@@ -1155,7 +1155,6 @@ impl<'a> Emitter<'a> {
         if !full {
             self.line(format!("const int {bhi} = (int)({shi});"))?;
         }
-        self.unroll("k", smap.regs)?;
         let c = coord_raw(&smap, mi, "k");
         let dst = match &rmap {
             Some(rm) => project(&smap, rm, "k"),
@@ -1171,8 +1170,30 @@ impl<'a> Emitter<'a> {
         let check = format!("{lo_check}{hi_check}");
         let check = check.trim_end_matches(" && ");
         let update = format!("{name}[{dst}] = {};", comb(&format!("{name}[{dst}]"), &self.reg(src, "k")));
+        // a tile valid along the whole axis (in a loop, every tile but the last) takes
+        // an unmasked copy: one branch on the block-uniform bounds instead of a compare
+        // per register
+        let mut whole = Vec::new();
+        if slo != "0" {
+            whole.push(format!("{blo} <= 0"));
+        }
+        if !full {
+            whole.push(format!("{bhi} >= {}", s.shape[axis]));
+        }
+        if !check.is_empty() && !am.replicated() {
+            self.open(format!("if ({})", whole.join(" && ")))?;
+            self.unroll("k", smap.regs)?;
+            self.line(&update)?;
+            self.close()?;
+            self.close()?;
+            self.open("else")?;
+        }
+        self.unroll("k", smap.regs)?;
         self.line(if check.is_empty() { update } else { format!("if ({check}) {update}") })?;
         self.close()?;
+        if !check.is_empty() && !am.replicated() {
+            self.close()?;
+        }
         // 2. across lanes
         if am.tpw > 1 {
             let mut m = 1;

@@ -448,6 +448,15 @@ impl Emitter<'_> {
             self.wg_synced = true;
         }
         self.open("")?;
+        // the bounds lie in [0, extent]: compared in 32 bits, and only where they mask
+        let (blo, bhi) = (self.fresh("kf_slo"), self.fresh("kf_shi"));
+        let kext = val.shape[t.k_axis].to_string();
+        if klo != "0" {
+            self.line(format!("const int {blo} = (int)({klo});"))?;
+        }
+        if khi != kext {
+            self.line(format!("const int {bhi} = (int)({khi});"))?;
+        }
         self.line("#pragma unroll")?;
         self.open(format!("for (int k = 0; k < {}; k += {w})", map.regs))?;
         self.line(format!("const int r = {}, c = {};", coord(&map, rm, "k"), coord(&map, cm, "k")))?;
@@ -457,7 +466,15 @@ impl Emitter<'_> {
         }
         let elem = |e: &Self, i: u32| -> String {
             let kc = if t.k_axis == t.col_axis { format!("c + {i}") } else { "r".to_string() };
-            format!("((long long)({kc}) >= (long long)({klo}) && (long long)({kc}) < (long long)({khi}) ? {} : 0.0f)", e.reg(x, &format!("k + {i}")))
+            let mut inside = Vec::new();
+            if klo != "0" {
+                inside.push(format!("{kc} >= {blo}"));
+            }
+            if khi != kext {
+                inside.push(format!("{kc} < {bhi}"));
+            }
+            let r = e.reg(x, &format!("k + {i}"));
+            if inside.is_empty() { r } else { format!("({} ? {r} : 0.0f)", inside.join(" && ")) }
         };
         let at = t.at("r", "c");
         let dst = t.base();
@@ -514,6 +531,12 @@ impl Emitter<'_> {
             self.line(self.barrier)?;
             self.wg_dirty = false;
         }
+        // A from registers: packed before the fence, so no instruction writes a
+        // register of the chain between its instructions (ptxas waits there)
+        let packed = match &d.a {
+            ASrc::Regs => self.mask_k(a, &av, &bv, d.dtype)?,
+            ASrc::Smem(_) => String::new(),
+        };
         // the instructions add to the accumulator: start it at the one addend (`acc *
         // alpha + dot(p, v)`), or at 0
         self.unroll("k", regs)?;
@@ -523,13 +546,7 @@ impl Emitter<'_> {
         self.line("kf_wg_fence();")?;
         self.line("const int kf_wg = kf_warp / 4;")?;
         let b_desc = self.b_desc(&d);
-        let (klo, khi) = (format!("kf_maxi({}, {})", av.lo[1], bv.lo[0]), format!("kf_mini({}, {})", av.hi[1], bv.hi[0]));
-        match &d.a {
-            // lanes outside the valid k range are packed as 0 (a branch to an untested
-            // copy for tiles valid along all of k made ptxas spill flash attention)
-            ASrc::Regs => self.issue(&d, &fname, &name, &b_desc, a, &av, Some((&klo, &khi)))?,
-            ASrc::Smem(_) => self.issue(&d, &fname, &name, &b_desc, a, &av, None)?,
-        }
+        self.issue(&d, &fname, &name, &b_desc, &packed)?;
         self.line("kf_wg_commit_wait();")?;
         self.wg_synced = false;
         self.close()
@@ -555,36 +572,69 @@ impl Emitter<'_> {
         format!("{}: wgmma m64n{}k16 over {} warpgroup(s){onto}; A from {a}; B from {b}", dot_label(self.k, op), d.n, d.groups)
     }
 
-    /// The instructions of every rep and k step; A from registers packed in pairs (lanes
-    /// outside `mask`'s k range as 0) or from its shared-memory tile.
-    #[allow(clippy::too_many_arguments)]
-    fn issue(&mut self, d: &WgDot, fname: &str, name: &str, b_desc: &str, a: ValueId, av: &Val, mask: Option<(&str, &str)>) -> R {
+    /// A's registers for the register-A instructions, packed in pairs into a new array
+    /// of 32-bit words (its name returned). Lanes outside the valid k range (the
+    /// intersection of `a`'s columns and `b`'s rows) are 0, zeroed under one branch on
+    /// the block-uniform bounds that only a partial tile takes: a whole tile packs its
+    /// registers as they are (a compare and a select per register before, 128 of flash
+    /// attention's instructions a tile). A lane outside the range may hold inf or NaN
+    /// while the other operand's row there is 0.
+    fn mask_k(&mut self, a: ValueId, av: &Val, bv: &Val, dtype: DType) -> Result<String, CodegenError> {
+        let amap = av.map.clone().ok_or_else(|| CodegenError::Unsupported("a `dot` operand that is a scalar".into()))?;
+        let name = self.fresh("kf_pa");
+        self.line(format!("float {name}[{}];", amap.regs))?;
+        self.unroll("k", amap.regs)?;
+        self.line(format!("{name}[k] = {};", self.reg(a, "k")))?;
+        self.close()?;
+        let kext = av.shape[1];
+        let mut whole = Vec::new();
+        let mut outside = Vec::new();
+        let c = coord(&amap, av.axis_map[1].unwrap_or(1), "k");
+        let (klo, khi) = (self.fresh("kf_klo"), self.fresh("kf_khi"));
+        let los: Vec<&String> = [&av.lo[1], &bv.lo[0]].into_iter().filter(|l| l.as_str() != "0").collect();
+        let his: Vec<&String> = [&av.hi[1], &bv.hi[0]].into_iter().filter(|h| h.as_str() != kext.to_string()).collect();
+        if !los.is_empty() || !his.is_empty() {
+            self.open("")?;
+        if !los.is_empty() {
+            let lo = los.iter().fold("0LL".to_string(), |acc, l| format!("kf_maxi({acc}, {l})"));
+            self.line(format!("const int {klo} = (int)({lo});"))?;
+            whole.push(format!("{klo} <= 0"));
+            outside.push(format!("({c}) < {klo}"));
+        }
+        if !his.is_empty() {
+            let hi = his.iter().fold(format!("{kext}LL"), |acc, h| format!("kf_mini({acc}, {h})"));
+            self.line(format!("const int {khi} = (int)({hi});"))?;
+            whole.push(format!("{khi} >= {kext}"));
+            outside.push(format!("({c}) >= {khi}"));
+        }
+            self.open(format!("if (!({}))", whole.join(" && ")))?;
+            self.unroll("k", amap.regs)?;
+            self.line(format!("if ({}) {name}[k] = 0.0f;", outside.join(" || ")))?;
+            self.close()?;
+            self.close()?;
+            self.close()?;
+        }
+        let pk = if dtype == DType::F16 { "kf_pk_f16" } else { "kf_pk_bf16" };
+        let words = self.fresh("kf_pw");
+        self.line(format!("unsigned {words}[{}];", amap.regs / 2))?;
+        self.unroll("k", amap.regs / 2)?;
+        self.line(format!("{words}[k] = {pk}({name}[2 * k], {name}[2 * k + 1]);"))?;
+        self.close()?;
+        Ok(words)
+    }
+
+    /// The instructions of every rep and k step; A from the packed words `pa` (see
+    /// `mask_k`), or from its shared-memory tile.
+    fn issue(&mut self, d: &WgDot, fname: &str, name: &str, b_desc: &str, pa: &str) -> R {
         let reps = d.m / (64 * d.groups);
         self.unroll("i", reps)?;
         self.unroll("s", d.kk / 16)?;
         let acc = format!("&{name}[i * {}]", d.n / 2);
         match &d.a {
             ASrc::Regs => {
-                // A's registers of k step s: 8 s .. 8 s + 7 of the rep's n/2 (LAYOUTS §4.4)
-                let amap = av.map.clone().unwrap();
-                let pk = if d.dtype == DType::F16 { "kf_pk_f16" } else { "kf_pk_bf16" };
-                let mut words = Vec::new();
-                for q in 0..4 {
-                    let pair: Vec<String> = (0..2)
-                        .map(|h| {
-                            let idx = format!("i * {} + 8 * s + {}", d.kk / 2, 2 * q + h);
-                            let r = self.reg(a, &idx);
-                            match mask {
-                                None => r,
-                                Some((klo, khi)) => {
-                                    let c = coord(&amap, av.axis_map[1].unwrap_or(1), &idx);
-                                    format!("((long long)({c}) >= (long long)({klo}) && (long long)({c}) < (long long)({khi}) ? {r} : 0.0f)")
-                                }
-                            }
-                        })
-                        .collect();
-                    words.push(format!("{pk}({}, {})", pair[0], pair[1]));
-                }
+                // A's registers of k step s: 8 s .. 8 s + 7 of the rep's n/2 (LAYOUTS §4.4),
+                // words 4 s .. 4 s + 3
+                let words: Vec<String> = (0..4).map(|q| format!("{pa}[i * {} + 4 * s + {q}]", d.kk / 4)).collect();
                 self.line(format!("{fname}({acc}, {}, {b_desc});", words.join(", ")))?;
             }
             ASrc::Smem(t) => {

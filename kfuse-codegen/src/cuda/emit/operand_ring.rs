@@ -16,7 +16,10 @@
 //! commit, a wait for all but that newest group (this iteration's tiles have landed),
 //! `fence.proxy.async` (the copies are generic-proxy writes, WGMMA reads through the
 //! async proxy) and a barrier. The stage flips at the end of the body. Each copy is 16
-//! bytes (8 elements) of one row into its swizzled place; the source size is the
+//! bytes (8 elements) of one row into its swizzled place. A thread copies the same
+//! columns of rows a fixed step apart, so its source pointer and swizzled place are
+//! computed once and each copy adds a constant. A tile valid whole (in a loop, every tile
+//! but the last) copies 16 bytes each without a check; otherwise the source size is the
 //! elements inside the tensor (0 for rows past its end or an index past its extent), and
 //! `cp.async` fills the rest with zeros — the zero lanes outside the valid range that
 //! the dot needs. No register holds these tiles.
@@ -179,20 +182,51 @@ impl Emitter<'_> {
         let (cols, rows) = (t.cols, t.rows);
         let chunks = rows * cols / 8;
         let threads = self.k.schedule.num_threads;
+        let per_row = cols / 8;
         self.open("")?;
         self.line(format!("const kf_u16* kf_src = {base};"))?;
-        self.line(format!("const long long kf_vr = {}, kf_vc = {};", his[0], his[1]))?;
-        self.line("#pragma unroll")?;
-        self.open(format!("for (int q = kf_tid; q < {chunks}; q += {threads})"))?;
-        self.line(format!("const int r = q / {}, c = (q % {}) * 8;", cols / 8, cols / 8))?;
-        self.line("const long long kf_n = r < kf_vr ? kf_maxi(0LL, kf_mini(kf_vc - c, 8LL)) : 0LL;")?;
-        let at = t.at("r", "c");
-        self.line(format!(
-            "kf_cp_async16(kf_saddr(kf_ops + {} + {stage} * {} + {at}), kf_n > 0 ? kf_src + (long long)r * {stride} + c : kf_src, (unsigned)(kf_n * 2));",
-            t.off,
-            t.bytes()
-        ))?;
-        self.close()?;
+        // the valid extents lie in [0, tile]: 32-bit from here on
+        self.line(format!("const int kf_vr = (int)({}), kf_vc = (int)({});", his[0], his[1]))?;
+        // each thread copies the same columns of rows `rs` apart: its source pointer,
+        // bytes and (where `rs` rows are whole swizzle periods) its swizzled place are
+        // computed once, and each copy adds a constant
+        let rs = threads / per_row.max(1);
+        let step = if t.padded { Some(rs * t.row_elems() * 2) } else { rs.is_multiple_of(8).then_some(rs * t.span) };
+        match step {
+            Some(step) if threads.is_multiple_of(per_row) && chunks.is_multiple_of(threads) => {
+                let iters = chunks / threads;
+                self.line(format!("const int kf_r0 = kf_tid / {per_row}, kf_c = (kf_tid % {per_row}) * 8;"))?;
+                self.line(format!("const char* kf_g = (const char*)(kf_src + (long long)kf_r0 * {stride} + kf_c);"))?;
+                self.line(format!("const long long kf_gs = (long long){rs} * {stride} * 2;"))?;
+                self.line(format!("const unsigned kf_d = kf_saddr(kf_ops + {} + {stage} * {} + {});", t.off, t.bytes(), t.at("kf_r0", "kf_c")))?;
+                // a whole tile (every one but a loop's last): 16 bytes a copy, no checks
+                self.open(format!("if (kf_vr >= {rows} && kf_vc >= {cols})"))?;
+                self.unroll("it", iters)?;
+                self.line(format!("kf_cp_async16(kf_d + it * {step}u, kf_g + it * kf_gs, 16u);"))?;
+                self.close()?;
+                self.close()?;
+                self.open("else")?;
+                self.line("const unsigned kf_nb = (unsigned)(kf_vc - kf_c < 0 ? 0 : kf_vc - kf_c > 8 ? 8 : kf_vc - kf_c) * 2u;")?;
+                self.unroll("it", iters)?;
+                self.line(format!("const unsigned kf_n = kf_r0 + it * {rs} < kf_vr ? kf_nb : 0u;"))?;
+                self.line(format!("kf_cp_async16(kf_d + it * {step}u, kf_n > 0 ? (const void*)(kf_g + it * kf_gs) : (const void*)kf_src, kf_n);"))?;
+                self.close()?;
+                self.close()?;
+            }
+            _ => {
+                self.line("#pragma unroll")?;
+                self.open(format!("for (int q = kf_tid; q < {chunks}; q += {threads})"))?;
+                self.line(format!("const int r = q / {per_row}, c = (q % {per_row}) * 8;"))?;
+                self.line("const int kf_n = r < kf_vr ? (kf_vc - c < 0 ? 0 : kf_vc - c > 8 ? 8 : kf_vc - c) : 0;")?;
+                let at = t.at("r", "c");
+                self.line(format!(
+                    "kf_cp_async16(kf_saddr(kf_ops + {} + {stage} * {} + {at}), kf_n > 0 ? kf_src + (long long)r * {stride} + c : kf_src, (unsigned)(kf_n * 2));",
+                    t.off,
+                    t.bytes()
+                ))?;
+                self.close()?;
+            }
+        }
         self.close()
     }
 }
