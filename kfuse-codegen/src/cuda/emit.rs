@@ -1170,9 +1170,11 @@ impl<'a> Emitter<'a> {
         let check = format!("{lo_check}{hi_check}");
         let check = check.trim_end_matches(" && ");
         let update = format!("{name}[{dst}] = {};", comb(&format!("{name}[{dst}]"), &self.reg(src, "k")));
-        // a tile valid along the whole axis (in a loop, every tile but the last) takes
+        // in a loop, a tile valid along the whole axis (every tile but the last) takes
         // an unmasked copy: one branch on the block-uniform bounds instead of a compare
-        // per register
+        // per register. Outside loops the compares stay (the second copy cost row
+        // kernels held to few registers their spill-free schedule: softmax over 1024
+        // columns spilled at 48)
         let mut whole = Vec::new();
         if slo != "0" {
             whole.push(format!("{blo} <= 0"));
@@ -1180,7 +1182,8 @@ impl<'a> Emitter<'a> {
         if !full {
             whole.push(format!("{bhi} >= {}", s.shape[axis]));
         }
-        if !check.is_empty() && !am.replicated() {
+        let split = !check.is_empty() && !am.replicated() && self.loop_depth > 0;
+        if split {
             self.open(format!("if ({})", whole.join(" && ")))?;
             self.unroll("k", smap.regs)?;
             self.line(&update)?;
@@ -1191,7 +1194,7 @@ impl<'a> Emitter<'a> {
         self.unroll("k", smap.regs)?;
         self.line(if check.is_empty() { update } else { format!("if ({check}) {update}") })?;
         self.close()?;
-        if !check.is_empty() && !am.replicated() {
+        if split {
             self.close()?;
         }
         // 2. across lanes
