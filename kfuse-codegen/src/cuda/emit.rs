@@ -1169,7 +1169,19 @@ impl<'a> Emitter<'a> {
         let hi_check = if full { String::new() } else { format!("{c} < {bhi}") };
         let check = format!("{lo_check}{hi_check}");
         let check = check.trim_end_matches(" && ");
-        let update = format!("{name}[{dst}] = {};", comb(&format!("{name}[{dst}]"), &self.reg(src, "k")));
+        // in a loop, a thread's registers of one result register fold into 4 partials
+        // (consecutive quarters of its registers), combined at the end: chains a
+        // quarter as long (flash attention's row max and sum: 32 dependent
+        // instructions each, a latency no other warp of the lockstep block hides)
+        let tree = self.loop_depth > 0 && smap.regs % 4 == 0 && smap.regs >= 8 * nregs;
+        let tgt = if tree { format!("{}_t[(k) / {}]", name, smap.regs / 4) } else { name.clone() };
+        if tree {
+            self.line(format!("{} {name}_t[4][{nregs}];", ctype(d)))?;
+            self.unroll("k", 4 * nregs)?;
+            self.line(format!("{name}_t[k / {nregs}][k % {nregs}] = {ident};"))?;
+            self.close()?;
+        }
+        let update = format!("{tgt}[{dst}] = {};", comb(&format!("{tgt}[{dst}]"), &self.reg(src, "k")));
         // in a loop, a tile valid along the whole axis (every tile but the last) takes
         // an unmasked copy: one branch on the block-uniform bounds instead of a compare
         // per register. Outside loops the compares stay (the second copy cost row
@@ -1195,6 +1207,12 @@ impl<'a> Emitter<'a> {
         self.line(if check.is_empty() { update } else { format!("if ({check}) {update}") })?;
         self.close()?;
         if split {
+            self.close()?;
+        }
+        if tree {
+            self.unroll("k", nregs)?;
+            let t = |i: u32| format!("{name}_t[{i}][k]");
+            self.line(format!("{name}[k] = {};", comb(&comb(&t(0), &t(1)), &comb(&t(2), &t(3)))))?;
             self.close()?;
         }
         // 2. across lanes

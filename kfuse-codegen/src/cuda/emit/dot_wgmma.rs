@@ -545,8 +545,7 @@ impl Emitter<'_> {
         self.close()?;
         self.line("kf_wg_fence();")?;
         self.line("const int kf_wg = kf_warp / 4;")?;
-        let b_desc = self.b_desc(&d);
-        self.issue(&d, &fname, &name, &b_desc, &packed)?;
+        self.issue(&d, &fname, &name, &packed)?;
         self.line("kf_wg_commit_wait();")?;
         self.wg_synced = false;
         self.close()
@@ -625,7 +624,18 @@ impl Emitter<'_> {
 
     /// The instructions of every rep and k step; A from the packed words `pa` (see
     /// `mask_k`), or from its shared-memory tile.
-    fn issue(&mut self, d: &WgDot, fname: &str, name: &str, b_desc: &str, pa: &str) -> R {
+    fn issue(&mut self, d: &WgDot, fname: &str, name: &str, pa: &str) -> R {
+        // each descriptor is built once, at the tile's first k step; a step adds its
+        // byte offset (a multiple of 16, the address field's unit) to the address field
+        let bd = self.fresh("kf_bd");
+        let (b_base, b_off) = self.b_desc(d);
+        self.line(format!("const unsigned long long {bd} = {b_base};"))?;
+        let b_desc = format!("{bd} + (unsigned long long)(({b_off}) >> 4)");
+        let ad = self.fresh("kf_ad");
+        if let ASrc::Smem(t) = &d.a {
+            let base = format!("{} + 64 * kf_wg * {}", t.base(), t.span);
+            self.line(format!("const unsigned long long {ad} = kf_wdesc({base}, 16, {}, {});", 8 * t.span, t.mode()))?;
+        }
         let reps = d.m / (64 * d.groups);
         self.unroll("i", reps)?;
         self.unroll("s", d.kk / 16)?;
@@ -638,18 +648,8 @@ impl Emitter<'_> {
                 self.line(format!("{fname}({acc}, {}, {b_desc});", words.join(", ")))?;
             }
             ASrc::Smem(t) => {
-                let a_desc = format!(
-                    "kf_wdesc({} + ((s * 32) / {}) * {} + 64 * (kf_wg + {} * i) * {} + (s * 32) % {}, 16, {}, {})",
-                    t.base(),
-                    t.span,
-                    t.rows * t.span,
-                    d.groups,
-                    t.span,
-                    t.span,
-                    8 * t.span,
-                    t.mode()
-                );
-                self.line(format!("{fname}({acc}, {a_desc}, {b_desc});"))?;
+                let a_off = format!("((s * 32) / {}) * {} + 64 * {} * i * {} + (s * 32) % {}", t.span, t.rows * t.span, d.groups, t.span, t.span);
+                self.line(format!("{fname}({acc}, {ad} + (unsigned long long)(({a_off}) >> 4), {b_desc});"))?;
             }
         }
         self.close()?;
@@ -699,14 +699,14 @@ impl Emitter<'_> {
         Some(Ok(()))
     }
 
-    /// B's descriptor at k step `s` (a C expression).
-    fn b_desc(&self, d: &WgDot) -> String {
+    /// B's descriptor at k step 0 and the byte offset of step `s` (C expressions).
+    fn b_desc(&self, d: &WgDot) -> (String, String) {
         let t = &d.b;
         if d.b_mn {
             // 16 k rows a step; LBO: atom to atom along n; SBO: 8 k rows
-            format!("kf_wdesc({} + s * {}, {}, {}, {})", t.base(), 16 * t.span, t.rows * t.span, 8 * t.span, t.mode())
+            (format!("kf_wdesc({}, {}, {}, {})", t.base(), t.rows * t.span, 8 * t.span, t.mode()), format!("s * {}", 16 * t.span))
         } else {
-            format!("kf_wdesc({} + ((s * 32) / {}) * {} + (s * 32) % {}, 16, {}, {})", t.base(), t.span, t.rows * t.span, t.span, 8 * t.span, t.mode())
+            (format!("kf_wdesc({}, 16, {}, {})", t.base(), 8 * t.span, t.mode()), format!("((s * 32) / {}) * {} + (s * 32) % {}", t.span, t.rows * t.span, t.span))
         }
     }
 }

@@ -10,12 +10,13 @@
 //! next iteration's tile is known before this one's math.
 //!
 //! Per loop with such loads: before the loop, the first iteration's tiles are copied
-//! into stage 0 (one `cp.async` group). At the first such load in the body: a barrier
-//! (the other stage's last readers, the previous iteration's instructions, are done),
-//! the next iteration's tiles into the other stage (when there is a next iteration), a
-//! commit, a wait for all but that newest group (this iteration's tiles have landed),
-//! `fence.proxy.async` (the copies are generic-proxy writes, WGMMA reads through the
-//! async proxy) and a barrier. The stage flips at the end of the body. Each copy is 16
+//! into stage 0 (one `cp.async` group). At the first such load in the body: a wait for
+//! the thread's copies (this iteration's tiles), `fence.proxy.async` (the copies are
+//! generic-proxy writes, WGMMA reads through the async proxy), one barrier (every
+//! thread's copies have landed, and the other stage's last readers, the previous
+//! iteration's instructions, are done), then the next iteration's tiles into the other
+//! stage (when there is a next iteration) and a commit. The stage flips at the end of
+//! the body. Each copy is 16
 //! bytes (8 elements) of one row into its swizzled place. A thread copies the same
 //! columns of rows a fixed step apart, so its source pointer and swizzled place are
 //! computed once and each copy adds a constant. A tile valid whole (in a loop, every tile
@@ -120,6 +121,11 @@ impl Emitter<'_> {
             let ops = self.k.operands(self.k.loop_info(l).unwrap().for_op);
             let (hi, step) = (self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone());
             let iv = super::loops::index_var(l);
+            // one barrier an iteration: after it every thread's copies of this
+            // iteration have landed and every thread is past the previous iteration,
+            // whose instructions read the other stage
+            self.line("kf_cp_async_wait<0>();")?;
+            self.line("kf_proxy_fence();")?;
             self.line(self.barrier)?;
             self.open(format!("if (({hi}) - {iv} > ({step}))"))?;
             for x in &loads {
@@ -127,9 +133,6 @@ impl Emitter<'_> {
             }
             self.close()?;
             self.line("kf_cp_async_commit();")?;
-            self.line("kf_cp_async_wait<1>();")?;
-            self.line("kf_proxy_fence();")?;
-            self.line(self.barrier)?;
             self.wg_synced = true;
             self.wg_dirty = false;
         }
