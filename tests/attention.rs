@@ -86,7 +86,7 @@ fn attention_against_float64() {
 
 /// The kernel compiles for sm_80 and sm_90a (NVRTC, `ptxas -v`) without spills, bf16 and
 /// f16, at B4 S4096 H16 D128, its dots on the tensor cores as the plan says (`wgmma` on
-/// sm_90a, `mma.sync` on sm_80).
+/// sm_90a, its rings filled by a producer warpgroup; `mma.sync` on sm_80).
 #[test]
 fn attention_compiles_for_sm80_and_sm90a() {
     let mut spec = common::snapshot_spec(&flash_attention::DEF);
@@ -98,6 +98,9 @@ fn attention_compiles_for_sm80_and_sm90a() {
             let name = format!("flash_attention_{dt}");
             match common::compile_assembled(&k, &spec, &target, &name) {
                 Ok((_, regs, spill)) if spill > 0 => failures.push(format!("{name} {}: {spill} bytes of spills ({regs} registers)", target.arch())),
+                Ok((e, _, _)) if target.sm >= 90 && !e.plan.to_string().contains("rings filled by a producer warpgroup") => {
+                    failures.push(format!("{name} {}: the rings are not warp-specialized:\n{}", target.arch(), e.plan))
+                }
                 Ok((e, _, _)) if !e.plan.to_string().contains(if target.sm >= 90 { "wgmma m64n128k16" } else { "mma.sync m16n8k16" }) => {
                     failures.push(format!("{name} {}: the plan names no dot on the tensor cores:\n{}", target.arch(), e.plan))
                 }

@@ -45,7 +45,8 @@ pub struct Plan {
     /// not: each is then lowered where it stands.
     pub dots_one_by_one: Option<String>,
     /// How each of those dots runs, in op order (the writer's rule: `wgmma`, `mma.sync`
-    /// or FMAs, and where the operands come from).
+    /// or FMAs, and where the operands come from), after a line saying how the operand
+    /// rings are filled where a producer warpgroup fills them.
     pub dots: Vec<String>,
     /// Threads a block (on the WGMMA path the consumer warpgroups and the producer).
     pub block_threads: u32,

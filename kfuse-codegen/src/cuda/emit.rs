@@ -45,6 +45,7 @@ mod loops;
 mod mma_common;
 mod mma_sm80;
 mod operand_ring;
+mod warp_specialize;
 mod wgmma;
 
 /// Static shared memory above this needs the dynamic opt-in, which the writer makes only
@@ -431,6 +432,12 @@ struct Emitter<'a> {
     /// Adds whose value a WGMMA dot accumulated in its own registers, with that dot's
     /// value (`dot_wgmma`'s `addend`).
     fused_adds: HashMap<OpId, ValueId>,
+    /// The rings run warp-specialized (`warp_specialize`): this writes the consumers'
+    /// code, or with `producer` the producer's.
+    ws: Option<warp_specialize::WsPlan>,
+    producer: bool,
+    /// The producer's program, written after the consumers' body.
+    producer_text: Option<String>,
 }
 
 type R = Result<(), CodegenError>;
@@ -465,6 +472,9 @@ impl<'a> Emitter<'a> {
             wg_dirty: false,
             fused_adds: HashMap::new(),
             dot_notes: Vec::new(),
+            ws: None,
+            producer: false,
+            producer_text: None,
         }
     }
 }
@@ -578,7 +588,9 @@ impl<'a> Emitter<'a> {
                 // a loop's iterations meet here: the state of the writer's barriers
                 // does not carry across
                 if ring(self, id) {
-                    self.line(self.barrier)?;
+                    if self.ws.is_none() {
+                        self.line(self.barrier)?;
+                    }
                     self.ring_prologue(*id, op)?;
                 }
                 // a later iteration enters the body in the state its end leaves
@@ -587,6 +599,11 @@ impl<'a> Emitter<'a> {
             }
             Op::Yield { id } => {
                 if ring(self, id) {
+                    if self.ws.is_some() {
+                        // every dot of the iteration has completed: the stage is free
+                        self.line(format!("kf_mbar_arrive(&kf_empty[kf_st{}]);", id.0))?;
+                        self.line("++kf_rit;")?;
+                    }
                     self.line(format!("kf_st{0} ^= 1;", id.0))?;
                 }
                 self.wg_synced = false;
@@ -1173,7 +1190,7 @@ impl<'a> Emitter<'a> {
         // (consecutive quarters of its registers), combined at the end: chains a
         // quarter as long (flash attention's row max and sum: 32 dependent
         // instructions each, a latency no other warp of the lockstep block hides)
-        let tree = self.loop_depth > 0 && smap.regs % 4 == 0 && smap.regs >= 8 * nregs;
+        let tree = self.loop_depth > 0 && smap.regs.is_multiple_of(4) && smap.regs >= 8 * nregs;
         let tgt = if tree { format!("{}_t[(k) / {}]", name, smap.regs / 4) } else { name.clone() };
         if tree {
             self.line(format!("{} {name}_t[4][{nregs}];", ctype(d)))?;
@@ -1673,8 +1690,9 @@ pub struct Emitted {
     pub static_smem: u32,
     /// Dynamic shared memory to pass at launch.
     pub dynamic_smem: u32,
-    /// How each `dot` lowered where it stands runs, one line each in op order (the
-    /// plan shows them; empty for the matrix paths).
+    /// How each `dot` lowered where it stands runs, one line each in op order, after the
+    /// line of a warp-specialized kernel's rings (the plan shows them; empty for the
+    /// matrix paths).
     pub dot_notes: Vec<String>,
     /// Threads a block.
     pub block_threads: u32,
@@ -1694,6 +1712,19 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         let fits = |p: &dot_wgmma::WgPlan| 1024 + p.bytes <= target.smem_per_block;
         let p = Some(dot_wgmma::plan(k, spec, true, wgmma)).filter(fits).unwrap_or_else(|| dot_wgmma::plan(k, spec, false, wgmma));
         e.wg = Some(p).filter(|p| !p.dots.is_empty() && fits(p));
+        if target.sm >= 90 {
+            e.ws = e.wg.as_ref().and_then(|p| warp_specialize::ws_plan(k, p, k.schedule.num_threads));
+        }
+        if let Some(ws) = &e.ws {
+            e.dot_notes.push(warp_specialize::note(ws));
+            e.barrier = warp_specialize::CONSUMER_BARRIER;
+            let mut pe = Emitter::new(k, spec, warp_specialize::CONSUMER_BARRIER, grid);
+            (pe.wg, pe.ws, pe.producer) = (e.wg.clone(), e.ws.clone(), true);
+            pe.w.indent();
+            pe.w.indent();
+            pe.producer_program()?;
+            e.producer_text = Some(pe.w.finish());
+        }
     }
     e.w.indent();
     if k.schedule.persistent > 0 {
@@ -1779,16 +1810,21 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     if ops_bytes.is_none() && smem > MAX_STATIC_SMEM {
         return Err(CodegenError::Unsupported(format!("{smem} bytes of shared memory (static limit {MAX_STATIC_SMEM})")));
     }
-    let threads = k.schedule.num_threads;
+    let producer = e.producer_text.take();
+    let threads = k.schedule.num_threads + if producer.is_some() { 128 } else { 0 };
     let cluster = k.schedule.cluster;
     let cluster_attr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
     let mut preludes: Vec<&str> = if cluster > 1 { vec![CLUSTER_PRELUDE] } else { vec![] };
     if ops_bytes.is_some() {
         preludes.extend([dot_wgmma::WG_DOT_PRELUDE, operand_ring::RING_PRELUDE, helpers.as_str()]);
     }
+    if producer.is_some() {
+        preludes.push(warp_specialize::WS_PRELUDE);
+    }
+    let bounds = if producer.is_some() { format!("{threads}, 1") } else { launch_bounds(k, threads) };
     let mut w = Writer::new(String::new());
     let mut head = || -> std::fmt::Result {
-        open_kernel(&mut w, k, target, &preludes, &cluster_attr, &launch_bounds(k, threads), &decls)?;
+        open_kernel(&mut w, k, target, &preludes, &cluster_attr, &bounds, &decls)?;
         if cluster > 1 {
             w.line(format!("const int kf_crank = (int)(blockIdx.x % {cluster});"))?;
         }
@@ -1797,6 +1833,9 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             w.line("unsigned char* kf_ops = kf_dsmem + ((1024u - (kf_saddr(kf_dsmem) & 1023u)) & 1023u);")?;
             w.line(format!("unsigned char* kf_smem = kf_ops + {o};"))?;
             w.line("(void)kf_smem;")?;
+            if let Some(p) = &producer {
+                warp_specialize::split_roles(&mut w, p)?;
+            }
         } else if smem > 0 {
             w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", smem.div_ceil(16) * 16))?;
         }

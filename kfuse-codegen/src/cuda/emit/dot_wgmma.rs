@@ -545,8 +545,15 @@ impl Emitter<'_> {
         self.close()?;
         self.line("kf_wg_fence();")?;
         self.line("const int kf_wg = kf_warp / 4;")?;
+        self.turn_before(op)?;
         self.issue(&d, &fname, &name, &packed)?;
-        self.line("kf_wg_commit_wait();")?;
+        if self.ws.is_some() {
+            self.line("asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");")?;
+            self.turn_after(op)?;
+            self.line("asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");")?;
+        } else {
+            self.line("kf_wg_commit_wait();")?;
+        }
         self.wg_synced = false;
         self.close()
     }

@@ -102,6 +102,10 @@ impl Emitter<'_> {
     /// Before loop `l` opens: its ring's stage variable and the first iteration's tiles.
     pub(super) fn ring_prologue(&mut self, l: LoopId, for_op: kfuse_ir::OpId) -> R {
         let Some(loads) = self.wg.as_ref().and_then(|p| p.rings.get(&l)).cloned() else { return Ok(()) };
+        if self.ws.is_some() {
+            // the producer fills the ring (`warp_specialize`)
+            return self.line(format!("int kf_st{} = kf_rit & 1;", l.0));
+        }
         let ops = self.k.operands(for_op);
         let (lo, hi) = (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone());
         self.line(format!("int kf_st{} = 0;", l.0))?;
@@ -117,7 +121,12 @@ impl Emitter<'_> {
     /// iteration and waits for this one; each records its value's valid range.
     pub(super) fn ring_arrive(&mut self, v: ValueId, l: LoopId) -> R {
         let loads = self.wg.as_ref().unwrap().rings[&l].clone();
-        if loads[0] == v {
+        if loads[0] == v && self.ws.is_some() {
+            // the stage's copies have landed: fence them against WGMMA's async proxy
+            self.line(format!("kf_mbar_wait(&kf_full[kf_st{0}], (kf_rit >> 1) & 1);", l.0))?;
+            self.line("kf_proxy_fence();")?;
+            self.wg_dirty = false;
+        } else if loads[0] == v {
             let ops = self.k.operands(self.k.loop_info(l).unwrap().for_op);
             let (hi, step) = (self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone());
             let iv = super::loops::index_var(l);
@@ -176,7 +185,7 @@ impl Emitter<'_> {
     }
 
     /// The copies of load `v`'s tile at loop index `idx` into ring stage `stage`.
-    fn ring_copy(&mut self, v: ValueId, l: LoopId, idx: &str, stage: &str) -> R {
+    pub(super) fn ring_copy(&mut self, v: ValueId, l: LoopId, idx: &str, stage: &str) -> R {
         let t = self.wg.as_ref().unwrap().eager[&v].clone();
         let (base, _, his) = self.ring_addr(v, l, idx)?;
         let Op::Load { tensor, dims } = self.k.op(v.op()) else { unreachable!() };
@@ -184,7 +193,8 @@ impl Emitter<'_> {
         let stride = self.stride(*tensor, row_dim);
         let (cols, rows) = (t.cols, t.rows);
         let chunks = rows * cols / 8;
-        let threads = self.k.schedule.num_threads;
+        // the producer warpgroup's 128 threads (`warp_specialize`), or the block's
+        let (tid, threads) = if self.producer { ("(kf_tid - 256)", 128) } else { ("kf_tid", self.k.schedule.num_threads) };
         let per_row = cols / 8;
         self.open("")?;
         self.line(format!("const kf_u16* kf_src = {base};"))?;
@@ -198,7 +208,7 @@ impl Emitter<'_> {
         match step {
             Some(step) if threads.is_multiple_of(per_row) && chunks.is_multiple_of(threads) => {
                 let iters = chunks / threads;
-                self.line(format!("const int kf_r0 = kf_tid / {per_row}, kf_c = (kf_tid % {per_row}) * 8;"))?;
+                self.line(format!("const int kf_r0 = {tid} / {per_row}, kf_c = ({tid} % {per_row}) * 8;"))?;
                 self.line(format!("const char* kf_g = (const char*)(kf_src + (long long)kf_r0 * {stride} + kf_c);"))?;
                 self.line(format!("const long long kf_gs = (long long){rs} * {stride} * 2;"))?;
                 self.line(format!("const unsigned kf_d = kf_saddr(kf_ops + {} + {stage} * {} + {});", t.off, t.bytes(), t.at("kf_r0", "kf_c")))?;
@@ -218,7 +228,7 @@ impl Emitter<'_> {
             }
             _ => {
                 self.line("#pragma unroll")?;
-                self.open(format!("for (int q = kf_tid; q < {chunks}; q += {threads})"))?;
+                self.open(format!("for (int q = {tid}; q < {chunks}; q += {threads})"))?;
                 self.line(format!("const int r = q / {per_row}, c = (q % {per_row}) * 8;"))?;
                 self.line("const int kf_n = r < kf_vr ? (kf_vc - c < 0 ? 0 : kf_vc - c > 8 ? 8 : kf_vc - c) : 0;")?;
                 let at = t.at("r", "c");

@@ -1,0 +1,202 @@
+//! Warp specialization of the operand rings (sm_90a): one producer warpgroup copies
+//! every ring's tiles, the block's other warpgroups (the consumers, which hold the tile
+//! values) compute, and no block-wide barrier couples them inside the loops.
+//!
+//! It applies ([`ws_plan`]) when the kernel has rings, none in a nested loop, its block
+//! is two warpgroups, and everything the producer needs — each ring loop's bounds and
+//! step, each ring load's address operands other than its loop's index — is a scalar
+//! computed outside every loop (the producer computes those values again itself).
+//!
+//! The block grows by the producer warpgroup (threads 256–383). Before the roles part,
+//! thread 0 initializes one `full` and one `empty` mbarrier per ring stage. Then:
+//! - The producer drops to 40 registers (`setmaxnreg`) and walks the ring loops in
+//!   order, one ring iteration counter across them (sibling loops share the ring's
+//!   memory): it waits until the stage is empty, copies the tiles into it with
+//!   `cp.async` (its 128 threads), and has each thread's copies arrive on the stage's
+//!   `full` barrier when they land (`cp.async.mbarrier.arrive.noinc`). It then exits.
+//! - The consumers rise to 232 registers and run the kernel; their block barrier is the
+//!   named barrier 1 over 256 threads. At a ring loop's first ring load they wait for
+//!   the stage's `full` phase and fence the generic proxy (the copies) against the
+//!   async proxy (WGMMA's reads); at the end of the body, every dot of the iteration
+//!   having completed, each consumer thread arrives on the stage's `empty` barrier.
+//!
+//! Loops with two or more WGMMA dots take turns at the tensor cores
+//! ([`Emitter::turn_before`], [`Emitter::turn_after`]): a warpgroup's turn is its last
+//! dot of one iteration and its first of the next, and the two consumer warpgroups
+//! alternate turns through the named barriers 2 and 3, so that one's softmax runs while
+//! the other's dots do.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kfuse_ir::{Kernel, LoopId, Op, OpId, ValueId};
+
+use super::dot_wgmma::WgPlan;
+use super::operand_ring::enclosing_loops;
+use super::{Emitter, R};
+use crate::cuda::writer::Writer;
+
+/// Threads of the consumer warpgroups (the block without its producer).
+pub(super) const CONSUMERS: u32 = 256;
+/// Registers a producer thread keeps, and a consumer thread rises to (`setmaxnreg`;
+/// 128 · 40 + 256 · 232 ≤ 65536).
+pub(super) const PRODUCER_REGS: u32 = 40;
+pub(super) const CONSUMER_REGS: u32 = 232;
+
+/// What the producer computes: the values its loops' bounds and its copies' addresses
+/// read (see the module docs).
+#[derive(Clone, Debug)]
+pub(super) struct WsPlan {
+    pub slice: BTreeSet<ValueId>,
+    /// Loops whose dots take turns: the first and the last WGMMA dot of the body.
+    pub turns: BTreeMap<LoopId, (OpId, OpId)>,
+}
+
+/// Whether the kernel's rings run warp-specialized (see the module docs).
+pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
+    if p.rings.is_empty() || threads != CONSUMERS {
+        return None;
+    }
+    let loops = enclosing_loops(k);
+    let mut need = Vec::new();
+    for (l, loads) in &p.rings {
+        let info = k.loop_info(*l)?;
+        if loops.contains_key(&info.for_op.value()) {
+            return None;
+        }
+        need.extend(k.operands(info.for_op).iter().take(3).copied());
+        for v in loads {
+            for o in k.operands(v.op()) {
+                if !matches!(k.op(o.op()), Op::LoopIndex { id } if id == l) {
+                    need.push(o);
+                }
+            }
+        }
+    }
+    let mut slice = BTreeSet::new();
+    while let Some(v) = need.pop() {
+        if !slice.insert(v) {
+            continue;
+        }
+        if loops.contains_key(&v) || !k.ty(v).is_scalar() {
+            return None;
+        }
+        need.extend(k.operands(v.op()));
+    }
+    let mut turns = BTreeMap::new();
+    for l in p.rings.keys() {
+        let dots: Vec<OpId> = k.ops().filter(|op| p.dots.contains_key(op) && loops.get(&op.value()) == Some(l)).collect();
+        if dots.len() >= 2 {
+            turns.insert(*l, (dots[0], dots[dots.len() - 1]));
+        }
+    }
+    Some(WsPlan { slice, turns })
+}
+
+/// The plan's line for a warp-specialized kernel.
+pub(super) fn note(ws: &WsPlan) -> String {
+    let turns = if ws.turns.is_empty() { String::new() } else { format!("; the consumers take turns at the tensor cores in {} loop(s)", ws.turns.len()) };
+    format!("rings filled by a producer warpgroup (cp.async, mbarriers; {PRODUCER_REGS} registers), 2 consumer warpgroups ({CONSUMER_REGS} registers){turns}")
+}
+
+/// The mbarrier and named-barrier helpers of a warp-specialized kernel.
+pub(super) const WS_PRELUDE: &str = r#"static __device__ __forceinline__ void kf_mbar_init(unsigned long long* b, unsigned n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(kf_saddr(b)), "r"(n) : "memory"); }
+static __device__ __forceinline__ void kf_mbar_wait(unsigned long long* b, unsigned parity) {
+  asm volatile("{\n\t.reg .pred p;\n\tKF_WAIT:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t@!p bra KF_WAIT;\n\t}" :: "r"(kf_saddr(b)), "r"(parity) : "memory");
+}
+static __device__ __forceinline__ void kf_mbar_arrive(unsigned long long* b) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(kf_saddr(b)) : "memory"); }
+static __device__ __forceinline__ void kf_cp_async_arrive(unsigned long long* b) { asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(kf_saddr(b)) : "memory"); }
+static __device__ __forceinline__ void kf_bar_sync(int id) { asm volatile("bar.sync %0, 256;" :: "r"(id) : "memory"); }
+static __device__ __forceinline__ void kf_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;" :: "r"(id) : "memory"); }
+"#;
+
+/// The kernel's start where the roles part (see the module docs): the mbarriers, then
+/// the producer's program `producer` and its exit.
+pub(super) fn split_roles(w: &mut Writer<String>, producer: &str) -> std::fmt::Result {
+    w.line("__shared__ __align__(8) unsigned long long kf_full[2], kf_empty[2];")?;
+    w.open("if (kf_tid == 0)")?;
+    w.line(format!("kf_mbar_init(&kf_full[0], 128); kf_mbar_init(&kf_full[1], 128); kf_mbar_init(&kf_empty[0], {CONSUMERS}); kf_mbar_init(&kf_empty[1], {CONSUMERS});"))?;
+    w.close()?;
+    w.line("__syncthreads();")?;
+    w.open(format!("if (kf_tid >= {CONSUMERS})"))?;
+    w.line(format!("asm volatile(\"setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGS};\");"))?;
+    w.line("unsigned kf_rit = 0;")?;
+    w.raw(producer)?;
+    w.line("return;")?;
+    w.close()?;
+    w.line(format!("asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGS};\");"))?;
+    w.line("unsigned kf_rit = 0;")
+}
+
+/// The consumers' block barrier.
+pub(super) const CONSUMER_BARRIER: &str = "kf_bar_sync(1);";
+
+impl Emitter<'_> {
+    /// The producer's program (see the module docs): the sliced scalars, then each ring
+    /// loop's copies.
+    pub(super) fn producer_program(&mut self) -> R {
+        let ws = self.ws.clone().expect("a warp-specialized plan");
+        let rings = self.wg.as_ref().unwrap().rings.clone();
+        let k = self.k;
+        for op in k.ops() {
+            if ws.slice.contains(&op.value()) {
+                self.op(op)?;
+                continue;
+            }
+            let Op::For { id, .. } = k.op(op) else { continue };
+            let Some(loads) = rings.get(id) else { continue };
+            let ops = k.operands(op);
+            let (lo, hi, step) = (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone());
+            self.open(format!("for (long long kf_p = {lo}; kf_p < {hi}; kf_p += {step})"))?;
+            self.line("const int kf_s = kf_rit & 1;")?;
+            self.line("kf_mbar_wait(&kf_empty[kf_s], ((kf_rit >> 1) & 1) ^ 1);")?;
+            for v in loads {
+                self.ring_copy(*v, *id, "kf_p", "kf_s")?;
+            }
+            self.line("kf_cp_async_arrive(&kf_full[kf_s]);")?;
+            self.line("++kf_rit;")?;
+            self.close()?;
+        }
+        Ok(())
+    }
+
+    /// Before WGMMA dot `op` issues: a warpgroup whose turn it opens waits for it.
+    pub(super) fn turn_before(&mut self, op: OpId) -> R {
+        let Some((l, (first, last))) = self.turn_of(op) else { return Ok(()) };
+        let (iv, lo) = self.turn_bounds(l);
+        if op == first {
+            // the first turn of the loop: warpgroup 0 goes first
+            self.line(format!("if ({iv} == {lo} && kf_wg == 1) kf_bar_sync(3);"))?;
+        }
+        if op == last {
+            self.line("kf_bar_sync(2 + kf_wg);")?;
+        }
+        Ok(())
+    }
+
+    /// After WGMMA dot `op` issued (before its wait): the turn passes to the other
+    /// warpgroup where it ends.
+    pub(super) fn turn_after(&mut self, op: OpId) -> R {
+        let Some((l, (first, last))) = self.turn_of(op) else { return Ok(()) };
+        let iv = super::loops::index_var(l);
+        let ops = self.k.operands(self.k.loop_info(l).unwrap().for_op);
+        let (hi, step) = (self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone());
+        if op == first {
+            self.line("kf_bar_arrive(3 - kf_wg);")?;
+        }
+        if op == last {
+            // the loop's last turn of warpgroup 0 hands over to warpgroup 1's last
+            self.line(format!("if (kf_wg == 0 && ({hi}) - {iv} <= ({step})) kf_bar_arrive(3);"))?;
+        }
+        Ok(())
+    }
+
+    fn turn_of(&self, op: OpId) -> Option<(LoopId, (OpId, OpId))> {
+        let ws = self.ws.as_ref()?;
+        ws.turns.iter().find(|(_, (f, l))| *f == op || *l == op).map(|(l, t)| (*l, *t))
+    }
+
+    fn turn_bounds(&self, l: LoopId) -> (String, String) {
+        let ops = self.k.operands(self.k.loop_info(l).unwrap().for_op);
+        (super::loops::index_var(l), self.val(ops[0]).name.clone())
+    }
+}
