@@ -601,10 +601,12 @@ impl<'a> Emitter<'a> {
                 if ring(self, id) {
                     if self.ws.is_some() {
                         // every dot of the iteration has completed: the stage is free
+                        let stages = self.wg.as_ref().unwrap().stages;
                         self.line(format!("kf_mbar_arrive(&kf_empty[kf_st{}]);", id.0))?;
-                        self.line("++kf_rit;")?;
+                        self.line(format!("kf_st{} = ++kf_rit % {stages};", id.0))?;
+                    } else {
+                        self.line(format!("kf_st{0} ^= 1;", id.0))?;
                     }
-                    self.line(format!("kf_st{0} ^= 1;", id.0))?;
                 }
                 self.wg_synced = false;
             }
@@ -1710,10 +1712,17 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         // the rings' second stages go first, then the rule, where the operand area
         // would not fit the block's shared memory
         let fits = |p: &dot_wgmma::WgPlan| 1024 + p.bytes <= target.smem_per_block;
-        let p = Some(dot_wgmma::plan(k, spec, true, wgmma)).filter(fits).unwrap_or_else(|| dot_wgmma::plan(k, spec, false, wgmma));
+        let p = Some(dot_wgmma::plan(k, spec, true, wgmma, 2)).filter(fits).unwrap_or_else(|| dot_wgmma::plan(k, spec, false, wgmma, 2));
         e.wg = Some(p).filter(|p| !p.dots.is_empty() && fits(p));
         if target.sm >= 90 {
             e.ws = e.wg.as_ref().and_then(|p| warp_specialize::ws_plan(k, p, k.schedule.num_threads));
+        }
+        // a producer warpgroup runs as many stages ahead as shared memory holds (3 or 2)
+        if e.ws.is_some() {
+            let deeper = dot_wgmma::plan(k, spec, true, wgmma, warp_specialize::STAGES);
+            if fits(&deeper) && deeper.rings == e.wg.as_ref().unwrap().rings {
+                e.wg = Some(deeper);
+            }
         }
         if let Some(ws) = &e.ws {
             e.dot_notes.push(warp_specialize::note(ws));
@@ -1834,7 +1843,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             w.line(format!("unsigned char* kf_smem = kf_ops + {o};"))?;
             w.line("(void)kf_smem;")?;
             if let Some(p) = &producer {
-                warp_specialize::split_roles(&mut w, p)?;
+                warp_specialize::split_roles(&mut w, p, e.wg.as_ref().map_or(2, |p| p.stages))?;
             }
         } else if smem > 0 {
             w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", smem.div_ceil(16) * 16))?;

@@ -72,8 +72,8 @@ pub(super) struct SmemTile {
     /// In the operand area (`kf_ops`, written where the value is defined), else the
     /// scratch (`kf_smem`, written at the dot).
     pub eager: bool,
-    /// A two-stage ring of this loop (`operand_ring`): the region holds two tiles, the
-    /// current one at stage `kf_st<loop>`.
+    /// A ring of this loop (`operand_ring`): the region holds `WgPlan::stages` tiles,
+    /// the current one at stage `kf_st<loop>`.
     pub ring: Option<kfuse_ir::LoopId>,
     /// The `mma.sync` rule's form instead (`dot.rs`): rows of `cols + 2` elements (one
     /// 32-bit word of padding), no swizzle.
@@ -167,6 +167,8 @@ pub(super) struct WgPlan {
     pub absorbed: std::collections::HashSet<OpId>,
     /// Bytes of the operand area (a multiple of 1024).
     pub bytes: u32,
+    /// Tiles a ring's region holds (2; more where a producer warpgroup fills them).
+    pub stages: u32,
 }
 
 /// The widest swizzle (bytes) whose span divides a contiguous extent of `cols` 16-bit
@@ -261,11 +263,11 @@ fn only_slots(k: &Kernel, dots: &HashMap<OpId, WgDot>, v: ValueId, want: &SmemTi
 
 /// The kernel's WGMMA dots, their operand tiles placed (see the module docs): first
 /// which roots are staged where they are defined, then which of those loads a ring
-/// takes, then the offsets (a ring's region holds two tiles).
+/// takes, then the offsets (a ring's region holds `stages` tiles).
 /// Without `rings`, no load takes a ring (each is staged where it is defined).
 /// `wgmma`: the target has WGMMA; elsewhere only the `mma.sync` rule's dots are planned.
-pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec, rings: bool, wgmma: bool) -> WgPlan {
-    let mut p = WgPlan::default();
+pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec, rings: bool, wgmma: bool, stages: u32) -> WgPlan {
+    let mut p = WgPlan { stages, ..WgPlan::default() };
     for op in k.ops() {
         if matches!(k.op(op), Op::Dot { .. }) {
             if let Some(d) = wg_dot(k, op).filter(|_| wgmma).or_else(|| mma_dot(k, op)) {
@@ -330,7 +332,7 @@ pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec, rings: bool, wgmma: b
         for r in p.rings[&l].clone() {
             let t = p.eager.get_mut(&r).unwrap();
             t.off = off;
-            off += 2 * t.bytes();
+            off += stages * t.bytes();
         }
         p.bytes = p.bytes.max(off);
     }

@@ -104,7 +104,7 @@ impl Emitter<'_> {
         let Some(loads) = self.wg.as_ref().and_then(|p| p.rings.get(&l)).cloned() else { return Ok(()) };
         if self.ws.is_some() {
             // the producer fills the ring (`warp_specialize`)
-            return self.line(format!("int kf_st{} = kf_rit & 1;", l.0));
+            return self.line(format!("int kf_st{} = kf_rit % {};", l.0, self.wg.as_ref().unwrap().stages));
         }
         let ops = self.k.operands(for_op);
         let (lo, hi) = (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone());
@@ -123,7 +123,7 @@ impl Emitter<'_> {
         let loads = self.wg.as_ref().unwrap().rings[&l].clone();
         if loads[0] == v && self.ws.is_some() {
             // the stage's copies have landed: fence them against WGMMA's async proxy
-            self.line(format!("kf_mbar_wait(&kf_full[kf_st{0}], (kf_rit >> 1) & 1);", l.0))?;
+            self.line(format!("kf_mbar_wait(&kf_full[kf_st{0}], (kf_rit / {1}) & 1);", l.0, self.wg.as_ref().unwrap().stages))?;
             self.line("kf_proxy_fence();")?;
             self.wg_dirty = false;
         } else if loads[0] == v {

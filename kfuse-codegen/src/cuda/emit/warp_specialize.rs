@@ -41,6 +41,8 @@ pub(super) const CONSUMERS: u32 = 256;
 /// 128 · 40 + 256 · 232 ≤ 65536).
 pub(super) const PRODUCER_REGS: u32 = 40;
 pub(super) const CONSUMER_REGS: u32 = 232;
+/// Ring stages where shared memory holds them (else 2).
+pub(super) const STAGES: u32 = 3;
 
 /// What the producer computes: the values its loops' bounds and its copies' addresses
 /// read (see the module docs).
@@ -111,10 +113,10 @@ static __device__ __forceinline__ void kf_bar_arrive(int id) { asm volatile("bar
 
 /// The kernel's start where the roles part (see the module docs): the mbarriers, then
 /// the producer's program `producer` and its exit.
-pub(super) fn split_roles(w: &mut Writer<String>, producer: &str) -> std::fmt::Result {
-    w.line("__shared__ __align__(8) unsigned long long kf_full[2], kf_empty[2];")?;
+pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, stages: u32) -> std::fmt::Result {
+    w.line(format!("__shared__ __align__(8) unsigned long long kf_full[{stages}], kf_empty[{stages}];"))?;
     w.open("if (kf_tid == 0)")?;
-    w.line(format!("kf_mbar_init(&kf_full[0], 128); kf_mbar_init(&kf_full[1], 128); kf_mbar_init(&kf_empty[0], {CONSUMERS}); kf_mbar_init(&kf_empty[1], {CONSUMERS});"))?;
+    w.line(format!("for (int s = 0; s < {stages}; ++s) {{ kf_mbar_init(&kf_full[s], 128); kf_mbar_init(&kf_empty[s], {CONSUMERS}); }}"))?;
     w.close()?;
     w.line("__syncthreads();")?;
     w.open(format!("if (kf_tid >= {CONSUMERS})"))?;
@@ -147,8 +149,9 @@ impl Emitter<'_> {
             let ops = k.operands(op);
             let (lo, hi, step) = (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone());
             self.open(format!("for (long long kf_p = {lo}; kf_p < {hi}; kf_p += {step})"))?;
-            self.line("const int kf_s = kf_rit & 1;")?;
-            self.line("kf_mbar_wait(&kf_empty[kf_s], ((kf_rit >> 1) & 1) ^ 1);")?;
+            let stages = self.wg.as_ref().unwrap().stages;
+            self.line(format!("const int kf_s = kf_rit % {stages};"))?;
+            self.line(format!("kf_mbar_wait(&kf_empty[kf_s], ((kf_rit / {stages}) & 1) ^ 1);"))?;
             for v in loads {
                 self.ring_copy(*v, *id, "kf_p", "kf_s")?;
             }
@@ -160,34 +163,35 @@ impl Emitter<'_> {
     }
 
     /// Before WGMMA dot `op` issues: a warpgroup whose turn it opens waits for it.
+    ///
+    /// Warpgroup 0 waits on barrier 2 before each iteration's last dot; warpgroup 1 on
+    /// barrier 3 before the loop's first dot and before each iteration's last dot but
+    /// the loop's last; each arrives on the other's barrier after each iteration's first
+    /// dot. Every arrival is thus consumed before its warpgroup arrives again, across
+    /// loops too (an arrival that found its barrier's earlier one not yet consumed would
+    /// complete that barrier by itself).
     pub(super) fn turn_before(&mut self, op: OpId) -> R {
         let Some((l, (first, last))) = self.turn_of(op) else { return Ok(()) };
-        let (iv, lo) = self.turn_bounds(l);
+        let iv = super::loops::index_var(l);
+        let ops = self.k.operands(self.k.loop_info(l).unwrap().for_op);
+        let (lo, hi, step) = (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone());
         if op == first {
-            // the first turn of the loop: warpgroup 0 goes first
+            // the loop's first turn: warpgroup 0 goes first
             self.line(format!("if ({iv} == {lo} && kf_wg == 1) kf_bar_sync(3);"))?;
         }
         if op == last {
-            self.line("kf_bar_sync(2 + kf_wg);")?;
+            self.line(format!("if (kf_wg == 0 || ({hi}) - {iv} > ({step})) kf_bar_sync(2 + kf_wg);"))?;
         }
         Ok(())
     }
 
     /// After WGMMA dot `op` issued (before its wait): the turn passes to the other
-    /// warpgroup where it ends.
+    /// warpgroup after an iteration's first dot (see [`Self::turn_before`]).
     pub(super) fn turn_after(&mut self, op: OpId) -> R {
-        let Some((l, (first, last))) = self.turn_of(op) else { return Ok(()) };
-        let iv = super::loops::index_var(l);
-        let ops = self.k.operands(self.k.loop_info(l).unwrap().for_op);
-        let (hi, step) = (self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone());
-        if op == first {
-            self.line("kf_bar_arrive(3 - kf_wg);")?;
+        match self.turn_of(op) {
+            Some((_, (first, _))) if first == op => self.line("kf_bar_arrive(3 - kf_wg);"),
+            _ => Ok(()),
         }
-        if op == last {
-            // the loop's last turn of warpgroup 0 hands over to warpgroup 1's last
-            self.line(format!("if (kf_wg == 0 && ({hi}) - {iv} <= ({step})) kf_bar_arrive(3);"))?;
-        }
-        Ok(())
     }
 
     fn turn_of(&self, op: OpId) -> Option<(LoopId, (OpId, OpId))> {
@@ -195,8 +199,4 @@ impl Emitter<'_> {
         ws.turns.iter().find(|(_, (f, l))| *f == op || *l == op).map(|(l, t)| (*l, *t))
     }
 
-    fn turn_bounds(&self, l: LoopId) -> (String, String) {
-        let ops = self.k.operands(self.k.loop_info(l).unwrap().for_op);
-        (super::loops::index_var(l), self.val(ops[0]).name.clone())
-    }
 }
