@@ -1009,7 +1009,16 @@ impl<'a> Emitter<'a> {
         self.vals.insert(v, val);
         self.unroll("k", regs)?;
         let args: Vec<String> = ops.iter().map(|o| self.reg(*o, "k")).collect();
-        let e = fmt(&args);
+        // an f32 `exp(a - b)` (softmax's `exp(s - m)`): ex2 of `a·log2 e − b·log2 e`, one
+        // fused multiply-add an element instead of a subtraction and a multiplication
+        // (`b·log2 e` is computed once per distinct `b`, a row's maximum say)
+        let e = match (k.op(op), k.op(ops[0].op())) {
+            (Op::Unary(UnaryOp::Exp), Op::Binary(BinaryOp::Sub)) if d == DType::F32 && in_d == DType::F32 => {
+                let ab = k.operands(ops[0].op());
+                format!("kf_exp_diff({}, {})", self.reg(ab[0], "k"), self.reg(ab[1], "k"))
+            }
+            _ => fmt(&args),
+        };
         self.line(format!("{name}[k] = {e};"))?;
         self.close()
     }
