@@ -600,9 +600,8 @@ impl<'a> Emitter<'a> {
             Op::Yield { id } => {
                 if ring(self, id) {
                     if self.ws.is_some() {
-                        // every dot of the iteration has completed: the stage is free
                         let stages = self.wg.as_ref().unwrap().stages;
-                        self.line(format!("kf_mbar_arrive(&kf_empty[kf_st{}]);", id.0))?;
+                        self.ws_release(*id)?;
                         self.line(format!("kf_st{} = ++kf_rit % {stages};", id.0))?;
                     } else {
                         self.line(format!("kf_st{0} ^= 1;", id.0))?;
@@ -623,6 +622,9 @@ impl<'a> Emitter<'a> {
             return r;
         }
         self.op_unlocated(op)?;
+        if let Op::Yield { id } = self.k.op(op) {
+            self.ws_after_loop(*id)?;
+        }
         self.stage_eager(v)
     }
 

@@ -552,7 +552,7 @@ impl Emitter<'_> {
         if self.ws.is_some() {
             self.line("asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");")?;
             self.turn_after(op)?;
-            self.line("asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");")?;
+            self.ws_dot_wait(op)?;
         } else {
             self.line("kf_wg_commit_wait();")?;
         }

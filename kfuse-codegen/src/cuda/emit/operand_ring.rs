@@ -104,6 +104,7 @@ impl Emitter<'_> {
         let Some(loads) = self.wg.as_ref().and_then(|p| p.rings.get(&l)).cloned() else { return Ok(()) };
         if self.ws.is_some() {
             // the producer fills the ring (`warp_specialize`)
+            self.line(format!("int kf_rel{} = -1;", l.0))?;
             return self.line(format!("int kf_st{} = kf_rit % {};", l.0, self.wg.as_ref().unwrap().stages));
         }
         let ops = self.k.operands(for_op);

@@ -51,6 +51,34 @@ pub(super) struct WsPlan {
     pub slice: BTreeSet<ValueId>,
     /// Loops whose dots take turns: the first and the last WGMMA dot of the body.
     pub turns: BTreeMap<LoopId, (OpId, OpId)>,
+    /// Per such loop whose last dot only feeds the next iteration (see [`deferrable`]):
+    /// that dot does not wait for its instructions; the next iteration's first dot's
+    /// wait (or the one after the loop) does, and the ring stage it read is released
+    /// there.
+    pub deferred: BTreeMap<LoopId, OpId>,
+}
+
+/// Whether loop `l`'s last dot `last` may complete while the next iteration starts:
+/// its value (or the add it accumulates into) is only yielded, and every use of the
+/// carried value that receives it comes after the body's first dot `first` (whose wait
+/// then covers it).
+fn deferrable(k: &Kernel, l: LoopId, first: OpId, last: OpId) -> bool {
+    let info = k.loop_info(l).unwrap();
+    let mut v = last.value();
+    if let [u] = k.users(v).as_slice() {
+        if matches!(k.op(*u), Op::Binary(kfuse_ir::BinaryOp::Add)) {
+            v = u.value();
+        }
+    }
+    if k.users(v).as_slice() != [info.yield_op] {
+        return false;
+    }
+    let pos = |op: OpId| k.order.iter().position(|&o| o == op);
+    let Some(first_pos) = pos(first) else { return false };
+    k.operands(info.yield_op).iter().enumerate().filter(|(_, &o)| o == v).all(|(i, _)| match info.carried_values.get(i).copied().flatten() {
+        Some(c) => k.users(c).iter().all(|&u| pos(u).is_some_and(|p| p > first_pos)),
+        None => true,
+    })
 }
 
 /// Whether the kernel's rings run warp-specialized (see the module docs).
@@ -85,13 +113,18 @@ pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
         need.extend(k.operands(v.op()));
     }
     let mut turns = BTreeMap::new();
+    let mut deferred = BTreeMap::new();
     for l in p.rings.keys() {
         let dots: Vec<OpId> = k.ops().filter(|op| p.dots.contains_key(op) && loops.get(&op.value()) == Some(l)).collect();
         if dots.len() >= 2 {
-            turns.insert(*l, (dots[0], dots[dots.len() - 1]));
+            let (first, last) = (dots[0], dots[dots.len() - 1]);
+            turns.insert(*l, (first, last));
+            if deferrable(k, *l, first, last) {
+                deferred.insert(*l, last);
+            }
         }
     }
-    Some(WsPlan { slice, turns })
+    Some(WsPlan { slice, turns, deferred })
 }
 
 /// The plan's line for a warp-specialized kernel.
@@ -192,6 +225,41 @@ impl Emitter<'_> {
             Some((_, (first, _))) if first == op => self.line("kf_bar_arrive(3 - kf_wg);"),
             _ => Ok(()),
         }
+    }
+
+    /// After WGMMA dot `op` issued and its turn passed: its wait, unless deferred (see
+    /// [`WsPlan::deferred`]); after a loop's first dot, the release of the stage whose
+    /// last dot's wait was deferred to it.
+    pub(super) fn ws_dot_wait(&mut self, op: OpId) -> R {
+        let ws = self.ws.clone().unwrap();
+        if ws.deferred.values().any(|&d| d == op) {
+            return Ok(());
+        }
+        self.line("asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");")?;
+        if let Some((l, _)) = ws.turns.iter().find(|(l, (f, _))| *f == op && ws.deferred.contains_key(l)) {
+            self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[kf_rel{0}]);", l.0))?;
+        }
+        Ok(())
+    }
+
+    /// At the end of ring loop `l`'s body: its stage is released now, or (a deferred
+    /// last dot) after the next wait.
+    pub(super) fn ws_release(&mut self, l: LoopId) -> R {
+        if self.ws.as_ref().unwrap().deferred.contains_key(&l) {
+            self.line(format!("kf_rel{0} = kf_st{0};", l.0))
+        } else {
+            // every dot of the iteration has completed: the stage is free
+            self.line(format!("kf_mbar_arrive(&kf_empty[kf_st{}]);", l.0))
+        }
+    }
+
+    /// After ring loop `l` closes: a deferred last dot's wait and release.
+    pub(super) fn ws_after_loop(&mut self, l: LoopId) -> R {
+        if self.ws.as_ref().is_some_and(|ws| ws.deferred.contains_key(&l)) {
+            self.line("asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");")?;
+            self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[kf_rel{0}]);", l.0))?;
+        }
+        Ok(())
     }
 
     fn turn_of(&self, op: OpId) -> Option<(LoopId, (OpId, OpId))> {
