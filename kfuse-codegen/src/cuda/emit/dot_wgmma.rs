@@ -34,7 +34,10 @@
 //!
 //! The dot is synchronous: the instructions are committed and waited for before the
 //! next op (`wgmma.wait_group 0`); loads inside a loop overlap them through the operand
-//! rings (`operand_ring.rs`), the math of one warpgroup does not.
+//! rings (`operand_ring.rs`). Under warp specialization (`warp_specialize.rs`) a loop's
+//! last dot whose value only feeds the next iteration is waited for by the next
+//! iteration's first dot, and the two warpgroups take turns, so that one's math
+//! overlaps the other's instructions.
 //!
 //! The plan ([`plan`]) also places the operands of dots on the `mma.sync` rule
 //! (`dot.rs`, rule 1) as padded tiles (`SmemTile::padded`), so that those too are staged
@@ -563,9 +566,13 @@ impl Emitter<'_> {
     /// The plan's line for a WGMMA dot: the instruction and where each operand comes
     /// from.
     fn wg_note(&self, op: OpId, d: &WgDot) -> String {
+        let ring = match &self.ws {
+            Some(_) => format!("copied by the producer warpgroup into a {}-stage ring", self.wg.as_ref().map_or(2, |p| p.stages)),
+            None => "copied by cp.async into a two-stage ring one iteration ahead".to_string(),
+        };
         let smem = |t: &SmemTile, major: &str| {
             let when = match (t.ring, t.eager) {
-                (Some(_), _) => "copied by cp.async into a two-stage ring one iteration ahead",
+                (Some(_), _) => ring.as_str(),
                 (None, true) => "written where it is defined",
                 (None, false) => "written at the dot",
             };

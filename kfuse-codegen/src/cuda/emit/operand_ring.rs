@@ -9,6 +9,9 @@
 //! operand is either defined before its innermost loop or that loop's index — so the
 //! next iteration's tile is known before this one's math.
 //!
+//! Where the kernel is warp-specialized (`warp_specialize.rs`), a producer warpgroup
+//! fills the rings instead, on mbarriers, and what follows describes the other kernels.
+//!
 //! Per loop with such loads: before the loop, the first iteration's tiles are copied
 //! into stage 0 (one `cp.async` group). At the first such load in the body: a wait for
 //! the thread's copies (this iteration's tiles), `fence.proxy.async` (the copies are
