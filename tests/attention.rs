@@ -114,6 +114,23 @@ fn attention_compiles_for_sm80_and_sm90a() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// What the compiler emits for the proof kernel at B4 S4096 H16 D128 bf16, pinned: the
+/// scheduled IR and the CUDA for sm_90a (warp-specialized rings, turn-taking, the
+/// deferred P·V wait) and for sm_80 (`mma.sync`, staged operands). A change of either is
+/// reviewed with the snapshot (`cargo insta review`); the GPU tests and the benchmark
+/// say whether it is still right and fast.
+#[test]
+fn attention_snapshots() {
+    let mut spec = common::snapshot_spec(&flash_attention::DEF);
+    spec.shape_pow2 = vec![4, 4096, 16, 128, 4096]; // B, SQ, H, D, SK
+    let k = (flash_attention::DEF.build)(&[DType::BF16]).unwrap();
+    for (target, name) in [(Target::sm90a(), "sm90a"), (Target::sm80(), "sm80")] {
+        let e = kfuse::codegen::compile(&k, &spec, &target).unwrap();
+        insta::assert_snapshot!(format!("flash_attention_bf16_{name}_ir"), e.ir);
+        insta::assert_snapshot!(format!("flash_attention_bf16_{name}"), e.source);
+    }
+}
+
 /// At D = 256 the 128-row, 128-key tiles of the warpgroup rule would pass the elements a
 /// thread may hold (`choose_tiles` tries narrower ones, then the memory-bound choice):
 /// the kernel still compiles for sm_90a without spills, as it did before that rule.
