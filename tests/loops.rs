@@ -108,6 +108,34 @@ fn a_loop_bound_loaded_from_a_tensor() {
     }
 }
 
+/// A loop with one `dot` of two tile loads that is not the matrix path's form runs
+/// right (on sm_90a: warp-specialized rings without turns), odd shapes.
+#[test]
+fn a_scaled_product_in_a_loop() {
+    for dt in common::DTYPES {
+        for (s, &(m, k, n)) in [(1, 1, 1), (130, 200, 129), (257, 33, 70)].iter().enumerate() {
+            let (a, av) = common::random_tensor(&[m, k], dt, 600 + s as u64, 0.5, &dev());
+            let (b, bv) = common::random_tensor(&[k, n], dt, 700 + s as u64, 0.5, &dev());
+            let mut out = common::poisoned(&[m, n], DType::F32, &dev());
+            scaled_products(&a, &b, &mut out, 0.75).unwrap();
+            let want: Vec<f64> = (0..m * n).map(|x| 0.75 * (0..k).map(|kk| av[(x / n) * k + kk] * bv[kk * n + x % n]).sum::<f64>()).collect();
+            check(&format!("scaled_products {dt} {m}x{k}x{n}"), &out.to_vec_f64().unwrap(), &want, 1e-4);
+        }
+    }
+}
+
+/// On sm_90a the plan of that loop says a producer warpgroup fills its rings, and that
+/// no turns are taken (one dot a loop).
+#[test]
+fn a_scaled_product_in_a_loop_is_warp_specialized_on_sm90a() {
+    let k = (scaled_products::DEF.build)(&[DType::BF16]).unwrap();
+    let mut spec = common::snapshot_spec(&scaled_products::DEF);
+    spec.shape_pow2 = vec![4096, 4096, 4096];
+    let e = kfuse::codegen::compile(&k, &spec, &Target::sm90a()).unwrap();
+    let plan = e.plan.to_string();
+    assert!(plan.contains("rings filled by a producer warpgroup") && !plan.contains("take turns"), "{plan}");
+}
+
 /// Every kernel above compiles for sm_80 and sm_90a: NVRTC, then `ptxas -v` with no
 /// spills, as the runtime builds them.
 #[test]
@@ -118,6 +146,7 @@ fn every_loop_kernel_compiles_for_sm80_and_sm90a() {
         (&row_sumsq_blocks::DEF, true),
         (&batch_k_sums::DEF, true),
         (&prefix_sums::DEF, true),
+        (&scaled_products::DEF, true),
     ]);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -89,3 +89,19 @@ pub fn long_row_sums<T: Float>(x: Tensor<T, (R, M, N)>, out: &mut Tensor<f32, (M
     }
     out.block([i], [_]).store(s);
 }
+
+/// `out = scale · a · b` with the scale applied to each K block's product
+/// (`acc = acc + dot(a, b) * scale`): a loop with one `dot` that is not the matrix
+/// path's `acc += dot(load, load)`, so it is lowered where it stands (on sm_90a:
+/// `wgmma`, its operands in rings a producer warpgroup fills, no turns to take).
+#[kfuse]
+pub fn scaled_products<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, out: &mut Tensor<f32, (M, N)>, scale: f32) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        let at = a.block([i * BM, k], [BM, BK]).load();
+        let bt = b.block([k, j * BN], [BK, BN]).load();
+        acc = acc + dot(at, bt) * scale;
+    }
+    out.block([i * BM, j * BN], [BM, BN]).store(acc);
+}

@@ -4,7 +4,8 @@
 //!
 //! A load qualifies ([`ring_load`]) when the plan stages it where it is defined
 //! (`WgPlan::eager`), it is a rank-2 tile of a tensor the kernel only reads, its
-//! contiguous tile axis is the tensor's unit-stride last dimension at offset 0 with a
+//! contiguous tile axis is the tensor's unit-stride last dimension at an offset that is a
+//! provable multiple of 8 elements (0, a tile extent's multiple, a loop index) with a
 //! 16-byte aligned pointer and row strides of whole 16-byte units, and every address
 //! operand is either defined before its innermost loop or that loop's index — so the
 //! next iteration's tile is known before this one's math.
@@ -94,11 +95,35 @@ pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopI
         return None;
     }
     let ops = k.operands(v.op());
-    if !is_zero(k, ops[last]) {
+    if !multiple_of(k, ops[last], 8, 4) {
         return None;
     }
     let ok = ops.iter().all(|&o| matches!(k.op(o.op()), Op::LoopIndex { id } if *id == l) || !inside(k, loops, o, l));
     ok.then_some(l)
+}
+
+/// Whether the `i64` scalar `v` is provably a multiple of `m` (a power of two): 0, a
+/// constant or tile extent that is, a product with such a factor, a sum of such, or a
+/// loop's index whose start and step are (`depth` bounds the walk).
+fn multiple_of(k: &Kernel, v: ValueId, m: i64, depth: u32) -> bool {
+    if is_zero(k, v) {
+        return true;
+    }
+    if depth == 0 {
+        return false;
+    }
+    let ops = k.operands(v.op());
+    match k.op(v.op()) {
+        Op::Const { value: kfuse_ir::Literal::Int(c) } => c % m == 0,
+        Op::TileExtent { extent } => !matches!(extent, kfuse_ir::Extent::Full(_)) && i64::from(extent_value(k, *extent)) % m == 0,
+        Op::Binary(kfuse_ir::BinaryOp::Mul) => multiple_of(k, ops[0], m, depth - 1) || multiple_of(k, ops[1], m, depth - 1),
+        Op::Binary(kfuse_ir::BinaryOp::Add) => multiple_of(k, ops[0], m, depth - 1) && multiple_of(k, ops[1], m, depth - 1),
+        Op::LoopIndex { id } => k.loop_info(*id).is_some_and(|i| {
+            let f = k.operands(i.for_op);
+            multiple_of(k, f[0], m, depth - 1) && multiple_of(k, f[2], m, depth - 1)
+        }),
+        _ => false,
+    }
 }
 
 impl Emitter<'_> {
