@@ -1831,7 +1831,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         return Err(CodegenError::Unsupported(format!("{smem} bytes of shared memory (static limit {MAX_STATIC_SMEM})")));
     }
     let producer = e.producer_text.take();
-    let threads = k.schedule.num_threads + if producer.is_some() { 128 } else { 0 };
+    let threads = k.schedule.num_threads + if producer.is_some() { warp_specialize::PRODUCER_THREADS } else { 0 };
     let cluster = k.schedule.cluster;
     let cluster_attr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
     let mut preludes: Vec<&str> = if cluster > 1 { vec![CLUSTER_PRELUDE] } else { vec![] };

@@ -103,21 +103,12 @@ static __device__ __forceinline__ void kf_cl_wait(unsigned long long* bar) {
 /// driver's 128-byte opaque `CUtensorMap`, declared here so that no header is needed),
 /// mbarriers, TMA tile loads, shared-memory matrix descriptors (128-byte swizzle) and
 /// the warpgroup-MMA fences.
-pub const WGMMA_PRELUDE: &str = r#"struct __align__(64) CUtensorMap { unsigned long long opaque[16]; };
+pub const WGMMA_PRELUDE: &str = concat!(
+    r#"struct __align__(64) CUtensorMap { unsigned long long opaque[16]; };
 static __device__ __forceinline__ unsigned kf_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-static __device__ __forceinline__ void kf_mbar_init(unsigned long long* b, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(kf_smem_addr(b)), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void kf_mbar_expect_tx(unsigned long long* b, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(kf_smem_addr(b)), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void kf_mbar_arrive(unsigned long long* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(kf_smem_addr(b)) : "memory");
-}
-static __device__ __forceinline__ void kf_mbar_wait(unsigned long long* b, unsigned phase) {
-  asm volatile("{\n\t.reg .pred p;\n\tKF_WAIT_%=:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t@!p bra KF_WAIT_%=;\n\t}" :: "r"(kf_smem_addr(b)), "r"(phase) : "memory");
-}
-static __device__ __forceinline__ void kf_tma_2d(void* dst, const CUtensorMap* m, int c0, int c1, unsigned long long* bar) {
+"#,
+    mbarrier_helpers!("kf_smem_addr"),
+    r#"static __device__ __forceinline__ void kf_tma_2d(void* dst, const CUtensorMap* m, int c0, int c1, unsigned long long* bar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
     :: "r"(kf_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(kf_smem_addr(bar)) : "memory");
 }
@@ -152,4 +143,5 @@ static __device__ __forceinline__ void kf_mbar_arrive_remote(unsigned long long*
 static __device__ __forceinline__ void kf_mbar_wait_cluster(unsigned long long* b, unsigned phase) {
   asm volatile("{\n\t.reg .pred p;\n\tKF_WAITC_%=:\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n\t@!p bra KF_WAITC_%=;\n\t}" :: "r"(kf_smem_addr(b)), "r"(phase) : "memory");
 }
-"#;
+"#
+);

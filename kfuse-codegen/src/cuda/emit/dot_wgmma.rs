@@ -402,6 +402,8 @@ static __device__ __forceinline__ unsigned kf_pk_bf16(float lo, float hi) { unsi
 static __device__ __forceinline__ unsigned kf_pk_f16(float lo, float hi) { unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
 static __device__ __forceinline__ void kf_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 static __device__ __forceinline__ void kf_wg_commit_wait() { asm volatile("wgmma.commit_group.sync.aligned;\n\twgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+static __device__ __forceinline__ void kf_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+static __device__ __forceinline__ void kf_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 static __device__ __forceinline__ void kf_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 "#;
 
@@ -553,7 +555,7 @@ impl Emitter<'_> {
         self.turn_before(op)?;
         self.issue(&d, &fname, &name, &packed)?;
         if self.ws.is_some() {
-            self.line("asm volatile(\"wgmma.commit_group.sync.aligned;\" ::: \"memory\");")?;
+            self.line("kf_wg_commit();")?;
             self.turn_after(op)?;
             self.ws_dot_wait(op)?;
         } else {

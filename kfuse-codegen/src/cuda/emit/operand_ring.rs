@@ -223,7 +223,11 @@ impl Emitter<'_> {
         let (cols, rows) = (t.cols, t.rows);
         let chunks = rows * cols / 8;
         // the producer warpgroup's 128 threads (`warp_specialize`), or the block's
-        let (tid, threads) = if self.producer { ("(kf_tid - 256)", 128) } else { ("kf_tid", self.k.schedule.num_threads) };
+        let (tid, threads) = if self.producer {
+            (format!("(kf_tid - {})", super::warp_specialize::CONSUMERS), super::warp_specialize::PRODUCER_THREADS)
+        } else {
+            ("kf_tid".to_string(), self.k.schedule.num_threads)
+        };
         let per_row = cols / 8;
         self.open("")?;
         self.line(format!("const kf_u16* kf_src = {base};"))?;

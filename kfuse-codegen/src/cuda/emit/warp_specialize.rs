@@ -37,6 +37,8 @@ use crate::cuda::writer::Writer;
 
 /// Threads of the consumer warpgroups (the block without its producer).
 pub(super) const CONSUMERS: u32 = 256;
+/// Threads of the producer warpgroup (the block's last).
+pub(super) const PRODUCER_THREADS: u32 = 128;
 /// Registers a producer thread keeps, and a consumer thread rises to (`setmaxnreg`;
 /// 128 · 40 + 256 · 232 ≤ 65536).
 pub(super) const PRODUCER_REGS: u32 = 40;
@@ -133,23 +135,22 @@ pub(super) fn note(ws: &WsPlan) -> String {
     format!("rings filled by a producer warpgroup (cp.async, mbarriers; {PRODUCER_REGS} registers), 2 consumer warpgroups ({CONSUMER_REGS} registers){turns}")
 }
 
-/// The mbarrier and named-barrier helpers of a warp-specialized kernel.
-pub(super) const WS_PRELUDE: &str = r#"static __device__ __forceinline__ void kf_mbar_init(unsigned long long* b, unsigned n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(kf_saddr(b)), "r"(n) : "memory"); }
-static __device__ __forceinline__ void kf_mbar_wait(unsigned long long* b, unsigned parity) {
-  asm volatile("{\n\t.reg .pred p;\n\tKF_WAIT:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t@!p bra KF_WAIT;\n\t}" :: "r"(kf_saddr(b)), "r"(parity) : "memory");
-}
-static __device__ __forceinline__ void kf_mbar_arrive(unsigned long long* b) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(kf_saddr(b)) : "memory"); }
-static __device__ __forceinline__ void kf_cp_async_arrive(unsigned long long* b) { asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(kf_saddr(b)) : "memory"); }
+/// The mbarrier and named-barrier helpers of a warp-specialized kernel (the mbarrier
+/// ones are the matrix path's, `mbarrier_helpers`).
+pub(super) const WS_PRELUDE: &str = concat!(
+    mbarrier_helpers!("kf_saddr"),
+    r#"static __device__ __forceinline__ void kf_cp_async_arrive(unsigned long long* b) { asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(kf_saddr(b)) : "memory"); }
 static __device__ __forceinline__ void kf_bar_sync(int id) { asm volatile("bar.sync %0, 256;" :: "r"(id) : "memory"); }
 static __device__ __forceinline__ void kf_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;" :: "r"(id) : "memory"); }
-"#;
+"#
+);
 
 /// The kernel's start where the roles part (see the module docs): the mbarriers, then
 /// the producer's program `producer` and its exit.
 pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, stages: u32) -> std::fmt::Result {
     w.line(format!("__shared__ __align__(8) unsigned long long kf_full[{stages}], kf_empty[{stages}];"))?;
     w.open("if (kf_tid == 0)")?;
-    w.line(format!("for (int s = 0; s < {stages}; ++s) {{ kf_mbar_init(&kf_full[s], 128); kf_mbar_init(&kf_empty[s], {CONSUMERS}); }}"))?;
+    w.line(format!("for (int s = 0; s < {stages}; ++s) {{ kf_mbar_init(&kf_full[s], {PRODUCER_THREADS}); kf_mbar_init(&kf_empty[s], {CONSUMERS}); }}"))?;
     w.close()?;
     w.line("__syncthreads();")?;
     w.open(format!("if (kf_tid >= {CONSUMERS})"))?;
@@ -235,7 +236,7 @@ impl Emitter<'_> {
         if ws.deferred.values().any(|&d| d == op) {
             return Ok(());
         }
-        self.line("asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");")?;
+        self.line("kf_wg_wait();")?;
         if let Some((l, _)) = ws.turns.iter().find(|(l, (f, _))| *f == op && ws.deferred.contains_key(l)) {
             self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[kf_rel{0}]);", l.0))?;
         }
@@ -256,7 +257,7 @@ impl Emitter<'_> {
     /// After ring loop `l` closes: a deferred last dot's wait and release.
     pub(super) fn ws_after_loop(&mut self, l: LoopId) -> R {
         if self.ws.as_ref().is_some_and(|ws| ws.deferred.contains_key(&l)) {
-            self.line("asm volatile(\"wgmma.wait_group.sync.aligned 0;\" ::: \"memory\");")?;
+            self.line("kf_wg_wait();")?;
             self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[kf_rel{0}]);", l.0))?;
         }
         Ok(())
