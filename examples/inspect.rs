@@ -30,7 +30,7 @@ fn spec(def: &KernelDef, m: u32, n: u32) -> Spec {
         .collect();
     let mb = std::env::var("MB").ok().and_then(|v| v.parse().ok());
     let tiles = kfuse::runtime::launch::tile_overrides().expect("KFUSE_TILES");
-    Spec { tensors, shape_pow2: vec![m, n], shape_div: vec![m, n], tiles, threads: None, min_blocks: mb, grouped: false, register_attempt: 0 }
+    Spec { tensors, shape_pow2: vec![m, n], shape_div: vec![m, n], tiles, threads: None, min_blocks: mb, grouped: false, register_attempt: 0, ..Spec::default() }
 }
 
 /// Writes the source, PTX and cubin of `e` as `f` with the extensions `.cu`, `.ptx` and

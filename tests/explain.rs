@@ -5,7 +5,7 @@
 //! checks do (`scripts/test.sh` installs them).
 
 use kfuse::codegen::Target;
-use kfuse::ir::MmaPath;
+use kfuse::codegen::MmaPath;
 use kfuse::ops::kernels as k;
 use kfuse::prelude::*;
 use kfuse::runtime::roofline::{self, Bound, Compute};

@@ -9,7 +9,7 @@ mod common;
 
 use common::gemm::{gemm_bias_gelu, spec_mnk};
 
-use kfuse::codegen::{compile, Target};
+use kfuse::codegen::{compile, Target, Walk};
 use kfuse::DType;
 
 #[test]
@@ -192,15 +192,15 @@ fn raster_group_on_request() {
 
 #[test]
 fn split_last_wave_variants() {
-    // the runtime's split of a last wave launches two variants of one kernel: the whole
-    // waves' tiles (`WHOLEWAVES=1`) and the tiles left, one cluster of `SPLITK` blocks a
-    // tile (`LASTTILES=1`); both assemble without spills, the default walk is unchanged
+    // the runtime's split of a last wave launches two variants of one kernel (`Spec::walk`):
+    // the whole waves' tiles and the tiles left, one cluster of `split_k` blocks a tile;
+    // both assemble without spills, the default walk is unchanged
     let def = &gemm_bias_gelu::DEF;
     let k = (def.build)(&[DType::BF16]).unwrap();
     let base = compile(&k, &spec_mnk(def, 8192, 14336, 4096), &Target::sm90a()).unwrap();
     assert!(base.source.contains("kf_t < kf_tiles; kf_t += gridDim.x)") && !base.ir.contains("mma walk"), "{}", base.ir);
     let mut spec = spec_mnk(def, 8192, 14336, 4096);
-    spec.tiles.insert("WHOLEWAVES".into(), 1);
+    spec.walk = Walk::WholeWaves;
     let e = compile(&k, &spec, &Target::sm90a()).unwrap();
     assert!(e.ir.contains("mma walk: the tiles of whole waves only"), "{}", e.ir);
     assert_eq!(e.source.matches("kf_t < kf_tiles / gridDim.x * gridDim.x; kf_t += gridDim.x)").count(), 2, "producer and consumers walk alike");
@@ -214,8 +214,7 @@ fn split_last_wave_variants() {
     for (def, split, spill_free) in [(plain, 2u32, true), (plain, 4, false), (plain, 8, false), (def, 2, true), (def, 4, false)] {
         let k = (def.build)(&[DType::BF16]).unwrap();
         let mut spec = spec_mnk(def, 8192, 14336, 4096);
-        spec.tiles.insert("LASTTILES".into(), 1);
-        spec.tiles.insert("SPLITK".into(), split);
+        spec.walk = Walk::LastTiles { split_k: split };
         let e = compile(&k, &spec, &Target::sm90a()).unwrap();
         assert!(e.ir.contains("mma walk: the last tiles, one a cluster") && e.ir.contains(&format!("split-K: {split} blocks")), "{}", e.ir);
         // one tile a cluster, the epilogue's partial and output tile over the ring (after a
@@ -226,14 +225,22 @@ fn split_last_wave_variants() {
         assert!(e.ir.contains("4 stages"), "{}", e.ir);
         assert_eq!(e.cluster_x, split);
         let (regs, spill) = common::assemble(&e.source, &e.arch, &e.options, &format!("{}_lasttiles{split}", def.name)).unwrap();
-        assert!(!spill_free || spill == 0, "{} LASTTILES SPLITK={split}: {spill} bytes of spills ({regs} registers)", def.name);
+        assert!(!spill_free || spill == 0, "{} last tiles split {split}: {spill} bytes of spills ({regs} registers)", def.name);
     }
     // the walks that do not fit a plan are refused clearly
-    for bad in [&[("WHOLEWAVES", 1), ("SPLITK", 2)][..], &[("LASTTILES", 1)], &[("WHOLEWAVES", 1), ("LASTTILES", 1)], &[("WHOLEWAVES", 1), ("MCAST", 2)]] {
+    let bad: [(Walk, &[(&str, u32)]); 5] = [
+        (Walk::WholeWaves, &[("SPLITK", 2)]),
+        (Walk::WholeWaves, &[("MCAST", 2)]),
+        (Walk::LastTiles { split_k: 1 }, &[]),
+        (Walk::LastTiles { split_k: 16 }, &[]),
+        (Walk::LastTiles { split_k: 2 }, &[("SPLITK", 4)]),
+    ];
+    for (walk, tiles) in bad {
         let mut spec = spec_mnk(def, 8192, 14336, 4096);
-        spec.tiles.extend(bad.iter().map(|&(n, v)| (n.to_string(), v)));
+        spec.walk = walk;
+        spec.tiles.extend(tiles.iter().map(|&(n, v)| (n.to_string(), v)));
         let err = compile(&k, &spec, &Target::sm90a()).unwrap_err().to_string();
-        assert!(err.contains("WHOLEWAVES") && err.contains("LASTTILES"), "{bad:?}: {err}");
+        assert!(err.contains("whole waves take a kernel of one block a tile") && err.contains("the last tiles a split of 2 to 8"), "{walk:?} {tiles:?}: {err}");
     }
 }
 

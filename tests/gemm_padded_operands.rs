@@ -20,7 +20,7 @@ use common::gemm::gemm_bias_gelu;
 use kernels_user_gemms::gemm_bias_relu;
 
 use kfuse::codegen::{Spec, Target, TensorSpec};
-use kfuse::ir::MmaPath;
+use kfuse::codegen::MmaPath;
 use kfuse::prelude::*;
 use kfuse::runtime::{emit, gpu_plan_tiles, launch_interpreter, launch_spec, spec_for, Arg, ArgDesc};
 use kfuse::{Backend, DType};

@@ -105,7 +105,7 @@ fn user_gemm_at_m4095_n4097_k4096_on_the_tensor_cores() {
 fn assert_padded_b_on_tensor_cores(l: &kfuse::Launched, n: usize, dev: &Device) {
     let plan = l.plan.as_ref().expect("a GPU launch has a plan");
     let m = plan.matrix.as_ref().expect("a matrix loop");
-    let want = if dev.target().is_some_and(|t| t.sm == 90) { kfuse::ir::MmaPath::WgmmaTma } else { kfuse::ir::MmaPath::MmaSyncCpAsync };
+    let want = if dev.target().is_some_and(|t| t.sm == 90) { kfuse::codegen::MmaPath::WgmmaTma } else { kfuse::codegen::MmaPath::MmaSyncCpAsync };
     assert_eq!(m.path, want, "{plan}");
     let note = format!("operand `b` copied to a padded pitch of {} elements: row pitch {} bytes is not a multiple of 16", n.div_ceil(64) * 64, 2 * n);
     assert_eq!(plan.operand_copies, [note], "{plan}");

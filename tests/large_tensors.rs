@@ -59,7 +59,7 @@ fn spec_at(def: &KernelDef, vals: &BTreeMap<&str, u64>) -> Spec {
         .collect();
     let kernel = (def.build)(&vec![DType::F32; def.generics.len()]).unwrap();
     let (shape_pow2, shape_div) = kernel.shape_syms.iter().map(|s| kfuse::codegen::target::shape_facts(vals[s.as_str()])).unzip();
-    Spec { tensors, shape_pow2, shape_div, tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0 }
+    Spec { tensors, shape_pow2, shape_div, tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0, ..Spec::default() }
 }
 
 /// A kernel at a large shape: name, kernel, dtypes of its generics, shape symbol values.

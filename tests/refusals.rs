@@ -33,7 +33,7 @@ fn spec(def: &KernelDef, sizes: &[u32]) -> Spec {
             ParamSig::Scalar { .. } => None,
         })
         .collect();
-    Spec { tensors, shape_pow2: sizes.to_vec(), shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0 }
+    Spec { tensors, shape_pow2: sizes.to_vec(), shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0, ..Spec::default() }
 }
 
 #[test]

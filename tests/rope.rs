@@ -382,7 +382,7 @@ fn rope_spec(kernel: &Kernel, def: &KernelDef, layout: RopeLayout) -> Spec {
             ParamSig::Scalar { .. } => None,
         })
         .collect();
-    Spec { tensors, shape_pow2: kernel.shape_syms.iter().map(|s| size(s)).collect(), shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0 }
+    Spec { tensors, shape_pow2: kernel.shape_syms.iter().map(|s| size(s)).collect(), shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0, ..Spec::default() }
 }
 
 /// The dtype lists to build each kernel for: `[T]`, or `[T, C]` with f32 tables and

@@ -104,12 +104,12 @@ fn long_rows_use_a_cluster_or_chunks() {
     use kfuse::codegen::{compile, Spec, Target, TensorSpec};
     let k = softmax_rows::build(&[DType::BF16]).unwrap();
     let t = || Some(TensorSpec { ptr_align: 16, stride_div: vec![16, 0] });
-    let spec = Spec { tensors: vec![t(), t()], shape_pow2: vec![256, 262_144], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0 };
+    let spec = Spec { tensors: vec![t(), t()], shape_pow2: vec![256, 262_144], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0, ..Spec::default() };
     let e = compile(&k, &spec, &Target::sm90a()).unwrap();
     assert!(e.source.contains("__cluster_dims__(8, 1, 1)"), "{}", e.ir);
     assert!(e.source.contains("mapa.shared::cluster"));
     assert_eq!(e.cluster_x, 8);
-    assert!(e.ir.contains("cluster 8 blocks along x"), "{}", e.ir);
+    assert!(e.ir.contains("split over 8 blocks along x"), "{}", e.ir);
     let (regs, spill) = common::assemble(&e.source, &e.arch, &e.options, "softmax_rows_cluster").unwrap();
     assert!(regs > 0 && spill == 0, "{regs} registers, {spill} bytes of spills");
     let e80 = compile(&k, &spec, &Target::sm80()).unwrap();
@@ -163,7 +163,7 @@ fn weight_broadcast_needs_no_conversion() {
     let k = weighted_rms::build(&[DType::BF16]).unwrap();
     let t = |r: usize| Some(TensorSpec { ptr_align: 16, stride_div: if r == 2 { vec![16, 0] } else { vec![0] } });
     for n in [1024u32, 262_144] {
-        let spec = Spec { tensors: vec![t(2), t(1), t(2)], shape_pow2: vec![4096, n], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0 };
+        let spec = Spec { tensors: vec![t(2), t(1), t(2)], shape_pow2: vec![4096, n], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0, ..Spec::default() };
         let e = compile(&k, &spec, &Target::sm90a()).unwrap();
         assert!(!e.ir.contains("= convert"), "{}", e.ir);
         assert!(!e.source.contains("kf_cv"), "no shared-memory conversion");

@@ -54,7 +54,7 @@ pub fn blocked(shape: &[u32], order: &[u32], vec: u32, num_threads: u32, warp_or
         threads_per_warp: tpw,
         warps_per_block: wpb,
         order: order.to_vec(),
-        ctas_per_cluster: (0..r).map(|a| ctas.get(a).copied().unwrap_or(1)).collect(),
+        block_split: (0..r).map(|a| ctas.get(a).copied().unwrap_or(1)).collect(),
         steps: vec![],
     }
 }
@@ -94,12 +94,12 @@ pub fn mma_tiles_accumulator(rows: u32, cols: u32, warps: [u32; 2]) -> Blocked {
         threads_per_warp: vec![8, 4],
         warps_per_block: vec![warps[0], warps[1]],
         order: vec![1, 0],
-        ctas_per_cluster: vec![1, 1],
+        block_split: vec![1, 1],
         steps: vec![AxisSteps { elem: 8, lane: 1, warp: 16 }, AxisSteps { elem: 1, lane: 2, warp: 8 }],
     }
 }
 
-/// The accumulator layout of the FMA path ([`kfuse_ir::MmaPath::FmaSimt`]) for a
+/// The accumulator layout of the FMA path ([`crate::mma_plan::MmaPath::FmaSimt`]) for a
 /// `[rows, cols]` tile held by `warps[0] × warps[1]` warps: a plain blocked layout
 /// (no [`AxisSteps`]) with runs of 4 consecutive rows and 4 consecutive columns a
 /// thread (`min(4, extent)`), up to 8 lanes along the columns and the rest of the warp
@@ -122,7 +122,7 @@ pub fn fma_accumulator(rows: u32, cols: u32, warps: [u32; 2]) -> Blocked {
         threads_per_warp: vec![32 / tc, tc],
         warps_per_block: warps.to_vec(),
         order: vec![1, 0],
-        ctas_per_cluster: vec![1, 1],
+        block_split: vec![1, 1],
         steps: vec![],
     }
 }
@@ -140,7 +140,7 @@ pub fn permute(b: &Blocked, perm: &[u32]) -> Blocked {
         threads_per_warp: pick(&b.threads_per_warp),
         warps_per_block: pick(&b.warps_per_block),
         order: b.order.iter().map(|&o| inv[o as usize]).collect(),
-        ctas_per_cluster: pick(&b.ctas_per_cluster),
+        block_split: pick(&b.block_split),
         steps: perm.iter().filter_map(|&p| b.steps.get(p as usize).copied()).collect(),
     }
 }
@@ -210,7 +210,7 @@ fn axis_maps(p: &Blocked) -> Vec<AxisMap> {
     let mut maps: Vec<AxisMap> = (0..r)
         .map(|a| {
             let chunk = p.size_per_thread[a] * p.threads_per_warp[a] * p.warps_per_block[a];
-            let ctas = p.ctas_per_cluster.get(a).copied().unwrap_or(1).max(1);
+            let ctas = p.block_split.get(a).copied().unwrap_or(1).max(1);
             let piece = (p.shape[a] / ctas).max(1);
             AxisMap {
                 parent_axis: a,

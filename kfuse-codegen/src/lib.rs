@@ -16,6 +16,11 @@
 //! loop is written op by op, its carried values in registers (`cuda/emit/loops.rs`). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
 //! of this list.
 //!
+//! The target facts of a pipelined `dot` loop — instructions, copies, stages, clusters,
+//! tile walk — are codegen's own ([`MmaPlan`], `mma_plan.rs`): the IR's schedule holds
+//! them as an opaque [`kfuse_ir::TargetPlan`] that it prints and never reads, and the
+//! passes and writers read them back through [`MmaSchedule`].
+//!
 //! Every [`EmittedKernel`] carries its [`Plan`] (`plan.rs`): the decisions above in a
 //! reader's terms, for reports (`kfuse::explain`, a launch's `Launched::plan`).
 //!
@@ -25,13 +30,15 @@
 pub mod analysis;
 pub mod cuda;
 pub mod layout;
+pub mod mma_plan;
 pub mod passes;
 pub mod plan;
 pub mod target;
 pub mod tuning;
 
+pub use mma_plan::{Major, MmaDot, MmaOperand, MmaPath, MmaPlan, MmaSchedule, TileWalk};
 pub use plan::{MatrixPlan, Plan};
-pub use target::{group_record_words, EmittedKernel, GridAxisEval, KernelParam, Spec, Target, TensorSpec};
+pub use target::{group_record_words, EmittedKernel, GridAxisEval, KernelParam, Spec, Target, TensorSpec, Walk};
 pub use tuning::tuning_candidates;
 
 use kfuse_ir::{verify::verify, Extent, Kernel, OpId};
@@ -274,7 +281,7 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
     // the dynamic pipeline buffers of the matrix path); recorded for the printer
     k.schedule.smem_bytes = out.static_smem + out.dynamic_smem;
     let tiles = k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect();
-    let cluster_x = k.schedule.mma.as_ref().map_or(k.schedule.cluster, |p| p.split_k.max(p.multicast)).max(1);
+    let cluster_x = k.schedule.mma().map_or(k.schedule.split_blocks, |p| p.split_k.max(p.multicast)).max(1);
     let plan = Plan::of_scheduled(&k, &target.arch(), &out, cluster_x);
     Ok(EmittedKernel {
         entry: cuda::emit::entry_name(&k),

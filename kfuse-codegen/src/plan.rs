@@ -16,9 +16,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use kfuse_ir::{Kernel, MmaPath, MmaPlan};
+use kfuse_ir::Kernel;
 
 use crate::cuda::emit::Emitted;
+use crate::mma_plan::{MmaPath, MmaPlan, MmaSchedule};
 
 /// What the passes decided for one compiled kernel (see the module docs). `Display`
 /// writes it as a few indented lines, one topic each.
@@ -87,7 +88,7 @@ pub struct Plan {
     pub operand_copies: Vec<String>,
 }
 
-/// The pipelined `dot` loop of a [`Plan`] (`kfuse_ir::MmaPlan`, in a reader's terms).
+/// The pipelined `dot` loop of a [`Plan`] (`crate::mma_plan::MmaPlan`, in a reader's terms).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MatrixPlan {
     /// WGMMA with TMA (sm_90a), mma.sync with cp.async (sm_80, sm_89), or f32 FMAs.
@@ -163,7 +164,7 @@ impl Plan {
         Plan {
             kernel: k.name.clone(),
             arch: arch.to_string(),
-            matrix: s.mma.as_ref().map(|m| MatrixPlan::of(m, s.mma_why.as_deref())),
+            matrix: s.mma().map(|m| MatrixPlan::of(m, s.mma_why.as_deref())),
             dots_one_by_one: s.dots_one_by_one.clone(),
             dots: written.dot_notes.clone(),
             block_threads: written.block_threads,

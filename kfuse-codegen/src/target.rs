@@ -83,8 +83,16 @@ pub struct Spec {
     /// missing entries: unknown (1). A full tile extent whose value is exact needs no
     /// bounds masks (`Schedule::full_exact`). [`shape_facts`] gives both of a value.
     pub shape_div: Vec<u32>,
-    /// Tile-size overrides by tile-symbol name (`BN` → 1024); powers of two.
+    /// Tile-size overrides by tile-symbol name (`BN` → 1024); powers of two. The
+    /// user's (`KFUSE_TILES`, `Config::tile`) and an autotuner's; nothing else writes here.
     pub tiles: BTreeMap<String, u32>,
+    /// Tile sizes the launch's exact shape calls for, by tile-symbol name, where they
+    /// differ from what its power-of-two facts give (`choose_tiles::exact_shape_tiles`
+    /// makes them from the exact shape; the cache keys on them). `tiles` wins over them.
+    pub shape_tiles: BTreeMap<String, u32>,
+    /// Which of a persistent matrix kernel's tiles the launch takes: all of them, or one
+    /// of the two launches of a split last wave ([`Walk`]).
+    pub walk: Walk,
     /// Threads-per-block override (a power of two, 32..=1024).
     pub threads: Option<u32>,
     /// Override of `__launch_bounds__`'s minimum blocks per multiprocessor (0: none).
@@ -96,6 +104,33 @@ pub struct Spec {
     /// Which register-room attempt to compile (`Schedule::register_attempt`; 0 the
     /// first). [`crate::compile_with_fallbacks`] steps through them.
     pub register_attempt: u32,
+}
+
+impl Spec {
+    /// The size asked for tile symbol `name`: its override ([`Spec::tiles`]), else what
+    /// the exact shape calls for ([`Spec::shape_tiles`]); `None` leaves it to the passes.
+    pub fn tile(&self, name: &str) -> Option<u32> {
+        self.tiles.get(name).or_else(|| self.shape_tiles.get(name)).copied()
+    }
+}
+
+/// Which tiles of a persistent matrix kernel's walk a launch takes. A runtime may split a
+/// walk whose last wave would leave most multiprocessors idle into two launches of the
+/// same kernel: the whole waves, then the tiles left with each tile's loop split across
+/// `split_k` blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub enum Walk {
+    /// Every tile (one launch).
+    #[default]
+    All,
+    /// The tiles of whole waves only: the first launch, one block a tile.
+    WholeWaves,
+    /// The tiles left after the whole waves, one a group of `split_k` blocks (2 to 8)
+    /// that share its loop: the second launch.
+    LastTiles {
+        /// Blocks that share one tile's loop.
+        split_k: u32,
+    },
 }
 
 /// [`Spec::shape_pow2`] and [`Spec::shape_div`] of a shape value `v`: `v` rounded up to

@@ -28,6 +28,7 @@ use kfuse_ir::{Extent, Kernel};
 
 use crate::passes::select_mma_path::dots;
 use crate::target::{Spec, Target};
+use crate::mma_plan::MmaSchedule;
 
 /// A few tile overrides to time for `kernel` on `target` (see the module docs): empty
 /// without a `dot`; otherwise the heuristic's choice first, then the alternatives the
@@ -65,7 +66,7 @@ pub fn tuning_candidates(kernel: &Kernel, spec: &Spec, target: &Target) -> Vec<B
     let n = kernel.ty(ops[1]).shape.get(1).copied().and_then(name);
     let chosen = |t: Option<&(kfuse_ir::TileSym, String)>| t.and_then(|(t, s)| scheduled.schedule.tiles.get(t).map(|&v| (s.clone(), v)));
     let (hm, hn) = (chosen(m.as_ref()), chosen(n.as_ref()));
-    let stages = scheduled.schedule.mma.as_ref().map_or(0, |p| p.stages);
+    let stages = scheduled.schedule.mma().map_or(0, |p| p.stages);
 
     // (BM, BN, STAGES) settings, heuristic first; `None` keeps the heuristic's value
     let mut settings: Vec<(Option<u32>, Option<u32>, Option<u32>)> = vec![(None, None, None)];

@@ -76,6 +76,7 @@ fn spec(ranks: &[Option<usize>], shapes: &[u32]) -> Spec {
         min_blocks: None,
         grouped: false,
         register_attempt: 0,
+        ..Spec::default()
     }
 }
 

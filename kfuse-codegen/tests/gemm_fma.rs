@@ -11,6 +11,7 @@ use common::{accumulator_layout, coord, gemm_kernel, gemm_kernel_from, spec};
 use kfuse_codegen::layout::RegMap;
 use kfuse_codegen::{compile, EmittedKernel, Spec, Target, TensorSpec};
 use kfuse_ir::{DType, Kernel, Layout};
+use kfuse_codegen::MmaSchedule;
 
 fn targets() -> [Target; 3] {
     [Target::sm80(), Target::sm89(), Target::sm90a()]
@@ -181,7 +182,7 @@ fn the_accumulator_layout_is_what_the_fmas_assume() {
     let k = gemm_kernel(DType::F32, false, false, false);
     for (mnk, t) in [([4096, 4096, 4096], Target::sm80()), ([1024, 1024, 1024], Target::sm80()), ([127, 4096, 4096], Target::sm90a())] {
         let sched = kfuse_codegen::schedule(&k, &spec(&k, mnk), &t).unwrap();
-        let plan = sched.schedule.mma.clone().unwrap();
+        let plan = sched.schedule.mma().cloned().unwrap();
         let Some(l @ Layout::Blocked(b)) = accumulator_layout(&sched) else { panic!() };
         assert!(b.steps.is_empty() && b.size_per_thread == [4, 4] && b.order == [1, 0]);
         let map = RegMap::of(l).unwrap();

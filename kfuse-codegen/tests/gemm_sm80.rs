@@ -11,6 +11,7 @@ use common::{accumulator_layout, coord, gemm_erf_kernel, gemm_kernel, gemm_kerne
 use kfuse_codegen::layout::RegMap;
 use kfuse_codegen::{compile, Spec, Target, TensorSpec};
 use kfuse_ir::{DType, Kernel, Layout};
+use kfuse_codegen::MmaSchedule;
 
 /// The spec of [`gemm_kernel`] with `a` and `b` contiguous along their first dimension
 /// when asked (a transposed view), else along their last.
@@ -103,7 +104,7 @@ fn the_accumulator_layout_is_the_instruction_fragment() {
     for (mnk, [wm, wn]) in [([4096, 4096, 4096], [2u32, 2u32]), ([127, 4096, 4096], [2, 2])] {
         let e = compile(&k, &spec(&k, mnk), &Target::sm80()).unwrap();
         let sched = kfuse_codegen::schedule(&k, &spec(&k, mnk), &Target::sm80()).unwrap();
-        let plan = sched.schedule.mma.clone().unwrap();
+        let plan = sched.schedule.mma().cloned().unwrap();
         assert_eq!(plan.warps, [wm, wn]);
         let Some(l @ Layout::Blocked(_)) = accumulator_layout(&sched) else { panic!("{}", e.ir) };
         let map = RegMap::of(l).unwrap();

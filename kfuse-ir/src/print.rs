@@ -54,7 +54,7 @@ fn access(k: &Kernel, dims: &[AccessDim], offs: &[ValueId]) -> String {
 }
 
 fn blocked(b: &Blocked) -> String {
-    let ctas = if b.ctas_per_cluster.iter().any(|&c| c > 1) { format!(" ctas={:?}", b.ctas_per_cluster) } else { String::new() };
+    let ctas = if b.block_split.iter().any(|&c| c > 1) { format!(" blocks={:?}", b.block_split) } else { String::new() };
     let steps = if b.steps.is_empty() {
         String::new()
     } else {
@@ -176,9 +176,9 @@ pub fn print(k: &Kernel) -> String {
         if s.persistent > 0 {
             let _ = writeln!(out, "  persistent: at most {} blocks walk the programs, each loading the next program's tiles ahead", s.persistent);
         }
-        if s.cluster > 1 {
+        if s.split_blocks > 1 {
             let split = s.split.map(|e| k.extent_name(e)).unwrap_or_default();
-            let _ = writeln!(out, "  cluster {} blocks along x, splitting {split}", s.cluster);
+            let _ = writeln!(out, "  split over {} blocks along x, splitting {split}", s.split_blocks);
         }
         if let Some(c) = &s.row_chunks {
             let passes = if c.passes == 1 { "1 pass".to_string() } else { format!("{} passes", c.passes) };
@@ -204,75 +204,9 @@ pub fn print(k: &Kernel) -> String {
         if let Some(why) = &s.dots_one_by_one {
             let _ = writeln!(out, "  dots one by one, not a pipelined matrix loop: {why}");
         }
-        if let Some(m) = &s.mma {
-            let maj = |o: &crate::schedule::MmaOperand| match o.major {
-                crate::schedule::Major::K => "K-major",
-                crate::schedule::Major::MN => "MN-major",
-            };
-            // a `dot_tf32`: how the target reads its operands
-            let tf32 = matches!(k.op(m.dot), Op::Dot { precision: DotPrecision::Tf32 });
-            let wg_tf32 = if tf32 { " tf32" } else { "" };
-            let fma_tf32 = if tf32 { " (dot_tf32 computed exactly: no TF32 path here)" } else { "" };
-            match m.path {
-                crate::schedule::MmaPath::WgmmaTma => {
-                    let _ = writeln!(
-                        out,
-                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr {}{wg_tf32}, {} consumer warpgroups{}, {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B, persistent raster group_m={}",
-                        m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instructions(),
-                        m.consumers, if m.pingpong { " (ping-pong: a tile each, alternate tiles)" } else { "" }, m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle, m.group_m
-                    );
-                }
-                crate::schedule::MmaPath::MmaSyncCpAsync => {
-                    let _ = writeln!(
-                        out,
-                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr {}, warps {}x{} (warp tile {}x{}), {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B",
-                        m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instructions(),
-                        m.warps[0], m.warps[1], m.tile[0] / m.warps[0].max(1), m.tile[1] / m.warps[1].max(1),
-                        m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle
-                    );
-                }
-                crate::schedule::MmaPath::FmaSimt => {
-                    let _ = writeln!(
-                        out,
-                        "  mma {:?}: dot {} in loop {}, tile {}x{}x{}, f32 fma{fma_tf32}, thread tile {}x{}, warps {}x{}, {} stages (register prefetch), A {} {}, B {} {}",
-                        m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instr[0], m.instr[1],
-                        m.warps[0], m.warps[1], m.stages, m.a.load.value(), maj(&m.a), m.b.load.value(), maj(&m.b)
-                    );
-                }
-            }
-            for d in &m.more {
-                let a = if d.a.load == m.a.load { "shared".to_string() } else { format!("{} {} swizzle {}B", d.a.load.value(), maj(&d.a), d.a.swizzle) };
-                let _ = writeln!(
-                    out,
-                    "  mma also: dot {} into carried {}, A {a}, B {} {} swizzle {}B",
-                    d.dot.value(),
-                    d.carried,
-                    d.b.load.value(),
-                    maj(&d.b),
-                    d.b.swizzle
-                );
-            }
-            if m.multicast > 1 {
-                let (line, operand) = if m.multicast_b { ("column", "B") } else { ("row", "A") };
-                let _ = writeln!(out, "  mma multicast: clusters of {} blocks on one tile {line} share its {operand} tile (TMA multicast)", m.multicast);
-            }
-            if m.split_k > 1 {
-                let _ = writeln!(out, "  mma split-K: {} blocks of a cluster share each tile's loop, partials summed in distributed shared memory", m.split_k);
-            }
-            match m.walk {
-                crate::schedule::TileWalk::All => {}
-                crate::schedule::TileWalk::WholeWaves => {
-                    let _ = writeln!(out, "  mma walk: the tiles of whole waves only (the first launch of a split last wave)");
-                }
-                crate::schedule::TileWalk::LastTiles => {
-                    let _ = writeln!(out, "  mma walk: the last tiles, one a cluster (the second launch of a split last wave)");
-                }
-            }
-            if let Some(st) = &m.store {
-                let _ = writeln!(out, "  mma epilogue: store {} through shared memory (swizzle {}B) and a TMA store", st.load.index(), st.swizzle);
-                if m.store_buffers > 0 {
-                    let _ = writeln!(out, "  mma epilogue: the output tile in its boxes through {} box-sized buffers", m.store_buffers);
-                }
+        if let Some(p) = &s.target {
+            for line in p.0.describe(k) {
+                let _ = writeln!(out, "  {line}");
             }
         }
         for (t, v) in &s.tiles {

@@ -7,20 +7,23 @@
 //! Invariants (checked by the verifier once a schedule is present, i.e. when
 //! `num_threads > 0`):
 //! - every tile symbol used by the kernel has a value in `tiles`, a power of two (a
-//!   `dot`'s `N` tile on the WGMMA path may be a multiple of 64: [`MmaPlan::wgmma_widths`]);
+//!   `dot`'s `N` tile may be a multiple of 64 where the target's plan takes one:
+//!   [`TargetPlan::takes_wide_n`]);
 //! - every shape symbol used as a full extent has a padded value in `full`, a power of two;
 //! - every value of rank ≥ 1 has a layout whose shape is the value's concrete shape, and
 //!   whose thread count is `num_threads`.
 
+use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
-use crate::kernel::{OpId, ShapeSym, TileSym, ValueId};
+use crate::kernel::{Kernel, OpId, ShapeSym, TileSym, ValueId};
 
 /// How the elements of a tile are spread over the threads of a block (and, for a
-/// tile split across a thread-block cluster, over the blocks of the cluster).
+/// tile split over several blocks that share it, over those blocks).
 ///
-/// Axis `a` is cut into `ctas_per_cluster[a]` contiguous pieces of
-/// `piece = shape[a] / ctas_per_cluster[a]` elements, piece `c` held by the cluster's
+/// Axis `a` is cut into `block_split[a]` contiguous pieces of
+/// `piece = shape[a] / block_split[a]` elements, piece `c` held by the program's
 /// block `c`. Within a piece, an element coordinate is
 /// `rep * (spt[a]*tpw[a]*wpc[a]) + (warp_a * tpw[a] + lane_a) * spt[a] + e`, with
 /// `e < spt[a]` held in consecutive registers of one thread. `order` lists the axes
@@ -45,8 +48,8 @@ pub struct Blocked {
     pub warps_per_block: Vec<u32>,
     /// The axes, fastest first.
     pub order: Vec<u32>,
-    /// Blocks of the cluster along each axis (all 1 without a cluster split).
-    pub ctas_per_cluster: Vec<u32>,
+    /// Blocks the tile is split over along each axis (all 1: one block holds it).
+    pub block_split: Vec<u32>,
     /// Coordinate steps per axis (empty: `elem = 1, lane = spt, warp = spt * tpw`).
     pub steps: Vec<AxisSteps>,
 }
@@ -106,21 +109,22 @@ pub enum SmemLayout {
 pub struct Schedule {
     /// Threads per block; 0 means "not scheduled yet".
     pub num_threads: u32,
-    /// Blocks per thread-block cluster along grid axis x (1: no clusters). When > 1,
-    /// `program_id(0)` is the cluster index and tile axes over `split` are cut across
-    /// the cluster's blocks.
-    pub cluster: u32,
-    /// The extent whose tile axes are split across the cluster.
+    /// Blocks that run one program together, along grid axis x (1: one block a
+    /// program). When > 1, `program_id(0)` is the index of the group and tile axes over
+    /// `split` are cut across its blocks, which exchange partial results (how, and on
+    /// which targets, is the code generator's business).
+    pub split_blocks: u32,
+    /// The extent whose tile axes are split across a program's blocks.
     pub split: Option<crate::kernel::Extent>,
     /// 0: one block per program. n > 0: a persistent grid of at most n blocks, each
     /// walking the programs `blockIdx.x, + gridDim.x, …` and issuing the next program's
     /// tile loads before it works on the current one (only for a kernel whose programs
     /// index one grid axis; `persist_programs`).
     pub persistent: u32,
-    /// 0: none. n > 0: a row kernel split across a cluster asks L2, before its own loads,
-    /// for the slices of the rows `n` programs (clusters) ahead — those a cluster that
+    /// 0: none. n > 0: a row kernel split across several blocks asks L2, before its own
+    /// loads, for the slices of the rows `n` programs ahead — those a program that
     /// starts a little later will load — so that DRAM keeps streaming while this
-    /// cluster's blocks reduce, exchange and write (`prefetch_ahead`).
+    /// program's blocks reduce, exchange and write (`prefetch_ahead`).
     pub l2_prefetch: u32,
     /// Tile values that are cheap to recompute (16- and 8-bit float loads kept as their
     /// raw words, and elementwise math over them) are recomputed at each use instead of
@@ -164,18 +168,19 @@ pub struct Schedule {
     pub smem: BTreeMap<ValueId, SmemLayout>,
     /// Bytes of shared memory the kernel needs (layout conversions, reductions).
     pub smem_bytes: u32,
-    /// The matrix-multiply plan of a `dot` accumulated in a loop, when the kernel has
-    /// one (`select_mma_path`, `pipeline_stages`).
-    pub mma: Option<MmaPlan>,
-    /// Why the kernel's `dot`s are not a pipelined matrix loop (`mma`), when they are
+    /// The target's plan of a `dot` loop it pipelines as a whole, when the kernel has
+    /// one: instructions, data movement, stages, which the target's code generator
+    /// defines and reads ([`TargetPlan`]; `kfuse-codegen`'s matrix-loop plan).
+    pub target: Option<PlanBox>,
+    /// Why the kernel's `dot`s are not a pipelined matrix loop (`target`), when they are
     /// not: each is then lowered where it stands, as one op among the others.
     pub dots_one_by_one: Option<String>,
-    /// Why the pipelined `dot` loop of `mma` takes its path (`select_mma_path`): the
+    /// Why the pipelined `dot` loop of `target` takes its path (`select_mma_path`): the
     /// target, the operands' dtype and precision, and, for the FMA fallback of 16-bit
     /// operands, what the matrix path's copies cannot read. Reported by plans
     /// (`kfuse_codegen::Plan`); the IR printer does not show it.
     pub mma_why: Option<String>,
-    /// A row too long for one block, on a target without a cluster to take it, walked in
+    /// A row too long for one block, on a target without block groups to take it, walked in
     /// chunks by loops the pass wrote into the kernel (`chunk_rows`).
     pub row_chunks: Option<RowChunks>,
 }
@@ -195,180 +200,6 @@ pub struct RowChunks {
     pub passes: u32,
 }
 
-/// Which matrix instructions and data movement a pipelined `dot` loop uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MmaPath {
-    /// sm_90a: TMA loads into swizzled shared memory completing on mbarriers, WGMMA
-    /// issued by consumer warpgroups, one producer warp (warp specialization).
-    WgmmaTma,
-    /// sm_80 and sm_89 (Ampere, Ada): every thread copies 16-byte chunks of both
-    /// operands from global into XOR-swizzled shared memory with `cp.async` (zero fill
-    /// past the tensor's edges) into a ring of `stages` stages, one commit group per
-    /// stage; the warps of the block (`MmaPlan::warps`, all of them compute) read their
-    /// fragments with `ldmatrix` (`.trans` for an operand whose contiguous dimension is
-    /// not `K`) and issue `mma.sync.aligned.m16n8k16` into f32 accumulators. One output
-    /// tile per block, on the ordinary program-id grid.
-    ///
-    /// Shared memory of one operand in one stage: `rows × row_bytes`, a row along the
-    /// tensor's non-unit-stride tile dimension, `row_bytes` = the unit-stride tile
-    /// extent in bytes; the 16-byte chunk `j` of row `r` lives at chunk
-    /// `j ^ ((r / (8 / min(C, 8))) % min(C, 8))` (`C` chunks a row), so that the 8 rows
-    /// of one `ldmatrix` matrix, and the chunks a warp's `cp.async`s write, fall in
-    /// distinct banks. `MmaOperand::swizzle` records `min(row_bytes, 128)`.
-    MmaSyncCpAsync,
-    /// Every sm_80+ target, no matrix unit: plain f32 fused multiply-adds (`fmaf`, one
-    /// FFMA each, round-to-nearest, no TF32) on the CUDA cores into exact f32
-    /// accumulators. Taken by f32 operands, and as the fallback of the two paths above
-    /// for f16/bf16 operands they cannot read (strides or data not 16-byte aligned, a
-    /// `cp.async` block offset off a 16-byte boundary); 16-bit elements become f32 as
-    /// they are loaded. One output tile per block, on the ordinary program-id grid.
-    ///
-    /// Data movement: every thread loads its share of both operand tiles from global
-    /// memory into registers with plain masked loads (any strides, any majorness;
-    /// elements outside the tensor read as 0), the warp's lanes consecutive along the
-    /// tensor's unit-stride dimension, and stores them as f32 into shared memory laid
-    /// out `[BK][BM + 4]` (A transposed: M contiguous) and `[BK][BN + 4]` (N contiguous);
-    /// the 4 floats of padding a row keep the transposing stores of a K-major operand
-    /// apart in the banks and every row 16-byte aligned (`MmaOperand::swizzle` is 0).
-    /// Two stages (`stages = 2`): the loads of iteration `it + 1` are in flight in
-    /// registers while the block computes on stage `it % 2`, then go to the other
-    /// stage; one barrier an iteration.
-    ///
-    /// Compute: thread tiles of `instr[0] × instr[1]` accumulators (`instr = [tm, tn,
-    /// 1]`), in the accumulator layout `fma_accumulator` of `kfuse-codegen`: runs of 4
-    /// consecutive rows and 4 consecutive columns repeated every sweep of the block,
-    /// lanes 8 along the columns (4 along the rows), warps arranged `warps[0] ×
-    /// warps[1]`. Per `k` a thread reads its rows of A and its columns of B as 16-byte
-    /// vectors (lanes of one vector read the same address or consecutive ones: no bank
-    /// conflicts) and issues `tm × tn` FMAs.
-    FmaSimt,
-}
-
-/// Which dimension of an operand tile is contiguous in shared memory (on
-/// [`MmaPath::FmaSimt`]: in the tensor it is loaded from; that path's shared memory
-/// holds every operand with `M` or `N` contiguous).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Major {
-    /// The reduction dimension (`K`) is contiguous.
-    K,
-    /// The row (`M`, for A) or column (`N`, for B) dimension is contiguous.
-    MN,
-}
-
-/// One operand of the pipelined `dot`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct MmaOperand {
-    /// The `Load` inside the loop that feeds the `dot`.
-    pub load: OpId,
-    /// Which of its dimensions is contiguous.
-    pub major: Major,
-    /// Shared-memory swizzle span in bytes (also the TMA box's inner extent in bytes).
-    pub swizzle: u32,
-}
-
-/// A further `dot` of the loop a [`MmaPlan`] pipelines, beside its first one: the same
-/// tile shape, operand dtype and precision, its own accumulator (a carried value of
-/// the loop) and its own B tile; its A tile is either the first dot's (the same `Load`:
-/// loaded once a stage and read by both) or one of its own.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct MmaDot {
-    /// The `Dot` op.
-    pub dot: OpId,
-    /// Its accumulator's index among the loop's carried values.
-    pub carried: u32,
-    /// Its `[M, K]` operand.
-    pub a: MmaOperand,
-    /// Its `[K, N]` operand.
-    pub b: MmaOperand,
-}
-
-/// Which of a persistent matrix kernel's tiles (in its walk's order) a launch takes. On
-/// request (`KFUSE_TAIL_SPLIT=1`) the runtime splits a walk whose last wave would leave
-/// most multiprocessors idle into two launches of the same kernel: one over the whole
-/// waves, then one with the loop split across clusters over the tiles left.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum TileWalk {
-    /// Every tile.
-    #[default]
-    All,
-    /// The tiles of whole waves only: the first `(tiles / programs) * programs`, where
-    /// `programs` is the launch's (one block each).
-    WholeWaves,
-    /// The last `programs` tiles (one cluster each), where `programs` is the launch's
-    /// cluster count: with [`MmaPlan::split_k`] > 1.
-    LastTiles,
-}
-
-/// The decisions for a kernel whose loop accumulates `dot(load, load)` (or several such
-/// dots, each into its own accumulator: [`MmaPlan::more`]).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct MmaPlan {
-    /// The instructions and data movement.
-    pub path: MmaPath,
-    /// The loop's `For` op.
-    pub for_op: OpId,
-    /// The loop's (first) `Dot`.
-    pub dot: OpId,
-    /// That dot's loop-carried accumulator index.
-    pub carried: u32,
-    /// The first dot's `[M, K]` operand.
-    pub a: MmaOperand,
-    /// The first dot's `[K, N]` operand.
-    pub b: MmaOperand,
-    /// The loop's other dots, in program order (empty for a loop of one dot; only
-    /// [`MmaPath::WgmmaTma`] takes more). A stage holds every distinct operand tile
-    /// once: A, B, then for each of these its A when it has its own, and its B.
-    pub more: Vec<MmaDot>,
-    /// Block tile `[BM, BN, BK]`.
-    pub tile: [u32; 3],
-    /// Instruction shape `[m, n, k]` (on [`MmaPath::FmaSimt`]: the thread tile
-    /// `[tm, tn, 1]`, `tm × tn` FMAs per `k`).
-    pub instr: [u32; 3],
-    /// Consumer warpgroups (each owns `BM / consumers` rows of the tile); 0 on paths
-    /// without warp specialization.
-    pub consumers: u32,
-    /// Warps sharing the accumulator tile, along M and along N (`[4 * consumers, 1]`
-    /// for WGMMA; `[4, 1]` under [`MmaPlan::pingpong`], one warpgroup a tile). With `wm × wn` warps, warp `(a, b)` holds the `m16n8` instruction
-    /// tiles at rows `16 (a + wm i)` and columns `8 (b + wn j)`: warps interleave at
-    /// instruction-tile granularity ([`AxisSteps`] in the layout). On
-    /// [`MmaPath::FmaSimt`] the warps hold thread tiles in a plain blocked layout.
-    pub warps: [u32; 2],
-    /// Shared-memory pipeline depth (`pipeline_stages`).
-    pub stages: u32,
-    /// Persistent grid: programs visit tiles in groups of `group_m` tile rows, so that
-    /// the tiles in flight share their A rows and B columns in L2.
-    pub group_m: u32,
-    /// The epilogue's `[BM, BN]` store that goes through shared memory (swizzled like
-    /// the operands) and a TMA bulk store, when its output can take one: the consumers
-    /// move on to the next tile while the copy engine writes this one.
-    pub store: Option<MmaOperand>,
-    /// The loop's iterations are cut into this many contiguous ranges, one per block
-    /// of a thread-block cluster; the partial accumulators meet in the first block
-    /// through distributed shared memory, which alone runs the epilogue (1: no split).
-    pub split_k: u32,
-    /// Blocks of a thread-block cluster that work on neighbouring tiles and share one
-    /// operand tile: each loads a slice and multicasts it to all (1: none). The shared
-    /// operand is A (tiles of one tile row) unless [`MmaPlan::multicast_b`].
-    pub multicast: u32,
-    /// The multicast operand is B: the cluster's blocks hold neighbouring tiles of one
-    /// tile column (along M) and share its B tile.
-    pub multicast_b: bool,
-    /// Which tiles of the persistent walk this kernel takes ([`TileWalk`]; `All` but in
-    /// the two launches of the runtime's split of a last, mostly idle wave).
-    pub walk: TileWalk,
-    /// Ping-pong consumers ([`MmaPath::WgmmaTma`]): each consumer warpgroup owns whole
-    /// tiles (all `BM` rows, two `m64` instructions a K step) and the warpgroups take
-    /// alternate tiles of the block's walk, so that one's epilogue runs while the other's
-    /// loop keeps the tensor cores busy (`warps` is then `[4, 1]`: one warpgroup's
-    /// warps hold the accumulator). False: the consumers share each tile, 64 rows each.
-    pub pingpong: bool,
-    /// The [`MmaPlan::store`] tile leaves in its TMA boxes (`[BM, 64]` of 16-bit
-    /// elements) through this many box-sized shared-memory buffers, each reused once the
-    /// bulk store issued from it has read it (`pipeline_stages` picks it when the whole
-    /// tile would leave the ring fewer stages: 128x320 tiles); 0: the whole tile at once.
-    pub store_buffers: u32,
-}
-
 impl Schedule {
     /// True once the passes have run (`num_threads > 0`).
     pub fn is_scheduled(&self) -> bool {
@@ -376,51 +207,42 @@ impl Schedule {
     }
 }
 
-impl MmaPlan {
-    /// The widths of the `m64nN` instructions that cover the tile's `BN` columns on
-    /// [`MmaPath::WgmmaTma`], left to right: `BN` itself up to 256, else 256-wide ones
-    /// and the rest (320: 256 and 64). Their accumulators follow each other in a
-    /// consumer's registers, which is the one-instruction layout continued.
-    pub fn wgmma_widths(&self) -> Vec<u32> {
-        let mut left = self.tile[1];
-        let mut v = Vec::new();
-        while left > 0 {
-            let w = left.min(256);
-            v.push(w);
-            left -= w;
-        }
-        v
-    }
+/// Decisions a target's code generator records in a [`Schedule`] that only it reads: the
+/// instructions and data movement of a `dot` loop it pipelines as a whole. The IR knows
+/// them only as lines to print and as the one fact the verifier needs.
+pub trait TargetPlan: fmt::Debug + Send + Sync + 'static {
+    /// The lines the IR printer shows for the plan (indented by the printer).
+    fn describe(&self, k: &Kernel) -> Vec<String>;
+    /// Whether the `N` tile of the kernel's `dot` may be a multiple of 64 that is not a
+    /// power of two (several instructions a K step).
+    fn takes_wide_n(&self) -> bool;
+    /// The plan, as a value its code generator can downcast.
+    fn as_any(&self) -> &dyn Any;
+    /// The plan, mutable, as a value its code generator can downcast.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// A copy of the plan.
+    fn clone_plan(&self) -> Box<dyn TargetPlan>;
+    /// Whether `other` is an equal plan (of the same type).
+    fn same(&self, other: &dyn TargetPlan) -> bool;
+}
 
-    /// The instructions a K step issues, as the IR printer and plans name them: the
-    /// `m64nNkK` WGMMAs covering `BN` ([`MmaPlan::wgmma_widths`], joined by ` + `), the
-    /// `m16n8k16` of mma.sync, or the `f32 fma` of the FMA path.
-    pub fn instructions(&self) -> String {
-        match self.path {
-            MmaPath::WgmmaTma => self.wgmma_widths().iter().map(|n| format!("m{}n{n}k{}", self.instr[0], self.instr[2])).collect::<Vec<_>>().join(" + "),
-            MmaPath::MmaSyncCpAsync => format!("m{}n{}k{}", self.instr[0], self.instr[1], self.instr[2]),
-            MmaPath::FmaSimt => "f32 fma".to_string(),
-        }
-    }
+/// A [`TargetPlan`] held by a [`Schedule`]: cloned, compared and printed as its value.
+pub struct PlanBox(pub Box<dyn TargetPlan>);
 
-    /// Every dot of the plan, the first one first: `(dot, carried, a, b)`.
-    pub fn all_dots(&self) -> Vec<MmaDot> {
-        let mut v = vec![MmaDot { dot: self.dot, carried: self.carried, a: self.a.clone(), b: self.b.clone() }];
-        v.extend(self.more.iter().cloned());
-        v
+impl Clone for PlanBox {
+    fn clone(&self) -> Self {
+        PlanBox(self.0.clone_plan())
     }
+}
 
-    /// The distinct operand loads of one pipeline stage in the order a stage holds
-    /// them (see [`MmaPlan::more`]), each with its majorness and swizzle.
-    pub fn stage_operands(&self) -> Vec<MmaOperand> {
-        let mut v: Vec<MmaOperand> = Vec::new();
-        for d in self.all_dots() {
-            for o in [d.a, d.b] {
-                if !v.iter().any(|x| x.load == o.load) {
-                    v.push(o);
-                }
-            }
-        }
-        v
+impl PartialEq for PlanBox {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.same(other.0.as_ref())
+    }
+}
+
+impl fmt::Debug for PlanBox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
     }
 }

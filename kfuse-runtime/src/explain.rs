@@ -22,6 +22,7 @@ use crate::error::Result;
 use crate::launch::{desc_shapes, planned_descs, ArgDesc};
 use crate::ptxas::{Assembly, PtxasInfo};
 use crate::roofline::Roofline;
+use kfuse_codegen::MmaSchedule;
 
 /// What a GPU launch of a kernel on described arguments would compile and run, and
 /// what it costs at the device's peak ([`explain()`]). `Display` writes a report of the
@@ -134,7 +135,7 @@ pub fn roofline(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<Ro
     let kernel = &planned.built.0;
     let scheduled = kfuse_codegen::schedule(kernel, &planned.spec, target)?;
     let shapes = desc_shapes(kernel, args)?;
-    Roofline::count(kernel, &shapes, scheduled.schedule.mma.as_ref().map(|m| m.path), target)
+    Roofline::count(kernel, &shapes, scheduled.schedule.mma().map(|m| m.path), target)
 }
 
 impl fmt::Display for Explain {

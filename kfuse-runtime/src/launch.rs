@@ -56,7 +56,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard}
 
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use kfuse_codegen::passes::select_mma_path::{matrix_operands, MatrixOperands};
-use kfuse_codegen::{EmittedKernel, KernelParam, Spec, Target, TensorSpec};
+use kfuse_codegen::{EmittedKernel, KernelParam, Spec, Target, TensorSpec, Walk};
 use kfuse_ir::{DType, DTypeSig, Kernel, KernelDef, ParamSig};
 
 use crate::cache::{CacheOutcome, LoadedKernel, ModuleKey};
@@ -774,13 +774,14 @@ fn spec_with_shapes<A: ArgFacts>(kernel: &Kernel, args: &[A], vals: &[u64]) -> R
         min_blocks: settings.min_blocks()?,
         grouped: false,
         register_attempt: 0,
+        ..Spec::default()
     })
 }
 
 /// The [`Spec`] a GPU launch of `kernel` on `args` compiles for `target` (before
 /// autotuning): [`spec_for`]'s facts with `KFUSE_TILES`, plus the tile choices codegen
-/// makes from the exact shape (`choose_tiles::exact_shape_tiles`, in the spec so that the
-/// cache keys on them; explicit `KFUSE_TILES` entries win). `copies`: the arguments a
+/// makes from the exact shape (`choose_tiles::exact_shape_tiles`, as `Spec::shape_tiles`
+/// so that the cache keys on them; explicit `KFUSE_TILES` entries win). `copies`: the arguments a
 /// launch copies to padded rows first ([`crate::operand_copy`]), whose facts are the
 /// copies'.
 fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], target: &Target, copies: &[OperandCopy]) -> Result<Spec> {
@@ -788,9 +789,7 @@ fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], target: &T
     for c in copies {
         spec.tensors[c.param] = Some(c.layout.spec());
     }
-    for (name, v) in kfuse_codegen::passes::choose_tiles::exact_shape_tiles(kernel, &spec, shapes, target) {
-        spec.tiles.entry(name).or_insert(v);
-    }
+    spec.shape_tiles = kfuse_codegen::passes::choose_tiles::exact_shape_tiles(kernel, &spec, shapes, target);
     Ok(spec)
 }
 
@@ -1623,9 +1622,9 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
     Ok(launched)
 }
 
-/// Tile-override keys that choose a matrix kernel's cluster or walk: a kernel asked for
-/// with one of them is launched as asked, never split by [`split_last_wave`].
-const WALK_KEYS: [&str; 6] = ["SPLITK", "MCAST", "MCASTB", "PINGPONG", "WHOLEWAVES", "LASTTILES"];
+/// Tile-override keys that choose a matrix kernel's cluster or consumers: a kernel asked
+/// for with one of them is launched as asked, never split by [`split_last_wave`].
+const WALK_KEYS: [&str; 4] = ["SPLITK", "MCAST", "MCASTB", "PINGPONG"];
 
 /// Whether the runtime splits a persistent kernel's last wave: on request only
 /// (`KFUSE_TAIL_SPLIT=1`, through [`crate::settings`]). It measured no faster at bf16 M8192
@@ -1639,9 +1638,9 @@ fn tail_split_enabled() -> bool {
 /// block a tile, no cluster) walks `tiles` tiles with `programs` resident blocks; when
 /// the last wave would keep at most half of them busy (`0 < tiles % programs ≤
 /// programs / 2`, `tiles > programs`), it is launched twice instead: the same kernel over the whole waves' tiles only
-/// (`WHOLEWAVES=1`, grid `programs`), then over the `left = tiles % programs` tiles left
-/// with each tile's loop split across a cluster of `s` blocks (`LASTTILES=1`,
-/// `SPLITK=s`, `s` the largest power of two ≤ min(8, programs / left) whose kernel the
+/// (`Spec::walk` `WholeWaves`, grid `programs`), then over the `left = tiles % programs` tiles left
+/// with each tile's loop split across a cluster of `s` blocks (`LastTiles { split_k: s }`,
+/// `s` the largest power of two ≤ min(8, programs / left) whose kernel the
 /// driver builds without spills, halving down to 2; grid `left × s`),
 /// so that the last tiles take about `1/s` of a tile's time instead of a whole one. Both
 /// are compiled (and cached) like any specialization; the tail's tiles are summed in a
@@ -1652,7 +1651,7 @@ fn tail_split_enabled() -> bool {
 fn split_last_wave(device: &Device, kernel: &Kernel, key: &ModuleKey, loaded: &LoadedKernel, args: &[Arg<'_>], shapes: &[u64]) -> Result<Option<(Arc<LoadedKernel>, u32)>> {
     let e = &loaded.emitted;
     // (the setting read last: launches of other kernels do not pay for it)
-    if e.persistent.is_none() || e.cluster_x > 1 || e.grouped || WALK_KEYS.iter().any(|k| key.spec.tiles.contains_key(*k)) || !tail_split_enabled() {
+    if e.persistent.is_none() || e.cluster_x > 1 || e.grouped || key.spec.walk != Walk::All || WALK_KEYS.iter().any(|k| key.spec.tiles.contains_key(*k)) || !tail_split_enabled() {
         return Ok(None);
     }
     let gpu = device.gpu_ref().expect("a GPU");
@@ -1663,9 +1662,9 @@ fn split_last_wave(device: &Device, kernel: &Kernel, key: &ModuleKey, loaded: &L
     if left_over(programs_of(loaded)).is_none() {
         return Ok(None);
     }
-    let variant = |set: &[(&str, u32)]| -> Result<Option<Arc<LoadedKernel>>> {
+    let variant = |walk: Walk| -> Result<Option<Arc<LoadedKernel>>> {
         let mut k = key.clone();
-        k.spec.tiles.extend(set.iter().map(|&(n, v)| (n.to_string(), v)));
+        k.spec.walk = walk;
         match load(device, kernel, &k) {
             Ok((l, _)) => Ok(Some(l)),
             // a kernel the split variants do not take (the writer refuses them)
@@ -1673,7 +1672,7 @@ fn split_last_wave(device: &Device, kernel: &Kernel, key: &ModuleKey, loaded: &L
             Err(err) => Err(err),
         }
     };
-    let Some(main) = variant(&[("WHOLEWAVES", 1)])? else { return Ok(None) };
+    let Some(main) = variant(Walk::WholeWaves)? else { return Ok(None) };
     // the whole waves of the first launch, as its own resident count makes them
     let programs = programs_of(&main);
     let Some(left) = left_over(programs) else { return Ok(None) };
@@ -1683,7 +1682,7 @@ fn split_last_wave(device: &Device, kernel: &Kernel, key: &ModuleKey, loaded: &L
         if split < 2 {
             return Ok(None);
         }
-        match variant(&[("LASTTILES", 1), ("SPLITK", split)])? {
+        match variant(Walk::LastTiles { split_k: split })? {
             Some(t) if t.local_bytes == 0 => break t,
             _ => split /= 2,
         }

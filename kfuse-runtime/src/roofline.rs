@@ -33,9 +33,10 @@ use std::collections::HashMap;
 use std::fmt;
 
 use kfuse_codegen::Target;
-use kfuse_ir::{BinaryOp, DType, DotPrecision, Extent, Kernel, LoopId, MmaPath, Op, OpId, Type, UnaryOp, ValueId};
+use kfuse_ir::{BinaryOp, DType, DotPrecision, Extent, Kernel, LoopId, Op, OpId, Type, UnaryOp, ValueId};
 
 use crate::error::{Error, Result};
+use kfuse_codegen::MmaPath;
 
 /// NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column: GPU memory bandwidth
 /// 3.35 TB/s (HBM3).

@@ -321,7 +321,7 @@ pub fn snapshot_spec(def: &KernelDef) -> Spec {
         })
         .collect();
     let big = if shape_syms.len() == 1 { 1 << 24 } else { 4096 };
-    Spec { tensors, shape_pow2: vec![big; shape_syms.len()], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0 }
+    Spec { tensors, shape_pow2: vec![big; shape_syms.len()], shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0, ..Spec::default() }
 }
 
 /// The ptxas to assemble with (`kfuse::runtime::ptxas::find_ptxas`; panics with how to

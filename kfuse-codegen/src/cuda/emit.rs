@@ -23,6 +23,7 @@ use crate::cuda::writer::Writer;
 use crate::layout::{AxisMap, RegMap};
 use crate::target::{KernelParam, Spec, Target};
 use crate::CodegenError;
+use crate::mma_plan::MmaSchedule;
 
 /// `cp.async` of 16 bytes with a source size (the rest zero-filled) and its groups (PTX
 /// ISA), as one literal: shared by the mma.sync path's prelude and the operand rings'.
@@ -647,7 +648,7 @@ impl<'a> Emitter<'a> {
                 scalar(self, DType::I64, e)
             }
             Op::ProgramId { axis } => {
-                let c = k.schedule.cluster;
+                let c = k.schedule.split_blocks;
                 let dim = crate::passes::order_grid::block_dim(k, *axis);
                 let e = if *axis == 0 && c > 1 { format!("(long long)(blockIdx.x / {c})") } else { format!("(long long)blockIdx.{}", ["x", "y", "z"][dim]) };
                 scalar(self, DType::I64, e)
@@ -755,7 +756,7 @@ impl<'a> Emitter<'a> {
         let pre = crate::passes::persist_programs::closure(k, &heads);
         let g = grid.first().ok_or_else(|| CodegenError::Unsupported("a persistent kernel without a grid axis".into()))?;
         self.line(format!("const long long kf_nprog = ({} + {}LL) / {}LL;", self.shape_var(g.dim), g.step - 1, g.step))?;
-        if k.schedule.cluster > 1 {
+        if k.schedule.split_blocks > 1 {
             return Err(CodegenError::Unsupported("a persistent kernel split across a thread-block cluster".into()));
         }
         let first = "(long long)blockIdx.x".to_string();
@@ -835,7 +836,7 @@ impl<'a> Emitter<'a> {
         let slices = crate::passes::prefetch_ahead::slices(k, self.spec);
         let heads: Vec<OpId> = slices.iter().map(|s| s.0).collect();
         let pre = crate::passes::persist_programs::closure(k, &heads);
-        let c = k.schedule.cluster;
+        let c = k.schedule.split_blocks;
         self.line(format!("// the slices of the rows {} programs ahead, asked of L2 (`prefetch_ahead`)", k.schedule.l2_prefetch))?;
         self.open("if (kf_tid == 0)")?;
         self.pid = Some(vec![format!("((long long)(blockIdx.x / {c}) + {}LL)", k.schedule.l2_prefetch)]);
@@ -1718,7 +1719,7 @@ pub struct Emitted {
 fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::target::GridAxisEval], dynamic: BTreeSet<(LoopId, u32)>) -> Result<Emitter<'a>, CodegenError> {
     let mut e = Emitter::new(k, spec, "__syncthreads();", grid);
     e.dynamic_ranges = dynamic;
-    if k.schedule.cluster <= 1 && k.schedule.persistent == 0 {
+    if k.schedule.split_blocks <= 1 && k.schedule.persistent == 0 {
         let wgmma = target.sm >= 90;
         // the rings' second stages go first, then the rule, where the operand area
         // would not fit the block's shared memory
@@ -1792,11 +1793,11 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         decls.push(format!("const long long n_{s}"));
         params.push(KernelParam::Shape(kfuse_ir::ShapeSym(i as u32)));
     }
-    if let Some(plan) = &k.schedule.mma {
+    if let Some(plan) = k.schedule.mma() {
         return match plan.path {
-            kfuse_ir::MmaPath::WgmmaTma => wgmma::emit_kernel(k, spec, target, grid, plan, params, decls),
-            kfuse_ir::MmaPath::MmaSyncCpAsync => mma_sm80::emit_kernel(k, spec, target, grid, plan, params, decls),
-            kfuse_ir::MmaPath::FmaSimt => dot_fma::emit_kernel(k, spec, target, grid, plan, params, decls),
+            crate::mma_plan::MmaPath::WgmmaTma => wgmma::emit_kernel(k, spec, target, grid, plan, params, decls),
+            crate::mma_plan::MmaPath::MmaSyncCpAsync => mma_sm80::emit_kernel(k, spec, target, grid, plan, params, decls),
+            crate::mma_plan::MmaPath::FmaSimt => dot_fma::emit_kernel(k, spec, target, grid, plan, params, decls),
         };
     }
     // The body first (its shared-memory needs are known only afterwards).
@@ -1832,7 +1833,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     }
     let producer = e.producer_text.take();
     let threads = k.schedule.num_threads + if producer.is_some() { warp_specialize::PRODUCER_THREADS } else { 0 };
-    let cluster = k.schedule.cluster;
+    let cluster = k.schedule.split_blocks;
     let cluster_attr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
     let mut preludes: Vec<&str> = if cluster > 1 { vec![CLUSTER_PRELUDE] } else { vec![] };
     if ops_bytes.is_some() {

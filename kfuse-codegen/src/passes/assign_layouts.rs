@@ -11,7 +11,7 @@
 //! real run gives the init that layout, so the loop converts nothing per iteration.
 //!
 //! Rules, in program order:
-//! - the accumulator of a pipelined dot loop (`schedule.mma`): the `Dot`, the carried
+//! - the accumulator of a pipelined dot loop (`MmaSchedule::mma`): the `Dot`, the carried
 //!   value it is added to, the sum and the loop result take the matrix instruction's
 //!   accumulator layout (every accumulator of a loop of several dots alike;
 //!   [`crate::layout::mma_accumulator`] for WGMMA,
@@ -50,7 +50,7 @@
 
 use std::collections::HashMap;
 
-use kfuse_ir::{AccessDim, Blocked, DType, Extent, Kernel, Layout, MmaPath, Op, OpId, SmemLayout, Type, ValueId};
+use kfuse_ir::{AccessDim, Blocked, DType, Extent, Kernel, Layout, Op, OpId, SmemLayout, Type, ValueId};
 
 use crate::analysis::concrete_shape;
 use crate::layout::{blocked, permute};
@@ -58,6 +58,7 @@ use crate::layout::{blocked, permute};
 
 use crate::target::Spec;
 use crate::CodegenError;
+use crate::mma_plan::{MmaPath, MmaSchedule};
 
 /// Extents that some reduction reduces.
 fn reduced_extents(k: &Kernel) -> Vec<Extent> {
@@ -78,7 +79,7 @@ fn make_blocked(k: &Kernel, extents: &[Extent], order: Vec<u32>, vec: u32) -> Bl
     warp_order.extend(order.iter().copied().filter(|&a| reduced.contains(&extents[a as usize])));
     let ctas: Vec<u32> = extents
         .iter()
-        .map(|e| if k.schedule.cluster > 1 && k.schedule.split == Some(*e) { k.schedule.cluster } else { 1 })
+        .map(|e| if k.schedule.split_blocks > 1 && k.schedule.split == Some(*e) { k.schedule.split_blocks } else { 1 })
         .collect();
     blocked(&shape, &order, vec, k.schedule.num_threads, &warp_order, &ctas)
 }
@@ -198,7 +199,7 @@ fn flexible_root(k: &Kernel, v: ValueId) -> Option<ValueId> {
         }
         Op::LoopCarried { id, index } | Op::LoopResult { id, index } => {
             let info = k.loop_info(*id)?;
-            if k.schedule.mma.as_ref().is_some_and(|p| p.for_op == info.for_op) {
+            if k.schedule.mma().is_some_and(|p| p.for_op == info.for_op) {
                 return None;
             }
             flexible_root(k, k.operands(info.for_op)[3 + *index as usize])
@@ -344,7 +345,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
     let mut wanted: HashMap<ValueId, Layout> = HashMap::new();
     // the accumulator of a pipelined dot loop lives where the matrix instruction
     // leaves it; its loop result carries that layout into the epilogue
-    let mma = k.schedule.mma.clone();
+    let mma = k.schedule.mma().cloned();
     let mma_layout = mma.as_ref().map(|p| {
         Layout::Blocked(match p.path {
             // (`warps`: `[4 * consumers, 1]` sharing a tile, `[4, 1]` ping-pong)
@@ -480,7 +481,7 @@ fn store_rule(k: &mut Kernel, spec: &Spec, op: OpId) {
             // a reduction result: worth a trip through shared memory for
             // coalesced writes only when it is large and lives in one block
             Layout::Slice { parent, .. } => {
-                parent.ctas_per_cluster.iter().all(|&c| c == 1) && want.shape.iter().product::<u32>() > 128
+                parent.block_split.iter().all(|&c| c == 1) && want.shape.iter().product::<u32>() > 128
             }
             Layout::Uniform => false,
         };

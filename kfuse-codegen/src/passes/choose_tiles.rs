@@ -20,7 +20,7 @@
 //!
 //! Long rows: when a full-extent tile would need more than 32 elements per thread,
 //! its widest full extent is cut across a thread-block cluster of up to 8 blocks
-//! (sm_90; `schedule.cluster`, `schedule.split`): each block holds one piece of every
+//! (sm_90; `schedule.split_blocks`, `schedule.split`): each block holds one piece of every
 //! such axis, reductions along it meet in distributed shared memory, and the row is
 //! still read once and written once. Those blocks have the fewest threads, from
 //! [`CLUSTER_MIN_THREADS`] to [`CLUSTER_THREADS`], that leave a thread at most 64
@@ -163,7 +163,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             if per_thread / c > most && max_cluster > MAX_CLUSTER {
                 c = (per_thread / most).next_power_of_two().min(max_cluster);
             }
-            k.schedule.cluster = c;
+            k.schedule.split_blocks = c;
             k.schedule.split = Some(e);
             per_thread /= c;
         }
@@ -172,7 +172,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         return Err(CodegenError::Unsupported(format!(
             "a tile of {max_elems} elements needs {per_thread} elements per thread with {threads} threads \
              and {} blocks per cluster (limit {MAX_ELEMS_PER_THREAD})",
-            k.schedule.cluster.max(1)
+            k.schedule.split_blocks.max(1)
         ))
         .at(k, max_op));
     }
@@ -311,8 +311,8 @@ fn assign_extents(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), Co
 fn set_tiles_of(k: &mut Kernel, spec: &Spec, choice: &BTreeMap<TileSym, u32>) -> Result<(), CodegenError> {
     for (i, name) in k.tile_syms.clone().iter().enumerate() {
         let t = TileSym(i as u32);
-        let v = match spec.tiles.get(name) {
-            Some(&v) => {
+        let v = match spec.tile(name) {
+            Some(v) => {
                 if !v.is_power_of_two() {
                     return Err(CodegenError::Unsupported(format!("tile override {name} = {v} is not a power of two")));
                 }
@@ -548,7 +548,7 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     for (e, v) in want {
         match e {
             Extent::Tile(t) => {
-                let v = spec.tiles.get(k.tile_name(t)).copied().unwrap_or(v);
+                let v = spec.tile(k.tile_name(t)).unwrap_or(v);
                 k.schedule.tiles.insert(t, v);
             }
             Extent::Const(_) => {}
@@ -561,12 +561,12 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     // the FMA path (f32 operands, or 16-bit ones the matrix path cannot read, which it
     // judges with the tiles above in place): its own tiles, the overrides still winning
     if crate::passes::select_mma_path::fma::expected(k, spec, target, dot) {
-        let over = |e: Extent| if let Extent::Tile(t) = e { spec.tiles.get(k.tile_name(t)).copied() } else { None };
+        let over = |e: Extent| if let Extent::Tile(t) = e { spec.tile(k.tile_name(t)) } else { None };
         let (fbm, fbn) = fma_tiles(m, n, target);
         let fbm = over(at.shape[0]).unwrap_or(if let Extent::Tile(_) = at.shape[0] { fbm } else { crate::analysis::extent_value(k, at.shape[0]) });
         for (e, v) in [(at.shape[0], fbm), (at.shape[1], fma_bk(fbm)), (bt.shape[1], fbn)] {
             if let Extent::Tile(t) = e {
-                let v = spec.tiles.get(k.tile_name(t)).copied().unwrap_or(v);
+                let v = spec.tile(k.tile_name(t)).unwrap_or(v);
                 k.schedule.tiles.insert(t, v);
             }
         }
@@ -580,7 +580,7 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
         for e in extents {
             match e {
                 Extent::Tile(t) if !k.schedule.tiles.contains_key(&t) => {
-                    let v = spec.tiles.get(k.tile_name(t)).copied().ok_or_else(|| {
+                    let v = spec.tile(k.tile_name(t)).ok_or_else(|| {
                         CodegenError::Unsupported(format!(
                             "tile symbol `{}` is not an extent of the kernel's `dot`; give it a literal extent or reuse BM/BN/BK",
                             k.tile_name(t)
@@ -598,7 +598,7 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     }
     k.schedule.num_threads = 256; // select_mma_path sets the consumers' count
     k.schedule.min_blocks = 1;
-    k.schedule.cluster = 1;
+    k.schedule.split_blocks = 1;
     Ok(())
 }
 
@@ -610,8 +610,8 @@ fn loads_output_tile(k: &Kernel, dot: kfuse_ir::OpId) -> bool {
 }
 
 /// Tile sizes that follow from a problem's exact shape (`dims`, one per shape symbol)
-/// rather than the power-of-two bucket a [`Spec`] holds, as `Spec::tiles` entries for
-/// the runtime to add before it compiles (explicit overrides win; the cache keys on
+/// rather than the power-of-two bucket a [`Spec`] holds: the runtime records them as
+/// [`Spec::shape_tiles`] before it compiles (explicit overrides win; the cache keys on
 /// them, so codegen stays a function of the spec).
 ///
 /// One today: `BN = 320` (an m64n256 and an m64n64 instruction a K step, 160

@@ -141,7 +141,7 @@ fn chunk_size(k: &Kernel, spec: &Spec, sym: ShapeSym) -> u32 {
                 Extent::Full(s) if s == sym => 1,
                 Extent::Full(s) => padded(spec, s),
                 Extent::Const(c) => c,
-                Extent::Tile(t) => spec.tiles.get(k.tile_name(t)).copied().unwrap_or(1),
+                Extent::Tile(t) => spec.tile(k.tile_name(t)).unwrap_or(1),
             })
             .fold(1u32, |a, b| a.saturating_mul(b.max(1)));
         others = others.max(n);

@@ -32,6 +32,7 @@ use kfuse_ir::{Kernel, Op, OpId, ValueId};
 use crate::analysis::concrete_shape;
 use crate::target::Target;
 use crate::CodegenError;
+use crate::mma_plan::MmaSchedule;
 
 /// Most prefetched elements per thread (at 1024 threads, 32 elements of a 262144-element
 /// row over a cluster of 8 spilled 28-72 bytes with their next-program copy).
@@ -52,21 +53,21 @@ pub fn run(k: &mut Kernel, target: &Target) -> Result<(), CodegenError> {
     // top of the current one's, so more than 16 elements spill at 1024 threads)
     let per_thread: u32 = loads
         .iter()
-        .map(|l| concrete_shape(k, k.ty(l.value())).iter().product::<u32>() / (k.schedule.num_threads.max(1) * k.schedule.cluster.max(1)))
+        .map(|l| concrete_shape(k, k.ty(l.value())).iter().product::<u32>() / (k.schedule.num_threads.max(1) * k.schedule.split_blocks.max(1)))
         .sum();
     // a loop's loads run once an iteration: the prefetch walks straight-line bodies only
     let loops = k.ops().any(|op| matches!(k.op(op), Op::For { .. }));
-    if k.schedule.mma.is_none()
+    if k.schedule.mma().is_none()
         && !loops
         && k.schedule.num_threads == 1024
-        && k.schedule.cluster <= 1
+        && k.schedule.split_blocks <= 1
         && only_axis0
         && uses_pid
         && !loads.is_empty()
         && per_thread <= MAX_PREFETCH_PER_THREAD
         && target.num_sms > 0
     {
-        k.schedule.persistent = (target.num_sms / k.schedule.cluster.max(1)).max(1);
+        k.schedule.persistent = (target.num_sms / k.schedule.split_blocks.max(1)).max(1);
     }
     Ok(())
 }

@@ -16,10 +16,11 @@
 //! (`mma_sync_stages`). The FMA path (`MmaPath::FmaSimt`) has two stages by design
 //! (register prefetch of the next slab); this pass leaves it alone.
 
-use kfuse_ir::{Kernel, MmaPath, OpId};
+use kfuse_ir::{Kernel, OpId};
 
 use crate::target::{Spec, Target};
 use crate::CodegenError;
+use crate::mma_plan::{MmaPath, MmaSchedule};
 
 /// More stages than this buy nothing measurable: the loads are far enough ahead
 /// (M127 N4096 K4096, 128x64 tiles on the H100: 8 stages 213 TFLOP/s, 6 stages 201,
@@ -31,9 +32,9 @@ pub const RESERVE_BYTES: u32 = 8 * 1024;
 
 /// Bytes of the epilogue's output tiles in shared memory (0 without a TMA store): one
 /// tile, or one per consumer warpgroup when they work ping-pong, or
-/// [`MmaPlan::store_buffers`](kfuse_ir::MmaPlan::store_buffers) of its TMA boxes.
+/// [`MmaPlan::store_buffers`](crate::mma_plan::MmaPlan::store_buffers) of its TMA boxes.
 pub fn store_bytes(k: &Kernel) -> u32 {
-    let Some(p) = &k.schedule.mma else { return 0 };
+    let Some(p) = k.schedule.mma() else { return 0 };
     match &p.store {
         Some(st) => {
             let v = *k.operands(st.load).last().unwrap();
@@ -50,14 +51,14 @@ pub fn store_bytes(k: &Kernel) -> u32 {
 
 /// Stages the WGMMA ring needs before an output tile may take shared memory from it: a
 /// tile that would leave fewer goes out through two of its boxes instead
-/// ([`MmaPlan::store_buffers`](kfuse_ir::MmaPlan::store_buffers)) when that leaves
+/// ([`MmaPlan::store_buffers`](crate::mma_plan::MmaPlan::store_buffers)) when that leaves
 /// more (128x320: 2 stages beside the 80 KiB tile, 3 beside two 16 KiB boxes).
 pub const STORE_RING_MIN_STAGES: u32 = 3;
 
 /// Bytes of a block's f32 partial accumulator under a cluster split (0 without one);
 /// it shares its shared memory with the output tile (only the first block stores).
 pub fn partial_bytes(k: &Kernel) -> u32 {
-    match &k.schedule.mma {
+    match k.schedule.mma() {
         Some(p) if p.split_k > 1 => p.tile[0] * p.tile[1] * 4,
         _ => 0,
     }
@@ -66,10 +67,10 @@ pub fn partial_bytes(k: &Kernel) -> u32 {
 /// Bytes of one pipeline stage: each distinct A tile `[BM, BK]` and B tile `[BK, BN]`
 /// of the plan's dots once (one of each for a single dot).
 pub fn stage_bytes(k: &Kernel) -> u32 {
-    let Some(p) = &k.schedule.mma else { return 0 };
+    let Some(p) = k.schedule.mma() else { return 0 };
     let esz = k.ty(k.operands(p.dot)[0]).dtype.size_bytes() as u32;
     let dots = p.all_dots();
-    let distinct = |f: fn(&kfuse_ir::MmaDot) -> OpId| dots.iter().map(f).collect::<std::collections::BTreeSet<_>>().len() as u32;
+    let distinct = |f: fn(&crate::mma_plan::MmaDot) -> OpId| dots.iter().map(f).collect::<std::collections::BTreeSet<_>>().len() as u32;
     let (na, nb) = (distinct(|d| d.a.load), distinct(|d| d.b.load));
     (na * p.tile[0] * p.tile[2] + nb * p.tile[2] * p.tile[1]) * esz
 }
@@ -79,11 +80,11 @@ pub fn stage_bytes(k: &Kernel) -> u32 {
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     // the FMA path keeps two stages, one computed while the next waits in registers
     // (`select_mma_path` records them)
-    if k.schedule.mma.as_ref().is_none_or(|p| p.path == MmaPath::FmaSimt) {
+    if k.schedule.mma().is_none_or(|p| p.path == MmaPath::FmaSimt) {
         return Ok(());
     }
     let per = stage_bytes(k);
-    if k.schedule.mma.as_ref().is_some_and(|p| p.path == MmaPath::MmaSyncCpAsync) {
+    if k.schedule.mma().is_some_and(|p| p.path == MmaPath::MmaSyncCpAsync) {
         return mma_sync_stages(k, spec, target, per);
     }
     // the epilogue's region (output tile, split partial) has its own shared memory — but
@@ -91,14 +92,14 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // the ring once the loop is done, so it needs a ring at least its size
     let aliased = epilogue_reuses_ring(k);
     let fits = |region: u32| target.smem_per_block.saturating_sub(RESERVE_BYTES + region) / per.max(1);
-    if let Some(p) = k.schedule.mma.as_ref().filter(|p| p.store.is_some() && !p.pingpong && !aliased && p.split_k <= 1) {
+    if let Some(p) = k.schedule.mma().filter(|p| p.store.is_some() && !p.pingpong && !aliased && p.split_k <= 1) {
         let st = p.store.as_ref().unwrap();
         let esz = k.ty(*k.operands(st.load).last().unwrap()).dtype.size_bytes() as u32;
         let boxes = p.tile[1] / (st.swizzle / esz).max(1);
         let whole = store_bytes(k);
         let two = 2 * whole / boxes.max(1);
         if boxes > 2 && fits(whole) < STORE_RING_MIN_STAGES && fits(two) > fits(whole) {
-            k.schedule.mma.as_mut().unwrap().store_buffers = 2;
+            k.schedule.mma_mut().unwrap().store_buffers = 2;
         }
     }
     let region = store_bytes(k).max(partial_bytes(k));
@@ -113,10 +114,10 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
 }
 
 /// Whether the epilogue's shared memory (output tile, split partial) reuses the stage
-/// ring: in a kernel whose blocks take one tile each ([`kfuse_ir::TileWalk::LastTiles`]),
+/// ring: in a kernel whose blocks take one tile each ([`crate::mma_plan::TileWalk::LastTiles`]),
 /// nothing is loaded into the ring after the loop.
 pub fn epilogue_reuses_ring(k: &Kernel) -> bool {
-    k.schedule.mma.as_ref().is_some_and(|p| p.walk == kfuse_ir::TileWalk::LastTiles)
+    k.schedule.mma().is_some_and(|p| p.walk == crate::mma_plan::TileWalk::LastTiles)
 }
 
 /// Most stages of the mma.sync ring: with 3-4 stages of 32-element K tiles the copies
@@ -144,7 +145,7 @@ fn set_stages(k: &mut Kernel, stages: u32, fit: u32, per: u32, target: &Target) 
             target.smem_per_block
         )));
     }
-    if let Some(p) = k.schedule.mma.as_mut() {
+    if let Some(p) = k.schedule.mma_mut() {
         p.stages = stages;
     }
     Ok(())

@@ -30,19 +30,20 @@ use crate::layout::RegMap;
 use crate::passes::persist_programs::prefetch_loads;
 use crate::target::{Spec, Target};
 use crate::CodegenError;
+use crate::mma_plan::MmaSchedule;
 
 /// Runs the pass: sets `Schedule::l2_prefetch` for the cluster row kernels that qualify
 /// (module docs).
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     k.schedule.l2_prefetch = 0;
     let Some(split) = k.schedule.split else { return Ok(()) };
-    let c = k.schedule.cluster;
+    let c = k.schedule.split_blocks;
     let only_axis0 = k.ops().all(|op| !matches!(k.op(op), Op::ProgramId { axis } if *axis != 0));
     let writes_rows = k.ops().any(|op| matches!(k.op(op), Op::Store { dims, .. } if dims.contains(&AccessDim::Tile(split))));
     if c > 1
         && target.sm >= 90
         && target.num_sms > 0
-        && k.schedule.mma.is_none()
+        && k.schedule.mma().is_none()
         && k.schedule.persistent == 0
         && !k.schedule.grouped
         && only_axis0
@@ -82,7 +83,7 @@ pub fn slices(k: &Kernel, spec: &Spec) -> Vec<(OpId, usize)> {
         let Some(axis) = axis else { continue };
         let vec_bytes = k.schedule.vector.get(&op).copied().unwrap_or(1) * esz;
         let piece = k.schedule.layouts.get(&op.value()).and_then(RegMap::of).and_then(|m| m.axes.get(axis).map(|a| (a.ctas, a.piece)));
-        if others_one && vec_bytes == 16 && matches!(piece, Some((ctas, p)) if ctas == k.schedule.cluster && (p * esz).is_multiple_of(16)) {
+        if others_one && vec_bytes == 16 && matches!(piece, Some((ctas, p)) if ctas == k.schedule.split_blocks && (p * esz).is_multiple_of(16)) {
             out.push((op, axis));
         }
     }

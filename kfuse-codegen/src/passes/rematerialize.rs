@@ -12,7 +12,7 @@
 //! it is used.
 //!
 //! The rule: kernels without a matrix loop whose tiles are split across a cluster
-//! (`Schedule::cluster > 1`) and that load a 16- or 8-bit float tile. The writer then
+//! (`Schedule::split_blocks > 1`) and that load a 16- or 8-bit float tile. The writer then
 //! keeps each such load as its raw vectors and emits elementwise operations and
 //! broadcasts as expressions evaluated at each use (`cuda::emit`, `Val::lazy`);
 //! reductions, layout conversions and stores evaluate them. Kernels whose rows fit a
@@ -51,6 +51,7 @@ use kfuse_ir::{Kernel, Op, UnaryOp};
 use crate::analysis::concrete_shape;
 use crate::target::Spec;
 use crate::CodegenError;
+use crate::mma_plan::MmaSchedule;
 
 /// Data registers up to which three 512-thread blocks share a multiprocessor.
 pub const FEW_DATA_REGS: u32 = 16;
@@ -74,7 +75,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
             !t.is_scalar() && t.dtype.is_float() && t.dtype.size_bytes() < 4
         }
     });
-    let remat = s.cluster > 1 && s.mma.is_none() && s.persistent == 0 && narrow;
+    let remat = s.split_blocks > 1 && s.mma().is_none() && s.persistent == 0 && narrow;
     k.schedule.remat = remat;
     if !remat || spec.min_blocks.is_some() || k.schedule.num_threads >= 1024 {
         return Ok(());
@@ -116,7 +117,7 @@ fn data_registers(k: &Kernel, threads: u32) -> u32 {
             continue;
         }
         let elems: u32 = concrete_shape(k, ty).iter().product();
-        let blocks = if split.is_some_and(|e| ty.shape.contains(&e)) { k.schedule.cluster } else { 1 };
+        let blocks = if split.is_some_and(|e| ty.shape.contains(&e)) { k.schedule.split_blocks } else { 1 };
         let per_thread = elems.div_ceil(threads * blocks);
         let esz = ty.dtype.size_bytes() as u32;
         words += if ty.dtype.is_float() && esz < 4 { (per_thread * esz).div_ceil(4) } else { per_thread };

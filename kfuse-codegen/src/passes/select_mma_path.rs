@@ -68,16 +68,17 @@
 //! same paths; on WGMMA its tensor maps are per problem, in global memory (the writer
 //! reads them from the problem's record), and there is no cluster split or multicast.
 //!
-//! Invariant on success: `schedule.mma` names the `For`, the `Dot`, the carried index
+//! Invariant on success: the schedule's [`crate::mma_plan::MmaPlan`] names the `For`, the `Dot`, the carried index
 //! and the two operand loads (and those of every further dot in `more`), and `schedule.num_threads` counts the threads that hold
 //! the accumulator (on WGMMA the consumer warpgroups; the block has one more
 //! warpgroup, the producer; on mma.sync and FMA all of the block's warps).
 
-use kfuse_ir::{AccessDim, BinaryOp, DType, DotPrecision, Kernel, Literal, LoopInfo, Major, MmaDot, MmaOperand, MmaPath, MmaPlan, Op, OpId, ValueId};
+use kfuse_ir::{AccessDim, BinaryOp, DType, DotPrecision, Kernel, Literal, LoopInfo, Op, OpId, ValueId};
 
 use crate::analysis::extent_value;
-use crate::target::{Spec, Target, TensorSpec};
+use crate::target::{Spec, Target, TensorSpec, Walk};
 use crate::CodegenError;
+use crate::mma_plan::{Major, MmaDot, MmaOperand, MmaPath, MmaPlan, MmaSchedule};
 
 pub mod fma;
 pub mod operands;
@@ -516,7 +517,7 @@ fn plan_mma_sync(k: &mut Kernel, spec: &Spec, target: &Target, r: &Recognized, (
     k.schedule.num_threads = 32 * plan.1[0] * plan.1[1];
     k.schedule.min_blocks = spec.min_blocks.unwrap_or_else(|| mma_sync_min_blocks(k.schedule.num_threads, heavy));
     let (a, b) = (MmaOperand { load: a_load, major: a_major, swizzle: plan.0[0] }, MmaOperand { load: b_load, major: b_major, swizzle: plan.0[1] });
-    k.schedule.mma = Some(MmaPlan { instr: [16, 8, 16], warps: plan.1, ..block_plan(MmaPath::MmaSyncCpAsync, &r.fma_loop(), a, b, [bm, bn, bk]) });
+    k.schedule.set_mma(Some(MmaPlan { instr: [16, 8, 16], warps: plan.1, ..block_plan(MmaPath::MmaSyncCpAsync, &r.fma_loop(), a, b, [bm, bn, bk]) }));
     k.schedule.mma_why = Some(format!("sm_{} has no WGMMA; {} operands that cp.async copies in 16-byte chunks", target.sm, r.dtype));
     Ok(())
 }
@@ -544,7 +545,7 @@ fn block_plan(path: MmaPath, l: &fma::DotLoop, a: MmaOperand, b: MmaOperand, til
         split_k: 1,
         multicast: 1,
         multicast_b: false,
-        walk: kfuse_ir::TileWalk::All,
+        walk: crate::mma_plan::TileWalk::All,
         pingpong: false,
         store_buffers: 0,
     }
@@ -595,16 +596,26 @@ fn tma_epilogue_store(k: &Kernel, spec: &Spec, info: &LoopInfo, bm: u32, bn: u32
     ok.then_some(MmaOperand { load: *st, major: Major::MN, swizzle: 128 })
 }
 
+/// Blocks of a cluster that share one tile's loop: the `split_k` of the second launch of
+/// a split last wave (`Spec::walk`), else the `SPLITK` override (1: none; at most 8).
+fn split_k(spec: &Spec) -> u32 {
+    match spec.walk {
+        Walk::LastTiles { split_k } => split_k,
+        _ => spec.tiles.get("SPLITK").copied().unwrap_or(1),
+    }
+    .clamp(1, 8)
+}
+
 /// The cluster a WGMMA kernel asks for (`Spec::tiles`), as `(split_k, multicast,
 /// multicast_b, walk)`: the loop split across a cluster only on request (`SPLITK`; it
 /// did not pay on the H100 yet, see `choose_tiles`); A tiles multicast across a cluster
 /// of neighbouring tiles of a tile row (`MCAST`), or B tiles across neighbouring tiles
 /// of a tile column (`MCASTB`), not with a split; the runtime's split of a last wave
-/// (`WHOLEWAVES=1`: the first launch, every block one tile a wave; `LASTTILES=1`: the
-/// second, one cluster of `SPLITK` blocks a tile). None of it in a grouped launch, and
-/// only for a loop of one dot.
-fn wgmma_cluster(k: &Kernel, spec: &Spec, pingpong: bool, dots: usize) -> Result<(u32, u32, bool, kfuse_ir::TileWalk), CodegenError> {
-    let split_k = spec.tiles.get("SPLITK").copied().unwrap_or(1).clamp(1, 8);
+/// (`Spec::walk`: `WholeWaves`, the first launch, every block one tile a wave;
+/// `LastTiles`, the second, one cluster of `split_k` blocks a tile). None of it in a
+/// grouped launch, and only for a loop of one dot.
+fn wgmma_cluster(k: &Kernel, spec: &Spec, pingpong: bool, dots: usize) -> Result<(u32, u32, bool, crate::mma_plan::TileWalk), CodegenError> {
+    let split_k = split_k(spec);
     let mcast = |key: &str| spec.tiles.get(key).copied().unwrap_or(1).clamp(1, 4);
     let (mcast_a, mcast_b) = (mcast("MCAST"), mcast("MCASTB"));
     if k.schedule.grouped && (split_k > 1 || mcast_a > 1 || mcast_b > 1) {
@@ -615,15 +626,16 @@ fn wgmma_cluster(k: &Kernel, spec: &Spec, pingpong: bool, dots: usize) -> Result
     }
     let multicast = if split_k > 1 { 1 } else { mcast_a.max(mcast_b) };
     let multicast_b = multicast > 1 && mcast_b > 1;
-    let on = |key: &str| spec.tiles.get(key).is_some_and(|&v| v > 0);
-    let walk = match (on("WHOLEWAVES"), on("LASTTILES")) {
-        (false, false) => kfuse_ir::TileWalk::All,
-        (true, false) if split_k == 1 && multicast == 1 && !pingpong && !k.schedule.grouped => kfuse_ir::TileWalk::WholeWaves,
-        (false, true) if split_k > 1 && !k.schedule.grouped => kfuse_ir::TileWalk::LastTiles,
-        _ => {
-            return Err(unsupported(
-                "WHOLEWAVES takes a kernel of one block a tile (no SPLITK, MCAST, MCASTB, PINGPONG or grouped launch); LASTTILES takes one with SPLITK; not both",
-            ))
+    let walk = match spec.walk {
+        Walk::All => crate::mma_plan::TileWalk::All,
+        Walk::WholeWaves if split_k == 1 && multicast == 1 && !pingpong && !k.schedule.grouped => crate::mma_plan::TileWalk::WholeWaves,
+        Walk::LastTiles { split_k: 2..=8 } if !spec.tiles.contains_key("SPLITK") && multicast == 1 && !pingpong && !k.schedule.grouped => {
+            crate::mma_plan::TileWalk::LastTiles
+        }
+        w => {
+            return Err(unsupported(format!(
+                "the walk {w:?}: whole waves take a kernel of one block a tile (no SPLITK, MCAST, MCASTB, PINGPONG or grouped launch); the last tiles a split of 2 to 8 blocks and no SPLITK, MCAST, MCASTB, PINGPONG or grouped launch"
+            )))
         }
     };
     if dots > 1 && (split_k > 1 || multicast > 1) {
@@ -643,7 +655,7 @@ fn plan_wgmma(k: &mut Kernel, spec: &Spec, target: &Target, r: &Recognized, majo
         && bn <= 128
         && found.len() == 1
         && pingpong_wanted(k, spec, target)
-        && spec.tiles.get("SPLITK").is_none_or(|&s| s <= 1)
+        && split_k(spec) <= 1
         && spec.tiles.get("MCAST").is_none_or(|&m| m <= 1)
         && spec.tiles.get("MCASTB").is_none_or(|&m| m <= 1);
     let consumers = if pingpong { 2 } else { bm / 64 };
@@ -663,7 +675,7 @@ fn plan_wgmma(k: &mut Kernel, spec: &Spec, target: &Target, r: &Recognized, majo
     let (a_major, b_major) = majors[0];
     k.schedule.num_threads = 128 * consumers;
     k.schedule.min_blocks = 1;
-    k.schedule.mma = Some(MmaPlan {
+    k.schedule.set_mma(Some(MmaPlan {
         path: MmaPath::WgmmaTma,
         for_op: r.info.for_op,
         dot: first.dot,
@@ -686,7 +698,7 @@ fn plan_wgmma(k: &mut Kernel, spec: &Spec, target: &Target, r: &Recognized, majo
         walk,
         pingpong,
         store_buffers: 0,
-    });
+    }));
     let read = if r.tf32 { "f32 operands of `dot_tf32` (read as TF32)".to_string() } else { format!("{} operands", r.dtype) };
     k.schedule.mma_why = Some(format!("sm_90a: {read} that TMA can read (unit inner stride, other strides multiples of 16 bytes, 16-byte aligned)"));
     Ok(())

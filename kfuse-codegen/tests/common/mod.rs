@@ -107,7 +107,7 @@ pub fn spec(k: &Kernel, mnk: [u32; 3]) -> Spec {
         .iter()
         .map(|p| p.is_tensor().then(|| TensorSpec { ptr_align: 16, stride_div: (0..p.dims().len()).map(|i| if i + 1 == p.dims().len() { 0 } else { 16 }).collect() }))
         .collect();
-    Spec { tensors, shape_pow2: mnk.iter().map(|v| v.next_power_of_two()).collect(), shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0 }
+    Spec { tensors, shape_pow2: mnk.iter().map(|v| v.next_power_of_two()).collect(), shape_div: vec![], tiles: Default::default(), threads: None, min_blocks: None, grouped: false, register_attempt: 0, ..Spec::default() }
 }
 
 /// The layout the schedule gives the K loop's result (the accumulator).

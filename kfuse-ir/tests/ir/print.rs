@@ -74,7 +74,7 @@ fn schedule_section() {
         threads_per_warp: vec![32],
         warps_per_block: vec![1],
         order: vec![0],
-        ctas_per_cluster: vec![1],
+        block_split: vec![1],
         steps: vec![],
     };
     k.schedule.layouts.insert(load.value(), Layout::Blocked(b.clone()));

@@ -146,7 +146,7 @@ fn schedule_invariants_once_scheduled() {
         threads_per_warp: vec![32],
         warps_per_block: vec![4],
         order: vec![0],
-        ctas_per_cluster: vec![1],
+        block_split: vec![1],
         steps: vec![],
     };
     k.schedule.layouts.insert(load.value(), Layout::Blocked(blocked));

@@ -1,5 +1,5 @@
 //! The FMA path: prints a kernel whose schedule holds an [`MmaPlan`] of path
-//! [`MmaPath::FmaSimt`](kfuse_ir::MmaPath::FmaSimt) — exact f32 fused multiply-adds on
+//! [`MmaPath::FmaSimt`](crate::mma_plan::MmaPath::FmaSimt) — exact f32 fused multiply-adds on
 //! the CUDA cores, on every target (no matrix instruction, no TF32, no fast math).
 //!
 //! Shape of the generated kernel (the plan and the accumulator layout decide every
@@ -35,9 +35,10 @@ use super::mma_common::{
     operand_slice, tile_dims, BlockKernel, Trip,
 };
 use super::*;
-use kfuse_ir::{LoopInfo, MmaPlan, ParamId};
+use kfuse_ir::{LoopInfo, ParamId};
 
 use crate::target::GridAxisEval;
+use crate::mma_plan::MmaPlan;
 
 /// Floats of padding at the end of every shared-memory row (module docs).
 pub const SMEM_PAD: u32 = 4;

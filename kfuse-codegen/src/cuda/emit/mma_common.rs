@@ -4,7 +4,8 @@
 //! the accumulators' registers (one array per dot of the loop: `kf_acc`, `kf_acc1`, …).
 
 use super::*;
-use kfuse_ir::{LoopInfo, MmaPlan};
+use kfuse_ir::LoopInfo;
+use crate::mma_plan::MmaPlan;
 
 /// The tensor dimensions of a load's tile axes, in tile-axis order.
 pub(super) fn tile_dims(k: &Kernel, load: OpId) -> Vec<usize> {

@@ -1,5 +1,5 @@
 //! The sm_80/sm_89 matrix path: prints a kernel whose schedule holds an [`MmaPlan`] of
-//! path [`MmaPath::MmaSyncCpAsync`](kfuse_ir::MmaPath::MmaSyncCpAsync).
+//! path [`MmaPath::MmaSyncCpAsync`](crate::mma_plan::MmaPath::MmaSyncCpAsync).
 //!
 //! Shape of the generated kernel (the plan decides every number):
 //! - one output tile per block on the ordinary program-id grid; every warp computes
@@ -35,9 +35,10 @@ use super::mma_common::{
     operand_slice, tile_dims, BlockKernel, Trip,
 };
 use super::*;
-use kfuse_ir::{LoopInfo, Major, MmaPlan, ParamId};
+use kfuse_ir::{LoopInfo, ParamId};
 
 use crate::target::GridAxisEval;
+use crate::mma_plan::{Major, MmaPlan};
 
 /// The helpers of the mma.sync path (PTX ISA: `cp.async`, `ldmatrix`, `mma.sync`).
 const MMA_SYNC_PRELUDE: &str = concat!(r#"static __device__ __forceinline__ unsigned kf_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -94,7 +95,7 @@ impl Operand {
 
 /// The operand `o` of M/N extent `mn` as its stage stores it: rows along the tensor's
 /// non-unit-stride tile dimension, 16-byte chunks along the unit-stride one.
-fn stage_tile(k: &Kernel, spec: &Spec, o: &kfuse_ir::MmaOperand, mn: u32, bk: u32, esz: u32) -> Result<Operand, CodegenError> {
+fn stage_tile(k: &Kernel, spec: &Spec, o: &crate::mma_plan::MmaOperand, mn: u32, bk: u32, esz: u32) -> Result<Operand, CodegenError> {
     let unsupported = |m: String| CodegenError::Unsupported(m);
     let Op::Load { tensor, dims } = k.op(o.load) else { return Err(unsupported("a dot operand that is not a load".into())) };
     let order = crate::passes::select_mma_path::tma_order(k, spec, o.load).ok_or_else(|| unsupported("a dot operand without a unit-stride dimension".into()))?;

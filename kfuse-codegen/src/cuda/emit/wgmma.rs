@@ -64,9 +64,10 @@
 
 use super::mma_common::{accumulator_map_of, accumulator_name, accumulator_val_named, dot_loop, scalar_slice, zeroed_accumulators, AccRanges};
 use super::*;
-use kfuse_ir::{LoopInfo, Major, MmaDot, MmaOperand, MmaPlan, TileWalk};
+use kfuse_ir::LoopInfo;
 
 use crate::target::GridAxisEval;
+use crate::mma_plan::{Major, MmaDot, MmaOperand, MmaPlan, TileWalk};
 
 /// One operand as the writer needs it.
 struct Operand {

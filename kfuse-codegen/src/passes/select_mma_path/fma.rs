@@ -27,13 +27,14 @@
 //! a tie, so that the block's grid of threads is as square as the tile allows (fewest
 //! shared-memory reads per FMA).
 
-use kfuse_ir::{DType, DotPrecision, Kernel, Major, MmaOperand, MmaPath, MmaPlan, Op, OpId};
+use kfuse_ir::{DType, DotPrecision, Kernel, Op, OpId};
 
 use super::{block_plan, contiguous_tile_axis, cp_async_obstacle, heavy_epilogue, operand_load, tma_obstacle};
 use crate::analysis::extent_value;
 use crate::layout::{fma_accumulator, RegMap};
 use crate::target::{Spec, Target};
 use crate::CodegenError;
+use crate::mma_plan::{Major, MmaOperand, MmaPath, MmaPlan, MmaSchedule};
 
 /// The recognized dot loop, as `run` found it.
 pub(super) struct DotLoop {
@@ -135,6 +136,6 @@ pub(super) fn plan(k: &mut Kernel, spec: &Spec, l: &DotLoop) -> Result<(), Codeg
     k.schedule.num_threads = threads;
     k.schedule.min_blocks = spec.min_blocks.unwrap_or_else(|| fma_min_blocks(threads, thread_tile[0] * thread_tile[1], heavy));
     let (a, b) = (MmaOperand { load: l.a.0, major: a_major, swizzle: 0 }, MmaOperand { load: l.b.0, major: b_major, swizzle: 0 });
-    k.schedule.mma = Some(MmaPlan { instr: [thread_tile[0], thread_tile[1], 1], warps, stages: 2, ..block_plan(MmaPath::FmaSimt, l, a, b, [bm, bn, bk]) });
+    k.schedule.set_mma(Some(MmaPlan { instr: [thread_tile[0], thread_tile[1], 1], warps, stages: 2, ..block_plan(MmaPath::FmaSimt, l, a, b, [bm, bn, bk]) }));
     Ok(())
 }
