@@ -337,3 +337,27 @@ fn wide_tiles_where_their_waves_are_shorter() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn general_lowering_on_request() {
+    // `GENERAL=1`: the matrix path's loop lowered op by op; on sm_90a its operands come
+    // through TMA rings a producer warpgroup fills, and its one dot keeps a group of
+    // instructions in flight
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let mut spec = spec_mnk(def, 4096, 4096, 4096);
+    spec.tiles.extend([("GENERAL".to_string(), 1), ("BM".to_string(), 128), ("BN".to_string(), 256), ("BK".to_string(), 64)]);
+    let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+    assert!(e.ir.contains("dots one by one, not a pipelined matrix loop: asked for (GENERAL=1)"), "{}", e.ir);
+    assert!(e.plan.to_string().contains("rings filled by a producer warpgroup (TMA"), "{}", e.plan);
+    assert_eq!(e.source.matches("kf_tma_load_2d(").count() - 1, 1 + 4, "{}", e.source);
+    assert!(e.source.contains("kf_mbar_expect_tx(&kf_full[kf_s], 49152u);") && e.source.contains("kf_wg_wait1();"), "{}", e.source);
+    let (_, spill) = common::assemble(&e.source, &e.arch, &e.options, "gemm_general_128x256").unwrap();
+    assert_eq!(spill, 0);
+    // sm_80: the same loop on mma.sync, its operands staged in shared memory
+    let mut spec = spec_mnk(def, 4096, 4096, 4096);
+    spec.tiles.insert("GENERAL".to_string(), 1);
+    let e = compile(&k, &spec, &Target::sm80()).unwrap();
+    assert!(e.ir.contains("dots one by one") && e.source.contains("mma.sync"), "{}", e.ir);
+    common::assemble(&e.source, &e.arch, &e.options, "gemm_general_sm80").unwrap();
+}

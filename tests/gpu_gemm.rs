@@ -183,6 +183,28 @@ fn padded_operand_copies_are_never_stale() {
     }
 }
 
+/// `GENERAL=1` lowers the matrix path's loop op by op (on sm_90a: `wgmma` onto the
+/// carried accumulator, operands in TMA rings a producer warpgroup fills): the numerics
+/// hold at odd shapes, partial K tiles and transposed operands, at two tilings.
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn gemm_through_the_general_lowering() {
+    let settings = SettingsLock::take();
+    let dev = common::gpu();
+    let mut out = Outcomes::default();
+    for tiles in [&[("GENERAL", 1)][..], &[("GENERAL", 1), ("BM", 128), ("BN", 256), ("BK", 64)]] {
+        let _general = settings.apply(Config::new().tiles(tiles.iter().copied()));
+        for (s, &(m, n, k)) in [(17, 33, 65), (300, 200, 1000), (1000, 1032, 520), (257, 4096, 4096)].iter().enumerate() {
+            for dt in [DType::BF16, DType::F16] {
+                for (ta, tb) in [(false, false), (true, false), (false, true)] {
+                    out.add(format!("{tiles:?} {m}x{n}x{k} {dt} ta={ta} tb={tb}"), check_gemm(m, n, k, dt, ta, tb, &dev, 90 + s as u64));
+                }
+            }
+        }
+    }
+    out.finish();
+}
+
 #[test]
 #[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn gemm_with_the_loop_split_across_a_cluster() {

@@ -1832,6 +1832,14 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         return Err(CodegenError::Unsupported(format!("{smem} bytes of shared memory (static limit {MAX_STATIC_SMEM})")));
     }
     let producer = e.producer_text.take();
+    // the producer's tensor maps (TMA copies of the rings), after the other parameters
+    let tma: Vec<warp_specialize::TmaLoad> = e.ws.as_ref().map(|ws| ws.tma.values().cloned().collect()).unwrap_or_default();
+    let mut tma = tma;
+    tma.sort_by_key(|t| t.map);
+    for t in &tma {
+        decls.push(format!("const __grid_constant__ CUtensorMap kf_rtm{}", t.map));
+        params.push(t.param.clone());
+    }
     let threads = k.schedule.num_threads + if producer.is_some() { warp_specialize::PRODUCER_THREADS } else { 0 };
     let cluster = k.schedule.split_blocks;
     let cluster_attr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
@@ -1841,6 +1849,9 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     }
     if producer.is_some() {
         preludes.push(warp_specialize::WS_PRELUDE);
+    }
+    if !tma.is_empty() {
+        preludes.push(warp_specialize::TMA_PRELUDE);
     }
     let bounds = if producer.is_some() { format!("{threads}, 1") } else { launch_bounds(k, threads) };
     let mut w = Writer::new(String::new());
@@ -1855,7 +1866,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             w.line(format!("unsigned char* kf_smem = kf_ops + {o};"))?;
             w.line("(void)kf_smem;")?;
             if let Some(p) = &producer {
-                warp_specialize::split_roles(&mut w, p, e.wg.as_ref().map_or(2, |p| p.stages))?;
+                warp_specialize::split_roles(&mut w, p, e.wg.as_ref().map_or(2, |p| p.stages), !tma.is_empty())?;
             }
         } else if smem > 0 {
             w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", smem.div_ceil(16) * 16))?;

@@ -60,6 +60,10 @@ use crate::CodegenError;
 /// Largest number of elements of one value a thread may hold.
 pub const MAX_ELEMS_PER_THREAD: u32 = 64;
 
+/// The most elements of one tile a thread may hold in a kernel of warpgroup `dot`s: a
+/// `wgmma m64n256` accumulator's 128 (consumer warpgroups get 232 registers).
+pub const WARPGROUP_ELEMS_PER_THREAD: u32 = 128;
+
 /// Elements per thread the thread count aims at, for rank-1 tiles without a full extent
 /// (elementwise kernels: 512-thread blocks of 4096-element tiles, one 16-byte vector of
 /// each 16-bit tensor a thread). H100, bf16 add and copy at 16, 64 and 512 MiB a tensor,
@@ -118,7 +122,7 @@ pub const MAX_CLUSTER_NONPORTABLE: u32 = 16;
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     // a pipelined matrix loop gets matrix tiles; dots lowered one by one (another loop
     // shape) are tiles like any other, of the memory-bound heuristic's size
-    if matrix_tiles(k, target) {
+    if matrix_tiles(k, target) && spec.tiles.get("GENERAL") != Some(&1) {
         let dot = crate::passes::select_mma_path::dots(k)[0];
         return choose_dot_tiles(k, spec, target, dot);
     }
@@ -126,7 +130,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let Largest { elems: max_elems, op: max_op, widest_full } = largest_tile(k)?;
     let mut threads = row_threads(k, spec, max_elems, max_op, widest_full.is_some())?;
     // dots on the warpgroup rule: one warpgroup per 64 rows, never a cluster
-    let warpgroups = spec.threads.is_none().then(|| warpgroup_threads(k, target)).flatten().filter(|&t| max_elems / t <= MAX_ELEMS_PER_THREAD);
+    let warpgroups = spec.threads.is_none().then(|| warpgroup_threads(k, target)).flatten().filter(|&t| max_elems / t <= WARPGROUP_ELEMS_PER_THREAD);
     // a row split across a cluster: the fewest threads (CLUSTER_MIN_THREADS to
     // CLUSTER_THREADS) that leave a thread at most what it may hold in the largest
     // cluster — for a row with masks (a length that is not its padded power of two) at
@@ -168,10 +172,11 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             per_thread /= c;
         }
     }
-    if per_thread > MAX_ELEMS_PER_THREAD {
+    let limit = if warpgroups.is_some() { WARPGROUP_ELEMS_PER_THREAD } else { MAX_ELEMS_PER_THREAD };
+    if per_thread > limit {
         return Err(CodegenError::Unsupported(format!(
             "a tile of {max_elems} elements needs {per_thread} elements per thread with {threads} threads \
-             and {} blocks per cluster (limit {MAX_ELEMS_PER_THREAD})",
+             and {} blocks per cluster (limit {limit})",
             k.schedule.split_blocks.max(1)
         ))
         .at(k, max_op));
@@ -205,7 +210,7 @@ fn matrix_tiles(k: &Kernel, target: &Target) -> bool {
 /// [`CLUSTER_ABOVE`] elements, with that tile's elements (`None` when every tile fits a
 /// block, and for a pipelined matrix loop). Decided on a copy: `k` is left as it is.
 pub fn row_too_long(k: &Kernel, spec: &Spec, target: &Target) -> Result<Option<(ShapeSym, u32)>, CodegenError> {
-    if matrix_tiles(k, target) {
+    if matrix_tiles(k, target) && spec.tiles.get("GENERAL") != Some(&1) {
         return Ok(None);
     }
     let mut k = k.clone();

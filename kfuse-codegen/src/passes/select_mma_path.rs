@@ -407,6 +407,12 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     k.schedule.mma_why = None;
     let dots = dots(k);
     let Some(&dot) = dots.first() else { return Ok(()) };
+    // on request (`GENERAL=1`): the general lowering, which is to replace the matrix
+    // path's templates, takes the loop too (README's experimental options)
+    if spec.tiles.get("GENERAL") == Some(&1) {
+        k.schedule.dots_one_by_one = Some("asked for (GENERAL=1)".into());
+        return Ok(());
+    }
     // a loop of another shape: its dots are lowered where they stand (the writer's `dot`)
     let (info, found) = match matrix_loop(k, &dots) {
         Ok(m) => m,

@@ -404,6 +404,7 @@ static __device__ __forceinline__ void kf_wg_fence() { asm volatile("wgmma.fence
 static __device__ __forceinline__ void kf_wg_commit_wait() { asm volatile("wgmma.commit_group.sync.aligned;\n\twgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 static __device__ __forceinline__ void kf_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 static __device__ __forceinline__ void kf_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+static __device__ __forceinline__ void kf_wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 static __device__ __forceinline__ void kf_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 "#;
 

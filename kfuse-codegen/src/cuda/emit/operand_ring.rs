@@ -153,7 +153,10 @@ impl Emitter<'_> {
         if loads[0] == v && self.ws.is_some() {
             // the stage's copies have landed: fence them against WGMMA's async proxy
             self.line(format!("kf_mbar_wait(&kf_full[kf_st{0}], (kf_rit / {1}) & 1);", l.0, self.wg.as_ref().unwrap().stages))?;
-            self.line("kf_proxy_fence();")?;
+            if self.ws.as_ref().is_some_and(|ws| ws.tma.is_empty()) {
+                // (TMA's writes are the async proxy's already)
+                self.line("kf_proxy_fence();")?;
+            }
             self.wg_dirty = false;
         } else if loads[0] == v {
             let ops = self.k.operands(self.k.loop_info(l).unwrap().for_op);

@@ -11,14 +11,25 @@
 //! thread 0 initializes one `full` and one `empty` mbarrier per ring stage. Then:
 //! - The producer drops to 40 registers (`setmaxnreg`) and walks the ring loops in
 //!   order, one ring iteration counter across them (sibling loops share the ring's
-//!   memory): it waits until the stage is empty, copies the tiles into it with
-//!   `cp.async` (its 128 threads), and has each thread's copies arrive on the stage's
-//!   `full` barrier when they land (`cp.async.mbarrier.arrive.noinc`). It then exits.
+//!   memory): it waits until the stage is empty and copies the tiles into it. Where every
+//!   ring load's tile is exactly whole swizzle atoms of at most 256 rows of a tensor of
+//!   at most 5 dimensions ([`TmaLoad`]), one thread copies them with the tensor-memory
+//!   accelerator: one box a swizzle atom (`[rows, span / 2]` elements, the tile's
+//!   swizzle), through a tensor map per load (a kernel parameter), announcing the stage's
+//!   bytes on its `full` barrier (`mbarrier.arrive.expect_tx`), the boxes completing it;
+//!   outside the tensor a box reads zeros. Otherwise its 128 threads copy 16-byte pieces
+//!   with `cp.async` and each thread's copies arrive on the `full` barrier when they land
+//!   (`cp.async.mbarrier.arrive.noinc`). It then exits.
 //! - The consumers rise to 232 registers and run the kernel; their block barrier is the
 //!   named barrier 1 over 256 threads. At a ring loop's first ring load they wait for
-//!   the stage's `full` phase and fence the generic proxy (the copies) against the
-//!   async proxy (WGMMA's reads); at the end of the body, every dot of the iteration
-//!   having completed, each consumer thread arrives on the stage's `empty` barrier.
+//!   the stage's `full` phase (after `cp.async` copies, a fence of the generic proxy
+//!   against the async proxy that WGMMA reads through); at the end of the body, every
+//!   dot of the iteration having completed, each consumer thread arrives on the stage's
+//!   `empty` barrier.
+//! - A loop whose one WGMMA dot accumulates onto the carried value it yields keeps one
+//!   group of its instructions in flight: each iteration waits only for the one before
+//!   (`wgmma.wait_group 1`) and releases that one's stage; the last is waited for after
+//!   the loop.
 //!
 //! Loops with two or more WGMMA dots take turns at the tensor cores
 //! ([`Emitter::turn_before`], [`Emitter::turn_after`]): a warpgroup's turn is its last
@@ -58,6 +69,48 @@ pub(super) struct WsPlan {
     /// wait (or the one after the loop) does, and the ring stage it read is released
     /// there.
     pub deferred: BTreeMap<LoopId, OpId>,
+    /// The ring loads the tensor-memory accelerator copies, each with its tensor map
+    /// (`kf_rtm<i>`, a kernel parameter): every ring load, or none (then `cp.async`).
+    pub tma: BTreeMap<ValueId, TmaLoad>,
+}
+
+/// How the producer copies one ring load with TMA: `atoms` boxes of `[rows, span / 2]`
+/// elements (the tile's swizzle atoms, one after another in shared memory), box `a` at
+/// column offset `a * span / 2`.
+#[derive(Clone, Debug)]
+pub(super) struct TmaLoad {
+    /// The tensor map's index (`kf_rtm<map>`).
+    pub map: usize,
+    /// The tensor map parameter.
+    pub param: crate::target::KernelParam,
+    /// Boxes a stage (the tile's swizzle atoms).
+    pub atoms: u32,
+}
+
+/// The TMA copies of a warp-specialized kernel's ring loads: every one of them when each
+/// can take one, else none. A load can when its tile is exactly its shared-memory tile
+/// (rows ≤ 256, whole swizzle atoms) and its tensor has at most 5 dimensions: the
+/// copies `ring_load` admits already read 16-byte aligned data with a unit-stride last
+/// dimension and 16-byte row strides, which is what a tensor map needs. A box reads
+/// zeros outside the tensor, as the `cp.async` copies fill them.
+fn tma_loads(k: &Kernel, p: &WgPlan) -> BTreeMap<ValueId, TmaLoad> {
+    let mut out = BTreeMap::new();
+    for v in p.rings.values().flatten() {
+        let t = &p.eager[v];
+        let Op::Load { tensor, dims } = k.op(v.op()) else { return BTreeMap::new() };
+        let shape = crate::analysis::concrete_shape(k, k.ty(*v));
+        let half = t.span / 2;
+        if t.padded || dims.len() > 5 || t.rows > 256 || !t.rows.is_multiple_of(8) || shape.get(t.row_axis) != Some(&t.rows) || shape.get(t.col_axis) != Some(&t.cols) || !t.cols.is_multiple_of(half) {
+            return BTreeMap::new();
+        }
+        let row_dim = (0..dims.len()).find(|&d| matches!(dims[d], kfuse_ir::AccessDim::Tile(_))).unwrap();
+        let last = dims.len() - 1;
+        let box_dims = (0..dims.len()).map(|d| if d == last { half } else if d == row_dim { t.rows } else { 1 }).collect();
+        let order = (0..dims.len() as u32).rev().collect();
+        let param = crate::target::KernelParam::TensorMap { tensor: *tensor, box_dims, swizzle: t.span, order };
+        out.insert(*v, TmaLoad { map: out.len(), param, atoms: t.cols / half });
+    }
+    out
 }
 
 /// Whether loop `l`'s last dot `last` may complete while the next iteration starts:
@@ -124,15 +177,20 @@ pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
             if deferrable(k, *l, first, last) {
                 deferred.insert(*l, last);
             }
+        } else if let [d] = dots[..] {
+            if deferrable(k, *l, d, d) {
+                deferred.insert(*l, d);
+            }
         }
     }
-    Some(WsPlan { slice, turns, deferred })
+    Some(WsPlan { slice, turns, deferred, tma: tma_loads(k, p) })
 }
 
 /// The plan's line for a warp-specialized kernel.
 pub(super) fn note(ws: &WsPlan) -> String {
     let turns = if ws.turns.is_empty() { String::new() } else { format!("; the consumers take turns at the tensor cores in {} loop(s)", ws.turns.len()) };
-    format!("rings filled by a producer warpgroup (cp.async, mbarriers; {PRODUCER_REGS} registers), 2 consumer warpgroups ({CONSUMER_REGS} registers){turns}")
+    let copies = if ws.tma.is_empty() { "cp.async" } else { "TMA" };
+    format!("rings filled by a producer warpgroup ({copies}, mbarriers; {PRODUCER_REGS} registers), 2 consumer warpgroups ({CONSUMER_REGS} registers){turns}")
 }
 
 /// The mbarrier and named-barrier helpers of a warp-specialized kernel (the mbarrier
@@ -147,21 +205,51 @@ static __device__ __forceinline__ void kf_bar_arrive(int id) { asm volatile("bar
 
 /// The kernel's start where the roles part (see the module docs): the mbarriers, then
 /// the producer's program `producer` and its exit.
-pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, stages: u32) -> std::fmt::Result {
+pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, stages: u32, tma: bool) -> std::fmt::Result {
     w.line(format!("__shared__ __align__(8) unsigned long long kf_full[{stages}], kf_empty[{stages}];"))?;
     w.open("if (kf_tid == 0)")?;
-    w.line(format!("for (int s = 0; s < {stages}; ++s) {{ kf_mbar_init(&kf_full[s], {PRODUCER_THREADS}); kf_mbar_init(&kf_empty[s], {CONSUMERS}); }}"))?;
+    // TMA: one arrival (with the stage's bytes) a phase; cp.async: each producer thread's
+    let fill = if tma { 1 } else { PRODUCER_THREADS };
+    w.line(format!("for (int s = 0; s < {stages}; ++s) {{ kf_mbar_init(&kf_full[s], {fill}); kf_mbar_init(&kf_empty[s], {CONSUMERS}); }}"))?;
     w.close()?;
     w.line("__syncthreads();")?;
     w.open(format!("if (kf_tid >= {CONSUMERS})"))?;
     w.line(format!("asm volatile(\"setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGS};\");"))?;
+    if tma {
+        // one thread issues every copy
+        w.open(format!("if (kf_tid == {CONSUMERS})"))?;
+    }
     w.line("unsigned kf_rit = 0;")?;
     w.raw(producer)?;
+    if tma {
+        w.close()?;
+    }
     w.line("return;")?;
     w.close()?;
     w.line(format!("asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGS};\");"))?;
     w.line("unsigned kf_rit = 0;")
 }
+
+/// The tensor-map type (the driver's 128-byte opaque `CUtensorMap`, declared here so that
+/// no header is needed) and TMA tile loads of 1 to 5 dimensions completing on an mbarrier,
+/// for a producer that copies with TMA.
+pub(super) const TMA_PRELUDE: &str = r#"struct __align__(64) CUtensorMap { unsigned long long opaque[16]; };
+static __device__ __forceinline__ void kf_tma_load_1d(void* d, const CUtensorMap* m, int c0, unsigned long long* b) {
+  asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];" :: "r"(kf_saddr(d)), "l"(m), "r"(c0), "r"(kf_saddr(b)) : "memory");
+}
+static __device__ __forceinline__ void kf_tma_load_2d(void* d, const CUtensorMap* m, int c0, int c1, unsigned long long* b) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" :: "r"(kf_saddr(d)), "l"(m), "r"(c0), "r"(c1), "r"(kf_saddr(b)) : "memory");
+}
+static __device__ __forceinline__ void kf_tma_load_3d(void* d, const CUtensorMap* m, int c0, int c1, int c2, unsigned long long* b) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" :: "r"(kf_saddr(d)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(kf_saddr(b)) : "memory");
+}
+static __device__ __forceinline__ void kf_tma_load_4d(void* d, const CUtensorMap* m, int c0, int c1, int c2, int c3, unsigned long long* b) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];" :: "r"(kf_saddr(d)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(kf_saddr(b)) : "memory");
+}
+static __device__ __forceinline__ void kf_tma_load_5d(void* d, const CUtensorMap* m, int c0, int c1, int c2, int c3, int c4, unsigned long long* b) {
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];" :: "r"(kf_saddr(d)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(kf_saddr(b)) : "memory");
+}
+"#;
 
 /// The consumers' block barrier.
 pub(super) const CONSUMER_BARRIER: &str = "kf_bar_sync(1);";
@@ -186,10 +274,18 @@ impl Emitter<'_> {
             let stages = self.wg.as_ref().unwrap().stages;
             self.line(format!("const int kf_s = kf_rit % {stages};"))?;
             self.line(format!("kf_mbar_wait(&kf_empty[kf_s], ((kf_rit / {stages}) & 1) ^ 1);"))?;
-            for v in loads {
-                self.ring_copy(*v, *id, "kf_p", "kf_s")?;
+            if ws.tma.is_empty() {
+                for v in loads {
+                    self.ring_copy(*v, *id, "kf_p", "kf_s")?;
+                }
+                self.line("kf_cp_async_arrive(&kf_full[kf_s]);")?;
+            } else {
+                let bytes: u32 = loads.iter().map(|v| &self.wg.as_ref().unwrap().eager[v]).map(|t| t.rows * t.cols * 2).sum();
+                self.line(format!("kf_mbar_expect_tx(&kf_full[kf_s], {bytes}u);"))?;
+                for v in loads {
+                    self.ring_tma(*v, *id, &ws.tma[v])?;
+                }
             }
-            self.line("kf_cp_async_arrive(&kf_full[kf_s]);")?;
             self.line("++kf_rit;")?;
             self.close()?;
         }
@@ -233,6 +329,12 @@ impl Emitter<'_> {
     /// last dot's wait was deferred to it.
     pub(super) fn ws_dot_wait(&mut self, op: OpId) -> R {
         let ws = self.ws.clone().unwrap();
+        if let Some((l, _)) = ws.deferred.iter().find(|(l, &d)| d == op && !ws.turns.contains_key(l)) {
+            // the loop's one dot, chained onto its own accumulator: the instructions of
+            // the iteration before have completed once at most this group is pending
+            self.line("kf_wg_wait1();")?;
+            return self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[kf_rel{0}]);", l.0));
+        }
         if ws.deferred.values().any(|&d| d == op) {
             return Ok(());
         }
@@ -259,6 +361,24 @@ impl Emitter<'_> {
         if self.ws.as_ref().is_some_and(|ws| ws.deferred.contains_key(&l)) {
             self.line("kf_wg_wait();")?;
             self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[kf_rel{0}]);", l.0))?;
+        }
+        Ok(())
+    }
+
+    /// The producer's TMA copies of ring load `v` (loop `l`, index `kf_p`) into stage
+    /// `kf_s`: one box a swizzle atom, coordinates innermost first.
+    fn ring_tma(&mut self, v: ValueId, l: LoopId, t: &TmaLoad) -> R {
+        let tile = self.wg.as_ref().unwrap().eager[&v].clone();
+        let k = self.k;
+        let ops = k.operands(v.op());
+        let name = |o: ValueId| if matches!(k.op(o.op()), Op::LoopIndex { id } if *id == l) { "kf_p".to_string() } else { self.val(o).name.clone() };
+        let offs: Vec<String> = ops.iter().map(|&o| name(o)).collect();
+        let r = offs.len();
+        for a in 0..t.atoms {
+            let mut coords = vec![format!("(int)({}) + {}", offs[r - 1], a * tile.span / 2)];
+            coords.extend(offs[..r - 1].iter().rev().map(|o| format!("(int)({o})")));
+            let dst = format!("kf_ops + {} + kf_s * {} + {}", tile.off, tile.bytes(), a * tile.rows * tile.span);
+            self.line(format!("kf_tma_load_{r}d({dst}, &kf_rtm{}, {}, &kf_full[kf_s]);", t.map, coords.join(", ")))?;
         }
         Ok(())
     }
