@@ -21,11 +21,7 @@ use kfuse::{DType, Tensor};
 
 fn main() -> kfuse::Result<()> {
     let Some(dev) = common::gpu() else { return Ok(()) };
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let (m, n, k) = match args[..] {
-        [m, n, k] => (m, n, k),
-        _ => (4096, 4096, 4096),
-    };
+    let (m, n, k) = common::mnk_args();
     let (a, av) = common::random(&[m, k], DType::BF16, 1, &dev);
     let (b, bv) = common::random(&[k, n], DType::BF16, 2, &dev);
     let mut out = Tensor::empty(&[m, n], DType::F32, &dev)?;

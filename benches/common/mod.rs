@@ -11,6 +11,15 @@ pub mod epilogue;
 pub mod gemm;
 pub mod report;
 
+/// A GEMM shape from the command line's first three numbers (`M N K`), else 4096³.
+pub fn mnk_args() -> (usize, usize, usize) {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    match args[..] {
+        [m, n, k] => (m, n, k),
+        _ => (4096, 4096, 4096),
+    }
+}
+
 /// The GPU to measure on, or `None` after saying there is nothing to measure (every
 /// benchmark needs a CUDA device; without one it exits cleanly).
 pub fn gpu() -> Option<Device> {
