@@ -352,6 +352,9 @@ fn general_lowering_on_request() {
     assert!(e.plan.to_string().contains("rings filled by a producer warpgroup (TMA"), "{}", e.plan);
     assert_eq!(e.source.matches("kf_tma_load_2d(").count() - 1, 1 + 4, "{}", e.source);
     assert!(e.source.contains("kf_mbar_expect_tx(&kf_full[kf_s], 49152u);") && e.source.contains("kf_wg_wait1();"), "{}", e.source);
+    // one block a multiprocessor walks the tiles, in groups of 8 tile rows (both roles)
+    assert_eq!(e.persistent, Some(Target::sm90a().num_sms));
+    assert_eq!(e.source.matches("const long long kf_gs = 8LL * kf_np1;").count(), 2, "{}", e.source);
     let (_, spill) = common::assemble(&e.source, &e.arch, &e.options, "gemm_general_128x256").unwrap();
     assert_eq!(spill, 0);
     // sm_80: the same loop on mma.sync, its operands staged in shared memory

@@ -1736,6 +1736,9 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
                 e.wg = Some(deeper);
             }
         }
+        if let Some(ws) = e.ws.as_mut() {
+            ws.persistent = warp_specialize::walks_programs(e.wg.as_ref().unwrap(), grid, target.num_sms);
+        }
         if let Some(ws) = &e.ws {
             e.dot_notes.push(warp_specialize::note(ws));
             e.barrier = warp_specialize::CONSUMER_BARRIER;
@@ -1743,13 +1746,25 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             (pe.wg, pe.ws, pe.producer) = (e.wg.clone(), e.ws.clone(), true);
             pe.w.indent();
             pe.w.indent();
+            if ws.persistent {
+                pe.open_walk(grid)?;
+            }
             pe.producer_program()?;
+            if ws.persistent {
+                pe.close()?;
+            }
             e.producer_text = Some(pe.w.finish());
         }
     }
     e.w.indent();
     if k.schedule.persistent > 0 {
         e.persistent_body(grid)?;
+    } else if e.ws.as_ref().is_some_and(|ws| ws.persistent) {
+        e.open_walk(grid)?;
+        for op in k.ops() {
+            e.op(op)?;
+        }
+        e.close()?;
     } else {
         if k.schedule.l2_prefetch > 0 {
             e.l2_prefetch_ahead()?;
@@ -1885,6 +1900,9 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         w.close()
     };
     head().map_err(fmt_err)?;
-    let persistent = (k.schedule.persistent > 0).then_some(k.schedule.persistent);
+    let persistent = match &e.ws {
+        Some(ws) if ws.persistent => Some(target.num_sms),
+        _ => (k.schedule.persistent > 0).then_some(k.schedule.persistent),
+    };
     Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent, dot_notes: e_notes })
 }

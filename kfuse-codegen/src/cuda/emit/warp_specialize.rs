@@ -26,6 +26,12 @@
 //!   against the async proxy that WGMMA reads through); at the end of the body, every
 //!   dot of the iteration having completed, each consumer thread arrives on the stage's
 //!   `empty` barrier.
+//! - Where every tile the kernel stages is a ring's ([`walks_programs`]), one block a
+//!   multiprocessor walks the programs (`Emitted::persistent`), both roles alike
+//!   ([`Emitter::open_walk`]; over two grid axes in groups of [`WALK_GROUP`] along the
+//!   first), the ring counter running on: the producer copies the next program's first
+//!   tiles while the consumers finish this one. A kernel that stages a tile once outside
+//!   its loops (flash attention's Q) launches one block a program.
 //! - A loop whose one WGMMA dot accumulates onto the carried value it yields keeps one
 //!   group of its instructions in flight: each iteration waits only for the one before
 //!   (`wgmma.wait_group 1`) and releases that one's stage; the last is waited for after
@@ -72,6 +78,25 @@ pub(super) struct WsPlan {
     /// The ring loads the tensor-memory accelerator copies, each with its tensor map
     /// (`kf_rtm<i>`, a kernel parameter): every ring load, or none (then `cp.async`).
     pub tma: BTreeMap<ValueId, TmaLoad>,
+    /// The block walks the programs (see [`Emitter::open_walk`]): at most one block a
+    /// multiprocessor is launched, and the producer copies the next program's first
+    /// tiles while the consumers finish this one's.
+    pub persistent: bool,
+}
+
+/// Programs of axis 0 a persistent walk over two axes takes together, walking axis 1
+/// within the group (the matrix path's `group_m`): the tiles in flight share their rows
+/// of one operand and their columns of the other in L2. H100, the general lowering's
+/// bf16 GEMM at 8192³: 683 TFLOP/s at 128x256x64 and 631 at 128x128x128, against 658
+/// and 498 walking axis 0 first (NOTES.md l3).
+pub(super) const WALK_GROUP: u32 = 8;
+
+/// Whether a warp-specialized kernel walks its programs: every tile it stages in shared
+/// memory is a ring's (a tile staged once, outside the loops, would be written again
+/// for each program while the last one's instructions may read it), it has a grid, and
+/// the target's multiprocessors are known.
+pub(super) fn walks_programs(p: &WgPlan, grid: &[crate::target::GridAxisEval], sms: u32) -> bool {
+    p.eager.values().all(|t| t.ring.is_some()) && !grid.is_empty() && sms > 0
 }
 
 /// How the producer copies one ring load with TMA: `atoms` boxes of `[rows, span / 2]`
@@ -183,14 +208,15 @@ pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
             }
         }
     }
-    Some(WsPlan { slice, turns, deferred, tma: tma_loads(k, p) })
+    Some(WsPlan { slice, turns, deferred, tma: tma_loads(k, p), persistent: false })
 }
 
 /// The plan's line for a warp-specialized kernel.
 pub(super) fn note(ws: &WsPlan) -> String {
     let turns = if ws.turns.is_empty() { String::new() } else { format!("; the consumers take turns at the tensor cores in {} loop(s)", ws.turns.len()) };
     let copies = if ws.tma.is_empty() { "cp.async" } else { "TMA" };
-    format!("rings filled by a producer warpgroup ({copies}, mbarriers; {PRODUCER_REGS} registers), 2 consumer warpgroups ({CONSUMER_REGS} registers){turns}")
+    let walk = if ws.persistent { format!("; each block walks programs (over two grid axes in groups of {WALK_GROUP} along the first)") } else { String::new() };
+    format!("rings filled by a producer warpgroup ({copies}, mbarriers; {PRODUCER_REGS} registers), 2 consumer warpgroups ({CONSUMER_REGS} registers){turns}{walk}")
 }
 
 /// The mbarrier and named-barrier helpers of a warp-specialized kernel (the mbarrier
@@ -380,6 +406,45 @@ impl Emitter<'_> {
             let dst = format!("kf_ops + {} + kf_s * {} + {}", tile.off, tile.bytes(), a * tile.rows * tile.span);
             self.line(format!("kf_tma_load_{r}d({dst}, &kf_rtm{}, {}, &kf_full[kf_s]);", t.map, coords.join(", ")))?;
         }
+        Ok(())
+    }
+
+    /// Opens a persistent block's walk over the programs (both roles walk alike, the
+    /// ring's iteration counter running on across programs): `kf_pid` from `blockIdx.x`
+    /// in steps of the grid, the program ids decoded from it — over two axes in groups
+    /// of [`WALK_GROUP`] along axis 0, else axis 0 fastest — and taken for the kernel's
+    /// `program_id`s. The consumers meet at their barrier first: the
+    /// shared scratch of the program before is free.
+    pub(super) fn open_walk(&mut self, grid: &[crate::target::GridAxisEval]) -> R {
+        let counts: Vec<String> = grid.iter().map(|g| format!("(({} + {}LL) / {}LL)", self.shape_var(g.dim), g.step - 1, g.step)).collect();
+        for (a, c) in counts.iter().enumerate() {
+            self.line(format!("const long long kf_np{a} = {c};"))?;
+        }
+        let total: Vec<String> = (0..counts.len()).map(|a| format!("kf_np{a}")).collect();
+        self.line(format!("const long long kf_nprog = {};", total.join(" * ")))?;
+        self.open("for (long long kf_pid = blockIdx.x; kf_pid < kf_nprog; kf_pid += gridDim.x)")?;
+        if !self.producer {
+            self.line(CONSUMER_BARRIER)?;
+        }
+        let mut pids = Vec::new();
+        if counts.len() == 2 {
+            // two axes: groups of WALK_GROUP along axis 0, axis 1 walked within a group
+            let g = WALK_GROUP;
+            self.line(format!("const long long kf_gs = {g}LL * kf_np1;"))?;
+            self.line(format!("const long long kf_g0 = (kf_pid / kf_gs) * {g}LL;"))?;
+            self.line(format!("const long long kf_gm = kf_np0 - kf_g0 < {g}LL ? kf_np0 - kf_g0 : {g}LL;"))?;
+            self.line("const long long kf_p0 = kf_g0 + (kf_pid % kf_gs) % kf_gm;")?;
+            self.line("const long long kf_p1 = (kf_pid % kf_gs) / kf_gm;")?;
+            self.pid = Some(vec!["kf_p0".into(), "kf_p1".into()]);
+            return Ok(());
+        }
+        for a in 0..counts.len() {
+            let div: Vec<String> = (0..a).map(|b| format!("kf_np{b}")).collect();
+            let q = if div.is_empty() { "kf_pid".to_string() } else { format!("(kf_pid / ({}))", div.join(" * ")) };
+            self.line(format!("const long long kf_p{a} = {q} % kf_np{a};"))?;
+            pids.push(format!("kf_p{a}"));
+        }
+        self.pid = Some(pids);
         Ok(())
     }
 
