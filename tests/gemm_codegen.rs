@@ -354,7 +354,7 @@ fn general_lowering_on_request() {
     assert!(e.source.contains("kf_mbar_expect_tx(&kf_full[kf_s], 49152u);") && e.source.contains("kf_wg_wait1();"), "{}", e.source);
     // one block a multiprocessor walks the tiles, in groups of 8 tile rows (both roles)
     assert_eq!(e.persistent, Some(Target::sm90a().num_sms));
-    assert_eq!(e.source.matches("const long long kf_gs = 8LL * kf_np1;").count(), 2, "{}", e.source);
+    assert_eq!(e.source.matches("const long long kf_wgs = 8LL * kf_wn1;").count(), 2, "{}", e.source);
     let (_, spill) = common::assemble(&e.source, &e.arch, &e.options, "gemm_general_128x256").unwrap();
     assert_eq!(spill, 0);
     // sm_80: the same loop on mma.sync, its operands staged in shared memory
