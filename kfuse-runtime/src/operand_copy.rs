@@ -255,7 +255,16 @@ pub(crate) fn wanted<A: ArgFacts>(m: &MatrixOperands, kernel: &Kernel, args: &[A
     Ok(if m.tensor_cores(&spec, &target()?) { copies } else { Vec::new() })
 }
 
-/// `out = x` for a matrix, one program per `BM × BN` tile, any strides: the kernel the
+/// The tile of the runtime's matrix copy, rows × columns: 32 elements a thread at the
+/// scheduler's 512 threads, so that many of a thread's loads are in flight (a row pitch
+/// that is not a multiple of 4 bytes leaves each access one 2-byte element). H100, bf16
+/// [4096, 4097] into rows of 4160, `ops::kernels::copy2d` at given tiles and threads:
+/// 32 elements a thread 32.6–35.9 µs (16 × 512 and 32 × 256 at 256 threads, 64 × 64 at
+/// 128, 8 × 1024 at 256), 64 a thread 38.9–42.4, the scheduler's 64 × 64 at 512 threads
+/// (8 a thread) 50.4 (NOTES.md, "Padded operand copies").
+const COPY_TILE: [u32; 2] = [32, 512];
+
+/// `out = x` for a matrix, one program per `COPY_TILE` tile, any strides: the kernel the
 /// runtime copies a matrix operand with, written with the IR builder (the runtime
 /// cannot use `kfuse::ops`, which sits above it).
 fn copy_kernel(dtypes: &[kfuse_ir::DType]) -> kfuse_ir::error::Result<Kernel> {
@@ -264,7 +273,9 @@ fn copy_kernel(dtypes: &[kfuse_ir::DType]) -> kfuse_ir::error::Result<Kernel> {
     let (m, n) = (b.shape_sym("M"), b.shape_sym("N"));
     let x = b.tensor_param("x", dtypes[0], &[m, n], false);
     let out = b.tensor_param("out", dtypes[0], &[m, n], true);
-    let (bm, bn) = (Extent::Tile(b.tile_sym("BM")), Extent::Tile(b.tile_sym("BN")));
+    // its own tile (`COPY_TILE`), not the scheduler's symbols (which `KFUSE_TILES` would
+    // set for it too)
+    let (bm, bn) = (Extent::Const(COPY_TILE[0]), Extent::Const(COPY_TILE[1]));
     let (i, j) = (b.program_id(0)?, b.program_id(1)?);
     let (em, en) = (b.tile_extent(bm), b.tile_extent(bn));
     let at = [b.binary(BinaryOp::Mul, i, em)?, b.binary(BinaryOp::Mul, j, en)?];
@@ -373,6 +384,19 @@ pub(crate) fn make(t: &Tensor, layout: &PaddedLayout) -> Result<Tensor> {
 mod tests {
     use super::*;
     use crate::{DType, Device};
+
+    /// The runtime's matrix copy at the shape of a bf16 `[4096, 4097]` operand going to
+    /// rows of 4160: its own 32 × 512 tile at 512 threads (32 elements a thread), whatever
+    /// `KFUSE_TILES` says of `BM` and `BN`.
+    #[test]
+    fn the_matrix_copy_takes_its_own_tile() {
+        use crate::launch::ArgDesc;
+        let args = [ArgDesc::strided(DType::BF16, &[4096, 4097], &[4097, 1]), ArgDesc::strided(DType::BF16, &[4096, 4097], &[4160, 1])];
+        let e = crate::launch::emit(&COPY, &args, &Target::sm90a()).unwrap();
+        assert!(e.ir.contains("threads=512"), "{}", e.ir);
+        assert!(!e.ir.contains("tile BM"), "{}", e.ir);
+        assert_eq!(e.grid.iter().map(|g| g.step).collect::<Vec<_>>(), [32, 512]);
+    }
 
     /// The padded copy of `t` (through `make` on the host) holds `t`'s elements, in rows
     /// of the padded pitch.
