@@ -21,7 +21,6 @@ fn main() -> kfuse::Result<()> {
         ("template (default tiles)", vec![]),
         ("template 128x128x64", vec![("BM", 128), ("BN", 128), ("BK", 64)]),
         ("general 128x128x64", vec![("GENERAL", 1), ("BM", 128), ("BN", 128), ("BK", 64)]),
-        ("general 128x128x64 4 stages", vec![("GENERAL", 1), ("BM", 128), ("BN", 128), ("BK", 64), ("STAGES", 4)]),
         ("general 128x128x128", vec![("GENERAL", 1), ("BM", 128), ("BN", 128), ("BK", 128)]),
         ("general 128x256x64", vec![("GENERAL", 1), ("BM", 128), ("BN", 256), ("BK", 64)]),
     ];

@@ -36,7 +36,7 @@ pub mod plan;
 pub mod target;
 pub mod tuning;
 
-pub use mma_plan::{Major, MmaDot, MmaOperand, MmaPath, MmaPlan, MmaSchedule, TileWalk};
+pub use mma_plan::{Major, MmaDot, MmaOperand, MmaPath, MmaPlan, MmaSchedule};
 pub use plan::{MatrixPlan, Plan};
 pub use target::{group_record_words, EmittedKernel, GridAxisEval, KernelParam, Spec, Target, TensorSpec, Walk};
 pub use tuning::tuning_candidates;

@@ -8,6 +8,8 @@ use std::any::Any;
 
 use kfuse_ir::{DotPrecision, Kernel, Op, OpId, PlanBox, Schedule, TargetPlan};
 
+use crate::target::Walk;
+
 /// Which matrix instructions and data movement a pipelined `dot` loop uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MmaPath {
@@ -95,23 +97,6 @@ pub struct MmaDot {
     pub b: MmaOperand,
 }
 
-/// Which of a persistent matrix kernel's tiles (in its walk's order) a launch takes. On
-/// request (`KFUSE_TAIL_SPLIT=1`) the runtime splits a walk whose last wave would leave
-/// most multiprocessors idle into two launches of the same kernel: one over the whole
-/// waves, then one with the loop split across clusters over the tiles left.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum TileWalk {
-    /// Every tile.
-    #[default]
-    All,
-    /// The tiles of whole waves only: the first `(tiles / programs) * programs`, where
-    /// `programs` is the launch's (one block each).
-    WholeWaves,
-    /// The last `programs` tiles (one cluster each), where `programs` is the launch's
-    /// cluster count: with [`MmaPlan::split_k`] > 1.
-    LastTiles,
-}
-
 /// The decisions for a kernel whose loop accumulates `dot(load, load)` (or several such
 /// dots, each into its own accumulator: [`MmaPlan::more`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -166,9 +151,9 @@ pub struct MmaPlan {
     /// The multicast operand is B: the cluster's blocks hold neighbouring tiles of one
     /// tile column (along M) and share its B tile.
     pub multicast_b: bool,
-    /// Which tiles of the persistent walk this kernel takes ([`TileWalk`]; `All` but in
+    /// Which tiles of the persistent walk this kernel takes ([`Walk`], the spec's; `All` but in
     /// the two launches of the runtime's split of a last, mostly idle wave).
-    pub walk: TileWalk,
+    pub walk: Walk,
     /// Ping-pong consumers ([`MmaPath::WgmmaTma`]): each consumer warpgroup owns whole
     /// tiles (all `BM` rows, two `m64` instructions a K step) and the warpgroups take
     /// alternate tiles of the block's walk, so that one's epilogue runs while the other's
@@ -286,11 +271,11 @@ impl TargetPlan for MmaPlan {
             out.push(format!("mma split-K: {} blocks of a cluster share each tile's loop, partials summed in distributed shared memory", m.split_k));
         }
         match m.walk {
-            TileWalk::All => {}
-            TileWalk::WholeWaves => {
+            Walk::All => {}
+            Walk::WholeWaves => {
                 out.push("mma walk: the tiles of whole waves only (the first launch of a split last wave)".to_string());
             }
-            TileWalk::LastTiles => {
+            Walk::LastTiles { .. } => {
                 out.push("mma walk: the last tiles, one a cluster (the second launch of a split last wave)".to_string());
             }
         }

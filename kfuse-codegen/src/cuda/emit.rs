@@ -1849,8 +1849,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     }
     let producer = e.producer_text.take();
     // the producer's tensor maps (TMA copies of the rings), after the other parameters
-    let tma: Vec<warp_specialize::TmaLoad> = e.ws.as_ref().map(|ws| ws.tma.values().cloned().collect()).unwrap_or_default();
-    let mut tma = tma;
+    let mut tma: Vec<warp_specialize::TmaLoad> = e.ws.as_ref().map(|ws| ws.tma.values().cloned().collect()).unwrap_or_default();
     tma.sort_by_key(|t| t.map);
     for t in &tma {
         decls.push(format!("const __grid_constant__ CUtensorMap kf_rtm{}", t.map));

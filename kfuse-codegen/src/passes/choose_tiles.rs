@@ -122,7 +122,7 @@ pub const MAX_CLUSTER_NONPORTABLE: u32 = 16;
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     // a pipelined matrix loop gets matrix tiles; dots lowered one by one (another loop
     // shape) are tiles like any other, of the memory-bound heuristic's size
-    if matrix_tiles(k, target) && spec.tiles.get("GENERAL") != Some(&1) {
+    if matrix_tiles(k, spec, target) {
         let dot = crate::passes::select_mma_path::dots(k)[0];
         return choose_dot_tiles(k, spec, target, dot);
     }
@@ -198,9 +198,10 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
 }
 
 /// Whether the kernel's tiles are a pipelined matrix loop's (`choose_dot_tiles`).
-fn matrix_tiles(k: &Kernel, target: &Target) -> bool {
+fn matrix_tiles(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     let dots = crate::passes::select_mma_path::dots(k);
     !dots.is_empty()
+        && !crate::passes::select_mma_path::general_requested(spec)
         && crate::passes::select_mma_path::matrix_loop(k, &dots).is_ok()
         && crate::passes::select_mma_path::several_dots_elsewhere(k, &dots, target).is_none()
 }
@@ -210,7 +211,7 @@ fn matrix_tiles(k: &Kernel, target: &Target) -> bool {
 /// [`CLUSTER_ABOVE`] elements, with that tile's elements (`None` when every tile fits a
 /// block, and for a pipelined matrix loop). Decided on a copy: `k` is left as it is.
 pub fn row_too_long(k: &Kernel, spec: &Spec, target: &Target) -> Result<Option<(ShapeSym, u32)>, CodegenError> {
-    if matrix_tiles(k, target) && spec.tiles.get("GENERAL") != Some(&1) {
+    if matrix_tiles(k, spec, target) {
         return Ok(None);
     }
     let mut k = k.clone();

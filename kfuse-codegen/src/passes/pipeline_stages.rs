@@ -114,10 +114,10 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
 }
 
 /// Whether the epilogue's shared memory (output tile, split partial) reuses the stage
-/// ring: in a kernel whose blocks take one tile each ([`crate::mma_plan::TileWalk::LastTiles`]),
+/// ring: in a kernel whose blocks take one tile each ([`crate::target::Walk::LastTiles`]),
 /// nothing is loaded into the ring after the loop.
 pub fn epilogue_reuses_ring(k: &Kernel) -> bool {
-    k.schedule.mma().is_some_and(|p| p.walk == crate::mma_plan::TileWalk::LastTiles)
+    k.schedule.mma().is_some_and(|p| matches!(p.walk, crate::target::Walk::LastTiles { .. }))
 }
 
 /// Most stages of the mma.sync ring: with 3-4 stages of 32-element K tiles the copies

@@ -400,6 +400,13 @@ fn check_alike(k: &Kernel, found: &[Accumulated]) -> Result<(), CodegenError> {
     Ok(())
 }
 
+/// Whether the spec asks for the general lowering of every loop (`GENERAL=1`, README's
+/// experimental options): the lowering that is to replace the matrix path's templates
+/// then takes their loops too, and `choose_tiles` gives them its tiles.
+pub fn general_requested(spec: &Spec) -> bool {
+    spec.tiles.get("GENERAL") == Some(&1)
+}
+
 /// Runs the pass: records the `MmaPlan` of a loop that accumulates `dot(load, load)`,
 /// or why the kernel's dots are lowered one by one (module docs).
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
@@ -407,9 +414,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     k.schedule.mma_why = None;
     let dots = dots(k);
     let Some(&dot) = dots.first() else { return Ok(()) };
-    // on request (`GENERAL=1`): the general lowering, which is to replace the matrix
-    // path's templates, takes the loop too (README's experimental options)
-    if spec.tiles.get("GENERAL") == Some(&1) {
+    if general_requested(spec) {
         k.schedule.dots_one_by_one = Some("asked for (GENERAL=1)".into());
         return Ok(());
     }
@@ -551,7 +556,7 @@ fn block_plan(path: MmaPath, l: &fma::DotLoop, a: MmaOperand, b: MmaOperand, til
         split_k: 1,
         multicast: 1,
         multicast_b: false,
-        walk: crate::mma_plan::TileWalk::All,
+        walk: Walk::All,
         pingpong: false,
         store_buffers: 0,
     }
@@ -620,7 +625,7 @@ fn split_k(spec: &Spec) -> u32 {
 /// (`Spec::walk`: `WholeWaves`, the first launch, every block one tile a wave;
 /// `LastTiles`, the second, one cluster of `split_k` blocks a tile). None of it in a
 /// grouped launch, and only for a loop of one dot.
-fn wgmma_cluster(k: &Kernel, spec: &Spec, pingpong: bool, dots: usize) -> Result<(u32, u32, bool, crate::mma_plan::TileWalk), CodegenError> {
+fn wgmma_cluster(k: &Kernel, spec: &Spec, pingpong: bool, dots: usize) -> Result<(u32, u32, bool, Walk), CodegenError> {
     let split_k = split_k(spec);
     let mcast = |key: &str| spec.tiles.get(key).copied().unwrap_or(1).clamp(1, 4);
     let (mcast_a, mcast_b) = (mcast("MCAST"), mcast("MCASTB"));
@@ -633,11 +638,9 @@ fn wgmma_cluster(k: &Kernel, spec: &Spec, pingpong: bool, dots: usize) -> Result
     let multicast = if split_k > 1 { 1 } else { mcast_a.max(mcast_b) };
     let multicast_b = multicast > 1 && mcast_b > 1;
     let walk = match spec.walk {
-        Walk::All => crate::mma_plan::TileWalk::All,
-        Walk::WholeWaves if split_k == 1 && multicast == 1 && !pingpong && !k.schedule.grouped => crate::mma_plan::TileWalk::WholeWaves,
-        Walk::LastTiles { split_k: 2..=8 } if !spec.tiles.contains_key("SPLITK") && multicast == 1 && !pingpong && !k.schedule.grouped => {
-            crate::mma_plan::TileWalk::LastTiles
-        }
+        Walk::All => Walk::All,
+        Walk::WholeWaves if split_k == 1 && multicast == 1 && !pingpong && !k.schedule.grouped => Walk::WholeWaves,
+        Walk::LastTiles { split_k: s @ 2..=8 } if !spec.tiles.contains_key("SPLITK") && multicast == 1 && !pingpong && !k.schedule.grouped => Walk::LastTiles { split_k: s },
         w => {
             return Err(unsupported(format!(
                 "the walk {w:?}: whole waves take a kernel of one block a tile (no SPLITK, MCAST, MCASTB, PINGPONG or grouped launch); the last tiles a split of 2 to 8 blocks and no SPLITK, MCAST, MCASTB, PINGPONG or grouped launch"

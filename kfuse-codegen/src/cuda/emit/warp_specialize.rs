@@ -105,28 +105,15 @@ pub(super) const WALK_GROUP: u32 = 8;
 /// (flash attention's Q) is staged again each program, after the consumers' barrier
 /// that opens it, when every instruction of the program before has completed.
 pub(super) fn walks_programs(k: &Kernel, p: &WgPlan, grid: &[crate::target::GridAxisEval], sms: u32) -> bool {
-    let axes = grid.len() as u32;
-    let even = p.rings.keys().all(|l| {
-        let f = k.loop_info(*l).map(|i| i.for_op);
-        f.is_some_and(|f| k.operands(f).iter().take(3).all(|&b| (0..axes.max(3)).all(|a| !on_pid(k, b, a))))
-    });
+    let even = p.rings.keys().all(|l| k.loop_info(*l).is_some_and(|i| k.operands(i.for_op).iter().take(3).all(|&b| !on_pid(k, b, None))));
     even && !grid.is_empty() && sms > 0
 }
 
-/// Whether scalar `v` depends on `program_id(axis)`.
-fn on_pid(k: &Kernel, v: ValueId, axis: u32) -> bool {
-    let mut todo = vec![v];
-    let mut seen = BTreeSet::new();
-    while let Some(x) = todo.pop() {
-        if !seen.insert(x) {
-            continue;
-        }
-        if matches!(k.op(x.op()), Op::ProgramId { axis: a } if u32::from(*a) == axis) {
-            return true;
-        }
-        todo.extend(k.operands(x.op()));
-    }
-    false
+/// Whether scalar `v` depends on `program_id(axis)` (any axis for `None`).
+fn on_pid(k: &Kernel, v: ValueId, axis: Option<u32>) -> bool {
+    crate::passes::persist_programs::closure(k, &[v.op()])
+        .into_iter()
+        .any(|o| matches!(k.op(o), Op::ProgramId { axis: a } if axis.is_none_or(|x| u32::from(*a) == x)))
 }
 
 /// Whether a walk over two grid axes goes in groups along axis 0: some ring tile is the
@@ -136,7 +123,7 @@ fn on_pid(k: &Kernel, v: ValueId, axis: u32) -> bool {
 /// of one axis-1 index share them and walk together (axis 0 fastest).
 pub(super) fn grouped_walk(k: &Kernel, p: &WgPlan) -> bool {
     let loads: Vec<ValueId> = p.rings.values().flatten().copied().collect();
-    let free_of = |axis: u32| loads.iter().any(|&v| k.operands(v.op()).iter().all(|&o| !on_pid(k, o, axis)));
+    let free_of = |axis: u32| loads.iter().any(|&v| k.operands(v.op()).iter().all(|&o| !on_pid(k, o, Some(axis))));
     free_of(0) && free_of(1)
 }
 
@@ -298,12 +285,10 @@ pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, stages: u32, t
 }
 
 /// The tensor-map type (the driver's 128-byte opaque `CUtensorMap`, declared here so that
-/// no header is needed) and TMA tile loads of 1 to 5 dimensions completing on an mbarrier,
+/// no header is needed) and TMA tile loads of 2 to 5 dimensions (a ring tile's two and
+/// the tensor's indexed ones) completing on an mbarrier,
 /// for a producer that copies with TMA.
 pub(super) const TMA_PRELUDE: &str = r#"struct __align__(64) CUtensorMap { unsigned long long opaque[16]; };
-static __device__ __forceinline__ void kf_tma_load_1d(void* d, const CUtensorMap* m, int c0, unsigned long long* b) {
-  asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];" :: "r"(kf_saddr(d)), "l"(m), "r"(c0), "r"(kf_saddr(b)) : "memory");
-}
 static __device__ __forceinline__ void kf_tma_load_2d(void* d, const CUtensorMap* m, int c0, int c1, unsigned long long* b) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" :: "r"(kf_saddr(d)), "l"(m), "r"(c0), "r"(c1), "r"(kf_saddr(b)) : "memory");
 }

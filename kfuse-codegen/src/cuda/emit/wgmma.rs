@@ -67,7 +67,8 @@ use super::*;
 use kfuse_ir::LoopInfo;
 
 use crate::target::GridAxisEval;
-use crate::mma_plan::{Major, MmaDot, MmaOperand, MmaPlan, TileWalk};
+use crate::mma_plan::{Major, MmaDot, MmaOperand, MmaPlan};
+use crate::target::Walk;
 
 /// One operand as the writer needs it.
 struct Operand {

@@ -8,15 +8,15 @@ use super::*;
 /// The persistent walk over the output tiles: every tile, or under a split last wave
 /// (`MmaPlan::walk`) the whole waves' tiles (one block each) or the last tiles (one
 /// cluster each).
-pub(super) fn tile_walk(walk: TileWalk, cluster: u32, split: u32) -> Result<String, CodegenError> {
+pub(super) fn tile_walk(walk: Walk, cluster: u32, split: u32) -> Result<String, CodegenError> {
     Ok(match (walk, cluster) {
-        (TileWalk::All, 1) => "for (long long kf_t = blockIdx.x; kf_t < kf_tiles; kf_t += gridDim.x)".to_string(),
-        (TileWalk::All, c) => format!("for (long long kf_t = blockIdx.x / {c}; kf_t < kf_tiles; kf_t += gridDim.x / {c})"),
-        (TileWalk::WholeWaves, 1) => {
+        (Walk::All, 1) => "for (long long kf_t = blockIdx.x; kf_t < kf_tiles; kf_t += gridDim.x)".to_string(),
+        (Walk::All, c) => format!("for (long long kf_t = blockIdx.x / {c}; kf_t < kf_tiles; kf_t += gridDim.x / {c})"),
+        (Walk::WholeWaves, 1) => {
             "for (long long kf_t = blockIdx.x; kf_t < kf_tiles / gridDim.x * gridDim.x; kf_t += gridDim.x)".to_string()
         }
         // (one tile a cluster: the epilogue's shared memory reuses the ring)
-        (TileWalk::LastTiles, c) if c > 1 && split > 1 => format!(
+        (Walk::LastTiles { .. }, c) if c > 1 && split > 1 => format!(
             "for (long long kf_t = kf_maxi(0LL, kf_tiles - (long long)(gridDim.x / {c})) + blockIdx.x / {c}; kf_t < kf_tiles; kf_t = kf_tiles)"
         ),
         (w, c) => return Err(CodegenError::Unsupported(format!("the tile walk {w:?} in clusters of {c}"))),
