@@ -589,7 +589,11 @@ impl<'a> Emitter<'a> {
                 // a loop's iterations meet here: the state of the writer's barriers
                 // does not carry across
                 if ring(self, id) {
-                    if self.ws.is_none() {
+                    // (warp-specialized: the ring's waits are on the producer's
+                    // mbarriers, which order no consumer's own writes: an operand a
+                    // consumer wrote before the loop, read by another's instructions in
+                    // it (Q, its rows spread over both warpgroups), is fenced here)
+                    if self.ws.is_none() || self.wg_dirty {
                         self.line(self.barrier)?;
                     }
                     self.ring_prologue(*id, op)?;
