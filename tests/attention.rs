@@ -134,16 +134,19 @@ fn attention_snapshots() {
     }
 }
 
-/// At D = 256 the 128-row, 128-key tiles of the warpgroup rule would pass the elements a
-/// thread may hold (`choose_tiles` tries narrower ones, then the memory-bound choice):
-/// the kernel still compiles for sm_90a without spills, as it did before that rule.
+/// At D = 256 the 128-row, 128-key tiles of the warpgroup rule would hold more `dot`
+/// results a thread than it allows (`choose_tiles` tries 128 × 64, which fits): the
+/// kernel compiles for sm_90a without spills, its dots on `wgmma`.
 #[test]
 fn attention_at_d256_compiles_for_sm90a() {
     let mut spec = common::snapshot_spec(&flash_attention::DEF);
     spec.shape_pow2 = vec![4, 4096, 16, 256, 4096]; // B, SQ, H, D, SK
     let k = (flash_attention::DEF.build)(&[DType::BF16]).unwrap();
     match common::compile_assembled(&k, &spec, &Target::sm90a(), "flash_attention_d256") {
-        Ok((_, regs, spill)) => assert_eq!(spill, 0, "{spill} bytes of spills ({regs} registers)"),
+        Ok((e, regs, spill)) => {
+            assert_eq!(spill, 0, "{spill} bytes of spills ({regs} registers)");
+            assert!(e.plan.to_string().contains("wgmma m64n64k16"), "D = 256 is not on wgmma with 64-key tiles:\n{}", e.plan);
+        }
         Err(e) => panic!("D = 256 refused on sm_90a: {}", e.0),
     }
 }

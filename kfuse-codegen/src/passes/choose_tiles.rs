@@ -303,7 +303,7 @@ fn assign_extents(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), Co
             break;
         }
         let fits = match (warpgroup_threads(k, target), largest_tile(k)) {
-            (Some(threads), Ok(l)) => l.elems / threads <= MAX_ELEMS_PER_THREAD,
+            (Some(threads), Ok(l)) => l.elems / threads <= WARPGROUP_ELEMS_PER_THREAD && dot_results(k) / threads as u64 <= WARPGROUP_DOT_RESULTS_PER_THREAD,
             _ => false,
         };
         if fits {
@@ -311,6 +311,24 @@ fn assign_extents(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), Co
         }
     }
     Ok(())
+}
+
+/// The most elements of `dot` results a thread of a kernel on the warpgroup rule may
+/// hold together (the f32 values of every `dot`, which a loop body keeps live at once:
+/// flash attention's scores and output accumulator). At D = 256, attention's 128 × 64
+/// scores and 128 × 256 accumulator (32 + 128 a thread) compile for sm_90a without spills
+/// in 232-register consumers; 128 × 128 scores (64 + 128) do not fit shared memory beside
+/// the rings. Below this, the widest tiles of [`WARPGROUP_DOT_TILE`] are taken first.
+pub const WARPGROUP_DOT_RESULTS_PER_THREAD: u64 = 160;
+
+/// The elements of the `dot` results of one loop body (or of the code outside loops),
+/// summed, at the most of any.
+fn dot_results(k: &Kernel) -> u64 {
+    let mut by_loop: BTreeMap<Option<kfuse_ir::LoopId>, u64> = BTreeMap::new();
+    for op in k.ops().filter(|&op| matches!(k.op(op), Op::Dot { .. })) {
+        *by_loop.entry(k.loop_of(op)).or_default() += tile_elems(k, k.ty(op.value()));
+    }
+    by_loop.into_values().max().unwrap_or(0)
 }
 
 /// Gives every tile symbol its override or `choice`'s size (64 for one no access sizes).
