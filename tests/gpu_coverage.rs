@@ -1,6 +1,7 @@
 //! Every `#[kfuse]` kernel the tests run on the interpreter compiles for the GPU: the
 //! standard kernels (`kfuse::ops`, `common::ops`) and the user kernels of `tests/kernels/`
-//! (loops, masks, row and column kernels, user GEMMs, flash attention), each in f32, f16
+//! (loops, masks, row and column kernels, user GEMMs, flash attention) and
+//! `kfuse::ops::attention`'s kernel, each in f32, f16
 //! and bf16, for sm_80 and sm_90a, at the snapshot shapes and, for the row kernels, at
 //! rows of 131072 elements (a cluster's on sm_90a, walked in chunks on sm_80 and inside
 //! a loop: `chunk_rows`). Compiled as the runtime does (codegen, NVRTC, `ptxas -v`),
@@ -35,6 +36,8 @@ const REFUSED: &[(&str, &str, &str, &str)] = &[
     // past the 48 KiB of static shared memory (the writer does not opt into more yet)
     ("flash_attention", "sm_80", "snapshot", "static limit 49152"),
     ("flash_attention", "sm_90a", "snapshot", "static limit 49152"),
+    ("attention", "sm_80", "snapshot", "static limit 49152"),
+    ("attention", "sm_90a", "snapshot", "static limit 49152"),
 ];
 
 /// The user kernels and the shapes (`Spec::shape_pow2`, by shape symbol) each is
@@ -59,6 +62,9 @@ fn user_kernels() -> Vec<(&'static KernelDef, Vec<(&'static str, Vec<u32>)>)> {
         (&kernels_user_gemms::swiglu_proj::DEF, vec![]),
         (&kernels_user_gemms::row_sumsq::DEF, vec![]),
         (&kernels_attention::flash_attention::DEF, vec![("B4 S4096 H16 D128", vec![4, 4096, 16, 128, 4096])]),
+        // `kfuse::ops::attention`'s kernel (not in `common::ops()`, whose ops take one or
+        // two same-shape tensors)
+        (&kfuse::ops::kernels::attention::DEF, vec![("B4 S4096 H16 D128", vec![4, 4096, 16, 128, 4096, 16])]),
     ]
 }
 

@@ -671,3 +671,85 @@ pub fn swiglu_gemm<T: Float>(x: Tensor<T, (M, K)>, wg: Tensor<T, (K, N)>, wu: Te
     }
     out.block([i * BM, j * BN], [BM, BN]).store((g * sigmoid(g) * u).cast::<T>());
 }
+
+// ---------------------------------------------------------------------------------------
+// Attention forward (`crate::attention`): one program is `BM` query rows of one query
+// head (`program_id(1)`) of one batch (`program_id(2)`), reading key/value head
+// `h / group` (grouped-query attention). Query row `r` sits on key `r + SK − SQ` (the
+// diagonal, aligned to the bottom right as FlashAttention aligns it) and sees the keys
+// from `left` before the diagonal to `right` after it (`right = 0` is causal; the API
+// passes `SK + SQ` for "no limit"). The block's keys `[lo, hi)` split in three runs of
+// `BN`-key tiles: those some row sees only in part (masked, before and after) and those
+// every row of the block sees whole (no mask): three loops, as the language has no
+// helper functions and a key offset chosen inside a loop (by `select`) would keep the
+// loads out of the rings a producer fills ahead. A row that sees no key at all keeps
+// `m = −∞`, `l = 0`: the masked loops shift by 0 instead of `−∞` (no `∞ − ∞`), and the
+// row's output is 0 and its log-sum-exp `−∞`.
+
+/// Flash attention forward: `o = softmax(q·kᵀ · scale, masked) · v` and the f32
+/// log-sum-exp of each row, online over tiles of `BN` keys.
+#[kfuse(crate = "crate::deps")]
+pub fn attention<T: Float>(
+    q: Tensor<T, (B, SQ, HQ, D)>,
+    k: Tensor<T, (B, SK, HK, D)>,
+    v: Tensor<T, (B, SK, HK, D)>,
+    o: &mut Tensor<T, (B, SQ, HQ, D)>,
+    lse: &mut Tensor<f32, (B, HQ, SQ)>,
+    scale: f32,
+    group: i64,
+    left: i64,
+    right: i64,
+) {
+    let (i, h, b) = (program_id(0), program_id(1), program_id(2));
+    let g = h / group;
+    let qt = q.block([b, i * BM, h, 0], [_, BM, _, D]).load();
+    let top = i * BM + (SK - SQ);
+    let rows = iota(BM).unsqueeze(1) + top;
+    let mut m = zeros::<f32>([BM]) + f32::NEG_INFINITY;
+    let mut l = zeros::<f32>([BM]);
+    let mut acc = zeros::<f32>([BM, D]);
+    let lo = max(0, top - left) / BN * BN;
+    let hi = max(lo, min(SK, top + BM + right));
+    let whole_lo = min(hi, max(lo, (max(0, top + BM - 1 - left) + BN - 1) / BN * BN));
+    let whole_hi = max(whole_lo, min(hi, max(0, top + right + 1) / BN * BN));
+    for j in (lo..whole_lo).step_by(BN) {
+        let kt = k.block([b, j, g, 0], [_, BN, _, D]).load();
+        let vt = v.block([b, j, g, 0], [_, BN, _, D]).load();
+        let cols = iota(BN).unsqueeze(0) + j;
+        let s = select(cols >= rows - left && cols <= rows + right, dot(qt, kt.t()) * scale, f32::NEG_INFINITY);
+        let m_new = max(m, s.max_axis(1));
+        let shift = select(m_new == f32::NEG_INFINITY, 0.0, m_new);
+        let p = exp(s - shift.unsqueeze(1));
+        let alpha = exp(m - shift);
+        l = l * alpha + p.sum_axis(1);
+        acc = acc * alpha.unsqueeze(1) + dot(p.cast::<T>(), vt);
+        m = m_new;
+    }
+    for j in (whole_lo..whole_hi).step_by(BN) {
+        let kt = k.block([b, j, g, 0], [_, BN, _, D]).load();
+        let vt = v.block([b, j, g, 0], [_, BN, _, D]).load();
+        let s = dot(qt, kt.t()) * scale;
+        let m_new = max(m, s.max_axis(1));
+        let p = exp(s - m_new.unsqueeze(1));
+        let alpha = exp(m - m_new);
+        l = l * alpha + p.sum_axis(1);
+        acc = acc * alpha.unsqueeze(1) + dot(p.cast::<T>(), vt);
+        m = m_new;
+    }
+    for j in (whole_hi..hi).step_by(BN) {
+        let kt = k.block([b, j, g, 0], [_, BN, _, D]).load();
+        let vt = v.block([b, j, g, 0], [_, BN, _, D]).load();
+        let cols = iota(BN).unsqueeze(0) + j;
+        let s = select(cols >= rows - left && cols <= rows + right, dot(qt, kt.t()) * scale, f32::NEG_INFINITY);
+        let m_new = max(m, s.max_axis(1));
+        let shift = select(m_new == f32::NEG_INFINITY, 0.0, m_new);
+        let p = exp(s - shift.unsqueeze(1));
+        let alpha = exp(m - shift);
+        l = l * alpha + p.sum_axis(1);
+        acc = acc * alpha.unsqueeze(1) + dot(p.cast::<T>(), vt);
+        m = m_new;
+    }
+    let out = select(l.unsqueeze(1) > 0.0, acc / l.unsqueeze(1), 0.0);
+    o.block([b, i * BM, h, 0], [_, BM, _, D]).store(out.cast::<T>());
+    lse.block([b, h, i * BM], [_, _, BM]).store(m + ln(l));
+}

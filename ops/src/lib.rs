@@ -33,6 +33,11 @@
 //! and [`gemm_batched_ex`] take leading batch dimensions (`b` may be shared by the
 //! batch). Each is one launch of a `#[kfuse]` kernel whose epilogue does the scaling.
 //!
+//! [`attention`] is flash attention forward (options: [`AttentionOptions`]): causal
+//! (aligned to the bottom right), sliding windows, grouped-query heads, `[B, S, H, D]` or
+//! `[B, H, S, D]`, D up to 256, with the f32 log-sum-exp of each row; one launch of
+//! `kernels::attention`.
+//!
 //! [`warm`] compiles the kernels of a list of op calls ahead of time (`gemm bf16
 //! 4096x4096 4096x4096`, a line each: [`parse_warm_list`]), so that a later process finds
 //! them in the disk cache: its first call of each then loads a cubin instead of
@@ -85,11 +90,13 @@
 //!   when `B` and `S` merge into one token dimension (a head slice of a larger tensor
 //!   does), else one launch per batch. `q` and `k` still need storage of their own.
 
+mod attention;
 pub mod kernels;
 mod matmul;
 mod rope;
 mod warm;
 
+pub use attention::{attention, AttentionLayout, AttentionOptions};
 pub use matmul::{gemm_batched, gemm_batched_ex, gemm_ex, gemm_grouped, gemm_grouped_ex, swiglu_gemm, GemmOptions};
 pub use warm::{parse_warm_list, warm, WarmCall, WARM_OPS};
 pub use rope::{rope, Freqs, Positions, RopeLayout, RopeOptions};

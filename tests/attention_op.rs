@@ -1,0 +1,229 @@
+//! `kfuse::ops::attention` against a float64 reference: causal and not (aligned to the
+//! bottom right when Sq ≠ Skv), sliding windows, grouped- and multi-query heads, both
+//! layouts, D of 64, 80, 96, 128 and 256, rows that see no key (zero output, log-sum-exp
+//! −∞). On the best device there is (the interpreter in CI, the GPU on the GPU host),
+//! through the API and through the kernel's launcher into NaN-poisoned outputs; fixed
+//! seeds. Bad input is an error, not a launch.
+
+mod common;
+
+use kfuse::ops::{AttentionLayout, AttentionOptions};
+use kfuse::prelude::*;
+use kfuse::DType;
+
+/// `(B, Sq, Skv, Hq, Hkv, D)`.
+type Dims = (usize, usize, usize, usize, usize, usize);
+
+/// Float64 attention on `[B, S, H, D]` values: (O `[B, Sq, Hq, D]`, LSE `[B, Hq, Sq]`).
+fn reference(q: &[f64], k: &[f64], v: &[f64], dims: Dims, scale: f64, opts: &AttentionOptions) -> (Vec<f64>, Vec<f64>) {
+    let (b, sq, sk, hq, hk, d) = dims;
+    let (left, right) = opts.window.map_or((i64::MAX / 2, i64::MAX / 2), |(l, r)| (l as i64, r as i64));
+    let right = if opts.causal { 0 } else { right };
+    let mut o = vec![0.0; b * sq * hq * d];
+    let mut lse = vec![f64::NEG_INFINITY; b * hq * sq];
+    for bb in 0..b {
+        for h in 0..hq {
+            let g = h / (hq / hk);
+            for r in 0..sq {
+                let diag = (r + sk) as i64 - sq as i64;
+                let live: Vec<usize> = (0..sk).filter(|&c| (c as i64) >= diag - left && (c as i64) <= diag + right).collect();
+                if live.is_empty() {
+                    continue;
+                }
+                let s: Vec<f64> = live.iter().map(|&c| (0..d).map(|x| q[((bb * sq + r) * hq + h) * d + x] * k[((bb * sk + c) * hk + g) * d + x]).sum::<f64>() * scale).collect();
+                let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+                for x in 0..d {
+                    o[((bb * sq + r) * hq + h) * d + x] = live.iter().zip(&s).map(|(&c, sc)| (sc - mx).exp() / z * v[((bb * sk + c) * hk + g) * d + x]).sum();
+                }
+                lse[(bb * hq + h) * sq + r] = mx + z.ln();
+            }
+        }
+    }
+    (o, lse)
+}
+
+/// `[B, S, H, D]` values as the layout holds them.
+fn in_layout(x: &[f64], [b, s, h, d]: [usize; 4], layout: AttentionLayout) -> (Vec<f64>, [usize; 4]) {
+    match layout {
+        AttentionLayout::Bshd => (x.to_vec(), [b, s, h, d]),
+        AttentionLayout::Bhsd => {
+            let mut y = vec![0.0; x.len()];
+            for (i, &val) in x.iter().enumerate() {
+                let (bb, ss, hh, dd) = (i / (s * h * d), i / (h * d) % s, i / d % h, i % d);
+                y[((bb * h + hh) * s + ss) * d + dd] = val;
+            }
+            (y, [b, h, s, d])
+        }
+    }
+}
+
+/// The log-sum-exp error: −∞ exactly where the reference has it, relative error elsewhere.
+fn lse_err(out: &[f64], want: &[f64]) -> f64 {
+    if out.iter().zip(want).any(|(o, w)| (*w == f64::NEG_INFINITY) != (*o == f64::NEG_INFINITY)) {
+        return f64::INFINITY;
+    }
+    let keep = |x: &[f64]| x.iter().zip(want).filter(|(_, w)| w.is_finite()).map(|(o, _)| *o).collect::<Vec<_>>();
+    common::rel_err(&keep(out), &keep(want))
+}
+
+fn run_case(dt: DType, dims: Dims, opts: AttentionOptions, seed: u64) -> Result<(), String> {
+    let dev = Device::best();
+    let (b, sq, sk, hq, hk, d) = dims;
+    let what = format!("{dt} B{b} Sq{sq} Skv{sk} Hq{hq} Hkv{hk} D{d} {opts:?} seed {seed} on {}", dev.describe());
+    let make = |shape: [usize; 4], seed: u64| {
+        let vals: Vec<f64> = common::random(shape.iter().product(), seed, 3.0, 0.0).into_iter().map(|x| dt.round(x)).collect();
+        let (laid, lshape) = in_layout(&vals, shape, opts.layout);
+        (Tensor::from_f64(&laid, &lshape, dt, &dev).expect("tensor"), vals)
+    };
+    let (q, qv) = make([b, sq, hq, d], seed);
+    let (k, kv) = make([b, sk, hk, d], seed + 1);
+    let (v, vv) = make([b, sk, hk, d], seed + 2);
+    let scale = opts.scale.map_or(1.0 / (d as f64).sqrt(), f64::from);
+    let (want_o, want_lse) = reference(&qv, &kv, &vv, dims, scale, &opts);
+    let want_o = in_layout(&want_o, [b, sq, hq, d], opts.layout).0;
+    let (o, lse) = kfuse::ops::attention(&q, &k, &v, &opts).map_err(|e| format!("{what}: {e}"))?;
+    // P is rounded to the input dtype before P·V, as FlashAttention does
+    let tol = common::tolerance(dt).max(2e-5);
+    let check = |o: &Tensor, lse: &Tensor, via: &str| {
+        let eo = common::rel_err(&o.to_vec_f64().unwrap(), &want_o);
+        let el = lse_err(&lse.to_vec_f64().unwrap(), &want_lse);
+        if eo > tol || el > 1e-4 {
+            return Err(format!("{what} ({via}): O relative error {eo:.3e} (bound {tol:.0e}), LSE {el:.3e} (bound 1e-4)"));
+        }
+        Ok(())
+    };
+    check(&o, &lse, "ops::attention")?;
+    if opts.layout == AttentionLayout::Bshd && opts.window.is_none() && sk > 0 {
+        // the launcher itself, into poisoned outputs
+        let mut o = common::poisoned(&[b, sq, hq, d], dt, &dev);
+        let mut lse = common::poisoned(&[b, hq, sq], DType::F32, &dev);
+        let (far, right) = ((sq + sk) as i64, if opts.causal { 0 } else { (sq + sk) as i64 });
+        kfuse::ops::kernels::attention(&q, &k, &v, &mut o, &mut lse, scale as f32, (hq / hk) as i64, far, right).map_err(|e| format!("{what}: {e}"))?;
+        check(&o, &lse, "kernels::attention, poisoned outputs")?;
+    }
+    Ok(())
+}
+
+fn opts(causal: bool, window: Option<(usize, usize)>, layout: AttentionLayout) -> AttentionOptions {
+    AttentionOptions { causal, window, layout, scale: None }
+}
+
+#[test]
+fn attention_against_float64() {
+    use AttentionLayout::{Bhsd, Bshd};
+    let cases: &[(Dims, AttentionOptions)] = &[
+        ((1, 1, 1, 1, 1, 64), opts(false, None, Bshd)),
+        ((2, 17, 17, 4, 2, 64), opts(true, None, Bhsd)),
+        ((1, 100, 37, 2, 1, 80), opts(true, None, Bshd)), // rows before the first key see none
+        ((1, 130, 200, 3, 3, 128), opts(false, Some((20, 5)), Bshd)),
+        ((2, 33, 70, 4, 1, 96), opts(true, Some((10, 0)), Bhsd)),
+        ((1, 150, 140, 2, 2, 256), opts(false, None, Bshd)),
+        ((1, 1, 300, 2, 1, 128), opts(true, None, Bshd)),
+        ((1, 300, 300, 2, 1, 128), opts(false, Some((64, 64)), Bhsd)),
+        ((1, 260, 260, 2, 2, 64), opts(false, Some((0, 0)), Bshd)), // each row sees its own key
+    ];
+    let mut failures = Vec::new();
+    for (n, &(dims, o)) in cases.iter().enumerate() {
+        for dt in [DType::BF16, DType::F16] {
+            if let Err(e) = run_case(dt, dims, o, 1300 + 10 * n as u64) {
+                failures.push(e);
+            }
+        }
+    }
+    let scaled = AttentionOptions { scale: Some(0.3), ..opts(true, None, Bshd) };
+    if let Err(e) = run_case(DType::BF16, (1, 40, 50, 2, 1, 64), scaled, 1399) {
+        failures.push(e);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Sequence lengths of 1000 and 4097 against each other, causal and not (the GPU build
+/// only: the interpreter would take minutes).
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: long sequences")]
+fn attention_long_sequences_against_float64() {
+    use AttentionLayout::Bshd;
+    let mut failures = Vec::new();
+    for (n, dims) in [(1, 1000, 4097, 2, 1, 128), (1, 4097, 1000, 2, 2, 64), (1, 4097, 4097, 1, 1, 80)].into_iter().enumerate() {
+        for causal in [false, true] {
+            if let Err(e) = run_case(DType::BF16, dims, opts(causal, None, Bshd), 1500 + 10 * n as u64) {
+                failures.push(e);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn attention_empty_and_keyless() {
+    let dev = Device::best();
+    let t = |shape: &[usize]| Tensor::from_f64(&common::random(shape.iter().product(), 7, 3.0, 0.0), shape, DType::BF16, &dev).unwrap();
+    let (o, lse) = kfuse::ops::attention(&t(&[2, 0, 4, 64]), &t(&[2, 5, 4, 64]), &t(&[2, 5, 4, 64]), &AttentionOptions::default()).unwrap();
+    assert_eq!((o.shape(), lse.shape()), (&[2, 0, 4, 64][..], &[2, 4, 0][..]));
+    let (o, lse) = kfuse::ops::attention(&t(&[2, 3, 4, 64]), &t(&[2, 0, 4, 64]), &t(&[2, 0, 4, 64]), &AttentionOptions::default()).unwrap();
+    assert!(o.to_vec_f64().unwrap().iter().all(|&x| x == 0.0));
+    assert!(lse.to_vec_f64().unwrap().iter().all(|&x| x == f64::NEG_INFINITY));
+}
+
+#[test]
+fn attention_bad_input_is_an_error() {
+    let dev = Device::cpu();
+    let t = |shape: &[usize], dt: DType| Tensor::from_f64(&common::random(shape.iter().product(), 3, 3.0, 0.0), shape, dt, &dev).unwrap();
+    let bf = |shape: &[usize]| t(shape, DType::BF16);
+    let d = AttentionOptions::default();
+    let cases: Vec<(&str, kfuse::Result<(Tensor, Tensor)>, &str)> = vec![
+        ("heads that do not divide", kfuse::ops::attention(&bf(&[1, 4, 6, 64]), &bf(&[1, 4, 4, 64]), &bf(&[1, 4, 4, 64]), &d), "multiple of the key/value heads"),
+        ("D above 256", kfuse::ops::attention(&bf(&[1, 4, 1, 320]), &bf(&[1, 4, 1, 320]), &bf(&[1, 4, 1, 320]), &d), "1 to 256"),
+        ("mixed dtypes", kfuse::ops::attention(&bf(&[1, 4, 1, 64]), &t(&[1, 4, 1, 64], DType::F16), &bf(&[1, 4, 1, 64]), &d), "`k` is f16"),
+        ("f32", kfuse::ops::attention(&t(&[1, 4, 1, 64], DType::F32), &t(&[1, 4, 1, 64], DType::F32), &t(&[1, 4, 1, 64], DType::F32), &d), "bf16 or f16"),
+        ("rank 3", kfuse::ops::attention(&bf(&[4, 1, 64]), &bf(&[4, 1, 64]), &bf(&[4, 1, 64]), &d), "rank 4"),
+        ("k and v differ", kfuse::ops::attention(&bf(&[1, 4, 1, 64]), &bf(&[1, 4, 1, 64]), &bf(&[1, 5, 1, 64]), &d), "one shape"),
+        ("head dims differ", kfuse::ops::attention(&bf(&[1, 4, 1, 64]), &bf(&[1, 4, 1, 32]), &bf(&[1, 4, 1, 32]), &d), "head dimension"),
+        ("batches differ", kfuse::ops::attention(&bf(&[2, 4, 1, 64]), &bf(&[1, 4, 1, 64]), &bf(&[1, 4, 1, 64]), &d), "batch"),
+        (
+            "scale not finite",
+            kfuse::ops::attention(&bf(&[1, 4, 1, 64]), &bf(&[1, 4, 1, 64]), &bf(&[1, 4, 1, 64]), &AttentionOptions { scale: Some(f32::NAN), ..d }),
+            "finite",
+        ),
+    ];
+    for (what, got, says) in cases {
+        match got {
+            Ok(_) => panic!("{what}: accepted"),
+            Err(e) => assert!(e.to_string().contains(says), "{what}: the error does not say `{says}`: {e}"),
+        }
+    }
+}
+
+/// `kernels::attention` compiles for sm_80 and sm_90a (NVRTC, `ptxas -v`) without spills,
+/// bf16 and f16, at B4 S4096 H16 and D 64, 128 and 256; on sm_90a its dots run `wgmma` on
+/// rings a producer warpgroup fills (at D 256 on 128 × 64 tiles), on sm_80 `mma.sync`.
+#[test]
+fn attention_op_compiles_for_sm80_and_sm90a() {
+    use kfuse::codegen::Target;
+    use kfuse::ops::kernels::attention;
+    let mut failures = Vec::new();
+    for d in [64, 128, 256] {
+        let mut spec = common::snapshot_spec(&attention::DEF);
+        spec.shape_pow2 = vec![4, 4096, 16, d, 4096, 16]; // B, SQ, HQ, D, SK, HK
+        for dt in [DType::BF16, DType::F16] {
+            let k = (attention::DEF.build)(&[dt]).unwrap();
+            for target in [Target::sm80(), Target::sm90a()] {
+                let name = format!("attention_{dt}_d{d}");
+                let tensor_cores = if target.sm >= 90 { "wgmma" } else { "mma.sync m16n8k16" };
+                match common::compile_assembled(&k, &spec, &target, &name) {
+                    Ok((_, regs, spill)) if spill > 0 => failures.push(format!("{name} {}: {spill} bytes of spills ({regs} registers)", target.arch())),
+                    Ok((e, _, _)) if target.sm >= 90 && !e.plan.to_string().contains("rings filled by a producer warpgroup") => {
+                        failures.push(format!("{name} {}: the rings are not warp-specialized:\n{}", target.arch(), e.plan))
+                    }
+                    Ok((e, _, _)) if !e.plan.to_string().contains(tensor_cores) => {
+                        failures.push(format!("{name} {}: the plan names no dot on the tensor cores:\n{}", target.arch(), e.plan))
+                    }
+                    Ok((e, regs, _)) => eprintln!("{name} {}: {regs} registers\n{}", target.arch(), e.plan),
+                    Err(e) => failures.push(format!("{name} {}: {}", target.arch(), e.0)),
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
