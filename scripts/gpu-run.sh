@@ -46,7 +46,7 @@ if [ "$gemm_only" = 1 ]; then
   printf '%s\n' "${rows[@]}"
   exit 0
 fi
-for t in ${KFUSE_TESTS:-gpu errors user_kernels rope rows gpu_gemm gpu_gemm_f32 gpu_gemm_tf32 gpu_gemm_swiglu gpu_gemm_fp8 gpu_gemm_ex gemm_grouped autotune loops masks attention interpreter_tiles kfuse_runtime gpu_runtime vendor_fp8 compile_once memory_pool large_tensors}; do
+for t in ${KFUSE_TESTS:-gpu errors user_kernels rope rows gpu_gemm gpu_gemm_f32 gpu_gemm_tf32 gpu_gemm_swiglu gpu_gemm_fp8 gpu_gemm_ex gemm_grouped autotune loops masks attention attention_op interpreter_tiles kfuse_runtime gpu_runtime vendor_fp8 compile_once memory_pool large_tensors}; do
   bin="$here/bin/$t"
   [ -x "$bin" ] || { rows+=("test $t: MISSING"); continue; }
   # snapshot tests compare against files of the build machine's checkout: skipped here
@@ -81,10 +81,16 @@ if [ "$bench" = 1 ]; then
   rows+=("compare rows: rc=$?")
   gemm_bench
   user_gemm_unaligned
+  # attention: PyTorch's cuDNN, FA2 and FlexAttention, then kfuse beside them
+  python3 "$here/bench_torch_attention.py" "$logs" > "$logs/bench-torch-attention.log" 2>&1
+  rows+=("bench torch attention: rc=$?")
+  KFUSE_BENCH_OUT="$logs" "$here/bin/attention_bench" > "$logs/bench-attention.log" 2>&1
+  rows+=("bench attention: rc=$?")
 fi
 echo "=== device: $(cat "$logs/device.txt")"
 [ -f "$logs/bench.md" ] && cat "$logs/bench.md"
 [ -f "$logs/memory_compare.md" ] && { echo; cat "$logs/memory_compare.md"; }
 [ -f "$logs/rows_compare.md" ] && { echo; cat "$logs/rows_compare.md"; }
 [ -f "$logs/gemm.md" ] && { echo; cat "$logs/gemm.md"; }
+[ -f "$logs/attention.md" ] && { echo; cat "$logs/attention.md"; }
 printf '%s\n' "${rows[@]}"
