@@ -3,7 +3,8 @@
 //! layouts, D of 64, 80, 96, 128 and 256, rows that see no key (zero output, log-sum-exp
 //! −∞). On the best device there is (the interpreter in CI, the GPU on the GPU host),
 //! through the API and through the kernel's launcher into NaN-poisoned outputs; fixed
-//! seeds. Bad input is an error, not a launch.
+//! seeds. `attention_varlen` on packed sequences of different lengths. Bad input is an
+//! error, not a launch.
 
 mod common;
 
@@ -226,4 +227,69 @@ fn attention_op_compiles_for_sm80_and_sm90a() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `attention_varlen` on packed sequences of different lengths (an empty one, one
+/// without keys), against the float64 reference of each sequence alone.
+#[test]
+fn attention_varlen_against_float64() {
+    let dev = Device::best();
+    let (hq, hk, d) = (4, 2, 64);
+    let (cu_q, cu_k) = ([0usize, 5, 5, 105, 140], [0usize, 7, 30, 30, 200]);
+    let (tq, tk) = (cu_q[4], cu_k[4]);
+    let mut failures = Vec::new();
+    for (n, opts) in [opts(false, None, AttentionLayout::Bshd), opts(true, None, AttentionLayout::Bshd), opts(false, Some((16, 3)), AttentionLayout::Bshd)].into_iter().enumerate() {
+        let dt = if n == 1 { DType::F16 } else { DType::BF16 };
+        let seed = 1700 + 10 * n as u64;
+        let vals = |len: usize, s: u64| common::random(len, s, 3.0, 0.0).into_iter().map(|x| dt.round(x)).collect::<Vec<f64>>();
+        let (qv, kv, vv) = (vals(tq * hq * d, seed), vals(tk * hk * d, seed + 1), vals(tk * hk * d, seed + 2));
+        let t = |x: &[f64], shape: &[usize]| Tensor::from_f64(x, shape, dt, &dev).unwrap();
+        let cu = |c: &[usize]| Tensor::from_f64(&c.iter().map(|&x| x as f64).collect::<Vec<_>>(), &[c.len()], DType::I64, &dev).unwrap();
+        let got = kfuse::ops::attention_varlen(&t(&qv, &[tq, hq, d]), &t(&kv, &[tk, hk, d]), &t(&vv, &[tk, hk, d]), &cu(&cu_q), &cu(&cu_k), 100, 170, &opts);
+        let (o, lse) = match got {
+            Ok((o, lse)) => (o.to_vec_f64().unwrap(), lse.to_vec_f64().unwrap()),
+            Err(e) => {
+                failures.push(format!("{opts:?}: {e}"));
+                continue;
+            }
+        };
+        for b in 0..4 {
+            let (q0, sq, k0, sk) = (cu_q[b], cu_q[b + 1] - cu_q[b], cu_k[b], cu_k[b + 1] - cu_k[b]);
+            let scale = 1.0 / (d as f64).sqrt();
+            let (want_o, want_lse) = reference(&qv[q0 * hq * d..(q0 + sq) * hq * d], &kv[k0 * hk * d..(k0 + sk) * hk * d], &vv[k0 * hk * d..(k0 + sk) * hk * d], (1, sq, sk, hq, hk, d), scale, &opts);
+            let got_lse: Vec<f64> = (0..hq).flat_map(|h| lse[h * tq + q0..h * tq + q0 + sq].to_vec()).collect();
+            let eo = common::rel_err(&o[q0 * hq * d..(q0 + sq) * hq * d], &want_o);
+            let el = lse_err(&got_lse, &want_lse);
+            if eo > common::tolerance(dt).max(2e-5) || el > 1e-4 {
+                failures.push(format!("{dt} {opts:?} sequence {b} (Sq {sq}, Skv {sk}) on {}: O relative error {eo:.3e}, LSE {el:.3e}", dev.describe()));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn attention_varlen_bad_input_is_an_error() {
+    let dev = Device::cpu();
+    let t = |shape: &[usize]| Tensor::from_f64(&common::random(shape.iter().product(), 5, 3.0, 0.0), shape, DType::BF16, &dev).unwrap();
+    let cu = |c: &[f64]| Tensor::from_f64(c, &[c.len()], DType::I64, &dev).unwrap();
+    let (q, k) = (t(&[10, 2, 64]), t(&[12, 1, 64]));
+    let d = AttentionOptions::default();
+    let call = |cq: &Tensor, ck: &Tensor, mq: usize, o: &AttentionOptions| kfuse::ops::attention_varlen(&q, &k, &k, cq, ck, mq, 12, o);
+    let good_k = cu(&[0.0, 5.0, 12.0]);
+    let cases = [
+        ("decreasing", call(&cu(&[0.0, 6.0, 4.0, 10.0]), &cu(&[0.0, 5.0, 6.0, 12.0]), 10, &d), "never decrease"),
+        ("not from 0", call(&cu(&[1.0, 10.0]), &cu(&[0.0, 12.0]), 10, &d), "start at 0"),
+        ("not to the end", call(&cu(&[0.0, 4.0, 9.0]), &good_k, 10, &d), "packed length 10"),
+        ("batches differ", call(&cu(&[0.0, 10.0]), &good_k, 10, &d), "one batch"),
+        ("longer than max", call(&cu(&[0.0, 4.0, 10.0]), &good_k, 5, &d), "longer than its maximum"),
+        ("f32 lengths", call(&Tensor::from_f64(&[0.0, 4.0, 10.0], &[3], DType::F32, &dev).unwrap(), &good_k, 10, &d), "i64"),
+        ("Bhsd", call(&cu(&[0.0, 4.0, 10.0]), &good_k, 10, &AttentionOptions { layout: AttentionLayout::Bhsd, ..d }), "Bshd"),
+    ];
+    for (what, got, says) in cases {
+        match got {
+            Ok(_) => panic!("{what}: accepted"),
+            Err(e) => assert!(e.to_string().contains(says), "{what}: the error does not say `{says}`: {e}"),
+        }
+    }
 }

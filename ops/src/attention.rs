@@ -1,4 +1,4 @@
-//! Attention forward: [`attention`] and its options. The kernel is `kernels::attention`
+//! Attention forward: [`attention`], [`attention_varlen`] and their options. The kernel is `kernels::attention`
 //! (one `#[kfuse]` function); the layouts are a matter of strides, chosen here.
 
 use kfuse_ir::DType;
@@ -139,6 +139,113 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) ->
         return Ok((Tensor::zeros(&out_shape, q.dtype(), &dev)?, Tensor::full(&[b, hq, sq], f64::NEG_INFINITY, DType::F32, &dev)?));
     }
     let mut lse = Tensor::empty(&[b, hq, sq], DType::F32, &dev)?;
+    let (scale, group, left, right) = launch_scalars(opts, sq, skv, d, hq / hkv);
+    let mut o = bshd(&out, opts.layout)?;
+    let (qs, ks, vs) = (bshd(q, opts.layout)?, bshd(k, opts.layout)?, bshd(v, opts.layout)?);
+    kernels::attention(&qs, &ks, &vs, &mut o, &mut lse, scale, group, left, right)?;
+    Ok((out, lse))
+}
+
+/// The sequence bounds of `cu_seqlens` (`[B + 1]` i64, from 0, not decreasing, ending at
+/// `total`), each sequence at most `max` long.
+fn seq_bounds(cu: &Tensor, total: usize, max: usize, name: &str) -> Result<Vec<usize>> {
+    if cu.dtype() != DType::I64 || cu.rank() != 1 || cu.shape()[0] == 0 {
+        return Err(invalid(format!("`{name}` must be a non-empty 1-D i64 tensor [B + 1], got {} {:?}", cu.dtype(), cu.shape())));
+    }
+    let bytes = cu.contiguous()?.to_bytes()?;
+    let vals: Vec<i64> = bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+    if vals[0] != 0 || vals.windows(2).any(|w| w[1] < w[0]) || *vals.last().expect("non-empty") != total as i64 {
+        return Err(invalid(format!("`{name}` must start at 0, never decrease and end at the packed length {total}, got {vals:?}")));
+    }
+    let bounds: Vec<usize> = vals.iter().map(|&v| v as usize).collect();
+    if let Some(w) = bounds.windows(2).find(|w| w[1] - w[0] > max) {
+        return Err(invalid(format!("`{name}` holds a sequence of {} tokens, longer than its maximum {max}", w[1] - w[0])));
+    }
+    Ok(bounds)
+}
+
+/// Attention forward over a batch of sequences of different lengths, packed: `q`
+/// `[total_q, Hq, D]`, `k` and `v` `[total_k, Hkv, D]`; sequence `b` holds the tokens
+/// `cu_seqlens_q[b]..cu_seqlens_q[b + 1]` of `q` and `cu_seqlens_k[b]..cu_seqlens_k[b + 1]`
+/// of `k` and `v` (`[B + 1]` i64 tensors, from 0, not decreasing, ending at the packed
+/// lengths; empty sequences allowed). `max_q` and `max_k` bound the lengths (a longer
+/// sequence is an error). Returns the output `[total_q, Hq, D]` and the f32 log-sum-exp
+/// `[Hq, total_q]` (FlashAttention's varlen layout). Masks, scale and heads as in
+/// [`attention`] (the causal diagonal aligned to each sequence's bottom right); the
+/// layout must be [`AttentionLayout::Bshd`] (packed tensors have no batch dimension).
+///
+/// Each sequence with keys is one launch of the kernel on views of the packed tensors
+/// (the output starts as zeros and the log-sum-exp as −∞, which sequences without keys
+/// keep), so a batch of many short sequences pays a launch each: a single-launch kernel
+/// needs stores masked by loaded lengths, which the language does not have yet.
+///
+/// Errors as [`attention`]'s, and `InvalidArgument` for `cu_seqlens` that are not i64
+/// `[B + 1]`, do not start at 0, decrease, do not end at the packed length, differ in
+/// `B`, or hold a sequence longer than its maximum.
+///
+/// # Examples
+///
+/// ```
+/// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
+/// use kfuse::ops::AttentionOptions;
+/// use kfuse::{DType, Device, Tensor};
+///
+/// let dev = Device::cpu();
+/// let x: Vec<f32> = (0..7 * 2 * 8).map(|i| ((i * 5) % 11) as f32 / 11.0 - 0.5).collect();
+/// let q = Tensor::from_f32(&x, &[7, 2, 8], DType::F16, &dev)?; // sequences of 3, 0 and 4 tokens
+/// let cu = Tensor::from_f64(&[0.0, 3.0, 3.0, 7.0], &[4], DType::I64, &dev)?;
+/// let opts = AttentionOptions { causal: true, ..Default::default() };
+/// let (o, lse) = kfuse::ops::attention_varlen(&q, &q, &q, &cu, &cu, 4, 4, &opts)?;
+/// assert_eq!((o.shape(), lse.shape()), (&[7, 2, 8][..], &[2, 7][..]));
+/// # Ok::<(), kfuse::Error>(())
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn attention_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cu_seqlens_q: &Tensor,
+    cu_seqlens_k: &Tensor,
+    max_q: usize,
+    max_k: usize,
+    opts: &AttentionOptions,
+) -> Result<(Tensor, Tensor)> {
+    if opts.layout != AttentionLayout::Bshd {
+        return Err(invalid("attention_varlen takes packed [total, H, D] tensors: the layout must be Bshd".into()));
+    }
+    for (x, name) in [(q, "q"), (k, "k"), (v, "v")] {
+        if x.rank() != 3 {
+            return Err(shape_err(format!("`{name}` must be packed [total, H, D], got shape {:?}", x.shape())));
+        }
+    }
+    // the checks of `attention`, on the packed tensors as one batch
+    let batch = |x: &Tensor| x.unsqueeze(0);
+    let [_, total_q, total_k, hq, hkv, d] = check(&batch(q)?, &batch(k)?, &batch(v)?, opts)?;
+    let bq = seq_bounds(cu_seqlens_q, total_q, max_q, "cu_seqlens_q")?;
+    let bk = seq_bounds(cu_seqlens_k, total_k, max_k, "cu_seqlens_k")?;
+    if bq.len() != bk.len() {
+        return Err(invalid(format!("`cu_seqlens_q` and `cu_seqlens_k` must hold one batch, got {} and {} sequences", bq.len() - 1, bk.len() - 1)));
+    }
+    let dev = q.device();
+    let out = Tensor::zeros(&[total_q, hq, d], q.dtype(), &dev)?;
+    let lse = Tensor::full(&[hq, total_q], f64::NEG_INFINITY, DType::F32, &dev)?;
+    for b in 0..bq.len() - 1 {
+        let (sq, sk) = (bq[b + 1] - bq[b], bk[b + 1] - bk[b]);
+        if sq == 0 || sk == 0 {
+            continue;
+        }
+        let rows = |x: &Tensor, at: usize, len: usize| x.narrow(0, at, len)?.unsqueeze(0);
+        let (qs, ks, vs) = (rows(q, bq[b], sq)?, rows(k, bk[b], sk)?, rows(v, bk[b], sk)?);
+        let mut o = rows(&out, bq[b], sq)?;
+        let mut l = lse.narrow(1, bq[b], sq)?.unsqueeze(0)?;
+        let (scale, group, left, right) = launch_scalars(opts, sq, sk, d, hq / hkv);
+        kernels::attention(&qs, &ks, &vs, &mut o, &mut l, scale, group, left, right)?;
+    }
+    Ok((out, lse))
+}
+
+/// The kernel's scalars for `opts` at these lengths: (scale, group, left, right).
+fn launch_scalars(opts: &AttentionOptions, sq: usize, skv: usize, d: usize, group: usize) -> (f32, i64, i64, i64) {
     let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
     // "no limit": one more than any distance between a query and a key
     let far = (sq + skv) as i64;
@@ -146,9 +253,5 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) ->
         Some((l, r)) => ((l as i64).min(far), (r as i64).min(far)),
         None => (far, far),
     };
-    let right = if opts.causal { 0 } else { right };
-    let mut o = bshd(&out, opts.layout)?;
-    let (qs, ks, vs) = (bshd(q, opts.layout)?, bshd(k, opts.layout)?, bshd(v, opts.layout)?);
-    kernels::attention(&qs, &ks, &vs, &mut o, &mut lse, scale, (hq / hkv) as i64, left, right)?;
-    Ok((out, lse))
+    (scale, group as i64, left, if opts.causal { 0 } else { right })
 }

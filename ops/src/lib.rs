@@ -36,7 +36,8 @@
 //! [`attention`] is flash attention forward (options: [`AttentionOptions`]): causal
 //! (aligned to the bottom right), sliding windows, grouped-query heads, `[B, S, H, D]` or
 //! `[B, H, S, D]`, D up to 256, with the f32 log-sum-exp of each row; one launch of
-//! `kernels::attention`.
+//! `kernels::attention`. [`attention_varlen`] takes packed sequences of different lengths
+//! (`cu_seqlens`), one launch a sequence.
 //!
 //! [`warm`] compiles the kernels of a list of op calls ahead of time (`gemm bf16
 //! 4096x4096 4096x4096`, a line each: [`parse_warm_list`]), so that a later process finds
@@ -96,7 +97,7 @@ mod matmul;
 mod rope;
 mod warm;
 
-pub use attention::{attention, AttentionLayout, AttentionOptions};
+pub use attention::{attention, attention_varlen, AttentionLayout, AttentionOptions};
 pub use matmul::{gemm_batched, gemm_batched_ex, gemm_ex, gemm_grouped, gemm_grouped_ex, swiglu_gemm, GemmOptions};
 pub use warm::{parse_warm_list, warm, WarmCall, WARM_OPS};
 pub use rope::{rope, Freqs, Positions, RopeLayout, RopeOptions};
