@@ -264,6 +264,18 @@ fn assign_strides(maps: &mut [AxisMap], order: &[u32]) -> u32 {
 }
 
 impl RegMap {
+    /// Whether two register maps put every element in the same register of the same
+    /// thread and mark the same threads as replicas (the layouts may differ in the
+    /// parent they slice: `Slice(P, 1)` and `Slice(Q, 1)` of tiles whose rows P and Q
+    /// spread alike): a conversion between them moves nothing.
+    pub fn same_registers(&self, b: &RegMap) -> bool {
+        let threads = |m: &AxisMap| (m.lane_div, m.tpw, m.warp_div, m.wpb, m.ctas);
+        self.regs == b.regs
+            && self.axes == b.axes
+            && self.dropped.len() == b.dropped.len()
+            && self.dropped.iter().zip(&b.dropped).all(|(x, y)| threads(x) == threads(y))
+    }
+
     /// The register map of a layout (`None` for [`Layout::Uniform`]).
     pub fn of(l: &Layout) -> Option<RegMap> {
         match l {

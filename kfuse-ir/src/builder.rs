@@ -234,6 +234,26 @@ impl Builder {
 
     /// Writes `value` into a block of an output tensor.
     pub fn store(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], value: ValueId) -> Result<OpId> {
+        let ops = self.store_operands(tensor, offsets, dims, value)?;
+        Ok(self.push(Op::Store { tensor, dims: dims.to_vec() }, None, &ops))
+    }
+
+    /// Writes the elements of `value` where `mask` (a `bool` tile broadcast to the
+    /// block's shape) is true into a block of an output tensor; the others keep what
+    /// they hold. The store's operands are the offsets, the value, then the mask.
+    pub fn store_where(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], mask: ValueId, value: ValueId) -> Result<OpId> {
+        let mut ops = self.store_operands(tensor, offsets, dims, value)?;
+        let shape = self.k.ty(*ops.last().expect("a stored value")).shape.clone();
+        let mt = self.k.ty(mask).clone();
+        if mt.dtype != DType::Bool {
+            return Err(IrError::DTypeMismatch { op: "store_where".into(), left: "a bool mask".into(), right: mt.dtype.to_string() });
+        }
+        ops.push(if mt.shape != shape { self.broadcast_to(mask, &shape, "store_where")? } else { mask });
+        Ok(self.push(Op::Store { tensor, dims: dims.to_vec() }, None, &ops))
+    }
+
+    /// A store's offsets and its value (coerced and broadcast to the block).
+    fn store_operands(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], value: ValueId) -> Result<Vec<ValueId>> {
         let ty = self.access_type(tensor, offsets, dims, "store")?;
         let p = self.k.params[tensor.0 as usize].clone();
         if !p.is_output() {
@@ -247,7 +267,7 @@ impl Builder {
         let value = if vt.shape != ty.shape { self.broadcast_to(value, &ty.shape, "store")? } else { value };
         let mut ops = offsets.to_vec();
         ops.push(value);
-        Ok(self.push(Op::Store { tensor, dims: dims.to_vec() }, None, &ops))
+        Ok(ops)
     }
 
     fn access_type(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], op: &str) -> Result<Type> {

@@ -756,6 +756,8 @@ fn run_program(
                 offs.clear();
                 offs.extend(step.args[..r].iter().map(|&o| before[o].data[0] as i64));
                 let value = &before[step.args[r]];
+                // `store_where`: its mask, of the value's shape and storage order
+                let mask = step.args.get(r + 1).map(|&m| &before[m].data);
                 let mut ranges = Vec::with_capacity(shape.len());
                 let (base, inside) = access(view, dims, &offs, shape, &mut ranges);
                 if !inside {
@@ -773,7 +775,9 @@ fn run_program(
                 for_each_row(&ranges, [strides, xstrides], |[tb, xb], n| {
                     let (mut t, mut x) = (tb, base.wrapping_add(xb));
                     for _ in 0..n {
-                        dt.write(data, x as usize, src[t as usize]);
+                        if mask.is_none_or(|m| m[t as usize] != 0.0) {
+                            dt.write(data, x as usize, src[t as usize]);
+                        }
                         t += ts;
                         x += xs;
                     }

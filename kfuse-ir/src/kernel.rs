@@ -680,6 +680,18 @@ impl Kernel {
         id
     }
 
+    /// The value a store writes (its operand after the offsets).
+    pub fn stored_value(&self, store: OpId) -> ValueId {
+        let Op::Store { dims, .. } = self.op(store) else { panic!("{store:?} is not a store") };
+        self.operands(store)[dims.len()]
+    }
+
+    /// The mask of a `store_where` (its operand after the value), if it has one.
+    pub fn store_mask(&self, store: OpId) -> Option<ValueId> {
+        let Op::Store { dims, .. } = self.op(store) else { return None };
+        self.operands(store).get(dims.len() + 1).copied()
+    }
+
     /// Makes every use of `old` by `user` a use of `new` instead.
     pub fn replace_operand(&mut self, user: OpId, old: ValueId, new: ValueId) {
         let edges: Vec<_> = self

@@ -126,7 +126,8 @@ pub fn print(k: &Kernel) -> String {
             Op::Load { tensor, dims } => format!("load {}[{}]", k.param(*tensor).name, access(k, dims, &ops)),
             Op::Store { tensor, dims } => {
                 let r = dims.len();
-                format!("store {}[{}], {}", k.param(*tensor).name, access(k, dims, &ops[..r]), ops[r])
+                let mask = ops.get(r + 1).map(|m| format!(" where {m}")).unwrap_or_default();
+                format!("store {}[{}], {}{mask}", k.param(*tensor).name, access(k, dims, &ops[..r]), ops[r])
             }
             Op::Unary(u) => format!("{} {}", format!("{u:?}").to_lowercase(), args.join(", ")),
             Op::Binary(b) => format!("{} {}", format!("{b:?}").to_lowercase(), args.join(", ")),

@@ -181,7 +181,16 @@ fn check_op(k: &Kernel, op: OpId) -> Result<(), String> {
             if is_store && !p.is_output() {
                 return Err("stores to an input tensor".into());
             }
-            arity(rank + is_store as usize)?;
+            // a store's operands: the offsets, the value, and an optional bool mask
+            let masked = is_store && ops.len() == rank + 2;
+            if masked {
+                let (m, v) = (k.ty(ops[rank + 1]), k.ty(ops[rank]));
+                if m.dtype != DType::Bool || m.shape != v.shape {
+                    return Err(format!("a store's mask must be a bool tile of the value's shape, got {m:?}"));
+                }
+            } else {
+                arity(rank + is_store as usize)?;
+            }
             if !ops[..rank].iter().all(|&o| scalar_i64(k.ty(o))) {
                 return Err("offsets must be i64 scalars".into());
             }

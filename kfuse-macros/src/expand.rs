@@ -317,9 +317,15 @@ fn build_body(k: &Kernel, ir: &TokenStream, dtypes: &Ident, plan: &Plan) -> Toke
                 let (t, o, d) = (slot(*tensor), slots(offsets), dims(d));
                 quote_spanned!(sp=> let #v = #b.load(#t, #o, #d)?;)
             }
-            StepKind::Store { tensor, offsets, dims: d, value, .. } => {
+            StepKind::Store { tensor, offsets, dims: d, value, mask, .. } => {
                 let (t, o, d, x) = (slot(*tensor), slots(offsets), dims(d), slot(*value));
-                quote_spanned!(sp=> #b.store(#t, #o, #d, #x)?;)
+                match mask {
+                    Some(m) => {
+                        let m = slot(*m);
+                        quote_spanned!(sp=> #b.store_where(#t, #o, #d, #m, #x)?;)
+                    }
+                    None => quote_spanned!(sp=> #b.store(#t, #o, #d, #x)?;),
+                }
             }
             StepKind::Unary(op, x) => {
                 let (op, x) = (variant(op), slot(*x));

@@ -76,7 +76,8 @@ pub enum StepKind {
     /// `load(tensor, offsets, dims)?` → value
     Load { tensor: Slot, offsets: Vec<Slot>, dims: Vec<DimRef> },
     /// `store(tensor, offsets, dims, value)?`; the spans locate its errors.
-    Store { tensor: Slot, offsets: Vec<Slot>, dims: Vec<DimRef>, value: Slot, tensor_sp: Sp, value_sp: Sp },
+    /// `mask`: `store_where(mask, value)`'s (the elements written).
+    Store { tensor: Slot, offsets: Vec<Slot>, dims: Vec<DimRef>, value: Slot, mask: Option<Slot>, tensor_sp: Sp, value_sp: Sp },
     /// `unary(op, x)?`
     Unary(UnaryOp, Slot),
     /// `binary(op, a, b)?`
@@ -637,9 +638,9 @@ impl Lower<'_> {
                 }
                 Ok(Some(Access { tensor: slot, offsets, dims: adims, tensor_sp: tsp }))
             }
-            "load" | "store" => Ok(None),
+            "load" | "store" | "store_where" => Ok(None),
             _ => Err(Sp::single(call.start).error(format!(
-                "no method `{method}` on tensor `{t}`; a tensor has: block([offsets], [extents]), row(i), load(), store(value)"
+                "no method `{method}` on tensor `{t}`; a tensor has: block([offsets], [extents]), row(i), load(), store(value), store_where(mask, value)"
             ))),
         }
     }
@@ -684,22 +685,20 @@ impl Lower<'_> {
                 check_arity(method, 0, args, call)?;
                 Ok(Val::Value(self.push(StepKind::Load { tensor: a.tensor, offsets: a.offsets, dims: a.dims }, sp)))
             }
-            "store" => {
-                check_arity(method, 1, args, call)?;
-                let value = self.value(&args[0], "stored")?;
-                let kind = StepKind::Store {
-                    tensor: a.tensor,
-                    offsets: a.offsets,
-                    dims: a.dims,
-                    value,
-                    tensor_sp: a.tensor_sp,
-                    value_sp: args[0].sp,
-                };
+            "store" | "store_where" => {
+                // `store_where(mask, value)`: only where `mask` holds
+                let masked = method == "store_where";
+                check_arity(method, 1 + masked as usize, args, call)?;
+                let mask = if masked { Some(self.value(&args[0], "a mask")?) } else { None };
+                let varg = &args[masked as usize];
+                let value = self.value(varg, "stored")?;
+                let kind = StepKind::Store { tensor: a.tensor, offsets: a.offsets, dims: a.dims, value, mask, tensor_sp: a.tensor_sp, value_sp: varg.sp };
                 self.push(kind, sp);
                 Ok(Val::Unit)
             }
-            _ => Err(Sp::single(call.start)
-                .error(format!("no method `{method}` on a block access; an access is followed by `.load()` or `.store(value)`"))),
+            _ => Err(Sp::single(call.start).error(format!(
+                "no method `{method}` on a block access; an access is followed by `.load()`, `.store(value)` or `.store_where(mask, value)`"
+            ))),
         }
     }
 

@@ -200,8 +200,11 @@ fn exec(b: &mut Builder, kind: &StepKind, res: &[Res], dtypes: &[DType]) -> Resu
         StepKind::Literal(l) => Res::Value(b.literal(*l)),
         StepKind::Constant(l, d) => Res::Value(b.constant(*l, *d)),
         StepKind::Load { tensor, offsets, dims: d } => Res::Value(b.load(param(*tensor), &vs(offsets), &dims(d))?),
-        StepKind::Store { tensor, offsets, dims: d, value, .. } => {
-            b.store(param(*tensor), &vs(offsets), &dims(d), v(*value))?;
+        StepKind::Store { tensor, offsets, dims: d, value, mask, .. } => {
+            match mask {
+                Some(m) => b.store_where(param(*tensor), &vs(offsets), &dims(d), v(*m), v(*value))?,
+                None => b.store(param(*tensor), &vs(offsets), &dims(d), v(*value))?,
+            };
             Res::None
         }
         StepKind::Unary(op, x) => Res::Value(b.unary(*op, v(*x))?),

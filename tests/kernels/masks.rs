@@ -26,3 +26,25 @@ pub fn position_scale<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)
     let c = (iota(BN) + j * BN).to_f32().unsqueeze(0);
     out.block([i * BM, j * BN], [BM, BN]).store((t * r + c).cast::<T>());
 }
+
+/// `store_where`: twice `x` on and below the diagonal; the elements above it keep what
+/// `out` held.
+#[kfuse]
+pub fn lower_triangle<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let t = x.block([i * BM, j * BN], [BM, BN]).load();
+    let r = iota(BM).unsqueeze(1) + i * BM;
+    let c = iota(BN).unsqueeze(0) + j * BN;
+    out.block([i * BM, j * BN], [BM, BN]).store_where(c <= r, t * 2.0);
+}
+
+/// `store_where` with a per-row bound loaded from an `i64` tensor (variable lengths): row
+/// `b` of `out` takes the first `len[b]` elements of row `b` of `x` plus one; the rest of
+/// the row keeps what `out` held.
+#[kfuse]
+pub fn prefix_rows<T: Float>(x: Tensor<T, (B, N)>, len: Tensor<i64, (B,)>, out: &mut Tensor<T, (B, N)>) {
+    let (b, j) = (program_id(0), program_id(1));
+    let n = len.block([b], [_]).load();
+    let c = iota(BN) + j * BN;
+    out.block([b, j * BN], [_, BN]).store_where(c < n, x.block([b, j * BN], [_, BN]).load() + 1.0);
+}

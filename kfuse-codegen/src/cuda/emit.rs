@@ -326,16 +326,6 @@ fn slot_of(rmap: Option<&RegMap>) -> String {
     lin
 }
 
-/// Whether two register maps put every element in the same register of the same thread
-/// and mark the same threads as replicas (the layouts may differ in the parent they
-/// slice: `Slice(P, 1)` and `Slice(Q, 1)` of tiles whose rows P and Q spread alike).
-fn same_registers(a: &RegMap, b: &RegMap) -> bool {
-    let threads = |m: &AxisMap| (m.lane_div, m.tpw, m.warp_div, m.wpb, m.ctas);
-    a.regs == b.regs
-        && a.axes == b.axes
-        && a.dropped.len() == b.dropped.len()
-        && a.dropped.iter().zip(&b.dropped).all(|(x, y)| threads(x) == threads(y))
-}
 
 /// Register index in `to` of the element register `k` of `from` holds, dropping the
 /// digits of axes `to` does not have.
@@ -1476,7 +1466,7 @@ impl<'a> Emitter<'a> {
         let layout = self.layout(v)?;
         // the same elements in the same registers of the same threads (the rows of two
         // tiles whose layouts split rows alike): nothing moves
-        if let Some(dmap) = RegMap::of(&layout).filter(|m| same_registers(&smap, m)) {
+        if let Some(dmap) = RegMap::of(&layout).filter(|m| smap.same_registers(m)) {
             self.vals.insert(v, Val { map: Some(dmap), ..s });
             return Ok(());
         }

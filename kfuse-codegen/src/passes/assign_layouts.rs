@@ -168,9 +168,14 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     // loop does not convert its carried value at every iteration
     let mut hints = HashMap::new();
     if k.order.iter().any(|&op| is_flexible(k, op.value()) || matches!(k.op(op), Op::Iota { .. })) {
-        let mut dry = k.clone();
-        let mut at = None;
-        hints = assign(&mut dry, spec, &HashMap::new(), &mut at).map_err(|e| e.at(&dry, at))?;
+        // (twice: a value the first run leaves in a default layout, as a mask computed
+        // from `iota`s before it meets the tile it masks, may meet that tile's layout
+        // in the second)
+        for _ in 0..2 {
+            let mut dry = k.clone();
+            let mut at = None;
+            hints = assign(&mut dry, spec, &hints, &mut at).map_err(|e| e.at(&dry, at))?;
+        }
     }
     let mut at = None;
     assign(k, spec, &hints, &mut at).map_err(|e| e.at(k, at))?;
@@ -241,6 +246,14 @@ fn met_values(k: &Kernel, v: ValueId) -> Vec<ValueId> {
         let mut next = Vec::new();
         for x in frontier {
             for u in k.users(x) {
+                // a `store_where` mask meets the value it masks
+                if k.store_mask(u) == Some(x) {
+                    let sv = k.stored_value(u);
+                    if k.ty(sv).rank() == 2 {
+                        met.push(sv);
+                    }
+                    continue;
+                }
                 if !matches!(k.op(u), Op::Broadcast | Op::Convert | Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. }) {
                     continue;
                 }
@@ -462,8 +475,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
 /// unit-stride dimension, or that holds vectors an output takes only as scalars, gets a
 /// `Convert` to the store's anchor layout (see the module docs).
 fn store_rule(k: &mut Kernel, spec: &Spec, op: OpId) {
-    let ops = k.operands(op);
-    let v = *ops.last().unwrap();
+    let v = k.stored_value(op);
     if let (Some(want), false) = (access_layout(k, spec, op), k.ty(v).is_scalar()) {
         let have = layout_of(k, v);
         let fast = want.order[0] as usize;
@@ -487,6 +499,13 @@ fn store_rule(k: &mut Kernel, spec: &Spec, op: OpId) {
         };
         if need {
             convert(k, op, v, Layout::Blocked(want));
+        }
+    }
+    // a `store_where` mask: in the (final) value's registers
+    if let Some(m) = k.store_mask(op) {
+        let want = layout_of(k, k.stored_value(op));
+        if layout_of(k, m) != want {
+            convert(k, op, m, want);
         }
     }
 }

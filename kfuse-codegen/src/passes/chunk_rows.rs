@@ -258,7 +258,10 @@ fn plan(k: &Kernel, sym: ShapeSym) -> Result<Plan, NoChunks> {
                     }
                     stats.push(op);
                 }
-                Op::Store { tensor, dims } if is_row(k, *operands.last().unwrap(), sym) => {
+                Op::Store { tensor, dims } if is_row(k, k.stored_value(op), sym) => {
+                    if k.store_mask(op).is_some() {
+                        return no("a masked store (`store_where`) of the row", op);
+                    }
                     check_access(k, op, *tensor, dims, sym)?;
                     stores.push(op);
                 }

@@ -296,6 +296,9 @@ pub(crate) fn matrix_loop(k: &Kernel, dots: &[OpId]) -> Result<(LoopInfo, Vec<Ac
     if dots.iter().any(|&d| nest[pos(d)] != Some(lid)) {
         return Err("`dot`s in more than one loop (the matrix path pipelines one dot loop per kernel)".into());
     }
+    if let Some(st) = k.ops().find(|&o| k.store_mask(o).is_some()) {
+        return Err(format!("a masked store (`{}`): the matrix path's epilogue writes whole tiles", k.op_label(st)));
+    }
     if dots.len() > MAX_DOTS {
         return Err(format!("{} `dot`s in one loop: the matrix path accumulates at most {MAX_DOTS} at once", dots.len()));
     }
@@ -595,7 +598,10 @@ fn tma_epilogue_store(k: &Kernel, spec: &Spec, info: &LoopInfo, bm: u32, bn: u32
     let stores: Vec<OpId> = k.order[info.yield_pos + 1..].iter().copied().filter(|&o| matches!(k.op(o), Op::Store { .. })).collect();
     let [st] = stores.as_slice() else { return None };
     let Op::Store { tensor, dims } = k.op(*st) else { unreachable!() };
-    let v = *k.operands(*st).last().unwrap();
+    let v = k.stored_value(*st);
+    if k.store_mask(*st).is_some() {
+        return None;
+    }
     let ext = |e: &kfuse_ir::Extent| extent_value(k, *e);
     let tile_dims: Vec<u32> = dims.iter().filter_map(|d| if let AccessDim::Tile(e) = d { Some(ext(e)) } else { None }).collect();
     let ok = dims.len() == 2

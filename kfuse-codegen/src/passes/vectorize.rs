@@ -23,7 +23,9 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     for op in k.order.clone() {
         let (tensor, dims, value) = match k.op(op) {
             Op::Load { tensor, dims } => (*tensor, dims.clone(), op.value()),
-            Op::Store { tensor, dims } => (*tensor, dims.clone(), *k.operands(op).last().unwrap()),
+            // (a masked store writes element by element: its mask is per element)
+            Op::Store { .. } if k.store_mask(op).is_some() => continue,
+            Op::Store { tensor, dims } => (*tensor, dims.clone(), k.stored_value(op)),
             _ => continue,
         };
         let offs = k.operands(op);

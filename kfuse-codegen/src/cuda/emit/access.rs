@@ -63,6 +63,8 @@ struct BlockAccess {
     val: Val,
     map: RegMap,
     store: Option<ValueId>,
+    /// A `store_where`'s mask, in the value's registers.
+    mask: Option<ValueId>,
     tptr: Option<String>,
 }
 
@@ -143,7 +145,12 @@ impl Emitter<'_> {
         self.line(format!("{cst}{}* {base} = {base_e};", stype(d)))?;
         let (okv, okv_true, tile_dims) = self.access_bounds(dims, offs, &tdims, &off)?;
         let value_ty = store.map(|s| k.ty(s).clone()).unwrap_or_else(|| k.ty(op.value()).clone());
+        let mask = store.and_then(|_| k.store_mask(op));
         if value_ty.is_scalar() {
+            let okv = match mask {
+                Some(m) => format!("{okv} && {}", self.val(m).name),
+                None => okv,
+            };
             return self.scalar_access(op, d, &okv, &base, store);
         }
         // the register map of the value
@@ -163,7 +170,10 @@ impl Emitter<'_> {
         let w = width.max(1);
         let groups = map.regs / w;
         let raw = if store.is_none() { self.raw.get(&op.value()).cloned() } else { None };
-        let mut a = BlockAccess { tensor, d, w, groups, base, okv, tile_dims, val, map, store, tptr: None };
+        if mask.is_some() && w > 1 {
+            return Err(CodegenError::Unsupported("a masked store (`store_where`) in vectors".into()));
+        }
+        let mut a = BlockAccess { tensor, d, w, groups, base, okv, tile_dims, val, map, store, mask, tptr: None };
         if let (Some(arr), true) = (&raw, self.bound_only) {
             return self.unpack_ahead(op, a, arr);
         }
@@ -420,7 +430,10 @@ impl Emitter<'_> {
             }
         }
         let own_j = a.owner_test(if w > 1 { "k0 + j" } else { "k0" });
-        let cond = a.inb(&cj, &own_j);
+        let mut cond = a.inb(&cj, &own_j);
+        if let Some(m) = a.mask {
+            cond = format!("{cond} && {}", self.reg(m, "k0 + j"));
+        }
         let aj = a.addr(self, &cj);
         match a.store {
             None => {
