@@ -1,6 +1,7 @@
 //! `kfuse::ops::attention` on the GPU, the rows of the attention issue's table: bf16,
 //! `[B, S, H, D]`, B·S = 16k tokens and H·D = 2048 at D 128, 64 and 256, S 4096 and 16384,
-//! non-causal and causal, and grouped-query attention (Hq 32, Hkv 8, D128, S4096); then the
+//! non-causal and causal, and grouped-query attention (Hq 32, Hkv 8, D128, S4096); then
+//! `attention_varlen` on the D128 S4096 data packed as four sequences; then the
 //! flash attention proof kernel (`tests/kernels/flash_attention.rs`) at D128 S4096 and
 //! S1024–8192. PyTorch's cuDNN SDPA, FlashAttention-2 backend and FlexAttention come from
 //! `scripts/bench_torch_attention.py DIR` run first in the same device call: with
@@ -150,6 +151,32 @@ fn op_table(dev: &Device) -> String {
     md
 }
 
+/// `attention_varlen` on four packed sequences of 4096 tokens (the D128 S4096 rows'
+/// data, as `[16384, 16, 128]` with `cu_seqlens` 0, 4096, …): what the loaded bounds and
+/// masked stores cost beside the dense op's rows above.
+fn varlen_rows(dev: &Device) -> String {
+    let mut md = String::new();
+    for causal in [false, true] {
+        let c = Case::mha(4096, 128, causal);
+        let [(q, qv), (k, kv), (v, vv)] = inputs(c, dev);
+        let packed = |t: &Tensor| t.reshape(&[c.b * c.s, c.hq, c.d]).expect("reshape");
+        let (q, k, v) = (packed(&q), packed(&k), packed(&v));
+        let cu_vals: Vec<f64> = (0..=c.b).map(|i| (i * c.s) as f64).collect();
+        let cu = Tensor::from_f64(&cu_vals, &[c.b + 1], DType::I64, dev).expect("cu_seqlens");
+        let opts = AttentionOptions { causal, ..Default::default() };
+        let got = measure(c, dev, [&qv, &kv, &vv], || kfuse::ops::attention_varlen(&q, &k, &v, &cu, &cu, c.s, c.s, &opts).map(|(o, _)| o));
+        let name = format!("varlen 4 × 4096 D128{}", if causal { " causal" } else { "" });
+        let row = match got {
+            Ok((tf, err)) => format!("| {name} | {tf:.1} | rel err {err:.1e} |"),
+            Err(e) => format!("| {name} | — | {e} |"),
+        };
+        println!("{row}");
+        md.push_str(&row);
+        md.push('\n');
+    }
+    md
+}
+
 /// The proof kernel's table (D128 by sequence length, and the chart's values).
 fn proof_table(dev: &Device, lengths: &[usize]) -> (String, [common::report::Series; 2]) {
     let mut series = [false, true].map(|c| common::report::Series { name: if c { "causal" } else { "non-causal" }.into(), values: vec![None; lengths.len()] });
@@ -182,11 +209,13 @@ fn main() {
     let Some(dev) = common::gpu() else { return };
     println!("kfuse::ops::attention, {}", dev.describe());
     let ops = op_table(&dev);
+    println!("kfuse::ops::attention_varlen, {}", dev.describe());
+    let varlen = format!("| case | kfuse TFLOP/s | check |\n|---|---|---|\n{}", varlen_rows(&dev));
     println!("flash attention proof kernel (tests/kernels/flash_attention.rs), {}", dev.describe());
     let lengths = [1024usize, 2048, 4096, 8192];
     let (proof, series) = proof_table(&dev, &lengths);
     if let Some(dir) = common::report::out_dir() {
-        let _ = std::fs::write(dir.join("attention.md"), format!("{ops}\n{proof}"));
+        let _ = std::fs::write(dir.join("attention.md"), format!("{ops}\n{varlen}\n{proof}"));
         let panel = common::report::Panel {
             title: format!("Flash attention, kfuse proof kernel, bf16 D128, 16k tokens ({})", dev.name()),
             y_label: "TFLOP/s".into(),

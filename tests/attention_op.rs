@@ -197,20 +197,25 @@ fn attention_bad_input_is_an_error() {
 }
 
 /// `kernels::attention` compiles for sm_80 and sm_90a (NVRTC, `ptxas -v`) without spills,
-/// bf16 and f16, at B4 S4096 H16 and D 64, 128 and 256; on sm_90a its dots run `wgmma` on
-/// rings a producer warpgroup fills (at D 256 on 128 × 64 tiles), on sm_80 `mma.sync`.
+/// bf16 and f16, at B4 S4096 H16 and D 64, 128 and 256, and `kernels::attention_varlen` at
+/// D 128; on sm_90a their dots run `wgmma` on rings a producer warpgroup fills (at D 256
+/// on 128 × 64 tiles), on sm_80 `mma.sync`.
 #[test]
 fn attention_op_compiles_for_sm80_and_sm90a() {
     use kfuse::codegen::Target;
-    use kfuse::ops::kernels::attention;
+    use kfuse::ops::kernels::{attention, attention_varlen};
     let mut failures = Vec::new();
-    for d in [64, 128, 256] {
-        let mut spec = common::snapshot_spec(&attention::DEF);
-        spec.shape_pow2 = vec![4, 4096, 16, d, 4096, 16]; // B, SQ, HQ, D, SK, HK
+    for (def, d) in [(&attention::DEF, 64), (&attention::DEF, 128), (&attention::DEF, 256), (&attention_varlen::DEF, 128)] {
+        let mut spec = common::snapshot_spec(def);
+        spec.shape_pow2 = if def.name == "attention" {
+            vec![4, 4096, 16, d, 4096, 16] // B, SQ, HQ, D, SK, HK
+        } else {
+            vec![16384, 16, d, 16384, 16, 8, 4, 4096] // TQ, HQ, D, TK, HK, B1, B, MQ
+        };
         for dt in [DType::BF16, DType::F16] {
-            let k = (attention::DEF.build)(&[dt]).unwrap();
+            let k = (def.build)(&[dt]).unwrap();
             for target in [Target::sm80(), Target::sm90a()] {
-                let name = format!("attention_{dt}_d{d}");
+                let name = format!("{}_{dt}_d{d}", def.name);
                 let tensor_cores = if target.sm >= 90 { "wgmma" } else { "mma.sync m16n8k16" };
                 match common::compile_assembled(&k, &spec, &target, &name) {
                     Ok((_, regs, spill)) if spill > 0 => failures.push(format!("{name} {}: {spill} bytes of spills ({regs} registers)", target.arch())),
@@ -230,13 +235,15 @@ fn attention_op_compiles_for_sm80_and_sm90a() {
 }
 
 /// `attention_varlen` on packed sequences of different lengths (an empty one, one
-/// without keys), against the float64 reference of each sequence alone.
+/// without keys, one with more queries than keys), against the float64 reference of each
+/// sequence alone; its kernel's launcher into poisoned outputs gives the same values.
 #[test]
 fn attention_varlen_against_float64() {
     let dev = Device::best();
     let (hq, hk, d) = (4, 2, 64);
-    let (cu_q, cu_k) = ([0usize, 5, 5, 105, 140], [0usize, 7, 30, 30, 200]);
-    let (tq, tk) = (cu_q[4], cu_k[4]);
+    // sequences (Sq, Skv): (5, 7), (0, 23), (100, 0), (35, 170), (60, 20)
+    let (cu_q, cu_k) = ([0usize, 5, 5, 105, 140, 200], [0usize, 7, 30, 30, 200, 220]);
+    let (nb, tq, tk, mq) = (cu_q.len() - 1, cu_q[5], cu_k[5], 100);
     let mut failures = Vec::new();
     for (n, opts) in [opts(false, None, AttentionLayout::Bshd), opts(true, None, AttentionLayout::Bshd), opts(false, Some((16, 3)), AttentionLayout::Bshd)].into_iter().enumerate() {
         let dt = if n == 1 { DType::F16 } else { DType::BF16 };
@@ -245,19 +252,47 @@ fn attention_varlen_against_float64() {
         let (qv, kv, vv) = (vals(tq * hq * d, seed), vals(tk * hk * d, seed + 1), vals(tk * hk * d, seed + 2));
         let t = |x: &[f64], shape: &[usize]| Tensor::from_f64(x, shape, dt, &dev).unwrap();
         let cu = |c: &[usize]| Tensor::from_f64(&c.iter().map(|&x| x as f64).collect::<Vec<_>>(), &[c.len()], DType::I64, &dev).unwrap();
-        let got = kfuse::ops::attention_varlen(&t(&qv, &[tq, hq, d]), &t(&kv, &[tk, hk, d]), &t(&vv, &[tk, hk, d]), &cu(&cu_q), &cu(&cu_k), 100, 170, &opts);
-        let (o, lse) = match got {
+        let (q, k, v) = (t(&qv, &[tq, hq, d]), t(&kv, &[tk, hk, d]), t(&vv, &[tk, hk, d]));
+        let (o, lse) = match kfuse::ops::attention_varlen(&q, &k, &v, &cu(&cu_q), &cu(&cu_k), mq, 170, &opts) {
             Ok((o, lse)) => (o.to_vec_f64().unwrap(), lse.to_vec_f64().unwrap()),
             Err(e) => {
                 failures.push(format!("{opts:?}: {e}"));
                 continue;
             }
         };
-        for b in 0..4 {
+        // the launcher into poisoned outputs: every row of `o` is some sequence's and
+        // written; the same values as the op's
+        let (mut po, mut pl) = (common::poisoned(&[tq, hq, d], dt, &dev), common::poisoned(&[nb, hq, mq], DType::F32, &dev));
+        let (left, right) = opts.window.map_or(((tq + tk) as i64, (tq + tk) as i64), |(l, r)| (l as i64, r as i64));
+        let right = if opts.causal { 0 } else { right };
+        let scale = 1.0 / (d as f32).sqrt();
+        kfuse::ops::kernels::attention_varlen(&q, &k, &v, &cu(&cu_q), &cu(&cu_k), &mut po, &mut pl, scale, (hq / hk) as i64, left, right).unwrap();
+        if po.to_vec_f64().unwrap() != o {
+            failures.push(format!("{dt} {opts:?}: the launcher's output into a poisoned tensor differs from the op's"));
+        }
+        let pl = pl.to_vec_f64().unwrap();
+        // rows no sequence holds (past cu_seqlens_q's end) keep what they held: a
+        // program writes only its own sequence's rows
+        let extra = 40;
+        let qx = t(&vals((tq + extra) * hq * d, seed + 3), &[tq + extra, hq, d]);
+        let mut ox = common::poisoned(&[tq + extra, hq, d], dt, &dev);
+        kfuse::ops::kernels::attention_varlen(&qx, &k, &v, &cu(&cu_q), &cu(&cu_k), &mut ox, &mut pl_scratch(nb, hq, mq, &dev), scale, (hq / hk) as i64, left, right).unwrap();
+        if ox.to_vec_f64().unwrap()[tq * hq * d..].iter().any(|x| !x.is_nan()) {
+            failures.push(format!("{dt} {opts:?}: rows past the last sequence were written"));
+        }
+        for b in 0..nb {
             let (q0, sq, k0, sk) = (cu_q[b], cu_q[b + 1] - cu_q[b], cu_k[b], cu_k[b + 1] - cu_k[b]);
             let scale = 1.0 / (d as f64).sqrt();
             let (want_o, want_lse) = reference(&qv[q0 * hq * d..(q0 + sq) * hq * d], &kv[k0 * hk * d..(k0 + sk) * hk * d], &vv[k0 * hk * d..(k0 + sk) * hk * d], (1, sq, sk, hq, hk, d), scale, &opts);
-            let got_lse: Vec<f64> = (0..hq).flat_map(|h| lse[h * tq + q0..h * tq + q0 + sq].to_vec()).collect();
+            let row = |x: &[f64], h: usize| x[(b * hq + h) * mq..(b * hq + h) * mq + sq].to_vec();
+            let got_lse: Vec<f64> = (0..hq).flat_map(|h| row(&lse, h)).collect();
+            if (0..hq).any(|h| row(&pl, h) != row(&lse, h)) {
+                failures.push(format!("{dt} {opts:?} sequence {b}: the launcher's log-sum-exp differs from the op's"));
+            }
+            let past: Vec<f64> = (0..hq).flat_map(|h| lse[(b * hq + h) * mq + sq..(b * hq + h + 1) * mq].to_vec()).collect();
+            if past.iter().any(|&x| x != f64::NEG_INFINITY) {
+                failures.push(format!("{dt} {opts:?} sequence {b}: the log-sum-exp past the sequence is not -inf"));
+            }
             let eo = common::rel_err(&o[q0 * hq * d..(q0 + sq) * hq * d], &want_o);
             let el = lse_err(&got_lse, &want_lse);
             if eo > common::tolerance(dt).max(2e-5) || el > 1e-4 {
@@ -266,6 +301,11 @@ fn attention_varlen_against_float64() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A poisoned `[B, Hq, MQ]` log-sum-exp.
+fn pl_scratch(b: usize, hq: usize, mq: usize, dev: &Device) -> Tensor {
+    common::poisoned(&[b, hq, mq], DType::F32, dev)
 }
 
 #[test]

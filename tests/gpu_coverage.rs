@@ -1,7 +1,7 @@
 //! Every `#[kfuse]` kernel the tests run on the interpreter compiles for the GPU: the
 //! standard kernels (`kfuse::ops`, `common::ops`) and the user kernels of `tests/kernels/`
 //! (loops, masks, row and column kernels, user GEMMs, flash attention) and
-//! `kfuse::ops::attention`'s kernel, each in f32, f16
+//! `kfuse::ops::attention`'s kernels, each in f32, f16
 //! and bf16, for sm_80 and sm_90a, at the snapshot shapes and, for the row kernels, at
 //! rows of 131072 elements (a cluster's on sm_90a, walked in chunks on sm_80 and inside
 //! a loop: `chunk_rows`). Compiled as the runtime does (codegen, NVRTC, `ptxas -v`),
@@ -38,6 +38,8 @@ const REFUSED: &[(&str, &str, &str, &str)] = &[
     ("flash_attention", "sm_90a", "snapshot", "static limit 49152"),
     ("attention", "sm_80", "snapshot", "static limit 49152"),
     ("attention", "sm_90a", "snapshot", "static limit 49152"),
+    ("attention_varlen", "sm_80", "snapshot", "static limit 49152"),
+    ("attention_varlen", "sm_90a", "snapshot", "static limit 49152"),
 ];
 
 /// The user kernels and the shapes (`Spec::shape_pow2`, by shape symbol) each is
@@ -65,6 +67,9 @@ fn user_kernels() -> Vec<(&'static KernelDef, Vec<(&'static str, Vec<u32>)>)> {
         // `kfuse::ops::attention`'s kernel (not in `common::ops()`, whose ops take one or
         // two same-shape tensors)
         (&kfuse::ops::kernels::attention::DEF, vec![("B4 S4096 H16 D128", vec![4, 4096, 16, 128, 4096, 16])]),
+        (&kfuse::ops::kernels::attention_varlen::DEF, vec![("T16384 H16 D128 B8", vec![16384, 16, 128, 16384, 16, 16, 8, 4096])]),
+        (&kernels_masks::lower_triangle::DEF, vec![]),
+        (&kernels_masks::prefix_rows::DEF, vec![]),
     ]
 }
 

@@ -170,18 +170,21 @@ fn seq_bounds(cu: &Tensor, total: usize, max: usize, name: &str) -> Result<Vec<u
 /// of `k` and `v` (`[B + 1]` i64 tensors, from 0, not decreasing, ending at the packed
 /// lengths; empty sequences allowed). `max_q` and `max_k` bound the lengths (a longer
 /// sequence is an error). Returns the output `[total_q, Hq, D]` and the f32 log-sum-exp
-/// `[Hq, total_q]` (FlashAttention's varlen layout). Masks, scale and heads as in
-/// [`attention`] (the causal diagonal aligned to each sequence's bottom right); the
-/// layout must be [`AttentionLayout::Bshd`] (packed tensors have no batch dimension).
+/// `[B, Hq, max_q]` (position `r` of sequence `b` at `[b, h, r]`; −∞ past the sequence's
+/// length). Masks, scale and heads as in [`attention`] (the causal diagonal aligned to
+/// each sequence's bottom right); the layout must be [`AttentionLayout::Bshd`] (packed
+/// tensors have no batch dimension).
 ///
-/// Each sequence with keys is one launch of the kernel on views of the packed tensors
-/// (the output starts as zeros and the log-sum-exp as −∞, which sequences without keys
-/// keep), so a batch of many short sequences pays a launch each: a single-launch kernel
-/// needs stores masked by loaded lengths, which the language does not have yet.
+/// One launch of `kernels::attention_varlen` (`ceil(max_q / BM) × Hq × B` programs):
+/// each program reads its sequence's bounds from `cu_seqlens` on the device and writes
+/// only its sequence's rows (`store_where`). The key tiles a sequence's last one
+/// overhangs are masked, but they are read: a non-finite value in the next sequence's
+/// `v` rows there would reach this one's output through `0 · v`.
 ///
 /// Errors as [`attention`]'s, and `InvalidArgument` for `cu_seqlens` that are not i64
 /// `[B + 1]`, do not start at 0, decrease, do not end at the packed length, differ in
-/// `B`, or hold a sequence longer than its maximum.
+/// `B`, or hold a sequence longer than its maximum (checked on the host: one copy of
+/// `cu_seqlens` to it).
 ///
 /// # Examples
 ///
@@ -196,7 +199,7 @@ fn seq_bounds(cu: &Tensor, total: usize, max: usize, name: &str) -> Result<Vec<u
 /// let cu = Tensor::from_f64(&[0.0, 3.0, 3.0, 7.0], &[4], DType::I64, &dev)?;
 /// let opts = AttentionOptions { causal: true, ..Default::default() };
 /// let (o, lse) = kfuse::ops::attention_varlen(&q, &q, &q, &cu, &cu, 4, 4, &opts)?;
-/// assert_eq!((o.shape(), lse.shape()), (&[7, 2, 8][..], &[2, 7][..]));
+/// assert_eq!((o.shape(), lse.shape()), (&[7, 2, 8][..], &[3, 2, 4][..]));
 /// # Ok::<(), kfuse::Error>(())
 /// ```
 #[allow(clippy::too_many_arguments)]
@@ -226,21 +229,27 @@ pub fn attention_varlen(
     if bq.len() != bk.len() {
         return Err(invalid(format!("`cu_seqlens_q` and `cu_seqlens_k` must hold one batch, got {} and {} sequences", bq.len() - 1, bk.len() - 1)));
     }
-    let dev = q.device();
-    let out = Tensor::zeros(&[total_q, hq, d], q.dtype(), &dev)?;
-    let lse = Tensor::full(&[hq, total_q], f64::NEG_INFINITY, DType::F32, &dev)?;
-    for b in 0..bq.len() - 1 {
-        let (sq, sk) = (bq[b + 1] - bq[b], bk[b + 1] - bk[b]);
-        if sq == 0 || sk == 0 {
-            continue;
+    for cu in [cu_seqlens_q, cu_seqlens_k] {
+        if cu.device() != q.device() {
+            return Err(Error::DeviceMismatch(format!("kfuse::ops::attention_varlen: `cu_seqlens` is on {} but `q` is on {}", cu.device().name(), q.device().name())));
         }
-        let rows = |x: &Tensor, at: usize, len: usize| x.narrow(0, at, len)?.unsqueeze(0);
-        let (qs, ks, vs) = (rows(q, bq[b], sq)?, rows(k, bk[b], sk)?, rows(v, bk[b], sk)?);
-        let mut o = rows(&out, bq[b], sq)?;
-        let mut l = lse.narrow(1, bq[b], sq)?.unsqueeze(0)?;
-        let (scale, group, left, right) = launch_scalars(opts, sq, sk, d, hq / hkv);
-        kernels::attention(&qs, &ks, &vs, &mut o, &mut l, scale, group, left, right)?;
     }
+    let dev = q.device();
+    let b = bq.len() - 1;
+    // (the longest sequence sizes the grid and the log-sum-exp)
+    let longest = bq.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let mut lse = Tensor::full(&[b, hq, max_q], f64::NEG_INFINITY, DType::F32, &dev)?;
+    if total_q == 0 || longest == 0 {
+        return Ok((Tensor::empty(&[total_q, hq, d], q.dtype(), &dev)?, lse));
+    }
+    if total_k == 0 {
+        return Ok((Tensor::zeros(&[total_q, hq, d], q.dtype(), &dev)?, lse));
+    }
+    let mut out = Tensor::empty(&[total_q, hq, d], q.dtype(), &dev)?;
+    // the lengths' sum, not a sequence's: "no limit" for every sequence
+    let (scale, group, left, right) = launch_scalars(opts, total_q, total_k, d, hq / hkv);
+    let (cq, ck) = (cu_seqlens_q.contiguous()?, cu_seqlens_k.contiguous()?);
+    kernels::attention_varlen(q, k, v, &cq, &ck, &mut out, &mut lse, scale, group, left, right)?;
     Ok((out, lse))
 }
 

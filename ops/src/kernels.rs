@@ -753,3 +753,86 @@ pub fn attention<T: Float>(
     o.block([b, i * BM, h, 0], [_, BM, _, D]).store(out.cast::<T>());
     lse.block([b, h, i * BM], [_, _, BM]).store(m + ln(l));
 }
+
+/// `attention` over packed sequences of different lengths (`crate::attention_varlen`):
+/// sequence `b` (`program_id(2)`) holds rows `cu_q[b]..cu_q[b + 1]` of `q` and `o` and
+/// rows `cu_k[b]..cu_k[b + 1]` of `k` and `v`; program `i` takes its query rows `i·BM`
+/// onward. The loops run over the packed key positions (`k0 + j`), so that each tile's
+/// offset is the loop index itself (what the rings a producer fills ahead take). The key
+/// tiles split as in `attention`, each sequence's last one cut at its length by the mask
+/// (its rows past the length are the next sequence's); the output
+/// rows past the sequence's end are not written (`store_where`), and the log-sum-exp
+/// goes to `[B, HQ, MQ]` (`MQ` the longest sequence).
+#[kfuse(crate = "crate::deps")]
+pub fn attention_varlen<T: Float>(
+    q: Tensor<T, (TQ, HQ, D)>,
+    k: Tensor<T, (TK, HK, D)>,
+    v: Tensor<T, (TK, HK, D)>,
+    cu_q: Tensor<i64, (B1,)>,
+    cu_k: Tensor<i64, (B1,)>,
+    o: &mut Tensor<T, (TQ, HQ, D)>,
+    lse: &mut Tensor<f32, (B, HQ, MQ)>,
+    scale: f32,
+    group: i64,
+    left: i64,
+    right: i64,
+) {
+    let (i, h, b) = (program_id(0), program_id(1), program_id(2));
+    let g = h / group;
+    let (q0, k0) = (cu_q.block([b], [_]).load(), cu_k.block([b], [_]).load());
+    let (sq, sk) = (cu_q.block([b + 1], [_]).load() - q0, cu_k.block([b + 1], [_]).load() - k0);
+    let qt = q.block([q0 + i * BM, h, 0], [BM, _, D]).load();
+    let top = i * BM + (sk - sq);
+    let rows = iota(BM).unsqueeze(1) + top;
+    let mut m = zeros::<f32>([BM]) + f32::NEG_INFINITY;
+    let mut l = zeros::<f32>([BM]);
+    let mut acc = zeros::<f32>([BM, D]);
+    let lo = max(0, top - left) / BN * BN;
+    // (a program past its sequence's rows walks no keys)
+    let hi = max(lo, min(select(i * BM < sq, sk, 0), top + BM + right));
+    let whole_lo = min(hi, max(lo, (max(0, top + BM - 1 - left) + BN - 1) / BN * BN));
+    let whole_hi = max(whole_lo, min(hi, max(0, min(sk, top + right + 1)) / BN * BN));
+    for j in (k0 + lo..k0 + whole_lo).step_by(BN) {
+        let kt = k.block([j, g, 0], [BN, _, D]).load();
+        let vt = v.block([j, g, 0], [BN, _, D]).load();
+        let cols = iota(BN).unsqueeze(0) + (j - k0);
+        let s = select(cols >= rows - left && cols <= rows + right && cols < sk, dot(qt, kt.t()) * scale, f32::NEG_INFINITY);
+        let m_new = max(m, s.max_axis(1));
+        let shift = select(m_new == f32::NEG_INFINITY, 0.0, m_new);
+        let p = exp(s - shift.unsqueeze(1));
+        let alpha = exp(m - shift);
+        l = l * alpha + p.sum_axis(1);
+        acc = acc * alpha.unsqueeze(1) + dot(p.cast::<T>(), vt);
+        m = m_new;
+    }
+    for j in (k0 + whole_lo..k0 + whole_hi).step_by(BN) {
+        let kt = k.block([j, g, 0], [BN, _, D]).load();
+        let vt = v.block([j, g, 0], [BN, _, D]).load();
+        let s = dot(qt, kt.t()) * scale;
+        let m_new = max(m, s.max_axis(1));
+        let p = exp(s - m_new.unsqueeze(1));
+        let alpha = exp(m - m_new);
+        l = l * alpha + p.sum_axis(1);
+        acc = acc * alpha.unsqueeze(1) + dot(p.cast::<T>(), vt);
+        m = m_new;
+    }
+    for j in (k0 + whole_hi..k0 + hi).step_by(BN) {
+        let kt = k.block([j, g, 0], [BN, _, D]).load();
+        let vt = v.block([j, g, 0], [BN, _, D]).load();
+        let cols = iota(BN).unsqueeze(0) + (j - k0);
+        let s = select(cols >= rows - left && cols <= rows + right && cols < sk, dot(qt, kt.t()) * scale, f32::NEG_INFINITY);
+        let m_new = max(m, s.max_axis(1));
+        let shift = select(m_new == f32::NEG_INFINITY, 0.0, m_new);
+        let p = exp(s - shift.unsqueeze(1));
+        let alpha = exp(m - shift);
+        l = l * alpha + p.sum_axis(1);
+        acc = acc * alpha.unsqueeze(1) + dot(p.cast::<T>(), vt);
+        m = m_new;
+    }
+    // the block's rows of this sequence: those on a key before `sk` (`rows < sk`, in the
+    // layout of the scores that `rows` met)
+    let out = select(l.unsqueeze(1) > 0.0, acc / l.unsqueeze(1), 0.0);
+    let live = iota(BM) + i * BM < sq;
+    o.block([q0 + i * BM, h, 0], [BM, _, D]).store_where(live.unsqueeze(1), out.cast::<T>());
+    lse.block([b, h, i * BM], [_, _, BM]).store_where(live, m + ln(l));
+}
