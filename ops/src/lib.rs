@@ -37,7 +37,7 @@
 //! (aligned to the bottom right), sliding windows, grouped-query heads, `[B, S, H, D]` or
 //! `[B, H, S, D]`, D up to 256, with the f32 log-sum-exp of each row; one launch of
 //! `kernels::attention`. [`attention_varlen`] takes packed sequences of different lengths
-//! (`cu_seqlens`), one launch a sequence.
+//! (`cu_seqlens`) in one launch.
 //!
 //! [`warm`] compiles the kernels of a list of op calls ahead of time (`gemm bf16
 //! 4096x4096 4096x4096`, a line each: [`parse_warm_list`]), so that a later process finds
