@@ -333,3 +333,20 @@ fn attention_varlen_bad_input_is_an_error() {
         }
     }
 }
+
+/// What the compiler emits for `kernels::attention` at B4 S4096 H16 D128 bf16, pinned:
+/// the scheduled IR and the CUDA for sm_90a and sm_80 (`cargo insta review` on a
+/// change; the GPU tests and the benchmark say whether it is still right and fast).
+#[test]
+fn attention_op_snapshots() {
+    use kfuse::codegen::Target;
+    use kfuse::ops::kernels::attention;
+    let mut spec = common::snapshot_spec(&attention::DEF);
+    spec.shape_pow2 = vec![4, 4096, 16, 128, 4096, 16]; // B, SQ, HQ, D, SK, HK
+    let k = (attention::DEF.build)(&[DType::BF16]).unwrap();
+    for (target, name) in [(Target::sm90a(), "sm90a"), (Target::sm80(), "sm80")] {
+        let e = kfuse::codegen::compile(&k, &spec, &target).unwrap();
+        insta::assert_snapshot!(format!("ops_attention_bf16_{name}_ir"), e.ir);
+        insta::assert_snapshot!(format!("ops_attention_bf16_{name}"), e.source);
+    }
+}
