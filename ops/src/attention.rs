@@ -22,7 +22,7 @@ pub struct AttentionOptions {
     /// Each query sees no key after its own position (counted from the bottom right when
     /// `Sq ≠ Skv`: query `r` sits on key `r + Skv − Sq`, as FlashAttention aligns it).
     pub causal: bool,
-    /// The factor on `q·kᵀ` before the softmax; `None` is `1/√D`. Finite.
+    /// The factor on `q·kᵀ` before the softmax; `None` is `1/√D`. Finite and positive.
     pub scale: Option<f32>,
     /// A sliding window `(left, right)`: query `r` sees the keys from `left` before its
     /// position to `right` after it (both counted as above). With `causal`, `right` is 0.
@@ -79,8 +79,8 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<
         return Err(invalid(format!("the query heads ({hq}) must be a multiple of the key/value heads ({hkv})")));
     }
     if let Some(s) = opts.scale {
-        if !s.is_finite() {
-            return Err(invalid(format!("scale must be finite, got {s}")));
+        if !(s.is_finite() && s > 0.0) {
+            return Err(invalid(format!("scale must be finite and positive, got {s}")));
         }
     }
     Ok([b, sq, skv, hq, hkv, d])
@@ -101,7 +101,7 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<
 /// Errors (nothing is launched): ranks or shapes that do not fit (`ShapeMismatch`),
 /// dtypes that differ or are not bf16/f16 (`DTypeMismatch`), tensors on different devices
 /// (`DeviceMismatch`), `D` of 0 or above 256, head counts that do not divide, a scale
-/// that is not finite (`InvalidArgument`).
+/// that is not finite and positive (`InvalidArgument`).
 ///
 /// # Examples
 ///

@@ -728,9 +728,11 @@ pub fn attention<T: Float>(
     for j in (whole_lo..whole_hi).step_by(BN) {
         let kt = k.block([b, j, g, 0], [_, BN, _, D]).load();
         let vt = v.block([b, j, g, 0], [_, BN, _, D]).load();
-        let s = dot(qt, kt.t()) * scale;
-        let m_new = max(m, s.max_axis(1));
-        let p = exp(s - m_new.unsqueeze(1));
+        // (the scale, positive, applied to the row maximum and inside `exp`: one
+        // multiply-add an element, `kf_exp_scaled`)
+        let s = dot(qt, kt.t());
+        let m_new = max(m, s.max_axis(1) * scale);
+        let p = exp(s * scale - m_new.unsqueeze(1));
         let alpha = exp(m - m_new);
         l = l * alpha + p.sum_axis(1);
         acc = acc * alpha.unsqueeze(1) + dot(p.cast::<T>(), vt);
@@ -808,9 +810,11 @@ pub fn attention_varlen<T: Float>(
     for j in (k0 + whole_lo..k0 + whole_hi).step_by(BN) {
         let kt = k.block([j, g, 0], [BN, _, D]).load();
         let vt = v.block([j, g, 0], [BN, _, D]).load();
-        let s = dot(qt, kt.t()) * scale;
-        let m_new = max(m, s.max_axis(1));
-        let p = exp(s - m_new.unsqueeze(1));
+        // (the scale, positive, applied to the row maximum and inside `exp`: one
+        // multiply-add an element, `kf_exp_scaled`)
+        let s = dot(qt, kt.t());
+        let m_new = max(m, s.max_axis(1) * scale);
+        let p = exp(s * scale - m_new.unsqueeze(1));
         let alpha = exp(m - m_new);
         l = l * alpha + p.sum_axis(1);
         acc = acc * alpha.unsqueeze(1) + dot(p.cast::<T>(), vt);

@@ -1009,15 +1009,44 @@ impl<'a> Emitter<'a> {
         // an f32 `exp(a - b)` (softmax's `exp(s - m)`): ex2 of `a·log2 e − b·log2 e`, one
         // fused multiply-add an element instead of a subtraction and a multiplication
         // (`b·log2 e` is computed once per distinct `b`, a row's maximum say)
+        // `exp(x · c - b)` with a scalar `c` (scores times the softmax scale) folds `c`
+        // into the same multiply-add: `x · (c·log2 e) − b·log2 e`
         let e = match (k.op(op), k.op(ops[0].op())) {
             (Op::Unary(UnaryOp::Exp), Op::Binary(BinaryOp::Sub)) if d == DType::F32 && in_d == DType::F32 => {
                 let ab = k.operands(ops[0].op());
-                format!("kf_exp_diff({}, {})", self.reg(ab[0], "k"), self.reg(ab[1], "k"))
+                match self.scaled_by_scalar(ab[0]) {
+                    Some((x, c)) => {
+                        self.helpers.insert("kf_exp_scaled".into(), super::prelude::EXP_SCALED.into());
+                        format!("kf_exp_scaled({}, {c}, {})", self.reg(x, "k"), self.reg(ab[1], "k"))
+                    }
+                    None => format!("kf_exp_diff({}, {})", self.reg(ab[0], "k"), self.reg(ab[1], "k")),
+                }
             }
             _ => fmt(&args),
         };
         self.line(format!("{name}[k] = {e};"))?;
         self.close()
+    }
+
+    /// `(x, c)` where `v` is the f32 tile `x · c` (either order) of a tile `x` and a
+    /// broadcast f32 scalar `c` (its name), of `v`'s layout, and only one op uses `v` (it
+    /// is folded there, never computed).
+    fn scaled_by_scalar(&self, v: ValueId) -> Option<(ValueId, String)> {
+        let k = self.k;
+        if !matches!(k.op(v.op()), Op::Binary(BinaryOp::Mul)) || k.ty(v).dtype != DType::F32 || k.users(v).len() != 1 {
+            return None;
+        }
+        let ops = k.operands(v.op());
+        let scalar = |o: ValueId| match k.op(o.op()) {
+            Op::Broadcast if k.ty(k.operands(o.op())[0]).is_scalar() && k.ty(k.operands(o.op())[0]).dtype == DType::F32 => Some(self.val(k.operands(o.op())[0]).name.clone()),
+            _ => None,
+        };
+        let tile = |o: ValueId| !k.ty(o).is_scalar() && k.ty(o).dtype == DType::F32 && self.layout(o).ok() == self.layout(v).ok();
+        match (scalar(ops[1]), scalar(ops[0])) {
+            (Some(c), _) if tile(ops[0]) => Some((ops[0], c)),
+            (_, Some(c)) if tile(ops[1]) => Some((ops[1], c)),
+            _ => None,
+        }
     }
 
     /// Combines `var` across the first `width` lanes of each aligned group (a power of
@@ -1854,7 +1883,11 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     let cluster_attr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
     let mut preludes: Vec<&str> = if cluster > 1 { vec![CLUSTER_PRELUDE] } else { vec![] };
     if ops_bytes.is_some() {
-        preludes.extend([dot_wgmma::WG_DOT_PRELUDE, operand_ring::RING_PRELUDE, helpers.as_str()]);
+        preludes.extend([dot_wgmma::WG_DOT_PRELUDE, operand_ring::RING_PRELUDE]);
+    }
+    // the device functions the body called (`wgmma` instructions, `kf_exp_scaled`)
+    if !helpers.is_empty() {
+        preludes.push(helpers.as_str());
     }
     if producer.is_some() {
         preludes.push(warp_specialize::WS_PRELUDE);

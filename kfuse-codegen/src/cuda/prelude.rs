@@ -46,9 +46,16 @@ pub fn base_prelude(k: &kfuse_ir::Kernel) -> String {
 /// predicated multiplies keep subnormal results): 200 of flash attention's 2068 a tile.
 /// `kf_exp_diff(a, b)` is `exp(a − b)` for an f32 tile's `exp(a - b)`: `a·log2 e − b·log2 e`
 /// in one fused multiply-add (the error of the exponent grows with |a|, not |a − b|: a
-/// relative error of the result under |a|·1e-7 more).
+/// relative error of the result under |a|·1e-7 more). `kf_exp_scaled(x, c, b)`
+/// ([`EXP_SCALED`], only in kernels that use it) is `exp(x·c − b)` for a scalar `c`,
+/// `c·log2 e` folded into the same multiply-add (the softmax scale on raw scores: one
+/// instruction an element fewer).
 pub const EXP_PRELUDE: &str = r#"static __device__ __forceinline__ float kf_exp(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f)); return r; }
 static __device__ __forceinline__ float kf_exp_diff(float a, float b) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(a, 1.4426950408889634f, -(b * 1.4426950408889634f)))); return r; }
+"#;
+
+/// `kf_exp_scaled(x, c, b)`, written before a kernel that uses it (see [`EXP_PRELUDE`]).
+pub const EXP_SCALED: &str = r#"static __device__ __forceinline__ float kf_exp_scaled(float x, float c, float b) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(x, c * 1.4426950408889634f, -(b * 1.4426950408889634f)))); return r; }
 "#;
 
 /// Conversions of the 8-bit floats (sm_89 and newer, PTX `cvt … e4m3x2 / e5m2x2`),
