@@ -684,7 +684,7 @@ pub fn swiglu_gemm<T: Float>(x: Tensor<T, (M, K)>, wg: Tensor<T, (K, N)>, wu: Te
 // helper functions and a key offset chosen inside a loop (by `select`) would keep the
 // loads out of the rings a producer fills ahead. A row that sees no key at all keeps
 // `m = −∞`, `l = 0`: the masked loops shift by 0 instead of `−∞` (no `∞ − ∞`), and the
-// row's output is 0 and its log-sum-exp `−∞`.
+// row's output is 0 (`acc = 0` over a floor on `l`) and its log-sum-exp `−∞`.
 
 /// Flash attention forward: `o = softmax(q·kᵀ · scale, masked) · v` and the f32
 /// log-sum-exp of each row, online over tiles of `BN` keys.
@@ -751,7 +751,8 @@ pub fn attention<T: Float>(
         acc = acc * alpha.unsqueeze(1) + dot(p.cast::<T>(), vt);
         m = m_new;
     }
-    let out = select(l.unsqueeze(1) > 0.0, acc / l.unsqueeze(1), 0.0);
+    // (a row that saw a key has l ≥ 1; one that saw none has acc = 0 and l = 0: 0 / tiny)
+    let out = acc / max(l, f32::MIN_POSITIVE).unsqueeze(1);
     o.block([b, i * BM, h, 0], [_, BM, _, D]).store(out.cast::<T>());
     lse.block([b, h, i * BM], [_, _, BM]).store(m + ln(l));
 }
@@ -835,7 +836,8 @@ pub fn attention_varlen<T: Float>(
     }
     // the block's rows of this sequence: those on a key before `sk` (`rows < sk`, in the
     // layout of the scores that `rows` met)
-    let out = select(l.unsqueeze(1) > 0.0, acc / l.unsqueeze(1), 0.0);
+    // (a row that saw a key has l ≥ 1; one that saw none has acc = 0 and l = 0: 0 / tiny)
+    let out = acc / max(l, f32::MIN_POSITIVE).unsqueeze(1);
     let live = iota(BM) + i * BM < sq;
     o.block([q0 + i * BM, h, 0], [BM, _, D]).store_where(live.unsqueeze(1), out.cast::<T>());
     lse.block([b, h, i * BM], [_, _, BM]).store_where(live, m + ln(l));
