@@ -326,7 +326,6 @@ fn slot_of(rmap: Option<&RegMap>) -> String {
     lin
 }
 
-
 /// Register index in `to` of the element register `k` of `from` holds, dropping the
 /// digits of axes `to` does not have.
 fn project(from: &RegMap, to: &RegMap, k: &str) -> String {
@@ -1029,8 +1028,8 @@ impl<'a> Emitter<'a> {
     }
 
     /// `(x, c)` where `v` is the f32 tile `x · c` (either order) of a tile `x` and a
-    /// broadcast f32 scalar `c` (its name), of `v`'s layout, and only one op uses `v` (it
-    /// is folded there, never computed).
+    /// broadcast f32 scalar `c` (its name), of `v`'s layout, and only one op uses `v`
+    /// (folded there, the product's own registers go unread and the assembler drops them).
     fn scaled_by_scalar(&self, v: ValueId) -> Option<(ValueId, String)> {
         let k = self.k;
         if !matches!(k.op(v.op()), Op::Binary(BinaryOp::Mul)) || k.ty(v).dtype != DType::F32 || k.users(v).len() != 1 {

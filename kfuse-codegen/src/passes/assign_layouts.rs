@@ -168,10 +168,11 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     // loop does not convert its carried value at every iteration
     let mut hints = HashMap::new();
     if k.order.iter().any(|&op| is_flexible(k, op.value()) || matches!(k.op(op), Op::Iota { .. })) {
-        // (twice: a value the first run leaves in a default layout, as a mask computed
-        // from `iota`s before it meets the tile it masks, may meet that tile's layout
-        // in the second)
-        for _ in 0..2 {
+        // (twice where a store is masked: a mask computed from `iota`s alone meets the
+        // tile it masks in the layout the first run left that tile, which may be a
+        // default one; the second run sees the tile's own)
+        let runs = if k.ops().any(|op| k.store_mask(op).is_some()) { 2 } else { 1 };
+        for _ in 0..runs {
             let mut dry = k.clone();
             let mut at = None;
             hints = assign(&mut dry, spec, &hints, &mut at).map_err(|e| e.at(&dry, at))?;
