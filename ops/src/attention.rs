@@ -47,8 +47,9 @@ fn bshd(x: &Tensor, layout: AttentionLayout) -> Result<Tensor> {
     }
 }
 
-/// Checks the arguments; returns `(B, Sq, Skv, Hq, Hkv, D)` of the `[B, S, H, D]` views.
-fn check(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<[usize; 6]> {
+/// Checks the arguments; returns `(B, Sq, Skv, Hq, Hkv, D)` and the `[B, S, H, D]` views
+/// of `q`, `k` and `v`.
+fn check(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<([usize; 6], [Tensor; 3])> {
     for (x, name) in [(q, "q"), (k, "k"), (v, "v")] {
         if x.rank() != 4 {
             return Err(shape_err(format!("`{name}` must have rank 4 ({:?}), got shape {:?}", opts.layout, x.shape())));
@@ -83,7 +84,7 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<
             return Err(invalid(format!("scale must be finite and positive, got {s}")));
         }
     }
-    Ok([b, sq, skv, hq, hkv, d])
+    Ok(([b, sq, skv, hq, hkv, d], [qs, ks, vs]))
 }
 
 /// Flash attention forward: `o = softmax(q·kᵀ · scale + mask) · v`, and the log-sum-exp
@@ -107,7 +108,7 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<
 ///
 /// ```
 /// # mod kfuse { pub mod ops { pub use kfuse_ops::*; } pub use kfuse_runtime::{DType, Device, Error, Tensor}; }
-/// use kfuse::ops::{AttentionOptions, AttentionLayout};
+/// use kfuse::ops::AttentionOptions;
 /// use kfuse::{DType, Device, Tensor};
 ///
 /// let dev = Device::cpu();
@@ -120,11 +121,10 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<
 /// // the first query sees only the first key: its output is that key's value
 /// let (o, v) = (o.to_vec_f32()?, k.to_vec_f32()?);
 /// assert!((0..8).all(|x| (o[x] - v[x]).abs() < 1e-2));
-/// # let _ = AttentionLayout::Bhsd;
 /// # Ok::<(), kfuse::Error>(())
 /// ```
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) -> Result<(Tensor, Tensor)> {
-    let [b, sq, skv, hq, hkv, d] = check(q, k, v, opts)?;
+    let ([b, sq, skv, hq, hkv, d], [qs, ks, vs]) = check(q, k, v, opts)?;
     let dev = q.device();
     let out_shape = match opts.layout {
         AttentionLayout::Bshd => [b, sq, hq, d],
@@ -141,7 +141,6 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, opts: &AttentionOptions) ->
     let mut lse = Tensor::empty(&[b, hq, sq], DType::F32, &dev)?;
     let (scale, group, left, right) = launch_scalars(opts, sq, skv, d, hq / hkv);
     let mut o = bshd(&out, opts.layout)?;
-    let (qs, ks, vs) = (bshd(q, opts.layout)?, bshd(k, opts.layout)?, bshd(v, opts.layout)?);
     kernels::attention(&qs, &ks, &vs, &mut o, &mut lse, scale, group, left, right)?;
     Ok((out, lse))
 }
@@ -223,23 +222,22 @@ pub fn attention_varlen(
     }
     // the checks of `attention`, on the packed tensors as one batch
     let batch = |x: &Tensor| x.unsqueeze(0);
-    let [_, total_q, total_k, hq, hkv, d] = check(&batch(q)?, &batch(k)?, &batch(v)?, opts)?;
-    let bq = seq_bounds(cu_seqlens_q, total_q, max_q, "cu_seqlens_q")?;
-    let bk = seq_bounds(cu_seqlens_k, total_k, max_k, "cu_seqlens_k")?;
-    if bq.len() != bk.len() {
-        return Err(invalid(format!("`cu_seqlens_q` and `cu_seqlens_k` must hold one batch, got {} and {} sequences", bq.len() - 1, bk.len() - 1)));
-    }
+    let ([_, total_q, total_k, hq, hkv, d], _) = check(&batch(q)?, &batch(k)?, &batch(v)?, opts)?;
     for cu in [cu_seqlens_q, cu_seqlens_k] {
         if cu.device() != q.device() {
             return Err(Error::DeviceMismatch(format!("kfuse::ops::attention_varlen: `cu_seqlens` is on {} but `q` is on {}", cu.device().name(), q.device().name())));
         }
     }
+    let bq = seq_bounds(cu_seqlens_q, total_q, max_q, "cu_seqlens_q")?;
+    let bk = seq_bounds(cu_seqlens_k, total_k, max_k, "cu_seqlens_k")?;
+    if bq.len() != bk.len() {
+        return Err(invalid(format!("`cu_seqlens_q` and `cu_seqlens_k` must hold one batch, got {} and {} sequences", bq.len() - 1, bk.len() - 1)));
+    }
     let dev = q.device();
     let b = bq.len() - 1;
-    // (the longest sequence sizes the grid and the log-sum-exp)
-    let longest = bq.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    // (`max_q` sizes the grid and the log-sum-exp)
     let mut lse = Tensor::full(&[b, hq, max_q], f64::NEG_INFINITY, DType::F32, &dev)?;
-    if total_q == 0 || longest == 0 {
+    if total_q == 0 {
         return Ok((Tensor::empty(&[total_q, hq, d], q.dtype(), &dev)?, lse));
     }
     if total_k == 0 {
