@@ -1,19 +1,19 @@
 //! `kfuse::ops::attention` on the GPU, the rows of the attention issue's table: bf16,
 //! `[B, S, H, D]`, B·S = 16k tokens and H·D = 2048 at D 128, 64 and 256, S 4096 and 16384,
 //! non-causal and causal, and grouped-query attention (Hq 32, Hkv 8, D128, S4096); then
-//! `attention_varlen` on the D128 S4096 data packed as four sequences; then the
-//! flash attention proof kernel (`tests/kernels/flash_attention.rs`) at D128 S4096 and
-//! S1024–8192. PyTorch's cuDNN SDPA, FlashAttention-2 backend and FlexAttention come from
+//! `attention_varlen` on the D128 S4096 data packed as four sequences; then the flash
+//! attention proof kernel (`tests/kernels/flash_attention.rs`) at D128, S1024–8192.
+//! PyTorch's cuDNN SDPA, FlashAttention-2 backend and FlexAttention come from
 //! `scripts/bench_torch_attention.py DIR` run first in the same device call: with
 //! `KFUSE_BENCH_OUT=DIR` this reads `DIR/torch_attention.json` and prints them beside
 //! kfuse, with the ratio to cuDNN and the bar.
 //!
 //! TFLOP/s = 4·B·Hq·Sq·Skv·D / time, halved when causal (FlashAttention's count). Timing:
-//! CUDA events around each launch, 3 warm-ups, 10 timed launches, median. Before timing,
-//! each case's output is checked on two (batch, head) pairs and 8 query rows against a
-//! float64 CPU reference; a wrong result or a refusal prints a row saying so.
-//! `KFUSE_BENCH_OUT` receives `attention.md` and `attention.svg` (the proof kernel's
-//! TFLOP/s against the sequence length, D128).
+//! CUDA events around each call (the op's host work and output allocation included), 3
+//! warm-ups, 10 timed calls, median. Before timing, each case's output is checked on two
+//! (batch, head) pairs and 8 query rows against a float64 CPU reference; a wrong result
+//! or a refusal prints a row saying so. `KFUSE_BENCH_OUT` receives `attention.md` and
+//! `attention.svg` (the proof kernel's TFLOP/s against the sequence length, D128).
 
 #[path = "../tests/kernels/flash_attention.rs"]
 mod kernel;
