@@ -16,25 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from torch_timing import median_ms
+
+
+def bench(fn):
+    return median_ms(fn, 5, 20)
+
 # (name, D, S, causal, Hq, Hkv): the rows of benches/attention.rs
 ROWS = [(f"D{d} S{s}" + (" causal" if c else ""), d, s, c, 2048 // d, 2048 // d)
         for d in (128, 64, 256) for s in (4096, 16384) for c in (False, True)]
 ROWS += [("GQA Hq32 Hkv8 D128 S4096" + (" causal" if c else ""), 128, 4096, c, 32, 8) for c in (False, True)]
-
-
-def bench(fn, warmup=5, iters=20):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def main():

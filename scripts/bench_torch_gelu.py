@@ -11,20 +11,11 @@ Usage: python3 scripts/bench_torch_gelu.py
 import torch
 import torch.nn.functional as F
 
+from torch_timing import median_ms
 
-def bench(fn, warmup=10, iters=50):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+
+def bench(fn):
+    return median_ms(fn, 10, 50) * 1e3  # µs
 
 
 def main():

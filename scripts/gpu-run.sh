@@ -46,7 +46,7 @@ if [ "$gemm_only" = 1 ]; then
   printf '%s\n' "${rows[@]}"
   exit 0
 fi
-for t in ${KFUSE_TESTS:-gpu errors user_kernels rope rows gpu_gemm gpu_gemm_f32 gpu_gemm_tf32 gpu_gemm_swiglu gpu_gemm_fp8 gpu_gemm_ex gemm_grouped autotune loops masks attention attention_op interpreter_tiles kfuse_runtime gpu_runtime vendor_fp8 compile_once memory_pool large_tensors}; do
+for t in ${KFUSE_TESTS:-gpu errors user_kernels rope rows gpu_gemm gpu_gemm_f32 gpu_gemm_tf32 gpu_gemm_swiglu gpu_gemm_fp8 gpu_gemm_ex gemm_grouped autotune loops masks attention attention_op gathers conv2d interpreter_tiles kfuse_runtime gpu_runtime vendor_fp8 compile_once memory_pool large_tensors}; do
   bin="$here/bin/$t"
   [ -x "$bin" ] || { rows+=("test $t: MISSING"); continue; }
   # snapshot tests compare against files of the build machine's checkout: skipped here
@@ -86,6 +86,11 @@ if [ "$bench" = 1 ]; then
   rows+=("bench torch attention: rc=$?")
   KFUSE_BENCH_OUT="$logs" "$here/bin/attention_bench" > "$logs/bench-attention.log" 2>&1
   rows+=("bench attention: rc=$?")
+  # convolution: cuDNN through PyTorch, then kfuse beside it
+  python3 "$here/bench_torch_conv.py" "$logs" > "$logs/bench-torch-conv.log" 2>&1
+  rows+=("bench torch conv: rc=$?")
+  KFUSE_BENCH_OUT="$logs" "$here/bin/conv2d_bench" > "$logs/bench-conv2d.log" 2>&1
+  rows+=("bench conv2d: rc=$?")
 fi
 echo "=== device: $(cat "$logs/device.txt")"
 [ -f "$logs/bench.md" ] && cat "$logs/bench.md"
@@ -93,4 +98,5 @@ echo "=== device: $(cat "$logs/device.txt")"
 [ -f "$logs/rows_compare.md" ] && { echo; cat "$logs/rows_compare.md"; }
 [ -f "$logs/gemm.md" ] && { echo; cat "$logs/gemm.md"; }
 [ -f "$logs/attention.md" ] && { echo; cat "$logs/attention.md"; }
+[ -f "$logs/conv2d.md" ] && { echo; cat "$logs/conv2d.md"; }
 printf '%s\n' "${rows[@]}"

@@ -79,6 +79,8 @@ plan=(
   "gpu_gemm_ex|mr|--exact gemm_ex_kernels_run_on_the_gpu_into_poisoned_outputs gemm_ex_with_beta_zero_ignores_c_and_k_zero_gives_beta_c gemm_batched_on_the_gpu_against_float64|gemm_ex (alpha, beta, C, output dtypes), batched"
   "attention|mr|--exact attention_against_float64|flash attention"
   "attention_op|mr|--exact attention_against_float64|kfuse::ops::attention: windows, GQA, both layouts, D 64-256"
+  "gathers|mr|--skip compile|gathers and scatters (index tiles as block offsets)"
+  "conv2d|mr|--skip compile --skip bad_input|kfuse::ops::conv2d: implicit GEMM, depthwise, pointwise"
   "loops|mr|--skip compiles --skip snapshots --skip refused|loops over chunks, carried tiles, nested loops"
   "masks|mr|--skip compile --skip snapshots|masks, causal softmax"
   "user_kernels|mr|--skip long_rows_use_a_cluster|user #[kfuse] kernels: row softmax, centering, column sums, RMS"

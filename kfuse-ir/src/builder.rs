@@ -227,34 +227,40 @@ impl Builder {
 
     /// Reads a block of a tensor: `offsets` (one `i64` scalar per tensor dimension) and
     /// `dims` say where and how much. The tile's shape is the `Tile` extents of `dims`.
+    ///
+    /// An `Index` dimension whose offset is an `i64` tile of rank 1 (`[E]`) is gathered
+    /// ([`AccessDim::Gather`]): element `e` of the gathered axis reads the tensor at
+    /// coordinate `offset[e]` along it; the gathered dimensions share that axis (all
+    /// their index tiles have extent `E`), placed where the first of them stands.
     pub fn load(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim]) -> Result<ValueId> {
-        let ty = self.access_type(tensor, offsets, dims, "load")?;
-        Ok(self.push(Op::Load { tensor, dims: dims.to_vec() }, Some(ty), offsets).value())
+        let (ty, offsets, dims) = self.access_type(tensor, offsets, dims, "load")?;
+        Ok(self.push(Op::Load { tensor, dims }, Some(ty), &offsets).value())
     }
 
     /// Writes `value` into a block of an output tensor.
     pub fn store(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], value: ValueId) -> Result<OpId> {
-        let ops = self.store_operands(tensor, offsets, dims, value)?;
-        Ok(self.push(Op::Store { tensor, dims: dims.to_vec() }, None, &ops))
+        let (ops, dims) = self.store_operands(tensor, offsets, dims, value)?;
+        Ok(self.push(Op::Store { tensor, dims }, None, &ops))
     }
 
     /// Writes the elements of `value` where `mask` (a `bool` tile broadcast to the
     /// block's shape) is true into a block of an output tensor; the others keep what
     /// they hold. The store's operands are the offsets, the value, then the mask.
     pub fn store_where(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], mask: ValueId, value: ValueId) -> Result<OpId> {
-        let mut ops = self.store_operands(tensor, offsets, dims, value)?;
+        let (mut ops, dims) = self.store_operands(tensor, offsets, dims, value)?;
         let shape = self.k.ty(*ops.last().expect("a stored value")).shape.clone();
         let mt = self.k.ty(mask).clone();
         if mt.dtype != DType::Bool {
             return Err(IrError::DTypeMismatch { op: "store_where".into(), left: "a bool mask".into(), right: mt.dtype.to_string() });
         }
         ops.push(if mt.shape != shape { self.broadcast_to(mask, &shape, "store_where")? } else { mask });
-        Ok(self.push(Op::Store { tensor, dims: dims.to_vec() }, None, &ops))
+        Ok(self.push(Op::Store { tensor, dims }, None, &ops))
     }
 
-    /// A store's offsets and its value (coerced and broadcast to the block).
-    fn store_operands(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], value: ValueId) -> Result<Vec<ValueId>> {
-        let ty = self.access_type(tensor, offsets, dims, "store")?;
+    /// A store's offsets and its value (coerced and broadcast to the block), and its
+    /// dimensions with the gathered ones resolved.
+    fn store_operands(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], value: ValueId) -> Result<(Vec<ValueId>, Vec<AccessDim>)> {
+        let (ty, offsets, dims) = self.access_type(tensor, offsets, dims, "store")?;
         let p = self.k.params[tensor.0 as usize].clone();
         if !p.is_output() {
             return Err(IrError::StoreToInput { tensor: p.name });
@@ -265,12 +271,15 @@ impl Builder {
             return Err(IrError::DTypeMismatch { op: "store".into(), left: format!("{} `{}`", ty.dtype, p.name), right: vt.dtype.to_string() });
         }
         let value = if vt.shape != ty.shape { self.broadcast_to(value, &ty.shape, "store")? } else { value };
-        let mut ops = offsets.to_vec();
+        let mut ops = offsets;
         ops.push(value);
-        Ok(ops)
+        Ok((ops, dims))
     }
 
-    fn access_type(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], op: &str) -> Result<Type> {
+    /// The type of a block access, its offsets and its dimensions: an `Index` dimension
+    /// whose offset is an `i64` tile of rank 1 becomes a `Gather`, its index tile
+    /// broadcast to the tile's shape.
+    fn access_type(&mut self, tensor: ParamId, offsets: &[ValueId], dims: &[AccessDim], op: &str) -> Result<(Type, Vec<ValueId>, Vec<AccessDim>)> {
         let p = self.k.params.get(tensor.0 as usize).ok_or_else(|| IrError::Expected {
             op: op.into(),
             expected: "a tensor parameter".into(),
@@ -286,21 +295,40 @@ impl Builder {
         if offsets.len() != rank || dims.len() != rank {
             return Err(IrError::OffsetCount { tensor: name, rank, given: if offsets.len() != rank { offsets.len() } else { dims.len() } });
         }
-        for &o in offsets {
+        let mut dims = dims.to_vec();
+        let mut gather: Option<Extent> = None;
+        for (d, &o) in offsets.iter().enumerate() {
             let t = self.k.ty(o);
-            if !(t.is_scalar() && t.dtype == DType::I64) {
-                let found = format!("{} {}", t.dtype, shape_str(&self.k, &t.shape));
-                return Err(IrError::Expected { op: op.into(), expected: "i64 scalar offsets".into(), found });
+            if t.is_scalar() && t.dtype == DType::I64 {
+                continue;
+            }
+            let found = format!("{} {}", t.dtype, shape_str(&self.k, &t.shape));
+            let gathered = t.dtype == DType::I64 && t.rank() == 1 && matches!(dims[d], AccessDim::Index | AccessDim::Gather(_));
+            if !gathered {
+                let expected = "i64 scalar offsets, or an i64 tile of rank 1 (a gather) where the extent is `_`";
+                return Err(IrError::Expected { op: op.into(), expected: expected.into(), found });
+            }
+            let e = t.shape[0];
+            if gather.is_some_and(|g| g != e) {
+                let left = shape_str(&self.k, &[gather.unwrap()]);
+                return Err(IrError::ShapeMismatch { op: format!("{op} (the index tiles of a gather)"), left, right: shape_str(&self.k, &[e]) });
+            }
+            gather = Some(e);
+            dims[d] = AccessDim::Gather(e);
+        }
+        let shape = AccessDim::tile_shape(&dims);
+        let axes = AccessDim::tile_axes(&dims);
+        let mut offsets = offsets.to_vec();
+        for (d, o) in offsets.iter_mut().enumerate() {
+            if let (AccessDim::Gather(_), Some(a)) = (dims[d], axes[d]) {
+                let mut v = *o;
+                for _ in a + 1..shape.len() {
+                    v = self.expand_dims(v, -1)?;
+                }
+                *o = self.broadcast_to(v, &shape, op)?;
             }
         }
-        let shape = dims
-            .iter()
-            .filter_map(|d| match d {
-                AccessDim::Index => None,
-                AccessDim::Tile(e) => Some(*e),
-            })
-            .collect();
-        Ok(Type::tile(dtype, shape))
+        Ok((Type::tile(dtype, shape), offsets, dims))
     }
 
     /// Replaces a weak literal with a constant of `dtype`; other values pass through.

@@ -5,8 +5,9 @@
 //! (with `E` that access's tile extent on that dimension: the grid covers the
 //! dimension with `ceil(dim / E)` programs) or plain `program_id(a)` on an indexed
 //! dimension (one program per index). The first store, in program order, that
-//! determines an axis wins. An axis used but not determined by any store is an error
-//! that says how to write the store.
+//! determines an axis wins. An axis no store determines (a scatter's stores are
+//! addressed by index tiles) follows the loads the same way, the first load first. An
+//! axis used but determined by no access is an error that says how to write the store.
 //!
 //! A store inside a loop body counts like any other: what matters is how its offset is
 //! computed (`program_id(a) * E`, wherever the product is made, is the same term). An
@@ -98,8 +99,10 @@ fn pid_term(k: &Kernel, v: ValueId) -> Option<(u8, Option<Extent>)> {
 pub fn derive(k: &Kernel) -> Result<Grid> {
     let rank = k.grid_rank();
     let mut axes: Vec<Option<GridAxis>> = vec![None; rank];
-    for op in k.ops() {
-        let Op::Store { tensor, dims } = k.op(op) else { continue };
+    let stores = k.ops().filter(|&op| matches!(k.op(op), Op::Store { .. }));
+    let loads = k.ops().filter(|&op| matches!(k.op(op), Op::Load { .. }));
+    for op in stores.chain(loads) {
+        let (Op::Store { tensor, dims } | Op::Load { tensor, dims }) = k.op(op) else { continue };
         let offs = k.operands(op);
         let tdims = k.tensor_dims(*tensor);
         for (d, dim) in dims.iter().enumerate() {

@@ -49,6 +49,9 @@
 //!   whose offset is outside `[0, n)` makes every range empty. Invalid lanes are not read
 //!   and hold `0.0`. A rank-0 load (every dimension indexed) out of range reads nothing
 //!   and gives the valid scalar `0` — the masked-load default.
+//! - A gathered access ([`AccessDim::Gather`]): its gathered axis is valid where its
+//!   index tiles are; a lane whose gathered coordinate falls outside its dimension loads
+//!   as a valid `0` and is not stored.
 //! - `Store`: writes the lanes that are valid in the value *and* inside the tensor
 //!   (same rule as `Load`); an out-of-range `Index` dimension writes nothing.
 //! - `Unary`, `Binary`, `Select`, `Cast`: lane by lane; the valid range of each axis is
@@ -208,6 +211,15 @@ struct View {
     dtype: DType,
 }
 
+/// A gathered dimension of an access: its position among the dimensions, its stride and
+/// its size.
+#[derive(Clone, Copy, Debug)]
+struct Gathered {
+    dim: usize,
+    stride: isize,
+    size: usize,
+}
+
 /// A runtime value; see the module docs.
 #[derive(Clone, Debug, Default)]
 struct Val {
@@ -220,8 +232,10 @@ enum Kind<'k> {
     /// A value computed once, before the first program (constants, parameters, shapes).
     Fixed,
     Pid(usize),
-    Load { param: usize, dims: &'k [AccessDim], xstrides: Vec<isize> },
-    Store { param: usize, dims: &'k [AccessDim], xstrides: Vec<isize>, shape: Vec<usize>, strides: Vec<isize> },
+    /// `xstrides`: the tensor's stride per tile axis (0 on a gathered one); `gather`:
+    /// per gathered dimension its position, stride and size.
+    Load { param: usize, dims: &'k [AccessDim], xstrides: Vec<isize>, gather: Vec<Gathered> },
+    Store { param: usize, dims: &'k [AccessDim], xstrides: Vec<isize>, gather: Vec<Gathered>, shape: Vec<usize>, strides: Vec<isize> },
     Unary(UnaryOp),
     Binary(BinaryOp),
     Select,
@@ -345,9 +359,23 @@ pub fn run(k: &Kernel, args: &mut [Arg<'_>], opts: &Options) -> Result<()> {
         };
         let strides = contiguous_strides(&shape);
         let len = shape.iter().product();
-        let tile_strides = |param: usize, dims: &[AccessDim]| -> Vec<isize> {
+        let tile_strides = |param: usize, dims: &[AccessDim]| -> (Vec<isize>, Vec<Gathered>) {
             let v = views[param].as_ref().expect("tensor parameter has a view");
-            dims.iter().zip(&v.strides).filter(|(d, _)| matches!(d, AccessDim::Tile(_))).map(|(_, s)| *s).collect()
+            let mut xs = Vec::new();
+            let mut gather = Vec::new();
+            for (d, (ad, &st)) in dims.iter().zip(&v.strides).enumerate() {
+                match ad {
+                    AccessDim::Index => {}
+                    AccessDim::Tile(_) => xs.push(st),
+                    AccessDim::Gather(_) => {
+                        if gather.is_empty() {
+                            xs.push(0);
+                        }
+                        gather.push(Gathered { dim: d, stride: st, size: v.shape[d] });
+                    }
+                }
+            }
+            (xs, gather)
         };
         let fixed = |v: f64| Val { data: vec![v], valid: Vec::new() };
         let kind = match &node.op {
@@ -371,13 +399,15 @@ pub fn run(k: &Kernel, args: &mut [Arg<'_>], opts: &Options) -> Result<()> {
             }
             Op::Load { tensor, dims } => {
                 let param = tensor.0 as usize;
-                Kind::Load { param, dims, xstrides: tile_strides(param, dims) }
+                let (xstrides, gather) = tile_strides(param, dims);
+                Kind::Load { param, dims, xstrides, gather }
             }
             Op::Store { tensor, dims } => {
                 let param = tensor.0 as usize;
                 let vshape = steps[operands[dims.len()]].shape.clone();
                 let vstrides = contiguous_strides(&vshape);
-                Kind::Store { param, dims, xstrides: tile_strides(param, dims), shape: vshape, strides: vstrides }
+                let (xstrides, gather) = tile_strides(param, dims);
+                Kind::Store { param, dims, xstrides, gather, shape: vshape, strides: vstrides }
             }
             Op::Unary(u) => Kind::Unary(*u),
             Op::Binary(b) => Kind::Binary(*b),
@@ -560,6 +590,59 @@ fn meet(a: (usize, usize), b: (usize, usize)) -> (usize, usize) {
     }
 }
 
+/// The scalar offsets of an access into `offs` (0 for a gathered dimension, whose
+/// coordinates come per lane).
+fn gather_offsets(offs: &mut Vec<i64>, args: &[usize], vals: &[Val], dims: &[AccessDim]) {
+    offs.clear();
+    offs.extend(args.iter().zip(dims).map(|(&o, d)| if d.is_gather() { 0 } else { vals[o].data[0] as i64 }));
+}
+
+/// The index tiles of a gathered access, their valid ranges met into `ranges`.
+fn gather_ranges<'v>(gather: &[Gathered], args: &[usize], vals: &'v [Val], ranges: &mut [(usize, usize)]) -> Vec<&'v [f64]> {
+    gather
+        .iter()
+        .map(|g| {
+            let v = &vals[args[g.dim]];
+            for (r, vr) in ranges.iter_mut().zip(&v.valid) {
+                *r = meet(*r, *vr);
+            }
+            &v.data[..]
+        })
+        .collect()
+}
+
+/// Calls `f(t, x)` for every lane `t` (row-major index) of the rectangle `ranges` of a
+/// gathered access: `x` is the lane's element in the tensor, `None` where a gathered
+/// coordinate falls outside its dimension.
+fn for_each_lane(
+    ranges: &[(usize, usize)],
+    strides: &[isize],
+    xstrides: &[isize],
+    base: isize,
+    gather: &[Gathered],
+    idx: &[&[f64]],
+    mut f: impl FnMut(usize, Option<isize>),
+) {
+    let ts = strides.last().copied().unwrap_or(0);
+    let xs = xstrides.last().copied().unwrap_or(0);
+    for_each_row(ranges, [strides, xstrides], |[tb, xb], n| {
+        let (mut t, mut x) = (tb, base.wrapping_add(xb));
+        for _ in 0..n {
+            let mut at = Some(x);
+            for (g, v) in gather.iter().zip(idx) {
+                let c = v[t as usize] as i64;
+                at = match at {
+                    Some(a) if c >= 0 && (c as u64) < g.size as u64 => Some(a.wrapping_add((c as isize).wrapping_mul(g.stride))),
+                    _ => None,
+                };
+            }
+            f(t as usize, at);
+            t += ts;
+            x += xs;
+        }
+    });
+}
+
 fn is_empty(r: &[(usize, usize)]) -> bool {
     r.iter().any(|&(lo, hi)| hi <= lo)
 }
@@ -617,6 +700,7 @@ fn access(view: &View, dims: &[AccessDim], offs: &[i64], tile_shape: &[usize], r
     let mut base = view.offset;
     let mut inside = true;
     let mut axis = 0;
+    let mut gathered = false;
     for (d, ad) in dims.iter().enumerate() {
         let o = offs[d];
         let n = view.shape[d];
@@ -627,6 +711,13 @@ fn access(view: &View, dims: &[AccessDim], offs: &[i64], tile_shape: &[usize], r
                 ranges.push(axis_range(o, tile_shape[axis], n));
                 axis += 1;
             }
+            // the offset is 0 here (each element's coordinate is added per lane)
+            AccessDim::Gather(_) if !gathered => {
+                gathered = true;
+                ranges.push((0, tile_shape[axis]));
+                axis += 1;
+            }
+            AccessDim::Gather(_) => {}
         }
     }
     (base, inside)
@@ -719,16 +810,32 @@ fn run_program(
                 out.data.push(pid[*axis] as f64);
                 out.valid.clear();
             }
-            Kind::Load { param, dims, xstrides } => {
+            Kind::Load { param, dims, xstrides, gather } => {
                 let view = views[*param].as_ref().unwrap();
                 let data: &[u8] = match &args[*param] {
                     Arg::In(t) => t.data,
                     Arg::Out(t) => &*t.data,
                     Arg::Scalar(_) => unreachable!("checked by bind_args"),
                 };
-                offs.clear();
-                offs.extend(step.args.iter().map(|&o| before[o].data[0] as i64));
+                gather_offsets(&mut offs, &step.args, before, dims);
                 let (base, inside) = access(view, dims, &offs, &step.shape, &mut out.valid);
+                if !gather.is_empty() {
+                    let idx = gather_ranges(gather, &step.args, before, &mut out.valid);
+                    out.data.clear();
+                    out.data.resize(step.len, 0.0);
+                    if inside {
+                        let dt = view.dtype;
+                        let buf = &mut out.data;
+                        for_each_lane(&out.valid, &step.strides, xstrides, base, gather, &idx, |t, x| {
+                            if let Some(x) = x {
+                                buf[t] = dt.read(data, x as usize);
+                            }
+                        });
+                    } else {
+                        out.valid.iter_mut().for_each(|r| *r = (0, 0));
+                    }
+                    continue;
+                }
                 out.data.clear();
                 out.data.resize(step.len, 0.0);
                 if !inside {
@@ -750,11 +857,10 @@ fn run_program(
                     }
                 });
             }
-            Kind::Store { param, dims, xstrides, shape, strides } => {
+            Kind::Store { param, dims, xstrides, gather, shape, strides } => {
                 let view = views[*param].as_ref().unwrap();
                 let r = dims.len();
-                offs.clear();
-                offs.extend(step.args[..r].iter().map(|&o| before[o].data[0] as i64));
+                gather_offsets(&mut offs, &step.args[..r], before, dims);
                 let value = &before[step.args[r]];
                 // `store_where`: its mask, of the value's shape and storage order
                 let mask = step.args.get(r + 1).map(|&m| &before[m].data);
@@ -769,6 +875,16 @@ fn run_program(
                 let Arg::Out(t) = &mut args[*param] else { unreachable!("checked by bind_args") };
                 let data: &mut [u8] = &mut *t.data;
                 let dt = view.dtype;
+                if !gather.is_empty() {
+                    let idx = gather_ranges(gather, &step.args, before, &mut ranges);
+                    let src = &value.data;
+                    for_each_lane(&ranges, strides, xstrides, base, gather, &idx, |t, x| {
+                        if let (Some(x), true) = (x, mask.is_none_or(|m| m[t] != 0.0)) {
+                            dt.write(data, x as usize, src[t]);
+                        }
+                    });
+                    continue;
+                }
                 let ts = strides.last().copied().unwrap_or(0);
                 let xs = xstrides.last().copied().unwrap_or(0);
                 let src = &value.data;

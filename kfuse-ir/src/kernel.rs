@@ -191,6 +191,59 @@ pub enum AccessDim {
     Index,
     /// A run of `Extent` elements starting at the offset; the axis appears in the tile.
     Tile(Extent),
+    /// A gather along this dimension: its operand is an `I64` tile of the access's whole
+    /// tile shape, giving each element's coordinate along the dimension. The gathered
+    /// dimensions of an access share one tile axis of extent `Extent` (the index tiles'
+    /// extent), placed where the first of them stands. A load reads an element whose
+    /// gathered coordinates fall outside the tensor as a valid `0` (a convolution's
+    /// padding); a store skips it.
+    Gather(Extent),
+}
+
+impl AccessDim {
+    /// The tile shape of an access covering a tensor's dimensions as `dims`: a `Tile`
+    /// dimension's extent, and the gathered axis where the first `Gather` stands.
+    pub fn tile_shape(dims: &[AccessDim]) -> Vec<Extent> {
+        let mut shape = Vec::new();
+        let mut gathered = false;
+        for d in dims {
+            match d {
+                AccessDim::Index => {}
+                AccessDim::Tile(e) => shape.push(*e),
+                AccessDim::Gather(e) if !gathered => {
+                    gathered = true;
+                    shape.push(*e);
+                }
+                AccessDim::Gather(_) => {}
+            }
+        }
+        shape
+    }
+
+    /// The tile axis of each tensor dimension of an access (`None` for an `Index`
+    /// dimension; every `Gather` dimension names the one gathered axis).
+    pub fn tile_axes(dims: &[AccessDim]) -> Vec<Option<usize>> {
+        let mut next = 0;
+        let mut gathered = None;
+        dims.iter()
+            .map(|d| match d {
+                AccessDim::Index => None,
+                AccessDim::Tile(_) => {
+                    next += 1;
+                    Some(next - 1)
+                }
+                AccessDim::Gather(_) => Some(*gathered.get_or_insert_with(|| {
+                    next += 1;
+                    next - 1
+                })),
+            })
+            .collect()
+    }
+
+    /// True for a gathered dimension.
+    pub fn is_gather(&self) -> bool {
+        matches!(self, AccessDim::Gather(_))
+    }
 }
 
 /// A scalar literal.
@@ -327,8 +380,9 @@ pub enum Op {
         /// The literal, rounded to the result's dtype.
         value: Literal,
     },
-    /// Reads a block of a tensor parameter. Operands: one `I64` scalar offset per tensor
-    /// dimension. Elements outside the tensor are not loaded: they are *invalid* lanes of
+    /// Reads a block of a tensor parameter. Operands: one `I64` offset per tensor
+    /// dimension: a scalar, or for a [`AccessDim::Gather`] dimension an `I64` tile of
+    /// the result's shape. Elements outside the tensor are not loaded: they are *invalid* lanes of
     /// the tile (see `crate` docs on masking).
     Load {
         /// The tensor parameter read.
@@ -337,7 +391,7 @@ pub enum Op {
         dims: Vec<AccessDim>,
     },
     /// Writes a tile into a block of an output tensor. Operands: one offset per tensor
-    /// dimension, then the value. Only in-bounds, valid lanes are written.
+    /// dimension (as for `Load`), then the value. Only in-bounds, valid lanes are written.
     Store {
         /// The output tensor parameter written.
         tensor: ParamId,

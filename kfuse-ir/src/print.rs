@@ -48,6 +48,7 @@ fn access(k: &Kernel, dims: &[AccessDim], offs: &[ValueId]) -> String {
         .map(|(d, o)| match d {
             AccessDim::Index => format!("{o}"),
             AccessDim::Tile(e) => format!("{o} +{}", k.extent_name(*e)),
+            AccessDim::Gather(e) => format!("gather {o} [{}]", k.extent_name(*e)),
         })
         .collect();
     parts.join(", ")

@@ -191,10 +191,21 @@ fn check_op(k: &Kernel, op: OpId) -> Result<(), String> {
             } else {
                 arity(rank + is_store as usize)?;
             }
-            if !ops[..rank].iter().all(|&o| scalar_i64(k.ty(o))) {
-                return Err("offsets must be i64 scalars".into());
+            let shape = AccessDim::tile_shape(dims);
+            for (d, &o) in ops[..rank].iter().enumerate() {
+                let t = k.ty(o);
+                let ok = match dims[d] {
+                    AccessDim::Gather(_) => t.dtype == DType::I64 && t.shape == shape,
+                    _ => scalar_i64(t),
+                };
+                if !ok {
+                    return Err(format!("offset {d} must be an i64 scalar, or for a gathered dimension an i64 tile of the block's shape; got {t:?}"));
+                }
             }
-            let shape: Vec<Extent> = dims.iter().filter_map(|d| if let AccessDim::Tile(e) = d { Some(*e) } else { None }).collect();
+            let gathers: Vec<Extent> = dims.iter().filter_map(|d| if let AccessDim::Gather(e) = d { Some(*e) } else { None }).collect();
+            if gathers.windows(2).any(|w| w[0] != w[1]) {
+                return Err("the gathered dimensions of an access must share one extent".into());
+            }
             for e in &shape {
                 check_extent(k, *e)?;
             }

@@ -842,3 +842,100 @@ pub fn attention_varlen<T: Float>(
     o.block([q0 + i * BM, h, 0], [BM, _, D]).store_where(live.unsqueeze(1), out.cast::<T>());
     lse.block([b, h, i * BM], [_, _, BM]).store_where(live, m + ln(l));
 }
+
+// Convolution (`kfuse::ops::conv2d`), NHWC. Output pixels are the rows of an implicit
+// GEMM: row `m` is pixel `(n, p, q)` of the `P × Q` output; its input pixel at filter tap
+// `(r, s)` is `(n, p·sh − ph + r·dh, q·sw − pw + s·dw)`, gathered per row (the block
+// offsets `n`, `h`, `w` are `i64` tiles); taps outside the image read zeros (the padding).
+// The scalars: `oq` = Q, `pq` = P·Q, `fs` = S (the filter's width), the strides `sh`,
+// `sw`, paddings `ph`, `pw` and dilations `dh`, `dw`. The epilogue adds the bias and
+// takes the maximum with `floor`: 0 is a fused ReLU, −∞ none.
+
+/// Grouped convolution as an implicit GEMM: `y[m, g, k] = max(floor, bias[g, k] + Σ_{r, s, c}
+/// x[n, h, w, g, c] · w[g, k, r·S + s, c])`, walking the `R·S` taps and, inside each, the
+/// group's channels in steps of 64 (a gathered row of 64 16-bit channels is one 128-byte
+/// line; the compiler's own choice, 128, held 255 registers and spilled on sm_90a).
+#[kfuse(crate = "crate::deps")]
+pub fn conv2d<T: Float>(
+    x: Tensor<T, (N, H, W, G, CG)>,
+    w: Tensor<T, (G, KG, RS, CG)>,
+    bias: Tensor<T, (G, KG)>,
+    y: &mut Tensor<T, (NPQ, G, KG)>,
+    oq: i64,
+    pq: i64,
+    fs: i64,
+    sh: i64,
+    sw: i64,
+    ph: i64,
+    pw: i64,
+    dh: i64,
+    dw: i64,
+    floor: f32,
+) {
+    let (i, j, g) = (program_id(0), program_id(1), program_id(2));
+    let m = iota(BM) + i * BM;
+    let n = m / pq;
+    let h0 = (m % pq) / oq * sh - ph;
+    let w0 = m % oq * sw - pw;
+    let mut acc = zeros::<f32>([BM, BN]);
+    for rs in 0..RS {
+        let h = h0 + rs / fs * dh;
+        let wc = w0 + rs % fs * dw;
+        for c in (0..CG).step_by(64) {
+            let a = x.block([n, h, wc, g, c], [_, _, _, _, 64]).load();
+            let b = w.block([g, j * BN, rs, c], [_, BN, _, 64]).load();
+            acc += dot(a, b.t());
+        }
+    }
+    let v = max(acc + bias.block([g, j * BN], [_, BN]).load().to_f32().unsqueeze(0), floor);
+    y.block([i * BM, g, j * BN], [BM, _, BN]).store(v.cast::<T>());
+}
+
+/// Depthwise convolution (one filter a channel): `y[m, c] = max(floor, bias[c] + Σ_{r, s}
+/// x[n, h, w, c] · w[r·S + s, c])`, a memory-bound walk of the taps over `BM × BC` tiles
+/// (the filters tap-major, so that each tap's weights are read in vectors).
+#[kfuse(crate = "crate::deps")]
+pub fn conv2d_depthwise<T: Float>(
+    x: Tensor<T, (N, H, W, C)>,
+    w: Tensor<T, (RS, C)>,
+    bias: Tensor<T, (C,)>,
+    y: &mut Tensor<T, (NPQ, C)>,
+    oq: i64,
+    pq: i64,
+    fs: i64,
+    sh: i64,
+    sw: i64,
+    ph: i64,
+    pw: i64,
+    dh: i64,
+    dw: i64,
+    floor: f32,
+) {
+    let (i, j) = (program_id(0), program_id(1));
+    let m = iota(BM) + i * BM;
+    let n = m / pq;
+    let h0 = (m % pq) / oq * sh - ph;
+    let w0 = m % oq * sw - pw;
+    let mut acc = zeros::<f32>([BM, BC]);
+    for rs in 0..RS {
+        let h = h0 + rs / fs * dh;
+        let wc = w0 + rs % fs * dw;
+        let xt = x.block([n, h, wc, j * BC], [_, _, _, BC]).load().to_f32();
+        acc = acc + xt * w.block([rs, j * BC], [_, BC]).load().to_f32().unsqueeze(0);
+    }
+    let v = max(acc + bias.block([j * BC], [BC]).load().to_f32().unsqueeze(0), floor);
+    y.block([i * BM, j * BC], [BM, BC]).store(v.cast::<T>());
+}
+
+/// A 1 × 1, stride-1 convolution without groups: the GEMM `y = max(floor, x · wᵀ + bias)` on
+/// `x: [M, C]` (pixels × channels) and `w: [K, C]` (read transposed, as it lies).
+#[kfuse(crate = "crate::deps")]
+pub fn conv2d_pointwise<T: Float>(x: Tensor<T, (M, C)>, w: Tensor<T, (C, K)>, bias: Tensor<T, (K,)>, y: &mut Tensor<T, (M, K)>, floor: f32) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for c in (0..C).step_by(BK) {
+        acc += dot(x.block([i * BM, c], [BM, BK]).load(), w.block([c, j * BN], [BK, BN]).load());
+    }
+    let v = max(acc + bias.block([j * BN], [BN]).load().to_f32().unsqueeze(0), floor);
+    y.block([i * BM, j * BN], [BM, BN]).store(v.cast::<T>());
+}

@@ -92,12 +92,14 @@
 //!   does), else one launch per batch. `q` and `k` still need storage of their own.
 
 mod attention;
+mod conv;
 pub mod kernels;
 mod matmul;
 mod rope;
 mod warm;
 
 pub use attention::{attention, attention_varlen, AttentionLayout, AttentionOptions};
+pub use conv::{conv2d, Activation, Conv2dOptions};
 pub use matmul::{gemm_batched, gemm_batched_ex, gemm_ex, gemm_grouped, gemm_grouped_ex, swiglu_gemm, GemmOptions};
 pub use warm::{parse_warm_list, warm, WarmCall, WARM_OPS};
 pub use rope::{rope, Freqs, Positions, RopeLayout, RopeOptions};

@@ -1599,6 +1599,8 @@ impl<'a> Emitter<'a> {
         let r = |j: u32| at(t, &format!("{k} + {j}"));
         for wi in 0..words {
             let e = match d.size_bytes() {
+                // an 8-byte integer: its low word, then its high word
+                8 => format!("(unsigned int)((unsigned long long)({}) >> {})", r(wi / 2), 32 * (wi % 2)),
                 4 => format!("__float_as_uint({})", r(wi)),
                 2 => format!("kf_pack16({}, {})", from_reg(d, &r(2 * wi)), from_reg(d, &r(2 * wi + 1))),
                 1 if w >= 4 => {
@@ -1616,6 +1618,7 @@ impl<'a> Emitter<'a> {
     fn unpack(&mut self, q: &str, d: DType, arr: &str, k: &str, w: u32) -> R {
         for j in 0..w {
             let e = match d.size_bytes() {
+                8 => format!("(long long)(((unsigned long long){q}.w[{}] << 32) | {q}.w[{}])", 2 * j + 1, 2 * j),
                 4 => format!("__uint_as_float({q}.w[{j}])"),
                 2 => to_reg(d, &format!("kf_{}16({q}.w[{}])", if j % 2 == 0 { "lo" } else { "hi" }, j / 2)),
                 1 if w >= 4 => to_reg(d, &format!("kf_byte({q}.w[{}], {})", j / 4, j % 4)),

@@ -90,25 +90,19 @@ pub fn access_layout(k: &Kernel, spec: &Spec, op: OpId) -> Option<Blocked> {
         Op::Load { tensor, dims } | Op::Store { tensor, dims } => (*tensor, dims),
         _ => return None,
     };
-    let extents: Vec<Extent> = dims.iter().filter_map(|d| if let AccessDim::Tile(e) = d { Some(*e) } else { None }).collect();
+    let extents = AccessDim::tile_shape(dims);
     if extents.is_empty() {
         return None;
     }
     let r = extents.len() as u32;
     let ts = spec.tensors.get(tensor.0 as usize).cloned().flatten();
-    // tile axis of each tensor dim
-    let mut axis_of = Vec::new();
-    let mut t = 0u32;
-    for d in dims {
-        match d {
-            AccessDim::Tile(_) => {
-                axis_of.push(Some(t));
-                t += 1;
-            }
-            AccessDim::Index => axis_of.push(None),
-        }
-    }
-    let unit = ts.as_ref().and_then(|ts| ts.stride_div.iter().position(|&s| s == 0)).and_then(|d| axis_of[d]);
+    // tile axis of each tensor dim (a gathered axis is never the contiguous one)
+    let axis_of: Vec<Option<u32>> = AccessDim::tile_axes(dims).into_iter().map(|a| a.map(|a| a as u32)).collect();
+    let unit = ts
+        .as_ref()
+        .and_then(|ts| ts.stride_div.iter().position(|&s| s == 0))
+        .filter(|&d| matches!(dims[d], AccessDim::Tile(_)))
+        .and_then(|d| axis_of[d]);
     let fast = unit.unwrap_or(r - 1);
     let mut order = vec![fast];
     order.extend((0..r).rev().filter(|&a| a != fast));
@@ -168,10 +162,10 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     // loop does not convert its carried value at every iteration
     let mut hints = HashMap::new();
     if k.order.iter().any(|&op| is_flexible(k, op.value()) || matches!(k.op(op), Op::Iota { .. })) {
-        // (twice where a store is masked: a mask computed from `iota`s alone meets the
-        // tile it masks in the layout the first run left that tile, which may be a
-        // default one; the second run sees the tile's own)
-        let runs = if k.ops().any(|op| k.store_mask(op).is_some()) { 2 } else { 1 };
+        // (twice where a store is masked or scattered: a mask or an index tile computed
+        // from `iota`s alone meets the tile it masks in the layout the first run left
+        // that tile, which may be a default one; the second run sees the tile's own)
+        let runs = if k.ops().any(|op| k.store_mask(op).is_some() || (matches!(k.op(op), Op::Store { .. }) && !gather_indices(k, op).is_empty())) { 2 } else { 1 };
         for _ in 0..runs {
             let mut dry = k.clone();
             let mut at = None;
@@ -247,11 +241,12 @@ fn met_values(k: &Kernel, v: ValueId) -> Vec<ValueId> {
         let mut next = Vec::new();
         for x in frontier {
             for u in k.users(x) {
-                // a `store_where` mask meets the value it masks
-                if k.store_mask(u) == Some(x) {
-                    let sv = k.stored_value(u);
-                    if k.ty(sv).rank() == 2 {
-                        met.push(sv);
+                // a `store_where` mask meets the value it masks, a gathered access's
+                // index tile the tile it addresses
+                if k.store_mask(u) == Some(x) || gather_indices(k, u).contains(&x) {
+                    let t = if matches!(k.op(u), Op::Load { .. }) { u.value() } else { k.stored_value(u) };
+                    if k.ty(t).rank() == 2 {
+                        met.push(t);
                     }
                     continue;
                 }
@@ -269,6 +264,26 @@ fn met_values(k: &Kernel, v: ValueId) -> Vec<ValueId> {
         frontier = next;
     }
     met
+}
+
+/// The index tiles of a gathered load or store (its offsets on `Gather` dimensions).
+fn gather_indices(k: &Kernel, op: OpId) -> Vec<ValueId> {
+    let dims = match k.op(op) {
+        Op::Load { dims, .. } | Op::Store { dims, .. } => dims,
+        _ => return Vec::new(),
+    };
+    let ops = k.operands(op);
+    dims.iter().enumerate().filter(|(_, d)| d.is_gather()).map(|(i, _)| ops[i]).collect()
+}
+
+/// Gives a gathered access's index tiles the layout `want` (the loaded or stored tile's):
+/// each register of the tile reads its coordinates from the same register of them.
+fn gather_rule(k: &mut Kernel, op: OpId, want: &Layout) {
+    for x in gather_indices(k, op) {
+        if layout_of(k, x) != *want {
+            convert(k, op, x, want.clone());
+        }
+    }
 }
 
 /// The first blocked layout of a rank-2 value that unsqueezed `v` meets, if one has its
@@ -446,6 +461,9 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
         };
         if let (Some(l), Some(t)) = (result, &node.ty) {
             if !t.is_scalar() {
+                if matches!(node.op, Op::Load { .. }) {
+                    gather_rule(k, op, &l);
+                }
                 k.schedule.layouts.insert(op.value(), l);
             }
         }
@@ -502,13 +520,14 @@ fn store_rule(k: &mut Kernel, spec: &Spec, op: OpId) {
             convert(k, op, v, Layout::Blocked(want));
         }
     }
-    // a `store_where` mask: in the (final) value's registers
+    // a `store_where` mask and a scatter's index tiles: in the (final) value's registers
+    let want = layout_of(k, k.stored_value(op));
     if let Some(m) = k.store_mask(op) {
-        let want = layout_of(k, k.stored_value(op));
         if layout_of(k, m) != want {
-            convert(k, op, m, want);
+            convert(k, op, m, want.clone());
         }
     }
+    gather_rule(k, op, &want);
 }
 
 /// An elementwise op takes the layout of the operand it follows (see the module docs);

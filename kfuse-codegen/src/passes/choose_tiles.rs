@@ -470,12 +470,13 @@ fn row_threads(k: &Kernel, spec: &Spec, max_elems: u32, max_op: Option<OpId>, ha
     }
 }
 
+/// The problem extent a tiling assumes along a gathered axis of a `dot` operand (its
+/// rows are addressed by index tiles, so no tensor dimension gives their number).
+const GATHERED_EXTENT: u64 = 1 << 20;
+
 fn access_extents(k: &Kernel, op: kfuse_ir::OpId) -> Vec<Extent> {
     match k.op(op) {
-        Op::Load { dims, .. } | Op::Store { dims, .. } => dims
-            .iter()
-            .filter_map(|d| if let AccessDim::Tile(e) = d { Some(*e) } else { None })
-            .collect(),
+        Op::Load { dims, .. } | Op::Store { dims, .. } => AccessDim::tile_shape(dims),
         Op::TileExtent { extent } => vec![*extent],
         _ => vec![],
     }
@@ -498,13 +499,11 @@ fn dot_problem_of(k: &Kernel, dot: kfuse_ir::OpId, size: &dyn Fn(usize) -> u64) 
         };
         if let Op::Load { tensor, dims } = k.op(load) {
             let tdims = k.param(*tensor).dims().to_vec();
-            let mut t = 0;
-            for (d, ad) in dims.iter().enumerate() {
-                if let AccessDim::Tile(_) = ad {
-                    if t == axis {
-                        return size(tdims[d].0 as usize);
-                    }
-                    t += 1;
+            for (d, a) in AccessDim::tile_axes(dims).into_iter().enumerate() {
+                if a == Some(axis) {
+                    // a gathered axis: as many rows as its index tiles address, unknown
+                    // here; taken as large
+                    return if dims[d].is_gather() { GATHERED_EXTENT } else { size(tdims[d].0 as usize) };
                 }
             }
         }

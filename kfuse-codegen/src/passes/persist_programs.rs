@@ -27,7 +27,7 @@
 //! Invariant: `persistent > 0` only when the writer can find those loads again
 //! (`prefetch_loads`).
 
-use kfuse_ir::{Kernel, Op, OpId, ValueId};
+use kfuse_ir::{AccessDim, Kernel, Op, OpId, ValueId};
 
 use crate::analysis::concrete_shape;
 use crate::target::Target;
@@ -76,7 +76,7 @@ pub fn run(k: &mut Kernel, target: &Target) -> Result<(), CodegenError> {
 /// offsets depend on a program id and on no other load, in program order.
 pub fn prefetch_loads(k: &Kernel) -> Vec<OpId> {
     k.ops()
-        .filter(|&op| matches!(k.op(op), Op::Load { .. }) && !k.ty(op.value()).is_scalar())
+        .filter(|&op| matches!(k.op(op), Op::Load { dims, .. } if !dims.iter().any(AccessDim::is_gather)) && !k.ty(op.value()).is_scalar())
         .filter(|&op| {
             let mut pid = false;
             let mut loaded = false;

@@ -96,6 +96,10 @@ pub fn dots(k: &Kernel) -> Vec<OpId> {
 
 /// An operand of the dot: the load behind it, and whether a permute swaps its axes.
 fn operand_load(k: &Kernel, v: ValueId) -> Result<(OpId, bool), CodegenError> {
+    let load = if matches!(k.op(v.op()), Op::Permute { .. }) { k.operands(v.op())[0].op() } else { v.op() };
+    if matches!(k.op(load), Op::Load { dims, .. } if dims.iter().any(AccessDim::is_gather)) {
+        return Err(unsupported("a gathered `dot` operand (a block offset that is an index tile) is staged at the dot, not by the matrix path"));
+    }
     match k.op(v.op()) {
         Op::Load { .. } => Ok((v.op(), false)),
         Op::Permute { perm } if perm == &[1, 0] => {

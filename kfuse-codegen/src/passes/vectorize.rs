@@ -34,16 +34,8 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
         let ts = spec.tensors.get(tensor.0 as usize).cloned().flatten().unwrap_or_default();
         // unit-stride dimension and its tile axis
         let unit = ts.stride_div.iter().position(|&s| s == 0);
-        let mut tile_axis = None;
-        let mut t = 0usize;
-        for (d, ad) in dims.iter().enumerate() {
-            if let AccessDim::Tile(_) = ad {
-                if Some(d) == unit {
-                    tile_axis = Some(t);
-                }
-                t += 1;
-            }
-        }
+        // (a gathered dimension is never the vector's)
+        let tile_axis = unit.filter(|&d| matches!(dims[d], AccessDim::Tile(_))).and_then(|d| AccessDim::tile_axes(&dims)[d]);
         let width = match (tile_axis, k.schedule.layouts.get(&value).and_then(RegMap::of)) {
             (Some(ax), Some(map)) => {
                 let fa = map.fastest_axis();

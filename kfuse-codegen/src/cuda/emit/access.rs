@@ -28,9 +28,14 @@ fn whole_programs(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval],
     divides && grid.get(axis as usize).is_some_and(|g| g.dim == dim && g.step == t)
 }
 
-/// A tile axis of a block access: tensor dimension, remaining extent (`None`: in bounds
-/// everywhere), lower bound (`None`: the offset is not negative), extent.
+/// A tile axis of a block access: tensor dimension (`GATHERED` for the gathered axis),
+/// remaining extent (`None`: in bounds everywhere), lower bound (`None`: the offset is
+/// not negative), extent.
 type TileDim = (usize, Option<String>, Option<String>, u32);
+
+/// The tensor dimension a [`TileDim`] names for a gathered axis: its elements are
+/// addressed by their index tiles' registers, not by a stride times their coordinate.
+const GATHERED: usize = usize::MAX;
 
 /// Whether an access drops its masks: every tile axis is in bounds everywhere
 /// ([`exact_from_zero`] or [`whole_programs`]), and the kernel has no full extents. Row
@@ -41,7 +46,7 @@ type TileDim = (usize, Option<String>, Option<String>, u32);
 fn whole_tiles(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], dims: &[AccessDim], offs: &[ValueId], tdims: &[kfuse_ir::ShapeSym]) -> bool {
     k.schedule.full.is_empty()
         && dims.iter().enumerate().all(|(dd, ad)| match ad {
-            AccessDim::Index => true,
+            AccessDim::Index | AccessDim::Gather(_) => true,
             AccessDim::Tile(e) => exact_from_zero(k, *e, offs[dd]) || whole_programs(k, spec, grid, *e, offs[dd], tdims[dd]),
         })
 }
@@ -66,9 +71,28 @@ struct BlockAccess {
     /// A `store_where`'s mask, in the value's registers.
     mask: Option<ValueId>,
     tptr: Option<String>,
+    /// A gathered access's dimensions: the tensor dimension and its index tile (in the
+    /// value's registers).
+    gather: Vec<(usize, ValueId)>,
 }
 
 impl BlockAccess {
+    /// The element offset a gathered access adds to register `key`'s address: each
+    /// gathered dimension's coordinate (from its index tile) times its stride.
+    fn gather_term(&self, e: &Emitter, key: &str) -> String {
+        self.gather.iter().map(|&(d, x)| format!(" + (long long){} * {}", e.reg(x, key), e.stride(self.tensor, d))).collect()
+    }
+
+    /// The condition that register `key`'s gathered coordinates lie inside the tensor
+    /// (empty for an access that gathers nothing).
+    fn gather_ok(&self, e: &Emitter, key: &str) -> String {
+        let tdims = e.k.tensor_dims(self.tensor);
+        self.gather
+            .iter()
+            .map(|&(d, x)| format!(" && (unsigned long long){} < (unsigned long long){}", e.reg(x, key), e.shape_var(tdims[d])))
+            .collect()
+    }
+
     /// The vector type of one group.
     fn vector(&self) -> Result<&'static str, CodegenError> {
         vec_type(self.w * self.d.size_bytes() as u32)
@@ -137,7 +161,9 @@ impl Emitter<'_> {
         let d = p.dtype;
         let tdims = p.dims().to_vec();
         let width = *k.schedule.vector.get(&op).unwrap_or(&1);
-        let off: Vec<String> = offs.iter().map(|o| self.val(*o).name.clone()).collect();
+        // (a gathered dimension's coordinates come per register, from its index tile)
+        let gather: Vec<(usize, ValueId)> = dims.iter().enumerate().filter(|(_, d)| d.is_gather()).map(|(d, _)| (d, offs[d])).collect();
+        let off: Vec<String> = offs.iter().zip(dims).map(|(o, d)| if d.is_gather() { "0".to_string() } else { self.val(*o).name.clone() }).collect();
         // base pointer and bounds
         let base = self.fresh("kf_p");
         let base_e = self.element_ptr(tensor, &off);
@@ -155,7 +181,11 @@ impl Emitter<'_> {
         }
         // the register map of the value
         let (val, map) = match store {
-            None => self.loaded_tile(op, d, width, &tile_dims, &okv, okv_true)?,
+            None => {
+                let (mut val, map) = self.loaded_tile(op, d, width, &tile_dims, &okv, okv_true)?;
+                self.gathered_range(&mut val, &tile_dims, &gather);
+                (val, map)
+            }
             Some(sv) => {
                 let val = self.val(sv).clone();
                 let map = val.map.clone().unwrap();
@@ -173,7 +203,8 @@ impl Emitter<'_> {
         if mask.is_some() && w > 1 {
             return Err(CodegenError::Unsupported("a masked store (`store_where`) in vectors".into()));
         }
-        let mut a = BlockAccess { tensor, d, w, groups, base, okv, tile_dims, val, map, store, mask, tptr: None };
+        let gathers = !gather.is_empty();
+        let mut a = BlockAccess { tensor, d, w, groups, base, okv, tile_dims, val, map, store, mask, tptr: None, gather };
         if let (Some(arr), true) = (&raw, self.bound_only) {
             return self.unpack_ahead(op, a, arr);
         }
@@ -181,8 +212,8 @@ impl Emitter<'_> {
         // the bounds) takes a branch-free copy of the loop: unconditional loads that the
         // assembler can issue together, where the masked loop's per-group branches keep
         // them one round trip apart
-        let full = if store.is_none() && groups >= WHOLE_TILE_MIN_GROUPS { self.whole_tile_test(&a.okv, &a.tile_dims, &a.val, &a.map) } else { None };
-        a.tptr = self.thread_pointer(&a)?;
+        let full = if store.is_none() && groups >= WHOLE_TILE_MIN_GROUPS && !gathers { self.whole_tile_test(&a.okv, &a.tile_dims, &a.val, &a.map) } else { None };
+        a.tptr = if gathers { None } else { self.thread_pointer(&a)? };
         if let Some(test) = &full {
             self.whole_tile_copy(&a, test, raw.as_deref())?;
         }
@@ -262,6 +293,21 @@ impl Emitter<'_> {
         Ok((lo, hi))
     }
 
+    /// A gathered load's valid range along its gathered axis: where its index tiles are
+    /// valid (a coordinate outside the tensor reads a valid 0).
+    fn gathered_range(&self, val: &mut Val, tile_dims: &[TileDim], gather: &[(usize, ValueId)]) {
+        let Some(g) = tile_dims.iter().position(|t| t.0 == GATHERED) else { return };
+        for &(_, x) in gather {
+            let xv = self.val(x);
+            if xv.lo.get(g).is_some_and(|l| l != "0") {
+                val.lo[g] = format!("kf_maxi((long long)({}), (long long)({}))", val.lo[g], xv.lo[g]);
+            }
+            if xv.hi.get(g).is_some_and(|h| *h != tile_dims[g].3.to_string()) {
+                val.hi[g] = format!("kf_mini((long long)({}), (long long)({}))", val.hi[g], xv.hi[g]);
+            }
+        }
+    }
+
     /// The value a block load defines, with its register map: its valid ranges, then its
     /// registers — or, rematerialized (`Schedule::remat`), a 16- or 8-bit float tile
     /// stays in the raw vectors it is loaded as (half or a quarter of the registers of
@@ -273,8 +319,11 @@ impl Emitter<'_> {
         let lmap = RegMap::of(&layout);
         let w = width.max(1);
         let esz = d.size_bytes() as u32;
+        // (a gathered load is addressed per register: never read as raw vectors)
+        let gathered = matches!(k.op(op), Op::Load { dims, .. } if dims.iter().any(AccessDim::is_gather));
         let remat_raw = k.schedule.remat
             && !self.bound_only
+            && !gathered
             && d.is_float()
             && esz < 4
             && w > 1
@@ -397,9 +446,9 @@ impl Emitter<'_> {
         let (d, w) = (a.d, a.w);
         let mut last = cvars.to_vec();
         last[ft] = format!("({} + {})", cvars[ft], w - 1);
-        let cond = format!("{} && {}", a.inb(&last, &a.owner_test("k0")), a.inb(cvars, ""));
+        let cond = format!("{} && {}{}", a.inb(&last, &a.owner_test("k0")), a.inb(cvars, ""), a.gather_ok(self, "k0"));
         let vt = a.vector()?;
-        let a0 = a.vaddr(self, cvars);
+        let a0 = format!("{}{}", a.vaddr(self, cvars), a.gather_term(self, "k0"));
         self.open(format!("if ({cond})"))?;
         match a.store {
             None => {
@@ -429,12 +478,13 @@ impl Emitter<'_> {
                 cj[ft] = format!("({} + j)", cvars[ft]);
             }
         }
-        let own_j = a.owner_test(if w > 1 { "k0 + j" } else { "k0" });
-        let mut cond = a.inb(&cj, &own_j);
+        let key = if w > 1 { "k0 + j" } else { "k0" };
+        let own_j = a.owner_test(key);
+        let mut cond = format!("{}{}", a.inb(&cj, &own_j), a.gather_ok(self, key));
         if let Some(m) = a.mask {
             cond = format!("{cond} && {}", self.reg(m, "k0 + j"));
         }
-        let aj = a.addr(self, &cj);
+        let aj = format!("{}{}", a.addr(self, &cj), a.gather_term(self, key));
         match a.store {
             None => {
                 let zero = if d == DType::Bool { "false" } else { "0" };
@@ -479,6 +529,12 @@ impl Emitter<'_> {
                     let lo = if nonneg[dd] { None } else { Some(format!("(-{})", off[dd])) };
                     tile_dims.push((dd, rem, lo, extent_value(k, *e)));
                 }
+                // the gathered axis, once: each register's coordinates are tested apart
+                AccessDim::Gather(e) => {
+                    if !tile_dims.iter().any(|t| t.0 == GATHERED) {
+                        tile_dims.push((GATHERED, None, None, extent_value(k, *e)));
+                    }
+                }
             }
         }
         let okv = self.fresh("kf_ok");
@@ -507,7 +563,7 @@ impl Emitter<'_> {
     fn tile_offset(&self, tensor: kfuse_ir::ParamId, tile_dims: &[TileDim], cv: &[String]) -> String {
         let mut a = String::new();
         for (t, (dd, _, _, _)) in tile_dims.iter().enumerate() {
-            if cv[t] == "0" {
+            if cv[t] == "0" || *dd == GATHERED {
                 continue;
             }
             let st = self.stride(tensor, *dd);

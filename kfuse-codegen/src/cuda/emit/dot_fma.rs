@@ -115,6 +115,7 @@ fn slab(k: &Kernel, spec: &Spec, plan: &MmaPlan, i: usize, base: u32) -> Result<
     let ext_of = |d: usize| match dims[d] {
         AccessDim::Tile(e) => extent_value(k, e),
         AccessDim::Index => 1,
+        AccessDim::Gather(_) => unreachable!("the matrix path takes no gathered load"),
     };
     let ext = [ext_of(td[0]), ext_of(td[1])];
     // the load's tile axis along K: the dot's axis, through a transpose

@@ -108,6 +108,7 @@ fn stage_tile(k: &Kernel, spec: &Spec, o: &crate::mma_plan::MmaOperand, mn: u32,
     let ext = |d: usize| match dims[d] {
         AccessDim::Tile(e) => extent_value(k, e),
         AccessDim::Index => 1,
+        AccessDim::Gather(_) => unreachable!("the matrix path takes no gathered load"),
     };
     let (rows, row_elems) = (ext(outer), ext(unit));
     let want = match o.major {

@@ -78,6 +78,9 @@ pub(super) fn inside(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, 
 /// The loop whose ring takes the staged load `v` with tile `t` (see the module docs).
 pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, t: &SmemTile) -> Option<LoopId> {
     let Op::Load { tensor, dims } = k.op(v.op()) else { return None };
+    if dims.iter().any(AccessDim::is_gather) {
+        return None;
+    }
     let l = *loops.get(&v)?;
     let p = k.param(*tensor);
     if !matches!(p.kind, ParamKind::Tensor { output: false, .. }) || p.dtype.size_bytes() != 2 {
@@ -209,6 +212,7 @@ impl Emitter<'_> {
             match ad {
                 AccessDim::Index => ok.push(format!("{} >= 0 && {} < {n}", offs[d], offs[d])),
                 AccessDim::Tile(e) => his.push(format!("kf_maxi(0LL, kf_mini({n} - {}, {}LL))", offs[d], extent_value(k, *e))),
+                AccessDim::Gather(_) => unreachable!("`ring_load` takes no gathered load"),
             }
         }
         let ok = ok.join(" && ");

@@ -120,6 +120,7 @@ fn boxes_of(k: &Kernel, o: &MmaOperand, order: &[u32]) -> Result<(Vec<u32>, u32,
         .iter()
         .map(|d| match d {
             AccessDim::Index => 1,
+            AccessDim::Gather(_) => unreachable!("the matrix path takes no gathered load"),
             AccessDim::Tile(e) => extent_value(k, *e),
         })
         .collect();

@@ -1,0 +1,225 @@
+//! `kfuse::ops::conv2d` against a float64 reference: odd shapes (H, W of 1, 7 and 13;
+//! channel and filter counts not multiples of 8), stride 2, dilation 2, padding 0 to 2,
+//! groups 2, depthwise and 1 × 1 layers (each of the three kernels), bias and each
+//! activation, every dtype; the kernels' launchers into NaN-poisoned outputs; bad input.
+//!
+//! Each case runs on the best device there is (the interpreter in CI, the GPU on the GPU
+//! host), with fixed seeds. The error is measured against the size of the terms that
+//! make each output (`Σ |x·w| + |bias|`), so outputs whose terms cancel are not held to a
+//! bound their own size cannot carry.
+
+mod common;
+
+use kfuse::ops::{kernels, Activation, Conv2dOptions};
+use kfuse::prelude::*;
+use kfuse::DType;
+
+fn dev() -> Device {
+    Device::best()
+}
+
+/// One layer: `[N, H, W, C]`, `K`, `(R, S)`, stride, padding, dilation, groups, bias,
+/// activation.
+#[derive(Clone, Copy, Debug)]
+struct Layer {
+    x: [usize; 4],
+    k: usize,
+    f: (usize, usize),
+    stride: (usize, usize),
+    pad: (usize, usize),
+    dil: (usize, usize),
+    groups: usize,
+    bias: bool,
+    act: Activation,
+}
+
+fn act_ref(a: Activation, v: f64) -> f64 {
+    match a {
+        Activation::None => v,
+        Activation::Relu => v.max(0.0),
+        Activation::Gelu => 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2)),
+        Activation::Silu => v / (1.0 + (-v).exp()),
+    }
+}
+
+/// The float64 convolution and, per output, the size of its terms.
+fn reference(l: &Layer, xv: &[f64], wv: &[f64], bv: Option<&[f64]>) -> (Vec<f64>, Vec<f64>) {
+    let [n, h, w, c] = l.x;
+    let (r, s) = l.f;
+    let p = (h + 2 * l.pad.0 - l.dil.0 * (r - 1) - 1) / l.stride.0 + 1;
+    let q = (w + 2 * l.pad.1 - l.dil.1 * (s - 1) - 1) / l.stride.1 + 1;
+    let (cg, kg) = (c / l.groups, l.k / l.groups);
+    let mut out = vec![0.0; n * p * q * l.k];
+    let mut scale = vec![0.0; out.len()];
+    for b in 0..n {
+        for y in 0..p {
+            for z in 0..q {
+                for k in 0..l.k {
+                    let g = k / kg;
+                    let (mut acc, mut mag) = (0.0, 0.0);
+                    if let Some(bv) = bv {
+                        acc = bv[k];
+                        mag = bv[k].abs();
+                    }
+                    for i in 0..r {
+                        for j in 0..s {
+                            let hy = (y * l.stride.0 + i * l.dil.0) as i64 - l.pad.0 as i64;
+                            let wz = (z * l.stride.1 + j * l.dil.1) as i64 - l.pad.1 as i64;
+                            if hy < 0 || wz < 0 || hy >= h as i64 || wz >= w as i64 {
+                                continue;
+                            }
+                            for ch in 0..cg {
+                                let xe = xv[((b * h + hy as usize) * w + wz as usize) * c + g * cg + ch];
+                                let we = wv[((k * r + i) * s + j) * cg + ch];
+                                acc += xe * we;
+                                mag += (xe * we).abs();
+                            }
+                        }
+                    }
+                    let o = ((b * p + y) * q + z) * l.k + k;
+                    out[o] = act_ref(l.act, acc);
+                    scale[o] = mag;
+                }
+            }
+        }
+    }
+    (out, scale)
+}
+
+/// The error bound of a dtype, against the terms' size.
+fn tol(dt: DType) -> f64 {
+    match dt {
+        DType::F32 => 1e-5,
+        DType::F16 => 2e-3,
+        _ => 8e-3,
+    }
+}
+
+fn run(l: &Layer, dt: DType, seed: u64) {
+    let [_, _, _, c] = l.x;
+    let (x, xv) = common::random_tensor(&l.x, dt, seed, 0.0, &dev());
+    let (w, wv) = common::random_tensor(&[l.k, l.f.0, l.f.1, c / l.groups], dt, seed + 1, 0.0, &dev());
+    let (b, bv) = common::random_tensor(&[l.k], dt, seed + 2, 0.0, &dev());
+    let opts = Conv2dOptions { stride: l.stride, padding: l.pad, dilation: l.dil, groups: l.groups, bias: l.bias.then_some(&b), activation: l.act };
+    let y = kfuse::ops::conv2d(&x, &w, &opts).unwrap_or_else(|e| panic!("{l:?} {dt}: {e}"));
+    let (want, scale) = reference(l, &xv, &wv, l.bias.then_some(&bv[..]));
+    let got = y.to_vec_f64().unwrap();
+    let e = common::err_against(&got, &want, &scale);
+    assert!(e <= tol(dt), "conv2d {l:?} {dt} on {} (seed {seed}): error {e:.3e} > {:.1e}", dev().describe(), tol(dt));
+}
+
+const fn layer(x: [usize; 4], k: usize, f: (usize, usize), stride: usize, pad: usize, dil: usize, groups: usize, bias: bool, act: Activation) -> Layer {
+    Layer { x, k, f, stride: (stride, stride), pad: (pad, pad), dil: (dil, dil), groups, bias, act }
+}
+
+/// Implicit GEMM layers (`kernels::conv2d`).
+#[test]
+fn implicit_gemm_layers() {
+    let layers = [
+        layer([2, 7, 13, 6], 10, (3, 3), 1, 1, 1, 1, true, Activation::Relu),
+        layer([1, 13, 7, 5], 7, (3, 3), 2, 0, 1, 1, false, Activation::Gelu),
+        layer([2, 13, 13, 4], 6, (3, 3), 1, 2, 2, 2, true, Activation::Silu),
+        layer([1, 1, 1, 3], 5, (3, 3), 1, 1, 1, 1, true, Activation::None),
+        layer([1, 7, 7, 9], 11, (1, 1), 2, 0, 1, 1, true, Activation::None),
+        layer([1, 7, 13, 6], 4, (2, 3), 2, 2, 1, 2, false, Activation::Relu),
+    ];
+    for (i, l) in layers.iter().enumerate() {
+        for dt in common::DTYPES {
+            run(l, dt, 4000 + 10 * i as u64);
+        }
+    }
+}
+
+/// Depthwise layers (`kernels::conv2d_depthwise`).
+#[test]
+fn depthwise_layers() {
+    let layers = [
+        layer([2, 7, 7, 9], 9, (3, 3), 1, 1, 1, 9, true, Activation::Relu),
+        layer([1, 13, 13, 5], 5, (5, 5), 2, 2, 1, 5, false, Activation::None),
+        layer([1, 13, 7, 3], 3, (3, 3), 1, 2, 2, 3, true, Activation::Silu),
+        layer([1, 1, 1, 20], 20, (3, 3), 1, 1, 1, 20, true, Activation::Gelu),
+    ];
+    for (i, l) in layers.iter().enumerate() {
+        for dt in common::DTYPES {
+            run(l, dt, 5000 + 10 * i as u64);
+        }
+    }
+}
+
+/// 1 × 1 stride-1 layers (`kernels::conv2d_pointwise`, a GEMM on the tensors as they lie).
+#[test]
+fn pointwise_layers() {
+    let layers = [
+        layer([2, 7, 13, 5], 7, (1, 1), 1, 0, 1, 1, true, Activation::Relu),
+        layer([1, 1, 1, 3], 9, (1, 1), 1, 0, 1, 1, false, Activation::Gelu),
+        layer([1, 13, 13, 40], 24, (1, 1), 1, 0, 1, 1, true, Activation::Silu),
+    ];
+    for (i, l) in layers.iter().enumerate() {
+        for dt in common::DTYPES {
+            run(l, dt, 6000 + 10 * i as u64);
+        }
+    }
+}
+
+/// The three kernels' launchers write every element of a NaN-poisoned output.
+#[test]
+fn kernels_fill_poisoned_outputs() {
+    let dt = DType::BF16;
+    let (x, xv) = common::random_tensor(&[2, 7, 13, 6], dt, 7000, 0.0, &dev());
+    let (w, wv) = common::random_tensor(&[6, 3, 3, 3], dt, 7001, 0.0, &dev());
+    let (b, bv) = common::random_tensor(&[6], dt, 7002, 0.0, &dev());
+    // implicit GEMM, groups 2, padding 1
+    let l = layer([2, 7, 13, 6], 6, (3, 3), 1, 1, 1, 2, true, Activation::Relu);
+    let mut y = common::poisoned(&[2 * 7 * 13, 2, 3], dt, &dev());
+    kernels::conv2d(&x.view(&[2, 7, 13, 2, 3]).unwrap(), &w.view(&[2, 3, 9, 3]).unwrap(), &b.view(&[2, 3]).unwrap(), &mut y, 13, 91, 3, 1, 1, 1, 1, 1, 1, 0.0).unwrap();
+    let (want, scale) = reference(&l, &xv, &wv, Some(&bv));
+    assert!(common::err_against(&y.to_vec_f64().unwrap(), &want, &scale) <= tol(dt));
+    // depthwise, padding 1
+    let (wd, wdv) = common::random_tensor(&[6, 3, 3, 1], dt, 7003, 0.0, &dev());
+    let l = layer([2, 7, 13, 6], 6, (3, 3), 1, 1, 1, 6, true, Activation::None);
+    let mut y = common::poisoned(&[2 * 7 * 13, 6], dt, &dev());
+    kernels::conv2d_depthwise(&x, &wd.view(&[6, 9]).unwrap().t().contiguous().unwrap(), &b, &mut y, 13, 91, 3, 1, 1, 1, 1, 1, 1, f32::NEG_INFINITY).unwrap();
+    let (want, scale) = reference(&l, &xv, &wdv, Some(&bv));
+    assert!(common::err_against(&y.to_vec_f64().unwrap(), &want, &scale) <= tol(dt));
+    // pointwise
+    let (wp, wpv) = common::random_tensor(&[6, 1, 1, 6], dt, 7004, 0.0, &dev());
+    let l = layer([2, 7, 13, 6], 6, (1, 1), 1, 0, 1, 1, true, Activation::Relu);
+    let mut y = common::poisoned(&[2 * 7 * 13, 6], dt, &dev());
+    kernels::conv2d_pointwise(&x.view(&[182, 6]).unwrap(), &wp.view(&[6, 6]).unwrap().t(), &b, &mut y, 0.0).unwrap();
+    let (want, scale) = reference(&l, &xv, &wpv, Some(&bv));
+    assert!(common::err_against(&y.to_vec_f64().unwrap(), &want, &scale) <= tol(dt));
+}
+
+/// Bad input is an error that names the fix; nothing is launched.
+#[test]
+fn bad_input_is_an_error() {
+    let d = Device::cpu();
+    let x = Tensor::zeros(&[1, 8, 8, 6], DType::BF16, &d).unwrap();
+    let w = Tensor::zeros(&[4, 3, 3, 6], DType::BF16, &d).unwrap();
+    let err = |x: &Tensor, w: &Tensor, o: &Conv2dOptions| kfuse::ops::conv2d(x, w, o).unwrap_err().to_string();
+    let e = err(&x, &w, &Conv2dOptions { groups: 4, ..Default::default() });
+    assert!(e.contains("divisible by groups"), "{e}");
+    let e = err(&x, &Tensor::zeros(&[4, 3, 3, 5], DType::BF16, &d).unwrap(), &Default::default());
+    assert!(e.contains("must have 6"), "{e}");
+    let e = err(&x, &Tensor::zeros(&[4, 9, 3, 6], DType::BF16, &d).unwrap(), &Default::default());
+    assert!(e.contains("filter spans 9") && e.contains("pad more"), "{e}");
+    let e = err(&x, &Tensor::zeros(&[4, 3, 3, 6], DType::F16, &d).unwrap(), &Default::default());
+    assert!(e.contains("must match"), "{e}");
+    let nchw = Tensor::zeros(&[1, 6, 8, 8], DType::BF16, &d).unwrap().permute(&[0, 2, 3, 1]).unwrap();
+    let e = err(&nchw, &w, &Default::default());
+    assert!(e.contains("NHWC") && e.contains(".contiguous()"), "{e}");
+    let e = err(&x, &w, &Conv2dOptions { stride: (0, 1), ..Default::default() });
+    assert!(e.contains("at least 1"), "{e}");
+    let b = Tensor::zeros(&[5], DType::BF16, &d).unwrap();
+    let e = err(&x, &w, &Conv2dOptions { bias: Some(&b), ..Default::default() });
+    assert!(e.contains("`bias` must be [K]"), "{e}");
+    let e = err(&Tensor::zeros(&[8, 8, 6], DType::BF16, &d).unwrap(), &w, &Default::default());
+    assert!(e.contains("NHWC"), "{e}");
+}
+
+/// The kernels compile for sm_80 and sm_90a: NVRTC, then `ptxas -v`, no spills.
+#[test]
+fn conv_kernels_compile_for_sm80_and_sm90a() {
+    let failures = common::compile_for_both_targets(&[(&kernels::conv2d::DEF, true), (&kernels::conv2d_depthwise::DEF, true), (&kernels::conv2d_pointwise::DEF, true)]);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
