@@ -10,7 +10,7 @@
 //! 100 ms, median. Before
 //! timing, 64 sampled outputs of each case are checked against a float64 CPU reference;
 //! a wrong result or a refusal prints a row saying so. `KFUSE_BENCH_OUT` receives
-//! `conv2d.md`.
+//! `conv2d.md`. An argument keeps only the rows whose name contains it (`dw`, `3x3`).
 
 mod common;
 
@@ -166,7 +166,9 @@ fn main() {
         layers.push(Layer { name, c, k: c, h, r: 3, stride: 1, groups: c, relu: false });
     }
     let mut md = String::from("| layer | kfuse TFLOP/s (GB/s) | cuDNN | kfuse / cuDNN | bar | check |\n|---|---|---|---|---|---|\n");
-    for l in &layers {
+    // an argument keeps the rows whose name contains it (`conv2d_bench dw`)
+    let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-')).unwrap_or_default();
+    for l in layers.iter().filter(|l| l.name.contains(&filter)) {
         let r = row(l, &dev, torch.as_ref());
         println!("{r}");
         md.push_str(&r);

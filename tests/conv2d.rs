@@ -207,7 +207,7 @@ fn bad_input_is_an_error() {
     assert!(e.contains("must match"), "{e}");
     let nchw = Tensor::zeros(&[1, 6, 8, 8], DType::BF16, &d).unwrap().permute(&[0, 2, 3, 1]).unwrap();
     let e = err(&nchw, &w, &Default::default());
-    assert!(e.contains("NHWC") && e.contains(".contiguous()"), "{e}");
+    assert!(e.contains("NHWC") && e.contains("ops::contiguous("), "{e}");
     let e = err(&x, &w, &Conv2dOptions { stride: (0, 1), ..Default::default() });
     assert!(e.contains("at least 1"), "{e}");
     let b = Tensor::zeros(&[5], DType::BF16, &d).unwrap();

@@ -5,9 +5,10 @@
 //! (with `E` that access's tile extent on that dimension: the grid covers the
 //! dimension with `ceil(dim / E)` programs) or plain `program_id(a)` on an indexed
 //! dimension (one program per index). The first store, in program order, that
-//! determines an axis wins. An axis no store determines (a scatter's stores are
-//! addressed by index tiles) follows the loads the same way, the first load first. An
-//! axis used but determined by no access is an error that says how to write the store.
+//! determines an axis wins. In a kernel that scatters (a store addressed by index
+//! tiles), an axis no store determines follows the loads the same way, the first load
+//! first. An axis used but determined by no such access is an error that says how to
+//! write the store.
 //!
 //! A store inside a loop body counts like any other: what matters is how its offset is
 //! computed (`program_id(a) * E`, wherever the product is made, is the same term). An
@@ -100,7 +101,10 @@ pub fn derive(k: &Kernel) -> Result<Grid> {
     let rank = k.grid_rank();
     let mut axes: Vec<Option<GridAxis>> = vec![None; rank];
     let stores = k.ops().filter(|&op| matches!(k.op(op), Op::Store { .. }));
-    let loads = k.ops().filter(|&op| matches!(k.op(op), Op::Load { .. }));
+    // (the loads count only in a kernel that scatters: elsewhere a program id that
+    // indexes no store would have every program write the same elements)
+    let scatters = k.ops().any(|op| matches!(k.op(op), Op::Store { dims, .. } if dims.iter().any(AccessDim::is_gather)));
+    let loads = k.ops().filter(|&op| scatters && matches!(k.op(op), Op::Load { .. }));
     for op in stores.chain(loads) {
         let (Op::Store { tensor, dims } | Op::Load { tensor, dims }) = k.op(op) else { continue };
         let offs = k.operands(op);

@@ -199,7 +199,7 @@ fn check_op(k: &Kernel, op: OpId) -> Result<(), String> {
                     _ => scalar_i64(t),
                 };
                 if !ok {
-                    return Err(format!("offset {d} must be an i64 scalar, or for a gathered dimension an i64 tile of the block's shape; got {t:?}"));
+                    return Err(format!("offsets must be i64 scalars (on a gathered dimension an i64 tile of the block's shape); offset {d} is {t:?}"));
                 }
             }
             let gathers: Vec<Extent> = dims.iter().filter_map(|d| if let AccessDim::Gather(e) = d { Some(*e) } else { None }).collect();

@@ -134,7 +134,7 @@ fn check(x: &Tensor, w: &Tensor, opts: &Conv2dOptions) -> Result<[usize; 9]> {
     if x.strides()[3] != 1 && c > 1 {
         return Err(invalid(format!(
             "`x` must be NHWC with its channels adjacent (stride 1), but its strides are {:?}; \
-             for an NCHW tensor `t` pass `t.permute(&[0, 2, 3, 1])?.contiguous()?`",
+             for an NCHW tensor `t` pass `kfuse::ops::contiguous(&t.permute(&[0, 2, 3, 1])?)?`",
             x.strides()
         )));
     }
@@ -159,7 +159,7 @@ fn check(x: &Tensor, w: &Tensor, opts: &Conv2dOptions) -> Result<[usize; 9]> {
 fn view_or_copy(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
     match t.view(shape) {
         Ok(v) => Ok(v),
-        Err(_) => t.contiguous()?.view(shape),
+        Err(_) => crate::contiguous(t)?.view(shape),
     }
 }
 
@@ -230,7 +230,7 @@ pub fn conv2d(x: &Tensor, w: &Tensor, opts: &Conv2dOptions) -> Result<Tensor> {
     let [oq, pq, fs, sh, sw, ph, pw, dh, dw] = geom;
     if g == c && k == c {
         // tap-major filters `[R·S, C]` (a small copy)
-        let wm = view_or_copy(w, &[c, r * s])?.t().contiguous()?;
+        let wm = crate::contiguous(&view_or_copy(w, &[c, r * s])?.t())?;
         let mut ym = y.view(&[npq, c])?;
         kernels::conv2d_depthwise(x, &wm, &bias, &mut ym, oq, pq, fs, sh, sw, ph, pw, dh, dw, floor)?;
         return opts.activation.after(y);

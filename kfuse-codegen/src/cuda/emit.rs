@@ -913,6 +913,12 @@ impl<'a> Emitter<'a> {
                 })
         };
         let round = |d: DType, e: String| if stored_only { e } else { round(d, e) };
+        // (tiles only: a scalar divides once a thread, and the branch cost the sm_80
+        // attention kernel, at 255 registers, 12 bytes of spills)
+        let const_divisor = ty.is_scalar() || (ops.len() == 2 && crate::analysis::int_value(k, ops[1]).is_some());
+        if in_d == DType::I64 && !const_divisor && matches!(k.op(op), Op::Binary(BinaryOp::Div | BinaryOp::Rem)) {
+            self.helpers.insert("kf_divi".into(), super::prelude::INT_DIV.into());
+        }
         let fmt = |args: &[String]| -> String {
             let a = &args[0];
             match k.op(op) {
@@ -943,6 +949,12 @@ impl<'a> Emitter<'a> {
                         BinaryOp::Sub => format!("({a} - {bb})"),
                         BinaryOp::Mul => format!("({a} * {bb})"),
                         BinaryOp::Div if recip => format!("({a} * (1.0f / {bb}))"),
+                        // 64-bit integer division of a tile by a run-time value is a
+                        // long subroutine an element: operands that fit 31 bits (pixel
+                        // and row coordinates) divide in 32 bits (a constant divisor is
+                        // the compiler's multiply and shift already)
+                        BinaryOp::Div if int && !const_divisor => format!("kf_divi({a}, {bb})"),
+                        BinaryOp::Rem if int && !const_divisor => format!("kf_remi({a}, {bb})"),
                         BinaryOp::Div => format!("({a} / {bb})"),
                         BinaryOp::Rem => format!("({a} % {bb})"),
                         BinaryOp::Max if int => format!("kf_maxi({a}, {bb})"),

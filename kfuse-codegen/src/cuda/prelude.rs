@@ -54,6 +54,13 @@ pub const EXP_PRELUDE: &str = r#"static __device__ __forceinline__ float kf_exp(
 static __device__ __forceinline__ float kf_exp_diff(float a, float b) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(a, 1.4426950408889634f, -(b * 1.4426950408889634f)))); return r; }
 "#;
 
+/// `kf_divi(a, b)` and `kf_remi(a, b)`, an `i64` tile's `/` and `%` by a run-time value,
+/// written before a kernel that uses them: in 32 bits where both operands fit 31 bits
+/// (pixel and row coordinates), else the 64-bit subroutine.
+pub const INT_DIV: &str = r#"static __device__ __forceinline__ long long kf_divi(long long a, long long b) { return (((unsigned long long)a | (unsigned long long)b) >> 31) == 0 ? (long long)((unsigned)a / (unsigned)b) : a / b; }
+static __device__ __forceinline__ long long kf_remi(long long a, long long b) { return (((unsigned long long)a | (unsigned long long)b) >> 31) == 0 ? (long long)((unsigned)a % (unsigned)b) : a % b; }
+"#;
+
 /// `kf_exp_scaled(x, c, b)`, written before a kernel that uses it (see [`EXP_PRELUDE`]).
 pub const EXP_SCALED: &str = r#"static __device__ __forceinline__ float kf_exp_scaled(float x, float c, float b) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(x, c * 1.4426950408889634f, -(b * 1.4426950408889634f)))); return r; }
 "#;
