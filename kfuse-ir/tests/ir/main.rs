@@ -3,6 +3,7 @@
 
 mod builder;
 mod common;
+mod gather;
 mod grid;
 mod interp;
 mod loops;
