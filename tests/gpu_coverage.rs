@@ -1,7 +1,7 @@
 //! Every `#[kfuse]` kernel the tests run on the interpreter compiles for the GPU: the
 //! standard kernels (`kfuse::ops`, `common::ops`) and the user kernels of `tests/kernels/`
-//! (loops, masks, row and column kernels, user GEMMs, flash attention) and
-//! `kfuse::ops::attention`'s kernels, each in f32, f16
+//! (loops, masks, row and column kernels, user GEMMs, flash attention, gathers) and
+//! `kfuse::ops::attention`'s and `kfuse::ops::conv2d`'s kernels, each in f32, f16
 //! and bf16, for sm_80 and sm_90a, at the snapshot shapes and, for the row kernels, at
 //! rows of 131072 elements (a cluster's on sm_90a, walked in chunks on sm_80 and inside
 //! a loop: `chunk_rows`). Compiled as the runtime does (codegen, NVRTC, `ptxas -v`),
@@ -17,6 +17,8 @@ mod common;
 
 #[path = "kernels/flash_attention.rs"]
 mod kernels_attention;
+#[path = "kernels/gathers.rs"]
+mod kernels_gathers;
 #[path = "kernels/loops.rs"]
 mod kernels_loops;
 #[path = "kernels/masks.rs"]
@@ -70,6 +72,13 @@ fn user_kernels() -> Vec<(&'static KernelDef, Vec<(&'static str, Vec<u32>)>)> {
         (&kfuse::ops::kernels::attention_varlen::DEF, vec![("T16384 H16 D128 B8", vec![16384, 16, 128, 16384, 16, 16, 8, 4096])]),
         (&kernels_masks::lower_triangle::DEF, vec![]),
         (&kernels_masks::prefix_rows::DEF, vec![]),
+        (&kernels_gathers::embedding::DEF, vec![]),
+        (&kernels_gathers::scatter_rows::DEF, vec![]),
+        (&kernels_gathers::box3x3::DEF, vec![]),
+        // `kfuse::ops::conv2d`'s kernels, at a ResNet layer besides the snapshot spec
+        (&kfuse::ops::kernels::conv2d::DEF, vec![("N64 56x56 C64 K64 3x3", vec![64, 64, 64, 1, 64, 64, 16, 262144])]),
+        (&kfuse::ops::kernels::conv2d_depthwise::DEF, vec![("N64 56x56 C256 3x3", vec![64, 64, 64, 256, 16, 262144])]),
+        (&kfuse::ops::kernels::conv2d_pointwise::DEF, vec![]),
     ]
 }
 
