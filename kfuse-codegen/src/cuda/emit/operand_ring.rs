@@ -8,7 +8,12 @@
 //! provable multiple of 8 elements (0, a tile extent's multiple, a loop index) with a
 //! 16-byte aligned pointer and row strides of whole 16-byte units, and every address
 //! operand is either defined before its innermost loop or that loop's index — so the
-//! next iteration's tile is known before this one's math.
+//! next iteration's tile is known before this one's math. A gathered tile qualifies too
+//! (rows gathered by index tiles broadcast from rank-1 tiles defined before the loop,
+//! columns along the last dimension): before the loop's first copies each row's
+//! coordinates go into shared-memory tables (`kf_gt…`, between two barriers), and each
+//! 16-byte copy reads its row's coordinates there (a row outside the tensor copies
+//! zeros). The warp-specialized path takes none (its producer's addresses are scalars).
 //!
 //! Where the kernel is warp-specialized (`warp_specialize.rs`), a producer warpgroup
 //! fills the rings instead, on mbarriers, and what follows describes the other kernels.
@@ -78,9 +83,6 @@ pub(super) fn inside(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, 
 /// The loop whose ring takes the staged load `v` with tile `t` (see the module docs).
 pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, t: &SmemTile) -> Option<LoopId> {
     let Op::Load { tensor, dims } = k.op(v.op()) else { return None };
-    if dims.iter().any(AccessDim::is_gather) {
-        return None;
-    }
     let l = *loops.get(&v)?;
     let p = k.param(*tensor);
     if !matches!(p.kind, ParamKind::Tensor { output: false, .. }) || p.dtype.size_bytes() != 2 {
@@ -88,7 +90,19 @@ pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopI
     }
     let tiles: Vec<usize> = (0..dims.len()).filter(|&d| matches!(dims[d], AccessDim::Tile(_))).collect();
     let last = dims.len() - 1;
-    if tiles.len() != 2 || tiles[1] != last || t.col_axis != 1 {
+    // a gathered tile: its rows gathered (index tiles fixed in the loop), its columns
+    // the last dimension's
+    let gathered = match gather_roots(k, v) {
+        Some(g) if !g.is_empty() => {
+            if tiles != [last] || g.iter().any(|&(d, x)| d > last || inside(k, loops, x, l)) {
+                return None;
+            }
+            true
+        }
+        Some(_) => false,
+        None => return None,
+    };
+    if (!gathered && (tiles.len() != 2 || tiles[1] != last)) || t.col_axis != 1 {
         return None;
     }
     let ts = spec.tensors.get(tensor.0 as usize).cloned().flatten()?;
@@ -101,8 +115,26 @@ pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopI
     if !multiple_of(k, ops[last], 8, 4) {
         return None;
     }
-    let ok = ops.iter().all(|&o| matches!(k.op(o.op()), Op::LoopIndex { id } if *id == l) || !inside(k, loops, o, l));
+    let ok = ops.iter().zip(dims).all(|(&o, d)| d.is_gather() || matches!(k.op(o.op()), Op::LoopIndex { id } if *id == l) || !inside(k, loops, o, l));
     ok.then_some(l)
+}
+
+/// A load's gathered dimensions and the rank-1 index tile each is broadcast from
+/// (`x` of `broadcast(x.unsqueeze(1))`); `None` where one is no such broadcast.
+pub(super) fn gather_roots(k: &Kernel, v: ValueId) -> Option<Vec<(usize, ValueId)>> {
+    let Op::Load { dims, .. } = k.op(v.op()) else { return None };
+    let ops = k.operands(v.op());
+    dims.iter()
+        .enumerate()
+        .filter(|(_, d)| d.is_gather())
+        .map(|(d, _)| {
+            let mut x = ops[d];
+            while matches!(k.op(x.op()), Op::Broadcast | Op::ExpandDims { .. } | Op::Convert) {
+                x = k.operands(x.op())[0];
+            }
+            (k.ty(x).rank() == 1).then_some((d, x))
+        })
+        .collect()
 }
 
 /// Whether the `i64` scalar `v` is provably a multiple of `m` (a power of two): 0, a
@@ -140,6 +172,7 @@ impl Emitter<'_> {
         }
         let ops = self.k.operands(for_op);
         let (lo, hi) = (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone());
+        self.ring_gather_tables(&loads)?;
         self.line(format!("int kf_st{} = 0;", l.0))?;
         self.open(format!("if ({lo} < {hi})"))?;
         for v in &loads {
@@ -203,7 +236,8 @@ impl Emitter<'_> {
         let Op::Load { tensor, dims } = k.op(v.op()) else { unreachable!() };
         let ops = k.operands(v.op());
         let name = |o: ValueId| if matches!(k.op(o.op()), Op::LoopIndex { id } if *id == l) { idx.to_string() } else { self.val(o).name.clone() };
-        let offs: Vec<String> = ops.iter().map(|&o| name(o)).collect();
+        // (a gathered dimension's coordinates come per row, from the ring's row tables)
+        let offs: Vec<String> = ops.iter().zip(dims).map(|(&o, d)| if d.is_gather() { "0".to_string() } else { name(o) }).collect();
         let p = k.param(*tensor);
         let mut ok = vec!["true".to_string()];
         let mut his = Vec::new();
@@ -212,12 +246,71 @@ impl Emitter<'_> {
             match ad {
                 AccessDim::Index => ok.push(format!("{} >= 0 && {} < {n}", offs[d], offs[d])),
                 AccessDim::Tile(e) => his.push(format!("kf_maxi(0LL, kf_mini({n} - {}, {}LL))", offs[d], extent_value(k, *e))),
-                AccessDim::Gather(_) => unreachable!("`ring_load` takes no gathered load"),
+                // every gathered row is valid (one outside the tensor reads zeros)
+                AccessDim::Gather(e) if his.is_empty() => his.push(format!("{}LL", extent_value(k, *e))),
+                AccessDim::Gather(_) => {}
             }
         }
         let ok = ok.join(" && ");
         let his = his.into_iter().map(|h| format!("(({ok}) ? {h} : 0LL)")).collect();
         Ok((self.element_ptr(*tensor, &offs), ok, his))
+    }
+
+    /// The row tables of loop `l`'s gathered ring loads (`kf_gt{load}_{dim}`: each row's
+    /// coordinate along each gathered dimension, from the rank-1 index tiles the loads
+    /// are broadcast from, fixed in the loop), written before its first copies: a barrier
+    /// (no thread still reads the tables of the loop's last run), each thread's rows,
+    /// a barrier.
+    fn ring_gather_tables(&mut self, loads: &[ValueId]) -> R {
+        let mut first = true;
+        for &v in loads {
+            let Some(gather) = gather_roots(self.k, v).filter(|g| !g.is_empty()) else { continue };
+            let rows = self.wg.as_ref().unwrap().eager[&v].rows;
+            if first {
+                self.line(self.barrier)?;
+                first = false;
+            }
+            for (d, x) in gather {
+                let xv = self.val(x).clone();
+                let map = xv.map.clone().ok_or_else(|| crate::CodegenError::Unsupported("a gathered ring load's index tile in a uniform layout".into()))?;
+                let axis = xv.axis_map.first().copied().flatten().ok_or_else(|| crate::CodegenError::Unsupported("a gathered ring load's index tile without its axis".into()))?;
+                let table = format!("kf_gt{}_{d}", v.index());
+                self.line(format!("__shared__ long long {table}[{rows}];"))?;
+                self.unroll("k", map.regs)?;
+                self.line(format!("{table}[{}] = {};", super::coord(&map, axis, "k"), self.reg(x, "k")))?;
+                self.close()?;
+            }
+        }
+        if !first {
+            self.line(self.barrier)?;
+        }
+        Ok(())
+    }
+
+    /// The copies of a gathered tile: each 16-byte chunk of a row from the row's
+    /// gathered coordinates (its tables), zeros for a row outside the tensor.
+    fn gathered_copy(&mut self, v: ValueId, t: &SmemTile, gather: &[(usize, ValueId)], tid: &str, threads: u32, stage: &str) -> R {
+        let Op::Load { tensor, .. } = self.k.op(v.op()) else { unreachable!() };
+        let tdims = self.k.tensor_dims(*tensor);
+        let (cols, rows) = (t.cols, t.rows);
+        let per_row = cols / 8;
+        self.line("#pragma unroll")?;
+        self.open(format!("for (int q = {tid}; q < {}; q += {threads})", rows * cols / 8))?;
+        self.line(format!("const int r = q / {per_row}, c = (q % {per_row}) * 8;"))?;
+        self.line("long long kf_go = 0;")?;
+        self.line("bool kf_gin = true;")?;
+        for &(d, _) in gather {
+            let (n, st) = (self.shape_var(tdims[d]), self.stride(*tensor, d));
+            self.line(format!("{{ const long long x = kf_gt{}_{d}[r]; kf_gin = kf_gin && (unsigned long long)x < (unsigned long long){n}; kf_go += x * {st}; }}", v.index()))?;
+        }
+        self.line("const int kf_n = kf_gin ? (kf_vc - c < 0 ? 0 : kf_vc - c > 8 ? 8 : kf_vc - c) : 0;")?;
+        let at = t.at("r", "c");
+        self.line(format!(
+            "kf_cp_async16(kf_saddr(kf_ops + {} + {stage} * {} + {at}), kf_n > 0 ? kf_src + kf_go + c : kf_src, (unsigned)(kf_n * 2));",
+            t.off,
+            t.bytes()
+        ))?;
+        self.close()
     }
 
     /// The copies of load `v`'s tile at loop index `idx` into ring stage `stage`.
@@ -236,8 +329,13 @@ impl Emitter<'_> {
             ("kf_tid".to_string(), self.k.schedule.num_threads)
         };
         let per_row = cols / 8;
+        let gather = gather_roots(self.k, v).unwrap_or_default();
         self.open("")?;
         self.line(format!("const kf_u16* kf_src = {base};"))?;
+        if !gather.is_empty() {
+            self.line(format!("const int kf_vc = (int)({});", his[1]))?;
+            return self.gathered_copy(v, &t, &gather, &tid, threads, stage).and_then(|_| self.close());
+        }
         // the valid extents lie in [0, tile]: 32-bit from here on
         self.line(format!("const int kf_vr = (int)({}), kf_vc = (int)({});", his[0], his[1]))?;
         // each thread copies the same columns of rows `rs` apart: its source pointer,
