@@ -124,6 +124,28 @@ fn a_scaled_product_in_a_loop() {
     }
 }
 
+/// A product whose loop offsets are computed in its body (`t * BK`), odd shapes; on
+/// sm_90a (the GPU build) its operands come through rings that compute the next offset
+/// ahead (checked on the CUDA below).
+#[test]
+fn a_product_walked_by_tile_count() {
+    for dt in [DType::BF16, DType::F16] {
+        for (s, &(m, k, n)) in [(1, 1, 1), (130, 200, 129), (257, 333, 70)].iter().enumerate() {
+            let (a, av) = common::random_tensor(&[m, k], dt, 800 + s as u64, 0.5, &dev());
+            let (b, bv) = common::random_tensor(&[k, n], dt, 900 + s as u64, 0.5, &dev());
+            let mut out = common::poisoned(&[m, n], DType::F32, &dev());
+            products_by_tile_count(&a, &b, &mut out).unwrap();
+            let want: Vec<f64> = (0..m * n).map(|x| (0..k).map(|kk| av[(x / n) * k + kk] * bv[kk * n + x % n]).sum::<f64>()).collect();
+            check(&format!("products_by_tile_count {dt} {m}x{k}x{n}"), &out.to_vec_f64().unwrap(), &want, 1e-4);
+        }
+    }
+    let k = (products_by_tile_count::DEF.build)(&[DType::BF16]).unwrap();
+    let mut spec = common::snapshot_spec(&products_by_tile_count::DEF);
+    spec.shape_pow2 = vec![4096, 4096, 4096];
+    let e = kfuse::codegen::compile(&k, &spec, &Target::sm90a()).unwrap();
+    assert!(e.source.contains("kf_cp_async_commit") && e.source.contains("kf_st"), "no ring:\n{}", e.source);
+}
+
 /// On sm_90a the plan of that loop says a producer warpgroup fills its rings, and that
 /// no turns are taken (one dot a loop).
 #[test]
@@ -147,6 +169,7 @@ fn every_loop_kernel_compiles_for_sm80_and_sm90a() {
         (&batch_k_sums::DEF, true),
         (&prefix_sums::DEF, true),
         (&scaled_products::DEF, true),
+        (&products_by_tile_count::DEF, true),
     ]);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -105,3 +105,18 @@ pub fn scaled_products<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, out
     }
     out.block([i * BM, j * BN], [BM, BN]).store(acc);
 }
+
+/// The product walked by a tile count: the loop runs over `t`, and the blocks' offset
+/// `t * BK` is computed in its body. Not the matrix path's form (its offsets come from
+/// inside the loop), so its dot is lowered where it stands; on sm_90a its operands still
+/// take `cp.async` rings, which compute the next iteration's offset ahead.
+#[kfuse]
+pub fn products_by_tile_count<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, out: &mut Tensor<f32, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for t in 0..(K + BK - 1) / BK {
+        let k0 = t * BK;
+        acc += dot(a.block([i * BM, k0], [BM, BK]).load(), b.block([k0, j * BN], [BK, BN]).load());
+    }
+    out.block([i * BM, j * BN], [BM, BN]).store(acc);
+}

@@ -73,7 +73,8 @@ pub fn run(k: &mut Kernel, target: &Target) -> Result<(), CodegenError> {
 }
 
 /// The tile loads a persistent block issues one program ahead: loads of tiles whose
-/// offsets depend on a program id and on no other load, in program order.
+/// offsets depend on a program id and on no other load and no loop's values (an offset
+/// computed from a loop's index is not known a program ahead), in program order.
 pub fn prefetch_loads(k: &Kernel) -> Vec<OpId> {
     k.ops()
         .filter(|&op| matches!(k.op(op), Op::Load { dims, .. } if !dims.iter().any(AccessDim::is_gather)) && !k.ty(op.value()).is_scalar())
@@ -103,7 +104,7 @@ pub fn closure(k: &Kernel, roots: &[OpId]) -> Vec<OpId> {
 fn walk(k: &Kernel, v: ValueId, pid: &mut bool, loaded: &mut bool) {
     match k.op(v.op()) {
         Op::ProgramId { .. } => *pid = true,
-        Op::Load { .. } => *loaded = true,
+        Op::Load { .. } | Op::LoopIndex { .. } | Op::LoopCarried { .. } | Op::LoopResult { .. } => *loaded = true,
         _ => {}
     }
     for u in k.operands(v.op()) {

@@ -257,6 +257,13 @@ fn accumulation(k: &Kernel, dot: OpId, info: &LoopInfo) -> Result<Accumulated, C
                 "the {what} operand of `dot` are addressed by an offset computed inside the loop; compute it before the loop"
             )));
         }
+        // the k axis walks with the loop: its offset is the loop's index (the matrix
+        // path's producer addresses each stage from the index alone)
+        let k_dim = tiles[if t { fixed_axis } else { 1 - fixed_axis }];
+        let k_off = k.operands(load)[k_dim];
+        if !matches!(k.op(k_off.op()), Op::LoopIndex { id } if *id == info.id) {
+            return Err(unsupported("the k offset of a `dot` operand is computed in the loop, not the loop's index itself".to_string()));
+        }
     }
     Ok(Accumulated { dot, carried: index, add, a: (a_load, a_t), b: (b_load, b_t) })
 }

@@ -7,13 +7,16 @@
 //! contiguous tile axis is the tensor's unit-stride last dimension at an offset that is a
 //! provable multiple of 8 elements (0, a tile extent's multiple, a loop index) with a
 //! 16-byte aligned pointer and row strides of whole 16-byte units, and every address
-//! operand is either defined before its innermost loop or that loop's index — so the
-//! next iteration's tile is known before this one's math. A gathered tile qualifies too
-//! (rows gathered by index tiles broadcast from rank-1 tiles defined before the loop,
-//! columns along the last dimension): before the loop's first copies each row's
-//! coordinates go into shared-memory tables (`kf_gt…`, between two barriers), and each
-//! 16-byte copy reads its row's coordinates there (a row outside the tensor copies
-//! zeros). The warp-specialized path takes none (its producer's addresses are scalars).
+//! operand is defined before its innermost loop, is that loop's index, or is computed
+//! in the loop by arithmetic on its index and values from outside it
+//! ([`address_closure`]: the ring writes that arithmetic again, in a block of its own,
+//! at the next index) — so the next iteration's tile is known before this one's math. A
+//! gathered tile qualifies too (rows gathered by index tiles broadcast from rank-1 tiles
+//! computed so, columns along the last dimension): before each stage's copies each row's
+//! coordinates go into that stage's shared-memory tables (`kf_gt…[stage]`, before the
+//! barrier the copies follow), and each 16-byte copy reads its row's coordinates there
+//! (a row outside the tensor copies zeros). The warp-specialized path takes neither
+//! (its producer computes scalar addresses defined outside the loop).
 //!
 //! Where the kernel is warp-specialized (`warp_specialize.rs`), a producer warpgroup
 //! fills the rings instead, on mbarriers, and what follows describes the other kernels.
@@ -94,7 +97,7 @@ pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopI
     // the last dimension's
     let gathered = match gather_roots(k, v) {
         Some(g) if !g.is_empty() => {
-            if tiles != [last] || g.iter().any(|&(d, x)| d > last || inside(k, loops, x, l)) {
+            if tiles != [last] || g.iter().any(|&(d, x)| d > last || address_closure(k, loops, x, l).is_none()) {
                 return None;
             }
             true
@@ -115,8 +118,35 @@ pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopI
     if !multiple_of(k, ops[last], 8, 4) {
         return None;
     }
-    let ok = ops.iter().zip(dims).all(|(&o, d)| d.is_gather() || matches!(k.op(o.op()), Op::LoopIndex { id } if *id == l) || !inside(k, loops, o, l));
+    let ok = ops.iter().zip(dims).all(|(&o, d)| d.is_gather() || address_closure(k, loops, o, l).is_some());
     ok.then_some(l)
+}
+
+/// The ops inside loop `l` that compute the address value `v` (program order), when
+/// they are pure arithmetic on `l`'s index and values from outside `l` — so the ring can
+/// compute the next iteration's address ahead (`None`: something else, a load or a
+/// carried value, feeds it). Empty for a value from outside `l` or `l`'s index itself.
+pub(super) fn address_closure(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, l: LoopId) -> Option<Vec<kfuse_ir::OpId>> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut stack = vec![v];
+    while let Some(x) = stack.pop() {
+        if !inside(k, loops, x, l) || matches!(k.op(x.op()), Op::LoopIndex { id } if *id == l) || !seen.insert(x.op()) {
+            continue;
+        }
+        let pure = matches!(
+            k.op(x.op()),
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Broadcast | Op::ExpandDims { .. } | Op::Convert
+                | Op::Const { .. } | Op::ShapeDim { .. } | Op::TileExtent { .. } | Op::ScalarParam { .. } | Op::Iota { .. }
+        );
+        // (an op of a loop nested in `l` runs many times an iteration)
+        if !pure || loops.get(&x) != Some(&l) {
+            return None;
+        }
+        stack.extend(k.operands(x.op()));
+    }
+    let mut ops: Vec<kfuse_ir::OpId> = seen.into_iter().collect();
+    ops.sort_by_key(|&o| k.position(o));
+    Some(ops)
 }
 
 /// A load's gathered dimensions and the rank-1 index tile each is broadcast from
@@ -172,14 +202,78 @@ impl Emitter<'_> {
         }
         let ops = self.k.operands(for_op);
         let (lo, hi) = (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone());
-        self.ring_gather_tables(&loads)?;
+        let gathered = self.ring_gather_tables(&loads)?;
         self.line(format!("int kf_st{} = 0;", l.0))?;
         self.open(format!("if ({lo} < {hi})"))?;
+        // the addresses computed in the loop, at its first index
+        let closure = self.ring_closure(l);
+        if !closure.is_empty() {
+            self.open("")?;
+        }
+        let saved = self.bind_closure(l, &closure, &lo)?;
+        if gathered {
+            self.write_gather_tables(&loads, "0")?;
+            self.line(self.barrier)?;
+        }
         for v in &loads {
             self.ring_copy(*v, l, &lo, "0")?;
         }
+        self.restore(saved);
+        if !closure.is_empty() {
+            self.close()?;
+        }
         self.close()?;
         self.line("kf_cp_async_commit();")
+    }
+
+    /// The ops in loop `l` that compute its ring loads' addresses ([`address_closure`]),
+    /// in program order.
+    fn ring_closure(&self, l: LoopId) -> Vec<kfuse_ir::OpId> {
+        let k = self.k;
+        let loops = enclosing_loops(k);
+        let mut all = std::collections::BTreeSet::new();
+        for &v in &self.wg.as_ref().unwrap().rings[&l] {
+            let gathered: Vec<ValueId> = gather_roots(k, v).unwrap_or_default().into_iter().map(|(_, x)| x).collect();
+            let Op::Load { dims, .. } = k.op(v.op()) else { continue };
+            let scalars = k.operands(v.op()).into_iter().zip(dims).filter(|(_, d)| !d.is_gather()).map(|(o, _)| o);
+            for r in gathered.into_iter().chain(scalars) {
+                all.extend(address_closure(k, &loops, r, l).unwrap_or_default());
+            }
+        }
+        let mut ops: Vec<kfuse_ir::OpId> = all.into_iter().collect();
+        ops.sort_by_key(|&o| k.position(o));
+        ops
+    }
+
+    /// Writes `closure` again with loop `l`'s index bound to the expression `at` (in a
+    /// block the caller opened, whose names shadow the iteration's own); returns the
+    /// values it replaced, for [`Emitter::restore`].
+    fn bind_closure(&mut self, l: LoopId, closure: &[kfuse_ir::OpId], at: &str) -> Result<Vec<(ValueId, Option<Val>)>, crate::CodegenError> {
+        let mut saved = Vec::new();
+        if closure.is_empty() {
+            return Ok(saved);
+        }
+        let k = self.k;
+        if let Some(iv) = k.ops().find(|&o| matches!(k.op(o), Op::LoopIndex { id } if *id == l)).map(|o| o.value()) {
+            saved.push((iv, self.vals.remove(&iv)));
+            let val = Val { name: format!("({at})"), dtype: kfuse_ir::DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![], lazy: None };
+            self.vals.insert(iv, val);
+        }
+        for &op in closure {
+            saved.push((op.value(), self.vals.remove(&op.value())));
+            self.op_unlocated(op)?;
+        }
+        Ok(saved)
+    }
+
+    /// Puts back the values [`Emitter::bind_closure`] replaced.
+    fn restore(&mut self, saved: Vec<(ValueId, Option<Val>)>) {
+        for (v, x) in saved.into_iter().rev() {
+            match x {
+                Some(x) => self.vals.insert(v, x),
+                None => self.vals.remove(&v),
+            };
+        }
     }
 
     /// At a ring load inside its loop: the first one of the loop fetches the next
@@ -203,12 +297,29 @@ impl Emitter<'_> {
             // whose instructions read the other stage
             self.line("kf_cp_async_wait<0>();")?;
             self.line("kf_proxy_fence();")?;
+            // the next iteration's addresses computed in the loop, and its rows'
+            // coordinates into the other stage's tables, before the barrier
+            let (next, has_next, other) = (format!("({iv} + ({step}))"), format!("(({hi}) - {iv} > ({step}))"), format!("(kf_st{} ^ 1)", l.0));
+            let closure = self.ring_closure(l);
+            if !closure.is_empty() {
+                self.open("")?;
+            }
+            let saved = self.bind_closure(l, &closure, &next)?;
+            if loads.iter().any(|&x| gather_roots(self.k, x).is_some_and(|g| !g.is_empty())) {
+                self.open(format!("if {has_next}"))?;
+                self.write_gather_tables(&loads, &other)?;
+                self.close()?;
+            }
             self.line(self.barrier)?;
-            self.open(format!("if (({hi}) - {iv} > ({step}))"))?;
+            self.open(format!("if {has_next}"))?;
             for x in &loads {
-                self.ring_copy(*x, l, &format!("({iv} + ({step}))"), &format!("(kf_st{} ^ 1)", l.0))?;
+                self.ring_copy(*x, l, &next, &other)?;
             }
             self.close()?;
+            self.restore(saved);
+            if !closure.is_empty() {
+                self.close()?;
+            }
             self.line("kf_cp_async_commit();")?;
             self.wg_synced = true;
             self.wg_dirty = false;
@@ -261,28 +372,30 @@ impl Emitter<'_> {
     /// are broadcast from, fixed in the loop), written before its first copies: a barrier
     /// (no thread still reads the tables of the loop's last run), each thread's rows,
     /// a barrier.
-    fn ring_gather_tables(&mut self, loads: &[ValueId]) -> R {
-        let mut first = true;
+    fn ring_gather_tables(&mut self, loads: &[ValueId]) -> Result<bool, crate::CodegenError> {
+        let mut any = false;
         for &v in loads {
             let Some(gather) = gather_roots(self.k, v).filter(|g| !g.is_empty()) else { continue };
             let rows = self.wg.as_ref().unwrap().eager[&v].rows;
-            if first {
-                self.line(self.barrier)?;
-                first = false;
+            any = true;
+            for (d, _) in gather {
+                self.line(format!("__shared__ long long kf_gt{}_{d}[2][{rows}];", v.index()))?;
             }
-            for (d, x) in gather {
+        }
+        Ok(any)
+    }
+
+    /// Each thread's rows of the gathered ring loads' tables for ring stage `stage`.
+    fn write_gather_tables(&mut self, loads: &[ValueId], stage: &str) -> R {
+        for &v in loads {
+            for (d, x) in gather_roots(self.k, v).unwrap_or_default() {
                 let xv = self.val(x).clone();
                 let map = xv.map.clone().ok_or_else(|| crate::CodegenError::Unsupported("a gathered ring load's index tile in a uniform layout".into()))?;
                 let axis = xv.axis_map.first().copied().flatten().ok_or_else(|| crate::CodegenError::Unsupported("a gathered ring load's index tile without its axis".into()))?;
-                let table = format!("kf_gt{}_{d}", v.index());
-                self.line(format!("__shared__ long long {table}[{rows}];"))?;
                 self.unroll("k", map.regs)?;
-                self.line(format!("{table}[{}] = {};", super::coord(&map, axis, "k"), self.reg(x, "k")))?;
+                self.line(format!("kf_gt{}_{d}[{stage}][{}] = {};", v.index(), super::coord(&map, axis, "k"), self.reg(x, "k")))?;
                 self.close()?;
             }
-        }
-        if !first {
-            self.line(self.barrier)?;
         }
         Ok(())
     }
@@ -301,7 +414,7 @@ impl Emitter<'_> {
         self.line("bool kf_gin = true;")?;
         for &(d, _) in gather {
             let (n, st) = (self.shape_var(tdims[d]), self.stride(*tensor, d));
-            self.line(format!("{{ const long long x = kf_gt{}_{d}[r]; kf_gin = kf_gin && (unsigned long long)x < (unsigned long long){n}; kf_go += x * {st}; }}", v.index()))?;
+            self.line(format!("{{ const long long x = kf_gt{}_{d}[{stage}][r]; kf_gin = kf_gin && (unsigned long long)x < (unsigned long long){n}; kf_go += x * {st}; }}", v.index()))?;
         }
         self.line("const int kf_n = kf_gin ? (kf_vc - c < 0 ? 0 : kf_vc - c > 8 ? 8 : kf_vc - c) : 0;")?;
         let at = t.at("r", "c");
