@@ -223,3 +223,18 @@ fn conv_kernels_compile_for_sm80_and_sm90a() {
     let failures = common::compile_for_both_targets(&[(&kernels::conv2d::DEF, true), (&kernels::conv2d_depthwise::DEF, true), (&kernels::conv2d_pointwise::DEF, true)]);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The CUDA of the implicit GEMM and the depthwise kernel, bf16, for sm_90a and sm_80 at
+/// the snapshot spec (the gathered rows, the rings and their row tables on sm_90a): a
+/// snapshot changes only when the compiler's output does.
+#[test]
+fn conv_kernel_snapshots() {
+    use kfuse::codegen::Target;
+    for def in [&kernels::conv2d::DEF, &kernels::conv2d_depthwise::DEF] {
+        let k = (def.build)(&[DType::BF16]).unwrap();
+        for target in [Target::sm90a(), Target::sm80()] {
+            let e = kfuse::codegen::compile(&k, &common::snapshot_spec(def), &target).unwrap();
+            insta::assert_snapshot!(format!("{}_bf16_{}", def.name, target.arch()), e.source);
+        }
+    }
+}
