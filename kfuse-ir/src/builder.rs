@@ -225,8 +225,9 @@ impl Builder {
         self.k.ty(v)
     }
 
-    /// Reads a block of a tensor: `offsets` (one `i64` scalar per tensor dimension) and
-    /// `dims` say where and how much. The tile's shape is the `Tile` extents of `dims`.
+    /// Reads a block of a tensor: `offsets` (one `i64` scalar per tensor dimension, or an
+    /// index tile, below) and `dims` say where and how much. The tile's shape is the
+    /// `Tile` extents of `dims` and the gathered axis ([`AccessDim::tile_shape`]).
     ///
     /// An `Index` dimension whose offset is an `i64` tile of rank 1 (`[E]`) is gathered
     /// ([`AccessDim::Gather`]): element `e` of the gathered axis reads the tensor at

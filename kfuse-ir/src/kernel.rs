@@ -746,6 +746,14 @@ impl Kernel {
         self.operands(store).get(dims.len() + 1).copied()
     }
 
+    /// The gathered dimensions of a load or store and their index tiles (its offsets on
+    /// [`AccessDim::Gather`] dimensions); empty for any other op.
+    pub fn gathered_offsets(&self, op: OpId) -> Vec<(usize, ValueId)> {
+        let (Op::Load { dims, .. } | Op::Store { dims, .. }) = self.op(op) else { return Vec::new() };
+        let ops = self.operands(op);
+        dims.iter().enumerate().filter(|(_, d)| d.is_gather()).map(|(d, _)| (d, ops[d])).collect()
+    }
+
     /// Makes every use of `old` by `user` a use of `new` instead.
     pub fn replace_operand(&mut self, user: OpId, old: ValueId, new: ValueId) {
         let edges: Vec<_> = self

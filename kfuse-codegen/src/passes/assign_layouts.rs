@@ -266,14 +266,9 @@ fn met_values(k: &Kernel, v: ValueId) -> Vec<ValueId> {
     met
 }
 
-/// The index tiles of a gathered load or store (its offsets on `Gather` dimensions).
+/// The index tiles of a gathered load or store ([`Kernel::gathered_offsets`]).
 fn gather_indices(k: &Kernel, op: OpId) -> Vec<ValueId> {
-    let dims = match k.op(op) {
-        Op::Load { dims, .. } | Op::Store { dims, .. } => dims,
-        _ => return Vec::new(),
-    };
-    let ops = k.operands(op);
-    dims.iter().enumerate().filter(|(_, d)| d.is_gather()).map(|(i, _)| ops[i]).collect()
+    k.gathered_offsets(op).into_iter().map(|(_, x)| x).collect()
 }
 
 /// Gives a gathered access's index tiles the layout `want` (the loaded or stored tile's):

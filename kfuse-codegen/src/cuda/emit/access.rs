@@ -162,7 +162,7 @@ impl Emitter<'_> {
         let tdims = p.dims().to_vec();
         let width = *k.schedule.vector.get(&op).unwrap_or(&1);
         // (a gathered dimension's coordinates come per register, from its index tile)
-        let gather: Vec<(usize, ValueId)> = dims.iter().enumerate().filter(|(_, d)| d.is_gather()).map(|(d, _)| (d, offs[d])).collect();
+        let gather = k.gathered_offsets(op);
         let off: Vec<String> = offs.iter().zip(dims).map(|(o, d)| if d.is_gather() { "0".to_string() } else { self.val(*o).name.clone() }).collect();
         // base pointer and bounds
         let base = self.fresh("kf_p");

@@ -152,13 +152,12 @@ pub(super) fn address_closure(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: 
 /// A load's gathered dimensions and the rank-1 index tile each is broadcast from
 /// (`x` of `broadcast(x.unsqueeze(1))`); `None` where one is no such broadcast.
 pub(super) fn gather_roots(k: &Kernel, v: ValueId) -> Option<Vec<(usize, ValueId)>> {
-    let Op::Load { dims, .. } = k.op(v.op()) else { return None };
-    let ops = k.operands(v.op());
-    dims.iter()
-        .enumerate()
-        .filter(|(_, d)| d.is_gather())
-        .map(|(d, _)| {
-            let mut x = ops[d];
+    if !matches!(k.op(v.op()), Op::Load { .. }) {
+        return None;
+    }
+    k.gathered_offsets(v.op())
+        .into_iter()
+        .map(|(d, mut x)| {
             while matches!(k.op(x.op()), Op::Broadcast | Op::ExpandDims { .. } | Op::Convert) {
                 x = k.operands(x.op())[0];
             }
@@ -212,7 +211,11 @@ impl Emitter<'_> {
         }
         let saved = self.bind_closure(l, &closure, &lo)?;
         if gathered {
+            // (index tiles from outside the loop: both stages' tables now, once)
             self.write_gather_tables(&loads, "0")?;
+            if !self.tables_move(l) {
+                self.write_gather_tables(&loads, "1")?;
+            }
             self.line(self.barrier)?;
         }
         for v in &loads {
@@ -305,7 +308,7 @@ impl Emitter<'_> {
                 self.open("")?;
             }
             let saved = self.bind_closure(l, &closure, &next)?;
-            if loads.iter().any(|&x| gather_roots(self.k, x).is_some_and(|g| !g.is_empty())) {
+            if self.tables_move(l) {
                 self.open(format!("if {has_next}"))?;
                 self.write_gather_tables(&loads, &other)?;
                 self.close()?;
@@ -367,11 +370,20 @@ impl Emitter<'_> {
         Ok((self.element_ptr(*tensor, &offs), ok, his))
     }
 
-    /// The row tables of loop `l`'s gathered ring loads (`kf_gt{load}_{dim}`: each row's
-    /// coordinate along each gathered dimension, from the rank-1 index tiles the loads
-    /// are broadcast from, fixed in the loop), written before its first copies: a barrier
-    /// (no thread still reads the tables of the loop's last run), each thread's rows,
-    /// a barrier.
+    /// Whether a gathered ring load of loop `l` has index tiles computed in the loop (its
+    /// row tables are written again for each next iteration; otherwise once, before it).
+    fn tables_move(&self, l: LoopId) -> bool {
+        let loops = enclosing_loops(self.k);
+        self.wg.as_ref().unwrap().rings[&l]
+            .iter()
+            .flat_map(|&v| gather_roots(self.k, v).unwrap_or_default())
+            .any(|(_, x)| address_closure(self.k, &loops, x, l).is_some_and(|c| !c.is_empty()))
+    }
+
+    /// Declares the row tables of loop `l`'s gathered ring loads, two stages each
+    /// (`kf_gt{load}_{dim}[stage][row]`: each row's coordinate along each gathered
+    /// dimension, from the rank-1 index tiles the loads are broadcast from); returns
+    /// whether there are any.
     fn ring_gather_tables(&mut self, loads: &[ValueId]) -> Result<bool, crate::CodegenError> {
         let mut any = false;
         for &v in loads {
