@@ -12,10 +12,11 @@
 //! ([`address_closure`]: the ring writes that arithmetic again, in a block of its own,
 //! at the next index) — so the next iteration's tile is known before this one's math. A
 //! gathered tile qualifies too (rows gathered by index tiles broadcast from rank-1 tiles
-//! computed so, columns along the last dimension): before each stage's copies each row's
-//! coordinates go into that stage's shared-memory tables (`kf_gt…[stage]`, before the
-//! barrier the copies follow), and each 16-byte copy reads its row's coordinates there
-//! (a row outside the tensor copies zeros). The warp-specialized path takes neither
+//! computed so, columns along the last dimension): each row's coordinates go into
+//! shared-memory tables of the stage (`kf_gt…[stage]`, before the barrier the copies
+//! follow; both stages once, before the loop, where the index tiles come from outside
+//! it), and each 16-byte copy reads its row's coordinates there (a row outside the
+//! tensor copies zeros). The warp-specialized path takes neither
 //! (its producer computes scalar addresses defined outside the loop).
 //!
 //! Where the kernel is warp-specialized (`warp_specialize.rs`), a producer warpgroup
