@@ -915,8 +915,8 @@ impl<'a> Emitter<'a> {
         let round = |d: DType, e: String| if stored_only { e } else { round(d, e) };
         // (tiles only: a scalar divides once a thread, and the branch cost the sm_80
         // attention kernel, at 255 registers, 12 bytes of spills)
-        let const_divisor = ty.is_scalar() || (ops.len() == 2 && crate::analysis::int_value(k, ops[1]).is_some());
-        if in_d == DType::I64 && !const_divisor && matches!(k.op(op), Op::Binary(BinaryOp::Div | BinaryOp::Rem)) {
+        let plain_div = ty.is_scalar() || (ops.len() == 2 && crate::analysis::int_value(k, ops[1]).is_some());
+        if in_d == DType::I64 && !plain_div && matches!(k.op(op), Op::Binary(BinaryOp::Div | BinaryOp::Rem)) {
             self.helpers.insert("kf_divi".into(), super::prelude::INT_DIV.into());
         }
         let fmt = |args: &[String]| -> String {
@@ -953,8 +953,8 @@ impl<'a> Emitter<'a> {
                         // long subroutine an element: operands that fit 31 bits (pixel
                         // and row coordinates) divide in 32 bits (a constant divisor is
                         // the compiler's multiply and shift already)
-                        BinaryOp::Div if int && !const_divisor => format!("kf_divi({a}, {bb})"),
-                        BinaryOp::Rem if int && !const_divisor => format!("kf_remi({a}, {bb})"),
+                        BinaryOp::Div if int && !plain_div => format!("kf_divi({a}, {bb})"),
+                        BinaryOp::Rem if int && !plain_div => format!("kf_remi({a}, {bb})"),
                         BinaryOp::Div => format!("({a} / {bb})"),
                         BinaryOp::Rem => format!("({a} % {bb})"),
                         BinaryOp::Max if int => format!("kf_maxi({a}, {bb})"),
