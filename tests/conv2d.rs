@@ -171,7 +171,7 @@ fn kernels_fill_poisoned_outputs() {
     // implicit GEMM, groups 2, padding 1
     let l = layer([2, 7, 13, 6], 6, (3, 3), 1, 1, 1, 2, true, Activation::Relu);
     let mut y = common::poisoned(&[2 * 7 * 13, 2, 3], dt, &dev());
-    kernels::conv2d(&x.view(&[2, 7, 13, 2, 3]).unwrap(), &w.view(&[2, 3, 9, 3]).unwrap(), &b.view(&[2, 3]).unwrap(), &mut y, 13, 91, 3, 1, 1, 1, 1, 1, 1, 0.0).unwrap();
+    kernels::conv2d(&x.view(&[2, 7, 13, 2, 3]).unwrap(), &w.view(&[2, 3, 3, 3, 3]).unwrap(), &b.view(&[2, 3]).unwrap(), &mut y, 13, 91, 1, 1, 1, 1, 1, 1, 0.0).unwrap();
     let (want, scale) = reference(&l, &xv, &wv, Some(&bv));
     assert!(common::err_against(&y.to_vec_f64().unwrap(), &want, &scale) <= tol(dt));
     // depthwise, padding 1

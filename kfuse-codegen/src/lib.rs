@@ -195,6 +195,7 @@ fn schedule_passes(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kern
     check(&k, "select_mma_path")?;
     passes::persist_programs::run(&mut k, target)?;
     passes::rematerialize::run(&mut k, spec)?;
+    passes::ring_occupancy::run(&mut k, spec, target)?;
     let attempts = k.schedule.register_attempt.1.max(1);
     if spec.register_attempt >= attempts {
         return Err(CodegenError::Unsupported(format!(
@@ -280,6 +281,12 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
     // the writer sizes the shared memory it declares (statically, in the source, plus
     // the dynamic pipeline buffers of the matrix path); recorded for the printer
     k.schedule.smem_bytes = out.static_smem + out.dynamic_smem;
+    // a kernel whose launch bounds the writer chose itself (warp-specialized) has them
+    // in its schedule, and no register-room attempts (each would give the same source)
+    if let Some(b) = out.min_blocks {
+        k.schedule.min_blocks = b;
+        k.schedule.register_attempt.1 = k.schedule.register_attempt.0 + 1;
+    }
     let tiles = k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect();
     let cluster_x = k.schedule.mma().map_or(k.schedule.split_blocks, |p| p.split_k.max(p.multicast)).max(1);
     let plan = Plan::of_scheduled(&k, &target.arch(), &out, cluster_x);

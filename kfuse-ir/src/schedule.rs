@@ -150,8 +150,12 @@ pub struct Schedule {
     pub thread_pointers: bool,
     /// Which of the kernel's register-room attempts this schedule is (0-based) and how
     /// many there are (1: no fallback). A later attempt asks for less: the runtime
-    /// compiles it when the assembler spills the one before (`rematerialize`).
+    /// compiles it when the assembler spills the one before (`rematerialize`,
+    /// `ring_occupancy`).
     pub register_attempt: (u32, u32),
+    /// Most stages of the writer's operand rings filled by the block's own threads; 0: as many as shared
+    /// memory holds for `min_blocks` blocks (`ring_occupancy`).
+    pub ring_stages: u32,
     /// The chosen value of each tile symbol.
     pub tiles: BTreeMap<TileSym, u32>,
     /// The compiled extent of each shape symbol used as a full tile extent.

@@ -458,9 +458,12 @@ impl Device {
     /// here ([`cubin_runs_on`]), else its PTX, which the driver assembles — and returns
     /// its function `entry`; when
     /// `smem_bytes` exceeds the 48 KiB default, raises the function's dynamic shared
-    /// memory limit to it, and when `cluster` (blocks per thread-block cluster) exceeds
+    /// memory limit to it, when the kernel asks for `blocks` ≥ 2 blocks a
+    /// multiprocessor (its launch bounds) and takes dynamic shared memory, prefers the
+    /// largest shared-memory carveout (the driver otherwise picks one that holds a
+    /// single such block), and when `cluster` (blocks per thread-block cluster) exceeds
     /// the portable 8, allows the function non-portable cluster sizes.
-    pub(crate) fn load_module(&self, m: &crate::nvrtc::Module, arch: &str, entry: &str, smem_bytes: u32, cluster: u32) -> Result<CudaFunction> {
+    pub(crate) fn load_module(&self, m: &crate::nvrtc::Module, arch: &str, entry: &str, smem_bytes: u32, blocks: u32, cluster: u32) -> Result<CudaFunction> {
         let g = self.gpu_ref().ok_or_else(|| Error::InvalidArgument("a module can only be loaded on a GPU".into()))?;
         if smem_bytes > g.smem_optin {
             return Err(Error::InvalidArgument(format!(
@@ -484,6 +487,11 @@ impl Device {
                 g.bind()?;
                 f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes as i32)
                     .map_err(driver(format_args!("allowing `{entry}` {smem_bytes} bytes of dynamic shared memory")))?;
+            }
+            if blocks >= 2 && smem_bytes > 0 {
+                g.bind()?;
+                f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+                    .map_err(driver(format_args!("preferring the largest shared-memory carveout for `{entry}`")))?;
             }
             if cluster > 8 {
                 // clusters above the portable 8 blocks (sm_90 takes 16) need the

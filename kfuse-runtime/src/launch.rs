@@ -1491,7 +1491,7 @@ fn load(device: &Device, kernel: &Kernel, key: &ModuleKey) -> Result<(Arc<Loaded
     let mut attempts = std::time::Duration::ZERO;
     let emitted = kfuse_codegen::compile_with_fallbacks(kernel, &key.spec, &key.target, |e| -> Result<bool> {
         let t = std::time::Instant::now();
-        let r = gpu.functions.get_or_load(e, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.cluster_x));
+        let r = gpu.functions.get_or_load(e, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.plan.min_blocks, e.cluster_x));
         attempts += t.elapsed();
         Ok(r?.0.local_bytes > 0)
     });
@@ -1499,7 +1499,7 @@ fn load(device: &Device, kernel: &Kernel, key: &ModuleKey) -> Result<(Arc<Loaded
     crate::build_times::add(crate::build_times::Step::Codegen, codegen);
     tracing::debug!(target: "kfuse::codegen", kernel = %key.kernel, ok = emitted.is_ok(), elapsed_ms = crate::build_times::ms(codegen), "codegen");
     let emitted = emitted?;
-    let (k, o) = gpu.functions.get_or_load(&emitted, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.cluster_x))?;
+    let (k, o) = gpu.functions.get_or_load(&emitted, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.plan.min_blocks, e.cluster_x))?;
     tracing::debug!(target: "kfuse::runtime", kernel = %key.kernel, outcome = ?o, elapsed_ms = crate::build_times::ms(started.elapsed()), "kernel ready");
     gpu.functions.insert(key.clone(), k.clone());
     Ok((k, o))
@@ -1615,7 +1615,7 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
         return Ok(launched);
     }
     let gpu = device.gpu_ref().expect("a GPU");
-    let (loaded, outcome) = gpu.functions.get_or_load(emitted, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.cluster_x))?;
+    let (loaded, outcome) = gpu.functions.get_or_load(emitted, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.plan.min_blocks, e.cluster_x))?;
     launched.skipped_empty = !issue(&device, &loaded, kernel, args, &shapes, None)?;
     launched.cache = Some(outcome);
     record_kernel(&mut launched, &loaded);

@@ -237,8 +237,8 @@ pub fn conv2d(x: &Tensor, w: &Tensor, opts: &Conv2dOptions) -> Result<Tensor> {
     }
     let (cg, kg) = (c / g, k / g);
     let xg = x.view(&[n, h, wd, g, cg])?;
-    let wg = view_or_copy(w, &[g, kg, r * s, cg])?;
+    let wg = view_or_copy(w, &[g, kg, r, s, cg])?;
     let mut yg = y.view(&[npq, g, kg])?;
-    kernels::conv2d(&xg, &wg, &bias.view(&[g, kg])?, &mut yg, oq, pq, fs, sh, sw, ph, pw, dh, dw, floor)?;
+    kernels::conv2d(&xg, &wg, &bias.view(&[g, kg])?, &mut yg, oq, pq, sh, sw, ph, pw, dh, dw, floor)?;
     opts.activation.after(y)
 }

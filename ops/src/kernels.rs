@@ -847,23 +847,24 @@ pub fn attention_varlen<T: Float>(
 // GEMM: row `m` is pixel `(n, p, q)` of the `P × Q` output; its input pixel at filter tap
 // `(r, s)` is `(n, p·sh − ph + r·dh, q·sw − pw + s·dw)`, gathered per row (the block
 // offsets `n`, `h`, `w` are `i64` tiles); taps outside the image read zeros (the padding).
-// The scalars: `oq` = Q, `pq` = P·Q, `fs` = S (the filter's width), the strides `sh`,
-// `sw`, paddings `ph`, `pw` and dilations `dh`, `dw`. The epilogue adds the bias and
-// takes the maximum with `floor`: 0 is a fused ReLU, −∞ none.
+// The scalars: `oq` = Q, `pq` = P·Q, the strides `sh`, `sw`, paddings `ph`, `pw` and
+// dilations `dh`, `dw` (the depthwise kernel's `fs` is S, the filter's width). The
+// epilogue adds the bias and takes the maximum with `floor`: 0 is a fused ReLU, −∞ none.
 
 /// Grouped convolution as an implicit GEMM: `y[m, g, k] = max(floor, bias[g, k] + Σ_{r, s, c}
-/// x[n, h, w, g, c] · w[g, k, r·S + s, c])`, walking the `R·S` taps and, inside each, the
-/// group's channels in steps of 64 (a gathered row of 64 16-bit channels is one 128-byte
-/// line; the compiler's own choice, 128, held 255 registers and spilled on sm_90a).
+/// x[n, h, w, g, c] · w[g, k, r, s, c])`, walking the taps' rows and columns and, inside
+/// each tap, the group's channels in steps of 64 (a gathered row of 64 16-bit channels is
+/// one 128-byte line; the compiler's own choice, 128, held 255 registers and spilled on
+/// sm_90a). The three loops are one sequence of steps to the compiler's `cp.async` ring,
+/// which fetches across taps.
 #[kfuse(crate = "crate::deps")]
 pub fn conv2d<T: Float>(
     x: Tensor<T, (N, H, W, G, CG)>,
-    w: Tensor<T, (G, KG, RS, CG)>,
+    w: Tensor<T, (G, KG, R, S, CG)>,
     bias: Tensor<T, (G, KG)>,
     y: &mut Tensor<T, (NPQ, G, KG)>,
     oq: i64,
     pq: i64,
-    fs: i64,
     sh: i64,
     sw: i64,
     ph: i64,
@@ -878,13 +879,15 @@ pub fn conv2d<T: Float>(
     let h0 = (m % pq) / oq * sh - ph;
     let w0 = m % oq * sw - pw;
     let mut acc = zeros::<f32>([BM, BN]);
-    for rs in 0..RS {
-        let h = h0 + rs / fs * dh;
-        let wc = w0 + rs % fs * dw;
-        for c in (0..CG).step_by(64) {
-            let a = x.block([n, h, wc, g, c], [_, _, _, _, 64]).load();
-            let b = w.block([g, j * BN, rs, c], [_, BN, _, 64]).load();
-            acc += dot(a, b.t());
+    for r in 0..R {
+        let h = h0 + r * dh;
+        for s in 0..S {
+            let wc = w0 + s * dw;
+            for c in (0..CG).step_by(64) {
+                let a = x.block([n, h, wc, g, c], [_, _, _, _, 64]).load();
+                let b = w.block([g, j * BN, r, s, c], [_, BN, _, _, 64]).load();
+                acc += dot(a, b.t());
+            }
         }
     }
     let v = max(acc + bias.block([g, j * BN], [_, BN]).load().to_f32().unsqueeze(0), floor);

@@ -428,6 +428,16 @@ struct Emitter<'a> {
     producer: bool,
     /// The producer's program, written after the consumers' body.
     producer_text: Option<String>,
+    /// Bytes of the rings' row tables (`__shared__` arrays the body declares).
+    ring_table_bytes: u32,
+    /// A ring's next copies, written after the next dot's WGMMA instructions are issued
+    /// (`operand_ring`).
+    pending_fetch: Option<String>,
+    /// Ring nests open where the writer is (`operand_ring::ring_nest`).
+    open_rings: u32,
+    /// Some scratch (`kf_smem`) is used inside a ring nest: the scratch may not share
+    /// the operand area's bytes.
+    scratch_in_ring: bool,
 }
 
 type R = Result<(), CodegenError>;
@@ -465,6 +475,10 @@ impl<'a> Emitter<'a> {
             ws: None,
             producer: false,
             producer_text: None,
+            ring_table_bytes: 0,
+            open_rings: 0,
+            pending_fetch: None,
+            scratch_in_ring: false,
         }
     }
 }
@@ -491,6 +505,14 @@ impl<'a> Emitter<'a> {
     fn unroll(&mut self, var: &str, n: u32) -> R {
         self.line("#pragma unroll")?;
         self.open(format!("for (int {var} = 0; {var} < {n}; ++{var})"))
+    }
+
+    /// Takes `bytes` of the scratch (`kf_smem`) where the writer is.
+    fn scratch(&mut self, bytes: u32) {
+        if bytes > 0 && self.open_rings > 0 {
+            self.scratch_in_ring = true;
+        }
+        self.smem = self.smem.max(bytes);
     }
 
     fn val(&self, v: ValueId) -> &Val {
@@ -577,7 +599,8 @@ impl<'a> Emitter<'a> {
             Op::For { id, .. } => {
                 // a loop's iterations meet here: the state of the writer's barriers
                 // does not carry across
-                if ring(self, id) {
+                if let Some(l) = self.ring_opened_by(*id) {
+                    self.open_rings += 1;
                     // (warp-specialized: the ring's waits are on the producer's
                     // mbarriers, which order no consumer's own writes: an operand a
                     // consumer wrote before the loop, read by another's instructions in
@@ -585,20 +608,25 @@ impl<'a> Emitter<'a> {
                     if self.ws.is_none() || self.wg_dirty {
                         self.line(self.barrier)?;
                     }
-                    self.ring_prologue(*id, op)?;
+                    self.ring_prologue(l)?;
                 }
                 // a later iteration enters the body in the state its end leaves
                 self.wg_synced = false;
                 self.wg_dirty = true;
             }
             Op::Yield { id } => {
+                self.take_pending_fetch()?;
+                if self.ring_opened_by(*id).is_some() {
+                    self.open_rings -= 1;
+                }
                 if ring(self, id) {
                     if self.ws.is_some() {
                         let stages = self.wg.as_ref().unwrap().stages;
                         self.ws_release(*id)?;
                         self.line(format!("kf_st{} = ++kf_rit % {stages};", id.0))?;
                     } else {
-                        self.line(format!("kf_st{0} ^= 1;", id.0))?;
+                        let stages = self.wg.as_ref().unwrap().stages;
+                        self.line(format!("if (++kf_st{0} == {stages}) kf_st{0} = 0;", id.0))?;
                     }
                 }
                 self.wg_synced = false;
@@ -1410,7 +1438,7 @@ impl<'a> Emitter<'a> {
         };
         let slots: u32 = rshape.iter().product::<u32>().max(1);
         let bytes = slots * am.wpb * if int { 8 } else { 4 };
-        self.smem = self.smem.max(bytes);
+        self.scratch(bytes);
         let ct = ctype(d);
         let sl = slot_of(rmap.as_ref());
         self.open("")?;
@@ -1526,7 +1554,7 @@ impl<'a> Emitter<'a> {
             SmemLayout::Swizzled { .. } => cols,
         };
         let rows: u32 = shape[..shape.len() - 1].iter().product::<u32>().max(1);
-        self.smem = self.smem.max(rows * row * esz);
+        self.scratch(rows * row * esz);
         // the smem index of (coordinates along the value axes)
         let index = |c: &[String]| -> String {
             if c.len() == 1 {
@@ -1749,11 +1777,14 @@ pub struct Emitted {
     pub block_threads: u32,
     /// Most programs to launch (persistent kernels walk the rest themselves).
     pub persistent: Option<u32>,
+    /// The launch bounds' blocks a multiprocessor where the writer chose them itself
+    /// (a warp-specialized kernel: one), else `None`: the schedule's `min_blocks`.
+    pub min_blocks: Option<u32>,
 }
 
 /// Writes the body of a kernel without a matrix loop, the carried tiles in `dynamic`
 /// with valid ranges that follow the iterations.
-fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::target::GridAxisEval], dynamic: BTreeSet<(LoopId, u32)>) -> Result<Emitter<'a>, CodegenError> {
+fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::target::GridAxisEval], dynamic: BTreeSet<(LoopId, u32)>, stages: u32) -> Result<Emitter<'a>, CodegenError> {
     let mut e = Emitter::new(k, spec, "__syncthreads();", grid);
     e.dynamic_ranges = dynamic;
     if k.schedule.split_blocks <= 1 && k.schedule.persistent == 0 {
@@ -1771,6 +1802,14 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             let deeper = dot_wgmma::plan(k, spec, true, wgmma, warp_specialize::STAGES);
             if fits(&deeper) && deeper.rings == e.wg.as_ref().unwrap().rings {
                 e.wg = Some(deeper);
+            }
+        }
+        // `cp.async` rings run `stages - 1` steps ahead where shared memory holds them
+        if e.ws.is_none() && e.wg.as_ref().is_some_and(|p| !p.rings.is_empty()) {
+            let rings = e.wg.as_ref().unwrap().rings.clone();
+            let deeper = (3..=stages).rev().map(|s| dot_wgmma::plan(k, spec, true, wgmma, s)).find(|p| fits(p) && p.rings == rings);
+            if deeper.is_some() {
+                e.wg = deeper;
             }
         }
         if let Some(ws) = e.ws.as_mut() {
@@ -1814,6 +1853,14 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
     Ok(e)
 }
 
+/// Whether the body's scratch may share the operand area's bytes: the rings are
+/// `cp.async` ones (a producer warpgroup's run ahead of the consumers), every tile of the
+/// area is a ring's, and no scratch is used inside a ring nest.
+fn shares_operand_area(e: &Emitter<'_>) -> bool {
+    let rings_only = e.wg.as_ref().is_some_and(|p| !p.rings.is_empty() && p.eager.values().all(|t| t.ring.is_some()) && p.dots.values().all(|d| d.b_tile().eager && d.a_tile().is_none_or(|t| t.eager)));
+    e.ws.is_none() && rings_only && !e.scratch_in_ring
+}
+
 /// Writes the CUDA source of a scheduled kernel ([`crate::schedule`]'s result) for
 /// `target`; `grid` is the kernel's grid in program-axis order (axis 0 first).
 pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::GridAxisEval]) -> Result<Emitted, CodegenError> {
@@ -1853,13 +1900,30 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             crate::mma_plan::MmaPath::FmaSimt => dot_fma::emit_kernel(k, spec, target, grid, plan, params, decls),
         };
     }
-    // The body first (its shared-memory needs are known only afterwards).
-    let mut e = body(k, spec, target, grid, BTreeSet::new())?;
-    while !e.retry.is_empty() {
-        // carried tiles whose valid range changes across iterations (see `loops.rs`)
-        let dynamic = e.dynamic_ranges.union(&e.retry).copied().collect();
-        e = body(k, spec, target, grid, dynamic)?;
-    }
+    // The body first (its shared-memory needs are known only afterwards): `cp.async`
+    // rings as deep as the whole block's shared memory then holds.
+    let mut stages = match k.schedule.ring_stages {
+        0 => operand_ring::STAGES,
+        s => s.clamp(2, operand_ring::STAGES),
+    };
+    let mut e = loop {
+        let mut e = body(k, spec, target, grid, BTreeSet::new(), stages)?;
+        while !e.retry.is_empty() {
+            // carried tiles whose valid range changes across iterations (see `loops.rs`)
+            let dynamic = e.dynamic_ranges.union(&e.retry).copied().collect();
+            e = body(k, spec, target, grid, dynamic, stages)?;
+        }
+        let ring_stages = e.wg.as_ref().filter(|p| e.ws.is_none() && !p.rings.is_empty()).map_or(2, |p| p.stages);
+        let scratch_at = if shares_operand_area(&e) { 0 } else { e.wg.as_ref().map_or(0, |p| p.bytes) };
+        let total = e.wg.as_ref().map_or(0, |p| 1024 + p.bytes.max(scratch_at + e.smem.div_ceil(16) * 16)) + e.ring_table_bytes;
+        // (`ring_occupancy`'s blocks share the multiprocessor's shared memory, each
+        // with 1 KiB the system keeps)
+        let blocks = k.schedule.min_blocks.max(1);
+        if ring_stages <= 2 || blocks * (total + 1024) <= target.smem_per_block + 1024 {
+            break e;
+        }
+        stages = ring_stages - 1;
+    };
     if e.cluster_reductions > 0 {
         // the partials in this block's shared memory stay until every block has read them
         e.line("kf_cluster_sync();")?;
@@ -1871,15 +1935,22 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     }
     let smem = e.smem;
     // WGMMA dots: the operand area, then the scratch, in dynamic shared memory from a
-    // 1024-byte boundary (the swizzle patterns' repeat)
+    // 1024-byte boundary (the swizzle patterns' repeat); the scratch starts at the
+    // operand area where every tile there is a ring's and no scratch is used inside a
+    // ring nest (a ring's bytes are dead outside its nest: its last copies have landed
+    // and its last instructions completed before the nest ends)
     let ops_bytes = e.wg.as_ref().map(|p| p.bytes);
-    let dynamic_smem = ops_bytes.map_or(0, |o| 1024 + o + smem.div_ceil(16) * 16);
+    let scratch_at = ops_bytes.map(|o| if shares_operand_area(&e) { 0 } else { o });
+    let dynamic_smem = ops_bytes.map_or(0, |o| 1024 + o.max(scratch_at.unwrap_or(o) + smem.div_ceil(16) * 16));
     if dynamic_smem > target.smem_per_block {
         return Err(CodegenError::Unsupported(format!("{dynamic_smem} bytes of shared memory (the target allows {})", target.smem_per_block)));
     }
     let helpers = dot_wgmma::helper_texts(&e.helpers);
     let e_notes = std::mem::take(&mut e.dot_notes);
-    let static_smem = if ops_bytes.is_some() { e.cluster_smem } else { smem + e.cluster_smem };
+    let static_smem = if ops_bytes.is_some() { e.cluster_smem + e.ring_table_bytes } else { smem + e.cluster_smem };
+    if dynamic_smem + e.ring_table_bytes > target.smem_per_block {
+        return Err(CodegenError::Unsupported(format!("{} bytes of shared memory (the target allows {})", dynamic_smem + e.ring_table_bytes, target.smem_per_block)));
+    }
     let body = e.w.finish();
     if ops_bytes.is_none() && smem > MAX_STATIC_SMEM {
         return Err(CodegenError::Unsupported(format!("{smem} bytes of shared memory (static limit {MAX_STATIC_SMEM})")));
@@ -1909,7 +1980,8 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     if !tma.is_empty() {
         preludes.push(warp_specialize::TMA_PRELUDE);
     }
-    let bounds = if producer.is_some() { format!("{threads}, 1") } else { launch_bounds(k, threads) };
+    let producer_bounds = producer.is_some();
+    let bounds = if producer_bounds { format!("{threads}, 1") } else { launch_bounds(k, threads) };
     let mut w = Writer::new(String::new());
     let mut head = || -> std::fmt::Result {
         open_kernel(&mut w, k, target, &preludes, &cluster_attr, &bounds, &decls)?;
@@ -1919,7 +1991,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         if let Some(o) = ops_bytes {
             w.line("extern __shared__ __align__(1024) unsigned char kf_dsmem[];")?;
             w.line("unsigned char* kf_ops = kf_dsmem + ((1024u - (kf_saddr(kf_dsmem) & 1023u)) & 1023u);")?;
-            w.line(format!("unsigned char* kf_smem = kf_ops + {o};"))?;
+            w.line(format!("unsigned char* kf_smem = kf_ops + {};", scratch_at.unwrap_or(o)))?;
             w.line("(void)kf_smem;")?;
             if let Some(p) = &producer {
                 warp_specialize::split_roles(&mut w, p, e.wg.as_ref().map_or(2, |p| p.stages), !tma.is_empty())?;
@@ -1945,5 +2017,6 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         Some(ws) if ws.persistent => Some(target.num_sms),
         _ => (k.schedule.persistent > 0).then_some(k.schedule.persistent),
     };
-    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent, dot_notes: e_notes })
+    let min_blocks = producer_bounds.then_some(1);
+    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent, dot_notes: e_notes, min_blocks })
 }

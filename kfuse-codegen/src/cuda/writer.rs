@@ -14,6 +14,12 @@ impl<W: fmt::Write> Writer<W> {
         Writer { out, level: 0 }
     }
 
+    /// A writer over `out` at the level of `other` (for text spliced in at another place
+    /// of the same block).
+    pub fn beside<V: fmt::Write>(out: W, other: &Writer<V>) -> Self {
+        Writer { out, level: other.level }
+    }
+
     /// One line at the current level.
     pub fn line(&mut self, s: impl AsRef<str>) -> fmt::Result {
         let s = s.as_ref();

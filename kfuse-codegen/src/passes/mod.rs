@@ -9,5 +9,6 @@ pub mod persist_programs;
 pub mod pipeline_stages;
 pub mod prefetch_ahead;
 pub mod rematerialize;
+pub mod ring_occupancy;
 pub mod select_mma_path;
 pub mod vectorize;

@@ -74,7 +74,7 @@ impl Emitter<'_> {
                 "`dot` of [{m}, {kk}] · [{kk}, {n}] tiles lowered on its own needs {bytes} bytes of shared memory (static limit {MAX_STATIC_SMEM}); use smaller tiles"
             )));
         }
-        self.smem = self.smem.max(bytes);
+        self.scratch(bytes);
         let layout = self.layout(v)?;
         let val = self.new_tile(v, kfuse_ir::DType::F32, &layout, vec![av.lo[0].clone(), bv.lo[1].clone()], vec![av.hi[0].clone(), bv.hi[1].clone()], None)?;
         let (name, map) = (val.name.clone(), val.map.clone().unwrap());
@@ -127,7 +127,7 @@ impl Emitter<'_> {
                 "`dot` of [{m}, {kk}] · [{kk}, {n}] tiles lowered on its own needs {bytes} bytes of shared memory (static limit {MAX_STATIC_SMEM}); use smaller tiles"
             )));
         }
-        self.smem = self.smem.max(bytes);
+        self.scratch(bytes);
         let layout = self.layout(v)?;
         let val = self.new_tile(v, DType::F32, &layout, vec![av.lo[0].clone(), bv.lo[1].clone()], vec![av.hi[0].clone(), bv.hi[1].clone()], None)?;
         let name = val.name.clone();

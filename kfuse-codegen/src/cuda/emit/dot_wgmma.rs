@@ -532,7 +532,7 @@ impl Emitter<'_> {
                 self.stage_tile(x, t)?;
             }
         }
-        self.smem = self.smem.max(scratch);
+        self.scratch(scratch);
         // every thread's copies are done before the instructions read them (none since
         // the last barrier: a ring's, which its waits end with)
         if self.wg_dirty {
@@ -559,6 +559,11 @@ impl Emitter<'_> {
             self.line("kf_wg_commit();")?;
             self.turn_after(op)?;
             self.ws_dot_wait(op)?;
+        } else if self.pending_fetch.is_some() {
+            // (a ring's next copies while the instructions run)
+            self.line("kf_wg_commit();")?;
+            self.take_pending_fetch()?;
+            self.line("kf_wg_wait();")?;
         } else {
             self.line("kf_wg_commit_wait();")?;
         }
@@ -569,15 +574,20 @@ impl Emitter<'_> {
     /// The plan's line for a WGMMA dot: the instruction and where each operand comes
     /// from.
     fn wg_note(&self, op: OpId, d: &WgDot) -> String {
-        let ring = match &self.ws {
-            Some(_) => format!("copied by the producer warpgroup into a {}-stage ring", self.wg.as_ref().map_or(2, |p| p.stages)),
-            None => "copied by cp.async into a two-stage ring one iteration ahead".to_string(),
+        let stages = self.wg.as_ref().map_or(2, |p| p.stages);
+        let ring = |l: kfuse_ir::LoopId| match &self.ws {
+            Some(_) => format!("copied by the producer warpgroup into a {stages}-stage ring"),
+            None => {
+                let nest = self.nest_of(l);
+                let across = if nest.len() > 1 { format!(", across loops {} as one", nest.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")) } else { String::new() };
+                format!("copied by cp.async into a {stages}-stage ring {} step(s) ahead{across}", stages - 1)
+            }
         };
         let smem = |t: &SmemTile, major: &str| {
             let when = match (t.ring, t.eager) {
-                (Some(_), _) => ring.as_str(),
-                (None, true) => "written where it is defined",
-                (None, false) => "written at the dot",
+                (Some(l), _) => ring(l),
+                (None, true) => "written where it is defined".to_string(),
+                (None, false) => "written at the dot".to_string(),
             };
             format!("shared memory ({major}, {}-byte swizzle, {when})", t.span)
         };

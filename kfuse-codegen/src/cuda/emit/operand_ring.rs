@@ -1,5 +1,5 @@
 //! Tile loads that feed only WGMMA operands, inside a loop, copied global → shared
-//! memory with `cp.async` into a two-stage ring, one iteration ahead (sm_90a; the
+//! memory with `cp.async` into a ring of stages, several steps ahead (sm_90a; the
 //! software pipelining of `dot_wgmma`'s staged operands).
 //!
 //! A load qualifies ([`ring_load`]) when the plan stages it where it is defined
@@ -9,34 +9,44 @@
 //! 16-byte aligned pointer and row strides of whole 16-byte units, and every address
 //! operand is defined before its innermost loop, is that loop's index, or is computed
 //! in the loop by arithmetic on its index and values from outside it
-//! ([`address_closure`]: the ring writes that arithmetic again, in a block of its own,
-//! at the next index) — so the next iteration's tile is known before this one's math. A
+//! ([`address_closure`]) — so a later step's tile is known before this one's math. A
 //! gathered tile qualifies too (rows gathered by index tiles broadcast from rank-1 tiles
-//! computed so, columns along the last dimension): each row's coordinates go into
-//! shared-memory tables of the stage (`kf_gt…[stage]`, before the barrier the copies
-//! follow; both stages once, before the loop, where the index tiles come from outside
-//! it), and each 16-byte copy reads its row's coordinates there (a row outside the
-//! tensor copies zeros). The warp-specialized path takes neither
-//! (its producer computes scalar addresses defined outside the loop).
+//! computed so, columns along the last dimension): each row's element offset (or
+//! [`NO_ROW`] for a row outside the tensor, which copies zeros) goes into a shared-memory
+//! table of the stage (`kf_gt…[stage]`), and each 16-byte copy reads its row's offset
+//! there. The warp-specialized path takes neither (its producer computes scalar
+//! addresses defined outside the loop).
 //!
 //! Where the kernel is warp-specialized (`warp_specialize.rs`), a producer warpgroup
 //! fills the rings instead, on mbarriers, and what follows describes the other kernels.
 //!
-//! Per loop with such loads: before the loop, the first iteration's tiles are copied
-//! into stage 0 (one `cp.async` group). At the first such load in the body: a wait for
-//! the thread's copies (this iteration's tiles), `fence.proxy.async` (the copies are
-//! generic-proxy writes, WGMMA reads through the async proxy), one barrier (every
-//! thread's copies have landed, and the other stage's last readers, the previous
-//! iteration's instructions, are done), then the next iteration's tiles into the other
-//! stage (when there is a next iteration) and a commit. The stage flips at the end of
-//! the body. Each copy is 16
+//! The steps a ring walks are the iterations of its loop and of the loops around it
+//! taken as one sequence ([`ring_nest`]: a convolution's taps and channel chunks), so
+//! that the copies run ahead across the outer loops' iterations too. A cursor (the
+//! indices of the next step to copy, `kf_p<ring>_<level>`, the innermost moving first)
+//! walks them; the addresses computed in the nest are written again at the cursor. The
+//! ring has `WgPlan::stages` stages (up to [`STAGES`]; as many as the block's shared
+//! memory holds, for `ring_occupancy`'s blocks a multiprocessor).
+//!
+//! Before the outermost loop of the nest: the first `stages - 1` steps' tiles, one
+//! `cp.async` group each. At the first ring load of each step: a wait until at most
+//! `stages - 2` groups are pending (this step's tiles have landed, for this thread),
+//! `fence.proxy.async` (the copies are generic-proxy writes, WGMMA reads through the
+//! async proxy), the next copied step's row tables where they move, one barrier (every
+//! thread's copies have landed; every thread is past the step before, whose
+//! instructions read the stage the next copies fill). The copies of the step
+//! `stages - 1` ahead follow the step's first dot's WGMMA instructions (issued while the
+//! tensor cores run, before the dot waits), then a commit, and the cursor and the write
+//! stage move on; the read stage moves at the end of the loop's body. Each copy is 16
 //! bytes (8 elements) of one row into its swizzled place. A thread copies the same
 //! columns of rows a fixed step apart, so its source pointer and swizzled place are
 //! computed once and each copy adds a constant. A tile valid whole (in a loop, every tile
 //! but the last) copies 16 bytes each without a check; otherwise the source size is the
 //! elements inside the tensor (0 for rows past its end or an index past its extent), and
 //! `cp.async` fills the rest with zeros — the zero lanes outside the valid range that
-//! the dot needs. No register holds these tiles.
+//! the dot needs. A tile offset not provably ≥ 0 is checked (`__trap()` where it is
+//! negative: the copies cannot mask a start before the tensor's). No register holds
+//! these tiles.
 
 use std::collections::BTreeMap;
 
@@ -44,7 +54,7 @@ use kfuse_ir::{AccessDim, Kernel, LoopId, Op, ParamKind, ValueId};
 
 use super::dot_wgmma::SmemTile;
 use super::{Emitter, Val, R};
-use crate::analysis::{concrete_shape, extent_value, is_zero};
+use crate::analysis::{concrete_shape, extent_value, is_zero, non_negative};
 use crate::target::Spec;
 
 /// The innermost loop around each op (`None`: none).
@@ -128,26 +138,7 @@ pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopI
 /// compute the next iteration's address ahead (`None`: something else, a load or a
 /// carried value, feeds it). Empty for a value from outside `l` or `l`'s index itself.
 pub(super) fn address_closure(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, l: LoopId) -> Option<Vec<kfuse_ir::OpId>> {
-    let mut seen = std::collections::BTreeSet::new();
-    let mut stack = vec![v];
-    while let Some(x) = stack.pop() {
-        if !inside(k, loops, x, l) || matches!(k.op(x.op()), Op::LoopIndex { id } if *id == l) || !seen.insert(x.op()) {
-            continue;
-        }
-        let pure = matches!(
-            k.op(x.op()),
-            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Broadcast | Op::ExpandDims { .. } | Op::Convert
-                | Op::Const { .. } | Op::ShapeDim { .. } | Op::TileExtent { .. } | Op::ScalarParam { .. } | Op::Iota { .. }
-        );
-        // (an op of a loop nested in `l` runs many times an iteration)
-        if !pure || loops.get(&x) != Some(&l) {
-            return None;
-        }
-        stack.extend(k.operands(x.op()));
-    }
-    let mut ops: Vec<kfuse_ir::OpId> = seen.into_iter().collect();
-    ops.sort_by_key(|&o| k.position(o));
-    Some(ops)
+    nest_closure(k, loops, v, &[l])
 }
 
 /// A load's gathered dimensions and the rank-1 index tile each is broadcast from
@@ -191,57 +182,213 @@ fn multiple_of(k: &Kernel, v: ValueId, m: i64, depth: u32) -> bool {
     }
 }
 
+/// The values a ring load's address is computed from: the rank-1 index tiles of its
+/// gathered dimensions and its other offsets.
+fn address_roots(k: &Kernel, v: ValueId) -> Vec<ValueId> {
+    let Op::Load { dims, .. } = k.op(v.op()) else { return vec![] };
+    let gathered = gather_roots(k, v).unwrap_or_default().into_iter().map(|(_, x)| x);
+    let scalars = k.operands(v.op()).into_iter().zip(dims).filter(|(_, d)| !d.is_gather()).map(|(o, _)| o);
+    gathered.chain(scalars).collect()
+}
+
+/// The ops inside the loops of `nest` (outermost first, each the only loop in the one
+/// before) that compute `v`, in program order, when they are pure arithmetic on the
+/// nest's indices and values from outside it (`None`: something else feeds it).
+fn nest_closure(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, nest: &[LoopId]) -> Option<Vec<kfuse_ir::OpId>> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut stack = vec![v];
+    while let Some(x) = stack.pop() {
+        let index = matches!(k.op(x.op()), Op::LoopIndex { id } if nest.contains(id));
+        if !inside(k, loops, x, nest[0]) || index || !seen.insert(x.op()) {
+            continue;
+        }
+        let pure = matches!(
+            k.op(x.op()),
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Broadcast | Op::ExpandDims { .. } | Op::Convert
+                | Op::Const { .. } | Op::ShapeDim { .. } | Op::TileExtent { .. } | Op::ScalarParam { .. } | Op::Iota { .. }
+        );
+        if !pure || !loops.get(&x).is_some_and(|l| nest.contains(l)) {
+            return None;
+        }
+        stack.extend(k.operands(x.op()));
+    }
+    let mut ops: Vec<kfuse_ir::OpId> = seen.into_iter().collect();
+    ops.sort_by_key(|&o| k.position(o));
+    Some(ops)
+}
+
+/// The loops whose iterations ring loop `l`'s copies walk as one sequence, outermost
+/// first, `l` last: `l`, then each loop around the last one taken while that one is the
+/// only loop in it, every dot in it is in `l`, the bounds of the loops taken come from
+/// outside it, and the loads' addresses are pure arithmetic on the loops' indices
+/// ([`nest_closure`]). The ring then fetches across the outer loops' iterations: a
+/// convolution's channel chunks and filter taps are one sequence of steps.
+pub(super) fn ring_nest(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, l: LoopId, loads: &[ValueId]) -> Vec<LoopId> {
+    let mut nest = vec![l];
+    while let Some(p) = k.loop_info(nest[0]).and_then(|i| loops.get(&i.for_op.value()).copied()) {
+        let mut cand = vec![p];
+        cand.extend(&nest);
+        let alone = k.ops().all(|o| match k.op(o) {
+            Op::For { id, .. } => !inside(k, loops, o.value(), p) || cand.contains(id),
+            Op::Dot { .. } => !inside(k, loops, o.value(), p) || inside(k, loops, o.value(), l),
+            _ => true,
+        });
+        let bounds = cand.iter().all(|&c| k.loop_info(c).is_some_and(|i| k.operands(i.for_op).iter().take(3).all(|&b| !inside(k, loops, b, p))));
+        let addresses = loads.iter().all(|&v| address_roots(k, v).into_iter().all(|r| nest_closure(k, loops, r, &cand).is_some()));
+        if !(alone && bounds && addresses) {
+            break;
+        }
+        nest = cand;
+    }
+    nest
+}
+
+/// Most stages of a `cp.async` ring (fewer where the block's shared memory does not
+/// hold them).
+pub(super) const STAGES: u32 = 4;
+
+/// The sentinel of a gathered row outside the tensor in a ring's row table.
+const NO_ROW: &str = "(-0x7fffffffffffffffLL - 1)";
+
 impl Emitter<'_> {
-    /// Before loop `l` opens: its ring's stage variable and the first iteration's tiles.
-    pub(super) fn ring_prologue(&mut self, l: LoopId, for_op: kfuse_ir::OpId) -> R {
+    /// The loops ring loop `l`'s copies walk ([`ring_nest`]; under warp specialization,
+    /// `l` alone: the producer walks it).
+    pub(super) fn nest_of(&self, l: LoopId) -> Vec<LoopId> {
+        if self.ws.is_some() {
+            return vec![l];
+        }
+        ring_nest(self.k, &enclosing_loops(self.k), l, &self.wg.as_ref().unwrap().rings[&l])
+    }
+
+    /// The ring loop whose copies start where loop `id` opens (the outermost loop of its
+    /// nest).
+    pub(super) fn ring_opened_by(&self, id: LoopId) -> Option<LoopId> {
+        let rings = &self.wg.as_ref()?.rings;
+        rings.keys().copied().find(|&l| self.nest_of(l)[0] == id)
+    }
+
+    /// Before the outermost loop of ring loop `l`'s nest opens: the ring's stages and
+    /// cursor, then the copies of the first `stages - 1` steps.
+    pub(super) fn ring_prologue(&mut self, l: LoopId) -> R {
         let Some(loads) = self.wg.as_ref().and_then(|p| p.rings.get(&l)).cloned() else { return Ok(()) };
+        let stages = self.wg.as_ref().unwrap().stages;
         if self.ws.is_some() {
             // the producer fills the ring (`warp_specialize`)
             self.line(format!("int kf_rel{} = -1;", l.0))?;
-            return self.line(format!("int kf_st{} = kf_rit % {};", l.0, self.wg.as_ref().unwrap().stages));
+            return self.line(format!("int kf_st{} = kf_rit % {stages};", l.0));
         }
-        let ops = self.k.operands(for_op);
-        let (lo, hi) = (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone());
-        let gathered = self.ring_gather_tables(&loads)?;
-        self.line(format!("int kf_st{} = 0;", l.0))?;
-        self.open(format!("if ({lo} < {hi})"))?;
-        // the addresses computed in the loop, at its first index
-        let closure = self.ring_closure(l);
-        if !closure.is_empty() {
-            self.open("")?;
+        let nest = self.nest_of(l);
+        let moving = self.tables_move(l);
+        let gathered = self.ring_gather_tables(&loads, if moving { stages } else { 1 })?;
+        self.line(format!("int kf_st{0} = 0, kf_ws{0} = 0;", l.0))?;
+        // the cursor: the indices of the next step to copy (the outer ones start past
+        // their end, no step at all, where an inner loop is empty)
+        let b = self.nest_bounds(&nest);
+        let empty: Vec<String> = b.iter().skip(1).map(|(lo, hi, _)| format!("{lo} < {hi}")).collect();
+        for (i, (lo, hi, _)) in b.iter().enumerate() {
+            let start = if i == 0 && !empty.is_empty() { format!("({}) ? {lo} : {hi}", empty.join(" && ")) } else { lo.clone() };
+            self.line(format!("long long kf_p{}_{i} = {start};", l.0))?;
         }
-        let saved = self.bind_closure(l, &closure, &lo)?;
-        if gathered {
-            // (index tiles from outside the loop: both stages' tables now, once)
+        if gathered && !moving {
+            // (index tiles from outside the nest: the one table now)
             self.write_gather_tables(&loads, "0")?;
-            if !self.tables_move(l) {
-                self.write_gather_tables(&loads, "1")?;
-            }
             self.line(self.barrier)?;
         }
-        for v in &loads {
-            self.ring_copy(*v, l, &lo, "0")?;
+        for _ in 0..stages - 1 {
+            self.ring_fetch(l, &nest, false)?;
         }
-        self.restore(saved);
-        if !closure.is_empty() {
-            self.close()?;
-        }
-        self.close()?;
-        self.line("kf_cp_async_commit();")
+        Ok(())
     }
 
-    /// The ops in loop `l` that compute its ring loads' addresses ([`address_closure`]),
-    /// in program order.
-    fn ring_closure(&self, l: LoopId) -> Vec<kfuse_ir::OpId> {
+    /// `(lo, hi, step)` of each loop of `nest`, as C expressions.
+    fn nest_bounds(&self, nest: &[LoopId]) -> Vec<(String, String, String)> {
+        nest.iter()
+            .map(|&n| {
+                let ops = self.k.operands(self.k.loop_info(n).unwrap().for_op);
+                (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone())
+            })
+            .collect()
+    }
+
+    /// The copies of the step at ring loop `l`'s cursor into stage `kf_ws<l>` (none past
+    /// the last step), their `cp.async` group, then the cursor and the stage move on.
+    /// The addresses computed in the nest are written again at the cursor; a gathered
+    /// load's row table of the stage is written before a barrier (`barrier`: one in any
+    /// case), which the copies follow.
+    fn ring_fetch(&mut self, l: LoopId, nest: &[LoopId], barrier: bool) -> R {
+        self.fetch_tables(l, nest)?;
+        if barrier || self.tables_move(l) {
+            self.line(self.barrier)?;
+        }
+        self.fetch_copies(l, nest)
+    }
+
+    /// The cursor's step of ring loop `l`'s nest: a block in which the addresses
+    /// computed in the nest are written again at the cursor, then `body`.
+    fn at_cursor(&mut self, l: LoopId, nest: &[LoopId], body: impl FnOnce(&mut Self, &str) -> R) -> R {
+        let closure = self.ring_closure(l, nest);
+        self.open("")?;
+        let binds: Vec<(LoopId, String)> = nest.iter().enumerate().map(|(i, &n)| (n, format!("kf_p{}_{i}", l.0))).collect();
+        let saved = self.bind_closure(&binds, &closure)?;
+        let valid = format!("(kf_p{}_0 < {})", l.0, self.nest_bounds(nest)[0].1);
+        body(self, &valid)?;
+        self.restore(saved);
+        self.close()
+    }
+
+    /// Where ring loop `l`'s gathered row tables move: the rows of the cursor's step
+    /// into the table of stage `kf_ws<l>` (before the barrier the copies follow).
+    fn fetch_tables(&mut self, l: LoopId, nest: &[LoopId]) -> R {
+        if !self.tables_move(l) {
+            return Ok(());
+        }
+        let loads = self.wg.as_ref().unwrap().rings[&l].clone();
+        self.at_cursor(l, nest, |e, valid| {
+            e.open(format!("if {valid}"))?;
+            e.write_gather_tables(&loads, &format!("kf_ws{}", l.0))?;
+            e.close()
+        })
+    }
+
+    /// The copies of the cursor's step into stage `kf_ws<l>`, their group, and the
+    /// cursor's and the stage's move.
+    fn fetch_copies(&mut self, l: LoopId, nest: &[LoopId]) -> R {
+        let loads = self.wg.as_ref().unwrap().rings[&l].clone();
+        let stages = self.wg.as_ref().unwrap().stages;
+        let b = self.nest_bounds(nest);
+        let (cursor, stage) = (format!("kf_p{}_{}", l.0, nest.len() - 1), format!("kf_ws{}", l.0));
+        self.at_cursor(l, nest, |e, valid| {
+            e.open(format!("if {valid}"))?;
+            for x in &loads {
+                e.ring_copy(*x, l, &cursor, &stage)?;
+            }
+            e.close()
+        })?;
+        self.line("kf_cp_async_commit();")?;
+        // the cursor's next step: the innermost index moves; one at its end starts again
+        // and moves the one around it
+        let step = |i: usize, b: &(String, String, String)| format!("kf_p{0}_{i} = ({1}) - kf_p{0}_{i} > ({2}) ? kf_p{0}_{i} + ({2}) : ({1});", l.0, b.1, b.2);
+        for i in (1..nest.len()).rev() {
+            self.line(step(i, &b[i]))?;
+            self.open(format!("if (kf_p{}_{i} >= {})", l.0, b[i].1))?;
+            self.line(format!("kf_p{}_{i} = {};", l.0, b[i].0))?;
+        }
+        self.line(step(0, &b[0]))?;
+        for _ in 1..nest.len() {
+            self.close()?;
+        }
+        self.line(format!("if (++kf_ws{0} == {stages}) kf_ws{0} = 0;", l.0))
+    }
+
+    /// The ops in ring loop `l`'s nest that compute its loads' addresses
+    /// ([`nest_closure`]), in program order.
+    fn ring_closure(&self, l: LoopId, nest: &[LoopId]) -> Vec<kfuse_ir::OpId> {
         let k = self.k;
         let loops = enclosing_loops(k);
         let mut all = std::collections::BTreeSet::new();
         for &v in &self.wg.as_ref().unwrap().rings[&l] {
-            let gathered: Vec<ValueId> = gather_roots(k, v).unwrap_or_default().into_iter().map(|(_, x)| x).collect();
-            let Op::Load { dims, .. } = k.op(v.op()) else { continue };
-            let scalars = k.operands(v.op()).into_iter().zip(dims).filter(|(_, d)| !d.is_gather()).map(|(o, _)| o);
-            for r in gathered.into_iter().chain(scalars) {
-                all.extend(address_closure(k, &loops, r, l).unwrap_or_default());
+            for r in address_roots(k, v) {
+                all.extend(nest_closure(k, &loops, r, nest).unwrap_or_default());
             }
         }
         let mut ops: Vec<kfuse_ir::OpId> = all.into_iter().collect();
@@ -249,19 +396,19 @@ impl Emitter<'_> {
         ops
     }
 
-    /// Writes `closure` again with loop `l`'s index bound to the expression `at` (in a
-    /// block the caller opened, whose names shadow the iteration's own); returns the
-    /// values it replaced, for [`Emitter::restore`].
-    fn bind_closure(&mut self, l: LoopId, closure: &[kfuse_ir::OpId], at: &str) -> Result<Vec<(ValueId, Option<Val>)>, crate::CodegenError> {
+    /// Writes `closure` again with each loop's index of `binds` bound to its C
+    /// expression (in a block the caller opened, whose names shadow the iteration's
+    /// own); returns the values it replaced, for [`Emitter::restore`].
+    fn bind_closure(&mut self, binds: &[(LoopId, String)], closure: &[kfuse_ir::OpId]) -> Result<Vec<(ValueId, Option<Val>)>, crate::CodegenError> {
         let mut saved = Vec::new();
-        if closure.is_empty() {
-            return Ok(saved);
-        }
         let k = self.k;
-        if let Some(iv) = k.ops().find(|&o| matches!(k.op(o), Op::LoopIndex { id } if *id == l)).map(|o| o.value()) {
-            saved.push((iv, self.vals.remove(&iv)));
-            let val = Val { name: format!("({at})"), dtype: kfuse_ir::DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![], lazy: None };
-            self.vals.insert(iv, val);
+        for (l, at) in binds {
+            // (an index no address reads has no op)
+            if let Some(iv) = k.ops().find(|&o| matches!(k.op(o), Op::LoopIndex { id } if id == l)).map(|o| o.value()) {
+                saved.push((iv, self.vals.remove(&iv)));
+                let val = Val { name: format!("({at})"), dtype: kfuse_ir::DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![], lazy: None };
+                self.vals.insert(iv, val);
+            }
         }
         for &op in closure {
             saved.push((op.value(), self.vals.remove(&op.value())));
@@ -280,8 +427,9 @@ impl Emitter<'_> {
         }
     }
 
-    /// At a ring load inside its loop: the first one of the loop fetches the next
-    /// iteration and waits for this one; each records its value's valid range.
+    /// At a ring load inside its loop: the first one of the loop waits for this step's
+    /// copies and fetches the step `stages - 1` ahead; each records its value's valid
+    /// range.
     pub(super) fn ring_arrive(&mut self, v: ValueId, l: LoopId) -> R {
         let loads = self.wg.as_ref().unwrap().rings[&l].clone();
         if loads[0] == v && self.ws.is_some() {
@@ -293,38 +441,24 @@ impl Emitter<'_> {
             }
             self.wg_dirty = false;
         } else if loads[0] == v {
-            let ops = self.k.operands(self.k.loop_info(l).unwrap().for_op);
-            let (hi, step) = (self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone());
-            let iv = super::loops::index_var(l);
-            // one barrier an iteration: after it every thread's copies of this
-            // iteration have landed and every thread is past the previous iteration,
-            // whose instructions read the other stage
-            self.line("kf_cp_async_wait<0>();")?;
+            // one barrier a step: after it every thread's copies of this step have
+            // landed and every thread is past the step before, whose instructions read
+            // the stage the next copies fill (a group a step: at most `stages - 2`
+            // younger ones pending)
+            let stages = self.wg.as_ref().unwrap().stages;
+            self.line(format!("kf_cp_async_wait<{}>();", stages - 2))?;
             self.line("kf_proxy_fence();")?;
-            // the next iteration's addresses computed in the loop, and its rows'
-            // coordinates into the other stage's tables, before the barrier
-            let (next, has_next, other) = (format!("({iv} + ({step}))"), format!("(({hi}) - {iv} > ({step}))"), format!("(kf_st{} ^ 1)", l.0));
-            let closure = self.ring_closure(l);
-            if !closure.is_empty() {
-                self.open("")?;
-            }
-            let saved = self.bind_closure(l, &closure, &next)?;
-            if self.tables_move(l) {
-                self.open(format!("if {has_next}"))?;
-                self.write_gather_tables(&loads, &other)?;
-                self.close()?;
-            }
+            // the copies themselves wait for the step's first WGMMA instructions to be
+            // issued (`take_pending_fetch`): they are issued while the tensor cores run
+            let nest = self.nest_of(l);
+            self.fetch_tables(l, &nest)?;
             self.line(self.barrier)?;
-            self.open(format!("if {has_next}"))?;
-            for x in &loads {
-                self.ring_copy(*x, l, &next, &other)?;
-            }
-            self.close()?;
-            self.restore(saved);
-            if !closure.is_empty() {
-                self.close()?;
-            }
-            self.line("kf_cp_async_commit();")?;
+            let mut w = super::Writer::beside(String::new(), &self.w);
+            std::mem::swap(&mut self.w, &mut w);
+            let copies = self.fetch_copies(l, &nest);
+            std::mem::swap(&mut self.w, &mut w);
+            copies?;
+            self.pending_fetch = Some(w.finish());
             self.wg_synced = true;
             self.wg_dirty = false;
         }
@@ -342,6 +476,15 @@ impl Emitter<'_> {
         let name = format!("v{}", v.index());
         self.vals.insert(v, Val { name, dtype: self.k.ty(v).dtype, map, axis_map: vec![Some(0), Some(1)], shape, lo: vec!["0".into(), "0".into()], hi: his, lazy: None });
         Ok(())
+    }
+
+    /// The next step's copies a ring load deferred ([`Emitter::ring_arrive`]), written
+    /// here (after a dot's WGMMA instructions are issued, or at the loop's end).
+    pub(super) fn take_pending_fetch(&mut self) -> R {
+        match self.pending_fetch.take() {
+            Some(text) => self.w.raw(&text).map_err(|_| crate::CodegenError::Unsupported("formatting failed".into())),
+            None => Ok(()),
+        }
     }
 
     /// The base pointer, whether the index dimensions are in range, and per tile axis
@@ -371,65 +514,74 @@ impl Emitter<'_> {
         Ok((self.element_ptr(*tensor, &offs), ok, his))
     }
 
-    /// Whether a gathered ring load of loop `l` has index tiles computed in the loop (its
-    /// row tables are written again for each next iteration; otherwise once, before it).
+    /// Whether a gathered ring load of loop `l` has index tiles computed in its nest
+    /// (its row tables, one a stage, are written again for each step; otherwise one is
+    /// written once, before the nest).
     fn tables_move(&self, l: LoopId) -> bool {
         let loops = enclosing_loops(self.k);
+        let nest = self.nest_of(l);
         self.wg.as_ref().unwrap().rings[&l]
             .iter()
             .flat_map(|&v| gather_roots(self.k, v).unwrap_or_default())
-            .any(|(_, x)| address_closure(self.k, &loops, x, l).is_some_and(|c| !c.is_empty()))
+            .any(|(_, x)| nest_closure(self.k, &loops, x, &nest).is_some_and(|c| !c.is_empty()))
     }
 
-    /// Declares the row tables of loop `l`'s gathered ring loads, two stages each
-    /// (`kf_gt{load}_{dim}[stage][row]`: each row's coordinate along each gathered
-    /// dimension, from the rank-1 index tiles the loads are broadcast from); returns
-    /// whether there are any.
-    fn ring_gather_tables(&mut self, loads: &[ValueId]) -> Result<bool, crate::CodegenError> {
+    /// Declares the row tables of loop `l`'s gathered ring loads, `tables` of each
+    /// (`kf_gt{load}[table][row]`: each row's element offset in the tensor, from the
+    /// rank-1 index tiles the load is broadcast from, or [`NO_ROW`] for a row outside
+    /// it); returns whether there are any.
+    fn ring_gather_tables(&mut self, loads: &[ValueId], tables: u32) -> Result<bool, crate::CodegenError> {
         let mut any = false;
         for &v in loads {
-            let Some(gather) = gather_roots(self.k, v).filter(|g| !g.is_empty()) else { continue };
-            let rows = self.wg.as_ref().unwrap().eager[&v].rows;
-            any = true;
-            for (d, _) in gather {
-                self.line(format!("__shared__ long long kf_gt{}_{d}[2][{rows}];", v.index()))?;
+            if gather_roots(self.k, v).is_some_and(|g| !g.is_empty()) {
+                let rows = self.wg.as_ref().unwrap().eager[&v].rows;
+                self.line(format!("__shared__ long long kf_gt{}[{tables}][{rows}];", v.index()))?;
+                self.ring_table_bytes += tables * rows * 8;
+                any = true;
             }
         }
         Ok(any)
     }
 
-    /// Each thread's rows of the gathered ring loads' tables for ring stage `stage`.
-    fn write_gather_tables(&mut self, loads: &[ValueId], stage: &str) -> R {
+    /// Each thread's rows of the gathered ring loads' table `table`: a row's offset, the
+    /// sum of its coordinates times the strides, where every coordinate is inside its
+    /// dimension.
+    fn write_gather_tables(&mut self, loads: &[ValueId], table: &str) -> R {
         for &v in loads {
-            for (d, x) in gather_roots(self.k, v).unwrap_or_default() {
-                let xv = self.val(x).clone();
-                let map = xv.map.clone().ok_or_else(|| crate::CodegenError::Unsupported("a gathered ring load's index tile in a uniform layout".into()))?;
-                let axis = xv.axis_map.first().copied().flatten().ok_or_else(|| crate::CodegenError::Unsupported("a gathered ring load's index tile without its axis".into()))?;
-                self.unroll("k", map.regs)?;
-                self.line(format!("kf_gt{}_{d}[{stage}][{}] = {};", v.index(), super::coord(&map, axis, "k"), self.reg(x, "k")))?;
-                self.close()?;
+            let gather = gather_roots(self.k, v).unwrap_or_default();
+            let Some(&(_, x0)) = gather.first() else { continue };
+            let Op::Load { tensor, .. } = self.k.op(v.op()) else { unreachable!() };
+            let tdims = self.k.tensor_dims(*tensor);
+            let xv = self.val(x0).clone();
+            let unsupported = |what: &str| crate::CodegenError::Unsupported(format!("a gathered ring load's index tiles {what}"));
+            let map = xv.map.clone().ok_or_else(|| unsupported("in a uniform layout"))?;
+            let axis = xv.axis_map.first().copied().flatten().ok_or_else(|| unsupported("without their axis"))?;
+            if gather.iter().any(|&(_, x)| self.val(x).map != xv.map || self.val(x).axis_map != xv.axis_map) {
+                return Err(unsupported("in different layouts"));
             }
+            self.unroll("k", map.regs)?;
+            self.line("long long kf_o = 0;")?;
+            self.line("bool kf_in = true;")?;
+            for &(d, x) in &gather {
+                let (n, st) = (self.shape_var(tdims[d]), self.stride(*tensor, d));
+                self.line(format!("{{ const long long x = {}; kf_in = kf_in && (unsigned long long)x < (unsigned long long){n}; kf_o += x * {st}; }}", self.reg(x, "k")))?;
+            }
+            self.line(format!("kf_gt{}[{table}][{}] = kf_in ? kf_o : {NO_ROW};", v.index(), super::coord(&map, axis, "k")))?;
+            self.close()?;
         }
         Ok(())
     }
 
-    /// The copies of a gathered tile: each 16-byte chunk of a row from the row's
-    /// gathered coordinates (its tables), zeros for a row outside the tensor.
-    fn gathered_copy(&mut self, v: ValueId, t: &SmemTile, gather: &[(usize, ValueId)], tid: &str, threads: u32, stage: &str) -> R {
-        let Op::Load { tensor, .. } = self.k.op(v.op()) else { unreachable!() };
-        let tdims = self.k.tensor_dims(*tensor);
+    /// The copies of a gathered tile: each 16-byte chunk of a row from the row's offset
+    /// (its table `table`), zeros for a row outside the tensor.
+    fn gathered_copy(&mut self, v: ValueId, t: &SmemTile, tid: &str, threads: u32, stage: &str, table: &str) -> R {
         let (cols, rows) = (t.cols, t.rows);
         let per_row = cols / 8;
         self.line("#pragma unroll")?;
         self.open(format!("for (int q = {tid}; q < {}; q += {threads})", rows * cols / 8))?;
         self.line(format!("const int r = q / {per_row}, c = (q % {per_row}) * 8;"))?;
-        self.line("long long kf_go = 0;")?;
-        self.line("bool kf_gin = true;")?;
-        for &(d, _) in gather {
-            let (n, st) = (self.shape_var(tdims[d]), self.stride(*tensor, d));
-            self.line(format!("{{ const long long x = kf_gt{}_{d}[{stage}][r]; kf_gin = kf_gin && (unsigned long long)x < (unsigned long long){n}; kf_go += x * {st}; }}", v.index()))?;
-        }
-        self.line("const int kf_n = kf_gin ? (kf_vc - c < 0 ? 0 : kf_vc - c > 8 ? 8 : kf_vc - c) : 0;")?;
+        self.line(format!("const long long kf_go = kf_gt{}[{table}][r];", v.index()))?;
+        self.line(format!("const int kf_n = kf_go != {NO_ROW} ? (kf_vc - c < 0 ? 0 : kf_vc - c > 8 ? 8 : kf_vc - c) : 0;"))?;
         let at = t.at("r", "c");
         self.line(format!(
             "kf_cp_async16(kf_saddr(kf_ops + {} + {stage} * {} + {at}), kf_n > 0 ? kf_src + kf_go + c : kf_src, (unsigned)(kf_n * 2));",
@@ -455,12 +607,23 @@ impl Emitter<'_> {
             ("kf_tid".to_string(), self.k.schedule.num_threads)
         };
         let per_row = cols / 8;
-        let gather = gather_roots(self.k, v).unwrap_or_default();
+        let gathered = gather_roots(self.k, v).is_some_and(|g| !g.is_empty());
         self.open("")?;
+        // (the copies start at the tile's offsets: one before the tensor's start, which
+        // a `cp.async` copy cannot mask, is a launch error, not a wrong answer)
+        let Op::Load { dims, .. } = self.k.op(v.op()) else { unreachable!() };
+        let ops = self.k.operands(v.op());
+        for (d, &o) in dims.iter().zip(&ops) {
+            if matches!(d, AccessDim::Tile(_)) && !non_negative(self.k, o) {
+                let at = if matches!(self.k.op(o.op()), Op::LoopIndex { id } if *id == l) { idx.to_string() } else { self.val(o).name.clone() };
+                self.line(format!("if ({at} < 0) __trap();  // a ring's tile before its tensor's start"))?;
+            }
+        }
         self.line(format!("const kf_u16* kf_src = {base};"))?;
-        if !gather.is_empty() {
+        if gathered {
             self.line(format!("const int kf_vc = (int)({});", his[1]))?;
-            return self.gathered_copy(v, &t, &gather, &tid, threads, stage).and_then(|_| self.close());
+            let table = if self.tables_move(l) { stage } else { "0" };
+            return self.gathered_copy(v, &t, &tid, threads, stage, table).and_then(|_| self.close());
         }
         // the valid extents lie in [0, tile]: 32-bit from here on
         self.line(format!("const int kf_vr = (int)({}), kf_vc = (int)({});", his[0], his[1]))?;
