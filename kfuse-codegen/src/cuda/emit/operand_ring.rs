@@ -32,12 +32,15 @@
 //! `cp.async` group each. At the first ring load of each step: a wait until at most
 //! `stages - 2` groups are pending (this step's tiles have landed, for this thread),
 //! `fence.proxy.async` (the copies are generic-proxy writes, WGMMA reads through the
-//! async proxy), the next copied step's row tables where they move, one barrier (every
-//! thread's copies have landed; every thread is past the step before, whose
-//! instructions read the stage the next copies fill). The copies of the step
-//! `stages - 1` ahead follow the step's first dot's WGMMA instructions (issued while the
-//! tensor cores run, before the dot waits), then a commit, and the cursor and the write
-//! stage move on; the read stage moves at the end of the loop's body. Each copy is 16
+//! async proxy), one barrier (every thread's copies have landed; every thread is past
+//! the step before, whose instructions read the stage the next copies fill). The copies
+//! of the step `stages - 1` ahead follow the step's first dot's WGMMA instructions
+//! (issued while the tensor cores run, before the dot waits), then a commit, and the
+//! cursor and the write stage move on; the read stage moves at the end of the loop's
+//! body. Moving row tables are written for the cursor's step before the barrier its
+//! copies follow: a step ahead, after the copies, while the tensor cores run, where the
+//! registers are not capped for two blocks a multiprocessor ([`Emitter::shadow_tables`]),
+//! else just before that barrier. Each copy is 16
 //! bytes (8 elements) of one row into its swizzled place. A thread copies the same
 //! columns of rows a fixed step apart, so its source pointer and swizzled place are
 //! computed once and each copy adds a constant. A tile valid whole (in a loop, every tile
@@ -294,10 +297,33 @@ impl Emitter<'_> {
             self.write_gather_tables(&loads, "0")?;
             self.line(self.barrier)?;
         }
+        // (moving tables: each step's rows are written before its copies, a barrier
+        // between: just before, or a step before — see `shadow_tables`)
+        let shadow = self.shadow_tables();
+        if shadow {
+            self.fetch_tables(l, &nest)?;
+        }
         for _ in 0..stages - 1 {
-            self.ring_fetch(l, &nest, false)?;
+            if !shadow {
+                self.fetch_tables(l, &nest)?;
+            }
+            if moving {
+                self.line(self.barrier)?;
+            }
+            self.fetch_copies(l, &nest)?;
+            if shadow {
+                self.fetch_tables(l, &nest)?;
+            }
         }
         Ok(())
+    }
+
+    /// Whether moving row tables are written a step ahead, after the copies, while the
+    /// step's WGMMA instructions run (their registers live beside the accumulator): where
+    /// the kernel's registers are not capped for two blocks a multiprocessor
+    /// (`ring_occupancy`); else just before the barrier their copies follow.
+    fn shadow_tables(&self) -> bool {
+        self.k.schedule.min_blocks < 2
     }
 
     /// `(lo, hi, step)` of each loop of `nest`, as C expressions.
@@ -308,19 +334,6 @@ impl Emitter<'_> {
                 (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone())
             })
             .collect()
-    }
-
-    /// The copies of the step at ring loop `l`'s cursor into stage `kf_ws<l>` (none past
-    /// the last step), their `cp.async` group, then the cursor and the stage move on.
-    /// The addresses computed in the nest are written again at the cursor; a gathered
-    /// load's row table of the stage is written before a barrier (`barrier`: one in any
-    /// case), which the copies follow.
-    fn ring_fetch(&mut self, l: LoopId, nest: &[LoopId], barrier: bool) -> R {
-        self.fetch_tables(l, nest)?;
-        if barrier || self.tables_move(l) {
-            self.line(self.barrier)?;
-        }
-        self.fetch_copies(l, nest)
     }
 
     /// The cursor's step of ring loop `l`'s nest: a block in which the addresses
@@ -337,7 +350,7 @@ impl Emitter<'_> {
     }
 
     /// Where ring loop `l`'s gathered row tables move: the rows of the cursor's step
-    /// into the table of stage `kf_ws<l>` (before the barrier the copies follow).
+    /// into the table of stage `kf_ws<l>` (a step before its copies, a barrier between).
     fn fetch_tables(&mut self, l: LoopId, nest: &[LoopId]) -> R {
         if !self.tables_move(l) {
             return Ok(());
@@ -448,14 +461,18 @@ impl Emitter<'_> {
             let stages = self.wg.as_ref().unwrap().stages;
             self.line(format!("kf_cp_async_wait<{}>();", stages - 2))?;
             self.line("kf_proxy_fence();")?;
-            // the copies themselves wait for the step's first WGMMA instructions to be
-            // issued (`take_pending_fetch`): they are issued while the tensor cores run
+            // the copies (and, `shadow_tables`, the row tables of the step after theirs)
+            // wait for the step's first WGMMA instructions to be issued
+            // (`take_pending_fetch`): they are written while the tensor cores run
             let nest = self.nest_of(l);
-            self.fetch_tables(l, &nest)?;
+            let shadow = self.shadow_tables();
+            if !shadow {
+                self.fetch_tables(l, &nest)?;
+            }
             self.line(self.barrier)?;
             let mut w = super::Writer::beside(String::new(), &self.w);
             std::mem::swap(&mut self.w, &mut w);
-            let copies = self.fetch_copies(l, &nest);
+            let copies = self.fetch_copies(l, &nest).and_then(|_| if shadow { self.fetch_tables(l, &nest) } else { Ok(()) });
             std::mem::swap(&mut self.w, &mut w);
             copies?;
             self.pending_fetch = Some(w.finish());
