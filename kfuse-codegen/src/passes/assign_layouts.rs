@@ -126,24 +126,26 @@ pub fn access_layout(k: &Kernel, spec: &Spec, op: OpId) -> Option<Blocked> {
     Some(make_blocked(k, &extents, order, vec))
 }
 
-/// A gathered rank-2 load whose only users are dots: one row a thread (or a few), each
-/// thread holding whole vectors of its row, instead of the access anchor's rows of 16
-/// bytes a thread. Its index tiles meet it (`gather_rule`) and take one register each
-/// (a register a row a thread), where the anchor's layout gave each thread several rows:
-/// a WGMMA ring (`operand_ring`) never holds the tile in registers, and the index tiles
-/// live across its loops (three `i64` tiles of a convolution's gathered pixels: 24
-/// registers a thread under the anchor's layout, 6 under this one).
-fn dot_gather_rows(k: &Kernel, op: OpId, anchor: &Blocked) -> Option<Blocked> {
+/// A gathered rank-2 load along its contiguous columns: one row a thread (or a few),
+/// each thread holding whole vectors of its row, instead of the access anchor's rows of
+/// 16 bytes a thread. Its index tiles meet it (`gather_rule`) and so hold one register a
+/// thread (a row's coordinate), where the anchor's layout gave each thread several rows:
+/// the gathered addresses, bounds and row tables are computed once a row a thread, and
+/// fewer registers live across loops (three `i64` tiles of a convolution's gathered
+/// pixels: 24 registers a thread under the anchor's layout, 6 under this one; a WGMMA
+/// ring, `operand_ring`, never holds the tile itself in registers). H100: the implicit
+/// GEMM from 134–166 registers to 102–124, two blocks a multiprocessor, C256 3x3 145.6
+/// → 207.5 TFLOP/s; depthwise 3x3 C256 738 → 950 GB/s (NOTES.md c13, c14).
+fn gather_rows(k: &Kernel, op: OpId, anchor: &Blocked) -> Option<Blocked> {
     let Op::Load { dims, .. } = k.op(op) else { return None };
-    let users = k.users(op.value());
-    if gather_indices(k, op).is_empty() || k.ty(op.value()).rank() != 2 || anchor.order[0] != 1 || users.is_empty() || !users.iter().all(|&u| matches!(k.op(u), Op::Dot { .. })) {
+    if gather_indices(k, op).is_empty() || k.ty(op.value()).rank() != 2 || anchor.order[0] != 1 {
         return None;
     }
     let extents = AccessDim::tile_shape(dims);
     let shape: Vec<u32> = extents.iter().map(|e| crate::analysis::extent_value(k, *e)).collect();
     let (rows, cols, threads) = (shape[0], shape[1], k.schedule.num_threads.max(1));
     let per_thread = (rows * cols) / threads;
-    (per_thread >= 8 && cols % per_thread == 0 && (rows * cols) % threads == 0).then(|| make_blocked(k, &extents, vec![1, 0], per_thread))
+    (per_thread >= 8 && per_thread.is_power_of_two() && cols % per_thread == 0 && (rows * cols) % threads == 0).then(|| make_blocked(k, &extents, vec![1, 0], per_thread))
 }
 
 fn default_layout(k: &Kernel, ty: &Type) -> Blocked {
@@ -409,7 +411,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
         let node = k.node(op).clone();
         let ops = k.operands(op);
         let result: Option<Layout> = match &node.op {
-            Op::Load { .. } => access_layout(k, spec, op).map(|a| Layout::Blocked(dot_gather_rows(k, op, &a).unwrap_or(a))),
+            Op::Load { .. } => access_layout(k, spec, op).map(|a| Layout::Blocked(gather_rows(k, op, &a).unwrap_or(a))),
             Op::Store { .. } => {
                 store_rule(k, spec, op);
                 None

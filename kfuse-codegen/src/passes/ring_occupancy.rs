@@ -15,8 +15,9 @@
 //! The attempts, each taken where the assembler spills the one before: (0) two blocks
 //! (`Schedule::min_blocks`: at most 128 registers for 256 threads) with rings as deep as
 //! two blocks' shared memory holds, (1) two blocks with two-stage rings (fewer
-//! registers: ptxas fit C64 3x3's 128 × 64 tiles there, not with three or four stages),
-//! (2) the schedule as `choose_tiles` left it: one block, the deepest ring that fits.
+//! registers), (2) the schedule as `choose_tiles` left it: one block, the deepest ring
+//! that fits. (Every layer of the convolution benchmark takes attempt 0 since a gathered
+//! tile's index tiles hold one register a thread, `assign_layouts::gather_rows`.)
 //!
 //! The rule: sm_90 and later, no matrix path (its own templates), no cluster split and
 //! no persistent walk, at most 256 threads a block, no user `min_blocks`, no other
