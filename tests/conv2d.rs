@@ -238,3 +238,24 @@ fn conv_kernel_snapshots() {
         }
     }
 }
+
+/// The implicit GEMM's plan on sm_90a at two ResNet layers (N64, bf16): the gathered
+/// input in a `cp.async` ring across the taps, two blocks a multiprocessor without
+/// spills, and at K = 64 output channels (N no wider than half the warpgroup rule's 128)
+/// 256-row tiles, so that a step keeps 256 × 64 results.
+#[test]
+fn implicit_gemm_plans_at_resnet_layers() {
+    use kfuse::codegen::Target;
+    let k = (kernels::conv2d::DEF.build)(&[DType::BF16]).unwrap();
+    // N, H, W, G, CG, KG, R, S, NPQ (power-of-two buckets)
+    for (c, kk, hw, tiles) in [(64u32, 64u32, 64u32, "BM=256 BN=64"), (256, 256, 16, "BM=128 BN=128")] {
+        let mut spec = common::snapshot_spec(&kernels::conv2d::DEF);
+        spec.shape_pow2 = vec![64, hw, hw, 1, c, kk, 4, 4, 64 * hw * hw];
+        let what = format!("conv2d C{c} K{kk}");
+        let (e, regs, spill) = common::compile_assembled(&k, &spec, &Target::sm90a(), &what).unwrap_or_else(|e| panic!("{what}: {}", e.0));
+        let plan = e.plan.to_string();
+        assert_eq!(spill, 0, "{what}: {spill} bytes of spills ({regs} registers)");
+        assert!(plan.contains(&format!("tiles: {tiles}")), "{what}: not {tiles}:\n{plan}");
+        assert!(plan.contains("across loops") && plan.contains("minimum 2 block(s)"), "{what}: no ring across the taps in two blocks:\n{plan}");
+    }
+}

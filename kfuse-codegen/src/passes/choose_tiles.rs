@@ -284,11 +284,17 @@ fn assign_extents(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), Co
     // widest first (128 rows over two warpgroups, 128 along N and K), narrower while a
     // tile would pass the elements a thread may hold, else the memory-bound choice
     let (rows, others) = warpgroup_dot_syms(k);
-    let tries: &[(u32, u32)] = if target.sm >= 90 && !(rows.is_empty() && others.is_empty()) { &[(WARPGROUP_DOT_TILE, WARPGROUP_DOT_TILE), (WARPGROUP_DOT_TILE, WARPGROUP_DOT_TILE / 2), (WARPGROUP_DOT_TILE / 2, WARPGROUP_DOT_TILE / 2)] } else { &[] };
+    let mut tries: Vec<(u32, u32)> = if target.sm >= 90 && !(rows.is_empty() && others.is_empty()) { vec![(WARPGROUP_DOT_TILE, WARPGROUP_DOT_TILE), (WARPGROUP_DOT_TILE, WARPGROUP_DOT_TILE / 2), (WARPGROUP_DOT_TILE / 2, WARPGROUP_DOT_TILE / 2)] } else { vec![] };
+    // N and K no wider than half the floor (their tensors' extents): twice the rows
+    // first, so that a step's instructions keep [`WARPGROUP_DOT_TILE`]² results
+    let narrow = !others.is_empty() && others.iter().all(|t| caps.get(t).is_some_and(|&c| c <= WARPGROUP_DOT_TILE / 2));
+    if narrow && !tries.is_empty() {
+        tries.insert(0, (2 * WARPGROUP_DOT_TILE, WARPGROUP_DOT_TILE));
+    }
     for &(rows_floor, others_floor) in tries.iter().chain(std::iter::once(&(0, 0))) {
         let mut c = plain.clone();
         if rows_floor > 0 {
-            let cap = |t: &TileSym| caps.get(t).copied().unwrap_or(WARPGROUP_DOT_TILE);
+            let cap = |t: &TileSym| caps.get(t).copied().unwrap_or(rows_floor);
             for t in &rows {
                 let e = c.entry(*t).or_insert(1);
                 *e = (*e).max(rows_floor.min(cap(t)));
