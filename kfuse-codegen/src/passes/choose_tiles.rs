@@ -361,7 +361,10 @@ fn set_tiles_of(k: &mut Kernel, spec: &Spec, choice: &BTreeMap<TileSym, u32>) ->
 /// fewer), so that the dot runs on the warpgroup rule of `cuda/emit/dot_wgmma.rs` with
 /// A and B tiles whose swizzle is the widest. H100, flash attention B4 H16 S4096 D128
 /// bf16 (2026-11-26): 181.0 TFLOP/s at BM = BN = 128, 163.5 at BM = 128 BN = 64, 140.7
-/// at 64 and 64.
+/// at 64 and 64. Where every N and K tile symbol is capped at half that by its tensor,
+/// 256 rows are tried first (each warpgroup 128): H100, `kfuse::ops::conv2d` C64 → K64
+/// 3x3 N64 56×56 bf16, 171.6 TFLOP/s at BM = 256 BN = 64 against 125.2 at 128 × 64
+/// (NOTES.md c15).
 pub const WARPGROUP_DOT_TILE: u32 = 128;
 
 /// The tile symbols along the M extents, and along the N and K extents, of the kernel's
