@@ -108,3 +108,17 @@ fn tf32_row_major_b_is_refused_by_the_kernel_and_copied_by_the_op() {
     let err = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap_err().to_string();
     assert!(err.contains("K contiguous") && err.contains("tf32: true"), "{err}");
 }
+
+/// A 1 × 1 × 1 TF32 product whose operands TMA cannot read as they lie (4-byte rows) is
+/// copied to padded rows with K innermost for both: `a` and `b` are `[1, 1]` with unit
+/// strides along both dimensions, and the copy picks, of those, the ones that keep each
+/// operand K-major (a copy with N innermost would leave `b` MN-major, which WGMMA does
+/// not read as TF32).
+#[test]
+fn a_one_element_tf32_product_is_copied_k_major() {
+    use kfuse::runtime::ArgDesc;
+    let (a, b, o) = (ArgDesc::tensor(DType::F32, &[1, 1]), ArgDesc::strided(DType::F32, &[1, 1], &[1, 1]), ArgDesc::tensor(DType::F32, &[1, 1]));
+    let e = kfuse::runtime::emit(&kfuse::ops::kernels::gemm_tf32_scaled::DEF, &[a, b, o, ArgDesc::Scalar(DType::F32)], &Target::sm90a());
+    let e = e.unwrap_or_else(|e| panic!("{e}"));
+    assert!(e.plan.to_string().contains("operand `b` copied"), "{}", e.plan);
+}

@@ -107,9 +107,15 @@ fn matrix_operands_say_when_readable_operands_reach_the_tensor_cores() {
     // f32 operands of `dot`: exact FMAs whatever the layout
     let f = matrix_operands(&gemm_kernel(DType::F32, false, false, false)).unwrap();
     assert!(!f.tensor_core_dtype() && !f.tensor_cores(&s, &Target::sm90a()));
-    // TF32 reads on sm_90a only
+    // TF32 reads on sm_90a only, of operands with K contiguous (`b` is the transpose of
+    // an [N, K] tensor here: K is its dimension 1)
     let t = matrix_operands(&common::gemm_kernel_tf32(DType::F32, false, true)).unwrap();
     let mut st = s.clone();
-    st.tensors[1] = Some(TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
+    st.tensors[1] = Some(TensorSpec { ptr_align: 16, stride_div: vec![16, 0] });
     assert!(t.tensor_cores(&st, &Target::sm90a()) && !t.tensor_cores(&st, &Target::sm80()));
+    // with N contiguous instead: not on the tensor cores (the compile refuses it)
+    st.tensors[1] = Some(TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
+    assert!(!t.tensor_cores(&st, &Target::sm90a()));
+    let refused = compile(&common::gemm_kernel_tf32(DType::F32, false, true), &st, &Target::sm90a()).map(|_| ()).unwrap_err().to_string();
+    assert!(refused.contains("unit stride along M/N"), "{refused}");
 }

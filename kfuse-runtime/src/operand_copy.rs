@@ -19,8 +19,10 @@
 //! loop with the copies' facts (`MatrixOperands::tensor_cores`: not for f32 operands of
 //! a plain `dot`, which take exact FMAs anyway, nor where only the WGMMA path takes the
 //! loop's several dots). The copy keeps the tensor's logical shape and its unit-stride
-//! dimension (a transposed view stays K- or MN-major as it was); the kernel reads the
-//! copy through its strides like any argument.
+//! dimension (a transposed view stays K- or MN-major as it was; of several, which
+//! dimensions of extent 1 allow, one with which the loop reaches the tensor cores, so
+//! that a `[1, 1]` TF32 operand is copied K-major); the kernel reads the copy through
+//! its strides like any argument.
 //!
 //! The layout: the unit-stride dimension (the last one if several) innermost, its
 //! extent padded to whole 128-byte lines (4097 bf16 → 4160: 8320-byte rows), the other
@@ -85,11 +87,17 @@ impl PaddedLayout {
     /// that overlap or lie too far apart for a 2-D copy, or more than [`MAX_BLOCKS`]
     /// blocks of rows.
     pub fn of(shape: &[usize], strides: &[isize], esz: usize) -> Option<PaddedLayout> {
+        let unit = (0..strides.len()).rev().find(|&d| strides[d] == 1)?;
+        Self::with_unit(shape, strides, esz, unit)
+    }
+
+    /// [`PaddedLayout::of`] with dimension `unit` (one of unit stride) innermost: where
+    /// several have unit stride (dimensions of extent 1), the one the kernel reads along.
+    pub fn with_unit(shape: &[usize], strides: &[isize], esz: usize, unit: usize) -> Option<PaddedLayout> {
         let r = shape.len();
-        if strides.len() != r || strides.iter().any(|&s| s < 0) {
+        if strides.len() != r || strides.iter().any(|&s| s < 0) || strides.get(unit) != Some(&1) {
             return None;
         }
-        let unit = (0..r).rev().find(|&d| strides[d] == 1)?;
         let mut order: Vec<usize> = (0..r).filter(|&d| d != unit).collect();
         order.push(unit);
         let line = 128 / esz.clamp(1, 128);
@@ -247,12 +255,35 @@ pub(crate) fn wanted<A: ArgFacts>(m: &MatrixOperands, kernel: &Kernel, args: &[A
     if copies.is_empty() {
         return Ok(copies);
     }
-    // the loop on the copies' facts: on the tensor cores, or no copies
-    let mut spec = Spec { tensors: kernel.params.iter().zip(args).map(|(p, a)| a.tensor().filter(|_| p.is_tensor()).map(tensor_spec)).collect(), ..Spec::default() };
-    for c in &copies {
-        spec.tensors[c.param] = Some(c.layout.spec());
+    // the loop on the copies' facts: on the tensor cores, or no copies. A tensor with
+    // several unit-stride dimensions (extents of 1: a [1, 1] operand) may be copied with
+    // any of them innermost; the choices are tried until one reaches the tensor cores
+    // (TF32 and 8-bit operands must lie with K contiguous, A's and B's K the other way)
+    let spec = Spec { tensors: kernel.params.iter().zip(args).map(|(p, a)| a.tensor().filter(|_| p.is_tensor()).map(tensor_spec)).collect(), ..Spec::default() };
+    let choices: Vec<Vec<PaddedLayout>> = copies
+        .iter()
+        .map(|c| {
+            let t = args[c.param].tensor().expect("a copied tensor");
+            let units = (0..t.strides().len()).rev().filter(|&d| t.strides()[d] == 1);
+            units.filter_map(|d| PaddedLayout::with_unit(t.shape(), t.strides(), t.dtype().size_bytes(), d)).collect()
+        })
+        .collect();
+    let combos: usize = choices.iter().map(|c| c.len().max(1)).product();
+    let target = target()?;
+    for n in 0..combos.min(16) {
+        let (mut spec, mut rest, mut pick) = (spec.clone(), n, copies.clone());
+        for (c, ch) in pick.iter_mut().zip(&choices) {
+            if !ch.is_empty() {
+                c.layout = ch[rest % ch.len()].clone();
+                rest /= ch.len();
+            }
+            spec.tensors[c.param] = Some(c.layout.spec());
+        }
+        if m.tensor_cores(&spec, &target) {
+            return Ok(pick);
+        }
     }
-    Ok(if m.tensor_cores(&spec, &target()?) { copies } else { Vec::new() })
+    Ok(Vec::new())
 }
 
 /// The tile of the runtime's matrix copy, rows × columns: 32 elements a thread at the

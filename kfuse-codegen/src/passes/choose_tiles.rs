@@ -550,8 +550,9 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     let mut bm = 128u32;
     let bk = 128 / esz;
     let mut bn = 64u32;
+    // (no wider than N's bucket: columns past N are instructions for nothing)
     for cand in [256u32, 128] {
-        if m.div_ceil(bm as u64) * n.div_ceil(cand as u64) >= target.num_sms as u64 {
+        if m.div_ceil(bm as u64) * n.div_ceil(cand as u64) >= target.num_sms as u64 && cand as u64 <= n.next_power_of_two() {
             bn = cand;
             break;
         }

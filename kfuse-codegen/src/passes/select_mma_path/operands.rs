@@ -34,6 +34,8 @@ pub struct MatrixOperands {
     /// the operand loads in it.
     kernel: Kernel,
     loads: Vec<OpId>,
+    /// Each dot's A and B loads, and whether the dot reads each transposed.
+    pairs: Vec<((OpId, bool), (OpId, bool))>,
 }
 
 /// The tensor operands of `kernel`'s pipelined matrix loop (`acc += dot(load, load)`,
@@ -75,7 +77,8 @@ pub fn matrix_operands(kernel: &Kernel) -> Option<MatrixOperands> {
     for t in 0..k.tile_syms.len() {
         k.schedule.tiles.insert(kfuse_ir::TileSym(t as u32), 16);
     }
-    Some(MatrixOperands { params, dtype, tf32, dots: found.len(), kernel: k, loads })
+    let pairs = found.iter().map(|f| (f.a, f.b)).collect();
+    Some(MatrixOperands { params, dtype, tf32, dots: found.len(), kernel: k, loads, pairs })
 }
 
 impl MatrixOperands {
@@ -102,6 +105,11 @@ impl MatrixOperands {
             d => d.is_fp8() && wgmma,
         };
         if !takes || self.loads.iter().any(|&l| tma_obstacle(k, spec, l).is_some()) {
+            return false;
+        }
+        // TF32 and 8-bit operands: K contiguous (`operand_majors`)
+        let k_major = |(l, transposed): (OpId, bool), k_axis: usize| super::contiguous_tile_axis(k, spec, l).is_some_and(|c| (if transposed { 1 - c } else { c }) == k_axis);
+        if self.dtype.size_bytes() != 2 && !self.pairs.iter().all(|&(a, b)| k_major(a, 1) && k_major(b, 0)) {
             return false;
         }
         let esz = self.dtype.size_bytes() as u32;
