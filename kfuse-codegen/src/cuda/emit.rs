@@ -433,7 +433,9 @@ struct Emitter<'a> {
     /// A ring's next copies, written after the next dot's WGMMA instructions are issued
     /// (`operand_ring`).
     pending_fetch: Option<String>,
-    /// Ring nests open where the writer is (`operand_ring::ring_nest`).
+    /// Each `cp.async` ring's nest, outermost loop first (`operand_ring::ring_nest`).
+    ring_nests: BTreeMap<LoopId, Vec<LoopId>>,
+    /// Ring nests open where the writer is.
     open_rings: u32,
     /// Some scratch (`kf_smem`) is used inside a ring nest: the scratch may not share
     /// the operand area's bytes.
@@ -476,6 +478,7 @@ impl<'a> Emitter<'a> {
             producer: false,
             producer_text: None,
             ring_table_bytes: 0,
+            ring_nests: BTreeMap::new(),
             open_rings: 0,
             pending_fetch: None,
             scratch_in_ring: false,
@@ -1812,6 +1815,7 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
                 e.wg = deeper;
             }
         }
+        e.find_ring_nests();
         if let Some(ws) = e.ws.as_mut() {
             ws.persistent = warp_specialize::walks_programs(k, e.wg.as_ref().unwrap(), grid, target.num_sms);
             ws.grouped = warp_specialize::grouped_walk(k, e.wg.as_ref().unwrap());
@@ -1851,6 +1855,22 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         }
     }
     Ok(e)
+}
+
+/// Where the scratch starts in the operand area (`kf_smem - kf_ops`) and the dynamic
+/// shared memory of a written body: WGMMA dots' operand area, then the scratch, from a
+/// 1024-byte boundary (the swizzle patterns' repeat); the scratch starts at the operand
+/// area itself where [`shares_operand_area`] (a ring's bytes are dead outside its nest:
+/// its last copies have landed and its last instructions completed before the nest
+/// ends). `(None, 0)` without an operand area (the scratch is static then).
+fn shared_layout(e: &Emitter<'_>) -> (Option<u32>, u32) {
+    match e.wg.as_ref().map(|p| p.bytes) {
+        None => (None, 0),
+        Some(o) => {
+            let at = if shares_operand_area(e) { 0 } else { o };
+            (Some(at), 1024 + o.max(at + e.smem.div_ceil(16) * 16))
+        }
+    }
 }
 
 /// Whether the body's scratch may share the operand area's bytes: the rings are
@@ -1914,8 +1934,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             e = body(k, spec, target, grid, dynamic, stages)?;
         }
         let ring_stages = e.wg.as_ref().filter(|p| e.ws.is_none() && !p.rings.is_empty()).map_or(2, |p| p.stages);
-        let scratch_at = if shares_operand_area(&e) { 0 } else { e.wg.as_ref().map_or(0, |p| p.bytes) };
-        let total = e.wg.as_ref().map_or(0, |p| 1024 + p.bytes.max(scratch_at + e.smem.div_ceil(16) * 16)) + e.ring_table_bytes;
+        let total = shared_layout(&e).1 + e.ring_table_bytes;
         // (`ring_occupancy`'s blocks share the multiprocessor's shared memory, each
         // with 1 KiB the system keeps)
         let blocks = k.schedule.min_blocks.max(1);
@@ -1934,23 +1953,15 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         e.line("asm volatile(\"barrier.cluster.arrive.relaxed.aligned;\\n\\tbarrier.cluster.wait.aligned;\" ::: \"memory\");")?;
     }
     let smem = e.smem;
-    // WGMMA dots: the operand area, then the scratch, in dynamic shared memory from a
-    // 1024-byte boundary (the swizzle patterns' repeat); the scratch starts at the
-    // operand area where every tile there is a ring's and no scratch is used inside a
-    // ring nest (a ring's bytes are dead outside its nest: its last copies have landed
-    // and its last instructions completed before the nest ends)
     let ops_bytes = e.wg.as_ref().map(|p| p.bytes);
-    let scratch_at = ops_bytes.map(|o| if shares_operand_area(&e) { 0 } else { o });
-    let dynamic_smem = ops_bytes.map_or(0, |o| 1024 + o.max(scratch_at.unwrap_or(o) + smem.div_ceil(16) * 16));
-    if dynamic_smem > target.smem_per_block {
-        return Err(CodegenError::Unsupported(format!("{dynamic_smem} bytes of shared memory (the target allows {})", target.smem_per_block)));
+    let (scratch_at, dynamic_smem) = shared_layout(&e);
+    // (the rings' row tables are declared statically, beside the dynamic bytes)
+    if dynamic_smem + e.ring_table_bytes > target.smem_per_block {
+        return Err(CodegenError::Unsupported(format!("{} bytes of shared memory (the target allows {})", dynamic_smem + e.ring_table_bytes, target.smem_per_block)));
     }
     let helpers = dot_wgmma::helper_texts(&e.helpers);
     let e_notes = std::mem::take(&mut e.dot_notes);
     let static_smem = if ops_bytes.is_some() { e.cluster_smem + e.ring_table_bytes } else { smem + e.cluster_smem };
-    if dynamic_smem + e.ring_table_bytes > target.smem_per_block {
-        return Err(CodegenError::Unsupported(format!("{} bytes of shared memory (the target allows {})", dynamic_smem + e.ring_table_bytes, target.smem_per_block)));
-    }
     let body = e.w.finish();
     if ops_bytes.is_none() && smem > MAX_STATIC_SMEM {
         return Err(CodegenError::Unsupported(format!("{smem} bytes of shared memory (static limit {MAX_STATIC_SMEM})")));

@@ -9,7 +9,7 @@
 //! 16-byte aligned pointer and row strides of whole 16-byte units, and every address
 //! operand is defined before its innermost loop, is that loop's index, or is computed
 //! in the loop by arithmetic on its index and values from outside it
-//! ([`address_closure`]) — so a later step's tile is known before this one's math. A
+//! ([`nest_closure`]) — so a later step's tile is known before this one's math. A
 //! gathered tile qualifies too (rows gathered by index tiles broadcast from rank-1 tiles
 //! computed so, columns along the last dimension): each row's element offset (or
 //! [`NO_ROW`] for a row outside the tensor, which copies zeros) goes into a shared-memory
@@ -111,7 +111,7 @@ pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopI
     // the last dimension's
     let gathered = match gather_roots(k, v) {
         Some(g) if !g.is_empty() => {
-            if tiles != [last] || g.iter().any(|&(d, x)| d > last || address_closure(k, loops, x, l).is_none()) {
+            if tiles != [last] || g.iter().any(|&(d, _)| d > last) {
                 return None;
             }
             true
@@ -132,16 +132,9 @@ pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopI
     if !multiple_of(k, ops[last], 8, 4) {
         return None;
     }
-    let ok = ops.iter().zip(dims).all(|(&o, d)| d.is_gather() || address_closure(k, loops, o, l).is_some());
+    // (addresses the ring can compute ahead: `nest_closure` of the loop alone)
+    let ok = address_roots(k, v).into_iter().all(|r| nest_closure(k, loops, r, &[l]).is_some());
     ok.then_some(l)
-}
-
-/// The ops inside loop `l` that compute the address value `v` (program order), when
-/// they are pure arithmetic on `l`'s index and values from outside `l` — so the ring can
-/// compute the next iteration's address ahead (`None`: something else, a load or a
-/// carried value, feeds it). Empty for a value from outside `l` or `l`'s index itself.
-pub(super) fn address_closure(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, l: LoopId) -> Option<Vec<kfuse_ir::OpId>> {
-    nest_closure(k, loops, v, &[l])
 }
 
 /// A load's gathered dimensions and the rank-1 index tile each is broadcast from
@@ -188,15 +181,27 @@ fn multiple_of(k: &Kernel, v: ValueId, m: i64, depth: u32) -> bool {
 /// The values a ring load's address is computed from: the rank-1 index tiles of its
 /// gathered dimensions and its other offsets.
 fn address_roots(k: &Kernel, v: ValueId) -> Vec<ValueId> {
+    let mut roots = gathered_roots(k, v);
+    roots.extend(scalar_roots(k, v));
+    roots
+}
+
+/// The rank-1 index tiles a ring load's gathered rows are addressed by (its row tables).
+fn gathered_roots(k: &Kernel, v: ValueId) -> Vec<ValueId> {
+    gather_roots(k, v).unwrap_or_default().into_iter().map(|(_, x)| x).collect()
+}
+
+/// A ring load's offsets along its other dimensions (its copies' scalar addresses).
+fn scalar_roots(k: &Kernel, v: ValueId) -> Vec<ValueId> {
     let Op::Load { dims, .. } = k.op(v.op()) else { return vec![] };
-    let gathered = gather_roots(k, v).unwrap_or_default().into_iter().map(|(_, x)| x);
-    let scalars = k.operands(v.op()).into_iter().zip(dims).filter(|(_, d)| !d.is_gather()).map(|(o, _)| o);
-    gathered.chain(scalars).collect()
+    k.operands(v.op()).into_iter().zip(dims).filter(|(_, d)| !d.is_gather()).map(|(o, _)| o).collect()
 }
 
 /// The ops inside the loops of `nest` (outermost first, each the only loop in the one
 /// before) that compute `v`, in program order, when they are pure arithmetic on the
-/// nest's indices and values from outside it (`None`: something else feeds it).
+/// nest's indices and values from outside it (`None`: something else feeds it). Empty
+/// for a value from outside the nest or one of its indices. A ring computes a later
+/// step's addresses with them, at its cursor.
 fn nest_closure(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, nest: &[LoopId]) -> Option<Vec<kfuse_ir::OpId>> {
     let mut seen = std::collections::BTreeSet::new();
     let mut stack = vec![v];
@@ -257,10 +262,15 @@ impl Emitter<'_> {
     /// The loops ring loop `l`'s copies walk ([`ring_nest`]; under warp specialization,
     /// `l` alone: the producer walks it).
     pub(super) fn nest_of(&self, l: LoopId) -> Vec<LoopId> {
-        if self.ws.is_some() {
-            return vec![l];
-        }
-        ring_nest(self.k, &enclosing_loops(self.k), l, &self.wg.as_ref().unwrap().rings[&l])
+        self.ring_nests.get(&l).cloned().unwrap_or_else(|| vec![l])
+    }
+
+    /// Finds each ring's nest once, when the plan and the warp specialization are
+    /// settled ([`Emitter::nest_of`] reads them).
+    pub(super) fn find_ring_nests(&mut self) {
+        let Some(p) = self.wg.as_ref().filter(|_| self.ws.is_none()) else { return };
+        let loops = enclosing_loops(self.k);
+        self.ring_nests = p.rings.iter().map(|(&l, loads)| (l, ring_nest(self.k, &loops, l, loads))).collect();
     }
 
     /// The ring loop whose copies start where loop `id` opens (the outermost loop of its
@@ -337,9 +347,10 @@ impl Emitter<'_> {
     }
 
     /// The cursor's step of ring loop `l`'s nest: a block in which the addresses
-    /// computed in the nest are written again at the cursor, then `body`.
-    fn at_cursor(&mut self, l: LoopId, nest: &[LoopId], body: impl FnOnce(&mut Self, &str) -> R) -> R {
-        let closure = self.ring_closure(l, nest);
+    /// computed in the nest from the loads' `roots` are written again at the cursor,
+    /// then `body`.
+    fn at_cursor(&mut self, l: LoopId, nest: &[LoopId], roots: fn(&Kernel, ValueId) -> Vec<ValueId>, body: impl FnOnce(&mut Self, &str) -> R) -> R {
+        let closure = self.ring_closure(l, nest, roots);
         self.open("")?;
         let binds: Vec<(LoopId, String)> = nest.iter().enumerate().map(|(i, &n)| (n, format!("kf_p{}_{i}", l.0))).collect();
         let saved = self.bind_closure(&binds, &closure)?;
@@ -350,13 +361,13 @@ impl Emitter<'_> {
     }
 
     /// Where ring loop `l`'s gathered row tables move: the rows of the cursor's step
-    /// into the table of stage `kf_ws<l>` (a step before its copies, a barrier between).
+    /// into the table of stage `kf_ws<l>`, before the barrier its copies follow.
     fn fetch_tables(&mut self, l: LoopId, nest: &[LoopId]) -> R {
         if !self.tables_move(l) {
             return Ok(());
         }
         let loads = self.wg.as_ref().unwrap().rings[&l].clone();
-        self.at_cursor(l, nest, |e, valid| {
+        self.at_cursor(l, nest, gathered_roots, |e, valid| {
             e.open(format!("if {valid}"))?;
             e.write_gather_tables(&loads, &format!("kf_ws{}", l.0))?;
             e.close()
@@ -370,7 +381,7 @@ impl Emitter<'_> {
         let stages = self.wg.as_ref().unwrap().stages;
         let b = self.nest_bounds(nest);
         let (cursor, stage) = (format!("kf_p{}_{}", l.0, nest.len() - 1), format!("kf_ws{}", l.0));
-        self.at_cursor(l, nest, |e, valid| {
+        self.at_cursor(l, nest, scalar_roots, |e, valid| {
             e.open(format!("if {valid}"))?;
             for x in &loads {
                 e.ring_copy(*x, l, &cursor, &stage)?;
@@ -393,14 +404,14 @@ impl Emitter<'_> {
         self.line(format!("if (++kf_ws{0} == {stages}) kf_ws{0} = 0;", l.0))
     }
 
-    /// The ops in ring loop `l`'s nest that compute its loads' addresses
+    /// The ops in ring loop `l`'s nest that compute its loads' `roots`
     /// ([`nest_closure`]), in program order.
-    fn ring_closure(&self, l: LoopId, nest: &[LoopId]) -> Vec<kfuse_ir::OpId> {
+    fn ring_closure(&self, l: LoopId, nest: &[LoopId], roots: fn(&Kernel, ValueId) -> Vec<ValueId>) -> Vec<kfuse_ir::OpId> {
         let k = self.k;
         let loops = enclosing_loops(k);
         let mut all = std::collections::BTreeSet::new();
         for &v in &self.wg.as_ref().unwrap().rings[&l] {
-            for r in address_roots(k, v) {
+            for r in roots(k, v) {
                 all.extend(nest_closure(k, &loops, r, nest).unwrap_or_default());
             }
         }
