@@ -355,8 +355,18 @@ fn general_lowering_on_request() {
     // one block a multiprocessor walks the tiles, in groups of 8 tile rows (both roles)
     assert_eq!(e.persistent, Some(Target::sm90a().num_sms));
     assert_eq!(e.source.matches("const long long kf_wgs = 8LL * kf_wn1;").count(), 2, "{}", e.source);
+    // the output tile leaves through shared memory by TMA bulk stores (four 64-column
+    // boxes), the register store kept for a tile whose valid range is not the tensor's
+    assert!(e.plan.to_string().contains("the tile stored to `c` leaves through shared memory by TMA bulk stores"), "{}", e.plan);
+    assert_eq!(e.source.matches("shared::cta.bulk_group [%0, {%1, %2}], [%3];\" :: \"l\"(&kf_stm0)").count(), 4, "{}", e.source);
+    assert!(e.source.contains("if (kf_tma_ok"), "{}", e.source);
     let (_, spill) = common::assemble(&e.source, &e.arch, &e.options, "gemm_general_128x256").unwrap();
     assert_eq!(spill, 0);
+    // an output whose rows TMA cannot write (8194-byte rows): stores from registers
+    let mut odd = spec.clone();
+    odd.tensors[2].as_mut().unwrap().stride_div[0] = 1;
+    let e = compile(&k, &odd, &Target::sm90a()).unwrap();
+    assert!(!e.source.contains("kf_stm0") && !e.plan.to_string().contains("TMA bulk stores"), "{}", e.source);
     // sm_80: the same loop on mma.sync, its operands staged in shared memory
     let mut spec = spec_mnk(def, 4096, 4096, 4096);
     spec.tiles.insert("GENERAL".to_string(), 1);

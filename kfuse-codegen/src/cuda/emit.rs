@@ -46,6 +46,7 @@ mod loops;
 mod mma_common;
 mod mma_sm80;
 mod operand_ring;
+mod tma_store;
 mod warp_specialize;
 mod wgmma;
 
@@ -440,6 +441,13 @@ struct Emitter<'a> {
     /// Some scratch (`kf_smem`) is used inside a ring nest: the scratch may not share
     /// the operand area's bytes.
     scratch_in_ring: bool,
+    /// The stores that leave by TMA (`tma_store::general_stores`) not written yet, the
+    /// tensor maps of all of them, and where their shared memory starts (bytes from
+    /// `kf_ops`, after the operand area).
+    out_tma: BTreeMap<OpId, tma_store::StoreTma>,
+    out_tma_maps: Vec<tma_store::StoreTma>,
+    out_tma_at: u32,
+    out_tma_bytes: u32,
 }
 
 type R = Result<(), CodegenError>;
@@ -482,6 +490,10 @@ impl<'a> Emitter<'a> {
             open_rings: 0,
             pending_fetch: None,
             scratch_in_ring: false,
+            out_tma: BTreeMap::new(),
+            out_tma_maps: Vec::new(),
+            out_tma_at: 0,
+            out_tma_bytes: 0,
         }
     }
 }
@@ -597,6 +609,9 @@ impl<'a> Emitter<'a> {
     /// opens and its stage flip before it closes, a ring load in place of the load, a
     /// staged operand's copy after its op.
     fn op_staged(&mut self, op: OpId) -> R {
+        if let Some(st) = self.out_tma.remove(&op) {
+            return self.store_by_tma(op, &st);
+        }
         let ring = |e: &Self, l: &LoopId| e.wg.as_ref().is_some_and(|p| p.rings.contains_key(l));
         match self.k.op(op) {
             Op::For { id, .. } => {
@@ -1785,9 +1800,20 @@ pub struct Emitted {
     pub min_blocks: Option<u32>,
 }
 
+/// How deep [`body`] makes a kernel's rings: `cp.async` rings at most `stages`, a
+/// producer warpgroup's at most `ws_stages`; with `tma_out`, a warp-specialized kernel's
+/// stores leave by TMA where they can (`tma_store::general_stores`).
+#[derive(Clone, Copy)]
+struct Depth {
+    stages: u32,
+    ws_stages: u32,
+    tma_out: bool,
+}
+
 /// Writes the body of a kernel without a matrix loop, the carried tiles in `dynamic`
 /// with valid ranges that follow the iterations.
-fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::target::GridAxisEval], dynamic: BTreeSet<(LoopId, u32)>, stages: u32) -> Result<Emitter<'a>, CodegenError> {
+fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::target::GridAxisEval], dynamic: BTreeSet<(LoopId, u32)>, depth: Depth) -> Result<Emitter<'a>, CodegenError> {
+    let Depth { stages, ws_stages, tma_out } = depth;
     let mut e = Emitter::new(k, spec, "__syncthreads();", grid);
     e.dynamic_ranges = dynamic;
     if k.schedule.split_blocks <= 1 && k.schedule.persistent == 0 {
@@ -1800,10 +1826,16 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         if target.sm >= 90 {
             e.ws = e.wg.as_ref().and_then(|p| warp_specialize::ws_plan(k, p, k.schedule.num_threads));
         }
-        // a producer warpgroup runs as many stages ahead as shared memory holds (3 or 2)
+        // a producer warpgroup runs as many stages ahead as shared memory holds beside
+        // the stores' area and a reserve for the scratch (`ws_stages` at most), else 3
+        // where they fit, else 2
         if e.ws.is_some() {
-            let deeper = dot_wgmma::plan(k, spec, true, wgmma, warp_specialize::STAGES);
-            if fits(&deeper) && deeper.rings == e.wg.as_ref().unwrap().rings {
+            let store = if tma_out { tma_store::general_stores(k, spec, u32::MAX).1 } else { 0 };
+            let rings = e.wg.as_ref().unwrap().rings.clone();
+            let room = |p: &dot_wgmma::WgPlan| 1024 + p.bytes.div_ceil(1024) * 1024 + store + crate::passes::pipeline_stages::RESERVE_BYTES <= target.smem_per_block;
+            let deepest = (warp_specialize::STAGES + 1..=ws_stages).rev().map(|s| dot_wgmma::plan(k, spec, true, wgmma, s)).find(|p| room(p) && p.rings == rings);
+            let deeper = deepest.unwrap_or_else(|| dot_wgmma::plan(k, spec, true, wgmma, warp_specialize::STAGES));
+            if fits(&deeper) && deeper.rings == rings {
                 e.wg = Some(deeper);
             }
         }
@@ -1836,6 +1868,17 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             }
             e.producer_text = Some(pe.w.finish());
         }
+        if tma_out && target.sm >= 90 && e.ws.is_some() {
+            // after the operand area, on a swizzle pattern's repeat
+            let at = e.wg.as_ref().unwrap().bytes.div_ceil(1024) * 1024;
+            let (stores, bytes) = tma_store::general_stores(k, spec, target.smem_per_block.saturating_sub(1024 + at));
+            e.out_tma_maps = stores.values().cloned().collect();
+            for o in stores.keys() {
+                let Op::Store { tensor, .. } = k.op(*o) else { unreachable!() };
+                e.dot_notes.push(format!("the tile stored to `{}` leaves through shared memory by TMA bulk stores", k.param(*tensor).name));
+            }
+            (e.out_tma, e.out_tma_at, e.out_tma_bytes) = (stores, at, bytes);
+        }
     }
     e.w.indent();
     if k.schedule.persistent > 0 {
@@ -1846,6 +1889,7 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             e.op(op)?;
         }
         e.close()?;
+        e.drain_tma_stores()?;
     } else {
         if k.schedule.l2_prefetch > 0 {
             e.l2_prefetch_ahead()?;
@@ -1853,6 +1897,7 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         for op in k.ops() {
             e.op(op)?;
         }
+        e.drain_tma_stores()?;
     }
     Ok(e)
 }
@@ -1867,6 +1912,8 @@ fn shared_layout(e: &Emitter<'_>) -> (Option<u32>, u32) {
     match e.wg.as_ref().map(|p| p.bytes) {
         None => (None, 0),
         Some(o) => {
+            // (the stores' area after the operand area: `body`)
+            let o = if e.out_tma_bytes > 0 { e.out_tma_at + e.out_tma_bytes } else { o };
             let at = if shares_operand_area(e) { 0 } else { o };
             (Some(at), 1024 + o.max(at + e.smem.div_ceil(16) * 16))
         }
@@ -1922,26 +1969,39 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     }
     // The body first (its shared-memory needs are known only afterwards): `cp.async`
     // rings as deep as the whole block's shared memory then holds.
-    let mut stages = match k.schedule.ring_stages {
+    let stages = match k.schedule.ring_stages {
         0 => operand_ring::STAGES,
         s => s.clamp(2, operand_ring::STAGES),
     };
+    let mut depth = Depth { stages, ws_stages: warp_specialize::MAX_STAGES, tma_out: true };
     let mut e = loop {
-        let mut e = body(k, spec, target, grid, BTreeSet::new(), stages)?;
+        let mut e = body(k, spec, target, grid, BTreeSet::new(), depth)?;
         while !e.retry.is_empty() {
             // carried tiles whose valid range changes across iterations (see `loops.rs`)
             let dynamic = e.dynamic_ranges.union(&e.retry).copied().collect();
-            e = body(k, spec, target, grid, dynamic, stages)?;
+            e = body(k, spec, target, grid, dynamic, depth)?;
         }
         let ring_stages = e.wg.as_ref().filter(|p| e.ws.is_none() && !p.rings.is_empty()).map_or(2, |p| p.stages);
         let total = shared_layout(&e).1 + e.ring_table_bytes;
+        if e.ws.is_some() && total > target.smem_per_block {
+            // the ring, the stores' area and the scratch do not all fit: three stages,
+            // then stores from registers
+            if depth.ws_stages > warp_specialize::STAGES {
+                depth.ws_stages = warp_specialize::STAGES;
+                continue;
+            }
+            if !e.out_tma_maps.is_empty() {
+                depth.tma_out = false;
+                continue;
+            }
+        }
         // (`ring_occupancy`'s blocks share the multiprocessor's shared memory, each
         // with 1 KiB the system keeps)
         let blocks = k.schedule.min_blocks.max(1);
         if ring_stages <= 2 || blocks * (total + 1024) <= target.smem_per_block + 1024 {
             break e;
         }
-        stages = ring_stages - 1;
+        depth.stages = ring_stages - 1;
     };
     if e.cluster_reductions > 0 {
         // the partials in this block's shared memory stay until every block has read them
@@ -1974,9 +2034,15 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         decls.push(format!("const __grid_constant__ CUtensorMap kf_rtm{}", t.map));
         params.push(t.param.clone());
     }
+    // the tensor maps of the stores that leave by TMA, after those
+    for st in &e.out_tma_maps {
+        decls.push(format!("const __grid_constant__ CUtensorMap kf_stm{}", st.map));
+        params.push(st.param.clone());
+    }
     let threads = k.schedule.num_threads + if producer.is_some() { warp_specialize::PRODUCER_THREADS } else { 0 };
     let cluster = k.schedule.split_blocks;
     let cluster_attr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
+    let ws_prelude = warp_specialize::ws_prelude(k.schedule.num_threads);
     let mut preludes: Vec<&str> = if cluster > 1 { vec![CLUSTER_PRELUDE] } else { vec![] };
     if ops_bytes.is_some() {
         preludes.extend([dot_wgmma::WG_DOT_PRELUDE, operand_ring::RING_PRELUDE]);
@@ -1986,9 +2052,9 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         preludes.push(helpers.as_str());
     }
     if producer.is_some() {
-        preludes.push(warp_specialize::WS_PRELUDE);
+        preludes.push(ws_prelude.as_str());
     }
-    if !tma.is_empty() {
+    if !tma.is_empty() || !e.out_tma_maps.is_empty() {
         preludes.push(warp_specialize::TMA_PRELUDE);
     }
     let producer_bounds = producer.is_some();
@@ -2005,7 +2071,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             w.line(format!("unsigned char* kf_smem = kf_ops + {};", scratch_at.unwrap_or(o)))?;
             w.line("(void)kf_smem;")?;
             if let Some(p) = &producer {
-                warp_specialize::split_roles(&mut w, p, e.wg.as_ref().map_or(2, |p| p.stages), !tma.is_empty())?;
+                warp_specialize::split_roles(&mut w, p, e.wg.as_ref().map_or(2, |p| p.stages), !tma.is_empty(), k.schedule.num_threads)?;
             }
         } else if smem > 0 {
             w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", smem.div_ceil(16) * 16))?;

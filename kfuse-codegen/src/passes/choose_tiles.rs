@@ -197,13 +197,25 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     Ok(())
 }
 
-/// Whether the kernel's tiles are a pipelined matrix loop's (`choose_dot_tiles`).
+/// Whether the kernel's tiles are a pipelined matrix loop's (`choose_dot_tiles`): a loop
+/// the matrix paths take, or, where the general lowering is asked to take it instead
+/// (`GENERAL=1`), one whose f16/bf16 dots it lowers onto WGMMA (sm_90), so that both
+/// lowerings of the loop run the same tiles.
 fn matrix_tiles(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     let dots = crate::passes::select_mma_path::dots(k);
     !dots.is_empty()
-        && !crate::passes::select_mma_path::general_requested(spec)
+        && (!crate::passes::select_mma_path::general_requested(spec) || general_wgmma(k, target, &dots))
         && crate::passes::select_mma_path::matrix_loop(k, &dots).is_ok()
         && crate::passes::select_mma_path::several_dots_elsewhere(k, &dots, target).is_none()
+}
+
+/// Whether the general lowering would take a matrix loop's `dots` onto WGMMA: sm_90,
+/// f16/bf16 operands of exact products.
+fn general_wgmma(k: &Kernel, target: &Target, dots: &[OpId]) -> bool {
+    target.sm == 90
+        && dots.iter().all(|&d| {
+            matches!(k.op(d), Op::Dot { precision: kfuse_ir::DotPrecision::Exact }) && matches!(k.ty(k.operands(d)[0]).dtype, kfuse_ir::DType::F16 | kfuse_ir::DType::BF16)
+        })
 }
 
 /// The row that [`run`] would cut across a thread-block cluster: the widest full extent
@@ -629,7 +641,14 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
             }
         }
     }
-    k.schedule.num_threads = 256; // select_mma_path sets the consumers' count
+    // select_mma_path sets the consumers' count; the general lowering gives each
+    // warpgroup 64 rows of the tile, two at most
+    k.schedule.num_threads = if crate::passes::select_mma_path::general_requested(spec) {
+        let rows = concrete_shape(k, &at).first().copied().unwrap_or(128);
+        128 * (rows / 64).clamp(1, 2)
+    } else {
+        256
+    };
     k.schedule.min_blocks = 1;
     k.schedule.split_blocks = 1;
     Ok(())
@@ -662,7 +681,8 @@ pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target)
     // every shape where the wide tiles would not pay)
     let Some(dot) = k.ops().find(|&o| matches!(k.op(o), Op::Dot { .. })) else { return out };
     let (m, n, _) = dot_problem_of(k, dot, &|s| dims.get(s).copied().unwrap_or(1));
-    if target.sm != 90 || !wide_tiles_pay(m, n, target.num_sms) {
+    // (the general lowering's instructions are at most 256 wide)
+    if target.sm != 90 || !wide_tiles_pay(m, n, target.num_sms) || crate::passes::select_mma_path::general_requested(spec) {
         return out;
     }
     // (the waves counted are one matrix's: operands indexed along a batch dimension

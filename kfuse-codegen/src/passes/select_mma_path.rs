@@ -153,7 +153,7 @@ pub fn tma_order(k: &Kernel, spec: &Spec, load: OpId) -> Option<Vec<u32>> {
 }
 
 /// Why TMA cannot read (or write) this access's tensor, if it cannot.
-fn tma_obstacle(k: &Kernel, spec: &Spec, load: OpId) -> Option<String> {
+pub(crate) fn tma_obstacle(k: &Kernel, spec: &Spec, load: OpId) -> Option<String> {
     let (Op::Load { tensor, .. } | Op::Store { tensor, .. }) = k.op(load) else { return Some("not an access".into()) };
     let p = k.param(*tensor);
     let Some(ts) = spec.tensors.get(tensor.0 as usize).cloned().flatten() else {

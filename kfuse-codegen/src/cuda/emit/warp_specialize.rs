@@ -54,7 +54,8 @@ use super::operand_ring::enclosing_loops;
 use super::{Emitter, R};
 use crate::cuda::writer::Writer;
 
-/// Threads of the consumer warpgroups (the block without its producer).
+/// Threads of the consumer warpgroups (the block without its producer), at most: two
+/// warpgroups, or one ([`WsPlan::consumers`]).
 pub(super) const CONSUMERS: u32 = 256;
 /// Threads of the producer warpgroup (the block's last).
 pub(super) const PRODUCER_THREADS: u32 = 128;
@@ -62,8 +63,12 @@ pub(super) const PRODUCER_THREADS: u32 = 128;
 /// 128 · 40 + 256 · 232 ≤ 65536).
 pub(super) const PRODUCER_REGS: u32 = 40;
 pub(super) const CONSUMER_REGS: u32 = 232;
-/// Ring stages where shared memory holds them (else 2).
+/// Ring stages where shared memory holds them (else 2), when no deeper ring fits beside
+/// the stores' area and the scratch's reserve.
 pub(super) const STAGES: u32 = 3;
+/// The deepest ring a producer warpgroup fills (the matrix path's
+/// `pipeline_stages::MAX_STAGES`).
+pub(super) const MAX_STAGES: u32 = crate::passes::pipeline_stages::MAX_STAGES;
 
 /// What the producer computes: the values its loops' bounds and its copies' addresses
 /// read (see the module docs).
@@ -86,6 +91,9 @@ pub(super) struct WsPlan {
     pub persistent: bool,
     /// A persistent walk over two axes goes in groups along axis 0 ([`grouped_walk`]).
     pub grouped: bool,
+    /// Threads of the consumer warpgroups: 256, or 128 (one warpgroup, which takes no
+    /// turns); the producer's are the next 128.
+    pub consumers: u32,
 }
 
 /// Programs of axis 0 a persistent walk over two axes takes together, walking axis 1
@@ -191,7 +199,7 @@ fn deferrable(k: &Kernel, l: LoopId, first: OpId, last: OpId) -> bool {
 
 /// Whether the kernel's rings run warp-specialized (see the module docs).
 pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
-    if p.rings.is_empty() || threads != CONSUMERS {
+    if p.rings.is_empty() || !(threads == CONSUMERS || threads == CONSUMERS / 2) {
         return None;
     }
     let loops = enclosing_loops(k);
@@ -226,7 +234,10 @@ pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
         let dots: Vec<OpId> = k.ops().filter(|op| p.dots.contains_key(op) && loops.get(&op.value()) == Some(l)).collect();
         if dots.len() >= 2 {
             let (first, last) = (dots[0], dots[dots.len() - 1]);
-            turns.insert(*l, (first, last));
+            // (turns alternate two warpgroups)
+            if threads == CONSUMERS {
+                turns.insert(*l, (first, last));
+            }
             if deferrable(k, *l, first, last) {
                 deferred.insert(*l, last);
             }
@@ -236,7 +247,7 @@ pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
             }
         }
     }
-    Some(WsPlan { slice, turns, deferred, tma: tma_loads(k, p), persistent: false, grouped: false })
+    Some(WsPlan { slice, turns, deferred, tma: tma_loads(k, p), persistent: false, grouped: false, consumers: threads })
 }
 
 /// The plan's line for a warp-specialized kernel.
@@ -244,34 +255,39 @@ pub(super) fn note(ws: &WsPlan) -> String {
     let turns = if ws.turns.is_empty() { String::new() } else { format!("; the consumers take turns at the tensor cores in {} loop(s)", ws.turns.len()) };
     let copies = if ws.tma.is_empty() { "cp.async" } else { "TMA" };
     let walk = if ws.persistent { format!("; each block walks programs (over two grid axes in groups of {WALK_GROUP} along the first)") } else { String::new() };
-    format!("rings filled by a producer warpgroup ({copies}, mbarriers; {PRODUCER_REGS} registers), 2 consumer warpgroups ({CONSUMER_REGS} registers){turns}{walk}")
+    let n = ws.consumers / 128;
+    let wgs = if n == 1 { "1 consumer warpgroup" } else { "2 consumer warpgroups" };
+    format!("rings filled by a producer warpgroup ({copies}, mbarriers; {PRODUCER_REGS} registers), {wgs} ({CONSUMER_REGS} registers){turns}{walk}")
 }
 
 /// The mbarrier and named-barrier helpers of a warp-specialized kernel (the mbarrier
-/// ones are the matrix path's, `mbarrier_helpers`).
-pub(super) const WS_PRELUDE: &str = concat!(
-    mbarrier_helpers!("kf_saddr"),
-    r#"static __device__ __forceinline__ void kf_cp_async_arrive(unsigned long long* b) { asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(kf_saddr(b)) : "memory"); }
-static __device__ __forceinline__ void kf_bar_sync(int id) { asm volatile("bar.sync %0, 256;" :: "r"(id) : "memory"); }
-static __device__ __forceinline__ void kf_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;" :: "r"(id) : "memory"); }
+/// ones are the matrix path's, `mbarrier_helpers`); the named barriers take the
+/// `consumers` threads.
+pub(super) fn ws_prelude(consumers: u32) -> String {
+    let mbar = mbarrier_helpers!("kf_saddr");
+    format!(
+        r#"{mbar}static __device__ __forceinline__ void kf_cp_async_arrive(unsigned long long* b) {{ asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(kf_saddr(b)) : "memory"); }}
+static __device__ __forceinline__ void kf_bar_sync(int id) {{ asm volatile("bar.sync %0, {consumers};" :: "r"(id) : "memory"); }}
+static __device__ __forceinline__ void kf_bar_arrive(int id) {{ asm volatile("bar.arrive %0, {consumers};" :: "r"(id) : "memory"); }}
 "#
-);
+    )
+}
 
 /// The kernel's start where the roles part (see the module docs): the mbarriers, then
 /// the producer's program `producer` and its exit.
-pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, stages: u32, tma: bool) -> std::fmt::Result {
+pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, stages: u32, tma: bool, consumers: u32) -> std::fmt::Result {
     w.line(format!("__shared__ __align__(8) unsigned long long kf_full[{stages}], kf_empty[{stages}];"))?;
     w.open("if (kf_tid == 0)")?;
     // TMA: one arrival (with the stage's bytes) a phase; cp.async: each producer thread's
     let fill = if tma { 1 } else { PRODUCER_THREADS };
-    w.line(format!("for (int s = 0; s < {stages}; ++s) {{ kf_mbar_init(&kf_full[s], {fill}); kf_mbar_init(&kf_empty[s], {CONSUMERS}); }}"))?;
+    w.line(format!("for (int s = 0; s < {stages}; ++s) {{ kf_mbar_init(&kf_full[s], {fill}); kf_mbar_init(&kf_empty[s], {consumers}); }}"))?;
     w.close()?;
     w.line("__syncthreads();")?;
-    w.open(format!("if (kf_tid >= {CONSUMERS})"))?;
+    w.open(format!("if (kf_tid >= {consumers})"))?;
     w.line(format!("asm volatile(\"setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGS};\");"))?;
     if tma {
         // one thread issues every copy
-        w.open(format!("if (kf_tid == {CONSUMERS})"))?;
+        w.open(format!("if (kf_tid == {consumers})"))?;
     }
     w.line("unsigned kf_rit = 0;")?;
     w.raw(producer)?;

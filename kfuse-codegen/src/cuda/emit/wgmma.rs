@@ -53,7 +53,8 @@
 //! The writer plans the kernel first ([`WgmmaKernel::new`]: tensor maps, stage layout,
 //! shared memory), then prints it in parts: the ring's barriers, the tile walk and the
 //! producer (`wgmma/producer.rs`), the consumers' main loop, split reduction and
-//! epilogue (`wgmma/consumer.rs`), and the epilogue's TMA store (`wgmma/tma_store.rs`).
+//! epilogue (`wgmma/consumer.rs`), and the epilogue's TMA store (`tma_store.rs`, shared with
+//! the general lowering).
 //!
 //! Shared memory of one operand in one stage, by majorness (swizzle 128 B): K-major —
 //! `rows × 128` bytes (64 16-bit, 128 8-bit or 32 f32 elements), 8-row atoms 1024 bytes apart
@@ -211,7 +212,6 @@ fn wgmma_instr_fn(name: &str, dtype: DType, n: u32, trans_a: bool, trans_b: bool
 
 mod consumer;
 mod producer;
-mod tma_store;
 
 /// The output tile's TMA store ([`MmaPlan::store`]): the store op, the box's inner extent
 /// in elements (one swizzle span) and the bytes of one `[BM, inner]` box.

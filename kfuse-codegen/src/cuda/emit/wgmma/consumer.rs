@@ -3,7 +3,7 @@
 //! the stage; a split loop's reduction of partial accumulators across the cluster; and
 //! the epilogue on the accumulator registers.
 
-use super::tma_store::TmaOut;
+use crate::cuda::emit::tma_store::TmaOut;
 use super::*;
 
 impl WgmmaKernel<'_> {
@@ -237,7 +237,7 @@ impl WgmmaKernel<'_> {
             e.vals.insert(res, accumulator_val_named(self.plan, &accumulator_name(j), map, r));
         }
         let out = self.c_map.map(|c| {
-            let out = TmaOut { c_base: &c_base, inner: c.inner, box_bytes: c.box_bytes, buffers: self.plan.store_buffers, map_name: &self.c_map_name, lead };
+            let out = TmaOut { base: "kf_pipe", saddr: "kf_smem_addr", c_base: &c_base, inner: c.inner, box_bytes: c.box_bytes, buffers: self.plan.store_buffers, map_name: &self.c_map_name, lead };
             (c.store, out)
         });
         for &o in &k.order[self.info.yield_pos + 1..] {

@@ -1,19 +1,80 @@
-//! The WGMMA kernel's epilogue store: a `[BM, BN]` tile written into swizzled shared
-//! memory and sent out by TMA bulk stores (`MmaPlan::store`), whole or box by box.
+//! A store of a register tile through shared memory and TMA bulk stores (sm_90a): the
+//! tile is written into swizzled shared memory and sent out whole or box by box. The
+//! matrix path's epilogue stores this way where its plan says so (`MmaPlan::store`);
+//! the general lowering where [`general_stores`] finds a store that can.
 
 use super::*;
+use crate::passes::select_mma_path::{tma_obstacle, tma_order};
 
-/// Where an epilogue tile leaves by TMA: its shared memory (`c_base` bytes from
-/// `kf_pipe`), its boxes (`inner` columns, `box_bytes` each), how many box-sized buffers
-/// it goes through (0: the whole tile at once), the output's tensor map and the thread
-/// that issues the bulk stores.
+/// Where an epilogue tile leaves by TMA: its shared memory (`c_base` bytes from `base`,
+/// the dynamic shared memory's aligned start, whose shared-space address `saddr` — the
+/// name of the prelude's function — gives), its boxes (`inner` columns, `box_bytes`
+/// each), how many box-sized buffers it goes through (0: the whole tile at once), the
+/// output's tensor map and the thread that issues the bulk stores.
 pub(super) struct TmaOut<'s> {
+    pub base: &'s str,
+    pub saddr: &'s str,
     pub c_base: &'s str,
     pub inner: u32,
     pub box_bytes: u32,
     pub buffers: u32,
     pub map_name: &'s str,
     pub lead: &'s str,
+}
+
+/// A store the general lowering sends out by TMA ([`general_stores`]): its tensor map
+/// (`kf_stm<map>`, the parameter) and its boxes (`inner` columns, `box_bytes` each); the
+/// whole tile goes through shared memory at once.
+#[derive(Clone, Debug)]
+pub(super) struct StoreTma {
+    pub map: usize,
+    pub param: KernelParam,
+    pub inner: u32,
+    pub box_bytes: u32,
+}
+
+/// The stores of a warp-specialized kernel that leave by TMA, and the bytes of shared
+/// memory they go through: one area, which store after store reuses (each waits until
+/// the bulk stores before it have read it). A store can when it stands outside every
+/// loop, is unmasked and writes a rank-2 f16/bf16 tile of at most 256 rows whose
+/// columns are whole 128-byte boxes, to a tensor the spec's facts let TMA write with its
+/// columns at unit stride, and where the whole tile fits in the `room` bytes of shared
+/// memory left.
+pub(super) fn general_stores(k: &Kernel, spec: &Spec, room: u32) -> (BTreeMap<OpId, StoreTma>, u32) {
+    let mut out = BTreeMap::new();
+    let mut area = 0;
+    let mut depth = 0u32;
+    for op in k.ops() {
+        match k.op(op) {
+            Op::For { .. } => depth += 1,
+            Op::Yield { .. } => depth -= 1,
+            Op::Store { tensor, dims } if depth == 0 && k.store_mask(op).is_none() && dims.len() == 2 => {
+                let dtype = k.param(*tensor).dtype;
+                let ext: Vec<u32> = dims.iter().filter_map(|d| if let AccessDim::Tile(e) = d { Some(extent_value(k, *e)) } else { None }).collect();
+                let esz = dtype.size_bytes() as u32;
+                let [rows, cols] = ext[..] else { continue };
+                let inner = 128 / esz;
+                let fits = matches!(dtype, DType::F16 | DType::BF16)
+                    && (8..=256).contains(&rows)
+                    && rows.is_multiple_of(8)
+                    && cols.is_multiple_of(inner)
+                    && tma_order(k, spec, op).is_some_and(|o| o == [1, 0])
+                    && tma_obstacle(k, spec, op).is_none();
+                if !fits {
+                    continue;
+                }
+                let whole = rows * cols * esz;
+                if whole > room {
+                    continue;
+                }
+                area = area.max(whole);
+                let param = KernelParam::TensorMap { tensor: *tensor, box_dims: vec![rows, inner], swizzle: 128, order: vec![1, 0] };
+                out.insert(op, StoreTma { map: out.len(), param, inner, box_bytes: rows * inner * esz });
+            }
+            _ => {}
+        }
+    }
+    (out, area)
 }
 
 /// The registers of the tile being stored: their map and array name, the output's
@@ -27,6 +88,25 @@ struct TileRegs<'s> {
 }
 
 impl Emitter<'_> {
+    /// A store [`general_stores`] chose, in a warp-specialized kernel of the general
+    /// lowering: through the area after the operand area, issued by the first consumer
+    /// thread (see [`Self::tma_store`]; the consumers' last act waits until the bulk
+    /// stores have read it, `Self::drain_tma_stores`).
+    pub(super) fn store_by_tma(&mut self, op: OpId, st: &StoreTma) -> R {
+        let (at, map) = (self.out_tma_at.to_string(), format!("kf_stm{}", st.map));
+        let out = TmaOut { base: "kf_ops", saddr: "kf_saddr", c_base: &at, inner: st.inner, box_bytes: st.box_bytes, buffers: 0, map_name: &map, lead: "kf_tid == 0" };
+        self.tma_store(op, &out)
+    }
+
+    /// After the consumers' last store by TMA: shared memory outlives the bulk stores'
+    /// reads of it.
+    pub(super) fn drain_tma_stores(&mut self) -> R {
+        if self.out_tma_maps.is_empty() {
+            return Ok(());
+        }
+        self.line("if (kf_tid == 0) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");")
+    }
+
     /// The epilogue store of a `[BM, BN]` tile through shared memory and a TMA bulk
     /// store, when the value's valid lanes are exactly the in-bounds part of the tile
     /// (what the copy engine writes), else the ordinary store. What the IR shows at
@@ -37,7 +117,7 @@ impl Emitter<'_> {
     /// Shared memory holds the tile as `BN / inner` boxes of `[BM, inner]` elements,
     /// 128-byte rows swizzled like TMA's 128-byte mode (16-byte chunk `j` of row `r` at
     /// chunk `j ^ (r % 8)`), so that a warp's writes (8 rows x 4 lanes) hit 8 different
-    /// chunks, at `kf_pipe + c_base`. One thread (`lead`: the first consumer, or each
+    /// chunks, at `base + c_base`. One thread (`lead`: the first consumer, or each
     /// ping-pong warpgroup's first) waits until the previous tile's bulk store has read
     /// the buffer, the consumers write, fence the writes for the async proxy, meet at
     /// the barrier, and the same thread issues the store.
@@ -120,11 +200,11 @@ impl Emitter<'_> {
         self.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");"))?;
         let b = self.barrier;
         self.line(b)?;
-        // addressed from the shared array itself (`kf_pipe` went through an integer to
+        // addressed from the shared array itself (`base` went through an integer to
         // be aligned): a pointer the compiler traces to `kf_dsmem` stays in the shared
         // address space, so these writes are 32-bit-addressed `STS`, not generic 64-bit
         // `ST` with an extra add each (~1% of a 4096³ bf16 product)
-        self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)(kf_pipe - kf_dsmem) + {});", out.c_base))?;
+        self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)({} - kf_dsmem) + {});", out.base, out.c_base))?;
         let pairs = t.map.regs / 2;
         let e1 = t.map.axes[1].e_stride;
         self.unroll("p", pairs)?;
@@ -136,7 +216,7 @@ impl Emitter<'_> {
         self.line(b)?;
         self.open(format!("if ({lead})"))?;
         for q in 0..t.cols / inner {
-            self.bulk_store_box(out.map_name, t.offs, q * inner, q * box_bytes)?;
+            self.bulk_store_box(out, t.offs, q * inner, q * box_bytes)?;
         }
         self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
         self.close()
@@ -147,7 +227,7 @@ impl Emitter<'_> {
     fn store_box_by_box(&mut self, out: &TmaOut, t: &TileRegs) -> R {
         let (lead, inner, box_bytes, buffers) = (out.lead, out.inner, out.box_bytes, out.buffers);
         let c = &t.map.axes[1];
-        self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)(kf_pipe - kf_dsmem) + {});", out.c_base))?;
+        self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)({} - kf_dsmem) + {});", out.base, out.c_base))?;
         let b = self.barrier;
         let e1 = c.e_stride;
         for q in 0..t.cols / inner {
@@ -167,7 +247,7 @@ impl Emitter<'_> {
             self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")?;
             self.line(b)?;
             self.open(format!("if ({lead})"))?;
-            self.bulk_store_box(out.map_name, t.offs, q * inner, (q % buffers) * box_bytes)?;
+            self.bulk_store_box(out, t.offs, q * inner, (q % buffers) * box_bytes)?;
             self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
             self.close()?;
         }
@@ -199,10 +279,10 @@ impl Emitter<'_> {
 
     /// The bulk store of one `[BM, inner]` box of the output tile, `col` columns into it,
     /// from `kf_cs + at`.
-    fn bulk_store_box(&mut self, map_name: &str, offs: &[String], col: u32, at: u32) -> R {
+    fn bulk_store_box(&mut self, out: &TmaOut, offs: &[String], col: u32, at: u32) -> R {
         self.line(format!(
-            "asm volatile(\"cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {{%1, %2}}], [%3];\" :: \"l\"(&{map_name}), \"r\"((int)({} + {col})), \"r\"((int){}), \"r\"(kf_smem_addr(kf_cs + {at})) : \"memory\");",
-            offs[1], offs[0]
+            "asm volatile(\"cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {{%1, %2}}], [%3];\" :: \"l\"(&{}), \"r\"((int)({} + {col})), \"r\"((int){}), \"r\"({}(kf_cs + {at})) : \"memory\");",
+            out.map_name, offs[1], offs[0], out.saddr
         ))
     }
 }
