@@ -85,7 +85,7 @@ fn sampled(out: &Tensor, av: &[f32], bv: &[f32], k: usize, n: usize, rs: &[usize
 fn on_tensor_cores(what: &str, l: &kfuse::Launched) -> bool {
     let Some(plan) = &l.plan else { return false };
     println!("--- {what}\n{plan}");
-    plan.matrix.as_ref().is_some_and(|m| m.tensor_cores())
+    plan.tensor_cores()
 }
 
 fn main() -> kfuse::Result<()> {

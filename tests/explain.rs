@@ -28,13 +28,12 @@ fn gemm_bf16_4096_on_sm90a() {
     let n = 4096usize;
     let e = kfuse::explain(&k::gemm::DEF, &[t(DType::BF16, &[n, n]), t(DType::BF16, &[n, n]), t(DType::BF16, &[n, n])], &Target::sm90a()).unwrap();
     ptxas_agrees(&e);
-    let m = e.plan.matrix.as_ref().expect("a matrix plan");
-    assert_eq!(m.path, MmaPath::WgmmaTma, "{e}");
-    assert!(m.why.contains("sm_90a") && m.why.contains("bf16"), "{}", m.why);
-    assert!(m.consumer_warpgroups >= 1 && m.stages >= 2, "{e}");
-    assert_eq!(e.plan.block_threads, 128 * (m.consumer_warpgroups + 1));
+    // the general lowering: WGMMA on rings a producer warpgroup fills
+    assert!(e.plan.matrix.is_none() && e.plan.tensor_cores(), "{e}");
+    assert!(e.plan.dots.iter().any(|d| d.contains("wgmma m64n256k16 over 2 warpgroup(s)")), "{e}");
+    assert_eq!(e.plan.block_threads, 128 * 3);
     assert_eq!(e.dynamic_smem_bytes, e.plan.dynamic_smem_bytes);
-    assert!(e.ir.contains("mma WgmmaTma") && e.cuda.contains("wgmma") && e.ptx.contains(".target sm_90a"));
+    assert!(e.ir.contains(kfuse::codegen::passes::select_mma_path::GENERAL_TAKES) && e.cuda.contains("wgmma") && e.ptx.contains(".target sm_90a"));
     // 3 tensors of 4096² bf16, 2·M·N·K FLOPs (the accumulating add is the dot's)
     let r = &e.roofline;
     assert_eq!(r.bytes, 3 * 4096 * 4096 * 2);
@@ -46,7 +45,7 @@ fn gemm_bf16_4096_on_sm90a() {
     assert_eq!(r.time_at_peak_s(), Some(want));
     assert_eq!(r.fraction_of_peak(want * 2e3), Some(0.5));
     let text = e.to_string();
-    for line in ["matrix path: WGMMA + TMA", "registers:", "shared memory:", "bytes moved: 100663296", "time at peak:"] {
+    for line in [": wgmma m64n256k16 over 2 warpgroup(s)", "registers:", "shared memory:", "bytes moved: 100663296", "time at peak:"] {
         assert!(text.contains(line), "no `{line}` in\n{text}");
     }
 }

@@ -7,17 +7,36 @@
 
 mod common;
 
-use common::gemm::{gemm_bias_gelu, spec_mnk};
+use common::gemm::{gemm_bias_gelu, spec_mnk, template_spec};
 
 use kfuse::codegen::{compile, Target, Walk};
 use kfuse::DType;
+
+#[test]
+fn sm90a_gemm_takes_the_general_lowering() {
+    // a plain f16/bf16 product on sm_90a: the general lowering, on the template's tiles,
+    // with what the template has (TMA rings a producer warpgroup fills, WGMMA, a
+    // persistent grouped walk, the output through shared memory and TMA stores)
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    for dt in [DType::BF16, DType::F16] {
+        let k = (def.build)(&[dt]).unwrap();
+        let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
+        assert!(e.ir.contains(kfuse::codegen::passes::select_mma_path::GENERAL_TAKES), "{}", e.ir);
+        let plan = e.plan.to_string();
+        assert!(plan.contains("tiles: BK=64 BM=128 BN=256") && plan.contains("wgmma m64n256k16 over 2 warpgroup(s)") && plan.contains("(TMA, mbarriers;"), "{plan}");
+        assert!(plan.contains("leaves through shared memory by TMA bulk stores") && plan.contains("in groups of 8"), "{plan}");
+        assert_eq!(e.persistent, Some(Target::sm90a().num_sms));
+        let (_, spill) = common::assemble(&e.source, &e.arch, &e.options, &format!("gemm_general_{dt}")).unwrap();
+        assert_eq!(spill, 0);
+    }
+}
 
 #[test]
 fn sm90a_gemm_has_the_matrix_path() {
     let def = &kfuse::ops::kernels::gemm::DEF;
     for dt in [DType::BF16, DType::F16] {
         let k = (def.build)(&[dt]).unwrap();
-        let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
+        let e = compile(&k, &template_spec(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
         assert!(e.source.contains("wgmma.mma_async"), "sm_90a gemm issues wgmma");
         assert!(e.source.contains("cp.async.bulk.tensor.2d.shared::cluster.global"), "operands arrive by TMA");
         assert!(e.source.contains("cp.async.bulk.tensor.2d.global.shared::cta"), "the epilogue leaves by a TMA store");
@@ -166,7 +185,7 @@ fn epilogue_bias_loads_are_branch_free_for_whole_tiles() {
     // per-vector branches they had cost one L2 round trip each (NOTES g12)
     let def = &gemm_bias_gelu::DEF;
     let k = (def.build)(&[DType::BF16]).unwrap();
-    let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
+    let e = compile(&k, &template_spec(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
     let src = &e.source;
     let test = src.find(" >= 256) {").unwrap_or_else(|| panic!("no whole-tile test on the bias load:\n{src}"));
     let fast = &src[test..test + 600];
@@ -182,9 +201,9 @@ fn raster_group_on_request() {
     // `GROUPM=n`: the persistent walk's groups span n tile rows (default 8)
     let def = &kfuse::ops::kernels::gemm::DEF;
     let k = (def.build)(&[DType::BF16]).unwrap();
-    let e = compile(&k, &spec_mnk(def, 8192, 14336, 4096), &Target::sm90a()).unwrap();
+    let e = compile(&k, &template_spec(def, 8192, 14336, 4096), &Target::sm90a()).unwrap();
     assert!(e.ir.contains("group_m=8") && e.source.contains("kf_mini(kf_g0 - first, 8LL)"), "{}", e.ir);
-    let mut spec = spec_mnk(def, 8192, 14336, 4096);
+    let mut spec = template_spec(def, 8192, 14336, 4096);
     spec.tiles.insert("GROUPM".into(), 32);
     let e = compile(&k, &spec, &Target::sm90a()).unwrap();
     assert!(e.ir.contains("group_m=32") && e.source.contains("kf_mini(kf_g0 - first, 32LL)"), "{}", e.ir);
@@ -197,9 +216,9 @@ fn split_last_wave_variants() {
     // both assemble without spills, the default walk is unchanged
     let def = &gemm_bias_gelu::DEF;
     let k = (def.build)(&[DType::BF16]).unwrap();
-    let base = compile(&k, &spec_mnk(def, 8192, 14336, 4096), &Target::sm90a()).unwrap();
+    let base = compile(&k, &template_spec(def, 8192, 14336, 4096), &Target::sm90a()).unwrap();
     assert!(base.source.contains("kf_t < kf_tiles; kf_t += gridDim.x)") && !base.ir.contains("mma walk"), "{}", base.ir);
-    let mut spec = spec_mnk(def, 8192, 14336, 4096);
+    let mut spec = template_spec(def, 8192, 14336, 4096);
     spec.walk = Walk::WholeWaves;
     let e = compile(&k, &spec, &Target::sm90a()).unwrap();
     assert!(e.ir.contains("mma walk: the tiles of whole waves only"), "{}", e.ir);
@@ -213,7 +232,7 @@ fn split_last_wave_variants() {
     let plain = &kfuse::ops::kernels::gemm::DEF;
     for (def, split, spill_free) in [(plain, 2u32, true), (plain, 4, false), (plain, 8, false), (def, 2, true), (def, 4, false)] {
         let k = (def.build)(&[DType::BF16]).unwrap();
-        let mut spec = spec_mnk(def, 8192, 14336, 4096);
+        let mut spec = template_spec(def, 8192, 14336, 4096);
         spec.walk = Walk::LastTiles { split_k: split };
         let e = compile(&k, &spec, &Target::sm90a()).unwrap();
         assert!(e.ir.contains("mma walk: the last tiles, one a cluster") && e.ir.contains(&format!("split-K: {split} blocks")), "{}", e.ir);
@@ -236,7 +255,7 @@ fn split_last_wave_variants() {
         (Walk::LastTiles { split_k: 2 }, &[("SPLITK", 4)]),
     ];
     for (walk, tiles) in bad {
-        let mut spec = spec_mnk(def, 8192, 14336, 4096);
+        let mut spec = template_spec(def, 8192, 14336, 4096);
         spec.walk = walk;
         spec.tiles.extend(tiles.iter().map(|&(n, v)| (n.to_string(), v)));
         let err = compile(&k, &spec, &Target::sm90a()).unwrap_err().to_string();
@@ -251,7 +270,7 @@ fn pingpong_consumers_on_request() {
     // store; the turns pass through named barriers 3 and 4
     let def = &gemm_bias_gelu::DEF;
     let k = (def.build)(&[DType::BF16]).unwrap();
-    let mut spec = spec_mnk(def, 4096, 4096, 4096);
+    let mut spec = template_spec(def, 4096, 4096, 4096);
     spec.tiles.insert("PINGPONG".into(), 1);
     let e = compile(&k, &spec, &Target::sm90a()).unwrap();
     assert!(e.ir.contains("tile 128x128x64") && e.ir.contains("2 consumer warpgroups (ping-pong"), "{}", e.ir);
@@ -262,10 +281,10 @@ fn pingpong_consumers_on_request() {
     // bytes of spills are why this stays an override (select_mma_path::pingpong_wanted)
     common::assemble(&e.source, &e.arch, &e.options, "gemm_bias_gelu_pingpong").unwrap();
     // not by default, and not where the plan cannot take it (two dots in the loop)
-    let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
+    let e = compile(&k, &template_spec(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
     assert!(!e.ir.contains("ping-pong") && e.ir.contains("tile 128x256x64"), "{}", e.ir);
     let pair = &kfuse::ops::kernels::swiglu_gemm::DEF;
-    let mut spec = spec_mnk(pair, 4096, 4096, 4096);
+    let mut spec = template_spec(pair, 4096, 4096, 4096);
     spec.tiles.insert("PINGPONG".into(), 1);
     let e = compile(&(pair.build)(&[DType::BF16]).unwrap(), &spec, &Target::sm90a()).unwrap();
     assert!(!e.ir.contains("ping-pong"), "{}", e.ir);
@@ -282,7 +301,7 @@ fn wide_tiles_where_their_waves_are_shorter() {
     let def = &kfuse::ops::kernels::gemm::DEF;
     let sm90 = Target::sm90a();
     let k = (def.build)(&[DType::BF16]).unwrap();
-    let hint = |m: u64, n: u64, kk: u64| exact_shape_tiles(&k, &spec_mnk(def, m as u32, n as u32, kk as u32), &[m, kk, n], &sm90);
+    let hint = |m: u64, n: u64, kk: u64| exact_shape_tiles(&k, &template_spec(def, m as u32, n as u32, kk as u32), &[m, kk, n], &sm90);
     assert_eq!(hint(8192, 14336, 4096).get("BN"), Some(&320));
     assert_eq!(hint(1000, 5100, 200).get("BN"), Some(&320));
     for (m, n) in [(4096, 4096), (8192, 8192), (8192, 4096), (16384, 4096), (4095, 4097), (127, 4096), (2048, 2048)] {
@@ -292,7 +311,7 @@ fn wide_tiles_where_their_waves_are_shorter() {
     // GELU, or a loaded C, spilled beside 160 accumulators; f32 outputs and batches not
     let hint_of = |d: &kfuse::ir::KernelDef, dts: &[DType]| {
         let k = (d.build)(dts).unwrap();
-        exact_shape_tiles(&k, &spec_mnk(d, 8192, 14336, 4096), &[8192, 4096, 14336], &sm90)
+        exact_shape_tiles(&k, &template_spec(d, 8192, 14336, 4096), &[8192, 4096, 14336], &sm90)
     };
     assert_eq!(hint_of(&kfuse::ops::kernels::gemm_scaled::DEF, &[DType::BF16, DType::BF16]).get("BN"), Some(&320));
     assert!(hint_of(&kfuse::ops::kernels::gemm_scaled::DEF, &[DType::BF16, DType::F32]).is_empty());
@@ -300,20 +319,20 @@ fn wide_tiles_where_their_waves_are_shorter() {
     assert!(hint_of(&kfuse::ops::kernels::gemm_axpby::DEF, &[DType::BF16, DType::BF16]).is_empty());
     assert!(hint_of(&kfuse::ops::kernels::gemm_batched_scaled::DEF, &[DType::BF16, DType::BF16]).is_empty());
     // an explicit BN wins; several dots, sm_80 and f32 operands take none
-    let mut spec = spec_mnk(def, 8192, 14336, 4096);
+    let mut spec = template_spec(def, 8192, 14336, 4096);
     spec.tiles.insert("BN".into(), 256);
     assert!(exact_shape_tiles(&k, &spec, &[8192, 4096, 14336], &sm90).is_empty());
-    assert!(exact_shape_tiles(&k, &spec_mnk(def, 8192, 14336, 4096), &[8192, 4096, 14336], &Target::sm80()).is_empty());
+    assert!(exact_shape_tiles(&k, &template_spec(def, 8192, 14336, 4096), &[8192, 4096, 14336], &Target::sm80()).is_empty());
     assert!(hint_of(&kfuse::ops::kernels::swiglu_gemm::DEF, &[DType::BF16]).is_empty(), "two dots");
     assert!(hint_of(&kfuse::ops::kernels::gemm_tf32_scaled::DEF, &[DType::BF16]).is_empty(), "f32 operands");
-    let mut pp = spec_mnk(def, 8192, 14336, 4096);
+    let mut pp = template_spec(def, 8192, 14336, 4096);
     pp.tiles.insert("PINGPONG".into(), 1);
     assert!(exact_shape_tiles(&k, &pp, &[8192, 4096, 14336], &sm90).is_empty(), "ping-pong");
     let mut failures = Vec::new();
     for dt in [DType::BF16, DType::F16] {
         for tb in [false, true] {
             let k = (def.build)(&[dt]).unwrap();
-            let mut spec = spec_mnk(def, 8192, 14336, 4096);
+            let mut spec = template_spec(def, 8192, 14336, 4096);
             if tb {
                 spec.tensors[1] = Some(kfuse::codegen::TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
             }

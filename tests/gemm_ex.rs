@@ -357,12 +357,20 @@ fn sm90a_gemm_ex_kernels_take_the_matrix_path() {
     use kfuse::ops::kernels as k;
     let (bf, f32_) = (DType::BF16, DType::F32);
     // 2-D, 16-bit output: TMA loads, wgmma, the epilogue leaves by a TMA store
-    let e = compile(&(k::gemm_scaled::DEF.build)(&[bf, bf]).unwrap(), &spec_with(&k::gemm_scaled::DEF, &[4096, 4096, 4096]), &Target::sm90a()).unwrap();
+    // (the template's: `GENERAL=0`; by default the general lowering takes 2-D products)
+    let template = |def: &kfuse::ir::KernelDef, shape: &[u32]| {
+        let mut s = spec_with(def, shape);
+        s.tiles.insert("GENERAL".into(), 0);
+        s
+    };
+    let e = compile(&(k::gemm_scaled::DEF.build)(&[bf, bf]).unwrap(), &template(&k::gemm_scaled::DEF, &[4096, 4096, 4096]), &Target::sm90a()).unwrap();
     assert!(e.source.contains("wgmma.mma_async") && e.ir.contains("mma WgmmaTma"), "{}", e.ir);
     assert!(e.source.contains("kf_tma_2d(kf_sa"), "operands arrive by 2-D TMA");
     assert!(e.source.contains("cp.async.bulk.tensor.2d.global.shared::cta"), "TMA store");
+    let e = compile(&(k::gemm_scaled::DEF.build)(&[bf, bf]).unwrap(), &spec_with(&k::gemm_scaled::DEF, &[4096, 4096, 4096]), &Target::sm90a()).unwrap();
+    assert!(e.source.contains("wgmma.mma_async") && e.plan.to_string().contains("TMA bulk stores"), "{}", e.plan);
     // f32 output: stored from the accumulator registers
-    let e = compile(&(k::gemm_scaled::DEF.build)(&[bf, f32_]).unwrap(), &spec_with(&k::gemm_scaled::DEF, &[4096, 4096, 4096]), &Target::sm90a()).unwrap();
+    let e = compile(&(k::gemm_scaled::DEF.build)(&[bf, f32_]).unwrap(), &template(&k::gemm_scaled::DEF, &[4096, 4096, 4096]), &Target::sm90a()).unwrap();
     assert!(e.source.contains("wgmma.mma_async") && !e.source.contains("cp.async.bulk.tensor.2d.global.shared::cta"));
     // batched: rank-3 TMA loads, a third grid axis walked by the persistent loop
     let def = &k::gemm_batched_scaled::DEF;

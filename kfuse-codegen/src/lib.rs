@@ -272,7 +272,22 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
         };
         axes.push(GridAxisEval { dim: a.dim, step });
     }
-    let out = cuda::emit::emit(&k, spec, target, &axes)?;
+    let out = match cuda::emit::emit(&k, spec, target, &axes) {
+        Ok(out) => out,
+        // a loop the general lowering took from the matrix path's template but cannot
+        // write (shared memory for its epilogue's conversions beside the rings): the
+        // template, its plan saying why
+        Err(err) if k.schedule.dots_one_by_one.as_deref() == Some(passes::select_mma_path::GENERAL_TAKES) => {
+            let mut template = spec.clone();
+            template.tiles.insert("GENERAL".into(), 0);
+            let mut e = compile_scheduled(kernel, &template, target)?;
+            if let Some(m) = e.plan.matrix.as_mut() {
+                m.why = format!("{}; the general lowering refused the loop: {err}", m.why);
+            }
+            return Ok(e);
+        }
+        Err(err) => return Err(err),
+    };
     // the launch grid lists the axes in launch order (x, y, z): `order_grid` may have
     // put another program axis along x (a kernel without program ids has no axis)
     if !axes.is_empty() {

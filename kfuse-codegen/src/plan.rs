@@ -156,6 +156,19 @@ impl MatrixPlan {
 }
 
 impl Plan {
+    /// Whether the kernel's `dot`s run on the tensor cores: its matrix loop on a matrix
+    /// path, or each dot lowered where it stands on `wgmma` or `mma.sync` (false for a
+    /// kernel without dots).
+    pub fn tensor_cores(&self) -> bool {
+        match &self.matrix {
+            Some(m) => m.tensor_cores(),
+            None => {
+                let dots: Vec<&String> = self.dots.iter().filter(|d| d.starts_with('`')).collect();
+                !dots.is_empty() && dots.iter().all(|d| d.contains(": wgmma m") || d.contains(": mma.sync"))
+            }
+        }
+    }
+
     /// The plan of a scheduled kernel `k` (after `crate::schedule`) compiled for `arch`,
     /// with what the writer made of it (`written`: threads a block, shared memory
     /// declared in the source and asked for at launch, persistence) and its cluster.

@@ -643,7 +643,7 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     }
     // select_mma_path sets the consumers' count; the general lowering gives each
     // warpgroup 64 rows of the tile, two at most
-    k.schedule.num_threads = if crate::passes::select_mma_path::general_requested(spec) {
+    k.schedule.num_threads = if crate::passes::select_mma_path::general_requested(spec) || crate::passes::select_mma_path::general_takes(k, spec, target) {
         let rows = concrete_shape(k, &at).first().copied().unwrap_or(128);
         128 * (rows / 64).clamp(1, 2)
     } else {
@@ -721,6 +721,7 @@ pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target)
     let mut k2 = k.clone();
     // (as the pipeline runs it: after hoisting, which `select_mma_path::matrix_loop` needs)
     if crate::passes::hoist_invariants::run(&mut k2).is_ok()
+        && !crate::passes::select_mma_path::general_takes(&k2, spec, target)
         && run(&mut k2, spec, target).is_ok() && k2.schedule.tiles.get(&bm_sym) == Some(&128) && k2.schedule.tiles.get(&bn_sym) == Some(&256) {
         out.insert(k.tile_name(bn_sym).to_string(), 320);
     }

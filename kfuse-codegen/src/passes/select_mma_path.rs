@@ -421,6 +421,36 @@ pub fn general_requested(spec: &Spec) -> bool {
     spec.tiles.get("GENERAL") == Some(&1)
 }
 
+/// Why the dots of a loop [`general_takes`] are lowered one by one (the scheduled IR
+/// shows it).
+pub const GENERAL_TAKES: &str = "the general lowering takes this loop (sm_90, one f16/bf16 `dot`)";
+
+/// Whether the general lowering takes a loop the WGMMA template would (module docs,
+/// point 0): sm_90, one exact `dot` of f16/bf16 tiles loaded from rank-2 tensors TMA
+/// can read, no grouped launch, the whole grid in one launch (`Spec::walk`), no
+/// cluster or ping-pong override and no tile wider than 256; `GENERAL=0` keeps the
+/// template. On the H100 the two ran within the vendor's spread of each other on every
+/// bf16 row of BENCHMARKS.md's GEMM table (the general lowering 0.97–1.02× cuBLAS, the
+/// template 0.90–1.03×, one call).
+pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
+    if target.sm != 90 || k.schedule.grouped || spec.tiles.get("GENERAL") == Some(&0) || !matches!(spec.walk, Walk::All) {
+        return false;
+    }
+    let cluster = ["SPLITK", "MCAST", "MCASTB"].iter().any(|o| spec.tiles.get(*o).is_some_and(|&v| v > 1));
+    if cluster || spec.tiles.get("PINGPONG") == Some(&1) || spec.tiles.values().any(|&v| v > 256) {
+        return false;
+    }
+    let ds = dots(k);
+    let [dot] = ds.as_slice() else { return false };
+    if !matches!(k.op(*dot), Op::Dot { precision: DotPrecision::Exact }) || !matches!(k.ty(k.operands(*dot)[0]).dtype, DType::F16 | DType::BF16) {
+        return false;
+    }
+    let Ok((_, found)) = matrix_loop(k, &ds) else { return false };
+    found.iter().all(|f| {
+        [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() == 2) && tma_obstacle(k, spec, l).is_none())
+    })
+}
+
 /// Runs the pass: records the `MmaPlan` of a loop that accumulates `dot(load, load)`,
 /// or why the kernel's dots are lowered one by one (module docs).
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
@@ -443,6 +473,10 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     // several dots that only the WGMMA path accumulates at once: one by one elsewhere
     if let Some(why) = several_dots_elsewhere(k, &dots, target) {
         k.schedule.dots_one_by_one = Some(why);
+        return Ok(());
+    }
+    if general_takes(k, spec, target) {
+        k.schedule.dots_one_by_one = Some(GENERAL_TAKES.into());
         return Ok(());
     }
     let dtype = k.ty(k.operands(dot)[0]).dtype;
