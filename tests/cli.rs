@@ -97,7 +97,7 @@ fn explain_gemm_prints_the_plan_and_the_roofline() {
         let rest = &l[l.find(key).unwrap() + key.len()..];
         rest.split_whitespace().next().and_then(|w| w.trim_end_matches(',').parse().ok()).unwrap_or_else(|| panic!("no number after `{key}` in {l:?}"))
     };
-    assert!(s.contains("matrix path: WGMMA + TMA"), "{s}");
+    assert!(s.contains(": wgmma m64n256k16 over 2 warpgroup(s)"), "{s}");
     let registers = number("registers:");
     assert!((1.0..=255.0).contains(&registers) && registers.fract() == 0.0, "{s}");
     let smem = number("shared memory:");

@@ -109,8 +109,9 @@ fn sixteen_bit_operands_fall_back_only_where_the_matrix_path_cannot_read() {
     // aligned: the matrix paths
     let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &Target::sm80()).unwrap();
     assert!(e.ir.contains("mma MmaSyncCpAsync"), "{}", e.ir);
+    // (on sm_90a the general lowering's `wgmma`)
     let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &Target::sm90a()).unwrap();
-    assert!(e.ir.contains("mma WgmmaTma"), "{}", e.ir);
+    assert!(e.ir.contains(kfuse_codegen::passes::select_mma_path::GENERAL_TAKES) && e.source.contains("wgmma.mma_async"), "{}", e.ir);
     // an unaligned operand: the FMA path with its own tiles, on every target
     for t in targets() {
         for (i, bad) in [(0, TensorSpec { ptr_align: 2, stride_div: vec![16, 0] }), (1, TensorSpec { ptr_align: 16, stride_div: vec![1, 0] })] {
@@ -127,7 +128,8 @@ fn sixteen_bit_operands_fall_back_only_where_the_matrix_path_cannot_read() {
     let s = spec(&k4, [4096, 4096, 4096]);
     assert_fma(&compile(&k4, &s, &Target::sm80()).unwrap(), "k0 = 4 on sm_80");
     assert_fma(&compile(&k4, &s, &Target::sm89()).unwrap(), "k0 = 4 on sm_89");
-    assert!(compile(&k4, &s, &Target::sm90a()).unwrap().ir.contains("mma WgmmaTma"));
+    let e = compile(&k4, &s, &Target::sm90a()).unwrap();
+    assert!(e.ir.contains(kfuse_codegen::passes::select_mma_path::GENERAL_TAKES) && e.plan.tensor_cores() && e.plan.to_string().contains("(TMA, mbarriers;"), "{}", e.plan);
 }
 
 #[test]

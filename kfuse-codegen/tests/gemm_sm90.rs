@@ -3,9 +3,17 @@
 
 mod common;
 
-use common::{gemm_kernel, spec};
-use kfuse_codegen::{compile, Target, TensorSpec};
-use kfuse_ir::DType;
+use common::gemm_kernel;
+use kfuse_codegen::{compile, Spec, Target, TensorSpec};
+use kfuse_ir::{DType, Kernel};
+
+/// `common::spec` with `GENERAL=0`: the matrix path's template, which these tests are
+/// about (the general lowering takes a plain f16/bf16 loop on sm_90a by default).
+fn spec(k: &Kernel, mnk: [u32; 3]) -> Spec {
+    let mut s = common::spec(k, mnk);
+    s.tiles.insert("GENERAL".into(), 0);
+    s
+}
 
 #[test]
 fn gemm_takes_the_wgmma_path_on_sm90() {

@@ -2,9 +2,18 @@
 
 mod common;
 
-use common::{gemm_kernel, spec};
-use kfuse_codegen::{compile, tuning_candidates, Target};
-use kfuse_ir::{BinaryOp, Builder, DType, Extent};
+use common::gemm_kernel;
+use kfuse_codegen::{compile, tuning_candidates, Spec, Target};
+use kfuse_ir::{BinaryOp, Builder, DType, Extent, Kernel};
+
+/// `common::spec` with `GENERAL=0`: the matrix path's template, whose tiles and stages
+/// the tuner varies (the general lowering, the default for a plain f16/bf16 loop on
+/// sm_90a, chooses its own stages).
+fn spec(k: &Kernel, mnk: [u32; 3]) -> Spec {
+    let mut s = common::spec(k, mnk);
+    s.tiles.insert("GENERAL".into(), 0);
+    s
+}
 
 #[test]
 fn sm90_candidates_start_with_the_heuristic_and_all_compile() {

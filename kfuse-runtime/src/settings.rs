@@ -39,7 +39,8 @@
 //!   [`Config`] that does not check out is refused by [`Config::apply`] and changes
 //!   nothing.
 //! - Tile overrides are powers of two, except the pipeline options that count something
-//!   ([`COUNT_OPTIONS`]: `STAGES`, at least 2, and `GROUPM`, at least 1).
+//!   ([`COUNT_OPTIONS`]: `STAGES`, at least 2, and `GROUPM`, at least 1) and the switches
+//!   ([`SWITCH_OPTIONS`]: `GENERAL` and `PINGPONG`, 0 or 1).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -53,6 +54,11 @@ use crate::error::{Error, Result};
 /// least value: they need not be powers of two (`STAGES=3`: three pipeline stages of a
 /// `dot` loop; `GROUPM=6`: tile rows in each group of the persistent walk).
 pub const COUNT_OPTIONS: [(&str, u32); 2] = [("STAGES", 2), ("GROUPM", 1)];
+
+/// The `KFUSE_TILES` entries that switch a lowering on (1) or off (0): `GENERAL` (0: the
+/// matrix path's template for a plain f16/bf16 `dot` loop on sm_90a; 1: the general
+/// lowering for every `dot` loop) and `PINGPONG`.
+pub const SWITCH_OPTIONS: [&str; 2] = ["GENERAL", "PINGPONG"];
 
 /// The parsed settings (see the module docs for when they are read).
 #[derive(Clone, Debug)]
@@ -310,6 +316,9 @@ pub fn config() -> Config {
 
 /// Why a tile override `name = v` is refused, if it is.
 fn check_tile(name: &str, v: u32) -> std::result::Result<(), String> {
+    if SWITCH_OPTIONS.contains(&name) {
+        return if v <= 1 { Ok(()) } else { Err(format!("`{name}={v}`: {name} is 0 or 1")) };
+    }
     match COUNT_OPTIONS.iter().find(|(n, _)| *n == name) {
         Some(&(_, least)) if v < least => Err(format!("`{name}={v}`: {name} is at least {least}")),
         Some(_) => Ok(()),
@@ -432,6 +441,10 @@ mod tests {
         let e = parse_tiles(Some("STAGES=1")).unwrap_err();
         assert!(e.contains("`STAGES=1`") && e.contains("at least 2"), "{e}");
         assert!(parse_tiles(Some("SPLITK=3")).unwrap_err().contains("power of two"));
+        // the switches are 0 or 1
+        assert_eq!(parse_tiles(Some("GENERAL=0")).unwrap().get("GENERAL"), Some(&0));
+        assert_eq!(parse_tiles(Some("PINGPONG=1")).unwrap().get("PINGPONG"), Some(&1));
+        assert!(parse_tiles(Some("GENERAL=2")).unwrap_err().contains("GENERAL is 0 or 1"));
     }
 
     #[test]

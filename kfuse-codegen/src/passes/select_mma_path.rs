@@ -428,8 +428,8 @@ pub const GENERAL_TAKES: &str = "the general lowering takes this loop (sm_90, on
 /// Whether the general lowering takes a loop the WGMMA template would (module docs,
 /// point 0): sm_90, one exact `dot` of f16/bf16 tiles loaded from rank-2 tensors TMA
 /// can read, no grouped launch, the whole grid in one launch (`Spec::walk`), no
-/// cluster or ping-pong override and no tile wider than 256; `GENERAL=0` keeps the
-/// template. On the H100 the two ran within the vendor's spread of each other on every
+/// cluster, ping-pong, `STAGES` or `GROUPM` override (the template's) and no tile wider
+/// than 256; `GENERAL=0` keeps the template. On the H100 the two ran within the vendor's spread of each other on every
 /// bf16 row of BENCHMARKS.md's GEMM table (the general lowering 0.97–1.02× cuBLAS, the
 /// template 0.90–1.03×, one call).
 pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
@@ -437,7 +437,9 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
         return false;
     }
     let cluster = ["SPLITK", "MCAST", "MCASTB"].iter().any(|o| spec.tiles.get(*o).is_some_and(|&v| v > 1));
-    if cluster || spec.tiles.get("PINGPONG") == Some(&1) || spec.tiles.values().any(|&v| v > 256) {
+    // (the template's own pipeline options: its stage count and walk groups)
+    let template_only = ["STAGES", "GROUPM"].iter().any(|o| spec.tiles.contains_key(*o));
+    if cluster || template_only || spec.tiles.get("PINGPONG") == Some(&1) || spec.tiles.values().any(|&v| v > 256) {
         return false;
     }
     let ds = dots(k);
