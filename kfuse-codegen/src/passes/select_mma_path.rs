@@ -27,6 +27,14 @@
 //! operands only the FMA fallback reads refuse them with the reason.
 //!
 //! Paths, by target:
+//! 0. The general lowering, on sm_90, for a loop of one exact `dot` of f16/bf16 tiles
+//!    from rank-2 tensors TMA can read ([`general_takes`]: no grouped launch, split wave,
+//!    cluster, ping-pong, `STAGES` or `GROUPM` override, and not `GENERAL=0`): no plan;
+//!    `Schedule::dots_one_by_one` says [`GENERAL_TAKES`], `choose_tiles` gives the loop
+//!    the matrix tiles, and the general writer lowers it op by op (a producer warpgroup's
+//!    TMA rings, `wgmma`, TMA bulk stores). Where that writer cannot write it (shared
+//!    memory for an epilogue's conversions beside the rings), `compile` takes the
+//!    template (path 1) and its plan says why.
 //! 1. [`MmaPath::WgmmaTma`] on sm_90: f16/bf16/f8e4m3/f8e5m2 operands, and the f32
 //!    operands of a `dot_tf32` ([`DotPrecision::Tf32`]), whose tensors TMA can read
 //!    (unit innermost stride, other strides multiples of 16 bytes, 16-byte aligned
