@@ -3,11 +3,12 @@
 //! values) compute, and no block-wide barrier couples them inside the loops.
 //!
 //! It applies ([`ws_plan`]) when the kernel has rings, none in a nested loop, its block
-//! is two warpgroups, and everything the producer needs — each ring loop's bounds and
+//! is one or two warpgroups, and everything the producer needs — each ring loop's bounds and
 //! step, each ring load's address operands other than its loop's index — is a scalar
 //! computed outside every loop (the producer computes those values again itself).
 //!
-//! The block grows by the producer warpgroup (threads 256–383). Before the roles part,
+//! The block grows by the producer warpgroup (threads 256–383; 128–255 behind one
+//! consumer warpgroup, `WsPlan::consumers`). Before the roles part,
 //! thread 0 initializes one `full` and one `empty` mbarrier per ring stage. Then:
 //! - The producer drops to 40 registers (`setmaxnreg`) and walks the ring loops in
 //!   order, one ring iteration counter across them (sibling loops share the ring's
@@ -21,7 +22,7 @@
 //!   with `cp.async` and each thread's copies arrive on the `full` barrier when they land
 //!   (`cp.async.mbarrier.arrive.noinc`). It then exits.
 //! - The consumers rise to 232 registers and run the kernel; their block barrier is the
-//!   named barrier 1 over 256 threads. At a ring loop's first ring load they wait for
+//!   named barrier 1 over their threads. At a ring loop's first ring load they wait for
 //!   the stage's `full` phase (after `cp.async` copies, a fence of the generic proxy
 //!   against the async proxy that WGMMA reads through); at the end of the body, every
 //!   dot of the iteration having completed, each consumer thread arrives on the stage's
@@ -39,7 +40,9 @@
 //!   (`wgmma.wait_group 1`) and releases that one's stage; the last is waited for after
 //!   the loop.
 //!
-//! Loops with two or more WGMMA dots take turns at the tensor cores
+//! Loops with two or more WGMMA dots and math on tiles besides them ([`tile_math_in`]:
+//! flash attention's softmax; not a GEMM's or SwiGLU's accumulating dots), in a block
+//! of two consumer warpgroups, take turns at the tensor cores
 //! ([`Emitter::turn_before`], [`Emitter::turn_after`]): a warpgroup's turn is its last
 //! dot of one iteration and its first of the next, and the two consumer warpgroups
 //! alternate turns through the named barriers 2 and 3, so that one's softmax runs while
@@ -234,8 +237,9 @@ pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
         let dots: Vec<OpId> = k.ops().filter(|op| p.dots.contains_key(op) && loops.get(&op.value()) == Some(l)).collect();
         if dots.len() >= 2 {
             let (first, last) = (dots[0], dots[dots.len() - 1]);
-            // (turns alternate two warpgroups)
-            if threads == CONSUMERS {
+            // (turns alternate two warpgroups, so that one's math on tiles runs while the
+            // other's dots do: a body of dots and their accumulating adds has none)
+            if threads == CONSUMERS && tile_math_in(k, *l) {
                 turns.insert(*l, (first, last));
             }
             if deferrable(k, *l, first, last) {
@@ -248,6 +252,17 @@ pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
         }
     }
     Some(WsPlan { slice, turns, deferred, tma: tma_loads(k, p), persistent: false, grouped: false, consumers: threads })
+}
+
+/// Whether loop `l`'s body computes on tiles other than by its dots and the adds that
+/// accumulate them: math (`exp`, casts, selects …) or reductions, flash attention's
+/// softmax.
+fn tile_math_in(k: &Kernel, l: LoopId) -> bool {
+    k.ops().filter(|&o| k.loop_of(o) == Some(l)).any(|o| {
+        let tile = k.node(o).ty.as_ref().is_some_and(|t| !t.is_scalar());
+        let accumulating = matches!(k.op(o), Op::Binary(kfuse_ir::BinaryOp::Add)) && k.operands(o).iter().any(|v| matches!(k.op(v.op()), Op::Dot { .. }));
+        tile && !accumulating && !matches!(k.op(o), Op::Dot { .. } | Op::Load { .. } | Op::LoopCarried { .. } | Op::Permute { .. })
+    })
 }
 
 /// The plan's line for a warp-specialized kernel.
