@@ -47,7 +47,8 @@ pub struct Plan {
     pub dots_one_by_one: Option<String>,
     /// How each of those dots runs, in op order (the writer's rule: `wgmma`, `mma.sync`
     /// or FMAs, and where the operands come from), after a line saying how the operand
-    /// rings are filled where a producer warpgroup fills them.
+    /// rings are filled where a producer warpgroup fills them; a store that leaves
+    /// through shared memory by TMA bulk stores has its line among them, in op order.
     pub dots: Vec<String>,
     /// Threads a block (on the WGMMA path the consumer warpgroups and the producer).
     pub block_threads: u32,

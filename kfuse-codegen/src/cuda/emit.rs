@@ -1873,10 +1873,6 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             let at = e.wg.as_ref().unwrap().bytes.div_ceil(1024) * 1024;
             let (stores, bytes) = tma_store::general_stores(k, spec, target.smem_per_block.saturating_sub(1024 + at));
             e.out_tma_maps = stores.values().cloned().collect();
-            for o in stores.keys() {
-                let Op::Store { tensor, .. } = k.op(*o) else { unreachable!() };
-                e.dot_notes.push(format!("the tile stored to `{}` leaves through shared memory by TMA bulk stores", k.param(*tensor).name));
-            }
             (e.out_tma, e.out_tma_at, e.out_tma_bytes) = (stores, at, bytes);
         }
     }

@@ -77,6 +77,12 @@ pub(super) fn general_stores(k: &Kernel, spec: &Spec, room: u32) -> (BTreeMap<Op
     (out, area)
 }
 
+/// Whether a stored register tile lies as [`Emitter::tma_store`] writes it into shared
+/// memory: rank 2, its axes in order, pairs of neighbouring columns in each thread.
+fn pairs_along_rows(val: &Val) -> bool {
+    val.map.as_ref().is_some_and(|map| map.axes.len() == 2 && val.axis_map == [Some(0), Some(1)] && map.axes[1].elem_step == 1 && map.axes[1].spt % 2 == 0)
+}
+
 /// The registers of the tile being stored: their map and array name, the output's
 /// dtype, the block offsets (C expressions) and the tile's columns.
 struct TileRegs<'s> {
@@ -93,6 +99,11 @@ impl Emitter<'_> {
     /// thread (see [`Self::tma_store`]; the consumers' last act waits until the bulk
     /// stores have read it, `Self::drain_tma_stores`).
     pub(super) fn store_by_tma(&mut self, op: OpId, st: &StoreTma) -> R {
+        let Op::Store { tensor, dims } = self.k.op(op) else { unreachable!() };
+        // (the plan says so where it will: `tma_store` writes other layouts as they are)
+        if pairs_along_rows(self.val(self.k.operands(op)[dims.len()])) {
+            self.dot_notes.push(format!("the tile stored to `{}` leaves through shared memory by TMA bulk stores", self.k.param(*tensor).name));
+        }
         let (at, map) = (self.out_tma_at.to_string(), format!("kf_stm{}", st.map));
         let out = TmaOut { base: "kf_ops", saddr: "kf_saddr", c_base: &at, inner: st.inner, box_bytes: st.box_bytes, buffers: 0, map_name: &map, lead: "kf_tid == 0" };
         self.tma_store(op, &out)
@@ -137,8 +148,7 @@ impl Emitter<'_> {
         let v = ops[r];
         let val = self.val(v).clone();
         let map = val.map.clone().ok_or_else(|| CodegenError::Unsupported("a scalar epilogue store".into()))?;
-        let plain = map.axes.len() == 2 && val.axis_map == [Some(0), Some(1)] && map.axes[1].elem_step == 1 && map.axes[1].spt % 2 == 0;
-        if !plain {
+        if !pairs_along_rows(&val) {
             return self.op(op);
         }
         let tdims = k.tensor_dims(*tensor).to_vec();
