@@ -2038,7 +2038,9 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     let threads = k.schedule.num_threads + if producer.is_some() { warp_specialize::PRODUCER_THREADS } else { 0 };
     let cluster = k.schedule.split_blocks;
     let cluster_attr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
-    let ws_prelude = warp_specialize::ws_prelude(k.schedule.num_threads);
+    // (a warp-specialized kernel's consumer threads: its named barriers and mbarriers)
+    let consumers = e.ws.as_ref().map_or(warp_specialize::CONSUMERS, |ws| ws.consumers);
+    let ws_prelude = warp_specialize::ws_prelude(consumers);
     let mut preludes: Vec<&str> = if cluster > 1 { vec![CLUSTER_PRELUDE] } else { vec![] };
     if ops_bytes.is_some() {
         preludes.extend([dot_wgmma::WG_DOT_PRELUDE, operand_ring::RING_PRELUDE]);
@@ -2067,7 +2069,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             w.line(format!("unsigned char* kf_smem = kf_ops + {};", scratch_at.unwrap_or(o)))?;
             w.line("(void)kf_smem;")?;
             if let Some(p) = &producer {
-                warp_specialize::split_roles(&mut w, p, e.wg.as_ref().map_or(2, |p| p.stages), !tma.is_empty(), k.schedule.num_threads)?;
+                warp_specialize::split_roles(&mut w, p, e.wg.as_ref().map_or(2, |p| p.stages), !tma.is_empty(), consumers)?;
             }
         } else if smem > 0 {
             w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", smem.div_ceil(16) * 16))?;

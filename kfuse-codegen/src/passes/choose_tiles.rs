@@ -204,18 +204,9 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
 fn matrix_tiles(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     let dots = crate::passes::select_mma_path::dots(k);
     !dots.is_empty()
-        && (!crate::passes::select_mma_path::general_requested(spec) || general_wgmma(k, target, &dots))
+        && (!crate::passes::select_mma_path::general_requested(spec) || crate::passes::select_mma_path::general_wgmma(k, target, &dots))
         && crate::passes::select_mma_path::matrix_loop(k, &dots).is_ok()
         && crate::passes::select_mma_path::several_dots_elsewhere(k, &dots, target).is_none()
-}
-
-/// Whether the general lowering would take a matrix loop's `dots` onto WGMMA: sm_90,
-/// f16/bf16 operands of exact products.
-fn general_wgmma(k: &Kernel, target: &Target, dots: &[OpId]) -> bool {
-    target.sm == 90
-        && dots.iter().all(|&d| {
-            matches!(k.op(d), Op::Dot { precision: kfuse_ir::DotPrecision::Exact }) && matches!(k.ty(k.operands(d)[0]).dtype, kfuse_ir::DType::F16 | kfuse_ir::DType::BF16)
-        })
 }
 
 /// The row that [`run`] would cut across a thread-block cluster: the widest full extent

@@ -450,20 +450,24 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     if cluster || template_only || spec.tiles.get("PINGPONG") == Some(&1) || spec.tiles.values().any(|&v| v > 256) {
         return false;
     }
-    // (two dots, SwiGLU's pair: 705 against 668 TFLOP/s at 4096³, equal at M8192
+    // (two dots, SwiGLU's pair: 409.3 against 416.8 µs at 4096³, equal at M8192
     // N14336 and M127 N14336 on the H100, one call, 2026-11-27)
     let ds = dots(k);
-    if ds.is_empty() || ds.len() > 2 {
-        return false;
-    }
-    let exact_16 = |d: &OpId| matches!(k.op(*d), Op::Dot { precision: DotPrecision::Exact }) && matches!(k.ty(k.operands(*d)[0]).dtype, DType::F16 | DType::BF16);
-    if !ds.iter().all(exact_16) {
+    if ds.len() > 2 || !general_wgmma(k, target, &ds) {
         return false;
     }
     let Ok((_, found)) = matrix_loop(k, &ds) else { return false };
     found.iter().all(|f| {
         [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() == 2) && tma_obstacle(k, spec, l).is_none())
     })
+}
+
+/// Whether the general lowering puts `dots` on WGMMA: sm_90, f16/bf16 operands of exact
+/// products (no fp8 or TF32 instructions there yet); false for no dots.
+pub fn general_wgmma(k: &Kernel, target: &Target, dots: &[OpId]) -> bool {
+    target.sm == 90
+        && !dots.is_empty()
+        && dots.iter().all(|&d| matches!(k.op(d), Op::Dot { precision: DotPrecision::Exact }) && matches!(k.ty(k.operands(d)[0]).dtype, DType::F16 | DType::BF16))
 }
 
 /// Runs the pass: records the `MmaPlan` of a loop that accumulates `dot(load, load)`,

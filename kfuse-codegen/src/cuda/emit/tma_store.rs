@@ -43,12 +43,9 @@ pub(super) struct StoreTma {
 pub(super) fn general_stores(k: &Kernel, spec: &Spec, room: u32) -> (BTreeMap<OpId, StoreTma>, u32) {
     let mut out = BTreeMap::new();
     let mut area = 0;
-    let mut depth = 0u32;
     for op in k.ops() {
         match k.op(op) {
-            Op::For { .. } => depth += 1,
-            Op::Yield { .. } => depth -= 1,
-            Op::Store { tensor, dims } if depth == 0 && k.store_mask(op).is_none() && dims.len() == 2 => {
+            Op::Store { tensor, dims } if k.loop_of(op).is_none() && k.store_mask(op).is_none() && dims.len() == 2 => {
                 let dtype = k.param(*tensor).dtype;
                 let ext: Vec<u32> = dims.iter().filter_map(|d| if let AccessDim::Tile(e) = d { Some(extent_value(k, *e)) } else { None }).collect();
                 let esz = dtype.size_bytes() as u32;
@@ -77,6 +74,9 @@ pub(super) fn general_stores(k: &Kernel, spec: &Spec, room: u32) -> (BTreeMap<Op
     (out, area)
 }
 
+/// The thread that issues a general-lowering kernel's bulk stores: the first consumer.
+const GENERAL_LEAD: &str = "kf_tid == 0";
+
 /// Whether a stored register tile lies as [`Emitter::tma_store`] writes it into shared
 /// memory: rank 2, its axes in order, pairs of neighbouring columns in each thread.
 fn pairs_along_rows(val: &Val) -> bool {
@@ -99,14 +99,14 @@ impl Emitter<'_> {
     /// thread (see [`Self::tma_store`]; the consumers' last act waits until the bulk
     /// stores have read it, `Self::drain_tma_stores`).
     pub(super) fn store_by_tma(&mut self, op: OpId, st: &StoreTma) -> R {
-        let Op::Store { tensor, dims } = self.k.op(op) else { unreachable!() };
-        // (the plan says so where it will: `tma_store` writes other layouts as they are)
-        if pairs_along_rows(self.val(self.k.operands(op)[dims.len()])) {
+        let (at, map) = (self.out_tma_at.to_string(), format!("kf_stm{}", st.map));
+        let out = TmaOut { base: "kf_ops", saddr: "kf_saddr", c_base: &at, inner: st.inner, box_bytes: st.box_bytes, buffers: 0, map_name: &map, lead: GENERAL_LEAD };
+        // (the plan says so where it does: `tma_store` writes other layouts as they are)
+        if self.tma_store(op, &out)? {
+            let Op::Store { tensor, .. } = self.k.op(op) else { unreachable!() };
             self.dot_notes.push(format!("the tile stored to `{}` leaves through shared memory by TMA bulk stores", self.k.param(*tensor).name));
         }
-        let (at, map) = (self.out_tma_at.to_string(), format!("kf_stm{}", st.map));
-        let out = TmaOut { base: "kf_ops", saddr: "kf_saddr", c_base: &at, inner: st.inner, box_bytes: st.box_bytes, buffers: 0, map_name: &map, lead: "kf_tid == 0" };
-        self.tma_store(op, &out)
+        Ok(())
     }
 
     /// After the consumers' last store by TMA: shared memory outlives the bulk stores'
@@ -115,7 +115,7 @@ impl Emitter<'_> {
         if self.out_tma_maps.is_empty() {
             return Ok(());
         }
-        self.line("if (kf_tid == 0) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");")
+        self.line(format!("if ({GENERAL_LEAD}) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");"))
     }
 
     /// The epilogue store of a `[BM, BN]` tile through shared memory and a TMA bulk
@@ -140,7 +140,10 @@ impl Emitter<'_> {
     /// registers are those whose column falls in it (known per register at compile time:
     /// the column axis's thread part stays within one repetition, which a box holds
     /// whole).
-    pub(super) fn tma_store(&mut self, op: OpId, out: &TmaOut) -> R {
+    ///
+    /// Says whether the tile went by TMA (false: a layout this does not write, stored as
+    /// the op is).
+    pub(super) fn tma_store(&mut self, op: OpId, out: &TmaOut) -> Result<bool, CodegenError> {
         let k = self.k;
         let Op::Store { tensor, dims } = k.op(op) else { unreachable!() };
         let ops = k.operands(op);
@@ -149,7 +152,7 @@ impl Emitter<'_> {
         let val = self.val(v).clone();
         let map = val.map.clone().ok_or_else(|| CodegenError::Unsupported("a scalar epilogue store".into()))?;
         if !pairs_along_rows(&val) {
-            return self.op(op);
+            return self.op(op).map(|()| false);
         }
         let tdims = k.tensor_dims(*tensor).to_vec();
         let offs: Vec<String> = ops[..r].iter().map(|o| self.val(*o).name.clone()).collect();
@@ -199,7 +202,7 @@ impl Emitter<'_> {
             self.op(op)?;
             self.close()?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The whole tile through shared memory at once: the thread waits for the previous

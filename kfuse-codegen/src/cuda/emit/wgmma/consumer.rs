@@ -245,7 +245,9 @@ impl WgmmaKernel<'_> {
                 continue;
             }
             match &out {
-                Some((st, out)) if *st == o => e.tma_store(o, out)?,
+                Some((st, out)) if *st == o => {
+                    e.tma_store(o, out)?;
+                }
                 _ => e.op(o)?,
             }
         }
