@@ -41,6 +41,7 @@ template <int N> static __device__ __forceinline__ void kf_cp_async_wait() { asm
 mod access;
 mod dot;
 mod dot_fma;
+mod dot_overlap;
 mod dot_wgmma;
 mod loops;
 mod mma_common;
@@ -575,6 +576,27 @@ impl<'a> Emitter<'a> {
         self.reg(v, LAZY_K)
     }
 
+    /// Whether tile `v` is an index tile written as an expression at each use instead
+    /// of into registers ([`Val::lazy`]): an integer or boolean tile computed from
+    /// `iota`s and scalars by broadcasts and elementwise arithmetic other than division,
+    /// each of whose users is such an op or one that reads it element by element
+    /// (`select`, casts, comparisons). Flash attention's mask column `iota(BN) + j` held
+    /// BN / 4 64-bit values a thread across the softmax: 64 registers at BN = 128.
+    fn lazy_index(&self, v: ValueId) -> bool {
+        let k = self.k;
+        let ty = k.ty(v);
+        if ty.is_scalar() || !matches!(ty.dtype, DType::I64 | DType::Bool) {
+            return false;
+        }
+        let sources = match k.op(v.op()) {
+            Op::Iota { .. } => true,
+            Op::Binary(b) if !matches!(b, BinaryOp::Div | BinaryOp::Rem) => true,
+            Op::Unary(_) | Op::Select | Op::Cast { .. } | Op::Broadcast | Op::Permute { .. } | Op::ExpandDims { .. } => true,
+            _ => false,
+        } && k.operands(v.op()).iter().all(|&o| k.ty(o).is_scalar() || self.vals.get(&o).is_some_and(|x| x.lazy.is_some()));
+        sources && k.users(v).iter().all(|&u| matches!(k.op(u), Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Broadcast | Op::Permute { .. } | Op::ExpandDims { .. }))
+    }
+
     /// A tile computed at each use (`Schedule::remat`): no array declared.
     fn lazy_tile(&mut self, v: ValueId, dtype: DType, layout: &Layout, lo: Vec<String>, hi: Vec<String>, expr: String) -> Result<Val, CodegenError> {
         let map = RegMap::of(layout).ok_or_else(|| CodegenError::Unsupported("tile with a uniform layout".into()))?;
@@ -612,6 +634,7 @@ impl<'a> Emitter<'a> {
         if let Some(st) = self.out_tma.remove(&op) {
             return self.store_by_tma(op, &st);
         }
+        self.late_wait(op)?;
         let ring = |e: &Self, l: &LoopId| e.wg.as_ref().is_some_and(|p| p.rings.contains_key(l));
         match self.k.op(op) {
             Op::For { id, .. } => {
@@ -628,6 +651,7 @@ impl<'a> Emitter<'a> {
                     }
                     self.ring_prologue(l)?;
                 }
+                self.late_decls(*id)?;
                 // a later iteration enters the body in the state its end leaves
                 self.wg_synced = false;
                 self.wg_dirty = true;
@@ -767,6 +791,13 @@ impl<'a> Emitter<'a> {
                     e => extent_value(k, *e).to_string(),
                 };
                 let layout = self.layout(v)?;
+                if self.lazy_index(v) {
+                    let map = RegMap::of(&layout).ok_or_else(|| CodegenError::Unsupported("tile with a uniform layout".into()))?;
+                    let e = format!("((long long)({}))", coord(&map, 0, LAZY_K));
+                    let val = self.lazy_tile(v, DType::I64, &layout, vec!["0".into()], vec![hi], e)?;
+                    self.vals.insert(v, val);
+                    return Ok(());
+                }
                 let val = self.new_tile(v, DType::I64, &layout, vec!["0".into()], vec![hi], None)?;
                 let (map, name) = (val.map.clone().unwrap(), val.name.clone());
                 self.vals.insert(v, val);
@@ -1048,7 +1079,7 @@ impl<'a> Emitter<'a> {
             hi.push(self.combine_bound(&his, "kf_mini")?);
         }
         let layout = self.layout(v)?;
-        if k.schedule.remat {
+        if k.schedule.remat || self.lazy_index(v) {
             let args: Vec<String> = ops.iter().map(|o| self.template(*o)).collect();
             let e = fmt(&args);
             if e.len() <= MAX_LAZY_LEN {
@@ -1179,7 +1210,7 @@ impl<'a> Emitter<'a> {
             }
         }
         let layout = self.layout(v)?;
-        if k.schedule.remat {
+        if k.schedule.remat || self.lazy_index(v) {
             let map = RegMap::of(&layout).ok_or_else(|| CodegenError::Unsupported("tile with a uniform layout".into()))?;
             let e = match &s.map {
                 None => s.name.clone(),
@@ -1798,6 +1829,9 @@ pub struct Emitted {
     /// The launch bounds' blocks a multiprocessor where the writer chose them itself
     /// (a warp-specialized kernel: one), else `None`: the schedule's `min_blocks`.
     pub min_blocks: Option<u32>,
+    /// Some loop issues its last dot late (`dot_overlap`): the kernel has a further
+    /// register-room attempt, without.
+    pub late_dots: bool,
 }
 
 /// How deep [`body`] makes a kernel's rings: `cp.async` rings at most `stages`, a
@@ -1824,7 +1858,7 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         let p = Some(dot_wgmma::plan(k, spec, true, wgmma, 2)).filter(fits).unwrap_or_else(|| dot_wgmma::plan(k, spec, false, wgmma, 2));
         e.wg = Some(p).filter(|p| !p.dots.is_empty() && fits(p));
         if target.sm >= 90 {
-            e.ws = e.wg.as_ref().and_then(|p| warp_specialize::ws_plan(k, p, k.schedule.num_threads));
+            e.ws = e.wg.as_ref().and_then(|p| warp_specialize::ws_plan(k, p, k.schedule.num_threads, spec.register_attempt == 0));
         }
         // a producer warpgroup runs as many stages ahead as shared memory holds beside
         // the stores' area and a reserve for the scratch (`ws_stages` at most), else 3
@@ -2069,7 +2103,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             w.line(format!("unsigned char* kf_smem = kf_ops + {};", scratch_at.unwrap_or(o)))?;
             w.line("(void)kf_smem;")?;
             if let Some(p) = &producer {
-                warp_specialize::split_roles(&mut w, p, e.wg.as_ref().map_or(2, |p| p.stages), !tma.is_empty(), consumers)?;
+                warp_specialize::split_roles(&mut w, p, e.wg.as_ref().map_or(2, |p| p.stages), !tma.is_empty(), consumers, e.ws.as_ref().unwrap().regs)?;
             }
         } else if smem > 0 {
             w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", smem.div_ceil(16) * 16))?;
@@ -2093,5 +2127,6 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         _ => (k.schedule.persistent > 0).then_some(k.schedule.persistent),
     };
     let min_blocks = producer_bounds.then_some(1);
-    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent, dot_notes: e_notes, min_blocks })
+    let late_dots = e.ws.as_ref().is_some_and(|ws| !ws.late.is_empty());
+    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent, dot_notes: e_notes, min_blocks, late_dots })
 }

@@ -36,8 +36,8 @@
 //! next op (`wgmma.wait_group 0`); loads inside a loop overlap them through the operand
 //! rings (`operand_ring.rs`). Under warp specialization (`warp_specialize.rs`) a loop's
 //! last dot whose value only feeds the next iteration is waited for by the next
-//! iteration's first dot, and the two warpgroups take turns, so that one's math
-//! overlaps the other's instructions.
+//! iteration's first dot (or issued there: `dot_overlap`), and the two warpgroups take
+//! turns, so that one's math overlaps the other's instructions.
 //!
 //! The plan ([`plan`]) also places the operands of dots on the `mma.sync` rule
 //! (`dot.rs`, rule 1) as padded tiles (`SmemTile::padded`), so that those too are staged
@@ -129,15 +129,15 @@ pub(super) enum ASrc {
 /// One dot on the WGMMA rule.
 #[derive(Clone, Debug)]
 pub(super) struct WgDot {
-    a: ASrc,
+    pub a: ASrc,
     b: SmemTile,
     /// B is MN-major (`imm-trans-b = 1`).
     b_mn: bool,
-    m: u32,
+    pub m: u32,
     n: u32,
-    kk: u32,
+    pub kk: u32,
     /// Warpgroups of the block.
-    groups: u32,
+    pub groups: u32,
     dtype: DType,
     /// The `mma.sync` rule over these warps instead of WGMMA (its tiles `padded`).
     pub mma: Option<[u32; 2]>,
@@ -154,6 +154,18 @@ impl WgDot {
     /// B's tile.
     pub(super) fn b_tile(&self) -> &SmemTile {
         &self.b
+    }
+    /// B is MN-major.
+    pub(super) fn b_mn(&self) -> bool {
+        self.b_mn
+    }
+    /// The instruction's N.
+    pub(super) fn n(&self) -> u32 {
+        self.n
+    }
+    /// The operands' type.
+    pub(super) fn dtype(&self) -> DType {
+        self.dtype
     }
 }
 
@@ -364,7 +376,7 @@ pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec, rings: bool, wgmma: b
 
 /// The C name of a WGMMA helper and its text: `m64n{n}k16`, A from a descriptor (`ss`)
 /// or four registers (`rs`), B's transpose immediate.
-fn instr_fn(d: &WgDot, rs: bool) -> Result<(String, String), CodegenError> {
+pub(super) fn instr_fn(d: &WgDot, rs: bool) -> Result<(String, String), CodegenError> {
     let ty = match d.dtype {
         DType::F16 => "f16",
         DType::BF16 => "bf16",
@@ -551,12 +563,19 @@ impl Emitter<'_> {
         let init = self.accumulate_onto(op);
         self.line(format!("{name}[k] = {init};"))?;
         self.close()?;
+        if let Some((l, _)) = self.late_dot_of(op) {
+            // issued in the next iteration (`dot_overlap`)
+            self.defer_issue(l, &d, &packed)?;
+            self.wg_synced = false;
+            return self.close();
+        }
         self.line("kf_wg_fence();")?;
         self.line("const int kf_wg = kf_warp / 4;")?;
         self.turn_before(op)?;
         self.issue(&d, &fname, &name, &packed)?;
         if self.ws.is_some() {
             self.line("kf_wg_commit();")?;
+            self.late_after_first(op)?;
             self.turn_after(op)?;
             self.ws_dot_wait(op)?;
         } else if self.pending_fetch.is_some() {
@@ -657,8 +676,15 @@ impl Emitter<'_> {
         // each descriptor is built once, at the tile's first k step; a step adds its
         // byte offset (a multiple of 16, the address field's unit) to the address field
         let bd = self.fresh("kf_bd");
-        let (b_base, b_off) = self.b_desc(d);
+        let (b_base, _) = self.b_desc(d);
         self.line(format!("const unsigned long long {bd} = {b_base};"))?;
+        self.issue_from(d, fname, name, pa, &bd)
+    }
+
+    /// The instructions as [`Self::issue`] writes them, B's descriptor at k step 0 in
+    /// the variable `bd`.
+    pub(super) fn issue_from(&mut self, d: &WgDot, fname: &str, name: &str, pa: &str, bd: &str) -> R {
+        let (_, b_off) = self.b_desc(d);
         let b_desc = format!("{bd} + (unsigned long long)(({b_off}) >> 4)");
         let ad = self.fresh("kf_ad");
         if let ASrc::Smem(t) = &d.a {
@@ -729,7 +755,7 @@ impl Emitter<'_> {
     }
 
     /// B's descriptor at k step 0 and the byte offset of step `s` (C expressions).
-    fn b_desc(&self, d: &WgDot) -> (String, String) {
+    pub(super) fn b_desc(&self, d: &WgDot) -> (String, String) {
         let t = &d.b;
         if d.b_mn {
             // 16 k rows a step; LBO: atom to atom along n; SBO: 8 k rows

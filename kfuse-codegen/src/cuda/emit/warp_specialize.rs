@@ -47,6 +47,9 @@
 //! dot of one iteration and its first of the next, and the two consumer warpgroups
 //! alternate turns through the named barriers 2 and 3, so that one's softmax runs while
 //! the other's dots do.
+//! - Where such a loop's last dot takes A from registers and B from its ring, it is
+//!   issued in the next iteration, after the first (`dot_overlap`: flash attention's
+//!   `P·V` under the next softmax), and a turn is those two dots.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -66,6 +69,10 @@ pub(super) const PRODUCER_THREADS: u32 = 128;
 /// 128 · 40 + 256 · 232 ≤ 65536).
 pub(super) const PRODUCER_REGS: u32 = 40;
 pub(super) const CONSUMER_REGS: u32 = 232;
+/// The same where a loop issues its last dot late (`dot_overlap`: the consumers hold one
+/// more dot's operands through the math): 128 · 24 + 256 · 240 ≤ 65536.
+pub(super) const PRODUCER_REGS_LATE: u32 = 24;
+pub(super) const CONSUMER_REGS_LATE: u32 = 240;
 /// Ring stages where shared memory holds them (else 2), when no deeper ring fits beside
 /// the stores' area and the scratch's reserve.
 pub(super) const STAGES: u32 = 3;
@@ -85,6 +92,9 @@ pub(super) struct WsPlan {
     /// wait (or the one after the loop) does, and the ring stage it read is released
     /// there.
     pub deferred: BTreeMap<LoopId, OpId>,
+    /// Per deferred loop whose last dot is issued in the next iteration
+    /// (`dot_overlap`): that dot.
+    pub late: BTreeMap<LoopId, super::dot_overlap::LateDot>,
     /// The ring loads the tensor-memory accelerator copies, each with its tensor map
     /// (`kf_rtm<i>`, a kernel parameter): every ring load, or none (then `cp.async`).
     pub tma: BTreeMap<ValueId, TmaLoad>,
@@ -97,6 +107,8 @@ pub(super) struct WsPlan {
     /// Threads of the consumer warpgroups: 256, or 128 (one warpgroup, which takes no
     /// turns); the producer's are the next 128.
     pub consumers: u32,
+    /// Registers a producer thread keeps and a consumer thread rises to (`setmaxnreg`).
+    pub regs: (u32, u32),
 }
 
 /// Programs of axis 0 a persistent walk over two axes takes together, walking axis 1
@@ -201,7 +213,9 @@ fn deferrable(k: &Kernel, l: LoopId, first: OpId, last: OpId) -> bool {
 }
 
 /// Whether the kernel's rings run warp-specialized (see the module docs).
-pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
+/// `overlap`: loops may issue their last dot late (`dot_overlap`; the kernel's first
+/// register-room attempt, the next one without).
+pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32, overlap: bool) -> Option<WsPlan> {
     if p.rings.is_empty() || !(threads == CONSUMERS || threads == CONSUMERS / 2) {
         return None;
     }
@@ -233,6 +247,7 @@ pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
     }
     let mut turns = BTreeMap::new();
     let mut deferred = BTreeMap::new();
+    let mut late = BTreeMap::new();
     for l in p.rings.keys() {
         let dots: Vec<OpId> = k.ops().filter(|op| p.dots.contains_key(op) && loops.get(&op.value()) == Some(l)).collect();
         if dots.len() >= 2 {
@@ -244,6 +259,9 @@ pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
             }
             if deferrable(k, *l, first, last) {
                 deferred.insert(*l, last);
+                if let Some(d) = super::dot_overlap::late_dot(k, p, *l, first, last).filter(|_| overlap) {
+                    late.insert(*l, d);
+                }
             }
         } else if let [d] = dots[..] {
             if deferrable(k, *l, d, d) {
@@ -251,7 +269,9 @@ pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32) -> Option<WsPlan> {
             }
         }
     }
-    Some(WsPlan { slice, turns, deferred, tma: tma_loads(k, p), persistent: false, grouped: false, consumers: threads })
+    super::dot_overlap::chain_loops(k, p, &mut late);
+    let regs = if late.is_empty() { (PRODUCER_REGS, CONSUMER_REGS) } else { (PRODUCER_REGS_LATE, CONSUMER_REGS_LATE) };
+    Some(WsPlan { slice, turns, deferred, late, tma: tma_loads(k, p), persistent: false, grouped: false, consumers: threads, regs })
 }
 
 /// Whether loop `l`'s body computes on tiles other than by its dots and the adds that
@@ -270,9 +290,10 @@ pub(super) fn note(ws: &WsPlan) -> String {
     let turns = if ws.turns.is_empty() { String::new() } else { format!("; the consumers take turns at the tensor cores in {} loop(s)", ws.turns.len()) };
     let copies = if ws.tma.is_empty() { "cp.async" } else { "TMA" };
     let walk = if ws.persistent { format!("; each block walks programs (over two grid axes in groups of {WALK_GROUP} along the first)") } else { String::new() };
+    let late = if ws.late.is_empty() { String::new() } else { format!("; in {} loop(s) the last dot is issued in the next iteration, after its first, and runs under the math between", ws.late.len()) };
     let n = ws.consumers / 128;
     let wgs = if n == 1 { "1 consumer warpgroup" } else { "2 consumer warpgroups" };
-    format!("rings filled by a producer warpgroup ({copies}, mbarriers; {PRODUCER_REGS} registers), {wgs} ({CONSUMER_REGS} registers){turns}{walk}")
+    format!("rings filled by a producer warpgroup ({copies}, mbarriers; {} registers), {wgs} ({} registers){turns}{late}{walk}", ws.regs.0, ws.regs.1)
 }
 
 /// The mbarrier and named-barrier helpers of a warp-specialized kernel (the mbarrier
@@ -290,7 +311,7 @@ static __device__ __forceinline__ void kf_bar_arrive(int id) {{ asm volatile("ba
 
 /// The kernel's start where the roles part (see the module docs): the mbarriers, then
 /// the producer's program `producer` and its exit.
-pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, stages: u32, tma: bool, consumers: u32) -> std::fmt::Result {
+pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, stages: u32, tma: bool, consumers: u32, regs: (u32, u32)) -> std::fmt::Result {
     w.line(format!("__shared__ __align__(8) unsigned long long kf_full[{stages}], kf_empty[{stages}];"))?;
     w.open("if (kf_tid == 0)")?;
     // TMA: one arrival (with the stage's bytes) a phase; cp.async: each producer thread's
@@ -299,7 +320,7 @@ pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, stages: u32, t
     w.close()?;
     w.line("__syncthreads();")?;
     w.open(format!("if (kf_tid >= {consumers})"))?;
-    w.line(format!("asm volatile(\"setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGS};\");"))?;
+    w.line(format!("asm volatile(\"setmaxnreg.dec.sync.aligned.u32 {};\");", regs.0))?;
     if tma {
         // one thread issues every copy
         w.open(format!("if (kf_tid == {consumers})"))?;
@@ -311,7 +332,7 @@ pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, stages: u32, t
     }
     w.line("return;")?;
     w.close()?;
-    w.line(format!("asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGS};\");"))?;
+    w.line(format!("asm volatile(\"setmaxnreg.inc.sync.aligned.u32 {};\");", regs.1))?;
     w.line("unsigned kf_rit = 0;")
 }
 
@@ -385,6 +406,9 @@ impl Emitter<'_> {
     /// complete that barrier by itself).
     pub(super) fn turn_before(&mut self, op: OpId) -> R {
         let Some((l, (first, last))) = self.turn_of(op) else { return Ok(()) };
+        if self.ws.as_ref().unwrap().late.contains_key(&l) {
+            return if op == first { self.late_turn_before(l) } else { Ok(()) };
+        }
         let iv = super::loops::index_var(l);
         let ops = self.k.operands(self.k.loop_info(l).unwrap().for_op);
         let (lo, hi, step) = (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone());
@@ -402,6 +426,7 @@ impl Emitter<'_> {
     /// warpgroup after an iteration's first dot (see [`Self::turn_before`]).
     pub(super) fn turn_after(&mut self, op: OpId) -> R {
         match self.turn_of(op) {
+            Some((l, (first, _))) if first == op && self.ws.as_ref().unwrap().late.contains_key(&l) => self.late_turn_after(l),
             Some((_, (first, _))) if first == op => self.line("kf_bar_arrive(3 - kf_wg);"),
             _ => Ok(()),
         }
@@ -412,6 +437,10 @@ impl Emitter<'_> {
     /// last dot's wait was deferred to it.
     pub(super) fn ws_dot_wait(&mut self, op: OpId) -> R {
         let ws = self.ws.clone().unwrap();
+        if self.late_first_of(op).is_some() {
+            // the late dot of the iteration before stays in flight (`dot_overlap`)
+            return self.line("kf_wg_wait1();");
+        }
         if let Some((l, _)) = ws.deferred.iter().find(|(l, &d)| d == op && !ws.turns.contains_key(l)) {
             // the loop's one dot, chained onto its own accumulator: the instructions of
             // the iteration before have completed once at most this group is pending
@@ -441,6 +470,9 @@ impl Emitter<'_> {
 
     /// After ring loop `l` closes: a deferred last dot's wait and release.
     pub(super) fn ws_after_loop(&mut self, l: LoopId) -> R {
+        if self.late_flush(l)? {
+            return Ok(());
+        }
         if self.ws.as_ref().is_some_and(|ws| ws.deferred.contains_key(&l)) {
             self.line("kf_wg_wait();")?;
             self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[kf_rel{0}]);", l.0))?;
