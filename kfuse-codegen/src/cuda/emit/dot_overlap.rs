@@ -27,9 +27,9 @@
 //! The consumers hold the late dot's words through the math, so they rise to 240
 //! registers (the producer keeps 24). It is the kernel's first register-room attempt:
 //! where the assembler spills it, the next attempt writes the loops without late dots
-//! (`ws_plan`'s `overlap`). H100, `kfuse::ops::attention` bf16 (NOTES.md a20): D128 S4096
-//! 527–531 → 545–554 TFLOP/s, S16384 586–599 → 612–625; D64 unchanged; D256 spills and
-//! takes the second attempt.
+//! (`ws_plan`'s `overlap`). A dot whose accumulator holds more than [`MAX_ACC_REGS`]
+//! registers a thread is not issued late. H100, `kfuse::ops::attention` bf16 (NOTES.md
+//! a20): D128 S4096 527–533 → 544–555 TFLOP/s, S16384 586–599 → 612–628; D64 unchanged.
 
 use kfuse_ir::{Kernel, LoopId, Op, OpId};
 
@@ -56,11 +56,16 @@ pub(super) struct LateDot {
     pub chained: bool,
 }
 
+/// Most accumulator registers a thread of a late dot: H100, flash attention at D256
+/// (a 64 × 256 accumulator a warpgroup, 128 registers a thread) ran 410–420 TFLOP/s with
+/// the late `P·V` against 514–545 without; D128 (64) and D64 (32) gain or hold.
+const MAX_ACC_REGS: u32 = 64;
+
 /// Loop `l`'s last dot `last` as a late dot, where the rule applies (see the module
 /// docs); `first` is the body's first WGMMA dot, and `last`'s wait is already deferred.
 pub(super) fn late_dot(k: &Kernel, p: &WgPlan, l: LoopId, first: OpId, last: OpId) -> Option<LateDot> {
     let d = p.dots.get(&last)?;
-    if first == last || !matches!(d.a, ASrc::Regs) || d.b_tile().ring != Some(l) || d.mma.is_some() {
+    if first == last || !matches!(d.a, ASrc::Regs) || d.b_tile().ring != Some(l) || d.mma.is_some() || d.m * d.n() / (128 * d.groups) > MAX_ACC_REGS {
         return None;
     }
     let info = k.loop_info(l)?;
@@ -175,20 +180,16 @@ impl Emitter<'_> {
         }
     }
 
-    /// Before op `op`: where the late dot's group is waited for, the wait, the carried
-    /// registers fenced after it (no read of them moves above it), the stage released.
+    /// Before op `op`: where the late dot's group is waited for, the wait and the stage's
+    /// release. (The assembler orders the accumulator's reads after the wait; operand
+    /// fences there, `asm volatile("" : "+f"(acc[k]))`, measured 1–2% slower at D128.)
     pub(super) fn late_wait(&mut self, op: OpId) -> R {
-        let Some((l, ld)) = self.late().find(|(_, d)| d.wait_at == op) else { return Ok(()) };
-        self.late_done(l, &ld)
+        let Some((l, _)) = self.late().find(|(_, d)| d.wait_at == op) else { return Ok(()) };
+        self.late_done(l)
     }
 
-    fn late_done(&mut self, l: LoopId, ld: &LateDot) -> R {
+    fn late_done(&mut self, l: LoopId) -> R {
         self.line("kf_wg_wait();")?;
-        let acc = self.loops[&l][ld.carried as usize].clone();
-        let regs = acc.map.as_ref().map_or(1, |m| m.regs);
-        self.unroll("k", regs)?;
-        self.line(format!("asm volatile(\"\" : \"+f\"({}[k]) :: \"memory\");", acc.name))?;
-        self.close()?;
         self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[kf_rel{0}]);", l.0))
     }
 
@@ -209,7 +210,7 @@ impl Emitter<'_> {
         self.line("kf_wg_fence();")?;
         self.issue_from(&d, &fname, &acc, &format!("kf_dw{}", l.0), &format!("kf_dd{}", l.0))?;
         self.line("kf_wg_commit();")?;
-        self.late_done(l, &ld)?;
+        self.late_done(l)?;
         self.close()?;
         Ok(true)
     }
