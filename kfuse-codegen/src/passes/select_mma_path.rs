@@ -434,11 +434,11 @@ pub fn general_requested(spec: &Spec) -> bool {
 pub const GENERAL_TAKES: &str = "the general lowering takes this loop (sm_90, one or two f16/bf16 `dot`s)";
 
 /// Whether the general lowering takes a loop the WGMMA template would (module docs,
-/// point 0): sm_90, one or two exact `dot`s of f16/bf16 tiles loaded from rank-2 tensors TMA
-/// can read, no grouped launch, the whole grid in one launch (`Spec::walk`), no
+/// point 0): sm_90, one or two exact `dot`s of f16/bf16 tiles loaded from rank-2 tensors
+/// TMA can read, no grouped launch, the whole grid in one launch (`Spec::walk`), no
 /// cluster, ping-pong, `STAGES` or `GROUPM` override (the template's) and no tile wider
-/// than 256; `GENERAL=0` keeps the template. On the H100 the two ran within the vendor's spread of each other on every
-/// bf16 row of BENCHMARKS.md's GEMM table (the general lowering 0.97–1.02× cuBLAS, the
+/// than 256; `GENERAL=0` keeps the template. On the H100 the two ran within the vendor's
+/// spread of each other on every bf16 row of BENCHMARKS.md's GEMM table (the general lowering 0.97–1.02× cuBLAS, the
 /// template 0.90–1.03×, one call).
 pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     if target.sm != 90 || k.schedule.grouped || spec.tiles.get("GENERAL") == Some(&0) || !matches!(spec.walk, Walk::All) {

@@ -57,8 +57,9 @@ pub(super) struct LateDot {
 }
 
 /// Most accumulator registers a thread of a late dot: H100, flash attention at D256
-/// (a 64 × 256 accumulator a warpgroup, 128 registers a thread) ran 410–420 TFLOP/s with
-/// the late `P·V` against 514–545 without; D128 (64) and D64 (32) gain or hold.
+/// (a 64 × 256 accumulator a warpgroup, 128 registers a thread), its four rows in one
+/// call, ran 13–24% slower with the late `P·V` (368–419 TFLOP/s against 470–545);
+/// D128 (64) and D64 (32) gain or hold.
 const MAX_ACC_REGS: u32 = 64;
 
 /// Loop `l`'s last dot `last` as a late dot, where the rule applies (see the module
