@@ -73,10 +73,32 @@ fn a_tile_carried_across_column_blocks() {
     for dt in common::DTYPES {
         for (s, &(m, n)) in SHAPES.iter().enumerate() {
             let (x, xv) = common::random_tensor(&[m, n], dt, 300 + s as u64, 0.0, &dev());
+            let want: Vec<f64> = xv.chunks(n).map(|r| r.iter().map(|v| v * v).sum()).collect();
             let mut out = common::poisoned(&[m], DType::F32, &dev());
             row_sumsq_blocks(&x, &mut out).unwrap();
-            let want: Vec<f64> = xv.chunks(n).map(|r| r.iter().map(|v| v * v).sum()).collect();
             check(&format!("row_sumsq_blocks {dt} {m}x{n}"), &out.to_vec_f64().unwrap(), &want, 1e-5);
+            let mut out = common::poisoned(&[m], DType::F32, &dev());
+            row_sumsq_whole_blocks(&x, &mut out).unwrap();
+            check(&format!("row_sumsq_whole_blocks {dt} {m}x{n}"), &out.to_vec_f64().unwrap(), &want, 1e-5);
+        }
+    }
+}
+
+/// A loop that steps by its tile's extent from 0 to `N / BN · BN` reads whole tiles: its
+/// load has no remaining-extent bound along the columns (`analysis::whole_steps`); the
+/// loop over the columns left, and a loop up to `N` itself, keep theirs.
+#[test]
+fn whole_column_blocks_drop_their_bounds() {
+    for (def, whole) in [(&row_sumsq_whole_blocks::DEF, true), (&row_sumsq_blocks::DEF, false)] {
+        let k = (def.build)(&[DType::BF16]).unwrap();
+        let mut spec = common::snapshot_spec(def);
+        spec.shape_pow2 = vec![4096, 4096];
+        for target in [Target::sm80(), Target::sm90a()] {
+            let src = kfuse::codegen::compile(&k, &spec, &target).unwrap().source;
+            assert_eq!(!src.contains("n_N - kf_i0"), whole, "{} {}: the first loop's bound\n{src}", def.name, target.arch());
+            if whole {
+                assert!(src.contains("n_N - kf_i1"), "{} {}: the loop over the columns left lost its bound\n{src}", def.name, target.arch());
+            }
         }
     }
 }
@@ -168,6 +190,7 @@ fn every_loop_kernel_compiles_for_sm80_and_sm90a() {
         (&rms_chunked::DEF, true),
         (&online_softmax::DEF, true),
         (&row_sumsq_blocks::DEF, true),
+        (&row_sumsq_whole_blocks::DEF, true),
         (&batch_k_sums::DEF, true),
         (&prefix_sums::DEF, true),
         (&scaled_products::DEF, true),

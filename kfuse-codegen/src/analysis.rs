@@ -31,10 +31,65 @@ pub fn divisibility(k: &Kernel, v: ValueId) -> u64 {
             (1u64 << x.trailing_zeros()).min(CAP)
         }
         Op::Binary(BinaryOp::Mul) => (divisibility(k, ops[0]) * divisibility(k, ops[1])).min(CAP),
-        Op::Binary(BinaryOp::Add | BinaryOp::Sub) => divisibility(k, ops[0]).min(divisibility(k, ops[1])),
+        // (`min` and `max` are one of their operands)
+        Op::Binary(BinaryOp::Add | BinaryOp::Sub | BinaryOp::Min | BinaryOp::Max) => divisibility(k, ops[0]).min(divisibility(k, ops[1])),
         // `lo + t · step`
         Op::LoopIndex { id } => loop_bounds(k, *id).map_or(1, |b| divisibility(k, b[0]).min(divisibility(k, b[2]))),
         _ => 1,
+    }
+}
+
+/// True when every tile a loop's steps address along a tensor dimension lies wholly
+/// inside it: `off` is the index `j` of a loop that steps by the tile's extent `t` from a
+/// multiple of `t`, and each iteration's `j` is below a multiple of `t` that is at most
+/// the dimension's extent (shape symbol `sym`), so `j + t ≤ n`. The bounds that show it
+/// ([`fits_below`]): the extent itself where the spec's facts say `t` divides it, `y /
+/// c · c` for a non-negative `y ≤ n` and `c` a multiple of `t`, `min` of one such, and
+/// `max` of such bounds and the loop's own `lo` (an iteration's `j` is at least `lo`, so
+/// below `max(lo, b)` it is below `b`). Flash attention's loop over whole key tiles
+/// (`kernels::attention`) drops its per-step range arithmetic by it.
+pub fn whole_steps(k: &Kernel, spec: &crate::target::Spec, t: u32, off: ValueId, sym: kfuse_ir::ShapeSym) -> bool {
+    let Op::LoopIndex { id } = k.op(off.op()) else { return false };
+    let Some([lo, hi, step]) = loop_bounds(k, *id) else { return false };
+    let t64 = t as u64;
+    let aligned = |v: ValueId| {
+        let d = divisibility(k, v);
+        t > 0 && d >= t64 && d.is_multiple_of(t64)
+    };
+    t > 0 && int_value(k, step) == Some(t as i64) && aligned(lo) && fits_below(k, spec, t64, lo, hi, sym)
+}
+
+/// Whether every `j` with `lo ≤ j < x` is below a multiple of `t` that is at most the
+/// extent of shape symbol `sym` (see [`whole_steps`]).
+fn fits_below(k: &Kernel, spec: &crate::target::Spec, t: u64, lo: ValueId, x: ValueId, sym: kfuse_ir::ShapeSym) -> bool {
+    let ops = k.operands(x.op());
+    let is_lo = |v: ValueId| same_scalar(k, v, lo);
+    match k.op(x.op()) {
+        Op::ShapeDim { sym: s } => *s == sym && spec.shape_div.get(s.0 as usize).is_some_and(|&d| d as u64 >= t && (d as u64).is_multiple_of(t)),
+        Op::Binary(BinaryOp::Min) => fits_below(k, spec, t, lo, ops[0], sym) || fits_below(k, spec, t, lo, ops[1], sym),
+        Op::Binary(BinaryOp::Max) => ops.iter().all(|&o| is_lo(o) || fits_below(k, spec, t, lo, o, sym)),
+        Op::Binary(BinaryOp::Mul) => {
+            // `y / c · c`, either order
+            let rounded = |q: ValueId, c: ValueId| {
+                let Op::Binary(BinaryOp::Div) = k.op(q.op()) else { return false };
+                let qo = k.operands(q.op());
+                let cv = int_value(k, c);
+                cv.is_some_and(|c| c > 0 && (c as u64).is_multiple_of(t)) && int_value(k, qo[1]) == cv && non_negative(k, qo[0]) && at_most(k, qo[0], sym)
+            };
+            rounded(ops[0], ops[1]) || rounded(ops[1], ops[0])
+        }
+        _ => false,
+    }
+}
+
+/// Whether a non-negative `i64` value is at most the extent of shape symbol `sym`: the
+/// extent, or a `min` with it.
+fn at_most(k: &Kernel, v: ValueId, sym: kfuse_ir::ShapeSym) -> bool {
+    let ops = k.operands(v.op());
+    match k.op(v.op()) {
+        Op::ShapeDim { sym: s } => *s == sym,
+        Op::Binary(BinaryOp::Min) => at_most(k, ops[0], sym) || at_most(k, ops[1], sym),
+        _ => false,
     }
 }
 

@@ -682,7 +682,10 @@ pub fn swiglu_gemm<T: Float>(x: Tensor<T, (M, K)>, wg: Tensor<T, (K, N)>, wu: Te
 // `BN`-key tiles: those some row sees only in part (masked, before and after) and those
 // every row of the block sees whole (no mask): three loops, as the language has no
 // helper functions and a key offset chosen inside a loop (by `select`) would keep the
-// loads out of the rings a producer fills ahead. A row that sees no key at all keeps
+// loads out of the rings a producer fills ahead. The unmasked run starts at a multiple
+// of `BN` and ends at one no larger than `SK`, so that the compiler sees each of its tiles
+// lie wholly inside the keys (`analysis::whole_steps`: no range arithmetic a step); a
+// tile the keys end within goes to the masked run after. A row that sees no key at all keeps
 // `m = −∞`, `l = 0`: the masked loops shift by 0 instead of `−∞` (no `∞ − ∞`), and the
 // row's output is 0 (`acc = 0` over a floor on `l`) and its log-sum-exp `−∞`.
 
@@ -710,8 +713,8 @@ pub fn attention<T: Float>(
     let mut acc = zeros::<f32>([BM, D]);
     let lo = max(0, top - left) / BN * BN;
     let hi = max(lo, min(SK, top + BM + right));
-    let whole_lo = min(hi, max(lo, (max(0, top + BM - 1 - left) + BN - 1) / BN * BN));
-    let whole_hi = max(whole_lo, min(hi, max(0, top + right + 1) / BN * BN));
+    let whole_lo = min((hi + BN - 1) / BN * BN, max(lo, (max(0, top + BM - 1 - left) + BN - 1) / BN * BN));
+    let whole_hi = max(whole_lo, min(SK / BN * BN, min(hi, max(0, top + right + 1) / BN * BN)));
     for j in (lo..whole_lo).step_by(BN) {
         let kt = k.block([b, j, g, 0], [_, BN, _, D]).load();
         let vt = v.block([b, j, g, 0], [_, BN, _, D]).load();

@@ -51,6 +51,24 @@ pub fn row_sumsq_blocks<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<f32, (M
     out.block([i * BM], [BM]).store(s);
 }
 
+/// The same sums in two loops: whole column blocks (`0..N / BN · BN`, each block inside
+/// the row: the compiler drops their bounds arithmetic), then the columns left.
+#[kfuse]
+pub fn row_sumsq_whole_blocks<T: Float>(x: Tensor<T, (M, N)>, out: &mut Tensor<f32, (M,)>) {
+    let i = program_id(0);
+    let whole = N / BN * BN;
+    let mut s = zeros::<f32>([BM]);
+    for j in (0..whole).step_by(BN) {
+        let t = x.block([i * BM, j], [BM, BN]).load().to_f32();
+        s = s + (t * t).sum_axis(1);
+    }
+    for j in (whole..N).step_by(BN) {
+        let t = x.block([i * BM, j], [BM, BN]).load().to_f32();
+        s = s + (t * t).sum_axis(1);
+    }
+    out.block([i * BM], [BM]).store(s);
+}
+
 /// `out[i] = Σ_b Σ_k x[b, i, k]`: a loop over the batch around a loop over K.
 #[kfuse]
 pub fn batch_k_sums<T: Float>(x: Tensor<T, (B, M, K)>, out: &mut Tensor<f32, (M,)>) {

@@ -518,7 +518,7 @@ impl Emitter<'_> {
                     }
                 }
                 AccessDim::Tile(e) => {
-                    let exact = exact_from_zero(k, *e, offs[dd]) || whole;
+                    let exact = exact_from_zero(k, *e, offs[dd]) || whole || crate::analysis::whole_steps(k, self.spec, extent_value(k, *e), offs[dd], tdims[dd]);
                     let rem = if exact {
                         None
                     } else {
