@@ -163,3 +163,80 @@ pub fn same_scalar(k: &Kernel, a: ValueId, b: ValueId) -> bool {
 pub fn uses_fp8(k: &Kernel) -> bool {
     k.params.iter().any(|p| p.dtype.is_fp8()) || k.ops().any(|o| k.node(o).ty.as_ref().is_some_and(|t| t.dtype.is_fp8()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kfuse_ir::{AccessDim, Builder, DType, Extent};
+
+    /// Whether the load in `for j in (lo..hi).step_by(step) { x.block([j], [64]) }` reads
+    /// whole tiles, `lo` and `hi` made by `bounds` from `N` (shape symbol 0); the spec's
+    /// facts say `div` divides `N`.
+    fn whole(step: i64, div: u32, bounds: impl Fn(&mut Builder, ValueId) -> (ValueId, ValueId)) -> bool {
+        let mut b = Builder::new("steps");
+        let n = b.shape_sym("N");
+        let x = b.tensor_param("x", DType::F32, &[n], false);
+        let nv = b.shape_dim(n);
+        let (lo, hi) = bounds(&mut b, nv);
+        let step = b.constant(Literal::Int(step), DType::I64);
+        let (id, j, _) = b.begin_for(lo, hi, step, &[]).unwrap();
+        b.load(x, &[j], &[AccessDim::Tile(Extent::Const(64))]).unwrap();
+        b.end_for(id, &[]).unwrap();
+        let spec = crate::target::Spec { shape_div: vec![div], ..Default::default() };
+        whole_steps(b.kernel(), &spec, 64, j, n)
+    }
+
+    fn int(b: &mut Builder, v: i64) -> ValueId {
+        b.constant(Literal::Int(v), DType::I64)
+    }
+
+    /// `n / c · c`.
+    fn rounded(b: &mut Builder, n: ValueId, c: i64) -> ValueId {
+        let c = int(b, c);
+        let q = b.binary(BinaryOp::Div, n, c).unwrap();
+        b.binary(BinaryOp::Mul, q, c).unwrap()
+    }
+
+    #[test]
+    fn whole_steps_below_a_rounded_extent() {
+        // (0..N / 64 · 64), (0..N / 128 · 128), and `min` with anything
+        assert!(whole(64, 1, |b, n| (int(b, 0), rounded(b, n, 64))));
+        assert!(whole(64, 1, |b, n| (int(b, 0), rounded(b, n, 128))));
+        assert!(whole(64, 1, |b, n| {
+            let r = rounded(b, n, 64);
+            let c = int(b, 1000);
+            (int(b, 0), b.binary(BinaryOp::Min, c, r).unwrap())
+        }));
+        // from a multiple of 64 (a `max` of them, a rounded value) up to `max(lo, …)`
+        assert!(whole(64, 1, |b, n| {
+            let r = rounded(b, n, 64);
+            let lo = rounded(b, r, 64);
+            let hi = b.binary(BinaryOp::Max, lo, r).unwrap();
+            (lo, hi)
+        }));
+        // up to N itself where the facts say 64 divides it
+        assert!(whole(64, 128, |b, n| (int(b, 0), n)));
+    }
+
+    #[test]
+    fn partial_steps_keep_their_bounds() {
+        // up to N without the fact, or with a fact too small
+        assert!(!whole(64, 1, |b, n| (int(b, 0), n)));
+        assert!(!whole(64, 32, |b, n| (int(b, 0), n)));
+        // rounded to a multiple of 32 only; past N; from 1; stepping by 32
+        assert!(!whole(64, 1, |b, n| (int(b, 0), rounded(b, n, 32))));
+        assert!(!whole(64, 1, |b, n| {
+            let r = rounded(b, n, 64);
+            let c = int(b, 64);
+            (int(b, 0), b.binary(BinaryOp::Add, r, c).unwrap())
+        }));
+        assert!(!whole(64, 1, |b, n| (int(b, 1), rounded(b, n, 64))));
+        assert!(!whole(32, 1, |b, n| (int(b, 0), rounded(b, n, 64))));
+        // `max` with a value that is not the loop's `lo`
+        assert!(!whole(64, 1, |b, n| {
+            let r = rounded(b, n, 64);
+            let c = int(b, 4096);
+            (int(b, 0), b.binary(BinaryOp::Max, c, r).unwrap())
+        }));
+    }
+}
