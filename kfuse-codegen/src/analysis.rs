@@ -1,7 +1,8 @@
 //! Facts about index expressions that the passes and the writer share: concrete
-//! shapes, divisibility of offsets (for vector accesses) and non-negativity (to drop
-//! lower-bound checks). A loop index is `lo + t · step`: divisible by what divides both,
-//! non-negative when `lo` is.
+//! shapes, divisibility of offsets (for vector accesses), non-negativity (to drop
+//! lower-bound checks) and loop steps over whole tiles ([`whole_steps`], to drop upper
+//! ones). A loop index is `lo + t · step`: divisible by what divides both, non-negative
+//! when `lo` is.
 
 use kfuse_ir::{BinaryOp, Extent, Kernel, Literal, Op, Type, ValueId};
 
@@ -43,7 +44,7 @@ pub fn divisibility(k: &Kernel, v: ValueId) -> u64 {
 /// inside it: `off` is the index `j` of a loop that steps by the tile's extent `t` from a
 /// multiple of `t`, and each iteration's `j` is below a multiple of `t` that is at most
 /// the dimension's extent (shape symbol `sym`), so `j + t ≤ n`. The bounds that show it
-/// ([`fits_below`]): the extent itself where the spec's facts say `t` divides it, `y /
+/// (`fits_below`): the extent itself where the spec's facts say `t` divides it, `y /
 /// c · c` for a non-negative `y ≤ n` and `c` a multiple of `t`, `min` of one such, and
 /// `max` of such bounds and the loop's own `lo` (an iteration's `j` is at least `lo`, so
 /// below `max(lo, b)` it is below `b`). Flash attention's loop over whole key tiles
