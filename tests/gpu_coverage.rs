@@ -52,6 +52,7 @@ fn user_kernels() -> Vec<(&'static KernelDef, Vec<(&'static str, Vec<u32>)>)> {
         (&kernels_loops::rms_chunked::DEF, vec![]),
         (&kernels_loops::online_softmax::DEF, vec![]),
         (&kernels_loops::row_sumsq_blocks::DEF, vec![]),
+        (&kernels_loops::row_sumsq_whole_blocks::DEF, vec![]),
         (&kernels_loops::batch_k_sums::DEF, vec![]),
         (&kernels_loops::prefix_sums::DEF, vec![]),
         (&kernels_loops::long_row_sums::DEF, long(3)),
