@@ -52,12 +52,8 @@ pub fn divisibility(k: &Kernel, v: ValueId) -> u64 {
 pub fn whole_steps(k: &Kernel, spec: &crate::target::Spec, t: u32, off: ValueId, sym: kfuse_ir::ShapeSym) -> bool {
     let Op::LoopIndex { id } = k.op(off.op()) else { return false };
     let Some([lo, hi, step]) = loop_bounds(k, *id) else { return false };
-    let t64 = t as u64;
-    let aligned = |v: ValueId| {
-        let d = divisibility(k, v);
-        t > 0 && d >= t64 && d.is_multiple_of(t64)
-    };
-    t > 0 && int_value(k, step) == Some(t as i64) && aligned(lo) && fits_below(k, spec, t64, lo, hi, sym)
+    let (t64, d) = (t as u64, divisibility(k, lo));
+    t > 0 && int_value(k, step) == Some(t as i64) && d >= t64 && d.is_multiple_of(t64) && fits_below(k, spec, t64, lo, hi, sym)
 }
 
 /// Whether every `j` with `lo ≤ j < x` is below a multiple of `t` that is at most the
@@ -66,7 +62,7 @@ fn fits_below(k: &Kernel, spec: &crate::target::Spec, t: u64, lo: ValueId, x: Va
     let ops = k.operands(x.op());
     let is_lo = |v: ValueId| same_scalar(k, v, lo);
     match k.op(x.op()) {
-        Op::ShapeDim { sym: s } => *s == sym && spec.shape_div.get(s.0 as usize).is_some_and(|&d| d as u64 >= t && (d as u64).is_multiple_of(t)),
+        Op::ShapeDim { sym: s } => *s == sym && spec.divides(sym, t),
         Op::Binary(BinaryOp::Min) => fits_below(k, spec, t, lo, ops[0], sym) || fits_below(k, spec, t, lo, ops[1], sym),
         Op::Binary(BinaryOp::Max) => ops.iter().all(|&o| is_lo(o) || fits_below(k, spec, t, lo, o, sym)),
         Op::Binary(BinaryOp::Mul) => {

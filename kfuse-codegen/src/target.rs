@@ -112,6 +112,12 @@ impl Spec {
     pub fn tile(&self, name: &str) -> Option<u32> {
         self.tiles.get(name).or_else(|| self.shape_tiles.get(name)).copied()
     }
+
+    /// Whether the launch's facts ([`Spec::shape_div`]) say that `t` divides the extent
+    /// of shape symbol `sym`.
+    pub fn divides(&self, sym: ShapeSym, t: u64) -> bool {
+        self.shape_div.get(sym.0 as usize).is_some_and(|&d| t > 0 && d as u64 >= t && (d as u64).is_multiple_of(t))
+    }
 }
 
 /// Which tiles of a persistent matrix kernel's walk a launch takes. A runtime may split a

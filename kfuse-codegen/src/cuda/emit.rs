@@ -248,6 +248,14 @@ fn exact_from_zero(k: &Kernel, e: Extent, off: ValueId) -> bool {
     matches!(e, Extent::Full(s) if k.schedule.full_exact.contains(&s)) && is_zero(k, off)
 }
 
+/// Whether a tile axis of extent `e` at offset `off` along the tensor dimension of shape
+/// symbol `dim` lies inside it wherever the access runs: the whole dimension from 0
+/// ([`exact_from_zero`]), or a loop's steps over whole tiles
+/// ([`crate::analysis::whole_steps`]). Its valid range is then the extent.
+fn whole_axis(k: &Kernel, spec: &Spec, e: Extent, off: ValueId, dim: kfuse_ir::ShapeSym) -> bool {
+    exact_from_zero(k, e, off) || crate::analysis::whole_steps(k, spec, extent_value(k, e), off, dim)
+}
+
 /// The offset of this block's piece along map axis `i` (cluster splits).
 fn cta_base(map: &RegMap, i: usize) -> Option<String> {
     let m = &map.axes[i];

@@ -24,8 +24,7 @@ fn whole_programs(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval],
         (_, Op::ProgramId { axis }) if crate::analysis::int_value(k, ops[0]) == Some(t as i64) => *axis,
         _ => return false,
     };
-    let divides = spec.shape_div.get(dim.0 as usize).is_some_and(|&d| d as u64 >= t && (d as u64).is_multiple_of(t));
-    divides && grid.get(axis as usize).is_some_and(|g| g.dim == dim && g.step == t)
+    spec.divides(dim, t) && grid.get(axis as usize).is_some_and(|g| g.dim == dim && g.step == t)
 }
 
 /// A tile axis of a block access: tensor dimension (`GATHERED` for the gathered axis),
@@ -518,7 +517,7 @@ impl Emitter<'_> {
                     }
                 }
                 AccessDim::Tile(e) => {
-                    let exact = exact_from_zero(k, *e, offs[dd]) || whole || crate::analysis::whole_steps(k, self.spec, extent_value(k, *e), offs[dd], tdims[dd]);
+                    let exact = whole || whole_axis(k, self.spec, *e, offs[dd], tdims[dd]);
                     let rem = if exact {
                         None
                     } else {

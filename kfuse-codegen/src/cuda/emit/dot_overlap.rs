@@ -66,7 +66,7 @@ const MAX_ACC_REGS: u32 = 64;
 /// docs); `first` is the body's first WGMMA dot, and `last`'s wait is already deferred.
 pub(super) fn late_dot(k: &Kernel, p: &WgPlan, l: LoopId, first: OpId, last: OpId) -> Option<LateDot> {
     let d = p.dots.get(&last)?;
-    if first == last || !matches!(d.a, ASrc::Regs) || d.b_tile().ring != Some(l) || d.mma.is_some() || d.m * d.n() / (128 * d.groups) > MAX_ACC_REGS {
+    if first == last || !matches!(d.a, ASrc::Regs) || d.b_tile().ring != Some(l) || d.mma.is_some() || d.m * d.n / (128 * d.groups) > MAX_ACC_REGS {
         return None;
     }
     let info = k.loop_info(l)?;
@@ -97,8 +97,8 @@ pub(super) fn chain_loops(k: &Kernel, p: &WgPlan, late: &mut std::collections::B
         let init = k.operands(info.for_op)[3 + ld.carried as usize];
         let Op::LoopResult { id: l0, index } = *k.op(init.op()) else { continue };
         let Some(ld0) = late.get(&l0) else { continue };
-        let same = |a: &WgDot, b: &WgDot| (a.m, a.n(), a.kk, a.groups, a.b_mn(), a.b_tile().rows, a.b_tile().cols, a.b_tile().span) == (b.m, b.n(), b.kk, b.groups, b.b_mn(), b.b_tile().rows, b.b_tile().cols, b.b_tile().span);
-        if index == ld0.carried && k.users(init) == [info.for_op] && same(&p.dots[&ld0.dot], &p.dots[&ld.dot]) && p.dots[&ld0.dot].dtype() == p.dots[&ld.dot].dtype() {
+        let shape = |d: &WgDot| (d.m, d.n, d.kk, d.groups, d.b_mn, d.dtype, d.b_tile().rows, d.b_tile().cols, d.b_tile().span);
+        if index == ld0.carried && k.users(init) == [info.for_op] && shape(&p.dots[&ld0.dot]) == shape(&p.dots[&ld.dot]) {
             late.get_mut(&l).unwrap().chain = Some(l0);
             late.get_mut(&l0).unwrap().chained = true;
         }
@@ -106,18 +106,19 @@ pub(super) fn chain_loops(k: &Kernel, p: &WgPlan, late: &mut std::collections::B
 }
 
 impl Emitter<'_> {
-    fn late(&self) -> impl Iterator<Item = (LoopId, LateDot)> + '_ {
-        self.ws.iter().flat_map(|ws| ws.late.iter().map(|(l, d)| (*l, d.clone())))
+    /// The loop with a late dot that `is` picks, and that dot.
+    fn late_where(&self, is: impl Fn(&LateDot) -> bool) -> Option<(LoopId, LateDot)> {
+        self.ws.as_ref()?.late.iter().find(|(_, d)| is(d)).map(|(l, d)| (*l, d.clone()))
     }
 
     /// The loop whose late dot `op` is.
     pub(super) fn late_dot_of(&self, op: OpId) -> Option<(LoopId, LateDot)> {
-        self.late().find(|(_, d)| d.dot == op)
+        self.late_where(|d| d.dot == op)
     }
 
     /// The loop whose first dot `op` is, where that loop has a late dot.
     pub(super) fn late_first_of(&self, op: OpId) -> Option<(LoopId, LateDot)> {
-        self.late().find(|(_, d)| d.first == op)
+        self.late_where(|d| d.first == op)
     }
 
     /// Before loop `l` opens (after its ring's counters): the late dot's carried
@@ -185,7 +186,7 @@ impl Emitter<'_> {
     /// release. (The assembler orders the accumulator's reads after the wait; operand
     /// fences there, `asm volatile("" : "+f"(acc[k]))`, measured 1–2% slower at D128.)
     pub(super) fn late_wait(&mut self, op: OpId) -> R {
-        let Some((l, _)) = self.late().find(|(_, d)| d.wait_at == op) else { return Ok(()) };
+        let Some((l, _)) = self.late_where(|d| d.wait_at == op) else { return Ok(()) };
         self.late_done(l)
     }
 

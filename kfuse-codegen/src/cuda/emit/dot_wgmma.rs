@@ -132,13 +132,13 @@ pub(super) struct WgDot {
     pub a: ASrc,
     b: SmemTile,
     /// B is MN-major (`imm-trans-b = 1`).
-    b_mn: bool,
+    pub b_mn: bool,
     pub m: u32,
-    n: u32,
+    pub n: u32,
     pub kk: u32,
     /// Warpgroups of the block.
     pub groups: u32,
-    dtype: DType,
+    pub dtype: DType,
     /// The `mma.sync` rule over these warps instead of WGMMA (its tiles `padded`).
     pub mma: Option<[u32; 2]>,
 }
@@ -154,18 +154,6 @@ impl WgDot {
     /// B's tile.
     pub(super) fn b_tile(&self) -> &SmemTile {
         &self.b
-    }
-    /// B is MN-major.
-    pub(super) fn b_mn(&self) -> bool {
-        self.b_mn
-    }
-    /// The instruction's N.
-    pub(super) fn n(&self) -> u32 {
-        self.n
-    }
-    /// The operands' type.
-    pub(super) fn dtype(&self) -> DType {
-        self.dtype
     }
 }
 

@@ -531,10 +531,7 @@ impl Emitter<'_> {
             let n = self.shape_var(p.dims()[d]);
             match ad {
                 AccessDim::Index => ok.push(format!("{} >= 0 && {} < {n}", offs[d], offs[d])),
-                // (the whole dimension from 0, or a loop's steps over whole tiles: the extent)
-                AccessDim::Tile(e) if super::exact_from_zero(k, *e, ops[d]) || crate::analysis::whole_steps(k, self.spec, extent_value(k, *e), ops[d], p.dims()[d]) => {
-                    his.push(format!("{}LL", extent_value(k, *e)))
-                }
+                AccessDim::Tile(e) if super::whole_axis(k, self.spec, *e, ops[d], p.dims()[d]) => his.push(format!("{}LL", extent_value(k, *e))),
                 AccessDim::Tile(e) => his.push(format!("kf_maxi(0LL, kf_mini({n} - {}, {}LL))", offs[d], extent_value(k, *e))),
                 // every gathered row is valid (one outside the tensor reads zeros)
                 AccessDim::Gather(e) if his.is_empty() => his.push(format!("{}LL", extent_value(k, *e))),
