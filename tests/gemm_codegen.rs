@@ -64,6 +64,26 @@ fn pre_ampere_gemm_is_refused_clearly() {
 }
 
 #[test]
+fn a_k_major_b_reaches_the_producer_rings_by_tma() {
+    // `b` the transpose of an [N, K] tensor (K of unit stride, dimension 0): the general
+    // lowering's ring takes it K-major, its tensor map lists dimension 0 innermost, and a
+    // box is one 128-byte span of K by the tile's N rows — for 16-bit and 8-bit operands
+    use kfuse::codegen::KernelParam;
+    for (def, dts, span) in [(&kfuse::ops::kernels::gemm::DEF, vec![DType::BF16], 64), (&kfuse::ops::kernels::gemm_scaled::DEF, vec![DType::F8E4M3, DType::BF16], 128)] {
+        let k = (def.build)(&dts).unwrap();
+        let mut spec = spec_mnk(def, 4096, 4096, 4096);
+        spec.tensors[1] = Some(kfuse::codegen::TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
+        let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+        let plan = e.plan.to_string();
+        assert!(plan.contains("the general lowering takes this loop"), "{plan}");
+        assert!(plan.contains("B from shared memory (K-major, 128-byte swizzle, copied by the producer warpgroup"), "{plan}");
+        let bn = e.tiles["BN"];
+        let maps: Vec<_> = e.params.iter().filter_map(|p| match p { KernelParam::TensorMap { tensor, box_dims, order, .. } if tensor.0 == 1 => Some((box_dims.clone(), order.clone())), _ => None }).collect();
+        assert_eq!(maps, vec![(vec![span, bn], vec![0, 1])], "{:?}", dts);
+    }
+}
+
+#[test]
 fn fp8_gemm_kernels_assemble_without_spills() {
     // `gemm_scaled` on 8-bit operands (`out = scale · a·b`, the per-tensor scales folded
     // into one f32), B read K-major (a transposed view of an [N, K] tensor)
@@ -76,6 +96,10 @@ fn fp8_gemm_kernels_assemble_without_spills() {
         let e = compile(&k, &spec, &Target::sm90a()).unwrap();
         let ty = if dt == DType::F8E4M3 { "e4m3" } else { "e5m2" };
         assert!(e.source.contains(&format!("k32.f32.{ty}.{ty}")), "{}", e.source);
+        // the general lowering's: both operands K-major in the producer's TMA rings
+        let plan = e.plan.to_string();
+        assert!(plan.contains("the general lowering takes this loop") && plan.contains(&format!("warpgroup(s) ({dt} operands)")), "{plan}");
+        assert!(e.source.contains("cp.async.bulk.tensor.2d.shared::cluster.global"), "{dt}: operands arrive by TMA");
         match common::assemble(&e.source, &e.arch, &e.options, &format!("gemm_fp8_{dt}_{out}_{m}")) {
             Ok((regs, spill)) if spill > 0 => failures.push(format!("{dt}->{out} M{m}: {spill} bytes of spills ({regs} registers)")),
             Ok(_) => {}

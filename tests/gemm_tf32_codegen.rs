@@ -1,6 +1,7 @@
 //! What the compiler emits for f32 products that allow TF32 (`dot_tf32`; the kernels
 //! behind `GemmOptions::tf32`), on a machine without a GPU: on sm_90a `wgmma … k8 …
-//! tf32` on K-major operands arriving by TMA, NVRTC + `ptxas -v` without spills for
+//! tf32` on K-major operands arriving by TMA (the general lowering for rank-2 operands,
+//! the matrix path's template for batched ones), NVRTC + `ptxas -v` without spills for
 //! each shape class the tile heuristic distinguishes (and the batched and `beta · c`
 //! kernels), a snapshot of the scheduled IR; on sm_80/sm_89 the exact FMA path.
 
@@ -32,7 +33,11 @@ fn tf32_gemm_takes_wgmma_on_sm90a() {
     let e = compile(&k, &tf32_spec(def, &[4096, 4096, 4096]), &Target::sm90a()).unwrap();
     assert!(e.source.contains("wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32"), "{}", e.source);
     assert!(e.source.contains("cp.async.bulk.tensor.2d.shared::cluster.global"), "operands arrive by TMA");
-    assert!(e.ir.contains("mma WgmmaTma") && e.ir.contains("tile 128x256x32, instr m64n256k8 tf32"), "{}", e.ir);
+    // the general lowering's: both operands K-major in the producer's rings
+    let plan = e.plan.to_string();
+    assert!(plan.contains("the general lowering takes this loop") && e.tiles.get("BK") == Some(&32), "{plan}");
+    let line = plan.lines().find(|l| l.contains(": wgmma m64n256k8 over 2 warpgroup(s) (f32 operands read as TF32)")).unwrap_or_else(|| panic!("{plan}"));
+    assert_eq!(line.matches("K-major, 128-byte swizzle, copied by the producer warpgroup").count(), 2, "{line}");
     assert_eq!(e.persistent, Some(Target::sm90a().num_sms));
     insta::assert_snapshot!("gemm_tf32_sm90a_ir", e.ir);
     // the PTX keeps the instruction

@@ -20,10 +20,11 @@ fn tf32_operands_take_k8_wgmma() {
         assert!(e.source.contains("%128, %129, 1, 1, 1;"), "{}", e.source);
         assert_eq!(e.tiles["BK"], 32, "{:?}", e.tiles);
         assert!(e.source.contains("cp.async.bulk.tensor.2d.shared::cluster.global"), "operands arrive by TMA");
-        // four k8 steps (32 bytes each) per 32-element stage
-        assert!(e.source.contains("kk < 4"), "{}", e.source);
+        // four k8 steps (32 bytes each) per 32-element stage (the general lowering's
+        // step loop)
+        assert!(e.source.contains("for (int s = 0; s < 4; ++s)"), "{}", e.source);
         // the plan and the IR say TF32
-        assert!(e.ir.contains("instr m64n256k8 tf32") && e.ir.contains("= dot_tf32 %"), "{}", e.ir);
+        assert!(e.plan.to_string().contains("wgmma m64n256k8 over 2 warpgroup(s) (f32 operands read as TF32)") && e.ir.contains("= dot_tf32 %"), "{}", e.plan);
         // only a 16-bit output leaves by a TMA store
         assert_eq!(e.source.contains("cp.async.bulk.tensor.2d.global.shared::cta"), out == DType::BF16);
     }

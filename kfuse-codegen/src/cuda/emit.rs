@@ -1866,7 +1866,7 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         let p = Some(dot_wgmma::plan(k, spec, true, wgmma, 2)).filter(fits).unwrap_or_else(|| dot_wgmma::plan(k, spec, false, wgmma, 2));
         e.wg = Some(p).filter(|p| !p.dots.is_empty() && fits(p));
         if target.sm >= 90 {
-            e.ws = e.wg.as_ref().and_then(|p| warp_specialize::ws_plan(k, p, k.schedule.num_threads, spec.register_attempt == 0));
+            e.ws = e.wg.as_ref().and_then(|p| warp_specialize::ws_plan(k, spec, p, k.schedule.num_threads, spec.register_attempt == 0));
         }
         // a producer warpgroup runs as many stages ahead as shared memory holds beside
         // the stores' area and a reserve for the scratch (`ws_stages` at most), else 3

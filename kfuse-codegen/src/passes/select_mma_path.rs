@@ -27,8 +27,10 @@
 //! operands only the FMA fallback reads refuse them with the reason.
 //!
 //! Paths, by target:
-//! 0. The general lowering, on sm_90, for a loop of one or two exact `dot`s of f16/bf16 tiles
-//!    from rank-2 tensors TMA can read ([`general_takes`]: no grouped launch, split wave,
+//! 0. The general lowering, on sm_90, for a loop of one or two `dot`s WGMMA takes
+//!    ([`wgmma_operands`]: exact products of f16, bf16 or fp8 tiles, `dot_tf32` of f32
+//!    ones; 8-bit and TF32 operands K-major) from rank-2 tensors TMA can read (either
+//!    dimension of unit stride) ([`general_takes`]: no grouped launch, split wave,
 //!    cluster, ping-pong, `STAGES` or `GROUPM` override, and not `GENERAL=0`): no plan;
 //!    `Schedule::dots_one_by_one` says [`GENERAL_TAKES`], `choose_tiles` gives the loop
 //!    the matrix tiles, and the general writer lowers it op by op (a producer warpgroup's
@@ -431,7 +433,7 @@ pub fn general_requested(spec: &Spec) -> bool {
 
 /// Why the dots of a loop [`general_takes`] are lowered one by one (the scheduled IR
 /// shows it).
-pub const GENERAL_TAKES: &str = "the general lowering takes this loop (sm_90, one or two f16/bf16 `dot`s)";
+pub const GENERAL_TAKES: &str = "the general lowering takes this loop (sm_90, one or two `dot`s of f16, bf16, fp8 or TF32-read f32 operands)";
 
 /// Whether the general lowering takes a loop the WGMMA template would (module docs,
 /// point 0): sm_90, one or two exact `dot`s of f16/bf16 tiles loaded from rank-2 tensors
@@ -457,17 +459,29 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
         return false;
     }
     let Ok((_, found)) = matrix_loop(k, &ds) else { return false };
+    // (WGMMA transposes only 16-bit operands: 8-bit and TF32 ones K-major, else the
+    // template's refusal says how to make such a copy)
+    let sixteen = k.ty(k.operands(ds[0])[0]).dtype.size_bytes() == 2;
+    let k_major = |(l, t): (OpId, bool), k_axis| sixteen || operand_major(k, spec, l, t, k_axis) == Some(Major::K);
     found.iter().all(|f| {
-        [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() == 2) && tma_obstacle(k, spec, l).is_none())
+        [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() == 2) && tma_obstacle(k, spec, l).is_none()) && k_major(f.a, 1) && k_major(f.b, 0)
     })
 }
 
-/// Whether the general lowering puts `dots` on WGMMA: sm_90, f16/bf16 operands of exact
-/// products (no fp8 or TF32 instructions there yet); false for no dots.
+/// Whether the general lowering puts `dots` on WGMMA: sm_90, f16/bf16/fp8 operands of
+/// exact products or the f32 operands of `dot_tf32`s (read as TF32); false for no dots.
 pub fn general_wgmma(k: &Kernel, target: &Target, dots: &[OpId]) -> bool {
-    target.sm == 90
-        && !dots.is_empty()
-        && dots.iter().all(|&d| matches!(k.op(d), Op::Dot { precision: DotPrecision::Exact }) && matches!(k.ty(k.operands(d)[0]).dtype, DType::F16 | DType::BF16))
+    target.sm == 90 && !dots.is_empty() && dots.iter().all(|&d| wgmma_operands(k, d))
+}
+
+/// Whether WGMMA takes dot `d`'s operands: f16, bf16, f8e4m3 or f8e5m2 of an exact
+/// product, or f32 of a `dot_tf32`.
+pub fn wgmma_operands(k: &Kernel, d: OpId) -> bool {
+    match (k.op(d), k.ty(k.operands(d)[0]).dtype) {
+        (Op::Dot { precision: DotPrecision::Exact }, DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2) => true,
+        (Op::Dot { precision: DotPrecision::Tf32 }, DType::F32) => true,
+        _ => false,
+    }
 }
 
 /// Runs the pass: records the `MmaPlan` of a loop that accumulates `dot(load, load)`,
@@ -544,15 +558,21 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     plan_wgmma(k, spec, target, &r, &majors)
 }
 
+/// A dot operand's majorness: `load` (transposed or not), `k_axis` the operand's axis
+/// along the dot's k; `None` where the tensor has no unit-stride tile axis.
+fn operand_major(k: &Kernel, spec: &Spec, load: OpId, transposed: bool, k_axis: usize) -> Option<Major> {
+    let c = contiguous_tile_axis(k, spec, load)?;
+    let c = if transposed { 1 - c } else { c };
+    Some(if c == k_axis { Major::K } else { Major::MN })
+}
+
 /// Each dot's operands' majorness: which axis of the operand (as the dot sees it) is
 /// contiguous. WGMMA transposes only 16-bit operands in shared memory: 8-bit and TF32
 /// ones must lie with K contiguous (A row-major, B as the transpose of an `[N, K]`
 /// row-major tensor), else the refusal says how to make such a copy.
 fn operand_majors(k: &Kernel, spec: &Spec, r: &Recognized) -> Result<Vec<(Major, Major)>, CodegenError> {
     let major = |load: OpId, transposed: bool, k_axis: usize| -> Result<Major, CodegenError> {
-        let c = contiguous_tile_axis(k, spec, load).ok_or_else(|| unsupported("a `dot` operand with no unit-stride dimension"))?;
-        let c = if transposed { 1 - c } else { c };
-        Ok(if c == k_axis { Major::K } else { Major::MN })
+        operand_major(k, spec, load, transposed, k_axis).ok_or_else(|| unsupported("a `dot` operand with no unit-stride dimension"))
     };
     let majors = r.found.iter().map(|f| Ok((major(f.a.0, f.a.1, 1)?, major(f.b.0, f.b.1, 0)?))).collect::<Result<Vec<_>, CodegenError>>()?;
     let (dtype, tf32) = (r.dtype, r.tf32);

@@ -109,7 +109,9 @@ impl Emitter<'_> {
     fn mma_rule(&self, op: OpId) -> Option<[u32; 2]> {
         let Some(Layout::Blocked(have)) = self.k.schedule.layouts.get(&op.value()) else { return None };
         let want = crate::passes::assign_layouts::one_dot_mma_layout(self.k, op)?;
-        (*have == want).then(|| [want.warps_per_block[0], want.warps_per_block[1]])
+        // (`m16n8k16` takes 16-bit operands only; the layout also serves WGMMA's others)
+        let sixteen = self.k.ty(self.k.operands(op)[0]).dtype.size_bytes() == 2;
+        (*have == want && sixteen).then(|| [want.warps_per_block[0], want.warps_per_block[1]])
     }
 
     /// Rule 1: `mma.sync.m16n8k16` over operands staged in shared memory.

@@ -1,10 +1,17 @@
 //! Writes a `dot` lowered where it stands (`Schedule::dots_one_by_one`) as warpgroup
-//! matrix instructions on sm_90a: `wgmma.mma_async … m64nNk16`, f32 accumulators.
+//! matrix instructions on sm_90a: `wgmma.mma_async … m64nNkK`, f32 accumulators, each
+//! instruction 32 bytes of k (`k16` for f16/bf16, `k32` for fp8, `k8` for f32 read as
+//! TF32).
 //!
 //! The rule applies where `assign_layouts` put the result in the accumulator layout of
 //! whole warpgroups stacked along the rows (`one_dot_mma_layout` with `warps = [4 g, 1]`:
-//! the WGMMA `m64nN` accumulator, LAYOUTS.md §4.2), the operands are f16 or bf16 and
-//! `N ≤ 256`. Warpgroup `g` computes the 64-row blocks `g, g + G, …` of the result.
+//! the WGMMA `m64nN` accumulator, LAYOUTS.md §4.2), the operands are f16 or bf16 — or
+//! fp8, or the f32 operands of a `dot_tf32`, where the general lowering takes the matrix
+//! loop (`select_mma_path::GENERAL_TAKES`) — and `N ≤ 256`. Warpgroup `g` computes the
+//! 64-row blocks `g, g + G, …` of the result. 8-bit and TF32 operands are K-major in
+//! shared memory and reach it only by a ring's copies (WGMMA neither transposes them nor
+//! takes them from registers; a tile to be written from registers is refused, and
+//! `compile` takes the matrix path's template).
 //!
 //! Operands:
 //! - **A from registers** where A is itself in the accumulator layout of the same warps
@@ -81,12 +88,14 @@ pub(super) struct SmemTile {
     /// The `mma.sync` rule's form instead (`dot.rs`): rows of `cols + 2` elements (one
     /// 32-bit word of padding), no swizzle.
     pub padded: bool,
+    /// Bytes of an element: 2 (f16, bf16), 1 (fp8) or 4 (f32 read as TF32).
+    pub esize: u32,
 }
 
 impl SmemTile {
     /// Bytes of one tile (one stage), a multiple of 1024.
     pub fn bytes(&self) -> u32 {
-        (self.rows * self.row_elems() * 2).div_ceil(1024) * 1024
+        (self.rows * self.row_elems() * self.esize).div_ceil(1024) * 1024
     }
     /// Elements from one row to the next.
     pub fn row_elems(&self) -> u32 {
@@ -94,11 +103,16 @@ impl SmemTile {
     }
     /// The byte offset of element `(r, c)` (C expressions) in the tile.
     pub(super) fn at(&self, r: &str, c: &str) -> String {
+        let e = self.esize;
         if self.padded {
-            return format!("(({r}) * {} + ({c})) * 2", self.row_elems());
+            return format!("(({r}) * {} + ({c})) * {e}", self.row_elems());
         }
-        let half = self.span / 2;
-        format!("kf_swz((({c}) / {half}) * {} + ({r}) * {} + (({c}) % {half}) * 2, {})", self.rows * self.span, self.span, self.span / 16 - 1)
+        let per = self.span_elems();
+        format!("kf_swz((({c}) / {per}) * {} + ({r}) * {} + (({c}) % {per}) * {e}, {})", self.rows * self.span, self.span, self.span / 16 - 1)
+    }
+    /// Elements of one row of a swizzle atom (`span` bytes).
+    pub fn span_elems(&self) -> u32 {
+        self.span / self.esize
     }
     /// The start of the tile (a C pointer expression): in a ring, the current stage's.
     pub(super) fn base(&self) -> String {
@@ -174,10 +188,10 @@ pub(super) struct WgPlan {
     pub stages: u32,
 }
 
-/// The widest swizzle (bytes) whose span divides a contiguous extent of `cols` 16-bit
-/// elements.
-fn span_of(cols: u32) -> Option<u32> {
-    [128, 64, 32].into_iter().find(|s| (cols * 2).is_multiple_of(*s))
+/// The widest swizzle (bytes) whose span divides a contiguous extent of `cols` elements
+/// of `esize` bytes.
+fn span_of(cols: u32, esize: u32) -> Option<u32> {
+    [128, 64, 32].into_iter().find(|s| (cols * esize).is_multiple_of(*s))
 }
 
 /// The dot's WGMMA form, if the rule applies (see the module docs); tiles at offset 0 in
@@ -192,20 +206,25 @@ fn wg_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
     let ops = k.operands(op);
     let (sa, sb) = (concrete_shape(k, k.ty(ops[0])), concrete_shape(k, k.ty(ops[1])));
     let (m, kk, n) = (sa[0], sa[1], sb[1]);
-    if n > 256 || m % (16 * wm) != 0 {
+    let dtype = k.ty(ops[0]).dtype;
+    // (one instruction reads 32 bytes of k; only 16-bit operands come from registers or
+    // lie MN-major)
+    let esize = dtype.size_bytes() as u32;
+    if n > 256 || m % (16 * wm) != 0 || !(kk * esize).is_multiple_of(32) {
         return None;
     }
+    let tile = |rows, cols, span, [row_axis, col_axis, k_axis]: [usize; 3]| SmemTile { off: 0, rows, cols, span, row_axis, col_axis, k_axis, eager: false, ring: None, padded: false, esize };
     let regs_a = crate::layout::mma_tiles_accumulator(m, kk, [wm, 1]);
     let a = match k.schedule.layouts.get(&ops[0]) {
-        Some(Layout::Blocked(l)) if *l == regs_a => ASrc::Regs,
-        _ => ASrc::Smem(SmemTile { off: 0, rows: m, cols: kk, span: span_of(kk)?, row_axis: 0, col_axis: 1, k_axis: 1, eager: false, ring: None, padded: false }),
+        Some(Layout::Blocked(l)) if *l == regs_a && esize == 2 => ASrc::Regs,
+        _ => ASrc::Smem(tile(m, kk, span_of(kk, esize)?, [0, 1, 1])),
     };
     let along_n = matches!(k.schedule.layouts.get(&ops[1]), Some(Layout::Blocked(l)) if l.order[0] == 1);
-    let (b, b_mn) = match span_of(n) {
-        Some(span) if along_n && n % 8 == 0 => (SmemTile { off: 0, rows: kk, cols: n, span, row_axis: 0, col_axis: 1, k_axis: 0, eager: false, ring: None, padded: false }, true),
-        _ => (SmemTile { off: 0, rows: n, cols: kk, span: span_of(kk)?, row_axis: 1, col_axis: 0, k_axis: 0, eager: false, ring: None, padded: false }, false),
+    let (b, b_mn) = match span_of(n, esize) {
+        Some(span) if along_n && n % 8 == 0 && esize == 2 => (tile(kk, n, span, [0, 1, 0]), true),
+        _ => (tile(n, kk, span_of(kk, esize)?, [1, 0, 0]), false),
     };
-    Some(WgDot { a, b, b_mn, m, n, kk, groups: wm / 4, dtype: k.ty(ops[0]).dtype, mma: None })
+    Some(WgDot { a, b, b_mn, m, n, kk, groups: wm / 4, dtype, mma: None })
 }
 
 /// The dot's `mma.sync` form (`dot.rs`'s rule 1), its operands as padded tiles: A
@@ -219,7 +238,10 @@ fn mma_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
     let ops = k.operands(op);
     let (sa, sb) = (concrete_shape(k, k.ty(ops[0])), concrete_shape(k, k.ty(ops[1])));
     let (m, kk, n) = (sa[0], sa[1], sb[1]);
-    let tile = |rows, row_axis, col_axis, k_axis| SmemTile { off: 0, rows, cols: kk, span: 0, row_axis, col_axis, k_axis, eager: false, ring: None, padded: true };
+    if k.ty(ops[0]).dtype.size_bytes() != 2 {
+        return None;
+    }
+    let tile = |rows, row_axis, col_axis, k_axis| SmemTile { off: 0, rows, cols: kk, span: 0, row_axis, col_axis, k_axis, eager: false, ring: None, padded: true, esize: 2 };
     let warps = [want.warps_per_block[0], want.warps_per_block[1]];
     Some(WgDot { a: ASrc::Smem(tile(m, 0, 1, 1)), b: tile(n, 1, 0, 0), b_mn: false, m, n, kk, groups: 0, dtype: k.ty(ops[0]).dtype, mma: Some(warps) })
 }
@@ -362,14 +384,23 @@ pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec, rings: bool, wgmma: b
     p
 }
 
-/// The C name of a WGMMA helper and its text: `m64n{n}k16`, A from a descriptor (`ss`)
-/// or four registers (`rs`), B's transpose immediate.
+/// The C name of a WGMMA helper and its text: `m64n{n}k{32 bytes}`, A from a descriptor
+/// (`ss`) or four registers (`rs`, 16-bit only), B's transpose immediate (16-bit only:
+/// 8-bit and TF32 operands have none). f32 operands are read as TF32.
 pub(super) fn instr_fn(d: &WgDot, rs: bool) -> Result<(String, String), CodegenError> {
     let ty = match d.dtype {
         DType::F16 => "f16",
         DType::BF16 => "bf16",
+        DType::F8E4M3 => "e4m3",
+        DType::F8E5M2 => "e5m2",
+        DType::F32 => "tf32",
         t => return Err(CodegenError::Unsupported(format!("WGMMA of {t} operands"))),
     };
+    let wide = d.dtype.size_bytes() == 2;
+    if !wide && (rs || d.b_mn) {
+        return Err(CodegenError::Unsupported(format!("WGMMA of {} operands from registers or MN-major", d.dtype)));
+    }
+    let kk = 32 / d.dtype.size_bytes();
     let n = d.n;
     let name = format!("kf_wg_{}_{ty}_n{n}_t{}", if rs { "rs" } else { "ss" }, d.b_mn as u32);
     let regs = n / 2;
@@ -377,13 +408,13 @@ pub(super) fn instr_fn(d: &WgDot, rs: bool) -> Result<(String, String), CodegenE
     let outs: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
     let (params, a, ins, imm) = if rs {
         let a = format!("{{%{}, %{}, %{}, %{}}}", regs, regs + 1, regs + 2, regs + 3);
-        ("unsigned a0, unsigned a1, unsigned a2, unsigned a3", a, "\"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"l\"(db)".to_string(), format!("{}", d.b_mn as u32))
+        ("unsigned a0, unsigned a1, unsigned a2, unsigned a3", a, "\"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"l\"(db)".to_string(), format!(", {}", d.b_mn as u32))
     } else {
-        ("unsigned long long da", format!("%{regs}"), "\"l\"(da), \"l\"(db)".to_string(), format!("0, {}", d.b_mn as u32))
+        ("unsigned long long da", format!("%{regs}"), "\"l\"(da), \"l\"(db)".to_string(), if wide { format!(", 0, {}", d.b_mn as u32) } else { String::new() })
     };
     let b = if rs { regs + 4 } else { regs + 1 };
     let text = format!(
-        "static __device__ __forceinline__ void {name}(float* d, {params}, unsigned long long db) {{\n  asm volatile(\"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, {a}, %{b}, 1, 1, 1, {imm};\"\n    : {}\n    : {ins});\n}}\n",
+        "static __device__ __forceinline__ void {name}(float* d, {params}, unsigned long long db) {{\n  asm volatile(\"wgmma.mma_async.sync.aligned.m64n{n}k{kk}.f32.{ty}.{ty} {{{}}}, {a}, %{b}, 1, 1, 1{imm};\"\n    : {}\n    : {ins});\n}}\n",
         list.join(", "),
         outs.join(", ")
     );
@@ -438,6 +469,9 @@ impl Emitter<'_> {
     /// pattern, lanes outside `x`'s valid range along `t.k_axis` as 0.
     fn stage_tile(&mut self, x: ValueId, t: &SmemTile) -> R {
         let val = self.val(x).clone();
+        if t.esize != 2 {
+            return Err(CodegenError::Unsupported(format!("a {} operand of a warpgroup `dot` written from registers (8-bit and TF32 operands reach shared memory only by a ring's copies)", val.dtype)));
+        }
         let map = val.map.clone().ok_or_else(|| CodegenError::Unsupported("a `dot` operand that is a scalar".into()))?;
         let (Some(rm), Some(cm)) = (val.axis_map[t.row_axis], val.axis_map[t.col_axis]) else {
             return Err(CodegenError::Unsupported("a `dot` operand with a kept extent-1 axis".into()));
@@ -604,7 +638,13 @@ impl Emitter<'_> {
         };
         let b = smem(&d.b, if d.b_mn { "MN-major" } else { "K-major" });
         let onto = if self.addend(op).is_some() { ", accumulating onto its addend" } else { "" };
-        format!("{}: wgmma m64n{}k16 over {} warpgroup(s){onto}; A from {a}; B from {b}", dot_label(self.k, op), d.n, d.groups)
+        // (k16 says 16-bit operands; the others are named)
+        let ty = match d.dtype {
+            DType::F32 => " (f32 operands read as TF32)".to_string(),
+            t if t.size_bytes() == 1 => format!(" ({t} operands)"),
+            _ => String::new(),
+        };
+        format!("{}: wgmma m64n{}k{} over {} warpgroup(s){ty}{onto}; A from {a}; B from {b}", dot_label(self.k, op), d.n, 32 / d.dtype.size_bytes(), d.groups)
     }
 
     /// A's registers for the register-A instructions, packed in pairs into a new array
@@ -681,7 +721,7 @@ impl Emitter<'_> {
         }
         let reps = d.m / (64 * d.groups);
         self.unroll("i", reps)?;
-        self.unroll("s", d.kk / 16)?;
+        self.unroll("s", d.kk * d.dtype.size_bytes() as u32 / 32)?;
         let acc = format!("&{name}[i * {}]", d.n / 2);
         match &d.a {
             ASrc::Regs => {

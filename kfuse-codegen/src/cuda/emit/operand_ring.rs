@@ -5,7 +5,7 @@
 //! A load qualifies ([`ring_load`]) when the plan stages it where it is defined
 //! (`WgPlan::eager`), it is a rank-2 tile of a tensor the kernel only reads, its
 //! contiguous tile axis is the tensor's unit-stride last dimension at an offset that is a
-//! provable multiple of 8 elements (0, a tile extent's multiple, a loop index) with a
+//! provable multiple of 16 bytes (0, a tile extent's multiple, a loop index) with a
 //! 16-byte aligned pointer and row strides of whole 16-byte units, and every address
 //! operand is defined before its innermost loop, is that loop's index, or is computed
 //! in the loop by arithmetic on its index and values from outside it
@@ -41,7 +41,7 @@
 //! copies follow: a step ahead, after the copies, while the tensor cores run, where the
 //! registers are not capped for two blocks a multiprocessor ([`Emitter::shadow_tables`]),
 //! else just before that barrier. Each copy is 16
-//! bytes (8 elements) of one row into its swizzled place. A thread copies the same
+//! bytes of one row (8 16-bit elements, 16 fp8, 4 f32) into its swizzled place. A thread copies the same
 //! columns of rows a fixed step apart, so its source pointer and swizzled place are
 //! computed once and each copy adds a constant. A tile valid whole (in a loop, every tile
 //! but the last) copies 16 bytes each without a check; otherwise the source size is the
@@ -102,16 +102,17 @@ pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopI
     let Op::Load { tensor, dims } = k.op(v.op()) else { return None };
     let l = *loops.get(&v)?;
     let p = k.param(*tensor);
-    if !matches!(p.kind, ParamKind::Tensor { output: false, .. }) || p.dtype.size_bytes() != 2 {
+    if !matches!(p.kind, ParamKind::Tensor { output: false, .. }) || p.dtype.size_bytes() as u32 != t.esize {
         return None;
     }
     let tiles: Vec<usize> = (0..dims.len()).filter(|&d| matches!(dims[d], AccessDim::Tile(_))).collect();
     let last = dims.len() - 1;
+    let (_, unit) = ring_dims(k, spec, v)?;
     // a gathered tile: its rows gathered (index tiles fixed in the loop), its columns
     // the last dimension's
     let gathered = match gather_roots(k, v) {
         Some(g) if !g.is_empty() => {
-            if tiles != [last] || g.iter().any(|&(d, _)| d > last) {
+            if tiles != [last] || unit != last || t.col_axis != 1 || g.iter().any(|&(d, _)| d > last) {
                 return None;
             }
             true
@@ -119,22 +120,36 @@ pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopI
         Some(_) => false,
         None => return None,
     };
-    if (!gathered && (tiles.len() != 2 || tiles[1] != last)) || t.col_axis != 1 {
+    // otherwise two tile dimensions, the tile's columns along the unit-stride one (the
+    // last, or the first of a transposed view)
+    if !gathered && (tiles.len() != 2 || tiles.get(t.col_axis) != Some(&unit)) {
         return None;
     }
     let ts = spec.tensors.get(tensor.0 as usize).cloned().flatten()?;
-    // 16-byte copies: an aligned pointer, a unit last stride, every other stride in
-    // whole 16-byte units
-    if ts.ptr_align < 16 || ts.stride_div.get(last) != Some(&0) || (0..last).any(|d| ts.stride_div.get(d).is_none_or(|&s| s < 8)) {
+    // 16-byte copies: an aligned pointer, every stride but the unit one in whole 16-byte
+    // units
+    let ce = 16 / t.esize;
+    if ts.ptr_align < 16 || (0..dims.len()).any(|d| d != unit && ts.stride_div.get(d).is_none_or(|&s| s < ce)) {
         return None;
     }
     let ops = k.operands(v.op());
-    if !multiple_of(k, ops[last], 8, 4) {
+    if !multiple_of(k, ops[unit], ce as i64, 4) {
         return None;
     }
     // (addresses the ring can compute ahead: `nest_closure` of the loop alone)
     let ok = address_roots(k, v).into_iter().all(|r| nest_closure(k, loops, r, &[l]).is_some());
     ok.then_some(l)
+}
+
+/// A ring load's tensor dimensions: the first tile dimension other than the unit-stride
+/// one (the tile's rows), and the unit-stride one (its columns); `None` where the
+/// tensor has no unit-stride dimension.
+pub(super) fn ring_dims(k: &Kernel, spec: &Spec, v: ValueId) -> Option<(usize, usize)> {
+    let Op::Load { tensor, dims } = k.op(v.op()) else { return None };
+    let ts = spec.tensors.get(tensor.0 as usize).cloned().flatten()?;
+    let unit = ts.stride_div.iter().position(|&s| s == 0)?;
+    let row = (0..dims.len()).find(|&d| d != unit && matches!(dims[d], AccessDim::Tile(_))).unwrap_or(unit);
+    Some((row, unit))
 }
 
 /// A load's gathered dimensions and the rank-1 index tile each is broadcast from
@@ -604,16 +619,17 @@ impl Emitter<'_> {
     /// The copies of a gathered tile: each 16-byte chunk of a row from the row's offset
     /// (its table `table`), zeros for a row outside the tensor.
     fn gathered_copy(&mut self, v: ValueId, t: &SmemTile, tid: &str, threads: u32, stage: &str, table: &str) -> R {
-        let (cols, rows) = (t.cols, t.rows);
-        let per_row = cols / 8;
+        let (cols, rows, e) = (t.cols, t.rows, t.esize);
+        let ce = 16 / e;
+        let per_row = cols / ce;
         self.line("#pragma unroll")?;
-        self.open(format!("for (int q = {tid}; q < {}; q += {threads})", rows * cols / 8))?;
-        self.line(format!("const int r = q / {per_row}, c = (q % {per_row}) * 8;"))?;
+        self.open(format!("for (int q = {tid}; q < {}; q += {threads})", rows * per_row))?;
+        self.line(format!("const int r = q / {per_row}, c = (q % {per_row}) * {ce};"))?;
         self.line(format!("const long long kf_go = kf_gt{}[{table}][r];", v.index()))?;
-        self.line(format!("const int kf_n = kf_go != {NO_ROW} ? (kf_vc - c < 0 ? 0 : kf_vc - c > 8 ? 8 : kf_vc - c) : 0;"))?;
+        self.line(format!("const int kf_n = kf_go != {NO_ROW} ? (kf_vc - c < 0 ? 0 : kf_vc - c > {ce} ? {ce} : kf_vc - c) : 0;"))?;
         let at = t.at("r", "c");
         self.line(format!(
-            "kf_cp_async16(kf_saddr(kf_ops + {} + {stage} * {} + {at}), kf_n > 0 ? kf_src + kf_go + c : kf_src, (unsigned)(kf_n * 2));",
+            "kf_cp_async16(kf_saddr(kf_ops + {} + {stage} * {} + {at}), kf_n > 0 ? kf_src + kf_go + c : kf_src, (unsigned)(kf_n * {e}));",
             t.off,
             t.bytes()
         ))?;
@@ -624,18 +640,20 @@ impl Emitter<'_> {
     pub(super) fn ring_copy(&mut self, v: ValueId, l: LoopId, idx: &str, stage: &str) -> R {
         let t = self.wg.as_ref().unwrap().eager[&v].clone();
         let (base, _, his) = self.ring_addr(v, l, idx)?;
-        let Op::Load { tensor, dims } = self.k.op(v.op()) else { unreachable!() };
-        let row_dim = (0..dims.len()).find(|&d| matches!(dims[d], AccessDim::Tile(_))).unwrap();
+        let Op::Load { tensor, .. } = self.k.op(v.op()) else { unreachable!() };
+        let (row_dim, _) = ring_dims(self.k, self.spec, v).ok_or_else(|| crate::CodegenError::Unsupported("a ring load of a tensor with no unit-stride dimension".into()))?;
         let stride = self.stride(*tensor, row_dim);
-        let (cols, rows) = (t.cols, t.rows);
-        let chunks = rows * cols / 8;
+        let (cols, rows, e) = (t.cols, t.rows, t.esize);
+        // elements a 16-byte copy
+        let ce = 16 / e;
+        let chunks = rows * cols / ce;
         // the producer warpgroup's 128 threads (`warp_specialize`), or the block's
         let (tid, threads) = if self.producer {
             (format!("(kf_tid - {})", self.ws.as_ref().map_or(super::warp_specialize::CONSUMERS, |ws| ws.consumers)), super::warp_specialize::PRODUCER_THREADS)
         } else {
             ("kf_tid".to_string(), self.k.schedule.num_threads)
         };
-        let per_row = cols / 8;
+        let per_row = cols / ce;
         let gathered = gather_roots(self.k, v).is_some_and(|g| !g.is_empty());
         self.open("")?;
         // (the copies start at the tile's offsets: one before the tensor's start, which
@@ -648,25 +666,25 @@ impl Emitter<'_> {
                 self.line(format!("if ({at} < 0) __trap();  // a ring's tile before its tensor's start"))?;
             }
         }
-        self.line(format!("const kf_u16* kf_src = {base};"))?;
+        self.line(format!("const {}* kf_src = {base};", super::stype(self.k.ty(v).dtype)))?;
         if gathered {
             self.line(format!("const int kf_vc = (int)({});", his[1]))?;
             let table = if self.tables_move(l) { stage } else { "0" };
             return self.gathered_copy(v, &t, &tid, threads, stage, table).and_then(|_| self.close());
         }
-        // the valid extents lie in [0, tile]: 32-bit from here on
-        self.line(format!("const int kf_vr = (int)({}), kf_vc = (int)({});", his[0], his[1]))?;
+        // the valid extents lie in [0, tile]: 32-bit from here on (`his` per value axis)
+        self.line(format!("const int kf_vr = (int)({}), kf_vc = (int)({});", his[t.row_axis], his[t.col_axis]))?;
         // each thread copies the same columns of rows `rs` apart: its source pointer,
         // bytes and (where `rs` rows are whole swizzle periods) its swizzled place are
         // computed once, and each copy adds a constant
         let rs = threads / per_row.max(1);
-        let step = if t.padded { Some(rs * t.row_elems() * 2) } else { rs.is_multiple_of(8).then_some(rs * t.span) };
+        let step = if t.padded { Some(rs * t.row_elems() * e) } else { rs.is_multiple_of(8).then_some(rs * t.span) };
         match step {
             Some(step) if threads.is_multiple_of(per_row) && chunks.is_multiple_of(threads) => {
                 let iters = chunks / threads;
-                self.line(format!("const int kf_r0 = {tid} / {per_row}, kf_c = ({tid} % {per_row}) * 8;"))?;
+                self.line(format!("const int kf_r0 = {tid} / {per_row}, kf_c = ({tid} % {per_row}) * {ce};"))?;
                 self.line(format!("const char* kf_g = (const char*)(kf_src + (long long)kf_r0 * {stride} + kf_c);"))?;
-                self.line(format!("const long long kf_gs = (long long){rs} * {stride} * 2;"))?;
+                self.line(format!("const long long kf_gs = (long long){rs} * {stride} * {e};"))?;
                 self.line(format!("const unsigned kf_d = kf_saddr(kf_ops + {} + {stage} * {} + {});", t.off, t.bytes(), t.at("kf_r0", "kf_c")))?;
                 // a whole tile (every one but a loop's last): 16 bytes a copy, no checks
                 self.open(format!("if (kf_vr >= {rows} && kf_vc >= {cols})"))?;
@@ -675,7 +693,7 @@ impl Emitter<'_> {
                 self.close()?;
                 self.close()?;
                 self.open("else")?;
-                self.line("const unsigned kf_nb = (unsigned)(kf_vc - kf_c < 0 ? 0 : kf_vc - kf_c > 8 ? 8 : kf_vc - kf_c) * 2u;")?;
+                self.line(format!("const unsigned kf_nb = (unsigned)(kf_vc - kf_c < 0 ? 0 : kf_vc - kf_c > {ce} ? {ce} : kf_vc - kf_c) * {e}u;"))?;
                 self.unroll("it", iters)?;
                 self.line(format!("const unsigned kf_n = kf_r0 + it * {rs} < kf_vr ? kf_nb : 0u;"))?;
                 self.line(format!("kf_cp_async16(kf_d + it * {step}u, kf_n > 0 ? (const void*)(kf_g + it * kf_gs) : (const void*)kf_src, kf_n);"))?;
@@ -685,11 +703,11 @@ impl Emitter<'_> {
             _ => {
                 self.line("#pragma unroll")?;
                 self.open(format!("for (int q = {tid}; q < {chunks}; q += {threads})"))?;
-                self.line(format!("const int r = q / {per_row}, c = (q % {per_row}) * 8;"))?;
-                self.line("const int kf_n = r < kf_vr ? (kf_vc - c < 0 ? 0 : kf_vc - c > 8 ? 8 : kf_vc - c) : 0;")?;
+                self.line(format!("const int r = q / {per_row}, c = (q % {per_row}) * {ce};"))?;
+                self.line(format!("const int kf_n = r < kf_vr ? (kf_vc - c < 0 ? 0 : kf_vc - c > {ce} ? {ce} : kf_vc - c) : 0;"))?;
                 let at = t.at("r", "c");
                 self.line(format!(
-                    "kf_cp_async16(kf_saddr(kf_ops + {} + {stage} * {} + {at}), kf_n > 0 ? kf_src + (long long)r * {stride} + c : kf_src, (unsigned)(kf_n * 2));",
+                    "kf_cp_async16(kf_saddr(kf_ops + {} + {stage} * {} + {at}), kf_n > 0 ? kf_src + (long long)r * {stride} + c : kf_src, (unsigned)(kf_n * {e}));",
                     t.off,
                     t.bytes()
                 ))?;

@@ -15,7 +15,7 @@
 //!   memory): it waits until the stage is empty and copies the tiles into it. Where every
 //!   ring load's tile is exactly whole swizzle atoms of at most 256 rows of a tensor of
 //!   at most 5 dimensions ([`TmaLoad`]), one thread copies them with the tensor-memory
-//!   accelerator: one box a swizzle atom (`[rows, span / 2]` elements, the tile's
+//!   accelerator: one box a swizzle atom (`[rows, span]` bytes, the tile's
 //!   swizzle), through a tensor map per load (a kernel parameter), announcing the stage's
 //!   bytes on its `full` barrier (`mbarrier.arrive.expect_tx`), the boxes completing it;
 //!   outside the tensor a box reads zeros. Otherwise its 128 threads copy 16-byte pieces
@@ -150,9 +150,9 @@ pub(super) fn grouped_walk(k: &Kernel, p: &WgPlan) -> bool {
     free_of(0) && free_of(1)
 }
 
-/// How the producer copies one ring load with TMA: `atoms` boxes of `[rows, span / 2]`
-/// elements (the tile's swizzle atoms, one after another in shared memory), box `a` at
-/// column offset `a * span / 2`.
+/// How the producer copies one ring load with TMA: `atoms` boxes of `rows` rows of `span`
+/// bytes (the tile's swizzle atoms, one after another in shared memory), box `a` at the
+/// column offset of `a * span` bytes.
 #[derive(Clone, Debug)]
 pub(super) struct TmaLoad {
     /// The tensor map's index (`kf_rtm<map>`).
@@ -169,24 +169,29 @@ pub(super) struct TmaLoad {
 /// copies `ring_load` admits already read 16-byte aligned data with a unit-stride last
 /// dimension and 16-byte row strides, which is what a tensor map needs. A box reads
 /// zeros outside the tensor, as the `cp.async` copies fill them.
-fn tma_loads(k: &Kernel, p: &WgPlan) -> BTreeMap<ValueId, TmaLoad> {
+fn tma_loads(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan) -> BTreeMap<ValueId, TmaLoad> {
     let mut out = BTreeMap::new();
     for v in p.rings.values().flatten() {
         let t = &p.eager[v];
         let Op::Load { tensor, dims } = k.op(v.op()) else { return BTreeMap::new() };
         let shape = crate::analysis::concrete_shape(k, k.ty(*v));
-        let half = t.span / 2;
+        let half = t.span_elems();
         if t.padded || dims.len() > 5 || t.rows > 256 || !t.rows.is_multiple_of(8) || shape.get(t.row_axis) != Some(&t.rows) || shape.get(t.col_axis) != Some(&t.cols) || !t.cols.is_multiple_of(half) {
             return BTreeMap::new();
         }
-        let row_dim = (0..dims.len()).find(|&d| matches!(dims[d], kfuse_ir::AccessDim::Tile(_))).unwrap();
-        let last = dims.len() - 1;
-        let box_dims = (0..dims.len()).map(|d| if d == last { half } else if d == row_dim { t.rows } else { 1 }).collect();
-        let order = (0..dims.len() as u32).rev().collect();
+        let Some((row_dim, unit)) = super::operand_ring::ring_dims(k, spec, *v) else { return BTreeMap::new() };
+        let box_dims = (0..dims.len()).map(|d| if d == unit { half } else if d == row_dim { t.rows } else { 1 }).collect();
+        let order = tma_order(dims.len(), unit).into_iter().map(|d| d as u32).collect();
         let param = crate::target::KernelParam::TensorMap { tensor: *tensor, box_dims, swizzle: t.span, order };
         out.insert(*v, TmaLoad { map: out.len(), param, atoms: t.cols / half });
     }
     out
+}
+
+/// A tensor map's dimensions innermost first: the unit-stride one, then the others
+/// from the last to the first.
+fn tma_order(rank: usize, unit: usize) -> Vec<usize> {
+    std::iter::once(unit).chain((0..rank).rev().filter(|&d| d != unit)).collect()
 }
 
 /// Whether loop `l`'s last dot `last` may complete while the next iteration starts:
@@ -215,7 +220,7 @@ fn deferrable(k: &Kernel, l: LoopId, first: OpId, last: OpId) -> bool {
 /// Whether the kernel's rings run warp-specialized (see the module docs).
 /// `overlap`: loops may issue their last dot late (`dot_overlap`; the kernel's first
 /// register-room attempt, the next one without).
-pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32, overlap: bool) -> Option<WsPlan> {
+pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, threads: u32, overlap: bool) -> Option<WsPlan> {
     if p.rings.is_empty() || !(threads == CONSUMERS || threads == CONSUMERS / 2) {
         return None;
     }
@@ -271,7 +276,7 @@ pub(super) fn ws_plan(k: &Kernel, p: &WgPlan, threads: u32, overlap: bool) -> Op
     }
     super::dot_overlap::chain_loops(k, p, &mut late);
     let regs = if late.is_empty() { (PRODUCER_REGS, CONSUMER_REGS) } else { (PRODUCER_REGS_LATE, CONSUMER_REGS_LATE) };
-    Some(WsPlan { slice, turns, deferred, late, tma: tma_loads(k, p), persistent: false, grouped: false, consumers: threads, regs })
+    Some(WsPlan { slice, turns, deferred, late, tma: tma_loads(k, spec, p), persistent: false, grouped: false, consumers: threads, regs })
 }
 
 /// Whether loop `l`'s body computes on tiles other than by its dots and the adds that
@@ -384,7 +389,7 @@ impl Emitter<'_> {
                 }
                 self.line("kf_cp_async_arrive(&kf_full[kf_s]);")?;
             } else {
-                let bytes: u32 = loads.iter().map(|v| &self.wg.as_ref().unwrap().eager[v]).map(|t| t.rows * t.cols * 2).sum();
+                let bytes: u32 = loads.iter().map(|v| &self.wg.as_ref().unwrap().eager[v]).map(|t| t.rows * t.cols * t.esize).sum();
                 self.line(format!("kf_mbar_expect_tx(&kf_full[kf_s], {bytes}u);"))?;
                 for v in loads {
                     self.ring_tma(*v, *id, &ws.tma[v])?;
@@ -489,9 +494,11 @@ impl Emitter<'_> {
         let name = |o: ValueId| if matches!(k.op(o.op()), Op::LoopIndex { id } if *id == l) { "kf_p".to_string() } else { self.val(o).name.clone() };
         let offs: Vec<String> = ops.iter().map(|&o| name(o)).collect();
         let r = offs.len();
+        let (_, unit) = super::operand_ring::ring_dims(k, self.spec, v).ok_or_else(|| crate::CodegenError::Unsupported("a TMA ring load of a tensor with no unit-stride dimension".into()))?;
+        let order = tma_order(r, unit);
         for a in 0..t.atoms {
-            let mut coords = vec![format!("(int)({}) + {}", offs[r - 1], a * tile.span / 2)];
-            coords.extend(offs[..r - 1].iter().rev().map(|o| format!("(int)({o})")));
+            let mut coords = vec![format!("(int)({}) + {}", offs[unit], a * tile.span_elems())];
+            coords.extend(order[1..].iter().map(|&d| format!("(int)({})", offs[d])));
             let dst = format!("kf_ops + {} + kf_s * {} + {}", tile.off, tile.bytes(), a * tile.rows * tile.span);
             self.line(format!("kf_tma_load_{r}d({dst}, &kf_rtm{}, {}, &kf_full[kf_s]);", t.map, coords.join(", ")))?;
         }
