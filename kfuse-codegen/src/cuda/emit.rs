@@ -1892,7 +1892,7 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         e.find_ring_nests();
         if let Some(ws) = e.ws.as_mut() {
             ws.persistent = warp_specialize::walks_programs(k, e.wg.as_ref().unwrap(), grid, target.num_sms);
-            ws.grouped = warp_specialize::grouped_walk(k, e.wg.as_ref().unwrap());
+            ws.grouped = grid.len() >= 2 && warp_specialize::grouped_walk(k, e.wg.as_ref().unwrap());
         }
         if let Some(ws) = &e.ws {
             e.dot_notes.push(warp_specialize::note(ws));

@@ -463,6 +463,8 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     // template's refusal says how to make such a copy)
     let sixteen = k.ty(k.operands(ds[0])[0]).dtype.size_bytes() == 2;
     let k_major = |(l, t): (OpId, bool), k_axis| sixteen || operand_major(k, spec, l, t, k_axis) == Some(Major::K);
+    // (batched rank-3 operands stay on the template: at 64x64 tiles the general
+    // lowering's loop, not unrolled, ran 5% behind it; NOTES l8)
     found.iter().all(|f| {
         [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() == 2) && tma_obstacle(k, spec, l).is_none()) && k_major(f.a, 1) && k_major(f.b, 0)
     })

@@ -142,12 +142,12 @@ pub(super) fn ring_load(k: &Kernel, spec: &Spec, loops: &BTreeMap<ValueId, LoopI
 }
 
 /// A ring load's tensor dimensions: the first tile dimension other than the unit-stride
-/// one (the tile's rows), and the unit-stride one (its columns); `None` where the
-/// tensor has no unit-stride dimension.
+/// one (the tile's rows), and the unit-stride one (its columns, the innermost of a
+/// tensor map: `select_mma_path::tma_order`); `None` where the tensor has no
+/// unit-stride dimension.
 pub(super) fn ring_dims(k: &Kernel, spec: &Spec, v: ValueId) -> Option<(usize, usize)> {
-    let Op::Load { tensor, dims } = k.op(v.op()) else { return None };
-    let ts = spec.tensors.get(tensor.0 as usize).cloned().flatten()?;
-    let unit = ts.stride_div.iter().position(|&s| s == 0)?;
+    let Op::Load { dims, .. } = k.op(v.op()) else { return None };
+    let unit = crate::passes::select_mma_path::tma_order(k, spec, v.op())?[0] as usize;
     let row = (0..dims.len()).find(|&d| d != unit && matches!(dims[d], AccessDim::Tile(_))).unwrap_or(unit);
     Some((row, unit))
 }

@@ -31,10 +31,11 @@
 //!   depend on a program id), one block a multiprocessor walks the programs
 //!   (`Emitted::persistent`), both roles alike ([`Emitter::open_walk`]), the ring
 //!   counter running on: the producer copies the next program's first tiles while the
-//!   consumers finish this one. Over two grid axes the walk goes in groups of
-//!   [`WALK_GROUP`] along the first where the rings hold tiles that programs share along
-//!   each axis (a GEMM's A and B, [`grouped_walk`]), else the first axis fastest (flash
-//!   attention's programs of one head, which share its K and V).
+//!   consumers finish this one. The walk goes in groups of [`WALK_GROUP`] along grid
+//!   axis 0, axis 1 within a group (any further axes, a batch, outermost), where the
+//!   rings hold tiles that programs share along each of the first two axes (a GEMM's A
+//!   and B, [`grouped_walk`]), else axis 0 fastest (flash attention's programs of one
+//!   head, which share its K and V).
 //! - A loop whose one WGMMA dot accumulates onto the carried value it yields keeps one
 //!   group of its instructions in flight: each iteration waits only for the one before
 //!   (`wgmma.wait_group 1`) and releases that one's stage; the last is waited for after
@@ -139,11 +140,12 @@ fn on_pid(k: &Kernel, v: ValueId, axis: Option<u32>) -> bool {
         .any(|o| matches!(k.op(o), Op::ProgramId { axis: a } if axis.is_none_or(|x| u32::from(*a) == x)))
 }
 
-/// Whether a walk over two grid axes goes in groups along axis 0: some ring tile is the
-/// same for every program of an axis-1 index (its address does not depend on
-/// `program_id(1)`) and some for every program of an axis-0 index — a GEMM's A and B.
-/// Where the tiles all follow axis 1 (flash attention's K and V, per head), the programs
-/// of one axis-1 index share them and walk together (axis 0 fastest).
+/// Whether a walk over two or more grid axes goes in groups along axis 0 (the axes
+/// past the first two outermost, a batch): some ring tile is the same for every program
+/// of an axis-1 index (its address does not depend on `program_id(1)`) and some for
+/// every program of an axis-0 index — a GEMM's A and B. Where the tiles all follow axis
+/// 1 (flash attention's K and V, per head), the programs of one axis-1 index share them
+/// and walk together (axis 0 fastest).
 pub(super) fn grouped_walk(k: &Kernel, p: &WgPlan) -> bool {
     let loads: Vec<ValueId> = p.rings.values().flatten().copied().collect();
     let free_of = |axis: u32| loads.iter().any(|&v| k.operands(v.op()).iter().all(|&o| !on_pid(k, o, Some(axis))));
@@ -166,9 +168,11 @@ pub(super) struct TmaLoad {
 /// The TMA copies of a warp-specialized kernel's ring loads: every one of them when each
 /// can take one, else none. A load can when its tile is exactly its shared-memory tile
 /// (rows ≤ 256, whole swizzle atoms) and its tensor has at most 5 dimensions: the
-/// copies `ring_load` admits already read 16-byte aligned data with a unit-stride last
-/// dimension and 16-byte row strides, which is what a tensor map needs. A box reads
-/// zeros outside the tensor, as the `cp.async` copies fill them.
+/// copies `ring_load` admits already read 16-byte aligned data with a unit-stride
+/// dimension along the tile's columns and the other strides whole 16-byte units, which
+/// is what a tensor map needs (its dimensions listed innermost first,
+/// `select_mma_path::tma_order`). A box reads zeros outside the tensor, as the
+/// `cp.async` copies fill them.
 fn tma_loads(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan) -> BTreeMap<ValueId, TmaLoad> {
     let mut out = BTreeMap::new();
     for v in p.rings.values().flatten() {
@@ -181,17 +185,11 @@ fn tma_loads(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan) -> BTreeMap<Val
         }
         let Some((row_dim, unit)) = super::operand_ring::ring_dims(k, spec, *v) else { return BTreeMap::new() };
         let box_dims = (0..dims.len()).map(|d| if d == unit { half } else if d == row_dim { t.rows } else { 1 }).collect();
-        let order = tma_order(dims.len(), unit).into_iter().map(|d| d as u32).collect();
+        let Some(order) = crate::passes::select_mma_path::tma_order(k, spec, v.op()) else { return BTreeMap::new() };
         let param = crate::target::KernelParam::TensorMap { tensor: *tensor, box_dims, swizzle: t.span, order };
         out.insert(*v, TmaLoad { map: out.len(), param, atoms: t.cols / half });
     }
     out
-}
-
-/// A tensor map's dimensions innermost first: the unit-stride one, then the others
-/// from the last to the first.
-fn tma_order(rank: usize, unit: usize) -> Vec<usize> {
-    std::iter::once(unit).chain((0..rank).rev().filter(|&d| d != unit)).collect()
 }
 
 /// Whether loop `l`'s last dot `last` may complete while the next iteration starts:
@@ -294,7 +292,11 @@ fn tile_math_in(k: &Kernel, l: LoopId) -> bool {
 pub(super) fn note(ws: &WsPlan) -> String {
     let turns = if ws.turns.is_empty() { String::new() } else { format!("; the consumers take turns at the tensor cores in {} loop(s)", ws.turns.len()) };
     let copies = if ws.tma.is_empty() { "cp.async" } else { "TMA" };
-    let walk = if ws.persistent { format!("; each block walks programs (over two grid axes in groups of {WALK_GROUP} along the first)") } else { String::new() };
+    let walk = match (ws.persistent, ws.grouped) {
+        (false, _) => String::new(),
+        (true, true) => format!("; each block walks programs (in groups of {WALK_GROUP} along grid axis 0, axis 1 within a group)"),
+        (true, false) => "; each block walks programs (grid axis 0 fastest)".to_string(),
+    };
     let late = if ws.late.is_empty() { String::new() } else { format!("; in {} loop(s) the last dot is issued in the next iteration, after its first, and runs under the math between", ws.late.len()) };
     let n = ws.consumers / 128;
     let wgs = if n == 1 { "1 consumer warpgroup" } else { "2 consumer warpgroups" };
@@ -494,11 +496,11 @@ impl Emitter<'_> {
         let name = |o: ValueId| if matches!(k.op(o.op()), Op::LoopIndex { id } if *id == l) { "kf_p".to_string() } else { self.val(o).name.clone() };
         let offs: Vec<String> = ops.iter().map(|&o| name(o)).collect();
         let r = offs.len();
-        let (_, unit) = super::operand_ring::ring_dims(k, self.spec, v).ok_or_else(|| crate::CodegenError::Unsupported("a TMA ring load of a tensor with no unit-stride dimension".into()))?;
-        let order = tma_order(r, unit);
+        let crate::target::KernelParam::TensorMap { order, .. } = &t.param else { unreachable!() };
+        let unit = order[0] as usize;
         for a in 0..t.atoms {
             let mut coords = vec![format!("(int)({}) + {}", offs[unit], a * tile.span_elems())];
-            coords.extend(order[1..].iter().map(|&d| format!("(int)({})", offs[d])));
+            coords.extend(order[1..].iter().map(|&d| format!("(int)({})", offs[d as usize])));
             let dst = format!("kf_ops + {} + kf_s * {} + {}", tile.off, tile.bytes(), a * tile.rows * tile.span);
             self.line(format!("kf_tma_load_{r}d({dst}, &kf_rtm{}, {}, &kf_full[kf_s]);", t.map, coords.join(", ")))?;
         }
@@ -523,24 +525,41 @@ impl Emitter<'_> {
             self.line(CONSUMER_BARRIER)?;
         }
         let mut pids = Vec::new();
-        if counts.len() == 2 && self.ws.as_ref().is_some_and(|ws| ws.grouped) {
-            // two axes: groups of WALK_GROUP along axis 0, axis 1 walked within a group
+        if counts.len() >= 2 && self.ws.as_ref().is_some_and(|ws| ws.grouped) {
+            // groups of WALK_GROUP along axis 0, axis 1 walked within a group; the
+            // further axes (a batch) outermost, axis 2 fastest among them
             let g = WALK_GROUP;
+            // (the program's place in its plane of axes 0 and 1)
+            let q = if counts.len() > 2 {
+                self.line("const long long kf_wplane = kf_wn0 * kf_wn1;")?;
+                self.line("const long long kf_wq = kf_pid % kf_wplane;")?;
+                "kf_wq"
+            } else {
+                "kf_pid"
+            };
             self.line(format!("const long long kf_wgs = {g}LL * kf_wn1;"))?;
-            self.line(format!("const long long kf_wg0 = (kf_pid / kf_wgs) * {g}LL;"))?;
+            self.line(format!("const long long kf_wg0 = ({q} / kf_wgs) * {g}LL;"))?;
             self.line(format!("const long long kf_wgm = kf_wn0 - kf_wg0 < {g}LL ? kf_wn0 - kf_wg0 : {g}LL;"))?;
-            self.line("const long long kf_wp0 = kf_wg0 + (kf_pid % kf_wgs) % kf_wgm;")?;
-            self.line("const long long kf_wp1 = (kf_pid % kf_wgs) / kf_wgm;")?;
-            self.pid = Some(vec!["kf_wp0".into(), "kf_wp1".into()]);
-            return Ok(());
+            self.line(format!("const long long kf_wp0 = kf_wg0 + ({q} % kf_wgs) % kf_wgm;"))?;
+            self.line(format!("const long long kf_wp1 = ({q} % kf_wgs) / kf_wgm;"))?;
+            pids.extend(["kf_wp0".to_string(), "kf_wp1".to_string()]);
+            self.decode_axes(2..counts.len(), "(kf_pid / kf_wplane)", &mut pids)?;
+        } else {
+            self.decode_axes(0..counts.len(), "kf_pid", &mut pids)?;
         }
-        for a in 0..counts.len() {
-            let div: Vec<String> = (0..a).map(|b| format!("kf_wn{b}")).collect();
-            let q = if div.is_empty() { "kf_pid".to_string() } else { format!("(kf_pid / ({}))", div.join(" * ")) };
+        self.pid = Some(pids);
+        Ok(())
+    }
+
+    /// The walk's program ids of `axes` from `base`, the first of them fastest
+    /// (`kf_wp<a>` each, pushed onto `pids`).
+    fn decode_axes(&mut self, axes: std::ops::Range<usize>, base: &str, pids: &mut Vec<String>) -> R {
+        for a in axes.clone() {
+            let div: Vec<String> = (axes.start..a).map(|b| format!("kf_wn{b}")).collect();
+            let q = if div.is_empty() { base.to_string() } else { format!("({base} / ({}))", div.join(" * ")) };
             self.line(format!("const long long kf_wp{a} = {q} % kf_wn{a};"))?;
             pids.push(format!("kf_wp{a}"));
         }
-        self.pid = Some(pids);
         Ok(())
     }
 
