@@ -84,26 +84,31 @@ fn a_k_major_b_reaches_the_producer_rings_by_tma() {
 }
 
 #[test]
-fn batched_operands_through_the_general_lowering() {
-    // the default keeps a batch on the template; `GENERAL=1` lowers it op by op: rank-3
-    // operands in the producer's TMA rings (a box of one batch entry), the persistent
-    // walk in groups within each batch entry's plane of tiles (the batch outermost)
+fn batched_operands_take_the_general_lowering() {
+    // rank-3 operands in the producer's TMA rings (a box of one batch entry), the
+    // persistent walk in groups within each batch entry's plane of tiles (the batch
+    // outermost), the output tile out by a 3-D TMA bulk store; `GENERAL=0` asks for the
+    // template
     use kfuse::codegen::KernelParam;
     let def = &kfuse::ops::kernels::gemm_batched_scaled::DEF;
     let k = (def.build)(&[DType::BF16, DType::BF16]).unwrap();
     let mut spec = common::snapshot_spec(def);
     spec.shape_pow2 = vec![8, 4096, 4096, 4096];
-    let e = compile(&k, &spec, &Target::sm90a()).unwrap();
-    assert!(e.plan.to_string().contains("matrix path: WGMMA + TMA"), "{}", e.plan);
-    spec.tiles.insert("GENERAL".into(), 1);
     let (e, _, spill) = common::compile_assembled(&k, &spec, &Target::sm90a(), "gemm_batched_general").unwrap();
     let plan = e.plan.to_string();
-    assert!(plan.contains("rings filled by a producer warpgroup (TMA") && plan.contains("each block walks programs (in groups of 8 along grid axis 0, axis 1 within a group)"), "{plan}");
+    assert!(plan.contains("the general lowering takes this loop") && plan.contains("rings filled by a producer warpgroup (TMA"), "{plan}");
+    assert!(plan.contains("each block walks programs (in groups of 8 along grid axis 0, axis 1 within a group)"), "{plan}");
+    assert!(plan.contains("the tile stored to `out` leaves through shared memory by TMA bulk stores"), "{plan}");
     assert!(e.source.contains("const long long kf_wp2 = (kf_pid / kf_wplane) % kf_wn2;"), "{}", e.source);
-    let bm = e.tiles["BM"];
-    let a_map = e.params.iter().find_map(|p| match p { KernelParam::TensorMap { tensor, box_dims, order, .. } if tensor.0 == 0 => Some((box_dims.clone(), order.clone())), _ => None });
-    assert_eq!(a_map, Some((vec![1, bm, 64], vec![2, 1, 0])));
+    assert!(e.source.contains("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group"), "{}", e.source);
+    let (bm, bn) = (e.tiles["BM"], e.tiles["BN"]);
+    let maps: Vec<_> = e.params.iter().filter_map(|p| match p { KernelParam::TensorMap { tensor, box_dims, order, .. } => Some((tensor.0, box_dims.clone(), order.clone())), _ => None }).collect();
+    assert!(maps.contains(&(0, vec![1, bm, 64], vec![2, 1, 0])), "{maps:?}");
+    assert!(maps.contains(&(2, vec![1, bm, 64], vec![2, 1, 0])) && bn % 64 == 0, "{maps:?}");
     assert_eq!(spill, 0);
+    spec.tiles.insert("GENERAL".into(), 0);
+    let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+    assert!(e.plan.to_string().contains("matrix path: WGMMA + TMA"), "{}", e.plan);
 }
 
 #[test]

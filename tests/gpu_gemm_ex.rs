@@ -1,20 +1,17 @@
 //! `kfuse::ops::gemm_ex` (alpha, beta, `c`, output dtypes) and `gemm_batched(_ex)` on
 //! the GPU, against a float64 reference: random inputs (never zeros), raw kernel outputs
 //! poisoned with NaN first, odd shapes, transposed operands, a batch with a shared `b`
-//! and one whose rows TMA cannot read as they lie (copied first), batches through the
-//! general lowering too (`GENERAL=1`; the tests share the binary's `SettingsLock`,
-//! so none compiles under another's setting). Large shapes are
+//! and one whose rows TMA cannot read as they lie (copied first). Large shapes are
 //! checked on a sample of rows. GPU-only: ignored (counted as skipped) unless built with
 //! `--cfg kfuse_gpu` (`scripts/gpu-build.sh`), then failed where no GPU is found.
 
 mod common;
 
 use common::gemm::{operand, reference_rows_ex, rows_of, sample_rows, within, Outcomes};
-use common::isolation::SettingsLock;
 
 use kfuse::ops::{gemm_batched, gemm_batched_ex, gemm_ex, GemmOptions};
 use kfuse::prelude::*;
-use kfuse::{Backend, Config, DType};
+use kfuse::{Backend, DType};
 
 /// The bound on ‖out − ref‖/‖ref‖ for results of dtype `od` from 16-bit operands.
 fn tol(od: DType) -> f64 {
@@ -57,7 +54,6 @@ fn check_gemm_ex(cs: &Case, dev: &Device, seed: u64) -> Result<f64, String> {
 #[test]
 #[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn gemm_ex_on_the_gpu_against_float64() {
-    let _settings = SettingsLock::take();
     let dev = common::gpu();
     let mut out = Outcomes::default();
     let pairs = [(DType::BF16, DType::BF16), (DType::F16, DType::F16), (DType::BF16, DType::F32), (DType::F16, DType::F32), (DType::BF16, DType::F16)];
@@ -82,7 +78,6 @@ fn gemm_ex_on_the_gpu_against_float64() {
 #[test]
 #[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn gemm_ex_with_beta_zero_ignores_c_and_k_zero_gives_beta_c() {
-    let _settings = SettingsLock::take();
     let dev = common::gpu();
     let (m, n, k) = (130, 72, 64);
     let (a, av) = common::random_tensor(&[m, k], DType::BF16, 1, 0.05, &dev);
@@ -139,13 +134,15 @@ fn check_batched(batch: &[usize], (m, n, k): (usize, usize, usize), b_shared: bo
     within(&what, common::rel_err(&got, &want), tol(od))
 }
 
-/// (batch, mnk, shared b, transposed a, operand dtype, output dtype, with c)
-type BatchCase = (Vec<usize>, (usize, usize, usize), bool, bool, DType, DType, bool);
-
-/// The batched products the GPU tests check.
-fn batched_cases() -> Vec<BatchCase> {
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn gemm_batched_on_the_gpu_against_float64() {
+    let dev = common::gpu();
     let (bf, f16, f32_) = (DType::BF16, DType::F16, DType::F32);
-    vec![
+    let mut out = Outcomes::default();
+    // (batch, mnk, shared b, transposed a, operand dtype, output dtype, with c)
+    type BatchCase = (Vec<usize>, (usize, usize, usize), bool, bool, DType, DType, bool);
+    let cases: Vec<BatchCase> = vec![
         (vec![3], (257, 320, 192), false, false, bf, bf, false),
         (vec![3], (257, 320, 192), false, false, f16, f16, false),
         (vec![3], (257, 320, 192), false, true, bf, bf, true),
@@ -159,42 +156,17 @@ fn batched_cases() -> Vec<BatchCase> {
         (vec![2, 3], (65, 130, 96), false, true, f16, f16, true),
         (vec![2, 3], (65, 130, 96), true, false, bf, f32_, true),
         (vec![8], (1000, 520, 336), false, false, bf, bf, false),
-    ]
-}
-
-/// Every case of [`batched_cases`] against float64, seeds from `seed`.
-fn check_batched_cases(seed: u64) {
-    let dev = common::gpu();
-    let mut out = Outcomes::default();
-    for (s, (batch, mnk, shared, ta, dt, od, with_c)) in batched_cases().into_iter().enumerate() {
+    ];
+    for (s, (batch, mnk, shared, ta, dt, od, with_c)) in cases.into_iter().enumerate() {
         let what = format!("{batch:?} x {mnk:?} shared_b={shared} ta={ta} {dt}->{od} c={with_c}");
-        out.add(what, check_batched(&batch, mnk, shared, ta, dt, od, with_c, &dev, seed + 10 * s as u64));
+        out.add(what, check_batched(&batch, mnk, shared, ta, dt, od, with_c, &dev, 100 + 10 * s as u64));
     }
     out.finish();
 }
 
 #[test]
 #[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
-fn gemm_batched_on_the_gpu_against_float64() {
-    let _settings = SettingsLock::take();
-    check_batched_cases(100);
-}
-
-/// `GENERAL=1` lowers the batched loops op by op too (on sm_90a rank-3 operands in the
-/// producer's TMA rings, the persistent walk in groups within each batch entry's plane
-/// of tiles; the default keeps them on the matrix path's template).
-#[test]
-#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
-fn gemm_batched_through_the_general_lowering() {
-    let settings = SettingsLock::take();
-    let _general = settings.apply(Config::new().tiles([("GENERAL", 1)]));
-    check_batched_cases(400);
-}
-
-#[test]
-#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
 fn gemm_ex_kernels_run_on_the_gpu_into_poisoned_outputs() {
-    let _settings = SettingsLock::take();
     let dev = common::gpu();
     use kfuse::ops::kernels as k;
     let (m, n, kk) = (257, 320, 192);

@@ -29,8 +29,9 @@
 //! Paths, by target:
 //! 0. The general lowering, on sm_90, for a loop of one or two `dot`s WGMMA takes
 //!    ([`wgmma_operands`]: exact products of f16, bf16 or fp8 tiles, `dot_tf32` of f32
-//!    ones; 8-bit and TF32 operands K-major) from rank-2 tensors TMA can read (either
-//!    dimension of unit stride) ([`general_takes`]: no grouped launch, split wave,
+//!    ones; 8-bit and TF32 operands K-major) from tensors TMA can read (either tile
+//!    dimension of unit stride; up to 5 dimensions, the others indexed: a batch)
+//!    ([`general_takes`]: no grouped launch, split wave,
 //!    cluster, ping-pong, `STAGES` or `GROUPM` override, and not `GENERAL=0`): no plan;
 //!    `Schedule::dots_one_by_one` says [`GENERAL_TAKES`], `choose_tiles` gives the loop
 //!    the matrix tiles, and the general writer lowers it op by op (a producer warpgroup's
@@ -463,10 +464,8 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     // template's refusal says how to make such a copy)
     let sixteen = k.ty(k.operands(ds[0])[0]).dtype.size_bytes() == 2;
     let k_major = |(l, t): (OpId, bool), k_axis| sixteen || operand_major(k, spec, l, t, k_axis) == Some(Major::K);
-    // (batched rank-3 operands stay on the template: at 64x64 tiles the general
-    // lowering's loop, not unrolled, ran 5% behind it; NOTES l8)
     found.iter().all(|f| {
-        [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() == 2) && tma_obstacle(k, spec, l).is_none()) && k_major(f.a, 1) && k_major(f.b, 0)
+        [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() <= 5) && tma_obstacle(k, spec, l).is_none()) && k_major(f.a, 1) && k_major(f.b, 0)
     })
 }
 

@@ -37,25 +37,30 @@ pub(super) struct StoreTma {
 /// memory they go through: one area, which store after store reuses (each waits until
 /// the bulk stores before it have read it). A store can when it stands outside every
 /// loop, is unmasked and writes a rank-2 f16/bf16 tile of at most 256 rows whose
-/// columns are whole 128-byte boxes, to a tensor the spec's facts let TMA write with its
-/// columns at unit stride, and where the whole tile fits in the `room` bytes of shared
-/// memory left.
+/// columns are whole 128-byte boxes, to a tensor of at most 5 dimensions (the others
+/// indexed: a batch) that the spec's facts let TMA write with the tile's columns along
+/// its unit-stride last dimension, and where the whole tile fits in the `room` bytes of
+/// shared memory left.
 pub(super) fn general_stores(k: &Kernel, spec: &Spec, room: u32) -> (BTreeMap<OpId, StoreTma>, u32) {
     let mut out = BTreeMap::new();
     let mut area = 0;
     for op in k.ops() {
         match k.op(op) {
-            Op::Store { tensor, dims } if k.loop_of(op).is_none() && k.store_mask(op).is_none() && dims.len() == 2 => {
+            Op::Store { tensor, dims } if k.loop_of(op).is_none() && k.store_mask(op).is_none() && (2..=5).contains(&dims.len()) => {
                 let dtype = k.param(*tensor).dtype;
-                let ext: Vec<u32> = dims.iter().filter_map(|d| if let AccessDim::Tile(e) = d { Some(extent_value(k, *e)) } else { None }).collect();
+                let tiles: Vec<usize> = (0..dims.len()).filter(|&d| matches!(dims[d], AccessDim::Tile(_))).collect();
+                let ext: Vec<u32> = tiles.iter().map(|&d| if let AccessDim::Tile(e) = dims[d] { extent_value(k, e) } else { 0 }).collect();
                 let esz = dtype.size_bytes() as u32;
-                let [rows, cols] = ext[..] else { continue };
+                let (&[rows, cols], &[row_dim, col_dim]) = (ext.as_slice(), tiles.as_slice()) else { continue };
+                let last = dims.len() - 1;
                 let inner = 128 / esz;
+                let Some(order) = tma_order(k, spec, op) else { continue };
                 let fits = matches!(dtype, DType::F16 | DType::BF16)
                     && (8..=256).contains(&rows)
                     && rows.is_multiple_of(8)
                     && cols.is_multiple_of(inner)
-                    && tma_order(k, spec, op).is_some_and(|o| o == [1, 0])
+                    && col_dim == last
+                    && order[0] as usize == last
                     && tma_obstacle(k, spec, op).is_none();
                 if !fits {
                     continue;
@@ -65,7 +70,8 @@ pub(super) fn general_stores(k: &Kernel, spec: &Spec, room: u32) -> (BTreeMap<Op
                     continue;
                 }
                 area = area.max(whole);
-                let param = KernelParam::TensorMap { tensor: *tensor, box_dims: vec![rows, inner], swizzle: 128, order: vec![1, 0] };
+                let box_dims = (0..dims.len()).map(|d| if d == col_dim { inner } else if d == row_dim { rows } else { 1 }).collect();
+                let param = KernelParam::TensorMap { tensor: *tensor, box_dims, swizzle: 128, order };
                 out.insert(op, StoreTma { map: out.len(), param, inner, box_bytes: rows * inner * esz });
             }
             _ => {}
@@ -89,7 +95,9 @@ struct TileRegs<'s> {
     map: &'s RegMap,
     name: &'s str,
     dtype: DType,
-    offs: &'s [String],
+    /// The bulk store's coordinates innermost first (the tensor map's order), the
+    /// first one the tile's columns' offset, to which a box adds its column.
+    coords: &'s [String],
     cols: u32,
 }
 
@@ -156,24 +164,34 @@ impl Emitter<'_> {
         }
         let tdims = k.tensor_dims(*tensor).to_vec();
         let offs: Vec<String> = ops[..r].iter().map(|o| self.val(*o).name.clone()).collect();
+        // the tile's two dimensions (value axes 0 and 1) and the tensor map's order
+        let tiles: Vec<usize> = (0..r).filter(|&d| matches!(dims[d], AccessDim::Tile(_))).collect();
+        let Some(order) = tma_order(k, self.spec, op).filter(|_| tiles.len() == 2) else { return self.op(op).map(|()| false) };
         // what is not known here is checked at run time; where everything is (the
         // accumulator's range is that of the loads along the same block offsets, the
         // usual case), the ordinary store is not written at all
         let mut conds = Vec::new();
-        for t in 0..2 {
-            let n = self.shape_var(tdims[t]);
+        for (t, &d) in tiles.iter().enumerate() {
+            let n = self.shape_var(tdims[d]);
             let ext = val.shape[t];
             if val.lo[t] != "0" {
                 conds.push(format!("{} == 0", val.lo[t]));
             }
-            let covers = self.bounds.get(&val.hi[t]).is_some_and(|&(sym, off, e)| sym == tdims[t] && e == ext && same_scalar(k, off, ops[t]));
+            let covers = self.bounds.get(&val.hi[t]).is_some_and(|&(sym, off, e)| sym == tdims[d] && e == ext && same_scalar(k, off, ops[d]));
             if !covers {
-                conds.push(format!("{} == kf_maxi(0LL, kf_mini({n} - {}, {ext}LL))", val.hi[t], offs[t]));
+                conds.push(format!("{} == kf_maxi(0LL, kf_mini({n} - {}, {ext}LL))", val.hi[t], offs[d]));
             }
-            if !non_negative(k, ops[t]) {
-                conds.push(format!("{} >= 0", offs[t]));
+            if !non_negative(k, ops[d]) {
+                conds.push(format!("{} >= 0", offs[d]));
             }
         }
+        // an indexed dimension (a batch): its index within the tensor
+        for d in (0..r).filter(|d| !tiles.contains(d)) {
+            let n = self.shape_var(tdims[d]);
+            let lo = if non_negative(k, ops[d]) { String::new() } else { format!("{} >= 0 && ", offs[d]) };
+            conds.push(format!("{lo}{} < {n}", offs[d]));
+        }
+        let coords: Vec<String> = order.iter().map(|&d| offs[d as usize].clone()).collect();
         let fallback = !conds.is_empty();
         // `if (ok) {`, or a plain block where the store is known to fit
         let guard = if fallback {
@@ -183,7 +201,7 @@ impl Emitter<'_> {
         } else {
             String::new()
         };
-        let tile = TileRegs { map: &map, name: &val.name, dtype: k.param(*tensor).dtype, offs: &offs, cols: val.shape[1] };
+        let tile = TileRegs { map: &map, name: &val.name, dtype: k.param(*tensor).dtype, coords: &coords, cols: val.shape[1] };
         let boxes = val.shape[1] / out.inner;
         if out.buffers > 0 && out.buffers < boxes {
             let c = &map.axes[1];
@@ -229,7 +247,7 @@ impl Emitter<'_> {
         self.line(b)?;
         self.open(format!("if ({lead})"))?;
         for q in 0..t.cols / inner {
-            self.bulk_store_box(out, t.offs, q * inner, q * box_bytes)?;
+            self.bulk_store_box(out, t.coords, q * inner, q * box_bytes)?;
         }
         self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
         self.close()
@@ -260,7 +278,7 @@ impl Emitter<'_> {
             self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")?;
             self.line(b)?;
             self.open(format!("if ({lead})"))?;
-            self.bulk_store_box(out, t.offs, q * inner, (q % buffers) * box_bytes)?;
+            self.bulk_store_box(out, t.coords, q * inner, (q % buffers) * box_bytes)?;
             self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
             self.close()?;
         }
@@ -291,11 +309,18 @@ impl Emitter<'_> {
     }
 
     /// The bulk store of one `[BM, inner]` box of the output tile, `col` columns into it,
-    /// from `kf_cs + at`.
-    fn bulk_store_box(&mut self, out: &TmaOut, offs: &[String], col: u32, at: u32) -> R {
+    /// from `kf_cs + at`; `coords` innermost first, the columns' offset first.
+    fn bulk_store_box(&mut self, out: &TmaOut, coords: &[String], col: u32, at: u32) -> R {
+        let r = coords.len();
+        let slots: Vec<String> = (1..=r).map(|i| format!("%{i}")).collect();
+        let mut ins = vec![format!("\"l\"(&{})", out.map_name), format!("\"r\"((int)({} + {col}))", coords[0])];
+        ins.extend(coords[1..].iter().map(|c| format!("\"r\"((int){c})")));
+        ins.push(format!("\"r\"({}(kf_cs + {at}))", out.saddr));
         self.line(format!(
-            "asm volatile(\"cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {{%1, %2}}], [%3];\" :: \"l\"(&{}), \"r\"((int)({} + {col})), \"r\"((int){}), \"r\"({}(kf_cs + {at})) : \"memory\");",
-            out.map_name, offs[1], offs[0], out.saddr
+            "asm volatile(\"cp.async.bulk.tensor.{r}d.global.shared::cta.bulk_group [%0, {{{}}}], [%{}];\" :: {} : \"memory\");",
+            slots.join(", "),
+            r + 1,
+            ins.join(", ")
         ))
     }
 }
