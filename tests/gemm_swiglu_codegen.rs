@@ -148,3 +148,20 @@ fn swiglu_gemm_takes_the_general_lowering_by_default() {
     let (_, spill) = common::assemble(&e.source, &e.arch, &e.options, "swiglu_general").unwrap();
     assert_eq!(spill, 0);
 }
+
+/// Three products with their own accumulators (two A tiles, three B tiles, one of them
+/// K-major) go through the general lowering by default too: three `wgmma` lines over the
+/// producer's TMA rings, accumulators narrowed to 64 columns, without spills.
+#[test]
+fn three_products_take_the_general_lowering_by_default() {
+    let def = &three_products::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let mut spec = spec_mnk(def, 4096, 4096, 4096);
+    spec.tensors[3] = Some(TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
+    let (e, _, spill) = common::compile_assembled(&k, &spec, &Target::sm90a(), "three_products_general").unwrap();
+    let plan = e.plan.to_string();
+    assert!(e.ir.contains(kfuse::codegen::passes::select_mma_path::GENERAL_TAKES), "{}", e.ir);
+    assert_eq!(plan.matches(": wgmma m64n64k16 over 2 warpgroup(s), accumulating onto its addend; A from shared memory (K-major, 128-byte swizzle, copied by the producer warpgroup").count(), 3, "{plan}");
+    assert!(plan.contains("B from shared memory (K-major"), "{plan}");
+    assert_eq!(spill, 0);
+}

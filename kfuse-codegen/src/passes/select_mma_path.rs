@@ -27,7 +27,7 @@
 //! operands only the FMA fallback reads refuse them with the reason.
 //!
 //! Paths, by target:
-//! 0. The general lowering, on sm_90, for a loop of one or two `dot`s WGMMA takes
+//! 0. The general lowering, on sm_90, for a loop of up to [`MAX_DOTS`] `dot`s WGMMA takes
 //!    ([`wgmma_operands`]: exact products of f16, bf16 or fp8 tiles, `dot_tf32` of f32
 //!    ones; 8-bit and TF32 operands K-major) from tensors TMA can read (either tile
 //!    dimension of unit stride; up to 5 dimensions, the others indexed: a batch)
@@ -434,11 +434,11 @@ pub fn general_requested(spec: &Spec) -> bool {
 
 /// Why the dots of a loop [`general_takes`] are lowered one by one (the scheduled IR
 /// shows it).
-pub const GENERAL_TAKES: &str = "the general lowering takes this loop (sm_90, one or two `dot`s of f16, bf16, fp8 or TF32-read f32 operands)";
+pub const GENERAL_TAKES: &str = "the general lowering takes this loop (sm_90, up to four `dot`s of f16, bf16, fp8 or TF32-read f32 operands)";
 
 /// Whether the general lowering takes a loop the WGMMA template would (module docs,
-/// point 0): sm_90, one or two exact `dot`s of f16/bf16 tiles loaded from rank-2 tensors
-/// TMA can read, no grouped launch, the whole grid in one launch (`Spec::walk`), no
+/// point 0): sm_90, up to [`MAX_DOTS`] `dot`s WGMMA takes ([`wgmma_operands`]; 8-bit and
+/// TF32 operands K-major) of tiles loaded from tensors TMA can read, no grouped launch, the whole grid in one launch (`Spec::walk`), no
 /// cluster, ping-pong, `STAGES` or `GROUPM` override (the template's) and no tile wider
 /// than 256; `GENERAL=0` keeps the template. On the H100 the two ran within the vendor's
 /// spread of each other on every bf16 row of BENCHMARKS.md's GEMM table (the general lowering 0.97–1.02× cuBLAS, the
@@ -456,7 +456,7 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     // (two dots, SwiGLU's pair: 409.3 against 416.8 µs at 4096³, equal at M8192
     // N14336 and M127 N14336 on the H100, one call, 2026-11-27)
     let ds = dots(k);
-    if ds.len() > 2 || !general_wgmma(k, target, &ds) {
+    if ds.len() > MAX_DOTS || !general_wgmma(k, target, &ds) {
         return false;
     }
     let Ok((_, found)) = matrix_loop(k, &ds) else { return false };
