@@ -3,10 +3,11 @@
 //! software pipelining of `dot_wgmma`'s staged operands).
 //!
 //! A load qualifies ([`ring_load`]) when the plan stages it where it is defined
-//! (`WgPlan::eager`), it is a rank-2 tile of a tensor the kernel only reads, its
-//! contiguous tile axis is the tensor's unit-stride last dimension at an offset that is a
-//! provable multiple of 16 bytes (0, a tile extent's multiple, a loop index) with a
-//! 16-byte aligned pointer and row strides of whole 16-byte units, and every address
+//! (`WgPlan::eager`), it is a rank-2 tile (the tensor's other dimensions indexed) of a
+//! tensor the kernel only reads, its contiguous tile axis is the tensor's unit-stride
+//! dimension (the last, or the first of a transposed view: [`ring_dims`]) at an offset
+//! that is a provable multiple of 16 bytes (0, a tile extent's multiple, a loop index)
+//! with a 16-byte aligned pointer and the other strides whole 16-byte units, and every address
 //! operand is defined before its innermost loop, is that loop's index, or is computed
 //! in the loop by arithmetic on its index and values from outside it
 //! ([`nest_closure`]) — so a later step's tile is known before this one's math. A
