@@ -453,8 +453,8 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     if cluster || template_only || spec.tiles.get("PINGPONG") == Some(&1) || spec.tiles.values().any(|&v| v > 256) {
         return false;
     }
-    // (two dots, SwiGLU's pair: 409.3 against 416.8 µs at 4096³, equal at M8192
-    // N14336 and M127 N14336 on the H100, one call, 2026-11-27)
+    // (several dots: SwiGLU's pair 409.3 against 416.8 µs at 4096³, equal at M8192
+    // N14336 and M127 N14336 on the H100, one call, 2026-11-27; three products NOTES l9)
     let ds = dots(k);
     if ds.len() > MAX_DOTS || !general_wgmma(k, target, &ds) {
         return false;
