@@ -54,10 +54,10 @@ fn gemm_bf16_4096_on_sm90a() {
 fn gemm_on_the_other_paths() {
     let n = 1024usize;
     let args = |d| [t(d, &[n, n]), t(d, &[n, n]), t(d, &[n, n])];
-    // sm_80: mma.sync against the A100's tensor cores
+    // sm_80: the general lowering's mma.sync against the A100's tensor cores
     let e = kfuse::explain(&k::gemm::DEF, &args(DType::F16), &Target::sm80()).unwrap();
     ptxas_agrees(&e);
-    assert_eq!(e.plan.matrix.as_ref().map(|m| m.path), Some(MmaPath::MmaSyncCpAsync), "{e}");
+    assert!(e.plan.matrix.is_none() && e.plan.tensor_cores() && e.plan.to_string().contains(": mma.sync m16n8k16 over"), "{e}");
     let p = e.roofline.peak.unwrap();
     assert_eq!((p.bytes_per_s, p.flops_per_s), (roofline::A100_SXM_BYTES_PER_S, roofline::A100_SXM_16BIT_TC_FLOPS));
     // f32 operands: exact FMAs on the CUDA cores, and why

@@ -106,8 +106,12 @@ fn every_operand_layout_compiles() {
 #[test]
 fn sixteen_bit_operands_fall_back_only_where_the_matrix_path_cannot_read() {
     let k = gemm_kernel(DType::F16, false, false, false);
-    // aligned: the matrix paths
+    // aligned: the general lowering's `mma.sync` (the template with `GENERAL=0`)
     let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &Target::sm80()).unwrap();
+    assert!(e.ir.contains(kfuse_codegen::passes::select_mma_path::GENERAL_TAKES) && e.source.contains("mma.sync.aligned.m16n8k16"), "{}", e.ir);
+    let mut template = spec(&k, [4096, 4096, 4096]);
+    template.tiles.insert("GENERAL".into(), 0);
+    let e = compile(&k, &template, &Target::sm80()).unwrap();
     assert!(e.ir.contains("mma MmaSyncCpAsync"), "{}", e.ir);
     // (on sm_90a the general lowering's `wgmma`)
     let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &Target::sm90a()).unwrap();
@@ -123,7 +127,7 @@ fn sixteen_bit_operands_fall_back_only_where_the_matrix_path_cannot_read() {
         }
     }
     // a K loop from 4: cp.async cannot copy the rows of `a` in 16-byte chunks (sm_80,
-    // sm_89) — TMA can (sm_90)
+    // sm_89; the general lowering leaves such a loop to the template) — TMA can (sm_90)
     let k4 = gemm_kernel_from(DType::BF16, false, false, false, 4);
     let s = spec(&k4, [4096, 4096, 4096]);
     assert_fma(&compile(&k4, &s, &Target::sm80()).unwrap(), "k0 = 4 on sm_80");

@@ -1,13 +1,21 @@
-//! The sm_80/sm_89 matrix path (cp.async + ldmatrix + mma.sync) on a GEMM built with
-//! the IR builder: the plan recorded in the IR, the structure of the emitted source for
-//! every combination of operand majorness, the tile heuristic and its overrides, the
-//! accumulator layout against the instruction's fragment, and the refusals with their
-//! reasons. NVRTC + ptxas checks live in the workspace tests
+//! The sm_80/sm_89 matrix path's template (cp.async + ldmatrix + mma.sync; `GENERAL=0`:
+//! by default the general lowering takes these loops, tests/gemm_sm80_codegen.rs) on a
+//! GEMM built with the IR builder: the plan recorded in the IR, the structure of the
+//! emitted source for every combination of operand majorness, the tile heuristic and
+//! its overrides, the accumulator layout against the instruction's fragment, and the
+//! refusals with their reasons. NVRTC + ptxas checks live in the workspace tests
 //! (tests/gemm_sm80_codegen.rs); numerics on a GPU run with `KFUSE_TARGET=sm_80`.
 
 mod common;
 
-use common::{accumulator_layout, coord, gemm_erf_kernel, gemm_kernel, gemm_kernel_from, spec};
+use common::{accumulator_layout, coord, gemm_erf_kernel, gemm_kernel, gemm_kernel_from};
+
+/// `common::spec` asking for the template (`GENERAL=0`).
+fn spec(k: &Kernel, mnk: [u32; 3]) -> Spec {
+    let mut s = common::spec(k, mnk);
+    s.tiles.insert("GENERAL".into(), 0);
+    s
+}
 use kfuse_codegen::layout::RegMap;
 use kfuse_codegen::{compile, Spec, Target, TensorSpec};
 use kfuse_ir::{DType, Kernel, Layout};

@@ -154,7 +154,7 @@ pub struct Schedule {
     /// `ring_occupancy`).
     pub register_attempt: (u32, u32),
     /// Most stages of the writer's operand rings filled by the block's own threads; 0: as many as shared
-    /// memory holds for `min_blocks` blocks (`ring_occupancy`).
+    /// memory holds for `min_blocks` blocks; 1: no rings (`ring_occupancy`).
     pub ring_stages: u32,
     /// The chosen value of each tile symbol.
     pub tiles: BTreeMap<TileSym, u32>,

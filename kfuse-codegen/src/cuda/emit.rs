@@ -1863,7 +1863,9 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         // the rings' second stages go first, then the rule, where the operand area
         // would not fit the block's shared memory
         let fits = |p: &dot_wgmma::WgPlan| 1024 + p.bytes <= target.smem_per_block;
-        let p = Some(dot_wgmma::plan(k, spec, true, wgmma, 2)).filter(fits).unwrap_or_else(|| dot_wgmma::plan(k, spec, false, wgmma, 2));
+        // (`ring_stages` 1: no rings, every operand staged where it is defined)
+        let rings = k.schedule.ring_stages != 1;
+        let p = Some(dot_wgmma::plan(k, spec, rings, wgmma, 2)).filter(fits).unwrap_or_else(|| dot_wgmma::plan(k, spec, false, wgmma, 2));
         e.wg = Some(p).filter(|p| !p.dots.is_empty() && fits(p));
         if target.sm >= 90 {
             e.ws = e.wg.as_ref().and_then(|p| warp_specialize::ws_plan(k, spec, p, k.schedule.num_threads, spec.register_attempt == 0));

@@ -204,7 +204,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
 fn matrix_tiles(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     let dots = crate::passes::select_mma_path::dots(k);
     !dots.is_empty()
-        && (!crate::passes::select_mma_path::general_requested(spec) || crate::passes::select_mma_path::general_wgmma(k, target, &dots))
+        && (!crate::passes::select_mma_path::general_requested(spec) || crate::passes::select_mma_path::general_dots(k, target, &dots))
         && crate::passes::select_mma_path::matrix_loop(k, &dots).is_ok()
         && crate::passes::select_mma_path::several_dots_elsewhere(k, &dots, target).is_none()
 }
@@ -634,15 +634,31 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     }
     // select_mma_path sets the consumers' count; the general lowering gives each
     // warpgroup 64 rows of the tile, two at most
-    k.schedule.num_threads = if crate::passes::select_mma_path::general_requested(spec) || crate::passes::select_mma_path::general_takes(k, spec, target) {
+    let general = crate::passes::select_mma_path::general_requested(spec) || crate::passes::select_mma_path::general_takes(k, spec, target);
+    k.schedule.num_threads = if general && target.sm != 90 {
+        // `mma.sync`: the template's warps (one per 64x64 of the tile, 4 to 8), which
+        // `assign_layouts` stacks along the rows
+        let shape = [concrete_shape(k, &at).first().copied().unwrap_or(128), concrete_shape(k, &bt).get(1).copied().unwrap_or(128)];
+        spec.threads.unwrap_or(32 * crate::passes::select_mma_path::mma_sync_default_warps(shape[0], shape[1], heavy_epilogue_of(k, dot)))
+    } else if general {
         let rows = concrete_shape(k, &at).first().copied().unwrap_or(128);
         128 * (rows / 64).clamp(1, 2)
     } else {
         256
     };
-    k.schedule.min_blocks = 1;
+    // (`mma.sync`: the template's blocks a multiprocessor, for which the writer sizes
+    // the rings)
+    k.schedule.min_blocks = match spec.min_blocks {
+        None if general && target.sm != 90 => crate::passes::select_mma_path::mma_sync_min_blocks(k.schedule.num_threads, heavy_epilogue_of(k, dot)),
+        _ => 1,
+    };
     k.schedule.split_blocks = 1;
     Ok(())
+}
+
+/// Whether the ops after `dot`'s loop are a [`crate::passes::select_mma_path::heavy_epilogue`].
+fn heavy_epilogue_of(k: &Kernel, dot: kfuse_ir::OpId) -> bool {
+    k.loop_of(dot).and_then(|l| k.order.iter().position(|&o| matches!(k.op(o), Op::Yield { id } if *id == l))).is_some_and(|y| crate::passes::select_mma_path::heavy_epilogue(k, y))
 }
 
 /// Whether the epilogue of the kernel's `dot` loads a whole `[BM, BN]` tile (`beta * c`).

@@ -1,6 +1,7 @@
 //! Asks for two blocks a multiprocessor for kernels whose dots in loops may take
 //! `cp.async` rings on sm_90a (`cuda::emit::operand_ring`), with one block as the
-//! fallback (`Schedule::register_attempt`).
+//! fallback (`Schedule::register_attempt`); on sm_80 and sm_89, rings with none as the
+//! fallback.
 //!
 //! Such a block's threads both issue the copies of the next steps and wait for the
 //! tensor cores: a step's barrier, its copies and row tables take time in which the
@@ -19,9 +20,13 @@
 //! that fits. (Every layer of the convolution benchmark takes attempt 0 since a gathered
 //! tile's index tiles hold one register a thread, `assign_layouts::gather_rows`.)
 //!
-//! The rule: sm_90 and later, no matrix path (its own templates), no cluster split and
-//! no persistent walk, at most 256 threads a block, no user `min_blocks`, no other
-//! register-room attempts, and a `dot` inside a loop. A kernel whose loop the writer
+//! On sm_80 and sm_89 (the `mma.sync` rule's rings, one block as `choose_tiles` left it)
+//! there is one further attempt: no rings, every operand staged from registers where its
+//! value is defined (attention at D 256 on small tiles spilled 8 bytes with them).
+//!
+//! The rule: no matrix path (its own templates), no cluster split and no persistent
+//! walk, at most 256 threads a block, no user `min_blocks`, no other register-room
+//! attempts, and a `dot` inside a loop. A kernel whose loop the writer
 //! warp-specializes instead has launch bounds of its own and ignores the request.
 
 use kfuse_ir::{Kernel, Op};
@@ -37,7 +42,7 @@ pub const RING_BLOCKS: u32 = 2;
 /// `Schedule::ring_stages` (see the module docs).
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     let s = &k.schedule;
-    if target.sm < 90 || s.mma().is_some() || s.split_blocks > 1 || s.persistent > 0 || s.num_threads > 256 || spec.min_blocks.is_some() || s.register_attempt.1 > 1 {
+    if s.mma().is_some() || s.split_blocks > 1 || s.persistent > 0 || s.num_threads > 256 || spec.min_blocks.is_some() || s.register_attempt.1 > 1 {
         return Ok(());
     }
     let mut depth = 0u32;
@@ -54,6 +59,14 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         return Ok(());
     }
     let a = spec.register_attempt;
+    if target.sm < 90 {
+        // (the `mma.sync` rule's rings: without them where they spill)
+        k.schedule.register_attempt = (a, 2);
+        if a == 1 {
+            k.schedule.ring_stages = 1;
+        }
+        return Ok(());
+    }
     k.schedule.register_attempt = (a, 3);
     if a < 2 {
         k.schedule.min_blocks = RING_BLOCKS;

@@ -27,15 +27,19 @@
 //! operands only the FMA fallback reads refuse them with the reason.
 //!
 //! Paths, by target:
-//! 0. The general lowering, on sm_90, for a loop of up to [`MAX_DOTS`] `dot`s WGMMA takes
+//! 0. The general lowering, on sm_90 for a loop of up to [`MAX_DOTS`] `dot`s WGMMA takes
 //!    ([`wgmma_operands`]: exact products of f16, bf16 or fp8 tiles, `dot_tf32` of f32
-//!    ones; 8-bit and TF32 operands K-major) from tensors TMA can read (either tile
+//!    ones; 8-bit and TF32 operands K-major), on sm_80/sm_89 for a loop of one `dot` of
+//!    f16 or bf16 tiles (`mma.sync`, its operands in `cp.async` rings read by `ldmatrix`;
+//!    [`general_dots`]), from tensors TMA can read (either tile
 //!    dimension of unit stride; up to 5 dimensions, the others indexed: a batch)
 //!    ([`general_takes`]: no grouped launch, split wave,
 //!    cluster, ping-pong, `STAGES` or `GROUPM` override, and not `GENERAL=0`): no plan;
 //!    `Schedule::dots_one_by_one` says [`GENERAL_TAKES`], `choose_tiles` gives the loop
-//!    the matrix tiles, and the general writer lowers it op by op (a producer warpgroup's
-//!    TMA rings, `wgmma`, TMA bulk stores). Where that writer cannot write it (shared
+//!    the matrix tiles (on sm_80/sm_89 the template's warps and blocks a multiprocessor),
+//!    and the general writer lowers it op by op (a producer warpgroup's TMA rings,
+//!    `wgmma`, TMA bulk stores on sm_90; `cp.async` rings, `ldmatrix`, `mma.sync`
+//!    elsewhere). Where that writer cannot write it (shared
 //!    memory for an epilogue's conversions beside the rings), `compile` takes the
 //!    template (path 1) and its plan says why.
 //! 1. [`MmaPath::WgmmaTma`] on sm_90: f16/bf16/f8e4m3/f8e5m2 operands, and the f32
@@ -47,7 +51,8 @@
 //!    is swizzled in 128-byte spans; one instruction covers 32 bytes of K (`k16` for
 //!    16-bit, `k32` for 8-bit, `k8` for TF32). A `dot_tf32` whose operands TMA cannot
 //!    read takes path 3 (exact products are within what it allows).
-//! 2. [`MmaPath::MmaSyncCpAsync`] on the other sm_80+ targets (sm_80, sm_89): f16/bf16
+//! 2. [`MmaPath::MmaSyncCpAsync`] on the other sm_80+ targets (sm_80, sm_89) where the
+//!    general lowering does not take the loop (`GENERAL=0`, a grouped launch): f16/bf16
 //!    operands whose rows `cp.async` can copy in 16-byte chunks — the same tensor
 //!    conditions as TMA's, plus a block offset along the unit-stride dimension known to
 //!    be a multiple of 16 bytes (`(0..K).step_by(BK)` and `j * BN` are). Majorness as
@@ -434,17 +439,23 @@ pub fn general_requested(spec: &Spec) -> bool {
 
 /// Why the dots of a loop [`general_takes`] are lowered one by one (the scheduled IR
 /// shows it).
-pub const GENERAL_TAKES: &str = "the general lowering takes this loop (sm_90, up to four `dot`s of f16, bf16, fp8 or TF32-read f32 operands)";
+pub const GENERAL_TAKES: &str = "the general lowering takes this loop (up to four `dot`s of f16, bf16, fp8 or TF32-read f32 operands on sm_90, one of f16 or bf16 on sm_80 and sm_89)";
 
-/// Whether the general lowering takes a loop the WGMMA template would (module docs,
-/// point 0): sm_90, up to [`MAX_DOTS`] `dot`s WGMMA takes ([`wgmma_operands`]; 8-bit and
-/// TF32 operands K-major) of tiles loaded from tensors TMA can read, no grouped launch, the whole grid in one launch (`Spec::walk`), no
-/// cluster, ping-pong, `STAGES` or `GROUPM` override (the template's) and no tile wider
-/// than 256; `GENERAL=0` keeps the template. On the H100 the two ran within the vendor's
-/// spread of each other on every bf16 row of BENCHMARKS.md's GEMM table (the general lowering 0.97–1.02× cuBLAS, the
-/// template 0.90–1.03×, one call).
+/// Whether the general lowering takes a loop a matrix template would (module docs,
+/// point 0): the dots it puts on the tensor cores ([`general_dots`]: on sm_90 up to
+/// [`MAX_DOTS`] that WGMMA takes, 8-bit and TF32 operands K-major; on sm_80/sm_89 one of
+/// f16 or bf16) of tiles loaded from tensors TMA (and `cp.async`) can read (on
+/// sm_80/sm_89 at block offsets along the unit-stride dimension known to be multiples
+/// of 16 bytes, which `cp.async` copies from; else the template's FMA path), no grouped
+/// launch, the whole grid in one launch (`Spec::walk`), no cluster, ping-pong, `STAGES`
+/// or `GROUPM` override (the templates') and no tile wider than 256; `GENERAL=0` keeps
+/// the template. On the H100 the two ran within the vendor's spread of each other on
+/// every bf16 row of BENCHMARKS.md's GEMM table (the general lowering 0.97–1.02× cuBLAS,
+/// the template 0.90–1.03×, one call); forced to the sm_80 path the general lowering ran
+/// 1.14–1.25× the mma.sync template on the bf16 rows but M127 (0.94×; one call, NOTES.md
+/// l10).
 pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
-    if target.sm != 90 || k.schedule.grouped || spec.tiles.get("GENERAL") == Some(&0) || !matches!(spec.walk, Walk::All) {
+    if target.sm < 80 || k.schedule.grouped || spec.tiles.get("GENERAL") == Some(&0) || !matches!(spec.walk, Walk::All) {
         return false;
     }
     let cluster = ["SPLITK", "MCAST", "MCASTB"].iter().any(|o| spec.tiles.get(*o).is_some_and(|&v| v > 1));
@@ -456,7 +467,7 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     // (several dots: SwiGLU's pair 409.3 against 416.8 µs at 4096³, equal at M8192
     // N14336 and M127 N14336 on the H100, one call, 2026-11-27; three products NOTES l9)
     let ds = dots(k);
-    if ds.len() > MAX_DOTS || !general_wgmma(k, target, &ds) {
+    if !general_dots(k, target, &ds) {
         return false;
     }
     let Ok((_, found)) = matrix_loop(k, &ds) else { return false };
@@ -464,9 +475,20 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     // template's refusal says how to make such a copy)
     let sixteen = k.ty(k.operands(ds[0])[0]).dtype.size_bytes() == 2;
     let k_major = |(l, t): (OpId, bool), k_axis| sixteen || operand_major(k, spec, l, t, k_axis) == Some(Major::K);
+    // (`cp.async` copies 16-byte pieces from the block's offset: elsewhere that offset
+    // must be a multiple of 16 bytes, else the template's FMA fallback, pipelined)
+    let copies = |l: OpId| target.sm == 90 || cp_async_obstacle(k, spec, l, k.ty(l.value()).dtype.size_bytes() as u32).is_none();
     found.iter().all(|f| {
-        [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() <= 5) && tma_obstacle(k, spec, l).is_none()) && k_major(f.a, 1) && k_major(f.b, 0)
+        [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() <= 5) && tma_obstacle(k, spec, l).is_none() && copies(l)) && k_major(f.a, 1) && k_major(f.b, 0)
     })
+}
+
+/// Whether the general lowering puts the dots of a matrix loop on the tensor cores:
+/// up to [`MAX_DOTS`] that WGMMA takes on sm_90 ([`general_wgmma`]), elsewhere one of
+/// f16 or bf16 operands (`mma.sync`, which takes one dot a loop: `several_dots_elsewhere`).
+pub fn general_dots(k: &Kernel, target: &Target, dots: &[OpId]) -> bool {
+    let sync16 = |&d: &OpId| matches!(k.op(d), Op::Dot { precision: DotPrecision::Exact }) && matches!(k.ty(k.operands(d)[0]).dtype, DType::F16 | DType::BF16);
+    if target.sm == 90 { dots.len() <= MAX_DOTS && general_wgmma(k, target, dots) } else { target.sm >= 80 && dots.len() == 1 && dots.iter().all(sync16) }
 }
 
 /// Whether the general lowering puts `dots` on WGMMA: sm_90, f16/bf16/fp8 operands of

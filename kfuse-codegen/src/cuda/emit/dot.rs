@@ -15,23 +15,31 @@
 //!    `wgmma` (`dot_wgmma.rs`).
 //! 1. f16/bf16 operands whose result `assign_layouts` put in the `m16n8k16` accumulator
 //!    layout (`one_dot_mma_layout`): `mma.sync` on the tensor cores, which every target
-//!    from sm_80 has. The operands are staged as above but `b` transposed (`[N, K]`, so
-//!    both fragments are 32-bit reads), and every `k` outside the valid range is staged
-//!    as 0 in both (the instruction multiplies whole `k16` steps, and a masked lane may
-//!    hold a NaN). Each warp computes its instruction tiles; its registers `4 (i J + j) +
-//!    2 r + c` are the instruction's `d0..d3` of tile `(i, j)` (`layout::mma_tiles_accumulator`).
+//!    from sm_80 has. An operand the plan stages where it is defined (`dot_wgmma::plan`)
+//!    lies in a swizzled tile as WGMMA's (A K-major, B K-major or MN-major as its
+//!    registers run), which a ring's `cp.async` copies may fill (`operand_ring`); each
+//!    warp reads its fragments with `ldmatrix.x4` (B two instruction tiles at a time,
+//!    `.trans` for an MN-major B, `.x2` for an odd last one), each B fragment followed by
+//!    its instructions, so that few B registers are live at once. Any other operand is
+//!    staged here as above but `b` transposed (`[N, K]`, rows padded by one word, so both
+//!    fragments are 32-bit reads), every `k` outside the valid range as 0 (the
+//!    instruction multiplies whole `k16` steps, and a masked lane may hold a NaN; a tile
+//!    of the plan is 0 outside its own valid range). Each warp computes its instruction
+//!    tiles; its registers `4 (i J + j) + 2 r + c` are the instruction's `d0..d3` of
+//!    tile `(i, j)` (`layout::mma_tiles_accumulator`).
 //! 2. Otherwise exact f32 FMAs, summed in ascending `k` (the interpreter sums in f64):
 //!    results agree to f32 rounding.
 //!
 //! Both products are exact (f16/bf16 products fit f32); the sums round in f32. Under
 //! rule 1 an operand whose value feeds only such dots in one form is staged where it is
-//! defined instead (`dot_wgmma::plan`, the tiles `padded`: a loop-invariant Q once, K and
-//! V as loaded), zero outside its own valid range; the dot then reads it there. Rule 2
-//! stages at every call, not pipelined with the math. Each rule adds a line to the plan
+//! defined instead (a loop-invariant Q once; K and V by a ring's copies, or as loaded),
+//! zero outside its own valid range; the dot then reads it there. Rule 2 stages at
+//! every call, not pipelined with the math. Each rule adds a line to the plan
 //! (`Emitted::dot_notes`).
 
 use kfuse_ir::{DType, Layout, OpId, ValueId};
 
+use super::dot_wgmma::SmemTile;
 use super::{coord, coord_raw, from_reg, owner, stype, to_reg, Emitter, Val, MAX_STATIC_SMEM, R};
 use crate::layout::RegMap;
 use crate::CodegenError;
@@ -44,12 +52,13 @@ impl Emitter<'_> {
         }
         let label = super::dot_wgmma::dot_label(self.k, op);
         if let Some(warps) = self.mma_rule(op) {
-            // operands the plan wrote where they were defined are read there
-            let eager = |t: &super::dot_wgmma::SmemTile| t.eager.then(|| t.base());
-            let (ea, eb) = planned.as_ref().map_or((None, None), |d| (d.a_tile().and_then(eager), eager(d.b_tile())));
-            let at = |e: &Option<String>| if e.is_some() { "written where it is defined" } else { "written at the dot" };
-            self.dot_notes.push(format!("{label}: mma.sync m16n8k16 over {}x{} warps; A in shared memory {}; B in shared memory {}", warps[0], warps[1], at(&ea), at(&eb)));
-            return self.dot_mma(op, a, b, warps, [ea, eb]);
+            // operands the plan wrote where they were defined (or a ring copied) are read there
+            let eager = |t: &SmemTile| t.eager.then(|| t.clone());
+            let staged = planned.as_ref().map_or([None, None], |d| [d.a_tile().and_then(eager), eager(d.b_tile())]);
+            let b_mn = planned.as_ref().is_some_and(|d| d.b_mn);
+            let (na, nb) = (self.mma_operand_note(staged[0].as_ref(), "K-major"), self.mma_operand_note(staged[1].as_ref(), if b_mn { "MN-major" } else { "K-major" }));
+            self.dot_notes.push(format!("{label}: mma.sync m16n8k16 over {}x{} warps; A from {na}; B from {nb}", warps[0], warps[1]));
+            return self.dot_mma(op, a, b, warps, staged);
         }
         self.dot_notes.push(format!("{label}: f32 FMAs, both operands written to shared memory at the dot"));
         let v = op.value();
@@ -114,16 +123,29 @@ impl Emitter<'_> {
         (*have == want && sixteen).then(|| [want.warps_per_block[0], want.warps_per_block[1]])
     }
 
-    /// Rule 1: `mma.sync.m16n8k16` over operands staged in shared memory.
-    fn dot_mma(&mut self, op: OpId, a: ValueId, b: ValueId, [wm, wn]: [u32; 2], staged: [Option<String>; 2]) -> R {
+    /// Where an operand of the `mma.sync` rule comes from, for the plan: a tile the plan
+    /// staged (`major` its contiguous axis), or padded rows written at the dot.
+    fn mma_operand_note(&self, t: Option<&SmemTile>, major: &str) -> String {
+        match t {
+            None => "shared memory (padded rows, written at the dot)".into(),
+            Some(t) if t.padded => format!("shared memory (padded rows, {})", self.staged_when(t)),
+            Some(t) => format!("shared memory ({major}, {}-byte swizzle, {}; ldmatrix)", t.span, self.staged_when(t)),
+        }
+    }
+
+    /// Rule 1: `mma.sync.m16n8k16` over operands in shared memory: the plan's tiles
+    /// (`staged`, read by `ldmatrix`, or 32-bit words from padded rows) or, for an
+    /// operand with none, padded rows of the scratch written here.
+    fn dot_mma(&mut self, op: OpId, a: ValueId, b: ValueId, [wm, wn]: [u32; 2], staged: [Option<SmemTile>; 2]) -> R {
         let v = op.value();
         let (av, bv) = (self.val(a).clone(), self.val(b).clone());
         let (amap, bmap) = (av.map.clone().unwrap(), bv.map.clone().unwrap());
         let d = av.dtype;
         let (m, kk, n) = (av.shape[0], av.shape[1], bv.shape[1]);
         let row = kk + 2; // one 32-bit word of padding
-        let a_bytes = (m * row * 2).div_ceil(16) * 16;
-        let bytes = a_bytes + n * row * 2;
+        let here = [staged[0].is_none(), staged[1].is_none()];
+        let a_bytes = if here[0] { (m * row * 2).div_ceil(16) * 16 } else { 0 };
+        let bytes = a_bytes + if here[1] { n * row * 2 } else { 0 };
         if bytes > MAX_STATIC_SMEM {
             return Err(CodegenError::Unsupported(format!(
                 "`dot` of [{m}, {kk}] · [{kk}, {n}] tiles lowered on its own needs {bytes} bytes of shared memory (static limit {MAX_STATIC_SMEM}); use smaller tiles"
@@ -136,58 +158,124 @@ impl Emitter<'_> {
         let regs = val.map.as_ref().unwrap().regs;
         self.vals.insert(v, val);
         self.open("")?;
-        let (klo, khi) = (self.fresh("kf_klo"), self.fresh("kf_khi"));
-        self.line(format!("const int {klo} = (int)kf_maxi({}, {}), {khi} = (int)kf_mini({}, {});", av.lo[1], bv.lo[0], av.hi[1], bv.hi[0]))?;
-        self.line(self.barrier)?;
-        let da = staged[0].clone().unwrap_or_else(|| "kf_smem".into());
-        let db = staged[1].clone().unwrap_or_else(|| format!("(kf_smem + {a_bytes})"));
-        self.line(format!("kf_u16* kf_da = reinterpret_cast<kf_u16*>({da});"))?;
-        self.line(format!("kf_u16* kf_db = reinterpret_cast<kf_u16*>({db});"))?;
-        // a as [M, K], b as [N, K]; k outside [klo, khi) as 0 (a staged operand: outside
-        // its own valid range, `dot_wgmma::stage_tile`)
-        for (x, xv, xmap, dst, k_axis) in [(a, &av, &amap, "kf_da", 1usize), (b, &bv, &bmap, "kf_db", 0usize)] {
-            if staged[k_axis ^ 1].is_some() {
-                continue;
+        // the operands without a tile: a as [M, K], b as [N, K], k outside the valid
+        // range as 0 (a staged operand is 0 outside its own valid range: `stage_tile`,
+        // a ring's zero-filled copies)
+        let da = staged[0].as_ref().map_or_else(|| "kf_smem".to_string(), |t| t.base());
+        let db = staged[1].as_ref().map_or_else(|| format!("(kf_smem + {a_bytes})"), |t| t.base());
+        if here[0] || here[1] {
+            let (klo, khi) = (self.fresh("kf_klo"), self.fresh("kf_khi"));
+            self.line(format!("const int {klo} = (int)kf_maxi({}, {}), {khi} = (int)kf_mini({}, {});", av.lo[1], bv.lo[0], av.hi[1], bv.hi[0]))?;
+            self.line(self.barrier)?;
+            for (x, xv, xmap, dst, k_axis) in [(a, &av, &amap, &da, 1usize), (b, &bv, &bmap, &db, 0usize)] {
+                if !here[k_axis ^ 1] {
+                    continue;
+                }
+                let c: Vec<String> = xv.axis_map.iter().map(|am| am.map_or("0".to_string(), |i| coord_raw(xmap, i, "k"))).collect();
+                let (kc, other) = (&c[k_axis], &c[1 - k_axis]);
+                let own = owner(xmap, "k");
+                self.unroll("k", xmap.regs)?;
+                let value = format!("({kc}) >= {klo} && ({kc}) < {khi} ? {} : {}", from_reg(d, &self.reg(x, "k")), from_reg(d, "0.0f"));
+                let store = format!("reinterpret_cast<kf_u16*>({dst})[({other}) * {row} + ({kc})] = {value};");
+                self.line(if own == "true" { store } else { format!("if ({own}) {store}") })?;
+                self.close()?;
             }
-            let c: Vec<String> = xv.axis_map.iter().map(|am| am.map_or("0".to_string(), |i| coord_raw(xmap, i, "k"))).collect();
-            let (kc, other) = (&c[k_axis], &c[1 - k_axis]);
-            let own = owner(xmap, "k");
-            self.unroll("k", xmap.regs)?;
-            let value = format!("({kc}) >= {klo} && ({kc}) < {khi} ? {} : {}", from_reg(d, &self.reg(x, "k")), from_reg(d, "0.0f"));
-            let store = format!("{dst}[({other}) * {row} + ({kc})] = {value};");
-            self.line(if own == "true" { store } else { format!("if ({own}) {store}") })?;
-            self.close()?;
+            self.line(self.barrier)?;
+            self.wg_dirty = false;
+        } else if self.wg_dirty {
+            // every thread's writes to the staged tiles are done before they are read
+            self.line(self.barrier)?;
+            self.wg_dirty = false;
         }
-        self.line(self.barrier)?;
+        // a ring's next copies go out before the math
+        self.take_pending_fetch()?;
         self.unroll("k", regs)?;
         let init = self.accumulate_onto(op);
         self.line(format!("{name}[k] = {init};"))?;
         self.close()?;
         let ty = if d == DType::F16 { "f16" } else { "bf16" };
+        let mma = format!("kf_mma_{ty}");
+        self.helpers.insert(mma.clone(), mma_fn(&mma, ty));
         let (ti, tj) = (m / 16 / wm, n / 8 / wn);
         self.line(format!("const int kf_wa = kf_warp / {wn}, kf_wb = kf_warp % {wn};"))?;
         self.line("#pragma unroll")?;
         self.open(format!("for (int kk = 0; kk < {kk}; kk += 16)"))?;
-        self.unroll("i", ti)?;
-        self.line(format!("const int r0 = 16 * (kf_wa + {wm} * i) + kf_lane / 4, c0 = kk + 2 * (kf_lane % 4);"))?;
-        self.line("const unsigned* pa = reinterpret_cast<const unsigned*>(kf_da);")?;
-        self.line(format!(
-            "const unsigned fa[4] = {{pa[(r0 * {row} + c0) / 2], pa[((r0 + 8) * {row} + c0) / 2], pa[(r0 * {row} + c0 + 8) / 2], pa[((r0 + 8) * {row} + c0 + 8) / 2]}};"
-        ))?;
-        self.unroll("j", tj)?;
-        self.line(format!("const int n0 = 8 * (kf_wb + {wn} * j) + kf_lane / 4;"))?;
-        self.line("const unsigned* pb = reinterpret_cast<const unsigned*>(kf_db);")?;
-        self.line(format!("const unsigned fb[2] = {{pb[(n0 * {row} + c0) / 2], pb[(n0 * {row} + c0 + 8) / 2]}};"))?;
-        self.line(format!("float* acc = &{name}[4 * (i * {tj} + j)];"))?;
-        self.line(format!(
-            "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};\" : \"+f\"(acc[0]), \"+f\"(acc[1]), \"+f\"(acc[2]), \"+f\"(acc[3]) : \"r\"(fa[0]), \"r\"(fa[1]), \"r\"(fa[2]), \"r\"(fa[3]), \"r\"(fb[0]), \"r\"(fb[1]));"
-        ))?;
-        self.close()?;
-        self.close()?;
+        self.line(format!("unsigned fa[{ti}][4];"))?;
+        self.a_fragments(staged[0].as_ref(), &da, ti, wm, row)?;
+        self.b_fragments_mma(staged[1].as_ref(), &db, [ti, tj], wn, row, &format!("{mma}(&{name}[4 * (i * {tj} + @J)], fa[i], @F);"))?;
         self.close()?;
         // the staged tiles' readers: a later copy into them waits for a barrier
         self.wg_synced = false;
         self.close()
+    }
+
+    /// Each of the warp's `ti` A fragments of the `k16` step at `kk` (`fa[i]`): rows
+    /// `16 (kf_wa + wm i)`, from the tile `t` (`ldmatrix.x4`: matrix `q` is rows `+8 (q &
+    /// 1)`, k `+8 (q >> 1)`) or from padded rows of `row` elements at `base`.
+    fn a_fragments(&mut self, t: Option<&SmemTile>, base: &str, ti: u32, wm: u32, row: u32) -> R {
+        self.unroll("i", ti)?;
+        match t.filter(|t| !t.padded) {
+            Some(t) => {
+                self.helpers.insert("kf_ldsm_x4".into(), LDSM_X4.into());
+                let at = t.at(&format!("16 * (kf_wa + {wm} * i) + (kf_lane & 7) + ((kf_lane >> 3) & 1) * 8"), "kk + (kf_lane >> 4) * 8");
+                self.line(format!("kf_ldsm_x4(fa[i], kf_saddr({base}) + {at});"))?;
+            }
+            None => {
+                self.line(format!("const int r0 = 16 * (kf_wa + {wm} * i) + kf_lane / 4, c0 = kk + 2 * (kf_lane % 4);"))?;
+                self.line(format!("const unsigned* pa = reinterpret_cast<const unsigned*>({base});"))?;
+                self.line(format!("fa[i][0] = pa[(r0 * {row} + c0) / 2]; fa[i][1] = pa[((r0 + 8) * {row} + c0) / 2];"))?;
+                self.line(format!("fa[i][2] = pa[(r0 * {row} + c0 + 8) / 2]; fa[i][3] = pa[((r0 + 8) * {row} + c0 + 8) / 2];"))?;
+            }
+        }
+        self.close()
+    }
+
+    /// The warp's `tj` B fragments of the `k16` step at `kk`, each followed by its
+    /// instructions over the `ti` A fragments (`mma`, with `@J` the fragment's tile and
+    /// `@F` its two registers), so that few B registers are live at once. Fragment `j` is
+    /// columns `8 (kf_wb + wn j)`: from the tile `t`, two instruction tiles an
+    /// `ldmatrix.x4` (matrix `q` is tile `+(q >> 1)`, k `+8 (q & 1)`; `.trans` where the
+    /// tile's rows run along k), an odd last one by `.x2`; or from padded `[N, K]` rows at
+    /// `base`.
+    fn b_fragments_mma(&mut self, t: Option<&SmemTile>, base: &str, [ti, tj]: [u32; 2], wn: u32, row: u32, mma: &str) -> R {
+        let issue = |e: &mut Self, j: &str, f: &str| -> R {
+            e.unroll("i", ti)?;
+            e.line(mma.replace("@J", j).replace("@F", f))?;
+            e.close()
+        };
+        let Some(t) = t.filter(|t| !t.padded) else {
+            self.unroll("j", tj)?;
+            self.line(format!("const int n0 = 8 * (kf_wb + {wn} * j) + kf_lane / 4, c0 = kk + 2 * (kf_lane % 4);"))?;
+            self.line(format!("const unsigned* pb = reinterpret_cast<const unsigned*>({base});"))?;
+            self.line(format!("const unsigned fb[2] = {{pb[(n0 * {row} + c0) / 2], pb[(n0 * {row} + c0 + 8) / 2]}};"))?;
+            issue(self, "j", "fb")?;
+            return self.close();
+        };
+        // (the tile's rows along k: MN-major, each 8x8 matrix transposed on its way)
+        let trans = t.row_axis == t.k_axis;
+        let (x4, x2) = if trans { ("kf_ldsm_x4_t", "kf_ldsm_x2_t") } else { ("kf_ldsm_x4", "kf_ldsm_x2") };
+        let place = |tile: &str| {
+            let (nn, k) = (format!("8 * (kf_wb + {wn} * ({tile}))"), "kk + ((kf_lane >> 3) & 1) * 8");
+            if trans { t.at(&format!("{k} + (kf_lane & 7)"), &nn) } else { t.at(&format!("{nn} + (kf_lane & 7)"), k) }
+        };
+        if tj >= 2 {
+            self.helpers.insert(x4.into(), if trans { LDSM_X4_T } else { LDSM_X4 }.into());
+            self.unroll("jp", tj / 2)?;
+            self.line("unsigned fb[4];")?;
+            self.line(format!("{x4}(fb, kf_saddr({base}) + {});", place("2 * jp + (kf_lane >> 4)")))?;
+            issue(self, "2 * jp", "fb")?;
+            issue(self, "2 * jp + 1", "fb + 2")?;
+            self.close()?;
+        }
+        if tj % 2 == 1 {
+            self.helpers.insert(x2.into(), if trans { LDSM_X2_T } else { LDSM_X2 }.into());
+            self.open("")?;
+            self.line("unsigned fb[2];")?;
+            self.line(format!("{x2}(fb, kf_saddr({base}) + {});", place(&(tj - 1).to_string())))?;
+            issue(self, &(tj - 1).to_string(), "fb")?;
+            self.close()?;
+        }
+        Ok(())
     }
 
     /// Writes the registers `val` (value `v`) owns into the row-major `[rows, row]`
@@ -200,4 +288,19 @@ impl Emitter<'_> {
         self.line(if own == "true" { store } else { format!("if ({own}) {store}") })?;
         self.close()
     }
+}
+
+/// `ldmatrix` (PTX ISA): four or two 8x8 matrices of 16-bit elements, each lane giving
+/// one matrix row's 16-byte address; `.trans` transposes each matrix.
+const LDSM_X4: &str = "static __device__ __forceinline__ void kf_ldsm_x4(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(addr) : \"memory\");\n}\n";
+const LDSM_X4_T: &str = "static __device__ __forceinline__ void kf_ldsm_x4_t(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(addr) : \"memory\");\n}\n";
+const LDSM_X2: &str = "static __device__ __forceinline__ void kf_ldsm_x2(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\" : \"=r\"(r[0]), \"=r\"(r[1]) : \"r\"(addr) : \"memory\");\n}\n";
+const LDSM_X2_T: &str = "static __device__ __forceinline__ void kf_ldsm_x2_t(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\" : \"=r\"(r[0]), \"=r\"(r[1]) : \"r\"(addr) : \"memory\");\n}\n";
+
+/// `name(d, a, b)`: `d += a · b` for one `mma.sync.m16n8k16` tile of `ty` operands, f32
+/// accumulators.
+fn mma_fn(name: &str, ty: &str) -> String {
+    format!(
+        "static __device__ __forceinline__ void {name}(float* d, const unsigned* a, const unsigned* b) {{\n  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};\"\n    : \"+f\"(d[0]), \"+f\"(d[1]), \"+f\"(d[2]), \"+f\"(d[3])\n    : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]));\n}}\n"
+    )
 }

@@ -47,8 +47,10 @@
 //! turns, so that one's math overlaps the other's instructions.
 //!
 //! The plan ([`plan`]) also places the operands of dots on the `mma.sync` rule
-//! (`dot.rs`, rule 1) as padded tiles (`SmemTile::padded`), so that those too are staged
-//! where their values are defined; rings take only WGMMA tiles.
+//! (`dot.rs`, rule 1), so that those too are staged where their values are defined, in
+//! the same swizzled tiles (A K-major, B as its registers run), which `ldmatrix` reads
+//! and a ring's `cp.async` copies fill; where no swizzle span divides a tile's
+//! contiguous extent, both take padded rows (`SmemTile::padded`), which no ring takes.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -153,7 +155,8 @@ pub(super) struct WgDot {
     /// Warpgroups of the block.
     pub groups: u32,
     pub dtype: DType,
-    /// The `mma.sync` rule over these warps instead of WGMMA (its tiles `padded`).
+    /// The `mma.sync` rule over these warps instead of WGMMA (its tiles swizzled as
+    /// WGMMA's, or `padded` where no swizzle span fits).
     pub mma: Option<[u32; 2]>,
 }
 
@@ -186,6 +189,10 @@ pub(super) struct WgPlan {
     pub bytes: u32,
     /// Tiles a ring's region holds (2; more where a producer warpgroup fills them).
     pub stages: u32,
+    /// Some dot reads its operands through the async proxy (WGMMA): generic writes to
+    /// the operand area are fenced against it (`fence.proxy.async`, sm_90 only); the
+    /// `mma.sync` rule's `ldmatrix` reads are generic.
+    pub async_proxy: bool,
 }
 
 /// The widest swizzle (bytes) whose span divides a contiguous extent of `cols` elements
@@ -241,9 +248,22 @@ fn mma_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
     if k.ty(ops[0]).dtype.size_bytes() != 2 {
         return None;
     }
-    let tile = |rows, row_axis, col_axis, k_axis| SmemTile { off: 0, rows, cols: kk, span: 0, row_axis, col_axis, k_axis, eager: false, ring: None, padded: true, esize: 2 };
     let warps = [want.warps_per_block[0], want.warps_per_block[1]];
-    Some(WgDot { a: ASrc::Smem(tile(m, 0, 1, 1)), b: tile(n, 1, 0, 0), b_mn: false, m, n, kk, groups: 0, dtype: k.ty(ops[0]).dtype, mma: Some(warps) })
+    let dtype = k.ty(ops[0]).dtype;
+    // swizzled as WGMMA's (`ldmatrix` reads them, `.trans` for an MN-major B), so that a
+    // ring's copies fill them; rows of `cols + 2` elements where no swizzle span divides
+    // the contiguous extent
+    let swizzled = |rows, cols, [row_axis, col_axis, k_axis]: [usize; 3]| {
+        span_of(cols, 2).map(|span| SmemTile { off: 0, rows, cols, span, row_axis, col_axis, k_axis, eager: false, ring: None, padded: false, esize: 2 })
+    };
+    let padded = |rows, [row_axis, col_axis, k_axis]: [usize; 3]| SmemTile { off: 0, rows, cols: kk, span: 0, row_axis, col_axis, k_axis, eager: false, ring: None, padded: true, esize: 2 };
+    let a = swizzled(m, kk, [0, 1, 1]).unwrap_or_else(|| padded(m, [0, 1, 1]));
+    let along_n = matches!(k.schedule.layouts.get(&ops[1]), Some(Layout::Blocked(l)) if l.order[0] == 1);
+    let (b, b_mn) = match swizzled(kk, n, [0, 1, 0]).filter(|_| along_n && !a.padded) {
+        Some(t) => (t, true),
+        None => (swizzled(n, kk, [1, 0, 0]).filter(|_| !a.padded).unwrap_or_else(|| padded(n, [1, 0, 0])), false),
+    };
+    Some(WgDot { a: ASrc::Smem(a), b, b_mn, m, n, kk, groups: 0, dtype, mma: Some(warps) })
 }
 
 /// The value an operand is a transpose chain of, and per operand axis the axis of that
@@ -334,6 +354,7 @@ pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec, rings: bool, wgmma: b
     }
     let loops = super::operand_ring::enclosing_loops(k);
     let ringable: Vec<ValueId> = roots.iter().copied().filter(|r| rings && !p.eager[r].padded).collect();
+    p.async_proxy = p.dots.values().any(|d| d.mma.is_none());
     for &r in &ringable {
         if let Some(l) = super::operand_ring::ring_load(k, spec, &loops, r, &p.eager[&r]) {
             p.eager.get_mut(&r).unwrap().ring = Some(l);
@@ -536,7 +557,7 @@ impl Emitter<'_> {
             self.close()?;
         }
         self.close()?;
-        if !t.padded {
+        if self.wg.as_ref().is_some_and(|p| p.async_proxy) {
             self.line("kf_proxy_fence();")?;
         }
         self.wg_dirty = true;
@@ -612,26 +633,26 @@ impl Emitter<'_> {
         self.close()
     }
 
-    /// The plan's line for a WGMMA dot: the instruction and where each operand comes
-    /// from.
-    fn wg_note(&self, op: OpId, d: &WgDot) -> String {
+    /// How a staged operand tile gets its data, for the plan: a ring's copies, written
+    /// where its value is defined, or at the dot.
+    pub(super) fn staged_when(&self, t: &SmemTile) -> String {
         let stages = self.wg.as_ref().map_or(2, |p| p.stages);
-        let ring = |l: kfuse_ir::LoopId| match &self.ws {
-            Some(_) => format!("copied by the producer warpgroup into a {stages}-stage ring"),
-            None => {
+        match (t.ring, t.eager) {
+            (Some(_), _) if self.ws.is_some() => format!("copied by the producer warpgroup into a {stages}-stage ring"),
+            (Some(l), _) => {
                 let nest = self.nest_of(l);
                 let across = if nest.len() > 1 { format!(", across loops {} as one", nest.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")) } else { String::new() };
                 format!("copied by cp.async into a {stages}-stage ring {} step(s) ahead{across}", stages - 1)
             }
-        };
-        let smem = |t: &SmemTile, major: &str| {
-            let when = match (t.ring, t.eager) {
-                (Some(l), _) => ring(l),
-                (None, true) => "written where it is defined".to_string(),
-                (None, false) => "written at the dot".to_string(),
-            };
-            format!("shared memory ({major}, {}-byte swizzle, {when})", t.span)
-        };
+            (None, true) => "written where it is defined".to_string(),
+            (None, false) => "written at the dot".to_string(),
+        }
+    }
+
+    /// The plan's line for a WGMMA dot: the instruction and where each operand comes
+    /// from.
+    fn wg_note(&self, op: OpId, d: &WgDot) -> String {
+        let smem = |t: &SmemTile, major: &str| format!("shared memory ({major}, {}-byte swizzle, {})", t.span, self.staged_when(t));
         let a = match &d.a {
             ASrc::Regs => "registers (the accumulator layout)".to_string(),
             ASrc::Smem(t) => smem(t, "K-major"),

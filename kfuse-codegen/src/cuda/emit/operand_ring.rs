@@ -1,6 +1,7 @@
-//! Tile loads that feed only WGMMA operands, inside a loop, copied global → shared
-//! memory with `cp.async` into a ring of stages, several steps ahead (sm_90a; the
-//! software pipelining of `dot_wgmma`'s staged operands).
+//! Tile loads that feed only tensor-core operands (WGMMA's on sm_90a, `ldmatrix` +
+//! `mma.sync`'s elsewhere: `dot.rs`, rule 1), inside a loop, copied global → shared
+//! memory with `cp.async` into a ring of stages, several steps ahead (the software
+//! pipelining of `dot_wgmma`'s staged operands).
 //!
 //! A load qualifies ([`ring_load`]) when the plan stages it where it is defined
 //! (`WgPlan::eager`), it is a rank-2 tile (the tensor's other dimensions indexed) of a
@@ -32,11 +33,12 @@
 //! Before the outermost loop of the nest: the first `stages - 1` steps' tiles, one
 //! `cp.async` group each. At the first ring load of each step: a wait until at most
 //! `stages - 2` groups are pending (this step's tiles have landed, for this thread),
-//! `fence.proxy.async` (the copies are generic-proxy writes, WGMMA reads through the
-//! async proxy), one barrier (every thread's copies have landed; every thread is past
-//! the step before, whose instructions read the stage the next copies fill). The copies
-//! of the step `stages - 1` ahead follow the step's first dot's WGMMA instructions
-//! (issued while the tensor cores run, before the dot waits), then a commit, and the
+//! `fence.proxy.async` where WGMMA reads them (the copies are generic-proxy writes, WGMMA
+//! reads through the async proxy; `ldmatrix` is generic), one barrier (every thread's
+//! copies have landed; every thread is past the step before, whose instructions read
+//! the stage the next copies fill). The copies of the step `stages - 1` ahead follow the
+//! step's first dot's WGMMA instructions (issued while the tensor cores run, before the
+//! dot waits), or precede an `mma.sync` dot's math, then a commit, and the
 //! cursor and the write stage move on; the read stage moves at the end of the loop's
 //! body. Moving row tables are written for the cursor's step before the barrier its
 //! copies follow: a step ahead, after the copies, while the tensor cores run, where the
@@ -487,7 +489,10 @@ impl Emitter<'_> {
             // younger ones pending)
             let stages = self.wg.as_ref().unwrap().stages;
             self.line(format!("kf_cp_async_wait<{}>();", stages - 2))?;
-            self.line("kf_proxy_fence();")?;
+            // (against WGMMA's async proxy; `ldmatrix` reads are generic)
+            if self.wg.as_ref().unwrap().async_proxy {
+                self.line("kf_proxy_fence();")?;
+            }
             // the copies (and, `shadow_tables`, the row tables of the step after theirs)
             // wait for the step's first WGMMA instructions to be issued
             // (`take_pending_fetch`): they are written while the tensor cores run
