@@ -33,7 +33,7 @@
 //!    f16 or bf16 tiles (`mma.sync`, its operands in `cp.async` rings read by `ldmatrix`;
 //!    [`general_dots`]), from tensors TMA can read (either tile
 //!    dimension of unit stride; up to 5 dimensions, the others indexed: a batch)
-//!    ([`general_takes`]: no grouped launch, split wave,
+//!    ([`general_takes`]: no grouped launch on sm_90, no split wave,
 //!    cluster, ping-pong, `STAGES` or `GROUPM` override, and not `GENERAL=0`): no plan;
 //!    `Schedule::dots_one_by_one` says [`GENERAL_TAKES`], `choose_tiles` gives the loop
 //!    the matrix tiles (on sm_80/sm_89 the template's warps and blocks a multiprocessor),
@@ -52,7 +52,7 @@
 //!    16-bit, `k32` for 8-bit, `k8` for TF32). A `dot_tf32` whose operands TMA cannot
 //!    read takes path 3 (exact products are within what it allows).
 //! 2. [`MmaPath::MmaSyncCpAsync`] on the other sm_80+ targets (sm_80, sm_89) where the
-//!    general lowering does not take the loop (`GENERAL=0`, a grouped launch): f16/bf16
+//!    general lowering does not take the loop (`GENERAL=0`, a template override): f16/bf16
 //!    operands whose rows `cp.async` can copy in 16-byte chunks — the same tensor
 //!    conditions as TMA's, plus a block offset along the unit-stride dimension known to
 //!    be a multiple of 16 bytes (`(0..K).step_by(BK)` and `j * BN` are). Majorness as
@@ -447,7 +447,7 @@ pub const GENERAL_TAKES: &str = "the general lowering takes this loop (up to fou
 /// f16 or bf16) of tiles loaded from tensors TMA (and `cp.async`) can read (on
 /// sm_80/sm_89 at block offsets along the unit-stride dimension known to be multiples
 /// of 16 bytes, which `cp.async` copies from; else the template's FMA path), no grouped
-/// launch, the whole grid in one launch (`Spec::walk`), no cluster, ping-pong, `STAGES`
+/// launch on sm_90 (its table passes no tensor maps), the whole grid in one launch (`Spec::walk`), no cluster, ping-pong, `STAGES`
 /// or `GROUPM` override (the templates') and no tile wider than 256; `GENERAL=0` keeps
 /// the template. On the H100 the two ran within the vendor's spread of each other on
 /// every bf16 row of BENCHMARKS.md's GEMM table (the general lowering 0.97–1.02× cuBLAS,
@@ -455,7 +455,10 @@ pub const GENERAL_TAKES: &str = "the general lowering takes this loop (up to fou
 /// 1.14–1.25× the mma.sync template on the bf16 rows but M127 (0.94×; one call, NOTES.md
 /// l10).
 pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
-    if target.sm < 80 || k.schedule.grouped || spec.tiles.get("GENERAL") == Some(&0) || !matches!(spec.walk, Walk::All) {
+    // (a grouped launch passes no tensor maps through its table: none on sm_90, whose
+    // rings and stores take them)
+    let grouped = k.schedule.grouped && target.sm == 90;
+    if target.sm < 80 || grouped || spec.tiles.get("GENERAL") == Some(&0) || !matches!(spec.walk, Walk::All) {
         return false;
     }
     let cluster = ["SPLITK", "MCAST", "MCASTB"].iter().any(|o| spec.tiles.get(*o).is_some_and(|&v| v > 1));
