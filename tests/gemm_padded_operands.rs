@@ -51,11 +51,14 @@ fn bias_args(dt: DType, m: usize, n: usize, k: usize) -> [ArgDesc; 4] {
 }
 
 /// The matrix path of `e`'s loop; a loop the general lowering took counts as WGMMA + TMA
-/// where its dots are on `wgmma` and a producer warpgroup fills its rings by TMA.
+/// where its dots are on `wgmma` and a producer warpgroup fills its rings by TMA, as
+/// mma.sync + cp.async where they are on `mma.sync` and `cp.async` rings.
 fn path(e: &kfuse::codegen::EmittedKernel) -> Option<MmaPath> {
+    let any = |s: &str| e.plan.dots.iter().any(|d| d.contains(s));
     match &e.plan.matrix {
         Some(m) => Some(m.path),
-        None if e.plan.tensor_cores() && e.plan.dots.iter().any(|d| d.contains("(TMA, mbarriers;")) && e.plan.dots.iter().any(|d| d.contains(": wgmma m")) => Some(MmaPath::WgmmaTma),
+        None if e.plan.tensor_cores() && any("(TMA, mbarriers;") && any(": wgmma m") => Some(MmaPath::WgmmaTma),
+        None if e.plan.tensor_cores() && any(": mma.sync m16n8k16") && any("copied by cp.async into a") => Some(MmaPath::MmaSyncCpAsync),
         None => None,
     }
 }
@@ -78,7 +81,7 @@ fn unaligned_b_is_copied_and_the_loop_reaches_the_tensor_cores() {
                     assert!(mma.contains(&format!("mma {want:?}:")), "{what}: {mma}");
                     assert!(!m.tma_store, "{what}");
                 }
-                // (the general lowering on sm_90a)
+                // (the general lowering)
                 None => assert!(!e.plan.to_string().contains("TMA bulk stores"), "{what}: {}", e.plan),
             }
             let ptx = kfuse::runtime::nvrtc::compile_ptx(&e.source, &e.arch, &e.options).unwrap();

@@ -160,7 +160,12 @@ fn bounded_cast(line: &str, operand: &str) -> bool {
     let clamped = operand.starts_with("kf_mini(kf_maxi(") && operand.ends_with(", -1LL), 1LL << 30)");
     let tma = line.contains("kf_tma_") || line.contains("cp.async.bulk.tensor");
     let (ru, pid) = (operand == "ru" && line.contains("ru < 16 ? (unsigned)ru"), operand.starts_with("(blockIdx.x % "));
-    is_bound || clamped || tma || ru || pid || operand == "(kf_it & 1)"
+    // a ring load's valid extent (`operand_ring`): 0, or a tile extent, or a clamp to
+    // [0, tile extent]
+    let extent = operand.strip_suffix(" : 0LL))").and_then(|o| o.split_once(") ? ")).is_some_and(|(_, v)| {
+        v.starts_with("kf_maxi(0LL, kf_mini(") && v.ends_with("LL))") || v.strip_suffix("LL").is_some_and(|d| d.chars().all(|c| c.is_ascii_digit()))
+    });
+    is_bound || clamped || tma || ru || pid || extent || operand == "(kf_it & 1)"
 }
 
 /// The places where `source` narrows a 64-bit value (or a block index) to 32 bits: a
@@ -314,10 +319,10 @@ fn long_axes_go_along_x() {
             assert!(e.source.contains(&format!("(long long)blockIdx.{letter};  // i")), "{what}: program_id(0) along {letter}");
         }
     }
-    // sm_80's matrix path: the same, N tiles along x
+    // sm_80's matrix loop (the general lowering's mma.sync): the same, N tiles along x
     let case = Large { name: "gemm".into(), def: &k::gemm::DEF, dtypes: vec![DType::BF16], vals: vals(&[("M", 256), ("K", 64), ("N", 1 << 24)]) };
     let (e, shapes) = case.compile(&Target::sm80());
-    assert!(e.ir.contains("mma MmaSyncCpAsync") && e.ir.contains("grid: program_id(1) along x"), "{}", e.ir);
+    assert!(e.plan.to_string().contains(": mma.sync m16n8k16 over") && e.ir.contains("grid: program_id(1) along x"), "{}", e.ir);
     assert_eq!(check_grid(&e, &shapes, "gemm bf16 sm_80"), [(1 << 24) / 128, 2, 1]);
     // two long axes cannot both go along x: the order stays, and the launch refuses the
     // grid (a transpose of more than 2^32 tiles: 2^46 elements)
