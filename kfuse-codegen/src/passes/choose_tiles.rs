@@ -635,11 +635,13 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     // select_mma_path sets the consumers' count; the general lowering gives each
     // warpgroup 64 rows of the tile, two at most
     let general = crate::passes::select_mma_path::general_requested(spec) || crate::passes::select_mma_path::general_takes(k, spec, target);
-    k.schedule.num_threads = if general && target.sm != 90 {
+    let mma_sync = general && target.sm != 90;
+    let heavy = mma_sync && heavy_epilogue_of(k, dot);
+    k.schedule.num_threads = if mma_sync {
         // `mma.sync`: the template's warps (one per 64x64 of the tile, 4 to 8), which
         // `assign_layouts` stacks along the rows
         let shape = [concrete_shape(k, &at).first().copied().unwrap_or(128), concrete_shape(k, &bt).get(1).copied().unwrap_or(128)];
-        spec.threads.unwrap_or(32 * crate::passes::select_mma_path::mma_sync_default_warps(shape[0], shape[1], heavy_epilogue_of(k, dot)))
+        spec.threads.unwrap_or(32 * crate::passes::select_mma_path::mma_sync_default_warps(shape[0], shape[1], heavy))
     } else if general {
         let rows = concrete_shape(k, &at).first().copied().unwrap_or(128);
         128 * (rows / 64).clamp(1, 2)
@@ -649,7 +651,7 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     // (`mma.sync`: the template's blocks a multiprocessor, for which the writer sizes
     // the rings)
     k.schedule.min_blocks = match spec.min_blocks {
-        None if general && target.sm != 90 => crate::passes::select_mma_path::mma_sync_min_blocks(k.schedule.num_threads, heavy_epilogue_of(k, dot)),
+        None if mma_sync => crate::passes::select_mma_path::mma_sync_min_blocks(k.schedule.num_threads, heavy),
         _ => 1,
     };
     k.schedule.split_blocks = 1;

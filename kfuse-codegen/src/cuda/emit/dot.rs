@@ -128,14 +128,13 @@ impl Emitter<'_> {
     fn mma_operand_note(&self, t: Option<&SmemTile>, major: &str) -> String {
         match t {
             None => "shared memory (padded rows, written at the dot)".into(),
-            Some(t) if t.padded => format!("shared memory (padded rows, {})", self.staged_when(t)),
             Some(t) => format!("shared memory ({major}, {}-byte swizzle, {}; ldmatrix)", t.span, self.staged_when(t)),
         }
     }
 
     /// Rule 1: `mma.sync.m16n8k16` over operands in shared memory: the plan's tiles
-    /// (`staged`, read by `ldmatrix`, or 32-bit words from padded rows) or, for an
-    /// operand with none, padded rows of the scratch written here.
+    /// (`staged`, read by `ldmatrix`) or, for an operand with none, padded rows of the
+    /// scratch written here (read as 32-bit words).
     fn dot_mma(&mut self, op: OpId, a: ValueId, b: ValueId, [wm, wn]: [u32; 2], staged: [Option<SmemTile>; 2]) -> R {
         let v = op.value();
         let (av, bv) = (self.val(a).clone(), self.val(b).clone());
@@ -202,7 +201,8 @@ impl Emitter<'_> {
         self.open(format!("for (int kk = 0; kk < {kk}; kk += 16)"))?;
         self.line(format!("unsigned fa[{ti}][4];"))?;
         self.a_fragments(staged[0].as_ref(), &da, ti, wm, row)?;
-        self.b_fragments_mma(staged[1].as_ref(), &db, [ti, tj], wn, row, &format!("{mma}(&{name}[4 * (i * {tj} + @J)], fa[i], @F);"))?;
+        let issue = |j: &str, f: &str| format!("{mma}(&{name}[4 * (i * {tj} + {j})], fa[i], {f});");
+        self.b_fragments_mma(staged[1].as_ref(), &db, [ti, tj], wn, row, &issue)?;
         self.close()?;
         // the staged tiles' readers: a later copy into them waits for a barrier
         self.wg_synced = false;
@@ -214,7 +214,7 @@ impl Emitter<'_> {
     /// 1)`, k `+8 (q >> 1)`) or from padded rows of `row` elements at `base`.
     fn a_fragments(&mut self, t: Option<&SmemTile>, base: &str, ti: u32, wm: u32, row: u32) -> R {
         self.unroll("i", ti)?;
-        match t.filter(|t| !t.padded) {
+        match t {
             Some(t) => {
                 self.helpers.insert("kf_ldsm_x4".into(), LDSM_X4.into());
                 let at = t.at(&format!("16 * (kf_wa + {wm} * i) + (kf_lane & 7) + ((kf_lane >> 3) & 1) * 8"), "kk + (kf_lane >> 4) * 8");
@@ -231,19 +231,19 @@ impl Emitter<'_> {
     }
 
     /// The warp's `tj` B fragments of the `k16` step at `kk`, each followed by its
-    /// instructions over the `ti` A fragments (`mma`, with `@J` the fragment's tile and
-    /// `@F` its two registers), so that few B registers are live at once. Fragment `j` is
+    /// instructions over the `ti` A fragments (`mma(tile, registers)`: one instruction
+    /// of A fragment `i`), so that few B registers are live at once. Fragment `j` is
     /// columns `8 (kf_wb + wn j)`: from the tile `t`, two instruction tiles an
     /// `ldmatrix.x4` (matrix `q` is tile `+(q >> 1)`, k `+8 (q & 1)`; `.trans` where the
     /// tile's rows run along k), an odd last one by `.x2`; or from padded `[N, K]` rows at
     /// `base`.
-    fn b_fragments_mma(&mut self, t: Option<&SmemTile>, base: &str, [ti, tj]: [u32; 2], wn: u32, row: u32, mma: &str) -> R {
+    fn b_fragments_mma(&mut self, t: Option<&SmemTile>, base: &str, [ti, tj]: [u32; 2], wn: u32, row: u32, mma: &dyn Fn(&str, &str) -> String) -> R {
         let issue = |e: &mut Self, j: &str, f: &str| -> R {
             e.unroll("i", ti)?;
-            e.line(mma.replace("@J", j).replace("@F", f))?;
+            e.line(mma(j, f))?;
             e.close()
         };
-        let Some(t) = t.filter(|t| !t.padded) else {
+        let Some(t) = t else {
             self.unroll("j", tj)?;
             self.line(format!("const int n0 = 8 * (kf_wb + {wn} * j) + kf_lane / 4, c0 = kk + 2 * (kf_lane % 4);"))?;
             self.line(format!("const unsigned* pb = reinterpret_cast<const unsigned*>({base});"))?;
@@ -291,15 +291,16 @@ impl Emitter<'_> {
 }
 
 /// `ldmatrix` (PTX ISA): four or two 8x8 matrices of 16-bit elements, each lane giving
-/// one matrix row's 16-byte address; `.trans` transposes each matrix.
-const LDSM_X4: &str = "static __device__ __forceinline__ void kf_ldsm_x4(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(addr) : \"memory\");\n}\n";
-const LDSM_X4_T: &str = "static __device__ __forceinline__ void kf_ldsm_x4_t(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(addr) : \"memory\");\n}\n";
+/// one matrix row's 16-byte address; `.trans` transposes each matrix. (The mma.sync
+/// template's too.)
+pub(super) const LDSM_X4: &str = "static __device__ __forceinline__ void kf_ldsm_x4(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(addr) : \"memory\");\n}\n";
+pub(super) const LDSM_X4_T: &str = "static __device__ __forceinline__ void kf_ldsm_x4_t(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(addr) : \"memory\");\n}\n";
 const LDSM_X2: &str = "static __device__ __forceinline__ void kf_ldsm_x2(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\" : \"=r\"(r[0]), \"=r\"(r[1]) : \"r\"(addr) : \"memory\");\n}\n";
 const LDSM_X2_T: &str = "static __device__ __forceinline__ void kf_ldsm_x2_t(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\" : \"=r\"(r[0]), \"=r\"(r[1]) : \"r\"(addr) : \"memory\");\n}\n";
 
 /// `name(d, a, b)`: `d += a · b` for one `mma.sync.m16n8k16` tile of `ty` operands, f32
-/// accumulators.
-fn mma_fn(name: &str, ty: &str) -> String {
+/// accumulators (the mma.sync template's `kf_mma` too).
+pub(super) fn mma_fn(name: &str, ty: &str) -> String {
     format!(
         "static __device__ __forceinline__ void {name}(float* d, const unsigned* a, const unsigned* b) {{\n  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};\"\n    : \"+f\"(d[0]), \"+f\"(d[1]), \"+f\"(d[2]), \"+f\"(d[3])\n    : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]));\n}}\n"
     )

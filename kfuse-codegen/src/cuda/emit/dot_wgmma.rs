@@ -48,9 +48,8 @@
 //!
 //! The plan ([`plan`]) also places the operands of dots on the `mma.sync` rule
 //! (`dot.rs`, rule 1), so that those too are staged where their values are defined, in
-//! the same swizzled tiles (A K-major, B as its registers run), which `ldmatrix` reads
-//! and a ring's `cp.async` copies fill; where no swizzle span divides a tile's
-//! contiguous extent, both take padded rows (`SmemTile::padded`), which no ring takes.
+//! the same swizzled tiles (A K-major, B as its registers run: [`operand_tiles`]), which
+//! `ldmatrix` reads and a ring's `cp.async` copies fill.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -87,9 +86,6 @@ pub(super) struct SmemTile {
     /// A ring of this loop (`operand_ring`): the region holds `WgPlan::stages` tiles,
     /// the current one at stage `kf_st<loop>`.
     pub ring: Option<kfuse_ir::LoopId>,
-    /// The `mma.sync` rule's form instead (`dot.rs`): rows of `cols + 2` elements (one
-    /// 32-bit word of padding), no swizzle.
-    pub padded: bool,
     /// Bytes of an element: 2 (f16, bf16), 1 (fp8) or 4 (f32 read as TF32).
     pub esize: u32,
 }
@@ -97,18 +93,11 @@ pub(super) struct SmemTile {
 impl SmemTile {
     /// Bytes of one tile (one stage), a multiple of 1024.
     pub fn bytes(&self) -> u32 {
-        (self.rows * self.row_elems() * self.esize).div_ceil(1024) * 1024
-    }
-    /// Elements from one row to the next.
-    pub fn row_elems(&self) -> u32 {
-        self.cols + if self.padded { 2 } else { 0 }
+        (self.rows * self.cols * self.esize).div_ceil(1024) * 1024
     }
     /// The byte offset of element `(r, c)` (C expressions) in the tile.
     pub(super) fn at(&self, r: &str, c: &str) -> String {
         let e = self.esize;
-        if self.padded {
-            return format!("(({r}) * {} + ({c})) * {e}", self.row_elems());
-        }
         let per = self.span_elems();
         format!("kf_swz((({c}) / {per}) * {} + ({r}) * {} + (({c}) % {per}) * {e}, {})", self.rows * self.span, self.span, self.span / 16 - 1)
     }
@@ -155,8 +144,7 @@ pub(super) struct WgDot {
     /// Warpgroups of the block.
     pub groups: u32,
     pub dtype: DType,
-    /// The `mma.sync` rule over these warps instead of WGMMA (its tiles swizzled as
-    /// WGMMA's, or `padded` where no swizzle span fits).
+    /// The `mma.sync` rule over these warps instead of WGMMA (its tiles as WGMMA's).
     pub mma: Option<[u32; 2]>,
 }
 
@@ -220,22 +208,32 @@ fn wg_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
     if n > 256 || m % (16 * wm) != 0 || !(kk * esize).is_multiple_of(32) {
         return None;
     }
-    let tile = |rows, cols, span, [row_axis, col_axis, k_axis]: [usize; 3]| SmemTile { off: 0, rows, cols, span, row_axis, col_axis, k_axis, eager: false, ring: None, padded: false, esize };
+    let (a_tile, b, b_mn) = operand_tiles(k, ops[1], [m, kk, n], esize)?;
     let regs_a = crate::layout::mma_tiles_accumulator(m, kk, [wm, 1]);
     let a = match k.schedule.layouts.get(&ops[0]) {
         Some(Layout::Blocked(l)) if *l == regs_a && esize == 2 => ASrc::Regs,
-        _ => ASrc::Smem(tile(m, kk, span_of(kk, esize)?, [0, 1, 1])),
-    };
-    let along_n = matches!(k.schedule.layouts.get(&ops[1]), Some(Layout::Blocked(l)) if l.order[0] == 1);
-    let (b, b_mn) = match span_of(n, esize) {
-        Some(span) if along_n && n % 8 == 0 && esize == 2 => (tile(kk, n, span, [0, 1, 0]), true),
-        _ => (tile(n, kk, span_of(kk, esize)?, [1, 0, 0]), false),
+        _ => ASrc::Smem(a_tile),
     };
     Some(WgDot { a, b, b_mn, m, n, kk, groups: wm / 4, dtype, mma: None })
 }
 
-/// The dot's `mma.sync` form (`dot.rs`'s rule 1), its operands as padded tiles: A
-/// `[M, K]`, B `[N, K]`.
+/// The shared-memory tiles of a dot's operands `[m, kk] · [kk, n]` of `esize`-byte
+/// elements, `b` its second operand (see the module docs): A K-major; B MN-major where
+/// its registers run along n (16-bit operands only), else K-major; and whether B is
+/// MN-major. Each in the widest swizzle its contiguous extent takes.
+fn operand_tiles(k: &Kernel, b: ValueId, [m, kk, n]: [u32; 3], esize: u32) -> Option<(SmemTile, SmemTile, bool)> {
+    let tile = |rows, cols, [row_axis, col_axis, k_axis]: [usize; 3]| span_of(cols, esize).map(|span| SmemTile { off: 0, rows, cols, span, row_axis, col_axis, k_axis, eager: false, ring: None, esize });
+    let along_n = matches!(k.schedule.layouts.get(&b), Some(Layout::Blocked(l)) if l.order[0] == 1);
+    let (bt, b_mn) = match tile(kk, n, [0, 1, 0]).filter(|_| along_n && n % 8 == 0 && esize == 2) {
+        Some(t) => (t, true),
+        None => (tile(n, kk, [1, 0, 0])?, false),
+    };
+    Some((tile(m, kk, [0, 1, 1])?, bt, b_mn))
+}
+
+/// The dot's `mma.sync` form (`dot.rs`'s rule 1): its operands in the tiles WGMMA's
+/// would take (`ldmatrix` reads them, `.trans` for an MN-major B), so that a ring's
+/// copies fill them.
 fn mma_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
     let Some(Layout::Blocked(have)) = k.schedule.layouts.get(&op.value()) else { return None };
     let want = crate::passes::assign_layouts::one_dot_mma_layout(k, op)?;
@@ -245,25 +243,12 @@ fn mma_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
     let ops = k.operands(op);
     let (sa, sb) = (concrete_shape(k, k.ty(ops[0])), concrete_shape(k, k.ty(ops[1])));
     let (m, kk, n) = (sa[0], sa[1], sb[1]);
-    if k.ty(ops[0]).dtype.size_bytes() != 2 {
+    let dtype = k.ty(ops[0]).dtype;
+    if dtype.size_bytes() != 2 {
         return None;
     }
-    let warps = [want.warps_per_block[0], want.warps_per_block[1]];
-    let dtype = k.ty(ops[0]).dtype;
-    // swizzled as WGMMA's (`ldmatrix` reads them, `.trans` for an MN-major B), so that a
-    // ring's copies fill them; rows of `cols + 2` elements where no swizzle span divides
-    // the contiguous extent
-    let swizzled = |rows, cols, [row_axis, col_axis, k_axis]: [usize; 3]| {
-        span_of(cols, 2).map(|span| SmemTile { off: 0, rows, cols, span, row_axis, col_axis, k_axis, eager: false, ring: None, padded: false, esize: 2 })
-    };
-    let padded = |rows, [row_axis, col_axis, k_axis]: [usize; 3]| SmemTile { off: 0, rows, cols: kk, span: 0, row_axis, col_axis, k_axis, eager: false, ring: None, padded: true, esize: 2 };
-    let a = swizzled(m, kk, [0, 1, 1]).unwrap_or_else(|| padded(m, [0, 1, 1]));
-    let along_n = matches!(k.schedule.layouts.get(&ops[1]), Some(Layout::Blocked(l)) if l.order[0] == 1);
-    let (b, b_mn) = match swizzled(kk, n, [0, 1, 0]).filter(|_| along_n && !a.padded) {
-        Some(t) => (t, true),
-        None => (swizzled(n, kk, [1, 0, 0]).filter(|_| !a.padded).unwrap_or_else(|| padded(n, [1, 0, 0])), false),
-    };
-    Some(WgDot { a: ASrc::Smem(a), b, b_mn, m, n, kk, groups: 0, dtype, mma: Some(warps) })
+    let (a, b, b_mn) = operand_tiles(k, ops[1], [m, kk, n], 2)?;
+    Some(WgDot { a: ASrc::Smem(a), b, b_mn, m, n, kk, groups: 0, dtype, mma: Some([want.warps_per_block[0], want.warps_per_block[1]]) })
 }
 
 /// The value an operand is a transpose chain of, and per operand axis the axis of that
@@ -353,7 +338,7 @@ pub(super) fn plan(k: &Kernel, spec: &crate::target::Spec, rings: bool, wgmma: b
         }
     }
     let loops = super::operand_ring::enclosing_loops(k);
-    let ringable: Vec<ValueId> = roots.iter().copied().filter(|r| rings && !p.eager[r].padded).collect();
+    let ringable: Vec<ValueId> = roots.iter().copied().filter(|_| rings).collect();
     p.async_proxy = p.dots.values().any(|d| d.mma.is_none());
     for &r in &ringable {
         if let Some(l) = super::operand_ring::ring_load(k, spec, &loops, r, &p.eager[&r]) {
@@ -498,9 +483,7 @@ impl Emitter<'_> {
             return Err(CodegenError::Unsupported("a `dot` operand with a kept extent-1 axis".into()));
         };
         let f = &map.axes[cm];
-        // (a padded row starts on a 4-byte boundary only: pairs at most)
-        let widest = if t.padded { 2 } else { 8 };
-        let w = if f.e_stride == 1 && f.elem_step == 1 && f.spt > 1 { f.spt.min(widest) } else { 1 };
+        let w = if f.e_stride == 1 && f.elem_step == 1 && f.spt > 1 { f.spt.min(8) } else { 1 };
         let w = if f.piece % w == 0 { w } else { 1 };
         let (klo, khi) = (val.lo[t.k_axis].clone(), val.hi[t.k_axis].clone());
         let pk = if val.dtype == DType::F16 { "kf_pk_f16" } else { "kf_pk_bf16" };

@@ -40,22 +40,12 @@ use kfuse_ir::{LoopInfo, ParamId};
 use crate::target::GridAxisEval;
 use crate::mma_plan::{Major, MmaPlan};
 
-/// The helpers of the mma.sync path (PTX ISA: `cp.async`, `ldmatrix`, `mma.sync`).
-const MMA_SYNC_PRELUDE: &str = concat!(r#"static __device__ __forceinline__ unsigned kf_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-"#, cp_async_helpers!(), r#"static __device__ __forceinline__ void kf_ldsm_x4(unsigned* r, unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
-}
-static __device__ __forceinline__ void kf_ldsm_x4_t(unsigned* r, unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
-}
-"#);
-
-/// `kf_mma(d, a, b)`: `d += a · b` for one `m16n8k16` tile (f32 accumulators).
-fn mma_fn(dtype: DType) -> String {
+/// The helpers of the mma.sync path (PTX ISA: `cp.async`, `ldmatrix`, `mma.sync`; the
+/// last two `dot.rs`'s).
+fn mma_sync_prelude(dtype: DType) -> String {
+    let smem_u32 = "static __device__ __forceinline__ unsigned kf_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }\n";
     let ty = if dtype == DType::F16 { "f16" } else { "bf16" };
-    format!(
-        "static __device__ __forceinline__ void kf_mma(float* d, const unsigned* a, const unsigned* b) {{\n  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};\"\n    : \"+f\"(d[0]), \"+f\"(d[1]), \"+f\"(d[2]), \"+f\"(d[3])\n    : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]));\n}}\n"
-    )
+    format!("{smem_u32}{}{}{}{}", cp_async_helpers!(), super::dot::LDSM_X4, super::dot::LDSM_X4_T, super::dot::mma_fn("kf_mma", ty))
 }
 
 /// One operand as the writer needs it.
@@ -357,7 +347,8 @@ pub(super) fn emit_kernel(
     epilogue(&mut e, &m.info, res, accumulator_val(plan, map, ranges))?;
     let (stages, stage_bytes) = (plan.stages, m.stage_bytes);
     let ring = format!("{stages} pipeline stages of {stage_bytes}");
-    let preludes = [MMA_SYNC_PRELUDE, &mma_fn(m.dtype)];
+    let prelude = mma_sync_prelude(m.dtype);
+    let preludes = [prelude.as_str()];
     let b = BlockKernel { threads: m.threads, preludes: &preludes, align: 128, ring_bytes: stages * stage_bytes, ring };
     finish_block_kernel(e, target, &b, &decls, params)
 }

@@ -684,7 +684,7 @@ impl Emitter<'_> {
         // bytes and (where `rs` rows are whole swizzle periods) its swizzled place are
         // computed once, and each copy adds a constant
         let rs = threads / per_row.max(1);
-        let step = if t.padded { Some(rs * t.row_elems() * e) } else { rs.is_multiple_of(8).then_some(rs * t.span) };
+        let step = rs.is_multiple_of(8).then_some(rs * t.span);
         match step {
             Some(step) if threads.is_multiple_of(per_row) && chunks.is_multiple_of(threads) => {
                 let iters = chunks / threads;

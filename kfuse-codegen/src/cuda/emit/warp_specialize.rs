@@ -180,7 +180,7 @@ fn tma_loads(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan) -> BTreeMap<Val
         let Op::Load { tensor, dims } = k.op(v.op()) else { return BTreeMap::new() };
         let shape = crate::analysis::concrete_shape(k, k.ty(*v));
         let half = t.span_elems();
-        if t.padded || dims.len() > 5 || t.rows > 256 || !t.rows.is_multiple_of(8) || shape.get(t.row_axis) != Some(&t.rows) || shape.get(t.col_axis) != Some(&t.cols) || !t.cols.is_multiple_of(half) {
+        if dims.len() > 5 || t.rows > 256 || !t.rows.is_multiple_of(8) || shape.get(t.row_axis) != Some(&t.rows) || shape.get(t.col_axis) != Some(&t.cols) || !t.cols.is_multiple_of(half) {
             return BTreeMap::new();
         }
         let Some((row_dim, unit)) = super::operand_ring::ring_dims(k, spec, *v) else { return BTreeMap::new() };
