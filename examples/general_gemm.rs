@@ -1,6 +1,7 @@
-//! `kfuse::ops::kernels::gemm` (bf16, `acc += dot(load, load)`) through the matrix
-//! path's template and through the general lowering (`KFUSE_TILES`'s `GENERAL=1`, which
-//! lowers the loop op by op as every other loop is), at several tilings: for each, the
+//! `kfuse::ops::kernels::gemm` (bf16, `acc += dot(load, load)`) through the general
+//! lowering (the default: the loop lowered op by op as every other loop is) and through
+//! sm_90a's WGMMA template (`KFUSE_TILES`'s `GENERAL=0`), at several tilings, with A
+//! row-major and as the transposed view of a `[K, M]` tensor (A MN-major): for each, the
 //! plan's lines on how the loop runs, the worst of 256 sampled elements against float64
 //! (output poisoned with NaN first), then the times of all of them (same inputs, CUDA
 //! events, `benches/common`'s interleaved rounds, median) in TFLOP/s (2·M·N·K a call).
@@ -17,23 +18,34 @@ fn main() -> kfuse::Result<()> {
     let (m, n, k) = common::mnk_args();
     let (a, av) = common::random(&[m, k], DType::BF16, 1, &dev);
     let (b, bv) = common::random(&[k, n], DType::BF16, 2, &dev);
-    let variants: Vec<(&str, Vec<(&str, u32)>)> = vec![
-        ("template (default tiles)", vec![]),
-        ("general (default tiles)", vec![("GENERAL", 1)]),
-        ("template 128x128x64", vec![("BM", 128), ("BN", 128), ("BK", 64)]),
-        ("general 128x128x64", vec![("GENERAL", 1), ("BM", 128), ("BN", 128), ("BK", 64)]),
-        ("general 128x128x128", vec![("GENERAL", 1), ("BM", 128), ("BN", 128), ("BK", 128)]),
+    // the same A as the transposed view of a [K, M] tensor
+    let mut avt = vec![0.0f32; m * k];
+    for (i, row) in av.chunks(k).enumerate() {
+        for (kk, &x) in row.iter().enumerate() {
+            avt[kk * m + i] = x;
+        }
+    }
+    let bytes: Vec<u8> = avt.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect();
+    let a_t = Tensor::from_bytes(&bytes, &[k, m], DType::BF16, &dev)?.t();
+    let variants: Vec<(&str, bool, Vec<(&str, u32)>)> = vec![
+        ("general (default tiles)", false, vec![]),
+        ("template (default tiles)", false, vec![("GENERAL", 0)]),
+        ("general 128x128x64", false, vec![("BM", 128), ("BN", 128), ("BK", 64)]),
+        ("template 128x128x64", false, vec![("GENERAL", 0), ("BM", 128), ("BN", 128), ("BK", 64)]),
+        ("general, A transposed", true, vec![]),
+        ("template, A transposed", true, vec![("GENERAL", 0)]),
     ];
     let only = std::env::var("VARIANT").ok();
     let variants: Vec<_> = variants.into_iter().filter(|v| only.as_deref().is_none_or(|o| v.0 == o)).collect();
     let mut fns: Vec<Box<dyn FnMut() -> kfuse::Result<()>>> = Vec::new();
     let mut names: Vec<&str> = Vec::new();
-    for (name, tiles) in &variants {
+    for (name, transposed, tiles) in &variants {
+        let a = if *transposed { &a_t } else { &a };
         Config::new().tiles(tiles.iter().cloned()).apply()?;
         // poison, run once, check sampled elements against float64
         let nan = vec![0xFFu8; m * n * 2];
         let mut c = Tensor::from_bytes(&nan, &[m, n], DType::BF16, &dev)?;
-        match kfuse::ops::kernels::gemm(&a, &b, &mut c) {
+        match kfuse::ops::kernels::gemm(a, &b, &mut c) {
             Ok(l) => {
                 if let Some(p) = &l.plan {
                     println!("--- {name}\n{p}");

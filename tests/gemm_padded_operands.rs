@@ -50,15 +50,16 @@ fn bias_args(dt: DType, m: usize, n: usize, k: usize) -> [ArgDesc; 4] {
     [t(dt, &[m, k]), t(dt, &[k, n]), t(dt, &[n]), t(dt, &[m, n])]
 }
 
-/// The matrix path of `e`'s loop; a loop the general lowering took counts as WGMMA + TMA
-/// where its dots are on `wgmma` and a producer warpgroup fills its rings by TMA, as
-/// mma.sync + cp.async where they are on `mma.sync` and `cp.async` rings.
-fn path(e: &kfuse::codegen::EmittedKernel) -> Option<MmaPath> {
+/// How `e`'s loop reaches the matrix unit, by the path names of its plan: a template's
+/// path; a loop the general lowering took counts as `WGMMA + TMA` where its dots are on
+/// `wgmma` and a producer warpgroup fills its rings by TMA, as `mma.sync + cp.async`
+/// where they are on `mma.sync` and `cp.async` rings.
+fn path(e: &kfuse::codegen::EmittedKernel) -> Option<&'static str> {
     let any = |s: &str| e.plan.dots.iter().any(|d| d.contains(s));
     match &e.plan.matrix {
-        Some(m) => Some(m.path),
-        None if e.plan.tensor_cores() && any("(TMA, mbarriers;") && any(": wgmma m") => Some(MmaPath::WgmmaTma),
-        None if e.plan.tensor_cores() && any(": mma.sync m16n8k16") && any("copied by cp.async into a") => Some(MmaPath::MmaSyncCpAsync),
+        Some(m) => Some(m.path_name()),
+        None if e.plan.tensor_cores() && any("(TMA, mbarriers;") && any(": wgmma m") => Some("WGMMA + TMA"),
+        None if e.plan.tensor_cores() && any(": mma.sync m16n8k16") && any("copied by cp.async into a") => Some("mma.sync + cp.async"),
         None => None,
     }
 }
@@ -68,7 +69,7 @@ fn unaligned_b_is_copied_and_the_loop_reaches_the_tensor_cores() {
     let note = "operand `b` copied to a padded pitch of 4160 elements: row pitch 8194 bytes is not a multiple of 16";
     let mut failures = Vec::new();
     for def in [&gemm_bias_relu::DEF, &gemm_bias_gelu::DEF] {
-        for (target, want, instr) in [(Target::sm90a(), MmaPath::WgmmaTma, "wgmma.mma_async"), (Target::sm80(), MmaPath::MmaSyncCpAsync, "mma.sync.aligned.m16n8k16")] {
+        for (target, want, instr) in [(Target::sm90a(), "WGMMA + TMA", "wgmma.mma_async"), (Target::sm80(), "mma.sync + cp.async", "mma.sync.aligned.m16n8k16")] {
             let e = emit(def, &bias_args(DType::BF16, M, N, K), &target).unwrap();
             let what = format!("{} {}", def.name, target.arch());
             assert_eq!(path(&e), Some(want), "{what}:\n{}", e.plan);
@@ -78,7 +79,7 @@ fn unaligned_b_is_copied_and_the_loop_reaches_the_tensor_cores() {
             match &e.plan.matrix {
                 Some(m) => {
                     let mma = e.ir.lines().find(|l| l.trim_start().starts_with("mma ")).unwrap_or("");
-                    assert!(mma.contains(&format!("mma {want:?}:")), "{what}: {mma}");
+                    assert!(mma.contains(&format!("mma {:?}:", m.path)) && m.path_name() == want, "{what}: {mma}");
                     assert!(!m.tma_store, "{what}");
                 }
                 // (the general lowering)
@@ -119,7 +120,7 @@ fn every_operand_and_layout_that_needs_it_is_copied() {
     let b = ArgDesc::strided(DType::F16, &[2049, 520], &[1, 2049]);
     let args = [a, b, t(DType::F16, &[520]), t(DType::F16, &[300, 520])];
     let e = emit(&gemm_bias_relu::DEF, &args, &target).unwrap();
-    assert_eq!(path(&e), Some(MmaPath::WgmmaTma), "{}", e.plan);
+    assert_eq!(path(&e), Some("WGMMA + TMA"), "{}", e.plan);
     assert_eq!(
         e.plan.operand_copies,
         [
@@ -134,7 +135,7 @@ fn every_operand_and_layout_that_needs_it_is_copied() {
     let a = ArgDesc::strided(DType::BF16, &[256, 512], &[520, 1]).at_byte_offset(2);
     let e = emit(&gemm_bias_relu::DEF, &[a, t(DType::BF16, &[512, 256]), t(DType::BF16, &[256]), t(DType::BF16, &[256, 256])], &target).unwrap();
     assert_eq!(e.plan.operand_copies, ["operand `a` copied to a padded pitch of 512 elements: its data starts 2 bytes past a 16-byte boundary"]);
-    assert_eq!(path(&e), Some(MmaPath::WgmmaTma));
+    assert_eq!(path(&e), Some("WGMMA + TMA"));
 }
 
 #[test]
@@ -142,7 +143,7 @@ fn what_is_not_copied() {
     let target = Target::sm90a();
     // aligned operands: nothing to copy, the kernel the spec of the arguments gives
     let e = emit(&gemm_bias_relu::DEF, &bias_args(DType::BF16, 4096, 4096, 4096), &target).unwrap();
-    assert!(e.plan.operand_copies.is_empty() && path(&e) == Some(MmaPath::WgmmaTma));
+    assert!(e.plan.operand_copies.is_empty() && path(&e) == Some("WGMMA + TMA"));
     // an operand the kernel may write (`&mut`): not copied; the loop stays on FMAs and
     // says why
     let e = emit(&gemm_b_mut::DEF, &[t(DType::BF16, &[M, K]), t(DType::BF16, &[K, N]), t(DType::BF16, &[M, N])], &target).unwrap();
@@ -152,11 +153,11 @@ fn what_is_not_copied() {
     assert!(m.why.contains("the stride of `b` along dimension 0 is not a multiple of 16 bytes"), "{}", m.why);
     // f32 operands of `dot`: exact FMAs whatever their pitch, so no copy
     let e = emit(&gemm_bias_relu::DEF, &bias_args(DType::F32, 300, 301, 200), &target).unwrap();
-    assert!(e.plan.operand_copies.is_empty() && path(&e) == Some(MmaPath::FmaSimt), "{}", e.plan);
+    assert!(e.plan.operand_copies.is_empty() && path(&e) == Some("FMA (CUDA cores)"), "{}", e.plan);
     // no unit-stride dimension (every other element of a row): no 2-D copy makes it
     let b = ArgDesc::strided(DType::BF16, &[512, 256], &[1024, 2]);
     let e = emit(&gemm_bias_relu::DEF, &[t(DType::BF16, &[256, 512]), b, t(DType::BF16, &[256]), t(DType::BF16, &[256, 256])], &target).unwrap();
-    assert!(e.plan.operand_copies.is_empty() && path(&e) == Some(MmaPath::FmaSimt), "{}", e.plan);
+    assert!(e.plan.operand_copies.is_empty() && path(&e) == Some("FMA (CUDA cores)"), "{}", e.plan);
 }
 
 /// The launch's spec has the copy's facts (`launch_spec`), the arguments' own are in

@@ -10,10 +10,11 @@
 //! and test builds):
 //! `verify → hoist_invariants → chunk_rows → choose_tiles → select_mma_path → pipeline_stages →
 //! persist_programs → rematerialize → assign_layouts → vectorize → verify →
-//! prefetch_ahead → order_grid → emit`. A pipelined `dot` loop is written by the matrix-path
-//! writer its plan names (`cuda/emit/wgmma.rs` on sm_90a, `cuda/emit/mma_sm80.rs` on
-//! sm_80/sm_89, `cuda/emit/dot_fma.rs` for exact f32 FMAs on any target); every other
-//! loop is written op by op, its carried values in registers (`cuda/emit/loops.rs`). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
+//! prefetch_ahead → order_grid → emit`. A pipelined `dot` loop with a plan is written by
+//! the matrix-path writer the plan names (`cuda/emit/wgmma.rs` on sm_90a,
+//! `cuda/emit/dot_fma.rs` for exact f32 FMAs on any target); every other loop — the
+//! sm_80/sm_89 matrix loops and sm_90a's by default among them — is written op by op,
+//! its carried values in registers (`cuda/emit/loops.rs`). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
 //! of this list.
 //!
 //! The target facts of a pipelined `dot` loop — instructions, copies, stages, clusters,
@@ -274,10 +275,10 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
     }
     let out = match cuda::emit::emit(&k, spec, target, &axes) {
         Ok(out) => out,
-        // a loop the general lowering took from the matrix path's template but cannot
-        // write (shared memory for its epilogue's conversions beside the rings): the
+        // a loop the general lowering took from sm_90's WGMMA template but cannot write
+        // (shared memory for its epilogue's conversions beside the rings): the
         // template, its plan saying why
-        Err(err) if k.schedule.dots_one_by_one.as_deref() == Some(passes::select_mma_path::GENERAL_TAKES) => {
+        Err(err) if target.sm == 90 && k.schedule.dots_one_by_one.as_deref() == Some(passes::select_mma_path::GENERAL_TAKES) => {
             let mut template = spec.clone();
             template.tiles.insert("GENERAL".into(), 0);
             let mut e = compile_scheduled(kernel, &template, target)?;

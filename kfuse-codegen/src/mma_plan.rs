@@ -16,21 +16,6 @@ pub enum MmaPath {
     /// sm_90a: TMA loads into swizzled shared memory completing on mbarriers, WGMMA
     /// issued by consumer warpgroups, one producer warp (warp specialization).
     WgmmaTma,
-    /// sm_80 and sm_89 (Ampere, Ada): every thread copies 16-byte chunks of both
-    /// operands from global into XOR-swizzled shared memory with `cp.async` (zero fill
-    /// past the tensor's edges) into a ring of `stages` stages, one commit group per
-    /// stage; the warps of the block (`MmaPlan::warps`, all of them compute) read their
-    /// fragments with `ldmatrix` (`.trans` for an operand whose contiguous dimension is
-    /// not `K`) and issue `mma.sync.aligned.m16n8k16` into f32 accumulators. One output
-    /// tile per block, on the ordinary program-id grid.
-    ///
-    /// Shared memory of one operand in one stage: `rows × row_bytes`, a row along the
-    /// tensor's non-unit-stride tile dimension, `row_bytes` = the unit-stride tile
-    /// extent in bytes; the 16-byte chunk `j` of row `r` lives at chunk
-    /// `j ^ ((r / (8 / min(C, 8))) % min(C, 8))` (`C` chunks a row), so that the 8 rows
-    /// of one `ldmatrix` matrix, and the chunks a warp's `cp.async`s write, fall in
-    /// distinct banks. `MmaOperand::swizzle` records `min(row_bytes, 128)`.
-    MmaSyncCpAsync,
     /// Every sm_80+ target, no matrix unit: plain f32 fused multiply-adds (`fmaf`, one
     /// FFMA each, round-to-nearest, no TF32) on the CUDA cores into exact f32
     /// accumulators. Taken by f32 operands, and as the fallback of the two paths above
@@ -189,7 +174,6 @@ impl MmaPlan {
     pub fn instructions(&self) -> String {
         match self.path {
             MmaPath::WgmmaTma => self.wgmma_widths().iter().map(|n| format!("m{}n{n}k{}", self.instr[0], self.instr[2])).collect::<Vec<_>>().join(" + "),
-            MmaPath::MmaSyncCpAsync => format!("m{}n{}k{}", self.instr[0], self.instr[1], self.instr[2]),
             MmaPath::FmaSimt => "f32 fma".to_string(),
         }
     }
@@ -234,14 +218,6 @@ impl TargetPlan for MmaPlan {
                     "mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr {}{wg_tf32}, {} consumer warpgroups{}, {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B, persistent raster group_m={}",
                     m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instructions(),
                     m.consumers, if m.pingpong { " (ping-pong: a tile each, alternate tiles)" } else { "" }, m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle, m.group_m
-                ));
-            }
-            MmaPath::MmaSyncCpAsync => {
-                out.push(format!(
-                    "mma {:?}: dot {} in loop {}, tile {}x{}x{}, instr {}, warps {}x{} (warp tile {}x{}), {} stages, A {} {} swizzle {}B, B {} {} swizzle {}B",
-                    m.path, m.dot.value(), m.for_op.value(), m.tile[0], m.tile[1], m.tile[2], m.instructions(),
-                    m.warps[0], m.warps[1], m.tile[0] / m.warps[0].max(1), m.tile[1] / m.warps[1].max(1),
-                    m.stages, m.a.load.value(), maj(&m.a), m.a.swizzle, m.b.load.value(), maj(&m.b), m.b.swizzle
                 ));
             }
             MmaPath::FmaSimt => {

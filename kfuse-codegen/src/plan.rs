@@ -101,7 +101,7 @@ pub struct MatrixPlan {
     pub dots: u32,
     /// Block tile `[BM, BN, BK]`.
     pub tile: [u32; 3],
-    /// The instructions of a K step (`m64n256k16`, `m16n8k16`, `f32 fma`).
+    /// The instructions of a K step (`m64n256k16`, `f32 fma`).
     pub instructions: String,
     /// Shared-memory pipeline stages.
     pub stages: u32,
@@ -141,11 +141,10 @@ impl MatrixPlan {
         }
     }
 
-    /// The path's name: `WGMMA + TMA`, `mma.sync + cp.async` or `FMA (CUDA cores)`.
+    /// The path's name: `WGMMA + TMA` or `FMA (CUDA cores)`.
     pub fn path_name(&self) -> &'static str {
         match self.path {
             MmaPath::WgmmaTma => "WGMMA + TMA",
-            MmaPath::MmaSyncCpAsync => "mma.sync + cp.async",
             MmaPath::FmaSimt => "FMA (CUDA cores)",
         }
     }

@@ -1,25 +1,18 @@
-//! The sm_80/sm_89 matrix path's template (cp.async + ldmatrix + mma.sync; `GENERAL=0`:
-//! by default the general lowering takes these loops, tests/gemm_sm80_codegen.rs) on a
-//! GEMM built with the IR builder: the plan recorded in the IR, the structure of the
-//! emitted source for every combination of operand majorness, the tile heuristic and
-//! its overrides, the accumulator layout against the instruction's fragment, and the
-//! refusals with their reasons. NVRTC + ptxas checks live in the workspace tests
-//! (tests/gemm_sm80_codegen.rs); numerics on a GPU run with `KFUSE_TARGET=sm_80`.
+//! The sm_80/sm_89 matrix loop (the general lowering's `mma.sync` rule: `cp.async`
+//! rings, `ldmatrix`, `mma.sync`) on a GEMM built with the IR builder: the structure of
+//! the emitted source for every combination of operand majorness, the tiles, warps and
+//! ring depth by target and their overrides, the accumulator layout against the
+//! instruction's fragment, the FMA fallback where the copies cannot read an operand,
+//! and the refusals with their reasons. NVRTC + ptxas checks live in the workspace
+//! tests (tests/gemm_sm80_codegen.rs); numerics on a GPU run with `KFUSE_TARGET=sm_80`.
 
 mod common;
 
-use common::{accumulator_layout, coord, gemm_erf_kernel, gemm_kernel, gemm_kernel_from};
-
-/// `common::spec` asking for the template (`GENERAL=0`).
-fn spec(k: &Kernel, mnk: [u32; 3]) -> Spec {
-    let mut s = common::spec(k, mnk);
-    s.tiles.insert("GENERAL".into(), 0);
-    s
-}
+use common::{accumulator_layout, coord, gemm_erf_kernel, gemm_kernel, gemm_kernel_from, spec};
 use kfuse_codegen::layout::RegMap;
-use kfuse_codegen::{compile, Spec, Target, TensorSpec};
+use kfuse_codegen::passes::select_mma_path::GENERAL_TAKES;
+use kfuse_codegen::{compile, EmittedKernel, Spec, Target, TensorSpec};
 use kfuse_ir::{DType, Kernel, Layout};
-use kfuse_codegen::MmaSchedule;
 
 /// The spec of [`gemm_kernel`] with `a` and `b` contiguous along their first dimension
 /// when asked (a transposed view), else along their last.
@@ -33,8 +26,14 @@ fn spec_major(k: &Kernel, mnk: [u32; 3], a_first: bool, b_first: bool) -> Spec {
     s
 }
 
+/// The plan's line for the loop's dot (operands, rings, warps).
+fn dot_note(e: &EmittedKernel) -> String {
+    let plan = e.plan.to_string();
+    plan.lines().find(|l| l.contains("`dot` %")).unwrap_or_else(|| panic!("{plan}")).to_string()
+}
+
 #[test]
-fn every_operand_layout_takes_the_mma_sync_path() {
+fn every_operand_layout_takes_the_mma_sync_rule() {
     // a: [M, K] or its transpose [K, M] (`.t()` in the kernel), stored row-major or as a
     // transposed view; likewise b. A is K-major when K is contiguous, B when K is.
     for dt in [DType::BF16, DType::F16] {
@@ -44,49 +43,48 @@ fn every_operand_layout_takes_the_mma_sync_path() {
                 let e = compile(&k, &spec_major(&k, [4096, 4096, 4096], a_first, b_first), &Target::sm80()).unwrap();
                 let what = format!("{dt} ta={ta} tb={tb} a_first={a_first} b_first={b_first}");
                 let ty = if dt == DType::BF16 { "bf16" } else { "f16" };
+                assert!(e.ir.contains(GENERAL_TAKES), "{what}: {}", e.ir);
                 assert!(e.source.contains(&format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32")), "{what}");
                 assert!(e.source.contains("cp.async.cg.shared.global") && e.source.contains("cp.async.commit_group"), "{what}");
-                assert!(e.source.contains("kf_cp_async_wait<2>();") && e.source.contains("kf_cp_async_wait<0>();"), "{what}");
-                assert!(e.source.contains("ldmatrix.sync.aligned.m8n8.x4.shared.b16"), "{what}");
-                assert!(!e.source.contains("wgmma") && !e.source.contains("mbarrier"), "{what}");
-                // K is contiguous in a when a's unit-stride dimension is K's
+                assert!(e.source.contains("kf_cp_async_wait<2>();"), "{what}");
+                assert!(e.source.contains("ldmatrix.sync.aligned.m8n8.x4"), "{what}");
+                assert!(!e.source.contains("wgmma.mma_async") && !e.source.contains("kf_proxy_fence();"), "{what}");
                 // a's tensor is [M, K] (or [K, M] when ta): K is its last dimension (first)
                 let a_k_major = if ta { a_first } else { !a_first };
                 // b's tensor is [K, N] (or [N, K] when tb): K is its first dimension (last)
                 let b_k_major = if tb { !b_first } else { b_first };
                 let maj = |km: bool| if km { "K-major" } else { "MN-major" };
-                let plan = e.ir.lines().find(|l| l.contains("mma MmaSyncCpAsync")).unwrap_or_else(|| panic!("{what}: {}", e.ir));
-                let a_part = &plan[plan.find(", A ").unwrap()..plan.find(", B ").unwrap()];
-                let b_part = &plan[plan.find(", B ").unwrap()..];
-                assert!(a_part.contains(maj(a_k_major)), "{what}: {plan}");
-                assert!(b_part.contains(maj(b_k_major)), "{what}: {plan}");
-                // MN-major operands are read with ldmatrix.trans
-                assert_eq!(e.source.contains("kf_ldsm_x4_t(kf_fa[mi]"), !a_k_major, "{what}");
-                assert_eq!(e.source.contains("kf_ldsm_x4_t(t,"), !b_k_major, "{what}");
+                let note = dot_note(&e);
+                assert!(note.contains("mma.sync m16n8k16") && note.contains("4-stage ring"), "{what}: {note}");
+                let a_part = &note[note.find("; A ").unwrap()..note.find("; B ").unwrap()];
+                let b_part = &note[note.find("; B ").unwrap()..];
+                assert!(a_part.contains(maj(a_k_major)), "{what}: {note}");
+                assert!(b_part.contains(maj(b_k_major)), "{what}: {note}");
+                // an MN-major operand is read with ldmatrix.trans
+                assert_eq!(e.source.contains("kf_ldsm_x4_t("), !(a_k_major && b_k_major), "{what}");
                 assert_eq!((e.block_threads, e.persistent, e.cluster_x, e.arch.as_str()), (128, None, 1, "sm_80"), "{what}");
-                assert_eq!(e.smem_bytes, 4 * (128 * 32 + 32 * 128) * 2, "{what}");
+                // four stages of a 128x32 and a 32x128 tile
+                assert!(e.smem_bytes >= 4 * (128 * 32 + 32 * 128) * 2, "{what}: {}", e.smem_bytes);
             }
         }
     }
 }
 
 #[test]
-fn tiles_follow_the_shape_class_and_the_target() {
+fn tiles_and_rings_follow_the_shape_and_the_target() {
     let k = gemm_kernel(DType::BF16, false, false, false);
-    // sm_80, 108 multiprocessors: the widest tile that still gives each one a tile
-    for (mnk, tile, warps) in [([4096, 4096, 4096], "tile 128x128x32", "warps 2x2 (warp tile 64x64)"), ([1024, 1024, 1024], "tile 128x64x32", "warps 2x2 (warp tile 64x32)"), ([127, 4096, 4096], "tile 64x64x32", "warps 2x2 (warp tile 32x32)")] {
-        let e = compile(&k, &spec(&k, mnk), &Target::sm80()).unwrap();
-        assert!(e.ir.contains(tile) && e.ir.contains(warps) && e.ir.contains("4 stages"), "{mnk:?}: {}", e.ir);
-        assert!(e.ir.contains("schedule: threads=128 min_blocks=2"), "{}", e.ir);
-    }
-    // Ada: 99 KiB a block, three 16 KiB stages so that two blocks share a multiprocessor
+    // sm_80: 128x128 tiles, four warps, two blocks a multiprocessor, 4-stage rings
+    let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &Target::sm80()).unwrap();
+    assert!(e.plan.to_string().contains("tiles: BK=32 BM=128 BN=128") && dot_note(&e).contains("4-stage ring"), "{}", e.plan);
+    assert!(e.ir.contains("schedule: threads=128 min_blocks=2"), "{}", e.ir);
+    // Ada: 99 KiB a block, three stages so that two blocks share a multiprocessor
     let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &Target::sm89()).unwrap();
-    assert!(e.ir.contains("tile 128x128x32") && e.ir.contains("3 stages"), "{}", e.ir);
-    assert_eq!((e.arch.as_str(), e.smem_bytes), ("sm_89", 3 * 16384));
-    // a transcendental epilogue keeps 64 accumulators a thread: 8 warps of 64x32
+    assert!(dot_note(&e).contains("3-stage ring") && e.arch == "sm_89", "{}", e.plan);
+    // a transcendental epilogue keeps fewer accumulators a thread: 8 warps, the
+    // multiprocessor alone
     let g = gemm_erf_kernel();
     let e = compile(&g, &spec(&g, [4096, 4096, 4096]), &Target::sm80()).unwrap();
-    assert!(e.ir.contains("warps 2x4 (warp tile 64x32)") && e.ir.contains("threads=256 min_blocks=1"), "{}", e.ir);
+    assert!(e.ir.contains("threads=256 min_blocks=1"), "{}", e.ir);
 }
 
 #[test]
@@ -96,41 +94,48 @@ fn overrides_reach_the_plan() {
     s.tiles = [("BM".to_string(), 64), ("BN".to_string(), 128), ("BK".to_string(), 64), ("STAGES".to_string(), 3)].into_iter().collect();
     s.threads = Some(256);
     let e = compile(&k, &s, &Target::sm80()).unwrap();
-    assert!(e.ir.contains("tile 64x128x64") && e.ir.contains("warps 2x4 (warp tile 32x32)") && e.ir.contains("3 stages"), "{}", e.ir);
-    assert!(e.ir.contains("threads=256 min_blocks=2"), "{}", e.ir);
-    assert_eq!(e.smem_bytes, 3 * (64 * 64 + 64 * 128) * 2);
+    assert!(e.plan.to_string().contains("tiles: BK=64 BM=64 BN=128") && dot_note(&e).contains("3-stage ring") && e.block_threads == 256, "{}", e.plan);
     // 128-byte A rows: the swizzle spans all 8 chunks
-    assert!(e.ir.contains(" K-major swizzle 128B, B "), "{}", e.ir);
+    assert!(dot_note(&e).contains("A from shared memory (K-major, 128-byte swizzle"), "{}", e.plan);
+    // more stages than the default, where one block holds them
+    s.tiles.insert("STAGES".into(), 6);
+    let e = compile(&k, &s, &Target::sm80()).unwrap();
+    assert!(dot_note(&e).contains("6-stage ring"), "{}", e.plan);
+    // the WGMMA template's options have nothing to ask for here: the same loop
+    s.tiles.insert("STAGES".into(), 3);
+    let base = compile(&k, &s, &Target::sm80()).unwrap().source;
+    for (o, v) in [("GENERAL", 0), ("GROUPM", 4)] {
+        let mut t = s.clone();
+        t.tiles.insert(o.into(), v);
+        assert_eq!(compile(&k, &t, &Target::sm80()).unwrap().source, base, "{o}={v}");
+    }
 }
 
 #[test]
 fn the_accumulator_layout_is_the_instruction_fragment() {
-    // registers 4 (i * J + j) + r of warp (a, b) are d0..d3 of m16n8 tile (i, j) at
-    // rows 16 (a + WM i), columns 8 (b + WN j): d_r at row lane/4 + 8 (r / 2), column
-    // 2 (lane % 4) + r % 2
+    // each warp's registers hold whole m16n8 instruction tiles: d_r of a tile at row
+    // lane/4 + 8 (r / 2), column 2 (lane % 4) + r % 2 from its corner, and every element
+    // of the block tile once
     let k = gemm_kernel(DType::BF16, false, false, false);
-    for (mnk, [wm, wn]) in [([4096, 4096, 4096], [2u32, 2u32]), ([127, 4096, 4096], [2, 2])] {
-        let e = compile(&k, &spec(&k, mnk), &Target::sm80()).unwrap();
+    for mnk in [[4096, 4096, 4096], [127, 4096, 4096]] {
         let sched = kfuse_codegen::schedule(&k, &spec(&k, mnk), &Target::sm80()).unwrap();
-        let plan = sched.schedule.mma().cloned().unwrap();
-        assert_eq!(plan.warps, [wm, wn]);
-        let Some(l @ Layout::Blocked(_)) = accumulator_layout(&sched) else { panic!("{}", e.ir) };
+        let Some(l @ Layout::Blocked(_)) = accumulator_layout(&sched) else { panic!("{mnk:?}") };
         let map = RegMap::of(l).unwrap();
-        let [bm, bn, _] = plan.tile;
-        let (mi_n, ni_n) = (bm / (16 * wm), bn / (8 * wn));
-        assert_eq!(map.regs, mi_n * ni_n * 4);
+        let warps = sched.schedule.num_threads / 32;
+        let (bm, bn) = (map.axes[0].shape, map.axes[1].shape);
+        assert_eq!(map.regs * 32 * warps, bm * bn, "{mnk:?}");
         let mut seen = std::collections::BTreeSet::new();
-        for warp in 0..wm * wn {
-            let (a, b) = (warp / wn, warp % wn);
+        for warp in 0..warps {
             for lane in 0..32 {
-                for i in 0..mi_n {
-                    for j in 0..ni_n {
-                        for r in 0..4 {
-                            let reg = 4 * (i * ni_n + j) + r;
-                            let row = 16 * (a + wm * i) + lane / 4 + 8 * (r / 2);
-                            let col = 8 * (b + wn * j) + 2 * (lane % 4) + r % 2;
-                            assert_eq!((coord(&map, 0, reg, warp, lane), coord(&map, 1, reg, warp, lane)), (row, col));
-                            assert!(seen.insert((row, col)));
+                for reg in 0..map.regs {
+                    let (row, col) = (coord(&map, 0, reg, warp, lane), coord(&map, 1, reg, warp, lane));
+                    assert!(seen.insert((row, col)), "{mnk:?}: ({row}, {col}) twice");
+                    if reg % 4 == 0 {
+                        // a fragment's d0: its tile corner is 16 x 8 aligned
+                        assert_eq!(((row - lane / 4) % 16, (col - 2 * (lane % 4)) % 8), (0, 0), "{mnk:?} warp {warp} lane {lane} reg {reg}");
+                        for r in 1..4 {
+                            let (rr, cc) = (coord(&map, 0, reg + r, warp, lane), coord(&map, 1, reg + r, warp, lane));
+                            assert_eq!((rr, cc), (row + 8 * (r / 2), col + r % 2), "{mnk:?} warp {warp} lane {lane} reg {reg} + {r}");
                         }
                     }
                 }
@@ -143,7 +148,7 @@ fn the_accumulator_layout_is_the_instruction_fragment() {
 #[test]
 fn operands_the_copies_cannot_read_fall_back_to_fma() {
     // what cp.async cannot copy in 16-byte chunks takes exact f32 FMAs (gemm_fma.rs)
-    let fma = |e: &kfuse_codegen::EmittedKernel| e.ir.contains("mma FmaSimt") && e.source.contains("fmaf(") && !e.source.contains("mma.sync");
+    let fma = |e: &EmittedKernel| e.ir.contains("mma FmaSimt") && e.source.contains("fmaf(") && !e.source.contains("mma.sync");
     let k = gemm_kernel(DType::BF16, false, false, false);
     // a row stride that is not a multiple of 16 bytes
     let mut s = spec(&k, [4096, 4096, 4096]);
@@ -155,7 +160,8 @@ fn operands_the_copies_cannot_read_fall_back_to_fma() {
     assert!(fma(&compile(&k, &s, &Target::sm80()).unwrap()));
     // a K loop starting at 4: the chunks of `a`'s rows would not be 16-byte aligned
     let k4 = gemm_kernel_from(DType::BF16, false, false, false, 4);
-    assert!(fma(&compile(&k4, &spec(&k4, [4096, 4096, 4096]), &Target::sm89()).unwrap()));
+    let e = compile(&k4, &spec(&k4, [4096, 4096, 4096]), &Target::sm89()).unwrap();
+    assert!(fma(&e) && e.plan.to_string().contains("the cp.async path cannot read an operand"), "{}", e.plan);
     // f32 operands
     let k32 = gemm_kernel(DType::F32, false, false, false);
     assert!(fma(&compile(&k32, &spec(&k32, [4096, 4096, 4096]), &Target::sm80()).unwrap()));
@@ -163,10 +169,10 @@ fn operands_the_copies_cannot_read_fall_back_to_fma() {
 
 #[test]
 fn refusals_name_the_reason() {
-    // K tiles of 8 elements on readable operands: the override is refused, not rerouted
+    // K tiles of 8 elements: mma.sync steps 16 of K at once
     let k = gemm_kernel(DType::BF16, false, false, false);
     let mut s = spec(&k, [4096, 4096, 4096]);
     s.tiles.insert("BK".into(), 8);
     let err = compile(&k, &s, &Target::sm80()).unwrap_err().to_string();
-    assert!(err.contains("BK = 8") && err.contains("mma.sync"), "{err}");
+    assert!(err.contains("8") && err.contains("16"), "{err}");
 }

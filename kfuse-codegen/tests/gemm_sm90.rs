@@ -108,9 +108,10 @@ fn matrix_operands_say_when_readable_operands_reach_the_tensor_cores() {
     }
     // on a copy padded to 4160 elements: WGMMA on sm_90a, mma.sync on sm_80, as compiled
     s.tensors[1] = Some(TensorSpec { ptr_align: 16, stride_div: vec![16, 0] });
-    for (t, path) in [(Target::sm90a(), "mma WgmmaTma"), (Target::sm80(), "mma MmaSyncCpAsync")] {
+    for (t, instr) in [(Target::sm90a(), "mma WgmmaTma"), (Target::sm80(), "mma.sync.aligned.m16n8k16")] {
         assert!(m.tensor_cores(&s, &t), "{}", t.arch());
-        assert!(compile(&k, &s, &t).unwrap().ir.contains(path));
+        let e = compile(&k, &s, &t).unwrap();
+        assert!(e.ir.contains(instr) || e.source.contains(instr), "{}", t.arch());
     }
     // f32 operands of `dot`: exact FMAs whatever the layout
     let f = matrix_operands(&gemm_kernel(DType::F32, false, false, false)).unwrap();
@@ -126,4 +127,45 @@ fn matrix_operands_say_when_readable_operands_reach_the_tensor_cores() {
     assert!(!t.tensor_cores(&st, &Target::sm90a()));
     let refused = compile(&common::gemm_kernel_tf32(DType::F32, false, true), &st, &Target::sm90a()).map(|_| ()).unwrap_err().to_string();
     assert!(refused.contains("unit stride along M/N"), "{refused}");
+}
+
+#[test]
+fn the_general_lowering_takes_every_operand_layout_and_the_ring_and_walk_overrides() {
+    use kfuse_codegen::passes::select_mma_path::GENERAL_TAKES;
+    // A and B K-major or MN-major (`.t()` of a stored tensor, or a transposed view): each
+    // in its own TMA ring, `wgmma` transposing an MN-major operand (`imm-trans-a/b`)
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        for a_first in [false, true] {
+            let k = gemm_kernel(DType::BF16, ta, tb, false);
+            let mut s = common::spec(&k, [4096, 4096, 4096]);
+            if a_first {
+                s.tensors[0] = Some(TensorSpec { ptr_align: 16, stride_div: vec![0, 8] });
+            }
+            let e = compile(&k, &s, &Target::sm90a()).unwrap();
+            let plan = e.plan.to_string();
+            let a_mn = ta != a_first;
+            let what = format!("ta={ta} tb={tb} a_first={a_first}");
+            assert!(e.ir.contains(GENERAL_TAKES), "{what}: {}", e.ir);
+            let a = if a_mn { "A from shared memory (MN-major" } else { "A from shared memory (K-major" };
+            assert!(plan.contains(a) && plan.matches("copied by the producer warpgroup into a").count() == 2, "{what}: {plan}");
+            // the instruction's imm-trans-a
+            let instr = e.source.lines().find(|l| l.contains("wgmma.mma_async")).unwrap();
+            let imm = instr.split("1, 1, 1, ").nth(1).unwrap_or("");
+            assert!(imm.starts_with(if a_mn { "1," } else { "0," }), "{what}: {instr}");
+        }
+    }
+    // STAGES sizes the producer's ring (by default as deep as shared memory holds: five
+    // stages of 128x128x64 tiles beside the output tile, three of 128x256x64); GROUPM
+    // the persistent walk's groups (by default 8)
+    let k = gemm_kernel(DType::BF16, false, false, false);
+    for (stages, group, bn) in [(2, 3, 256), (4, 1, 128)] {
+        let mut s = common::spec(&k, [4096, 4096, 4096]);
+        s.tiles.extend([("BM".to_string(), 128), ("BN".to_string(), bn), ("BK".to_string(), 64)]);
+        s.tiles.insert("STAGES".into(), stages);
+        s.tiles.insert("GROUPM".into(), group);
+        let e = compile(&k, &s, &Target::sm90a()).unwrap();
+        let plan = e.plan.to_string();
+        assert!(e.ir.contains(GENERAL_TAKES), "{}", e.ir);
+        assert!(plan.contains(&format!("into a {stages}-stage ring")) && plan.contains(&format!("in groups of {group} along grid axis 0")), "{plan}");
+    }
 }

@@ -6,9 +6,9 @@ use common::gemm_kernel;
 use kfuse_codegen::{compile, tuning_candidates, Spec, Target};
 use kfuse_ir::{BinaryOp, Builder, DType, Extent, Kernel};
 
-/// `common::spec` with `GENERAL=0`: the matrix path's template, whose tiles and stages
-/// the tuner varies (the general lowering, the default for a plain f16/bf16 loop on
-/// sm_90a, chooses its own stages).
+/// `common::spec` with `GENERAL=0`: sm_90a's WGMMA template, whose tiles and stages the
+/// tuner varies (the general lowering, the default for a plain f16/bf16 loop, chooses
+/// its own stages; on sm_80/sm_89 it is the only lowering).
 fn spec(k: &Kernel, mnk: [u32; 3]) -> Spec {
     let mut s = common::spec(k, mnk);
     s.tiles.insert("GENERAL".into(), 0);
@@ -52,7 +52,7 @@ fn explicit_overrides_win_over_the_tuner() {
 fn sm80_candidates_are_mma_sync_shapes() {
     let k = gemm_kernel(DType::F16, false, false, false);
     for t in [Target::sm80(), Target::sm89()] {
-        let s = spec(&k, [4096, 4096, 4096]);
+        let s = common::spec(&k, [4096, 4096, 4096]);
         let c = tuning_candidates(&k, &s, &t);
         assert_eq!((c[0]["BM"], c[0]["BN"]), (128, 128), "{c:?}");
         assert_eq!(c.len(), 4, "{c:?}");

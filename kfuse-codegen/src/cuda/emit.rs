@@ -26,7 +26,7 @@ use crate::CodegenError;
 use crate::mma_plan::MmaSchedule;
 
 /// `cp.async` of 16 bytes with a source size (the rest zero-filled) and its groups (PTX
-/// ISA), as one literal: shared by the mma.sync path's prelude and the operand rings'.
+/// ISA), as one literal: the operand rings' prelude.
 macro_rules! cp_async_helpers {
     () => {
         r#"static __device__ __forceinline__ void kf_cp_async16(unsigned dst, const void* src, unsigned bytes) {
@@ -45,7 +45,6 @@ mod dot_overlap;
 mod dot_wgmma;
 mod loops;
 mod mma_common;
-mod mma_sm80;
 mod operand_ring;
 mod tma_store;
 mod warp_specialize;
@@ -1847,6 +1846,8 @@ pub struct Emitted {
 /// stores leave by TMA where they can (`tma_store::general_stores`).
 #[derive(Clone, Copy)]
 struct Depth {
+    /// `cp.async` rings at all (else every operand staged where it is defined)
+    rings: bool,
     stages: u32,
     ws_stages: u32,
     tma_out: bool,
@@ -1855,7 +1856,7 @@ struct Depth {
 /// Writes the body of a kernel without a matrix loop, the carried tiles in `dynamic`
 /// with valid ranges that follow the iterations.
 fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::target::GridAxisEval], dynamic: BTreeSet<(LoopId, u32)>, depth: Depth) -> Result<Emitter<'a>, CodegenError> {
-    let Depth { stages, ws_stages, tma_out } = depth;
+    let Depth { rings, stages, ws_stages, tma_out } = depth;
     let mut e = Emitter::new(k, spec, "__syncthreads();", grid);
     e.dynamic_ranges = dynamic;
     if k.schedule.split_blocks <= 1 && k.schedule.persistent == 0 {
@@ -1863,8 +1864,6 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         // the rings' second stages go first, then the rule, where the operand area
         // would not fit the block's shared memory
         let fits = |p: &dot_wgmma::WgPlan| 1024 + p.bytes <= target.smem_per_block;
-        // (`ring_stages` 1: no rings, every operand staged where it is defined)
-        let rings = k.schedule.ring_stages != 1;
         let p = Some(dot_wgmma::plan(k, spec, rings, wgmma, 2)).filter(fits).unwrap_or_else(|| dot_wgmma::plan(k, spec, false, wgmma, 2));
         e.wg = Some(p).filter(|p| !p.dots.is_empty() && fits(p));
         if target.sm >= 90 {
@@ -1872,8 +1871,8 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         }
         // a producer warpgroup runs as many stages ahead as shared memory holds beside
         // the stores' area and a reserve for the scratch (`ws_stages` at most), else 3
-        // where they fit, else 2
-        if e.ws.is_some() {
+        // where they fit, else 2 (`ws_stages` 2: two)
+        if e.ws.is_some() && ws_stages > 2 {
             let store = if tma_out { tma_store::general_stores(k, spec, u32::MAX).1 } else { 0 };
             let rings = e.wg.as_ref().unwrap().rings.clone();
             let room = |p: &dot_wgmma::WgPlan| 1024 + p.bytes.div_ceil(1024) * 1024 + store + crate::passes::pipeline_stages::RESERVE_BYTES <= target.smem_per_block;
@@ -2003,17 +2002,20 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     if let Some(plan) = k.schedule.mma() {
         return match plan.path {
             crate::mma_plan::MmaPath::WgmmaTma => wgmma::emit_kernel(k, spec, target, grid, plan, params, decls),
-            crate::mma_plan::MmaPath::MmaSyncCpAsync => mma_sm80::emit_kernel(k, spec, target, grid, plan, params, decls),
             crate::mma_plan::MmaPath::FmaSimt => dot_fma::emit_kernel(k, spec, target, grid, plan, params, decls),
         };
     }
     // The body first (its shared-memory needs are known only afterwards): `cp.async`
-    // rings as deep as the whole block's shared memory then holds.
-    let stages = match k.schedule.ring_stages {
-        0 => operand_ring::STAGES,
-        s => s.clamp(2, operand_ring::STAGES),
+    // rings as deep as the whole block's shared memory then holds (`ring_stages` 1: no
+    // rings, every operand staged where it is defined), or as `STAGES` asks where one
+    // block holds that many (`ring_occupancy`'s blocks a multiprocessor do not bound it)
+    let asked = spec.tiles.get("STAGES").map(|&s| s.clamp(2, crate::passes::pipeline_stages::MAX_STAGES));
+    let stages = match (k.schedule.ring_stages, asked) {
+        (0, Some(s)) => s,
+        (0, None) => operand_ring::STAGES,
+        (s, _) => s.clamp(2, operand_ring::STAGES),
     };
-    let mut depth = Depth { stages, ws_stages: warp_specialize::MAX_STAGES, tma_out: true };
+    let mut depth = Depth { rings: k.schedule.ring_stages != 1, stages, ws_stages: asked.unwrap_or(warp_specialize::MAX_STAGES), tma_out: true };
     let mut e = loop {
         let mut e = body(k, spec, target, grid, BTreeSet::new(), depth)?;
         while !e.retry.is_empty() {
@@ -2037,7 +2039,13 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         }
         // (`ring_occupancy`'s blocks share the multiprocessor's shared memory, each
         // with 1 KiB the system keeps)
-        let blocks = k.schedule.min_blocks.max(1);
+        let blocks = if asked.is_some() { 1 } else { k.schedule.min_blocks.max(1) };
+        let rings = e.ws.is_none() && e.wg.as_ref().is_some_and(|p| !p.rings.is_empty());
+        if rings && ring_stages <= 2 && total > target.smem_per_block {
+            // two stages and the scratch do not fit the block: no rings
+            depth.rings = false;
+            continue;
+        }
         if ring_stages <= 2 || blocks * (total + 1024) <= target.smem_per_block + 1024 {
             break e;
         }

@@ -638,8 +638,8 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     let mma_sync = general && target.sm != 90;
     let heavy = mma_sync && heavy_epilogue_of(k, dot);
     k.schedule.num_threads = if mma_sync {
-        // `mma.sync`: the template's warps (one per 64x64 of the tile, 4 to 8), which
-        // `assign_layouts` stacks along the rows
+        // `mma.sync`: one warp per 64x64 of the tile, 4 to 8 (`mma_sync_default_warps`),
+        // which `assign_layouts` stacks along the rows
         let shape = [concrete_shape(k, &at).first().copied().unwrap_or(128), concrete_shape(k, &bt).get(1).copied().unwrap_or(128)];
         spec.threads.unwrap_or(32 * crate::passes::select_mma_path::mma_sync_default_warps(shape[0], shape[1], heavy))
     } else if general {
@@ -648,8 +648,8 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     } else {
         256
     };
-    // (`mma.sync`: the template's blocks a multiprocessor, for which the writer sizes
-    // the rings)
+    // (`mma.sync`: two blocks a multiprocessor where the registers allow
+    // (`mma_sync_min_blocks`), for which the writer sizes the rings)
     k.schedule.min_blocks = match spec.min_blocks {
         None if mma_sync => crate::passes::select_mma_path::mma_sync_min_blocks(k.schedule.num_threads, heavy),
         _ => 1,
@@ -773,7 +773,8 @@ pub fn fma_bk(bm: u32) -> u32 {
     (1024 / bm.max(1)).clamp(8, 32)
 }
 
-/// Tiles `(BM, BK, BN)` of a `dot` loop on the mma.sync path (sm_80, sm_89).
+/// Tiles `(BM, BK, BN)` of a `dot` loop on `mma.sync` (sm_80, sm_89: the general
+/// lowering's rule).
 ///
 /// Heuristic: `BK` spans 64 bytes (32 elements of f16/bf16: two `k16` steps a stage,
 /// 4 chunks a row, small stages so that 3-4 of them and two blocks fit a

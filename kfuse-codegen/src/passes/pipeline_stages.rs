@@ -11,10 +11,10 @@
 //! by box through two box-sized buffers instead, when that leaves more
 //! (`MmaPlan::store_buffers`). The
 //! override `KFUSE_TILES=STAGES=n` (or `Config::tile("STAGES", n)`; any n from 2, not
-//! only powers of two) reaches it through `Spec::tiles["STAGES"]`. The mma.sync
-//! path (sm_80/sm_89) sizes its ring for two blocks a multiprocessor instead
-//! (`mma_sync_stages`). The FMA path (`MmaPath::FmaSimt`) has two stages by design
-//! (register prefetch of the next slab); this pass leaves it alone.
+//! only powers of two) reaches it through `Spec::tiles["STAGES"]`. The FMA path
+//! (`MmaPath::FmaSimt`) has two stages by design (register prefetch of the next slab);
+//! this pass leaves it alone. (Loops the general lowering takes have no plan: their
+//! rings' stages are the writer's, `cuda/emit/operand_ring.rs`.)
 
 use kfuse_ir::{Kernel, OpId};
 
@@ -84,9 +84,6 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         return Ok(());
     }
     let per = stage_bytes(k);
-    if k.schedule.mma().is_some_and(|p| p.path == MmaPath::MmaSyncCpAsync) {
-        return mma_sync_stages(k, spec, target, per);
-    }
     // the epilogue's region (output tile, split partial) has its own shared memory — but
     // in a kernel of one tile a block (the last tiles of a split wave), where it reuses
     // the ring once the loop is done, so it needs a ring at least its size
@@ -118,23 +115,6 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
 /// nothing is loaded into the ring after the loop.
 pub fn epilogue_reuses_ring(k: &Kernel) -> bool {
     k.schedule.mma().is_some_and(|p| matches!(p.walk, crate::target::Walk::LastTiles { .. }))
-}
-
-/// Most stages of the mma.sync ring: with 3-4 stages of 32-element K tiles the copies
-/// run far enough ahead (the usual A100 multistage configuration).
-pub const MMA_SYNC_MAX_STAGES: u32 = 4;
-
-/// Stages of the mma.sync path (sm_80, sm_89): as many as let two blocks share a
-/// multiprocessor's shared memory (`smem_per_block / 2` each: 4 stages of a
-/// 128x128x32 tile, 64 KiB, on the A100's 163 KiB; 3, 48 KiB, on Ada's 99 KiB), at most
-/// [`MMA_SYNC_MAX_STAGES`], at least 2. The epilogue reuses the ring's shared memory,
-/// so nothing is reserved for it. `Spec::tiles["STAGES"]` overrides, up to what one
-/// block can hold.
-fn mma_sync_stages(k: &mut Kernel, spec: &Spec, target: &Target, per: u32) -> Result<(), CodegenError> {
-    let fit = target.smem_per_block / per.max(1);
-    let two_blocks = (target.smem_per_block / 2 / per.max(1)).clamp(2, MMA_SYNC_MAX_STAGES);
-    let stages = spec.tiles.get("STAGES").copied().unwrap_or(two_blocks).min(fit);
-    set_stages(k, stages, fit, per, target)
 }
 
 /// Records `stages` in the plan, or refuses a loop with room for fewer than two.

@@ -33,15 +33,17 @@
 //!    f16 or bf16 tiles (`mma.sync`, its operands in `cp.async` rings read by `ldmatrix`;
 //!    [`general_dots`]), from tensors TMA can read (either tile
 //!    dimension of unit stride; up to 5 dimensions, the others indexed: a batch)
-//!    ([`general_takes`]: no grouped launch on sm_90, no split wave,
-//!    cluster, ping-pong, `STAGES` or `GROUPM` override, and not `GENERAL=0`): no plan;
-//!    `Schedule::dots_one_by_one` says [`GENERAL_TAKES`], `choose_tiles` gives the loop
-//!    the matrix tiles (on sm_80/sm_89 the template's warps and blocks a multiprocessor),
-//!    and the general writer lowers it op by op (a producer warpgroup's TMA rings,
-//!    `wgmma`, TMA bulk stores on sm_90; `cp.async` rings, `ldmatrix`, `mma.sync`
-//!    elsewhere). Where that writer cannot write it (shared
-//!    memory for an epilogue's conversions beside the rings), `compile` takes the
-//!    template (path 1) and its plan says why.
+//!    ([`general_takes`]; on sm_90 no grouped launch, split wave, cluster or ping-pong
+//!    override, and not `GENERAL=0`: sm_90's template options, which mean nothing on the
+//!    other targets; `STAGES` and `GROUPM` size its rings and walk): no plan; `Schedule::dots_one_by_one`
+//!    says [`GENERAL_TAKES`], `choose_tiles` gives the loop the matrix tiles (on
+//!    sm_80/sm_89 `mma_sync_default_warps` and `mma_sync_min_blocks`), and the general
+//!    writer lowers it op by op (a producer warpgroup's TMA rings, `wgmma`, TMA bulk
+//!    stores on sm_90; `cp.async` rings, `ldmatrix`, `mma.sync` elsewhere). A K tile
+//!    asked for that is not a multiple of 32 bytes (every instruction's K step) is
+//!    refused. Where that writer cannot write it on sm_90 (shared memory for an
+//!    epilogue's conversions beside the rings), `compile` takes the template (path 1) and
+//!    its plan says why; on sm_80/sm_89 the writer drops the rings instead.
 //! 1. [`MmaPath::WgmmaTma`] on sm_90: f16/bf16/f8e4m3/f8e5m2 operands, and the f32
 //!    operands of a `dot_tf32` ([`DotPrecision::Tf32`]), whose tensors TMA can read
 //!    (unit innermost stride, other strides multiples of 16 bytes, 16-byte aligned
@@ -51,13 +53,10 @@
 //!    is swizzled in 128-byte spans; one instruction covers 32 bytes of K (`k16` for
 //!    16-bit, `k32` for 8-bit, `k8` for TF32). A `dot_tf32` whose operands TMA cannot
 //!    read takes path 3 (exact products are within what it allows).
-//! 2. [`MmaPath::MmaSyncCpAsync`] on the other sm_80+ targets (sm_80, sm_89) where the
-//!    general lowering does not take the loop (`GENERAL=0`, a template override): f16/bf16
-//!    operands whose rows `cp.async` can copy in 16-byte chunks — the same tensor
-//!    conditions as TMA's, plus a block offset along the unit-stride dimension known to
-//!    be a multiple of 16 bytes (`(0..K).step_by(BK)` and `j * BN` are). Majorness as
-//!    for WGMMA (`ldmatrix.trans` reads the MN-major operands); the warps of the block
-//!    ([`mma_sync_warps`]) share the tile, each holding `m16n8` instruction tiles.
+//! 2. (sm_80/sm_89 have no template: path 0 takes their f16/bf16 loops whose operands
+//!    `cp.async` copies — the tensor conditions of TMA's, plus a block offset along the
+//!    unit-stride dimension known to be a multiple of 16 bytes, as `(0..K).step_by(BK)`
+//!    and `j * BN` are — and path 3 the others.)
 //! 3. [`MmaPath::FmaSimt`] on every sm_80+ target (`fma.rs`): f32 operands of a plain
 //!    `dot` always (exact f32 FMAs; no matrix instruction takes f32 without TF32
 //!    rounding) and those of a `dot_tf32` on sm_80/sm_89 (no TF32 `mma.sync` path in
@@ -441,31 +440,34 @@ pub fn general_requested(spec: &Spec) -> bool {
 /// shows it).
 pub const GENERAL_TAKES: &str = "the general lowering takes this loop (up to four `dot`s of f16, bf16, fp8 or TF32-read f32 operands on sm_90, one of f16 or bf16 on sm_80 and sm_89)";
 
-/// Whether the general lowering takes a loop a matrix template would (module docs,
-/// point 0): the dots it puts on the tensor cores ([`general_dots`]: on sm_90 up to
-/// [`MAX_DOTS`] that WGMMA takes, 8-bit and TF32 operands K-major; on sm_80/sm_89 one of
-/// f16 or bf16) of tiles loaded from tensors TMA (and `cp.async`) can read (on
-/// sm_80/sm_89 at block offsets along the unit-stride dimension known to be multiples
-/// of 16 bytes, which `cp.async` copies from; else the template's FMA path), no grouped
-/// launch on sm_90 (its table passes no tensor maps), the whole grid in one launch (`Spec::walk`), no cluster, ping-pong, `STAGES`
-/// or `GROUPM` override (the templates') and no tile wider than 256; `GENERAL=0` keeps
-/// the template. On the H100 the two ran within the vendor's spread of each other on
-/// every bf16 row of BENCHMARKS.md's GEMM table (the general lowering 0.97–1.02× cuBLAS,
-/// the template 0.90–1.03×, one call); forced to the sm_80 path the general lowering ran
-/// 1.14–1.25× the mma.sync template on the bf16 rows but M127 (0.94×; one call, NOTES.md
-/// l10).
+/// Whether the general lowering takes a matrix loop (module docs, point 0): the dots it
+/// puts on the tensor cores ([`general_dots`]: on sm_90 up to [`MAX_DOTS`] that WGMMA
+/// takes, 8-bit and TF32 operands K-major; on sm_80/sm_89 one of f16 or bf16) of tiles
+/// loaded from tensors TMA (and `cp.async`) can read (on sm_80/sm_89 at block offsets
+/// along the unit-stride dimension known to be multiples of 16 bytes, which `cp.async`
+/// copies from; else the FMA path), the whole grid in one launch (`Spec::walk`); on
+/// sm_90 also no grouped launch (its table passes no tensor maps), no cluster or
+/// ping-pong override (the WGMMA template's), no tile wider than 256, and not
+/// `GENERAL=0`. On the H100 the general lowering and the WGMMA template ran
+/// within the vendor's spread of each other on every bf16 row of BENCHMARKS.md's GEMM
+/// table (0.97–1.02× cuBLAS against 0.90–1.03×, one call); forced to the sm_80 path the
+/// general lowering ran 1.14–1.25× a template kernel of cp.async + mma.sync on 2x2
+/// warps on the bf16 rows but M127 (0.94×; one call, NOTES.md l10).
 pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     // (a grouped launch passes no tensor maps through its table: none on sm_90, whose
     // rings and stores take them)
     let grouped = k.schedule.grouped && target.sm == 90;
-    if target.sm < 80 || grouped || spec.tiles.get("GENERAL") == Some(&0) || !matches!(spec.walk, Walk::All) {
+    if target.sm < 80 || grouped || !matches!(spec.walk, Walk::All) {
         return false;
     }
-    let cluster = ["SPLITK", "MCAST", "MCASTB"].iter().any(|o| spec.tiles.get(*o).is_some_and(|&v| v > 1));
-    // (the template's own pipeline options: its stage count and walk groups)
-    let template_only = ["STAGES", "GROUPM"].iter().any(|o| spec.tiles.contains_key(*o));
-    if cluster || template_only || spec.tiles.get("PINGPONG") == Some(&1) || spec.tiles.values().any(|&v| v > 256) {
-        return false;
+    // (the WGMMA template's own options, sm_90 only: the other targets have no template,
+    // and no clusters or ping-pong for these options to ask for; `STAGES` and `GROUPM`
+    // the general lowering's rings and walk take too)
+    if target.sm == 90 {
+        let cluster = ["SPLITK", "MCAST", "MCASTB"].iter().any(|o| spec.tiles.get(*o).is_some_and(|&v| v > 1));
+        if spec.tiles.get("GENERAL") == Some(&0) || cluster || spec.tiles.get("PINGPONG") == Some(&1) || spec.tiles.values().any(|&v| v > 256) {
+            return false;
+        }
     }
     // (several dots: SwiGLU's pair 409.3 against 416.8 µs at 4096³, equal at M8192
     // N14336 and M127 N14336 on the H100, one call, 2026-11-27; three products NOTES l9)
@@ -479,10 +481,26 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     let sixteen = k.ty(k.operands(ds[0])[0]).dtype.size_bytes() == 2;
     let k_major = |(l, t): (OpId, bool), k_axis| sixteen || operand_major(k, spec, l, t, k_axis) == Some(Major::K);
     // (`cp.async` copies 16-byte pieces from the block's offset: elsewhere that offset
-    // must be a multiple of 16 bytes, else the template's FMA fallback, pipelined)
+    // must be a multiple of 16 bytes, else the FMA path, pipelined)
     let copies = |l: OpId| target.sm == 90 || cp_async_obstacle(k, spec, l, k.ty(l.value()).dtype.size_bytes() as u32).is_none();
     found.iter().all(|f| {
         [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() <= 5) && tma_obstacle(k, spec, l).is_none() && copies(l)) && k_major(f.a, 1) && k_major(f.b, 0)
+    })
+}
+
+/// Why a K tile the spec asks for keeps a matrix loop's dots off the tensor cores, if
+/// it does: every instruction (`mma.sync` k16, WGMMA k16/k32/k8) takes 32 bytes of K,
+/// so the loop's K tile must be a multiple of that (else its dots would be exact FMAs).
+fn k_tile_refusal(k: &Kernel, spec: &Spec, dots: &[OpId]) -> Option<String> {
+    dots.iter().find_map(|&d| {
+        let a = k.ty(k.operands(d)[0]);
+        let kfuse_ir::Extent::Tile(t) = *a.shape.get(1)? else { return None };
+        let name = k.tile_name(t);
+        let v = *spec.tiles.get(name)?;
+        let esz = a.dtype.size_bytes() as u32;
+        (!(v * esz).is_multiple_of(32)).then(|| {
+            format!("{name} = {v}: the tensor cores take K in steps of 32 bytes ({} {} elements); ask for a multiple of that", 32 / esz.max(1), a.dtype)
+        })
     })
 }
 
@@ -535,6 +553,9 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         return Ok(());
     }
     if general_takes(k, spec, target) {
+        if let Some(why) = k_tile_refusal(k, spec, &dots) {
+            return Err(unsupported(why));
+        }
         k.schedule.dots_one_by_one = Some(GENERAL_TAKES.into());
         return Ok(());
     }
@@ -577,10 +598,10 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         }
         return Err(unsupported(format!("the {copy} path cannot read this `dot` operand: {why}")));
     }
-    let majors = operand_majors(k, spec, &r)?;
     if mma_sync_only {
-        return plan_mma_sync(k, spec, target, &r, majors[0]);
+        return plan_fma_fallback(k, spec, &r);
     }
+    let majors = operand_majors(k, spec, &r)?;
     plan_wgmma(k, spec, target, &r, &majors)
 }
 
@@ -625,25 +646,18 @@ fn operand_majors(k: &Kernel, spec: &Spec, r: &Recognized) -> Result<Vec<(Major,
     Ok(majors)
 }
 
-/// The mma.sync plan of the loop's one dot (`majors`: its operands'), or the FMA path
-/// where `cp.async` cannot copy an operand's blocks.
-fn plan_mma_sync(k: &mut Kernel, spec: &Spec, target: &Target, r: &Recognized, (a_major, b_major): (Major, Major)) -> Result<(), CodegenError> {
-    let [bm, bn, bk] = r.tile(k);
+/// The FMA path of a loop of one f16/bf16 dot on sm_80/sm_89 that the general
+/// lowering's `cp.async` rings cannot read ([`cp_async_obstacle`]: a block offset along
+/// an operand's unit-stride dimension not known to be a multiple of 16 bytes), or why
+/// no path takes it.
+fn plan_fma_fallback(k: &mut Kernel, spec: &Spec, r: &Recognized) -> Result<(), CodegenError> {
     let esz = r.dtype.size_bytes() as u32;
-    let first = &r.found[0];
-    let (a_load, b_load) = (first.a.0, first.b.0);
-    if let Some(why) = [a_load, b_load].iter().find_map(|&l| cp_async_obstacle(k, spec, l, esz)) {
+    let loads: Vec<OpId> = r.found.iter().flat_map(|f| [f.a.0, f.b.0]).collect();
+    if let Some(why) = loads.iter().find_map(|&l| cp_async_obstacle(k, spec, l, esz)) {
         k.schedule.mma_why = Some(format!("the cp.async path cannot read an operand: {why}"));
         return fma::plan(k, spec, &r.fma_loop());
     }
-    let heavy = heavy_epilogue(k, r.info.yield_pos) || scalar_epilogue_store(k, spec, r.info.yield_pos);
-    let plan = mma_sync_plan(k, spec, [a_load, b_load], [a_major, b_major], [bm, bn, bk], esz, heavy).map_err(unsupported)?;
-    k.schedule.num_threads = 32 * plan.1[0] * plan.1[1];
-    k.schedule.min_blocks = spec.min_blocks.unwrap_or_else(|| mma_sync_min_blocks(k.schedule.num_threads, heavy));
-    let (a, b) = (MmaOperand { load: a_load, major: a_major, swizzle: plan.0[0] }, MmaOperand { load: b_load, major: b_major, swizzle: plan.0[1] });
-    k.schedule.set_mma(Some(MmaPlan { instr: [16, 8, 16], warps: plan.1, ..block_plan(MmaPath::MmaSyncCpAsync, &r.fma_loop(), a, b, [bm, bn, bk]) }));
-    k.schedule.mma_why = Some(format!("sm_{} has no WGMMA; {} operands that cp.async copies in 16-byte chunks", target.sm, r.dtype));
-    Ok(())
+    Err(unsupported("a `dot` loop the mma.sync lowering does not take (operand tensors of more than five dimensions)"))
 }
 
 /// The plan of one dot on a one-tile-per-block path (mma.sync, FMA: every warp
@@ -885,45 +899,6 @@ pub fn heavy_epilogue(k: &Kernel, yield_pos: usize) -> bool {
     })
 }
 
-/// True when a store after the dot loop (the epilogue) writes a 2-D tile of 16-bit
-/// elements one element at a time: its tensor's rows are not a multiple of 4 bytes
-/// apart (a bf16 `[M, 4097]` output) or its data is not 4-byte aligned, so no two
-/// neighbours of a row share an aligned word. The masked element stores hold an
-/// address and a mask per element beside the accumulator: the mma.sync path gives such
-/// an epilogue the warps of a [`heavy_epilogue`] (bias + ReLU into a bf16 `[4095,
-/// 4097]` output spilled 120 bytes at 64x64 warp tiles).
-pub fn scalar_epilogue_store(k: &Kernel, spec: &Spec, yield_pos: usize) -> bool {
-    k.order[yield_pos + 1..].iter().any(|&o| {
-        let Op::Store { tensor, dims } = k.op(o) else { return false };
-        let esz = k.param(*tensor).dtype.size_bytes() as u32;
-        let tiles = dims.iter().filter(|d| matches!(d, AccessDim::Tile(_))).count();
-        let Some(ts) = spec.tensors.get(tensor.0 as usize).cloned().flatten() else { return false };
-        esz == 2 && tiles >= 2 && (ts.ptr_align < 4 || ts.stride_div.iter().any(|&s| s != 0 && s * esz < 4))
-    })
-}
-
-/// The warps of an mma.sync block tile `[bm, bn]`: `warps` of them (a power of two),
-/// split by halving the longer side of the warp tile (columns on a tie) while it stays
-/// at least 16 wide, so that each warp's tile is as square as the count allows (fewest
-/// `ldmatrix` per `mma`): 128x128 with 4 warps gives 2x2 warps of 64x64, with 8
-/// warps 2x4 warps of 64x32.
-pub fn mma_sync_warps(bm: u32, bn: u32, warps: u32) -> Option<[u32; 2]> {
-    let (mut wm, mut wn) = (1u32, 1u32);
-    while wm * wn < warps {
-        let (tm, tn) = (bm / wm, bn / wn);
-        if tn >= tm && tn >= 32 {
-            wn *= 2;
-        } else if tm >= 32 {
-            wm *= 2;
-        } else if tn >= 32 {
-            wn *= 2;
-        } else {
-            return None;
-        }
-    }
-    Some([wm, wn])
-}
-
 /// Warps of an mma.sync block by default: one per 4096 accumulator elements (a 64x64
 /// warp tile, 128 f32 registers a thread), 4 to 8 — 128x128 gets 2x2 warps; with a
 /// [`heavy_epilogue`] one per 2048 (64x32, 64 registers): 128 accumulators and a
@@ -957,36 +932,3 @@ fn cp_async_obstacle(k: &Kernel, spec: &Spec, load: OpId, esz: u32) -> Option<St
     })
 }
 
-/// The mma.sync plan's operand swizzle spans and warps for a `[bm, bn, bk]` tile, or
-/// why the path cannot take it. Each operand is copied in 16-byte chunks along its
-/// tensor's unit-stride dimension, so the offset there must be a multiple of 16 bytes.
-#[allow(clippy::too_many_arguments)]
-fn mma_sync_plan(k: &Kernel, spec: &Spec, loads: [OpId; 2], majors: [Major; 2], [bm, bn, bk]: [u32; 3], esz: u32, heavy: bool) -> Result<([u32; 2], [u32; 2]), String> {
-    if bk % 16 != 0 {
-        return Err(format!("BK = {bk}: the mma.sync path takes K tiles of a multiple of 16 elements"));
-    }
-    if bm % 16 != 0 || bn % 16 != 0 {
-        return Err(format!("a {bm}x{bn} dot tile: the mma.sync path takes BM and BN multiples of 16"));
-    }
-    let warps = match spec.threads {
-        Some(t) if t.is_power_of_two() && (32..=1024).contains(&t) => t / 32,
-        Some(t) => return Err(format!("threads override {t}: a power of two from 32 to 1024")),
-        None => mma_sync_default_warps(bm, bn, heavy),
-    };
-    let w = mma_sync_warps(bm, bn, warps)
-        .ok_or_else(|| format!("a {bm}x{bn} dot tile cannot be shared by {warps} warps (warp tiles of at least 16x16)"))?;
-    let mut swz = [0u32; 2];
-    for (i, (&load, &maj)) in loads.iter().zip(majors.iter()).enumerate() {
-        if let Some(why) = cp_async_obstacle(k, spec, load, esz) {
-            return Err(why);
-        }
-        // the stored row: the extent along the unit-stride dimension
-        let row_elems = match (i, maj) {
-            (_, Major::K) => bk,
-            (0, Major::MN) => bm,
-            (_, Major::MN) => bn,
-        };
-        swz[i] = (row_elems * esz).min(128);
-    }
-    Ok((swz, w))
-}

@@ -16,10 +16,10 @@
 //! 1. f16/bf16 operands whose result `assign_layouts` put in the `m16n8k16` accumulator
 //!    layout (`one_dot_mma_layout`): `mma.sync` on the tensor cores, which every target
 //!    from sm_80 has. An operand the plan stages where it is defined (`dot_wgmma::plan`)
-//!    lies in a swizzled tile as WGMMA's (A K-major, B K-major or MN-major as its
-//!    registers run), which a ring's `cp.async` copies may fill (`operand_ring`); each
+//!    lies in a swizzled tile as WGMMA's (each K-major or MN-major as its registers
+//!    run), which a ring's `cp.async` copies may fill (`operand_ring`); each
 //!    warp reads its fragments with `ldmatrix.x4` (B two instruction tiles at a time,
-//!    `.trans` for an MN-major B, `.x2` for an odd last one), each B fragment followed by
+//!    `.trans` for an MN-major operand, `.x2` for an odd last one), each B fragment followed by
 //!    its instructions, so that few B registers are live at once. Any other operand is
 //!    staged here as above but `b` transposed (`[N, K]`, rows padded by one word, so both
 //!    fragments are 32-bit reads), every `k` outside the valid range as 0 (the
@@ -55,8 +55,9 @@ impl Emitter<'_> {
             // operands the plan wrote where they were defined (or a ring copied) are read there
             let eager = |t: &SmemTile| t.eager.then(|| t.clone());
             let staged = planned.as_ref().map_or([None, None], |d| [d.a_tile().and_then(eager), eager(d.b_tile())]);
-            let b_mn = planned.as_ref().is_some_and(|d| d.b_mn);
-            let (na, nb) = (self.mma_operand_note(staged[0].as_ref(), "K-major"), self.mma_operand_note(staged[1].as_ref(), if b_mn { "MN-major" } else { "K-major" }));
+            let major = |mn: bool| if mn { "MN-major" } else { "K-major" };
+            let (a_mn, b_mn) = planned.as_ref().map_or((false, false), |d| (d.a_mn, d.b_mn));
+            let (na, nb) = (self.mma_operand_note(staged[0].as_ref(), major(a_mn)), self.mma_operand_note(staged[1].as_ref(), major(b_mn)));
             self.dot_notes.push(format!("{label}: mma.sync m16n8k16 over {}x{} warps; A from {na}; B from {nb}", warps[0], warps[1]));
             return self.dot_mma(op, a, b, warps, staged);
         }
@@ -211,14 +212,21 @@ impl Emitter<'_> {
 
     /// Each of the warp's `ti` A fragments of the `k16` step at `kk` (`fa[i]`): rows
     /// `16 (kf_wa + wm i)`, from the tile `t` (`ldmatrix.x4`: matrix `q` is rows `+8 (q &
-    /// 1)`, k `+8 (q >> 1)`) or from padded rows of `row` elements at `base`.
+    /// 1)`, k `+8 (q >> 1)`; `.trans` where the tile's rows run along k) or from padded
+    /// rows of `row` elements at `base`.
     fn a_fragments(&mut self, t: Option<&SmemTile>, base: &str, ti: u32, wm: u32, row: u32) -> R {
         self.unroll("i", ti)?;
         match t {
             Some(t) => {
-                self.helpers.insert("kf_ldsm_x4".into(), LDSM_X4.into());
-                let at = t.at(&format!("16 * (kf_wa + {wm} * i) + (kf_lane & 7) + ((kf_lane >> 3) & 1) * 8"), "kk + (kf_lane >> 4) * 8");
-                self.line(format!("kf_ldsm_x4(fa[i], kf_saddr({base}) + {at});"))?;
+                let (m0, k0) = (format!("16 * (kf_wa + {wm} * i)"), "kk + (kf_lane >> 4) * 8");
+                // (MN-major: lane `l` gives the k row `l & 7` of its matrix)
+                let (x4, text, at) = if t.row_axis == t.k_axis {
+                    ("kf_ldsm_x4_t", LDSM_X4_T, t.at(&format!("{k0} + (kf_lane & 7)"), &format!("{m0} + ((kf_lane >> 3) & 1) * 8")))
+                } else {
+                    ("kf_ldsm_x4", LDSM_X4, t.at(&format!("{m0} + (kf_lane & 7) + ((kf_lane >> 3) & 1) * 8"), k0))
+                };
+                self.helpers.insert(x4.into(), text.into());
+                self.line(format!("{x4}(fa[i], kf_saddr({base}) + {at});"))?;
             }
             None => {
                 self.line(format!("const int r0 = 16 * (kf_wa + {wm} * i) + kf_lane / 4, c0 = kk + 2 * (kf_lane % 4);"))?;
@@ -291,16 +299,15 @@ impl Emitter<'_> {
 }
 
 /// `ldmatrix` (PTX ISA): four or two 8x8 matrices of 16-bit elements, each lane giving
-/// one matrix row's 16-byte address; `.trans` transposes each matrix. (The mma.sync
-/// template's too.)
-pub(super) const LDSM_X4: &str = "static __device__ __forceinline__ void kf_ldsm_x4(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(addr) : \"memory\");\n}\n";
-pub(super) const LDSM_X4_T: &str = "static __device__ __forceinline__ void kf_ldsm_x4_t(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(addr) : \"memory\");\n}\n";
+/// one matrix row's 16-byte address; `.trans` transposes each matrix.
+const LDSM_X4: &str = "static __device__ __forceinline__ void kf_ldsm_x4(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(addr) : \"memory\");\n}\n";
+const LDSM_X4_T: &str = "static __device__ __forceinline__ void kf_ldsm_x4_t(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(addr) : \"memory\");\n}\n";
 const LDSM_X2: &str = "static __device__ __forceinline__ void kf_ldsm_x2(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\" : \"=r\"(r[0]), \"=r\"(r[1]) : \"r\"(addr) : \"memory\");\n}\n";
 const LDSM_X2_T: &str = "static __device__ __forceinline__ void kf_ldsm_x2_t(unsigned* r, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\" : \"=r\"(r[0]), \"=r\"(r[1]) : \"r\"(addr) : \"memory\");\n}\n";
 
 /// `name(d, a, b)`: `d += a · b` for one `mma.sync.m16n8k16` tile of `ty` operands, f32
-/// accumulators (the mma.sync template's `kf_mma` too).
-pub(super) fn mma_fn(name: &str, ty: &str) -> String {
+/// accumulators.
+fn mma_fn(name: &str, ty: &str) -> String {
     format!(
         "static __device__ __forceinline__ void {name}(float* d, const unsigned* a, const unsigned* b) {{\n  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};\"\n    : \"+f\"(d[0]), \"+f\"(d[1]), \"+f\"(d[2]), \"+f\"(d[3])\n    : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]));\n}}\n"
     )

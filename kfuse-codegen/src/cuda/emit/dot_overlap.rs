@@ -97,7 +97,7 @@ pub(super) fn chain_loops(k: &Kernel, p: &WgPlan, late: &mut std::collections::B
         let init = k.operands(info.for_op)[3 + ld.carried as usize];
         let Op::LoopResult { id: l0, index } = *k.op(init.op()) else { continue };
         let Some(ld0) = late.get(&l0) else { continue };
-        let shape = |d: &WgDot| (d.m, d.n, d.kk, d.groups, d.b_mn, d.dtype, d.b_tile().rows, d.b_tile().cols, d.b_tile().span);
+        let shape = |d: &WgDot| (d.m, d.n, d.kk, d.groups, d.a_mn, d.b_mn, d.dtype, d.b_tile().rows, d.b_tile().cols, d.b_tile().span);
         if index == ld0.carried && k.users(init) == [info.for_op] && shape(&p.dots[&ld0.dot]) == shape(&p.dots[&ld.dot]) {
             late.get_mut(&l).unwrap().chain = Some(l0);
             late.get_mut(&l0).unwrap().chained = true;

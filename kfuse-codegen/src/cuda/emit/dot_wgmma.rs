@@ -127,7 +127,7 @@ impl SmemTile {
 pub(super) enum ASrc {
     /// The thread's own registers (A in the result's accumulator layout).
     Regs,
-    /// Shared memory, K-major.
+    /// Shared memory, K-major or MN-major ([`WgDot::a_mn`]).
     Smem(SmemTile),
 }
 
@@ -135,6 +135,8 @@ pub(super) enum ASrc {
 #[derive(Clone, Debug)]
 pub(super) struct WgDot {
     pub a: ASrc,
+    /// A is MN-major in shared memory (`imm-trans-a = 1`; `ldmatrix.trans`).
+    pub a_mn: bool,
     b: SmemTile,
     /// B is MN-major (`imm-trans-b = 1`).
     pub b_mn: bool,
@@ -208,27 +210,32 @@ fn wg_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
     if n > 256 || m % (16 * wm) != 0 || !(kk * esize).is_multiple_of(32) {
         return None;
     }
-    let (a_tile, b, b_mn) = operand_tiles(k, ops[1], [m, kk, n], esize)?;
+    let (a_tile, a_mn, b, b_mn) = operand_tiles(k, &ops, [m, kk, n], esize)?;
     let regs_a = crate::layout::mma_tiles_accumulator(m, kk, [wm, 1]);
-    let a = match k.schedule.layouts.get(&ops[0]) {
-        Some(Layout::Blocked(l)) if *l == regs_a && esize == 2 => ASrc::Regs,
-        _ => ASrc::Smem(a_tile),
+    let (a, a_mn) = match k.schedule.layouts.get(&ops[0]) {
+        Some(Layout::Blocked(l)) if *l == regs_a && esize == 2 => (ASrc::Regs, false),
+        _ => (ASrc::Smem(a_tile), a_mn),
     };
-    Some(WgDot { a, b, b_mn, m, n, kk, groups: wm / 4, dtype, mma: None })
+    Some(WgDot { a, a_mn, b, b_mn, m, n, kk, groups: wm / 4, dtype, mma: None })
 }
 
 /// The shared-memory tiles of a dot's operands `[m, kk] · [kk, n]` of `esize`-byte
-/// elements, `b` its second operand (see the module docs): A K-major; B MN-major where
-/// its registers run along n (16-bit operands only), else K-major; and whether B is
-/// MN-major. Each in the widest swizzle its contiguous extent takes.
-fn operand_tiles(k: &Kernel, b: ValueId, [m, kk, n]: [u32; 3], esize: u32) -> Option<(SmemTile, SmemTile, bool)> {
+/// elements, `ops` its operands (see the module docs): each MN-major where its
+/// registers run along m (A) or n (B) (16-bit operands only), else K-major; and
+/// whether each is MN-major. Each in the widest swizzle its contiguous extent takes.
+fn operand_tiles(k: &Kernel, ops: &[ValueId], [m, kk, n]: [u32; 3], esize: u32) -> Option<(SmemTile, bool, SmemTile, bool)> {
     let tile = |rows, cols, [row_axis, col_axis, k_axis]: [usize; 3]| span_of(cols, esize).map(|span| SmemTile { off: 0, rows, cols, span, row_axis, col_axis, k_axis, eager: false, ring: None, esize });
-    let along_n = matches!(k.schedule.layouts.get(&b), Some(Layout::Blocked(l)) if l.order[0] == 1);
-    let (bt, b_mn) = match tile(kk, n, [0, 1, 0]).filter(|_| along_n && n % 8 == 0 && esize == 2) {
+    // (the operand's registers run along `axis` first: its MN axis)
+    let along = |v: ValueId, axis: u32| matches!(k.schedule.layouts.get(&v), Some(Layout::Blocked(l)) if l.order[0] == axis);
+    let (at, a_mn) = match tile(kk, m, [1, 0, 1]).filter(|_| along(ops[0], 0) && m % 8 == 0 && esize == 2) {
+        Some(t) => (t, true),
+        None => (tile(m, kk, [0, 1, 1])?, false),
+    };
+    let (bt, b_mn) = match tile(kk, n, [0, 1, 0]).filter(|_| along(ops[1], 1) && n % 8 == 0 && esize == 2) {
         Some(t) => (t, true),
         None => (tile(n, kk, [1, 0, 0])?, false),
     };
-    Some((tile(m, kk, [0, 1, 1])?, bt, b_mn))
+    Some((at, a_mn, bt, b_mn))
 }
 
 /// The dot's `mma.sync` form (`dot.rs`'s rule 1): its operands in the tiles WGMMA's
@@ -247,8 +254,8 @@ fn mma_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
     if dtype.size_bytes() != 2 {
         return None;
     }
-    let (a, b, b_mn) = operand_tiles(k, ops[1], [m, kk, n], 2)?;
-    Some(WgDot { a: ASrc::Smem(a), b, b_mn, m, n, kk, groups: 0, dtype, mma: Some([want.warps_per_block[0], want.warps_per_block[1]]) })
+    let (a, a_mn, b, b_mn) = operand_tiles(k, &ops, [m, kk, n], 2)?;
+    Some(WgDot { a: ASrc::Smem(a), a_mn, b, b_mn, m, n, kk, groups: 0, dtype, mma: Some([want.warps_per_block[0], want.warps_per_block[1]]) })
 }
 
 /// The value an operand is a transpose chain of, and per operand axis the axis of that
@@ -403,12 +410,12 @@ pub(super) fn instr_fn(d: &WgDot, rs: bool) -> Result<(String, String), CodegenE
         t => return Err(CodegenError::Unsupported(format!("WGMMA of {t} operands"))),
     };
     let wide = d.dtype.size_bytes() == 2;
-    if !wide && (rs || d.b_mn) {
+    if !wide && (rs || d.a_mn || d.b_mn) {
         return Err(CodegenError::Unsupported(format!("WGMMA of {} operands from registers or MN-major", d.dtype)));
     }
     let kk = 32 / d.dtype.size_bytes();
     let n = d.n;
-    let name = format!("kf_wg_{}_{ty}_n{n}_t{}", if rs { "rs" } else { "ss" }, d.b_mn as u32);
+    let name = format!("kf_wg_{}_{ty}_n{n}_t{}{}", if rs { "rs" } else { "ss" }, d.b_mn as u32, if d.a_mn { "_ta" } else { "" });
     let regs = n / 2;
     let list: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
     let outs: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
@@ -416,7 +423,7 @@ pub(super) fn instr_fn(d: &WgDot, rs: bool) -> Result<(String, String), CodegenE
         let a = format!("{{%{}, %{}, %{}, %{}}}", regs, regs + 1, regs + 2, regs + 3);
         ("unsigned a0, unsigned a1, unsigned a2, unsigned a3", a, "\"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"l\"(db)".to_string(), format!(", {}", d.b_mn as u32))
     } else {
-        ("unsigned long long da", format!("%{regs}"), "\"l\"(da), \"l\"(db)".to_string(), if wide { format!(", 0, {}", d.b_mn as u32) } else { String::new() })
+        ("unsigned long long da", format!("%{regs}"), "\"l\"(da), \"l\"(db)".to_string(), if wide { format!(", {}, {}", d.a_mn as u32, d.b_mn as u32) } else { String::new() })
     };
     let b = if rs { regs + 4 } else { regs + 1 };
     let text = format!(
@@ -638,7 +645,7 @@ impl Emitter<'_> {
         let smem = |t: &SmemTile, major: &str| format!("shared memory ({major}, {}-byte swizzle, {})", t.span, self.staged_when(t));
         let a = match &d.a {
             ASrc::Regs => "registers (the accumulator layout)".to_string(),
-            ASrc::Smem(t) => smem(t, "K-major"),
+            ASrc::Smem(t) => smem(t, if d.a_mn { "MN-major" } else { "K-major" }),
         };
         let b = smem(&d.b, if d.b_mn { "MN-major" } else { "K-major" });
         let onto = if self.addend(op).is_some() { ", accumulating onto its addend" } else { "" };
@@ -719,9 +726,15 @@ impl Emitter<'_> {
         let (_, b_off) = self.b_desc(d);
         let b_desc = format!("{bd} + (unsigned long long)(({b_off}) >> 4)");
         let ad = self.fresh("kf_ad");
+        // (MN-major: 64 rows of m are `64 / span_elems` swizzle atoms, each `rows`
+        // k rows of `span` bytes; LBO atom to atom, SBO 8 k rows, a step 16 k rows)
+        let a_rows = |t: &SmemTile, x: u32| x * (64 / t.span_elems()) * t.rows * t.span;
         if let ASrc::Smem(t) = &d.a {
-            let base = format!("{} + 64 * kf_wg * {}", t.base(), t.span);
-            self.line(format!("const unsigned long long {ad} = kf_wdesc({base}, 16, {}, {});", 8 * t.span, t.mode()))?;
+            let (base, lbo) = match d.a_mn {
+                true => (format!("{} + kf_wg * {}", t.base(), a_rows(t, 1)), t.rows * t.span),
+                false => (format!("{} + 64 * kf_wg * {}", t.base(), t.span), 16),
+            };
+            self.line(format!("const unsigned long long {ad} = kf_wdesc({base}, {lbo}, {}, {});", 8 * t.span, t.mode()))?;
         }
         let reps = d.m / (64 * d.groups);
         self.unroll("i", reps)?;
@@ -735,7 +748,11 @@ impl Emitter<'_> {
                 self.line(format!("{fname}({acc}, {}, {b_desc});", words.join(", ")))?;
             }
             ASrc::Smem(t) => {
-                let a_off = format!("((s * 32) / {}) * {} + 64 * {} * i * {} + (s * 32) % {}", t.span, t.rows * t.span, d.groups, t.span, t.span);
+                let a_off = if d.a_mn {
+                    format!("s * {} + i * {}", 16 * t.span, a_rows(t, d.groups))
+                } else {
+                    format!("((s * 32) / {}) * {} + 64 * {} * i * {} + (s * 32) % {}", t.span, t.rows * t.span, d.groups, t.span, t.span)
+                };
                 self.line(format!("{fname}({acc}, {ad} + (unsigned long long)(({a_off}) >> 4), {b_desc});"))?;
             }
         }

@@ -1,4 +1,4 @@
-//! What the dot-loop writers (`wgmma.rs`, `mma_sm80.rs`, `dot_fma.rs`) need of a pipelined dot
+//! What the dot-loop writers (`wgmma.rs`, `dot_fma.rs`) need of a pipelined dot
 //! loop's operands: which tensor dimension feeds which tile axis, the valid range of
 //! the accumulator along it, and the scalar index arithmetic that addresses the loads;
 //! the accumulators' registers (one array per dot of the loop: `kf_acc`, `kf_acc1`, …).
@@ -183,7 +183,7 @@ pub(super) fn accumulator_val_named(plan: &MmaPlan, name: &str, map: RegMap, (lo
     Val { name: name.into(), dtype: DType::F32, map: Some(map), axis_map: vec![Some(0), Some(1)], shape: vec![bm, bn], lo, hi, lazy: None }
 }
 
-/// The start of a one-tile-per-block dot kernel (the FMA and mma.sync paths): a writer
+/// The start of a one-tile-per-block dot kernel (the FMA path): a writer
 /// whose barrier is `__syncthreads()`, with everything before the loop written but the
 /// zeros that only feed its init, the accumulator's `regs` registers zeroed (their valid
 /// ranges returned) and the trip count (the loop's start and step returned).
@@ -275,7 +275,7 @@ pub(super) fn epilogue(e: &mut Emitter, info: &LoopInfo, res: ValueId, acc: Val)
     Ok(())
 }
 
-/// What finishes a one-tile-per-block dot kernel (the FMA and mma.sync paths): its
+/// What finishes a one-tile-per-block dot kernel (the FMA path): its
 /// threads, its preludes, the alignment of its dynamic shared memory `kf_smem`, and the
 /// bytes of its stage ring with their description for an error (`two stages of …`).
 pub(super) struct BlockKernel<'s> {

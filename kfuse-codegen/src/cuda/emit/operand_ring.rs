@@ -724,5 +724,5 @@ impl Emitter<'_> {
     }
 }
 
-/// The `cp.async` helpers of kernels with a ring (the mma.sync path's, `cp_async_helpers`).
+/// The `cp.async` helpers of kernels with a ring (`cp_async_helpers`).
 pub(super) const RING_PRELUDE: &str = cp_async_helpers!();

@@ -105,6 +105,8 @@ pub(super) struct WsPlan {
     pub persistent: bool,
     /// A persistent walk over two axes goes in groups along axis 0 ([`grouped_walk`]).
     pub grouped: bool,
+    /// Programs of axis 0 a group takes ([`WALK_GROUP`], or `Spec::tiles["GROUPM"]`).
+    pub group: u32,
     /// Threads of the consumer warpgroups: 256, or 128 (one warpgroup, which takes no
     /// turns); the producer's are the next 128.
     pub consumers: u32,
@@ -113,7 +115,7 @@ pub(super) struct WsPlan {
 }
 
 /// Programs of axis 0 a persistent walk over two axes takes together, walking axis 1
-/// within the group (the matrix path's `group_m`): the tiles in flight share their rows
+/// within the group (the matrix path's `group_m`; `GROUPM=n` asks for n): the tiles in flight share their rows
 /// of one operand and their columns of the other in L2. H100, the general lowering's
 /// bf16 GEMM at 8192³: 683 TFLOP/s at 128x256x64 and 631 at 128x128x128, against 658
 /// and 498 walking axis 0 first (NOTES.md l3).
@@ -274,7 +276,7 @@ pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, thread
     }
     super::dot_overlap::chain_loops(k, p, &mut late);
     let regs = if late.is_empty() { (PRODUCER_REGS, CONSUMER_REGS) } else { (PRODUCER_REGS_LATE, CONSUMER_REGS_LATE) };
-    Some(WsPlan { slice, turns, deferred, late, tma: tma_loads(k, spec, p), persistent: false, grouped: false, consumers: threads, regs })
+    Some(WsPlan { slice, turns, deferred, late, tma: tma_loads(k, spec, p), persistent: false, grouped: false, group: spec.tiles.get("GROUPM").map_or(WALK_GROUP, |&g| g.clamp(1, 64)), consumers: threads, regs })
 }
 
 /// Whether loop `l`'s body computes on tiles other than by its dots and the adds that
@@ -294,7 +296,7 @@ pub(super) fn note(ws: &WsPlan) -> String {
     let copies = if ws.tma.is_empty() { "cp.async" } else { "TMA" };
     let walk = match (ws.persistent, ws.grouped) {
         (false, _) => String::new(),
-        (true, true) => format!("; each block walks programs (in groups of {WALK_GROUP} along grid axis 0, axis 1 within a group)"),
+        (true, true) => format!("; each block walks programs (in groups of {} along grid axis 0, axis 1 within a group)", ws.group),
         (true, false) => "; each block walks programs (grid axis 0 fastest)".to_string(),
     };
     let late = if ws.late.is_empty() { String::new() } else { format!("; in {} loop(s) the last dot is issued in the next iteration, after its first, and runs under the math between", ws.late.len()) };
@@ -526,9 +528,9 @@ impl Emitter<'_> {
         }
         let mut pids = Vec::new();
         if counts.len() >= 2 && self.ws.as_ref().is_some_and(|ws| ws.grouped) {
-            // groups of WALK_GROUP along axis 0, axis 1 walked within a group; the
-            // further axes (a batch) outermost, axis 2 fastest among them
-            let g = WALK_GROUP;
+            // groups along axis 0, axis 1 walked within a group; the further axes (a
+            // batch) outermost, axis 2 fastest among them
+            let g = self.ws.as_ref().unwrap().group;
             // (the program's place in its plane of axes 0 and 1)
             let q = if counts.len() > 2 {
                 self.line("const long long kf_wplane = kf_wn0 * kf_wn1;")?;
