@@ -278,7 +278,7 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
         // a loop the general lowering took from sm_90's WGMMA template but cannot write
         // (shared memory for its epilogue's conversions beside the rings): the
         // template, its plan saying why
-        Err(err) if target.sm == 90 && k.schedule.dots_one_by_one.as_deref() == Some(passes::select_mma_path::GENERAL_TAKES) => {
+        Err(err) if target.sm == 90 && k.schedule.general_matrix_loop => {
             let mut template = spec.clone();
             template.tiles.insert("GENERAL".into(), 0);
             let mut e = compile_scheduled(kernel, &template, target)?;

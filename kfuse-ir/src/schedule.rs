@@ -179,6 +179,10 @@ pub struct Schedule {
     /// Why the kernel's `dot`s are not a pipelined matrix loop (`target`), when they are
     /// not: each is then lowered where it stands, as one op among the others.
     pub dots_one_by_one: Option<String>,
+    /// The kernel's `dot`s are a matrix loop that the general lowering takes (lowered op
+    /// by op on the matrix path's tiles and the tensor cores' layouts) rather than a
+    /// pipelined plan (`target`); `dots_one_by_one` says so in words.
+    pub general_matrix_loop: bool,
     /// Why the pipelined `dot` loop of `target` takes its path (`select_mma_path`): the
     /// target, the operands' dtype and precision, and, for the FMA fallback of 16-bit
     /// operands, what the matrix path's copies cannot read. Reported by plans

@@ -235,7 +235,7 @@ fn flexible_root(k: &Kernel, v: ValueId) -> Option<ValueId> {
 /// multiples of 16, 8 and 16, and at least one instruction tile per warp. The block's
 /// warps split the rows first (`warps = [wm, wn]`, `wm ≤ M / 16`). `None`: the FMA rule.
 /// Where the general lowering takes the kernel's matrix loop on sm_90
-/// (`select_mma_path::GENERAL_TAKES`), also fp8 operands and the f32 ones of a
+/// (`Schedule::general_matrix_loop`), also fp8 operands and the f32 ones of a
 /// `dot_tf32`: the same accumulator layout is WGMMA's (`m16n8k16` itself takes neither).
 pub fn one_dot_mma_layout(k: &Kernel, dot: OpId) -> Option<Blocked> {
     let ops = k.operands(dot);
@@ -243,7 +243,7 @@ pub fn one_dot_mma_layout(k: &Kernel, dot: OpId) -> Option<Blocked> {
     let sixteen = matches!(a.dtype, DType::F16 | DType::BF16) && matches!(k.op(dot), Op::Dot { precision: kfuse_ir::DotPrecision::Exact });
     // (8-bit and TF32 operands only where the general lowering takes the matrix loop
     // onto WGMMA, whose operands its rings copy)
-    let wide = k.schedule.dots_one_by_one.as_deref() == Some(crate::passes::select_mma_path::GENERAL_TAKES) && crate::passes::select_mma_path::wgmma_operands(k, dot);
+    let wide = k.schedule.general_matrix_loop && crate::passes::select_mma_path::wgmma_operands(k, dot);
     if a.dtype != b.dtype || !(sixteen || wide) {
         return None;
     }

@@ -532,6 +532,7 @@ pub fn wgmma_operands(k: &Kernel, d: OpId) -> bool {
 /// or why the kernel's dots are lowered one by one (module docs).
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     k.schedule.dots_one_by_one = None;
+    k.schedule.general_matrix_loop = false;
     k.schedule.mma_why = None;
     let dots = dots(k);
     let Some(&dot) = dots.first() else { return Ok(()) };
@@ -557,6 +558,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
             return Err(unsupported(why));
         }
         k.schedule.dots_one_by_one = Some(GENERAL_TAKES.into());
+        k.schedule.general_matrix_loop = true;
         return Ok(());
     }
     let dtype = k.ty(k.operands(dot)[0]).dtype;

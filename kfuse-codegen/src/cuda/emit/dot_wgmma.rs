@@ -7,7 +7,7 @@
 //! whole warpgroups stacked along the rows (`one_dot_mma_layout` with `warps = [4 g, 1]`:
 //! the WGMMA `m64nN` accumulator, LAYOUTS.md §4.2), the operands are f16 or bf16 — or
 //! fp8, or the f32 operands of a `dot_tf32`, where the general lowering takes the matrix
-//! loop (`select_mma_path::GENERAL_TAKES`) — and `N ≤ 256`. Warpgroup `g` computes the
+//! loop (`Schedule::general_matrix_loop`) — and `N ≤ 256`. Warpgroup `g` computes the
 //! 64-row blocks `g, g + G, …` of the result. 8-bit and TF32 operands are K-major in
 //! shared memory and reach it only by a ring's copies (WGMMA neither transposes them nor
 //! takes them from registers; a tile to be written from registers is refused, and
