@@ -363,3 +363,50 @@ fn gemm_with_wide_tiles_on_the_gpu() {
     let e = common::rel_err(&c.to_vec_f64().unwrap(), &reference_rows(&av, &bv, kk, n, &rows));
     assert!(e <= 1e-2, "relative error {e:.3e}");
 }
+
+/// A K loop that starts 4 elements in: its `a` blocks begin 8 bytes off a 16-byte
+/// boundary, which `cp.async` cannot copy (TMA can).
+#[kfuse]
+pub fn gemm_from_4<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, out: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (4..K).step_by(BK) {
+        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    out.block([i * BM, j * BN], [BM, BN]).store(acc.cast::<T>());
+}
+
+/// [`gemm_from_4`] against float64 (the sum over k ≥ 4) into a poisoned output: on
+/// sm_80/sm_89 `a` is written to its tile from registers each step and the loop stays on
+/// `mma.sync` (the plan says so); on sm_90a TMA rings read both operands.
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn a_k_loop_off_a_16_byte_boundary_stays_on_the_tensor_cores() {
+    let _settings = SettingsLock::take();
+    let dev = common::gpu();
+    let mut out_all = Outcomes::default();
+    for (s, &(m, n, k)) in [(129, 200, 300), (256, 512, 1028), (1000, 520, 68)].iter().enumerate() {
+        for dt in [DType::BF16, DType::F16] {
+            let (a, av) = operand(m, k, dt, 200 + s as u64, false, &dev);
+            let (b, bv) = operand(k, n, dt, 210 + s as u64, false, &dev);
+            let mut out = common::poisoned(&[m, n], dt, &dev);
+            let what = format!("{m}x{n}x{k} {dt}");
+            let l = match gemm_from_4(&a, &b, &mut out) {
+                Ok(l) => l,
+                Err(e) => {
+                    out_all.add(&what, Err(format!("{what}: {e}")));
+                    continue;
+                }
+            };
+            let plan = l.plan.as_ref().map(|p| p.to_string()).unwrap_or_default();
+            if !(plan.contains(": mma.sync m16n8k16") || plan.contains(": wgmma m")) {
+                out_all.add(&what, Err(format!("{what}: not on the tensor cores:\n{plan}")));
+                continue;
+            }
+            let want: Vec<f64> = (0..m * n).map(|x| (4..k).map(|kk| av[(x / n) * k + kk] * bv[kk * n + x % n]).sum()).collect();
+            let got = out.to_vec_f64().map_err(|e| e.to_string());
+            out_all.add(what.clone(), got.and_then(|g| within(&what, common::rel_err(&g, &want), 1e-2)));
+        }
+    }
+    out_all.finish();
+}

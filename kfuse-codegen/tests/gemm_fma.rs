@@ -1,6 +1,6 @@
 //! The exact f32 FMA path (`MmaPath::FmaSimt`) on a GEMM built with the IR builder:
-//! which `dot` loops take it (f32 operands on every target; f16/bf16 operands the
-//! matrix paths cannot read), the plan and tiles recorded in the IR, the structure of
+//! which `dot` loops take it (f32 operands on every target; on sm_90a f16/bf16 operands
+//! the copy engines cannot read), the plan and tiles recorded in the IR, the structure of
 //! the emitted source for every operand layout, the overrides, and the accumulator
 //! layout against what the writer's FMAs assume. NVRTC + ptxas checks live in the
 //! workspace tests (tests/gemm_fma_codegen.rs), GPU numerics in tests/gpu_gemm_f32.rs.
@@ -75,12 +75,13 @@ fn every_operand_layout_compiles() {
                 for b_first in layouts {
                     let k = gemm_kernel(dt, ta, tb, true);
                     let s = spec_major(&k, [4096, 4096, 4096], a_first, b_first);
-                    // f16/bf16 take the matrix path when both are readable
+                    // f16/bf16 take the matrix path when both are readable (and on
+                    // sm_80/sm_89 always: gemm_sm80.rs)
                     let readable = a_first.is_some() && b_first.is_some();
                     if dt != DType::F32 && readable {
                         continue;
                     }
-                    for t in targets() {
+                    for t in targets().into_iter().filter(|t| dt == DType::F32 || t.sm == 90) {
                         let what = format!("{dt} ta={ta} tb={tb} a_first={a_first:?} b_first={b_first:?} {}", t.arch());
                         let e = compile(&k, &s, &t).unwrap_or_else(|err| panic!("{what}: {err}"));
                         assert_fma(&e, &what);
@@ -112,22 +113,31 @@ fn sixteen_bit_operands_fall_back_only_where_the_matrix_path_cannot_read() {
     // (on sm_90a the general lowering's `wgmma`)
     let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &Target::sm90a()).unwrap();
     assert!(e.ir.contains(kfuse_codegen::passes::select_mma_path::GENERAL_TAKES) && e.source.contains("wgmma.mma_async"), "{}", e.ir);
-    // an unaligned operand: the FMA path with its own tiles, on every target
+    // an unaligned operand: on sm_90a the FMA path with its own tiles; on sm_80/sm_89
+    // `mma.sync`, the operand written to its tile from registers each step
     for t in targets() {
         for (i, bad) in [(0, TensorSpec { ptr_align: 2, stride_div: vec![16, 0] }), (1, TensorSpec { ptr_align: 16, stride_div: vec![1, 0] })] {
             let mut s = spec(&k, [4096, 4096, 4096]);
             s.tensors[i] = Some(bad);
             let e = compile(&k, &s, &t).unwrap();
-            assert_fma(&e, &format!("f16 operand {i} unaligned on {}", t.arch()));
-            assert!(e.ir.contains("tile 128x128x8"), "{}", e.ir);
+            let what = format!("f16 operand {i} unaligned on {}", t.arch());
+            if t.sm == 90 {
+                assert_fma(&e, &what);
+                assert!(e.ir.contains("tile 128x128x8"), "{}", e.ir);
+            } else {
+                assert!(e.source.contains("mma.sync.aligned.m16n8k16") && e.plan.to_string().contains("written where it is defined"), "{what}: {}", e.plan);
+            }
         }
     }
     // a K loop from 4: cp.async cannot copy the rows of `a` in 16-byte chunks (sm_80,
-    // sm_89; the general lowering leaves such a loop to the template) — TMA can (sm_90)
+    // sm_89: `a` from registers, `b` in its ring) — TMA can (sm_90)
     let k4 = gemm_kernel_from(DType::BF16, false, false, false, 4);
     let s = spec(&k4, [4096, 4096, 4096]);
-    assert_fma(&compile(&k4, &s, &Target::sm80()).unwrap(), "k0 = 4 on sm_80");
-    assert_fma(&compile(&k4, &s, &Target::sm89()).unwrap(), "k0 = 4 on sm_89");
+    for t in [Target::sm80(), Target::sm89()] {
+        let e = compile(&k4, &s, &t).unwrap();
+        let plan = e.plan.to_string();
+        assert!(e.source.contains("mma.sync.aligned.m16n8k16") && plan.contains("A from shared memory (K-major, 64-byte swizzle, written where it is defined") && plan.contains("copied by cp.async"), "k0 = 4 on {}: {plan}", t.arch());
+    }
     let e = compile(&k4, &s, &Target::sm90a()).unwrap();
     assert!(e.ir.contains(kfuse_codegen::passes::select_mma_path::GENERAL_TAKES) && e.plan.tensor_cores() && e.plan.to_string().contains("(TMA, mbarriers;"), "{}", e.plan);
 }

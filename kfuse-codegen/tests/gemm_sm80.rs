@@ -2,7 +2,7 @@
 //! rings, `ldmatrix`, `mma.sync`) on a GEMM built with the IR builder: the structure of
 //! the emitted source for every combination of operand majorness, the tiles, warps and
 //! ring depth by target and their overrides, the accumulator layout against the
-//! instruction's fragment, the FMA fallback where the copies cannot read an operand,
+//! instruction's fragment, operands the copies cannot read written from registers,
 //! and the refusals with their reasons. NVRTC + ptxas checks live in the workspace
 //! tests (tests/gemm_sm80_codegen.rs); numerics on a GPU run with `KFUSE_TARGET=sm_80`.
 
@@ -146,25 +146,32 @@ fn the_accumulator_layout_is_the_instruction_fragment() {
 }
 
 #[test]
-fn operands_the_copies_cannot_read_fall_back_to_fma() {
-    // what cp.async cannot copy in 16-byte chunks takes exact f32 FMAs (gemm_fma.rs)
-    let fma = |e: &EmittedKernel| e.ir.contains("mma FmaSimt") && e.source.contains("fmaf(") && !e.source.contains("mma.sync");
+fn operands_the_copies_cannot_read_are_written_from_registers() {
+    // what cp.async cannot copy in 16-byte chunks is loaded to registers and written to
+    // its tile each step: still `mma.sync`; the other operand keeps its ring
+    let staged = |e: &EmittedKernel, which: &str| {
+        let note = dot_note(e);
+        e.source.contains("mma.sync.aligned.m16n8k16") && note.contains(&format!("{which} from shared memory")) && note.contains("written where it is defined") && note.contains("copied by cp.async")
+    };
     let k = gemm_kernel(DType::BF16, false, false, false);
     // a row stride that is not a multiple of 16 bytes
     let mut s = spec(&k, [4096, 4096, 4096]);
     s.tensors[1] = Some(TensorSpec { ptr_align: 16, stride_div: vec![1, 0] });
-    assert!(fma(&compile(&k, &s, &Target::sm80()).unwrap()));
+    let e = compile(&k, &s, &Target::sm80()).unwrap();
+    assert!(staged(&e, "B"), "{}", e.plan);
     // data not 16-byte aligned
     let mut s = spec(&k, [4096, 4096, 4096]);
     s.tensors[0] = Some(TensorSpec { ptr_align: 8, stride_div: vec![16, 0] });
-    assert!(fma(&compile(&k, &s, &Target::sm80()).unwrap()));
+    let e = compile(&k, &s, &Target::sm80()).unwrap();
+    assert!(staged(&e, "A"), "{}", e.plan);
     // a K loop starting at 4: the chunks of `a`'s rows would not be 16-byte aligned
     let k4 = gemm_kernel_from(DType::BF16, false, false, false, 4);
     let e = compile(&k4, &spec(&k4, [4096, 4096, 4096]), &Target::sm89()).unwrap();
-    assert!(fma(&e) && e.plan.to_string().contains("the cp.async path cannot read an operand"), "{}", e.plan);
-    // f32 operands
+    assert!(staged(&e, "A"), "{}", e.plan);
+    // f32 operands: exact f32 FMAs (gemm_fma.rs)
     let k32 = gemm_kernel(DType::F32, false, false, false);
-    assert!(fma(&compile(&k32, &spec(&k32, [4096, 4096, 4096]), &Target::sm80()).unwrap()));
+    let e = compile(&k32, &spec(&k32, [4096, 4096, 4096]), &Target::sm80()).unwrap();
+    assert!(e.ir.contains("mma FmaSimt") && e.source.contains("fmaf(") && !e.source.contains("mma.sync"), "{}", e.ir);
 }
 
 #[test]

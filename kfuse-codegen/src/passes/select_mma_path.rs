@@ -53,24 +53,23 @@
 //!    is swizzled in 128-byte spans; one instruction covers 32 bytes of K (`k16` for
 //!    16-bit, `k32` for 8-bit, `k8` for TF32). A `dot_tf32` whose operands TMA cannot
 //!    read takes path 3 (exact products are within what it allows).
-//! 2. (sm_80/sm_89 have no template: path 0 takes their f16/bf16 loops whose operands
-//!    `cp.async` copies — the tensor conditions of TMA's, plus a block offset along the
-//!    unit-stride dimension known to be a multiple of 16 bytes, as `(0..K).step_by(BK)`
-//!    and `j * BN` are — and path 3 the others.)
+//! 2. (sm_80/sm_89 have no template: path 0 takes their f16/bf16 loops, an operand's
+//!    tiles in a `cp.async` ring where the copies can read them — the tensor conditions
+//!    of TMA's, plus a block offset along the unit-stride dimension known to be a
+//!    multiple of 16 bytes, as `(0..K).step_by(BK)` and `j * BN` are — else written from
+//!    registers each step.)
 //! 3. [`MmaPath::FmaSimt`] on every sm_80+ target (`fma.rs`): f32 operands of a plain
 //!    `dot` always (exact f32 FMAs; no matrix instruction takes f32 without TF32
 //!    rounding) and those of a `dot_tf32` on sm_80/sm_89 (no TF32 `mma.sync` path in
-//!    kfuse yet: the exact product, which TF32 permits but does not require), and the
-//!    fallback for f16/bf16 operands the target's matrix path cannot read (the
-//!    `tma_obstacle` and `cp_async_obstacle` conditions above), converted to f32 as
-//!    they are loaded. Launches rarely hand such facts here: `kfuse::ops::gemm` makes
-//!    aligned copies of its operands, and the runtime copies a user kernel's read-only
-//!    operands to padded rows where that brings the loop onto the tensor cores
-//!    ([`matrix_operands`] and [`tensor_obstacle`] are what it asks;
-//!    `kfuse_runtime::operand_copy`); what is left is an operand the kernel may write
-//!    or one with no unit-stride dimension. Since paths 1 and 2 both read 16-byte
-//!    pieces, an operand one cannot read the other cannot either: sm_90 falls back to
-//!    FMAs, not to mma.sync.
+//!    kfuse yet: the exact product, which TF32 permits but does not require), and on
+//!    sm_90 the fallback for f16/bf16 operands TMA cannot read (`tma_obstacle`; on
+//!    sm_80/sm_89 only for a loop path 0 does not take, of operand tensors of more than
+//!    five dimensions), converted to f32 as they are loaded. Launches rarely hand such
+//!    facts here: `kfuse::ops::gemm` makes aligned copies of its operands, and the
+//!    runtime copies a user kernel's read-only operands to padded rows where that
+//!    brings the loop onto the copy engines ([`matrix_operands`] and
+//!    [`tensor_obstacle`] are what it asks; `kfuse_runtime::operand_copy`); what is left
+//!    is an operand the kernel may write or one with no unit-stride dimension.
 //! 4. Dots in a kernel of another shape (outside a loop, a dot whose result is used other
 //!    than as `acc + dot`, a computed operand, more than [`MAX_DOTS`] in a loop, a loop
 //!    that computes tiles beside them — flash attention's `dot(p, v)`): no plan; each
@@ -443,9 +442,9 @@ pub const GENERAL_TAKES: &str = "the general lowering takes this loop (up to fou
 /// Whether the general lowering takes a matrix loop (module docs, point 0): the dots it
 /// puts on the tensor cores ([`general_dots`]: on sm_90 up to [`MAX_DOTS`] that WGMMA
 /// takes, 8-bit and TF32 operands K-major; on sm_80/sm_89 one of f16 or bf16) of tiles
-/// loaded from tensors TMA (and `cp.async`) can read (on sm_80/sm_89 at block offsets
-/// along the unit-stride dimension known to be multiples of 16 bytes, which `cp.async`
-/// copies from; else the FMA path), the whole grid in one launch (`Spec::walk`); on
+/// loaded from tensors of up to five dimensions that TMA can read on sm_90 (else the
+/// FMA path; on sm_80/sm_89 an operand `cp.async` cannot copy is written from
+/// registers), the whole grid in one launch (`Spec::walk`); on
 /// sm_90 also no grouped launch (its table passes no tensor maps), no cluster or
 /// ping-pong override (the WGMMA template's), no tile wider than 256, and not
 /// `GENERAL=0`. On the H100 the general lowering and the WGMMA template ran
@@ -480,11 +479,14 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     // template's refusal says how to make such a copy)
     let sixteen = k.ty(k.operands(ds[0])[0]).dtype.size_bytes() == 2;
     let k_major = |(l, t): (OpId, bool), k_axis| sixteen || operand_major(k, spec, l, t, k_axis) == Some(Major::K);
-    // (`cp.async` copies 16-byte pieces from the block's offset: elsewhere that offset
-    // must be a multiple of 16 bytes, else the FMA path, pipelined)
-    let copies = |l: OpId| target.sm == 90 || cp_async_obstacle(k, spec, l, k.ty(l.value()).dtype.size_bytes() as u32).is_none();
+    // (on sm_80/sm_89, 16-bit operands that `cp.async` cannot copy are loaded to
+    // registers and written to their tiles each step: still the tensor cores. On sm_90
+    // the copies must read them: a producer warpgroup's consumers writing such a tile
+    // beside a 128x256 accumulator spilled 772 bytes (bias + GELU); the template's FMA
+    // path takes them, and the runtime's padded copies keep such operands rare.)
+    let copies = |l: OpId| (sixteen && target.sm != 90) || tma_obstacle(k, spec, l).is_none();
     found.iter().all(|f| {
-        [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() <= 5) && tma_obstacle(k, spec, l).is_none() && copies(l)) && k_major(f.a, 1) && k_major(f.b, 0)
+        [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() <= 5) && copies(l)) && k_major(f.a, 1) && k_major(f.b, 0)
     })
 }
 

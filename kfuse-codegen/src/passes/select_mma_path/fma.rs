@@ -103,6 +103,9 @@ pub fn expected(k: &Kernel, spec: &Spec, target: &Target, dot: OpId) -> bool {
             [a, b].iter().any(|&l| tma_obstacle(k, spec, l).is_some())
         }
         DType::F32 => true,
+        // (the general lowering takes the loops whose operands the copies cannot read,
+        // staging them from registers; the template's loops fall back here)
+        DType::F16 | DType::BF16 if super::general_takes(k, spec, target) => false,
         dt @ (DType::F16 | DType::BF16) => {
             let (Ok((a, _)), Ok((b, _))) = (operand_load(k, dops[0]), operand_load(k, dops[1])) else { return false };
             let esz = dt.size_bytes() as u32;

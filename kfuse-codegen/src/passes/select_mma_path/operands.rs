@@ -90,9 +90,12 @@ impl MatrixOperands {
     }
 
     /// Whether the loop runs on `target`'s tensor cores (WGMMA on sm_90a, mma.sync on
-    /// sm_80/sm_89) when its tensors have the facts of `spec` (`Spec::tensors`, indexed
-    /// by parameter; the rest of the spec is not read): the decisions of
-    /// `select_mma_path::run` that depend on the dtype, the target and the tensors.
+    /// sm_80/sm_89) with its operands copied by TMA or `cp.async` when its tensors have
+    /// the facts of `spec` (`Spec::tensors`, indexed by parameter; the rest of the spec
+    /// is not read): the decisions of `select_mma_path::run` that depend on the dtype,
+    /// the target and the tensors. (On sm_80/sm_89 a 16-bit operand the copies cannot
+    /// read still reaches `mma.sync`, written to its tile from registers each step:
+    /// false here, so that the runtime's padded copy gives it a ring.)
     pub fn tensor_cores(&self, spec: &Spec, target: &Target) -> bool {
         let k = &self.kernel;
         if target.sm < 80 || several_dots_elsewhere(k, &dots(k), target).is_some() {
