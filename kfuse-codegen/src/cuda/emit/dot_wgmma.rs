@@ -18,8 +18,9 @@
 //!   (flash attention's `p.cast()`): each k16 step packs the thread's own registers in
 //!   pairs (`cvt.rn.bf16x2.f32`), no data moves (LAYOUTS.md §4.4). Lanes outside the
 //!   valid k range are packed as 0.
-//! - **Otherwise from shared memory** ([`SmemTile`]): A K-major; B K-major when its
-//!   registers run along k (`kt.t()`), MN-major when they run along n (`v`), each in
+//! - **Otherwise from shared memory** ([`SmemTile`]): each operand K-major when its
+//!   registers run along k (`kt.t()`), MN-major when they run along m or n (`v`, a
+//!   transposed A; 16-bit only, `imm-trans-a/b`), each in
 //!   the widest swizzle (128, 64 or 32 bytes) its contiguous extent takes, 1024-byte
 //!   aligned, described by a matrix descriptor (LAYOUTS.md §5).
 //!
@@ -48,7 +49,7 @@
 //!
 //! The plan ([`plan`]) also places the operands of dots on the `mma.sync` rule
 //! (`dot.rs`, rule 1), so that those too are staged where their values are defined, in
-//! the same swizzled tiles (A K-major, B as its registers run: [`operand_tiles`]), which
+//! the same swizzled tiles (each as its registers run: [`operand_tiles`]), which
 //! `ldmatrix` reads and a ring's `cp.async` copies fill.
 
 use std::collections::{BTreeMap, HashMap};
@@ -239,7 +240,7 @@ fn operand_tiles(k: &Kernel, ops: &[ValueId], [m, kk, n]: [u32; 3], esize: u32) 
 }
 
 /// The dot's `mma.sync` form (`dot.rs`'s rule 1): its operands in the tiles WGMMA's
-/// would take (`ldmatrix` reads them, `.trans` for an MN-major B), so that a ring's
+/// would take (`ldmatrix` reads them, `.trans` for an MN-major one), so that a ring's
 /// copies fill them.
 fn mma_dot(k: &Kernel, op: OpId) -> Option<WgDot> {
     let Some(Layout::Blocked(have)) = k.schedule.layouts.get(&op.value()) else { return None };
