@@ -99,9 +99,10 @@ fn lists_that_are_not_a_grouped_launch_are_refused() {
     assert!(launch_grouped(&kfuse::ops::kernels::gemm_scaled::DEF, &mut none).is_err());
 }
 
-/// The grouped kernel: its problems come from the table; on sm_90a the matrix path is
-/// WGMMA with each tile's tensor maps read from its problem's record (global memory),
-/// on sm_80 mma.sync with each block's problem found once; no spills.
+/// The grouped kernel: its problems come from the table; on sm_90a the general
+/// lowering's warp-specialized kernel walks every problem's programs, each program
+/// binding its problem's parameters and tensor maps (global memory) by name, on sm_80
+/// mma.sync with each block's problem found once; no spills.
 #[test]
 fn grouped_kernel_structure() {
     let def = &kfuse::ops::kernels::gemm_scaled::DEF;
@@ -115,8 +116,11 @@ fn grouped_kernel_structure() {
         assert!(!e.source.contains("__grid_constant__"), "{}", e.source);
         if target.sm == 90 {
             assert!(e.source.contains("wgmma") && e.source.contains("cp.async.bulk.tensor"), "{}", e.source);
-            // per tile: its problem, then the maps of that problem
-            assert!(e.source.contains("kf_t >= kf_grp[(kf_gi + 1) *") && e.source.contains("const CUtensorMap& kf_tm0 = *reinterpret_cast<const CUtensorMap*>(kf_rec["), "{}", e.source);
+            assert!(e.plan.to_string().contains("the general lowering takes this loop") && e.plan.to_string().contains("each block walks programs"), "{}", e.plan);
+            // per program: its problem, then the maps of that problem; no problem
+            // found once a block (the walk crosses problems)
+            assert!(e.source.contains("kf_pid >= kf_grp[(kf_g + 1) *") && e.source.contains("const CUtensorMap& kf_rtm0 = *reinterpret_cast<const CUtensorMap*>(kf_rec["), "{}", e.source);
+            assert!(!e.source.contains("kf_local"), "{}", e.source);
             assert!(e.persistent.is_some());
             // each role binds and fences only the maps it reads: the producer A's and
             // B's, the consumers the output's (its TMA store)

@@ -33,8 +33,7 @@
 //!    f16 or bf16 tiles (`mma.sync`, its operands in `cp.async` rings read by `ldmatrix`;
 //!    [`general_dots`]), from tensors TMA can read (either tile
 //!    dimension of unit stride; up to 5 dimensions, the others indexed: a batch)
-//!    ([`general_takes`]; on sm_90 no grouped launch, split wave, cluster or ping-pong
-//!    override, and not `GENERAL=0`: sm_90's template options, which mean nothing on the
+//!    ([`general_takes`]; on sm_90 no split wave, cluster or ping-pong override, and not `GENERAL=0`: sm_90's template options, which mean nothing on the
 //!    other targets; `STAGES` and `GROUPM` size its rings and walk): no plan; `Schedule::dots_one_by_one`
 //!    says [`GENERAL_TAKES`], `choose_tiles` gives the loop the matrix tiles (on
 //!    sm_80/sm_89 `mma_sync_default_warps` and `mma_sync_min_blocks`), and the general
@@ -79,8 +78,9 @@
 //!    what is missing.
 //!
 //! A grouped launch (`Schedule::grouped`: several problems in one launch) takes the
-//! same paths; on WGMMA its tensor maps are per problem, in global memory (the writer
-//! reads them from the problem's record), and there is no cluster split or multicast.
+//! same paths; on sm_90 its tensor maps are per problem, in global memory (the general
+//! lowering's walk binds each program's problem's, the template each tile's), and there
+//! is no cluster split or multicast.
 //!
 //! Invariant on success: the schedule's [`crate::mma_plan::MmaPlan`] names the `For`, the `Dot`, the carried index
 //! and the two operand loads (and those of every further dot in `more`), and `schedule.num_threads` counts the threads that hold
@@ -445,18 +445,16 @@ pub const GENERAL_TAKES: &str = "the general lowering takes this loop (up to fou
 /// loaded from tensors of up to five dimensions that TMA can read on sm_90 (else the
 /// FMA path; on sm_80/sm_89 an operand `cp.async` cannot copy is written from
 /// registers), the whole grid in one launch (`Spec::walk`); on
-/// sm_90 also no grouped launch (its table passes no tensor maps), no cluster or
-/// ping-pong override (the WGMMA template's), no tile wider than 256, and not
-/// `GENERAL=0`. On the H100 the general lowering and the WGMMA template ran
+/// sm_90 also no cluster or ping-pong override (the WGMMA template's), no tile wider
+/// than 256, and not `GENERAL=0`. Grouped launches too: on sm_90 the producer's walk
+/// binds each program's tensor maps from its problem's record (MoE 694 against the
+/// template's 697 TFLOP/s on the H100, one call, 2026-11-27, NOTES.md l14). On the H100 the general lowering and the WGMMA template ran
 /// within the vendor's spread of each other on every bf16 row of BENCHMARKS.md's GEMM
 /// table (0.97–1.02× cuBLAS against 0.90–1.03×, one call); forced to the sm_80 path the
 /// general lowering ran 1.14–1.25× a template kernel of cp.async + mma.sync on 2x2
 /// warps on the bf16 rows but M127 (0.94×; one call, NOTES.md l10).
 pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
-    // (a grouped launch passes no tensor maps through its table: none on sm_90, whose
-    // rings and stores take them)
-    let grouped = k.schedule.grouped && target.sm == 90;
-    if target.sm < 80 || grouped || !matches!(spec.walk, Walk::All) {
+    if target.sm < 80 || !matches!(spec.walk, Walk::All) {
         return false;
     }
     // (the WGMMA template's own options, sm_90 only: the other targets have no template,
@@ -523,11 +521,10 @@ pub fn general_wgmma(k: &Kernel, target: &Target, dots: &[OpId]) -> bool {
 /// Whether WGMMA takes dot `d`'s operands: f16, bf16, f8e4m3 or f8e5m2 of an exact
 /// product, or f32 of a `dot_tf32`.
 pub fn wgmma_operands(k: &Kernel, d: OpId) -> bool {
-    match (k.op(d), k.ty(k.operands(d)[0]).dtype) {
-        (Op::Dot { precision: DotPrecision::Exact }, DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2) => true,
-        (Op::Dot { precision: DotPrecision::Tf32 }, DType::F32) => true,
-        _ => false,
-    }
+    matches!(
+        (k.op(d), k.ty(k.operands(d)[0]).dtype),
+        (Op::Dot { precision: DotPrecision::Exact }, DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2) | (Op::Dot { precision: DotPrecision::Tf32 }, DType::F32)
+    )
 }
 
 /// Runs the pass: records the `MmaPlan` of a loop that accumulates `dot(load, load)`,

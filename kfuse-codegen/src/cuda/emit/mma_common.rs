@@ -301,7 +301,7 @@ pub(super) fn finish_block_kernel(e: Emitter, target: &Target, b: &BlockKernel, 
     }
     let mut w = Writer::new(String::new());
     let mut write = || -> std::fmt::Result {
-        open_kernel(&mut w, k, target, b.preludes, "", &launch_bounds(k, b.threads), decls)?;
+        open_kernel(&mut w, k, target, b.preludes, "", &launch_bounds(k, b.threads), decls, false)?;
         w.line(format!("extern __shared__ __align__({}) unsigned char kf_smem[];", b.align))?;
         w.raw(&body)?;
         w.close()

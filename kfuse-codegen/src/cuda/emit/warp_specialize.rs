@@ -516,28 +516,37 @@ impl Emitter<'_> {
     /// `program_id`s. The consumers meet at their barrier first: the
     /// shared scratch of the program before is free.
     pub(super) fn open_walk(&mut self, grid: &[crate::target::GridAxisEval]) -> R {
-        let counts: Vec<String> = grid.iter().map(|g| format!("(({} + {}LL) / {}LL)", self.shape_var(g.dim), g.step - 1, g.step)).collect();
-        for (a, c) in counts.iter().enumerate() {
-            self.line(format!("const long long kf_wn{a} = {c};"))?;
-        }
-        let total: Vec<String> = (0..counts.len()).map(|a| format!("kf_wn{a}")).collect();
-        self.line(format!("const long long kf_wprogs = {};", total.join(" * ")))?;
-        self.open("for (long long kf_pid = blockIdx.x; kf_pid < kf_wprogs; kf_pid += gridDim.x)")?;
-        if !self.producer {
-            self.line(CONSUMER_BARRIER)?;
-        }
+        // (the program within its problem: the walk's own index, or in a grouped launch
+        // its place after the problem's first program)
+        let p = if self.k.schedule.grouped {
+            self.open_grouped_walk(grid.len())?;
+            "kf_wl"
+        } else {
+            let counts: Vec<String> = grid.iter().map(|g| format!("(({} + {}LL) / {}LL)", self.shape_var(g.dim), g.step - 1, g.step)).collect();
+            for (a, c) in counts.iter().enumerate() {
+                self.line(format!("const long long kf_wn{a} = {c};"))?;
+            }
+            let total: Vec<String> = (0..counts.len()).map(|a| format!("kf_wn{a}")).collect();
+            self.line(format!("const long long kf_wprogs = {};", total.join(" * ")))?;
+            self.open("for (long long kf_pid = blockIdx.x; kf_pid < kf_wprogs; kf_pid += gridDim.x)")?;
+            if !self.producer {
+                self.line(CONSUMER_BARRIER)?;
+            }
+            "kf_pid"
+        };
+        let axes = grid.len();
         let mut pids = Vec::new();
-        if counts.len() >= 2 && self.ws.as_ref().is_some_and(|ws| ws.grouped) {
+        if axes >= 2 && self.ws.as_ref().is_some_and(|ws| ws.grouped) {
             // groups along axis 0, axis 1 walked within a group; the further axes (a
             // batch) outermost, axis 2 fastest among them
             let g = self.ws.as_ref().unwrap().group;
             // (the program's place in its plane of axes 0 and 1)
-            let q = if counts.len() > 2 {
+            let q = if axes > 2 {
                 self.line("const long long kf_wplane = kf_wn0 * kf_wn1;")?;
-                self.line("const long long kf_wq = kf_pid % kf_wplane;")?;
+                self.line(format!("const long long kf_wq = {p} % kf_wplane;"))?;
                 "kf_wq"
             } else {
-                "kf_pid"
+                p
             };
             self.line(format!("const long long kf_wgs = {g}LL * kf_wn1;"))?;
             self.line(format!("const long long kf_wg0 = ({q} / kf_wgs) * {g}LL;"))?;
@@ -545,12 +554,39 @@ impl Emitter<'_> {
             self.line(format!("const long long kf_wp0 = kf_wg0 + ({q} % kf_wgs) % kf_wgm;"))?;
             self.line(format!("const long long kf_wp1 = ({q} % kf_wgs) / kf_wgm;"))?;
             pids.extend(["kf_wp0".to_string(), "kf_wp1".to_string()]);
-            self.decode_axes(2..counts.len(), "(kf_pid / kf_wplane)", &mut pids)?;
+            self.decode_axes(2..axes, &format!("({p} / kf_wplane)"), &mut pids)?;
         } else {
-            self.decode_axes(0..counts.len(), "kf_pid", &mut pids)?;
+            self.decode_axes(0..axes, p, &mut pids)?;
         }
         self.pid = Some(pids);
         Ok(())
+    }
+
+    /// The walk of a grouped launch (`Schedule::grouped`) over every problem's programs
+    /// (the table's records: per-axis program counts, the programs before the problem,
+    /// one word per parameter): each program finds its problem, binds the parameters'
+    /// names to its words — of the tensor maps only those this role reads, the
+    /// producer's ring copies or the consumers' stores — and its place `kf_wl` within
+    /// the problem's programs, which number `kf_wn<axis>` along each axis.
+    fn open_grouped_walk(&mut self, axes: usize) -> R {
+        let mut decls = self.decls.clone();
+        decls.extend(super::map_decls(self.ws.as_ref(), &self.out_tma_maps).into_iter().map(|(d, _)| d));
+        let rec = 4 + decls.len();
+        self.line(format!("const long long* kf_wlast = kf_grp + (kf_ngrp - 1) * {rec};"))?;
+        self.line("const long long kf_wprogs = kf_wlast[3] + kf_wlast[0] * kf_wlast[1] * kf_wlast[2];")?;
+        self.open("for (long long kf_pid = blockIdx.x; kf_pid < kf_wprogs; kf_pid += gridDim.x)")?;
+        if !self.producer {
+            self.line(CONSUMER_BARRIER)?;
+        }
+        self.line("long long kf_g = 0;")?;
+        self.line(format!("while (kf_g + 1 < kf_ngrp && kf_pid >= kf_grp[(kf_g + 1) * {rec} + 3]) ++kf_g;"))?;
+        self.line(format!("const long long* kf_rec = kf_grp + kf_g * {rec};"))?;
+        let producer = self.producer;
+        super::bind_group_params(&mut self.w, &decls, &|name| name.starts_with("kf_rtm") == producer).map_err(super::fmt_err)?;
+        for a in 0..axes {
+            self.line(format!("const long long kf_wn{a} = kf_rec[{a}];"))?;
+        }
+        self.line("const long long kf_wl = kf_pid - kf_rec[3];")
     }
 
     /// The walk's program ids of `axes` from `base`, the first of them fastest
