@@ -259,3 +259,21 @@ fn implicit_gemm_plans_at_resnet_layers() {
         assert!(plan.contains("across loops") && plan.contains("minimum 2 block(s)"), "{what}: no ring across the taps in two blocks:\n{plan}");
     }
 }
+
+/// A wide pointwise layer on sm_90a (`conv2d_pointwise`, 128 × 256 tiles): its epilogue
+/// meets the accumulator through shared memory (the bias row's layout), which with a
+/// three-stage ring and the TMA stores' area passes a block's shared memory; the
+/// general lowering then takes two ring stages and stores from registers, rather than
+/// refusing the loop (where the matrix template used to take it).
+#[test]
+fn a_wide_pointwise_layer_fits_with_two_ring_stages() {
+    use kfuse::codegen::Target;
+    let def = &kernels::conv2d_pointwise::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let spec = common::gemm::spec_mnk(def, 4096, 4096, 4096);
+    let (e, regs, spill) = common::compile_assembled(&k, &spec, &Target::sm90a(), "conv2d_pointwise 4096").unwrap_or_else(|e| panic!("{}", e.0));
+    let plan = e.plan.to_string();
+    assert_eq!(spill, 0, "{spill} bytes of spills ({regs} registers)");
+    assert!(plan.contains("the general lowering takes this loop") && !plan.contains("refused"), "{plan}");
+    assert!(plan.contains("tiles: BK=64 BM=128 BN=256") && plan.contains("2-stage ring"), "{plan}");
+}

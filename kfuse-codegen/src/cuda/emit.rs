@@ -2047,13 +2047,17 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         let total = shared_layout(&e).1 + e.ring_table_bytes;
         if e.ws.is_some() && total > target.smem_per_block {
             // the ring, the stores' area and the scratch do not all fit: three stages,
-            // then stores from registers
+            // then stores from registers, then two stages
             if depth.ws_stages > warp_specialize::STAGES {
                 depth.ws_stages = warp_specialize::STAGES;
                 continue;
             }
             if !e.out_tma_maps.is_empty() {
                 depth.tma_out = false;
+                continue;
+            }
+            if depth.ws_stages > 2 {
+                depth.ws_stages = 2;
                 continue;
             }
         }
