@@ -572,6 +572,10 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     // accumulators: 128 wide at most (256 spilled 0.5-1 KB)
     let epilogue_tile = loads_output_tile(k, dot);
     let bn = if epilogue_tile && wgmma { bn.min(128) } else { bn };
+    // a `b` TMA cannot read is written to its tile from the consumers' registers each
+    // step: 128 columns at most (a 64x256 tile, 64 elements a thread beside 128
+    // accumulators, spilled 772 bytes with a bias + GELU epilogue; 128 wide: none)
+    let bn = if wgmma && crate::passes::select_mma_path::staged_operand(k, spec, ops[1]) { bn.min(128) } else { bn };
     // several dots in the loop (`select_mma_path::MAX_DOTS`): their accumulators share
     // the registers of one 256-wide tile (two dots: 128 wide each)
     let ndots = crate::passes::select_mma_path::dots(k).len() as u32;

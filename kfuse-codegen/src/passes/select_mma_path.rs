@@ -60,10 +60,10 @@
 //! 3. [`MmaPath::FmaSimt`] on every sm_80+ target (`fma.rs`): f32 operands of a plain
 //!    `dot` always (exact f32 FMAs; no matrix instruction takes f32 without TF32
 //!    rounding) and those of a `dot_tf32` on sm_80/sm_89 (no TF32 `mma.sync` path in
-//!    kfuse yet: the exact product, which TF32 permits but does not require), and on
-//!    sm_90 the fallback for f16/bf16 operands TMA cannot read (`tma_obstacle`; on
-//!    sm_80/sm_89 only for a loop path 0 does not take, of operand tensors of more than
-//!    five dimensions), converted to f32 as they are loaded. Launches rarely hand such
+//!    kfuse yet: the exact product, which TF32 permits but does not require), and the
+//!    fallback for f16/bf16 operands of a loop path 0 does not take (operand tensors of
+//!    more than five dimensions; on sm_90 also the template's loops, `GENERAL=0`, whose
+//!    operands TMA cannot read), converted to f32 as they are loaded. Launches rarely hand such
 //!    facts here: `kfuse::ops::gemm` makes aligned copies of its operands, and the
 //!    runtime copies a user kernel's read-only operands to padded rows where that
 //!    brings the loop onto the copy engines ([`matrix_operands`] and
@@ -125,6 +125,13 @@ fn operand_load(k: &Kernel, v: ValueId) -> Result<(OpId, bool), CodegenError> {
         }
         _ => Err(unsupported("an operand of `dot` must be a tile load (or its transpose `.t()`) for the matrix path")),
     }
+}
+
+/// Whether dot operand `v` is a tile load that TMA cannot read (`tma_obstacle`): on
+/// sm_90 the general lowering's consumers load it to registers and write its tile each
+/// step, so its tile's elements a thread come on top of the accumulators.
+pub(crate) fn staged_operand(k: &Kernel, spec: &Spec, v: ValueId) -> bool {
+    operand_load(k, v).is_ok_and(|(l, _)| tma_obstacle(k, spec, l).is_some())
 }
 
 /// True when `v` is a literal zero, or a broadcast of one.
@@ -442,9 +449,10 @@ pub const GENERAL_TAKES: &str = "the general lowering takes this loop (up to fou
 /// Whether the general lowering takes a matrix loop (module docs, point 0): the dots it
 /// puts on the tensor cores ([`general_dots`]: on sm_90 up to [`MAX_DOTS`] that WGMMA
 /// takes, 8-bit and TF32 operands K-major; on sm_80/sm_89 one of f16 or bf16) of tiles
-/// loaded from tensors of up to five dimensions that TMA can read on sm_90 (else the
-/// FMA path; on sm_80/sm_89 an operand `cp.async` cannot copy is written from
-/// registers), the whole grid in one launch (`Spec::walk`); on
+/// loaded from tensors of up to five dimensions (a 16-bit operand TMA or `cp.async`
+/// cannot copy is written to its tile from registers each step; on sm_90 `b` is then
+/// at most 128 columns wide, `choose_tiles`), the whole grid in one launch
+/// (`Spec::walk`); on
 /// sm_90 also no cluster or ping-pong override (the WGMMA template's), no tile wider
 /// than 256, and not `GENERAL=0`. Grouped launches too: on sm_90 the producer's walk
 /// binds each program's tensor maps from its problem's record (MoE 694 against the
@@ -477,12 +485,12 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     // template's refusal says how to make such a copy)
     let sixteen = k.ty(k.operands(ds[0])[0]).dtype.size_bytes() == 2;
     let k_major = |(l, t): (OpId, bool), k_axis| sixteen || operand_major(k, spec, l, t, k_axis) == Some(Major::K);
-    // (on sm_80/sm_89, 16-bit operands that `cp.async` cannot copy are loaded to
-    // registers and written to their tiles each step: still the tensor cores. On sm_90
-    // the copies must read them: a producer warpgroup's consumers writing such a tile
-    // beside a 128x256 accumulator spilled 772 bytes (bias + GELU); the template's FMA
-    // path takes them, and the runtime's padded copies keep such operands rare.)
-    let copies = |l: OpId| (sixteen && target.sm != 90) || tma_obstacle(k, spec, l).is_none();
+    // (16-bit operands that TMA or `cp.async` cannot copy are loaded to registers and
+    // written to their tiles each step: still the tensor cores. On sm_90 a producer
+    // warpgroup's consumers writing such a `b` tile beside a 128x256 accumulator
+    // spilled 772 bytes (bias + GELU), so `choose_tiles` keeps such a `b` 128 wide;
+    // the runtime's padded copies keep these operands rare.)
+    let copies = |l: OpId| sixteen || tma_obstacle(k, spec, l).is_none();
     found.iter().all(|f| {
         [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() <= 5) && copies(l)) && k_major(f.a, 1) && k_major(f.b, 0)
     })

@@ -6,15 +6,14 @@
 //!    reading the operands as TF32, and `dot` promises exact f32 arithmetic; and those
 //!    of `dot_tf32` where the target has no TF32 path (sm_80, sm_89) or TMA cannot
 //!    read them — TF32 is a permission, the exact product is within it;
-//! 2. f16/bf16 operands that the target's matrix path cannot read — a tensor TMA or
-//!    `cp.async` cannot copy (no unit-stride dimension, a stride or the data pointer
-//!    not a multiple of 16 bytes) or, on sm_80/sm_89, a block offset along the
-//!    unit-stride dimension not known to be a multiple of 16 bytes. Their elements
-//!    become f32 as they are loaded. (`kfuse::ops::gemm` makes aligned copies for the
-//!    matrix path, which is an order of magnitude faster, and a GPU launch of a user
-//!    kernel copies its read-only operands so (`kfuse_runtime::operand_copy`); what
-//!    reaches this path is an operand the kernel may write or one without a unit-stride
-//!    dimension, which gets it instead of an error.)
+//! 2. f16/bf16 operands of a loop the general lowering does not take (operand tensors
+//!    of more than five dimensions; on sm_90 the WGMMA template's loops, `GENERAL=0`)
+//!    that the target's matrix path cannot read — a tensor TMA or `cp.async` cannot
+//!    copy (no unit-stride dimension, a stride or the data pointer not a multiple of 16
+//!    bytes). Their elements become f32 as they are loaded. (The general lowering
+//!    writes such operands to their tiles from registers each step, on the tensor
+//!    cores; `kfuse::ops::gemm` makes aligned copies, and a GPU launch of a user kernel
+//!    copies its read-only operands so, `kfuse_runtime::operand_copy`.)
 //!
 //! The structure of the loop is checked by `run` before either is considered: the same
 //! pattern and the same refusals as the matrix paths. Tile-size refusals of the matrix
