@@ -18,8 +18,9 @@
 //! runtime's copy of `b` included); the same with no epilogue (`acc.cast()`) and with
 //! bias + GELU (erf); the bias + ReLU kernel on a `b` the caller already holds in
 //! padded rows (no copy: the kernel alone; the difference is what the copy costs); and
-//! the plain GEMM on a `b` the kernel may write (`&mut`, so no copy is made: the loop
-//! writes `b`'s tiles from registers each step, still on the tensor cores).
+//! the plain GEMM on a `b` the kernel may write (`gemm_b_mut`: `&mut`, so no copy is
+//! made; the loop writes `b`'s tiles from registers each step, still on the tensor
+//! cores).
 //!
 //! Tensor cores in the SASS: run with a module cache of its own and count the matrix
 //! instructions of the kernels it compiled (`HGMMA` on the H100; the second argument
@@ -41,23 +42,11 @@ use kfuse::{DType, Tensor};
 #[path = "../tests/kernels/user_gemms.rs"]
 #[allow(dead_code)]
 mod user_gemms;
-use user_gemms::gemm_bias_relu;
+use user_gemms::{gemm_b_mut, gemm_bias_relu};
 
 /// `out = a · b` written by a user: the loop and a cast.
 #[kfuse]
 pub fn user_gemm<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, out: &mut Tensor<T, (M, N)>) {
-    let (i, j) = (program_id(0), program_id(1));
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k in (0..K).step_by(BK) {
-        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
-    }
-    out.block([i * BM, j * BN], [BM, BN]).store(acc.cast::<T>());
-}
-
-/// [`user_gemm`] with `b` taken as `&mut` (the kernel may write it): the launch makes no
-/// copy of it, so its rows, 8194 bytes apart, reach the tensor cores through registers.
-#[kfuse]
-pub fn user_gemm_b_mut<T: Float>(a: Tensor<T, (M, K)>, b: &mut Tensor<T, (K, N)>, out: &mut Tensor<T, (M, N)>) {
     let (i, j) = (program_id(0), program_id(1));
     let mut acc = zeros::<f32>([BM, BN]);
     for k in (0..K).step_by(BK) {
@@ -141,7 +130,7 @@ fn main() -> kfuse::Result<()> {
     };
     let e_gelu = sampled(&out2, &av, &bv, k, n, &rs, gelu)?;
     ok &= on_tensor_cores("user gemm + bias + ReLU on a padded b (no copy)", &gemm_bias_relu(&a, &b_padded, &bias, &mut out2)?);
-    ok &= on_tensor_cores("user gemm, b &mut (no copy: b's tiles from registers)", &user_gemm_b_mut(&a, &mut b_mut, &mut out2)?);
+    ok &= on_tensor_cores("user gemm, b &mut (no copy: b's tiles from registers)", &gemm_b_mut(&a, &mut b_mut, &mut out2)?);
     let e_mut = sampled(&out2, &av, &bv, k, n, &rs, |_, v| v)?;
     println!("relative error against float64 on {} rows: ops::gemm {e_ops:.2e}, user +bias+ReLU {e_user:.2e}, plain {e_plain:.2e}, +bias+GELU {e_gelu:.2e}, b &mut {e_mut:.2e}", rs.len());
     ok &= [e_ops, e_user, e_plain, e_gelu, e_mut].iter().all(|&e| e <= 1e-2);
@@ -156,7 +145,7 @@ fn main() -> kfuse::Result<()> {
     let mut o4 = Tensor::empty(&[m, n], dt, &dev)?;
     let mut t_nocopy = || gemm_bias_relu(&a, &b_padded, &bias, &mut o4).map(drop);
     let mut o5 = Tensor::empty(&[m, n], dt, &dev)?;
-    let mut t_mut = || user_gemm_b_mut(&a, &mut b_mut, &mut o5).map(drop);
+    let mut t_mut = || gemm_b_mut(&a, &mut b_mut, &mut o5).map(drop);
     let times = common::interleaved(&dev, 10, iters, &mut [&mut t_ops, &mut t_relu, &mut t_plain, &mut t_gelu, &mut t_nocopy, &mut t_mut]);
     let times = times.into_iter().collect::<kfuse::Result<Vec<f64>>>()?;
     let tflops = |ms: f64| 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12;

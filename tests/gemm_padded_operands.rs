@@ -17,24 +17,12 @@ mod common;
 mod kernels_user_gemms;
 
 use common::gemm::gemm_bias_gelu;
-use kernels_user_gemms::gemm_bias_relu;
+use kernels_user_gemms::{gemm_b_mut, gemm_bias_relu};
 
 use kfuse::codegen::{Spec, Target, TensorSpec};
 use kfuse::prelude::*;
 use kfuse::runtime::{emit, gpu_plan_tiles, launch_interpreter, launch_spec, spec_for, Arg, ArgDesc};
 use kfuse::{Backend, DType};
-
-/// A GEMM that reads its `b` through an output parameter (`&mut`, never stored): an
-/// operand the kernel may write, which a launch must not copy.
-#[kfuse]
-pub fn gemm_b_mut<T: Float>(a: Tensor<T, (M, K)>, b: &mut Tensor<T, (K, N)>, c: &mut Tensor<T, (M, N)>) {
-    let (i, j) = (program_id(0), program_id(1));
-    let mut acc = zeros::<f32>([BM, BN]);
-    for k in (0..K).step_by(BK) {
-        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
-    }
-    c.block([i * BM, j * BN], [BM, BN]).store(acc.cast::<T>());
-}
 
 const M: usize = 4095;
 const N: usize = 4097;

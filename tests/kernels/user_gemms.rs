@@ -14,6 +14,18 @@ pub fn gemm_bias_relu<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, bias
     out.block([i * BM, j * BN], [BM, BN]).store(max(y, 0.0).cast::<T>());
 }
 
+/// A GEMM that reads its `b` through an output parameter (`&mut`, never stored): an
+/// operand the kernel may write, which a launch must not copy.
+#[kfuse]
+pub fn gemm_b_mut<T: Float>(a: Tensor<T, (M, K)>, b: &mut Tensor<T, (K, N)>, c: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot(a.block([i * BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    c.block([i * BM, j * BN], [BM, BN]).store(acc.cast::<T>());
+}
+
 /// SwiGLU of two projections in one loop: `out = silu(x · wg) ⊙ (x · wu)`, two carried
 /// accumulators sharing the `x` tile.
 #[kfuse]
