@@ -444,4 +444,19 @@ fn general_lowering_on_request() {
     let e = compile(&k, &spec, &Target::sm80()).unwrap();
     assert!(e.ir.contains("dots one by one") && e.source.contains("mma.sync"), "{}", e.ir);
     common::assemble(&e.source, &e.arch, &e.options, "gemm_general_sm80").unwrap();
+    // 8-bit and TF32 operands, B K-major: `wgmma` as without the option (`k32`, `k8`);
+    // B MN-major: the matrix path's refusal, which says how to make the copy
+    let scaled = &kfuse::ops::kernels::gemm_scaled::DEF;
+    let tf32 = &kfuse::ops::kernels::gemm_tf32_scaled::DEF;
+    for (def, dts, instr) in [(scaled, &[DType::F8E4M3, DType::BF16][..], "k32.f32.e4m3.e4m3"), (tf32, &[DType::F32][..], "k8.f32.tf32.tf32")] {
+        let k = (def.build)(dts).unwrap();
+        let mut spec = spec_mnk(def, 4096, 4096, 4096);
+        spec.tiles.insert("GENERAL".to_string(), 1);
+        let mut k_major = spec.clone();
+        k_major.tensors[1] = Some(kfuse::codegen::TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
+        let e = compile(&k, &k_major, &Target::sm90a()).unwrap();
+        assert!(e.ir.contains("asked for (GENERAL=1)") && e.source.contains(instr), "{}: {}", def.name, e.plan);
+        let err = compile(&k, &spec, &Target::sm90a()).unwrap_err().to_string();
+        assert!(err.contains("only with K contiguous"), "{}: {err}", def.name);
+    }
 }

@@ -474,6 +474,13 @@ pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
             return false;
         }
     }
+    general_loop(k, spec, target)
+}
+
+/// Whether the general lowering can put a matrix loop's dots on the tensor cores as its
+/// matrix loop ([`general_takes`] without the template's options): the dots, the loop's
+/// shape, the operands' ranks and majorness.
+fn general_loop(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     // (several dots: SwiGLU's pair 409.3 against 416.8 µs at 4096³, equal at M8192
     // N14336 and M127 N14336 on the H100, one call, 2026-11-27; three products NOTES l9)
     let ds = dots(k);
@@ -543,8 +550,13 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     k.schedule.mma_why = None;
     let dots = dots(k);
     let Some(&dot) = dots.first() else { return Ok(()) };
-    if general_requested(spec) {
+    // `GENERAL=1`: its matrix loop where the general lowering takes one (fp8 and TF32
+    // operands reach `wgmma` only there; where they cannot, the paths below say why)
+    let sixteen = matches!(k.ty(k.operands(dot)[0]).dtype, DType::F16 | DType::BF16);
+    let general_loop = target.sm >= 80 && general_loop(k, spec, target);
+    if general_requested(spec) && (general_loop || sixteen || !general_wgmma(k, target, &dots)) {
         k.schedule.dots_one_by_one = Some("asked for (GENERAL=1)".into());
+        k.schedule.general_matrix_loop = general_loop;
         return Ok(());
     }
     // a loop of another shape: its dots are lowered where they stand (the writer's `dot`)
