@@ -41,8 +41,9 @@
 //!    stores on sm_90; `cp.async` rings, `ldmatrix`, `mma.sync` elsewhere). A K tile
 //!    asked for that is not a multiple of 32 bytes (every instruction's K step) is
 //!    refused. Where that writer cannot write it on sm_90 (shared memory for an
-//!    epilogue's conversions beside the rings), `compile` takes the template (path 1) and
-//!    its plan says why; on sm_80/sm_89 the writer drops the rings instead.
+//!    epilogue's conversions beside two ring stages, stores from registers), `compile`
+//!    takes the template (path 1) and its plan says why; on sm_80/sm_89 the writer drops
+//!    the rings instead.
 //! 1. [`MmaPath::WgmmaTma`] on sm_90: f16/bf16/f8e4m3/f8e5m2 operands, and the f32
 //!    operands of a `dot_tf32` ([`DotPrecision::Tf32`]), whose tensors TMA can read
 //!    (unit innermost stride, other strides multiples of 16 bytes, 16-byte aligned
