@@ -299,10 +299,10 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
     k.schedule.smem_bytes = out.static_smem + out.dynamic_smem;
     // a kernel whose launch bounds the writer chose itself (warp-specialized) has them
     // in its schedule, and no register-room attempts (each would give the same source)
-    // but one without the dots issued late where it had them
+    // but one without the dots issued late or the loads issued ahead where it had them
     if let Some(b) = out.min_blocks {
         k.schedule.min_blocks = b;
-        k.schedule.register_attempt.1 = k.schedule.register_attempt.0 + if out.late_dots { 2 } else { 1 };
+        k.schedule.register_attempt.1 = k.schedule.register_attempt.0 + if out.late_dots || out.ahead_loads { 2 } else { 1 };
     }
     let tiles = k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect();
     let cluster_x = k.schedule.mma().map_or(k.schedule.split_blocks, |p| p.split_k.max(p.multicast)).max(1);

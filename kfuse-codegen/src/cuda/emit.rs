@@ -13,7 +13,7 @@
 //! per-vector branches keep the loads one memory round trip apart. Both copies load the
 //! same registers from the same addresses; the test only picks which code runs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, LoopId, Op, OpId, ParamKind, ReduceOp, SmemLayout, UnaryOp, ValueId};
 
@@ -404,6 +404,15 @@ struct Emitter<'a> {
     remat_arrays: Vec<(String, u32, u32)>,
     /// The carried storage of each loop written so far (see `loops.rs`).
     loops: HashMap<LoopId, Vec<Val>>,
+    /// Loads of a loop issued one iteration ahead (`loops.rs`, `ahead_loads`), by loop:
+    /// each value with its two register arrays (this iteration's, the next one's).
+    ahead: HashMap<LoopId, Vec<(ValueId, String, String)>>,
+    /// Loads whose registers an earlier iteration loaded (not issued again).
+    ahead_bound: HashSet<ValueId>,
+    /// Writing a load ahead: its value is not staged to shared memory there.
+    prefetching: bool,
+    /// Some loop issues loads ahead (a later register-room attempt does not).
+    ahead_used: bool,
     /// Loops open where the writer is (their bodies nest).
     loop_depth: u32,
     /// Carried tiles whose valid range is kept in variables that follow the iterations.
@@ -484,6 +493,10 @@ impl<'a> Emitter<'a> {
             remat_arrays: Vec::new(),
             loops: HashMap::new(),
             loop_depth: 0,
+            ahead: HashMap::new(),
+            ahead_bound: HashSet::new(),
+            prefetching: false,
+            ahead_used: false,
             dynamic_ranges: BTreeSet::new(),
             retry: BTreeSet::new(),
             bounds: HashMap::new(),
@@ -699,6 +712,9 @@ impl<'a> Emitter<'a> {
         self.op_unlocated(op)?;
         if let Op::Yield { id } = self.k.op(op) {
             self.ws_after_loop(*id)?;
+        }
+        if self.prefetching {
+            return Ok(());
         }
         self.stage_eager(v)
     }
@@ -1856,6 +1872,9 @@ pub struct Emitted {
     /// Some loop issues its last dot late (`dot_overlap`): the kernel has a further
     /// register-room attempt, without.
     pub late_dots: bool,
+    /// Some loop issues its staged loads an iteration ahead (`loops.rs`): the kernel's
+    /// next register-room attempt loads them each step instead.
+    pub ahead_loads: bool,
 }
 
 /// How deep [`body`] makes a kernel's rings: `cp.async` rings at most `stages`, a
@@ -2165,5 +2184,5 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     };
     let min_blocks = producer_bounds.then_some(1);
     let late_dots = e.ws.as_ref().is_some_and(|ws| !ws.late.is_empty());
-    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent, dot_notes: e_notes, min_blocks, late_dots })
+    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent, dot_notes: e_notes, min_blocks, late_dots, ahead_loads: e.ahead_used })
 }

@@ -10,6 +10,11 @@
 //!   carried storage.
 //! - `Yield` writes each next value into the storage (through temporaries where one next
 //!   value is another carried value of the same loop) and closes the loop.
+//! - A `dot` operand the plan writes to its tile from registers each step (one no copy
+//!   engine reads; `Emitter::ahead_loads`) is loaded an iteration ahead: the first
+//!   iteration's registers before the loop, the next iteration's at the top of the body
+//!   (a second copy, in flight while this one computes), moved into place at `Yield`;
+//!   the body's load op then reads the registers loaded for it.
 //!
 //! Valid ranges: a carried tile's range is its init's as long as every next value has
 //! the same range expressions (the usual case: full tiles, or reductions of them). Where
@@ -26,6 +31,10 @@ use kfuse_ir::{Literal, LoopId, Op, OpId, ValueId};
 
 use super::{ctype, Emitter, Val, R};
 use crate::CodegenError;
+
+/// Most registers a thread the dot results of a loop and two copies of its loads
+/// issued ahead may take (`Emitter::ahead_loads`).
+const AHEAD_REGS: u32 = 128;
 
 /// The name of loop `id`'s index variable.
 pub(super) fn index_var(id: LoopId) -> String {
@@ -71,8 +80,120 @@ impl Emitter<'_> {
             self.line(format!("if ({step} <= 0) __trap();  // a loop's step must be positive"))?;
         }
         let iv = index_var(id);
+        // loads issued an iteration ahead: the first iteration's before the loop
+        let heads = self.ahead_loads(id);
+        let mut arrays = Vec::new();
+        for (i, &v) in heads.iter().enumerate() {
+            let regs = crate::layout::RegMap::of(&self.layout(v)?).map_or(1, |m| m.regs);
+            let ct = ctype(self.k.ty(v).dtype);
+            let (cur, nxt) = (format!("kf_la{}_{i}", id.0), format!("kf_lb{}_{i}", id.0));
+            self.line(format!("{ct} {cur}[{regs}], {nxt}[{regs}];"))?;
+            arrays.push((v, cur, nxt));
+        }
+        if !arrays.is_empty() {
+            self.open(format!("if ({lo} < {hi})"))?;
+            for (v, cur, _) in &arrays {
+                self.load_ahead(id, *v, cur, &lo)?;
+            }
+            self.close()?;
+        }
         self.loop_depth += 1;
-        self.open(format!("for (long long {iv} = {lo}; {iv} < {hi}; {iv} = ({hi}) - {iv} > ({step}) ? {iv} + ({step}) : ({hi}))"))
+        self.open(format!("for (long long {iv} = {lo}; {iv} < {hi}; {iv} = ({hi}) - {iv} > ({step}) ? {iv} + ({step}) : ({hi}))"))?;
+        if !arrays.is_empty() {
+            // the next iteration's, in flight while this one runs; this one's are bound
+            self.open(format!("if (({hi}) - {iv} > ({step}))"))?;
+            for (v, _, nxt) in &arrays {
+                self.load_ahead(id, *v, nxt, &format!("({iv} + ({step}))"))?;
+            }
+            self.close()?;
+            for (v, cur, _) in &arrays {
+                self.bind.insert(*v, cur.clone());
+                self.ahead_bound.insert(*v);
+            }
+            // (the plan says so: the load of `<tensor>` at line N)
+            let names: Vec<String> = arrays
+                .iter()
+                .map(|(v, _, _)| {
+                    let t = match self.k.op(v.op()) {
+                        Op::Load { tensor, .. } => self.k.param(*tensor).name.clone(),
+                        _ => v.to_string(),
+                    };
+                    match self.k.locs.get(&v.op()) {
+                        Some(l) => format!("the load of `{t}` at line {}", l.line),
+                        None => format!("the load of `{t}`"),
+                    }
+                })
+                .collect();
+            self.dot_notes.push(format!("{}: issued an iteration ahead (two register copies), its tile written from them each step", names.join(", ")));
+            self.ahead.insert(id, arrays);
+            self.ahead_used = true;
+        }
+        Ok(())
+    }
+
+    /// The loads of loop `id` issued one iteration ahead: a `dot` operand the plan
+    /// stages where it is defined and no ring copies (an operand the copy engines cannot
+    /// read, loaded to registers and written to its tile each step), in the loop's own
+    /// body, at offsets that are the loop's index or values from before the loop — so
+    /// that the next iteration's global loads are in flight while this one computes.
+    /// Not in a kernel's later register-room attempts (`Spec::register_attempt`), which
+    /// fall back to loading each step.
+    fn ahead_loads(&self, id: LoopId) -> Vec<ValueId> {
+        let k = self.k;
+        let Some(p) = self.wg.as_ref() else { return Vec::new() };
+        if self.spec.register_attempt > 0 {
+            return Vec::new();
+        }
+        let Some(info) = k.loop_info(id) else { return Vec::new() };
+        let pos = |o: OpId| k.order.iter().position(|&x| x == o);
+        let start = pos(info.for_op);
+        let mut heads: Vec<ValueId> = p
+            .eager
+            .iter()
+            .filter(|(v, t)| t.ring.is_none() && k.loop_of(v.op()) == Some(id))
+            .filter(|(v, _)| matches!(k.op(v.op()), Op::Load { dims, .. } if !dims.iter().any(kfuse_ir::AccessDim::is_gather)))
+            .filter(|(v, _)| {
+                k.operands(v.op()).iter().all(|o| matches!(k.op(o.op()), Op::LoopIndex { id: l } if *l == id) || pos(o.op()) < start)
+            })
+            .map(|(v, _)| *v)
+            .collect();
+        heads.sort();
+        // (registers: the loop's dot results and two copies of each such load, a thread,
+        // within AHEAD_REGS; beyond it the copies spilled: 44–1448 bytes on sm_90a with
+        // a 128x256 accumulator, 24–432 on sm_80)
+        let threads = k.schedule.num_threads.max(1);
+        let elems = |v: ValueId| crate::analysis::concrete_shape(k, k.ty(v)).iter().product::<u32>() / threads;
+        let dots: u32 = k.ops().filter(|&o| k.loop_of(o) == Some(id) && matches!(k.op(o), Op::Dot { .. })).map(|o| elems(o.value())).sum();
+        let staged: u32 = heads.iter().map(|&v| elems(v)).sum();
+        if dots + 2 * staged > AHEAD_REGS {
+            return Vec::new();
+        }
+        heads
+    }
+
+    /// Writes load `v` of loop `id` into the registers of array `arr` as the iteration
+    /// whose index is `index` would (a scope of its own; nothing staged).
+    fn load_ahead(&mut self, id: LoopId, v: ValueId, arr: &str, index: &str) -> R {
+        let k = self.k;
+        let iv = k.ops().find(|&o| matches!(k.op(o), Op::LoopIndex { id: l } if *l == id)).map(|o| o.value());
+        let saved = (iv.and_then(|x| self.vals.get(&x).cloned()), self.vals.get(&v).cloned());
+        if let Some(x) = iv {
+            self.vals.insert(x, Val { name: index.to_string(), dtype: kfuse_ir::DType::I64, map: None, axis_map: vec![], shape: vec![], lo: vec![], hi: vec![], lazy: None });
+        }
+        self.bind.insert(v, arr.to_string());
+        self.prefetching = true;
+        self.open("")?;
+        let r = self.op(v.op());
+        self.close()?;
+        self.prefetching = false;
+        self.bind.remove(&v);
+        for (x, s) in iv.into_iter().map(|x| (x, saved.0.clone())).chain([(v, saved.1)]) {
+            match s {
+                Some(val) => self.vals.insert(x, val),
+                None => self.vals.remove(&x),
+            };
+        }
+        r
     }
 
     /// Whether `v` is a positive compile-time constant (a tile extent or a literal).
@@ -105,6 +226,15 @@ impl Emitter<'_> {
 
     /// `Yield`: the next values into the carried storage, then the loop's end.
     pub(super) fn close_loop(&mut self, op: OpId, id: LoopId) -> R {
+        // the next iteration's loads become this one's
+        for (v, cur, nxt) in self.ahead.remove(&id).unwrap_or_default() {
+            let regs = crate::layout::RegMap::of(&self.layout(v)?).map_or(1, |m| m.regs);
+            self.unroll("k", regs)?;
+            self.line(format!("{cur}[k] = {nxt}[k];"))?;
+            self.close()?;
+            self.bind.remove(&v);
+            self.ahead_bound.remove(&v);
+        }
         let next = self.k.operands(op);
         // next values that are carried values of this loop are read before any is written
         let mut copies = Vec::new();

@@ -253,6 +253,10 @@ pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, thread
     let mut turns = BTreeMap::new();
     let mut deferred = BTreeMap::new();
     let mut late = BTreeMap::new();
+    // a tile the consumers write from registers in the loop itself (an operand no copy
+    // reads) is written again next iteration: the dots reading it complete first, so
+    // their waits are not deferred
+    let rewritten = |l: &LoopId| p.eager.iter().any(|(v, t)| t.ring.is_none() && loops.get(v) == Some(l));
     for l in p.rings.keys() {
         let dots: Vec<OpId> = k.ops().filter(|op| p.dots.contains_key(op) && loops.get(&op.value()) == Some(l)).collect();
         if dots.len() >= 2 {
@@ -262,14 +266,14 @@ pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, thread
             if threads == CONSUMERS && tile_math_in(k, *l) {
                 turns.insert(*l, (first, last));
             }
-            if deferrable(k, *l, first, last) {
+            if deferrable(k, *l, first, last) && !rewritten(l) {
                 deferred.insert(*l, last);
                 if let Some(d) = super::dot_overlap::late_dot(k, p, *l, first, last).filter(|_| overlap) {
                     late.insert(*l, d);
                 }
             }
         } else if let [d] = dots[..] {
-            if deferrable(k, *l, d, d) {
+            if deferrable(k, *l, d, d) && !rewritten(l) {
                 deferred.insert(*l, d);
             }
         }
