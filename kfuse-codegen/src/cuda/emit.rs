@@ -13,7 +13,7 @@
 //! per-vector branches keep the loads one memory round trip apart. Both copies load the
 //! same registers from the same addresses; the test only picks which code runs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, LoopId, Op, OpId, ParamKind, ReduceOp, SmemLayout, UnaryOp, ValueId};
 
@@ -407,8 +407,6 @@ struct Emitter<'a> {
     /// Loads of a loop issued one iteration ahead (`loops.rs`, `ahead_loads`), by loop:
     /// each value with its two register arrays (this iteration's, the next one's).
     ahead: HashMap<LoopId, Vec<(ValueId, String, String)>>,
-    /// Loads whose registers an earlier iteration loaded (not issued again).
-    ahead_bound: HashSet<ValueId>,
     /// Writing a load ahead: its value is not staged to shared memory there.
     prefetching: bool,
     /// Some loop issues loads ahead (a later register-room attempt does not).
@@ -494,7 +492,6 @@ impl<'a> Emitter<'a> {
             loops: HashMap::new(),
             loop_depth: 0,
             ahead: HashMap::new(),
-            ahead_bound: HashSet::new(),
             prefetching: false,
             ahead_used: false,
             dynamic_ranges: BTreeSet::new(),
@@ -2118,7 +2115,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         return Err(CodegenError::Unsupported(format!("{smem} bytes of shared memory (static limit {MAX_STATIC_SMEM})")));
     }
     let producer = e.producer_text.take();
-    let tma = e.ws.as_ref().map(|ws| ws.tma.len()).unwrap_or(0) > 0;
+    let tma = e.ws.as_ref().is_some_and(|ws| !ws.tma.is_empty());
     for (d, p) in map_decls(e.ws.as_ref(), &e.out_tma_maps) {
         decls.push(d);
         params.push(p);

@@ -33,8 +33,9 @@
 //!    f16 or bf16 tiles (`mma.sync`, its operands in `cp.async` rings read by `ldmatrix`;
 //!    [`general_dots`]), from tensors TMA can read (either tile
 //!    dimension of unit stride; up to 5 dimensions, the others indexed: a batch)
-//!    ([`general_takes`]; on sm_90 no split wave, cluster or ping-pong override, and not `GENERAL=0`: sm_90's template options, which mean nothing on the
-//!    other targets; `STAGES` and `GROUPM` size its rings and walk): no plan; `Schedule::dots_one_by_one`
+//!    ([`general_takes`]; on sm_90 no split wave, cluster or ping-pong override, and
+//!    not `GENERAL=0`: sm_90's template options, which mean nothing on the other
+//!    targets; `STAGES` and `GROUPM` size its rings and walk): no plan; `Schedule::dots_one_by_one`
 //!    says [`GENERAL_TAKES`], `choose_tiles` gives the loop the matrix tiles (on
 //!    sm_80/sm_89 `mma_sync_default_warps` and `mma_sync_min_blocks`), and the general
 //!    writer lowers it op by op (a producer warpgroup's TMA rings, `wgmma`, TMA bulk
@@ -453,11 +454,11 @@ pub const GENERAL_TAKES: &str = "the general lowering takes this loop (up to fou
 /// loaded from tensors of up to five dimensions (a 16-bit operand TMA or `cp.async`
 /// cannot copy is written to its tile from registers each step; on sm_90 `b` is then
 /// at most 128 columns wide, `choose_tiles`), the whole grid in one launch
-/// (`Spec::walk`); on
-/// sm_90 also no cluster or ping-pong override (the WGMMA template's), no tile wider
-/// than 256, and not `GENERAL=0`. Grouped launches too: on sm_90 the producer's walk
-/// binds each program's tensor maps from its problem's record (MoE 694 against the
-/// template's 697 TFLOP/s on the H100, one call, 2026-11-27, NOTES.md l14). On the H100 the general lowering and the WGMMA template ran
+/// (`Spec::walk`); on sm_90 also no cluster or ping-pong override (the WGMMA
+/// template's), no tile wider than 256, and not `GENERAL=0`. Grouped launches too: on
+/// sm_90 the persistent walk binds each program's tensor maps from its problem's record
+/// (MoE 694 against the template's 697 TFLOP/s on the H100, one call, 2026-11-27,
+/// NOTES.md l14). On the H100 the general lowering and the WGMMA template ran
 /// within the vendor's spread of each other on every bf16 row of BENCHMARKS.md's GEMM
 /// table (0.97–1.02× cuBLAS against 0.90–1.03×, one call); forced to the sm_80 path the
 /// general lowering ran 1.14–1.25× a template kernel of cp.async + mma.sync on 2x2
@@ -553,12 +554,14 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let Some(&dot) = dots.first() else { return Ok(()) };
     // `GENERAL=1`: its matrix loop where the general lowering takes one (fp8 and TF32
     // operands reach `wgmma` only there; where they cannot, the paths below say why)
-    let sixteen = matches!(k.ty(k.operands(dot)[0]).dtype, DType::F16 | DType::BF16);
-    let general_loop = target.sm >= 80 && general_loop(k, spec, target);
-    if general_requested(spec) && (general_loop || sixteen || !general_wgmma(k, target, &dots)) {
-        k.schedule.dots_one_by_one = Some("asked for (GENERAL=1)".into());
-        k.schedule.general_matrix_loop = general_loop;
-        return Ok(());
+    if general_requested(spec) {
+        let sixteen = matches!(k.ty(k.operands(dot)[0]).dtype, DType::F16 | DType::BF16);
+        let general_loop = target.sm >= 80 && general_loop(k, spec, target);
+        if general_loop || sixteen || !general_wgmma(k, target, &dots) {
+            k.schedule.dots_one_by_one = Some("asked for (GENERAL=1)".into());
+            k.schedule.general_matrix_loop = general_loop;
+            return Ok(());
+        }
     }
     // a loop of another shape: its dots are lowered where they stand (the writer's `dot`)
     let (info, found) = match matrix_loop(k, &dots) {

@@ -191,7 +191,7 @@ impl Emitter<'_> {
                 (val, map)
             }
         };
-        if store.is_none() && (self.bound_only || self.ahead_bound.contains(&op.value())) && self.bind.contains_key(&op.value()) {
+        if store.is_none() && (self.bound_only || self.loaded_ahead(op.value())) && self.bind.contains_key(&op.value()) {
             // the registers were loaded one program ahead
             self.vals.insert(op.value(), val);
             return Ok(());

@@ -108,7 +108,6 @@ impl Emitter<'_> {
             self.close()?;
             for (v, cur, _) in &arrays {
                 self.bind.insert(*v, cur.clone());
-                self.ahead_bound.insert(*v);
             }
             // (the plan says so: the load of `<tensor>` at line N)
             let names: Vec<String> = arrays
@@ -169,6 +168,12 @@ impl Emitter<'_> {
             return Vec::new();
         }
         heads
+    }
+
+    /// Whether load value `v`'s registers were loaded by the iteration before (an open
+    /// loop's [`Self::ahead_loads`]): the load is not issued again.
+    pub(super) fn loaded_ahead(&self, v: ValueId) -> bool {
+        self.ahead.values().flatten().any(|(x, _, _)| *x == v)
     }
 
     /// Writes load `v` of loop `id` into the registers of array `arr` as the iteration
@@ -233,7 +238,6 @@ impl Emitter<'_> {
             self.line(format!("{cur}[k] = {nxt}[k];"))?;
             self.close()?;
             self.bind.remove(&v);
-            self.ahead_bound.remove(&v);
         }
         let next = self.k.operands(op);
         // next values that are carried values of this loop are read before any is written
