@@ -178,7 +178,7 @@ fn kernels_fill_poisoned_outputs() {
     let (wd, wdv) = common::random_tensor(&[6, 3, 3, 1], dt, 7003, 0.0, &dev());
     let l = layer([2, 7, 13, 6], 6, (3, 3), 1, 1, 1, 6, true, Activation::None);
     let mut y = common::poisoned(&[2 * 7 * 13, 6], dt, &dev());
-    kernels::conv2d_depthwise(&x, &wd.view(&[6, 9]).unwrap().t().contiguous().unwrap(), &b, &mut y, 13, 91, 3, 1, 1, 1, 1, 1, 1, f32::NEG_INFINITY).unwrap();
+    kernels::conv2d_depthwise(&x, &wd.view(&[6, 9]).unwrap().t().contiguous().unwrap().view(&[3, 3, 6]).unwrap(), &b, &mut y, 13, 91, 1, 1, 1, 1, 1, 1, f32::NEG_INFINITY).unwrap();
     let (want, scale) = reference(&l, &xv, &wdv, Some(&bv));
     assert!(common::err_against(&y.to_vec_f64().unwrap(), &want, &scale) <= tol(dt));
     // pointwise
@@ -225,15 +225,24 @@ fn conv_kernels_compile_for_sm80_and_sm90a() {
 }
 
 /// The CUDA of the implicit GEMM and the depthwise kernel, bf16, for sm_90a and sm_80 at
-/// the snapshot spec (the gathered rows, the rings and their row tables on sm_90a): a
-/// snapshot changes only when the compiler's output does.
+/// the snapshot spec with a 3 × 3 filter (the gathered rows, the rings and their row
+/// tables on sm_90a; the depthwise taps unrolled): a snapshot changes only when the
+/// compiler's output does.
 #[test]
 fn conv_kernel_snapshots() {
     use kfuse::codegen::Target;
     for def in [&kernels::conv2d::DEF, &kernels::conv2d_depthwise::DEF] {
         let k = (def.build)(&[DType::BF16]).unwrap();
+        let mut spec = common::snapshot_spec(def);
+        let vals: Vec<u64> = k.shape_syms.iter().map(|s| if s == "R" || s == "S" { 3 } else { 4096 }).collect();
+        spec.shape_exact = kfuse::codegen::target::exact_shapes(&k, &vals);
         for target in [Target::sm90a(), Target::sm80()] {
-            let e = kfuse::codegen::compile(&k, &common::snapshot_spec(def), &target).unwrap();
+            let e = kfuse::codegen::compile(&k, &spec, &target).unwrap();
+            if def.name == "conv2d_depthwise" {
+                let plan = e.plan.to_string();
+                assert!(e.source.contains("#pragma unroll  // 3 iterations"), "the taps are not unrolled:\n{}", e.source);
+                assert!(plan.contains(": unrolled, 3 iterations (R = 3 at this launch)") && plan.contains(": unrolled, 3 iterations (S = 3 at this launch)"), "{plan}");
+            }
             insta::assert_snapshot!(format!("{}_bf16_{}", def.name, target.arch()), e.source);
         }
     }
@@ -260,13 +269,13 @@ fn implicit_gemm_plans_at_resnet_layers() {
     }
 }
 
-/// A wide pointwise layer on sm_90a (`conv2d_pointwise`, 128 × 256 tiles): its epilogue
-/// meets the accumulator through shared memory (the bias row's layout), which with a
-/// three-stage ring and the TMA stores' area passes a block's shared memory; the
-/// general lowering then takes two ring stages and stores from registers, rather than
-/// refusing the loop (where the matrix template used to take it).
+/// A wide pointwise layer on sm_90a (`conv2d_pointwise`, 128 × 256 tiles): the bias row
+/// is loaded in the slice of the accumulator's layout (no conversion through shared
+/// memory, which beside a three-stage ring and the TMA stores' area used to pass a
+/// block's shared memory), so the general lowering keeps three ring stages and stores
+/// by TMA.
 #[test]
-fn a_wide_pointwise_layer_fits_with_two_ring_stages() {
+fn a_wide_pointwise_layer_meets_its_bias_in_the_accumulator_layout() {
     use kfuse::codegen::Target;
     let def = &kernels::conv2d_pointwise::DEF;
     let k = (def.build)(&[DType::BF16]).unwrap();
@@ -275,5 +284,5 @@ fn a_wide_pointwise_layer_fits_with_two_ring_stages() {
     let plan = e.plan.to_string();
     assert_eq!(spill, 0, "{spill} bytes of spills ({regs} registers)");
     assert!(plan.contains("the general lowering takes this loop") && !plan.contains("refused"), "{plan}");
-    assert!(plan.contains("tiles: BK=64 BM=128 BN=256") && plan.contains("2-stage ring"), "{plan}");
+    assert!(plan.contains("tiles: BK=64 BM=128 BN=256") && plan.contains("3-stage ring") && plan.contains("by TMA bulk stores"), "{plan}");
 }

@@ -78,7 +78,7 @@ fn user_kernels() -> Vec<(&'static KernelDef, Vec<(&'static str, Vec<u32>)>)> {
         (&kernels_gathers::box3x3::DEF, vec![]),
         // `kfuse::ops::conv2d`'s kernels, at a ResNet layer besides the snapshot spec
         (&kfuse::ops::kernels::conv2d::DEF, vec![("N64 56x56 C64 K64 3x3", vec![64, 64, 64, 1, 64, 64, 4, 4, 262144])]),
-        (&kfuse::ops::kernels::conv2d_depthwise::DEF, vec![("N64 56x56 C256 3x3", vec![64, 64, 64, 256, 16, 262144])]),
+        (&kfuse::ops::kernels::conv2d_depthwise::DEF, vec![("N64 56x56 C256 3x3", vec![64, 64, 64, 256, 4, 4, 262144])]),
         (&kfuse::ops::kernels::conv2d_pointwise::DEF, vec![]),
     ]
 }

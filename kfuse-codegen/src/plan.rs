@@ -57,6 +57,9 @@ pub struct Plan {
     pub min_blocks: u32,
     /// The chosen size of each tile symbol, by name.
     pub tiles: BTreeMap<String, u32>,
+    /// The loops written unrolled, one line each (`loop at line 12: unrolled, 3
+    /// iterations (R = 3 at this launch)`).
+    pub loops: Vec<String>,
     /// Blocks a thread-block cluster (1: no clusters).
     pub cluster: u32,
     /// A persistent kernel: at most this many programs (clusters) a launch, each block
@@ -180,6 +183,7 @@ impl Plan {
             matrix: s.mma().map(|m| MatrixPlan::of(m, s.mma_why.as_deref())),
             dots_one_by_one: s.dots_one_by_one.clone(),
             dots: written.dot_notes.clone(),
+            loops: written.loop_notes.clone(),
             block_threads: written.block_threads,
             min_blocks: s.min_blocks,
             tiles: s.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect(),
@@ -260,6 +264,9 @@ impl fmt::Display for Plan {
         }
         let tiles: Vec<String> = self.tiles.iter().map(|(n, v)| format!("{n}={v}")).collect();
         writeln!(f, "  tiles: {}", if tiles.is_empty() { "none".to_string() } else { tiles.join(" ") })?;
+        for l in &self.loops {
+            writeln!(f, "  {l}")?;
+        }
         writeln!(
             f,
             "  shared memory: {} bytes a block ({} static + {} dynamic)",

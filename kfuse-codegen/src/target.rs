@@ -83,6 +83,12 @@ pub struct Spec {
     /// missing entries: unknown (1). A full tile extent whose value is exact needs no
     /// bounds masks (`Schedule::full_exact`). [`shape_facts`] gives both of a value.
     pub shape_div: Vec<u32>,
+    /// Per shape symbol: its exact value where the kernel is compiled for it, else 0
+    /// (any value). Only symbols that bound a loop, at values up to
+    /// [`SMALL_TRIP`] (a filter's taps, a short inner loop): the writer prints the
+    /// value, and a loop whose trip count that makes a small constant is unrolled
+    /// ([`exact_shapes`] fills it from a launch's shape values).
+    pub shape_exact: Vec<u32>,
     /// Tile-size overrides by tile-symbol name (`BN` → 1024); powers of two. The
     /// user's (`KFUSE_TILES`, `Config::tile`) and an autotuner's; nothing else writes here.
     pub tiles: BTreeMap<String, u32>,
@@ -113,6 +119,12 @@ impl Spec {
         self.tiles.get(name).or_else(|| self.shape_tiles.get(name)).copied()
     }
 
+    /// The exact value of shape symbol `sym` where the kernel is compiled for it
+    /// ([`Spec::shape_exact`]).
+    pub fn exact(&self, sym: ShapeSym) -> Option<u64> {
+        self.shape_exact.get(sym.0 as usize).copied().filter(|&v| v > 0).map(u64::from)
+    }
+
     /// Whether the launch's facts ([`Spec::shape_div`]) say that `t` divides the extent
     /// of shape symbol `sym`.
     pub fn divides(&self, sym: ShapeSym, t: u64) -> bool {
@@ -137,6 +149,42 @@ pub enum Walk {
         /// Blocks that share one tile's loop.
         split_k: u32,
     },
+}
+
+/// The largest shape value a kernel is compiled for exactly ([`Spec::shape_exact`]): a
+/// loop of at most this many iterations is unrolled.
+pub const SMALL_TRIP: u64 = 16;
+
+/// [`Spec::shape_exact`] for a launch of `k` with shape values `vals` (one a shape
+/// symbol): the value of each symbol that is the upper bound of a loop (`for r in 0..R`)
+/// and at most [`SMALL_TRIP`], 0 for the others. One kernel a value of such a symbol;
+/// each of those runs its loop with a constant trip count.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_ir::{Builder, DType, Literal};
+/// let mut b = Builder::new("taps");
+/// let (r, n) = (b.shape_sym("R"), b.shape_sym("N"));
+/// let _x = b.tensor_param("x", DType::F32, &[r, n], false);
+/// let (lo, hi, step) = (b.constant(Literal::Int(0), DType::I64), b.shape_dim(r), b.constant(Literal::Int(1), DType::I64));
+/// let (id, _, _) = b.begin_for(lo, hi, step, &[]).unwrap();
+/// b.end_for(id, &[]).unwrap();
+/// assert_eq!(kfuse_codegen::target::exact_shapes(b.kernel(), &[3, 5]), vec![3, 0]);
+/// assert_eq!(kfuse_codegen::target::exact_shapes(b.kernel(), &[300, 5]), vec![0, 0]);
+/// ```
+pub fn exact_shapes(k: &kfuse_ir::Kernel, vals: &[u64]) -> Vec<u32> {
+    let mut bounds = vec![false; vals.len()];
+    for o in k.ops() {
+        if let kfuse_ir::Op::For { .. } = k.op(o) {
+            if let kfuse_ir::Op::ShapeDim { sym } = k.op(k.operands(o)[1].op()) {
+                if let Some(b) = bounds.get_mut(sym.0 as usize) {
+                    *b = true;
+                }
+            }
+        }
+    }
+    vals.iter().zip(&bounds).map(|(&v, &b)| if b && (1..=SMALL_TRIP).contains(&v) { v as u32 } else { 0 }).collect()
 }
 
 /// [`Spec::shape_pow2`] and [`Spec::shape_div`] of a shape value `v`: `v` rounded up to

@@ -769,6 +769,7 @@ fn spec_with_shapes<A: ArgFacts>(kernel: &Kernel, args: &[A], vals: &[u64]) -> R
         tensors,
         shape_pow2,
         shape_div,
+        shape_exact: kfuse_codegen::target::exact_shapes(kernel, vals),
         tiles: settings.tiles()?.clone(),
         threads: settings.threads()?,
         min_blocks: settings.min_blocks()?,
@@ -1445,7 +1446,9 @@ fn meet(a: Spec, b: &Spec) -> Spec {
         .zip(&shape_pow2)
         .map(|((&p, &q), &m)| p.min(q).min(if p == q { m } else { m / 2 }).max(1))
         .collect();
-    Spec { tensors, shape_pow2, shape_div, ..a }
+    // an exact value only where both have the same one
+    let shape_exact = a.shape_exact.iter().zip(&b.shape_exact).map(|(&p, &q)| if p == q { p } else { 0 }).collect();
+    Spec { tensors, shape_pow2, shape_div, shape_exact, ..a }
 }
 
 /// One parameter's word in a grouped launch's table (see `EmittedKernel::grouped`).

@@ -227,12 +227,12 @@ pub fn conv2d(x: &Tensor, w: &Tensor, opts: &Conv2dOptions) -> Result<Tensor> {
         }
     }
     let geom = [q as i64, (p * q) as i64, s as i64, sh as i64, sw as i64, ph as i64, pw as i64, dh as i64, dw as i64];
-    let [oq, pq, fs, sh, sw, ph, pw, dh, dw] = geom;
+    let [oq, pq, _, sh, sw, ph, pw, dh, dw] = geom;
     if g == c && k == c {
-        // tap-major filters `[R·S, C]` (a small copy)
-        let wm = crate::contiguous(&view_or_copy(w, &[c, r * s])?.t())?;
+        // tap-major filters `[R, S, C]` (a small copy)
+        let wm = crate::contiguous(&view_or_copy(w, &[c, r * s])?.t())?.view(&[r, s, c])?;
         let mut ym = y.view(&[npq, c])?;
-        kernels::conv2d_depthwise(x, &wm, &bias, &mut ym, oq, pq, fs, sh, sw, ph, pw, dh, dw, floor)?;
+        kernels::conv2d_depthwise(x, &wm, &bias, &mut ym, oq, pq, sh, sw, ph, pw, dh, dw, floor)?;
         return opts.activation.after(y);
     }
     let (cg, kg) = (c / g, k / g);

@@ -898,17 +898,18 @@ pub fn conv2d<T: Float>(
 }
 
 /// Depthwise convolution (one filter a channel): `y[m, c] = max(floor, bias[c] + Σ_{r, s}
-/// x[n, h, w, c] · w[r·S + s, c])`, a memory-bound walk of the taps over `BM × BC` tiles
-/// (the filters tap-major, so that each tap's weights are read in vectors).
+/// x[n, h, w, c] · w[r, s, c])`, a memory-bound walk of the taps over `BM × BC` tiles
+/// (the filters tap-major, so that each tap's weights are read in vectors). The tap
+/// loops are short: a launch compiles for its `R` and `S` (`Spec::shape_exact`) and
+/// unrolls them.
 #[kfuse(crate = "crate::deps")]
 pub fn conv2d_depthwise<T: Float>(
     x: Tensor<T, (N, H, W, C)>,
-    w: Tensor<T, (RS, C)>,
+    w: Tensor<T, (R, S, C)>,
     bias: Tensor<T, (C,)>,
     y: &mut Tensor<T, (NPQ, C)>,
     oq: i64,
     pq: i64,
-    fs: i64,
     sh: i64,
     sw: i64,
     ph: i64,
@@ -923,11 +924,11 @@ pub fn conv2d_depthwise<T: Float>(
     let h0 = (m % pq) / oq * sh - ph;
     let w0 = m % oq * sw - pw;
     let mut acc = zeros::<f32>([BM, BC]);
-    for rs in 0..RS {
-        let h = h0 + rs / fs * dh;
-        let wc = w0 + rs % fs * dw;
-        let xt = x.block([n, h, wc, j * BC], [_, _, _, BC]).load().to_f32();
-        acc = acc + xt * w.block([rs, j * BC], [_, BC]).load().to_f32().unsqueeze(0);
+    for r in 0..R {
+        for s in 0..S {
+            let xt = x.block([n, h0 + r * dh, w0 + s * dw, j * BC], [_, _, _, BC]).load().to_f32();
+            acc = acc + xt * w.block([r, s, j * BC], [_, _, BC]).load().to_f32().unsqueeze(0);
+        }
     }
     let v = max(acc + bias.block([j * BC], [BC]).load().to_f32().unsqueeze(0), floor);
     y.block([i * BM, j * BC], [BM, BC]).store(v.cast::<T>());

@@ -435,6 +435,8 @@ struct Emitter<'a> {
     helpers: BTreeMap<String, String>,
     /// How each dot written so far runs (`Emitted::dot_notes`).
     dot_notes: Vec<String>,
+    /// The loops written unrolled so far (`Emitted::loop_notes`).
+    loop_notes: Vec<String>,
     /// Adds whose value a WGMMA dot accumulated in its own registers, with that dot's
     /// value (`dot_wgmma`'s `addend`).
     fused_adds: HashMap<OpId, ValueId>,
@@ -503,6 +505,7 @@ impl<'a> Emitter<'a> {
             wg_dirty: false,
             fused_adds: HashMap::new(),
             dot_notes: Vec::new(),
+            loop_notes: Vec::new(),
             ws: None,
             producer: false,
             producer_text: None,
@@ -576,7 +579,12 @@ impl<'a> Emitter<'a> {
         e
     }
 
+    /// The value of shape symbol `s`: its kernel parameter, or the literal where the
+    /// kernel is compiled for one value of it (`Spec::shape_exact`).
     fn shape_var(&self, s: kfuse_ir::ShapeSym) -> String {
+        if let Some(v) = self.spec.exact(s) {
+            return format!("{v}LL");
+        }
         format!("n_{}", self.k.shape_name(s))
     }
 
@@ -1859,6 +1867,8 @@ pub struct Emitted {
     /// line of a warp-specialized kernel's rings (the plan shows them; empty for the
     /// matrix paths).
     pub dot_notes: Vec<String>,
+    /// The loops written unrolled (a trip count the launch fixes), one line each.
+    pub loop_notes: Vec<String>,
     /// Threads a block.
     pub block_threads: u32,
     /// Most programs to launch (persistent kernels walk the rest themselves).
@@ -2109,6 +2119,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     }
     let helpers = dot_wgmma::helper_texts(&e.helpers);
     let e_notes = std::mem::take(&mut e.dot_notes);
+    let loop_notes = std::mem::take(&mut e.loop_notes);
     let static_smem = if ops_bytes.is_some() { e.cluster_smem + e.ring_table_bytes } else { smem + e.cluster_smem };
     let body = e.w.finish();
     if ops_bytes.is_none() && smem > MAX_STATIC_SMEM {
@@ -2181,5 +2192,5 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     };
     let min_blocks = producer_bounds.then_some(1);
     let late_dots = e.ws.as_ref().is_some_and(|ws| !ws.late.is_empty());
-    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent, dot_notes: e_notes, min_blocks, late_dots, ahead_loads: e.ahead_used })
+    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent, dot_notes: e_notes, loop_notes, min_blocks, late_dots, ahead_loads: e.ahead_used })
 }

@@ -26,7 +26,9 @@
 //!   element when the pointer or a row stride rules out any vector access, so that
 //!   the warp's scalar accesses are consecutive);
 //! - elementwise ops (`Unary`, `Binary`, `Select`, `Cast`) take the layout of their
-//!   first operand that is not a broadcast of a scalar; other operands in another
+//!   first operand that is not a broadcast of a scalar — a full tile before a row or
+//!   column broadcast to its shape (a bias row), a fixed layout before a flexible
+//!   carried value, a matrix accumulator before any other; other operands in another
 //!   layout get a `Convert`;
 //! - `Reduce` along axis a of a blocked layout P gives `Slice(P, a)` (a scalar when
 //!   nothing is left); a rank-1 slice reduces to a scalar;
@@ -167,6 +169,25 @@ fn is_scalar_broadcast(k: &Kernel, v: ValueId) -> bool {
     matches!(k.op(v.op()), Op::Broadcast) && k.ty(k.operands(v.op())[0]).is_scalar()
 }
 
+/// A tile broadcast along an axis it has extent 1 on (a bias row `[1, BN]` added to a
+/// `[BM, BN]` tile): it follows the full tile it meets, as that tile's slice.
+fn is_tile_broadcast(k: &Kernel, v: ValueId) -> bool {
+    matches!(k.op(v.op()), Op::Broadcast) && !k.ty(k.operands(v.op())[0]).is_scalar()
+}
+
+/// A flexible carried value (or loop result) in a matrix instruction's accumulator
+/// layout, of a loop around the dot loop (an implicit GEMM's taps). Such a nest is not
+/// warp-specialized, so its epilogue stores leave from registers: a row broadcast it
+/// meets keeps its own layout and the sum takes it, so that the stores leave in that
+/// layout's wider vectors rather than the accumulator's pairs (NOTES c18: 4–8% on the
+/// 3 × 3 layers). A dot loop's own accumulator keeps its layout (its stores may leave by
+/// TMA).
+fn is_flexible_accumulator(k: &Kernel, v: ValueId) -> bool {
+    let (Op::LoopCarried { id, .. } | Op::LoopResult { id, .. }) = *k.op(v.op()) else { return false };
+    let nest = k.loop_info(id).is_some_and(|i| k.order[i.for_pos + 1..i.yield_pos].iter().any(|&o| matches!(k.op(o), Op::For { .. })));
+    nest && is_flexible(k, v) && strength(&layout_of(k, v)) == 2
+}
+
 /// Inserts `Convert(v)` before `user` with layout `to`, and makes `user` use it.
 fn convert(k: &mut Kernel, user: OpId, v: ValueId, to: Layout) -> ValueId {
     let ty = k.ty(v).clone();
@@ -184,11 +205,11 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     // loop does not convert its carried value at every iteration
     let mut hints = HashMap::new();
     if k.order.iter().any(|&op| is_flexible(k, op.value()) || matches!(k.op(op), Op::Iota { .. })) {
-        // (twice where a store is masked or scattered: a mask or an index tile computed
-        // from `iota`s alone meets the tile it masks in the layout the first run left
-        // that tile, which may be a default one; the second run sees the tile's own)
-        let runs = if k.ops().any(|op| k.store_mask(op).is_some() || (matches!(k.op(op), Op::Store { .. }) && !gather_indices(k, op).is_empty())) { 2 } else { 1 };
-        for _ in 0..runs {
+        // (twice: in the first run a loop's result and a mask or an index tile computed
+        // from `iota`s alone meet later values in the layouts that run left them, which
+        // may be default ones — a bias row unsqueezed against a loop's result, a store's
+        // mask against the tile it masks; the second run sees their own)
+        for _ in 0..2 {
             let mut dry = k.clone();
             let mut at = None;
             hints = assign(&mut dry, spec, &hints, &mut at).map_err(|e| e.at(&dry, at))?;
@@ -319,7 +340,7 @@ fn met_layout(k: &Kernel, v: ValueId) -> Option<Blocked> {
         shape[*axis as usize] = crate::analysis::extent_value(k, e);
     }
     let met = met_values(k, v).into_iter().filter_map(|o| match k.schedule.layouts.get(&o) {
-        Some(Layout::Blocked(b)) if b.shape == shape => Some(b.clone()),
+        Some(Layout::Blocked(b)) if b.shape == shape && !is_flexible_accumulator(k, o) => Some(b.clone()),
         _ => None,
     });
     // the strongest, the first of equals
@@ -569,7 +590,9 @@ fn elementwise_rule(k: &mut Kernel, op: OpId, hints: &HashMap<ValueId, Layout>) 
                 _ => Some(o),
             })
         };
-        let pick = strongest(&|o| !is_scalar_broadcast(k, o) && !is_flexible(k, o))
+        let pick = strongest(&|o| !is_scalar_broadcast(k, o) && !is_flexible(k, o) && !is_tile_broadcast(k, o))
+            .or_else(|| strongest(&|o| !is_scalar_broadcast(k, o) && !is_tile_broadcast(k, o) && !is_flexible_accumulator(k, o)))
+            .or_else(|| strongest(&|o| !is_scalar_broadcast(k, o) && !is_flexible(k, o)))
             .or_else(|| strongest(&|o| !is_scalar_broadcast(k, o)))
             .unwrap_or(ops[0]);
         let l = hints.get(&op.value()).cloned().unwrap_or_else(|| layout_of(k, pick));

@@ -36,6 +36,10 @@ use crate::CodegenError;
 /// issued ahead may take (`Emitter::ahead_loads`).
 const AHEAD_REGS: u32 = 128;
 
+/// Most iterations of a loop nest the writer unrolls (`Emitter::unrolled_trips`): a
+/// 7 × 7 filter's taps.
+const UNROLLED_ITERATIONS: u64 = 64;
+
 /// The name of loop `id`'s index variable.
 pub(super) fn index_var(id: LoopId) -> String {
     format!("kf_i{}", id.0)
@@ -98,7 +102,19 @@ impl Emitter<'_> {
             self.close()?;
         }
         self.loop_depth += 1;
-        self.open(format!("for (long long {iv} = {lo}; {iv} < {hi}; {iv} = ({hi}) - {iv} > ({step}) ? {iv} + ({step}) : ({hi}))"))?;
+        if let Some(trips) = self.unrolled_trips(id) {
+            // a few iterations known here (a filter's taps): unrolled, each index a constant
+            self.line(format!("#pragma unroll  // {trips} iterations"))?;
+            let at = self.k.locs.get(&op).map_or(String::new(), |l| format!(" at line {}", l.line));
+            let fixed = match self.k.op(ops[1].op()) {
+                Op::ShapeDim { sym } => format!(" ({} = {} at this launch)", self.k.shape_name(*sym), self.spec.exact(*sym).unwrap_or(0)),
+                _ => String::new(),
+            };
+            self.loop_notes.push(format!("loop{at}: unrolled, {trips} iterations{fixed}"));
+            self.open(format!("for (long long {iv} = {lo}; {iv} < {hi}; {iv} += {step})"))?;
+        } else {
+            self.open(format!("for (long long {iv} = {lo}; {iv} < {hi}; {iv} = ({hi}) - {iv} > ({step}) ? {iv} + ({step}) : ({hi}))"))?;
+        }
         if !arrays.is_empty() {
             // the next iteration's, in flight while this one runs; this one's are bound
             self.open(format!("if (({hi}) - {iv} > ({step}))"))?;
@@ -202,6 +218,41 @@ impl Emitter<'_> {
     }
 
     /// Whether `v` is a positive compile-time constant (a tile extent or a literal).
+    /// The trip count of loop `id` where the writer unrolls it: the loop and every loop
+    /// in its body have constant trip counts ([`Emitter::constant_trips`]) whose product
+    /// is at most [`UNROLLED_ITERATIONS`], and the body has no `dot` (whose loops the
+    /// pipelining passes shape).
+    fn unrolled_trips(&self, id: LoopId) -> Option<u64> {
+        let info = self.k.loop_info(id)?;
+        let bounds = |f: OpId| {
+            let o = self.k.operands(f);
+            self.constant_trips(o[0], o[1], o[2])
+        };
+        let trips = bounds(info.for_op)?;
+        let mut total = trips;
+        for &o in &self.k.order[info.for_pos + 1..info.yield_pos] {
+            match self.k.op(o) {
+                Op::For { .. } => total = total.saturating_mul(bounds(o)?),
+                Op::Dot { .. } => return None,
+                _ => {}
+            }
+        }
+        (total <= UNROLLED_ITERATIONS).then_some(trips)
+    }
+
+    /// The trip count of a loop whose bounds and step are compile-time values (a
+    /// literal, a tile extent, a shape symbol the kernel is compiled for:
+    /// `Spec::shape_exact`), where it is 1 to [`crate::target::SMALL_TRIP`].
+    fn constant_trips(&self, lo: ValueId, hi: ValueId, step: ValueId) -> Option<u64> {
+        let value = |v: ValueId| match self.k.op(v.op()) {
+            Op::ShapeDim { sym } => self.spec.exact(*sym).map(|x| x as i64),
+            _ => crate::analysis::int_value(self.k, v),
+        };
+        let (l, h, s) = (value(lo)?, value(hi)?, value(step)?);
+        let trips = if s > 0 && h > l { ((h - l) as u64).div_ceil(s as u64) } else { 0 };
+        (1..=crate::target::SMALL_TRIP).contains(&trips).then_some(trips)
+    }
+
     fn positive_constant(&self, v: ValueId) -> bool {
         match self.k.op(v.op()) {
             Op::TileExtent { .. } => true,

@@ -307,5 +307,5 @@ pub(super) fn finish_block_kernel(e: Emitter, target: &Target, b: &BlockKernel, 
         w.close()
     };
     write().map_err(fmt_err)?;
-    Ok(Emitted { source: w.finish(), params, static_smem: 0, dynamic_smem, block_threads: b.threads, persistent: None, dot_notes: Vec::new(), min_blocks: None, late_dots: false, ahead_loads: false })
+    Ok(Emitted { source: w.finish(), params, static_smem: 0, dynamic_smem, block_threads: b.threads, persistent: None, dot_notes: Vec::new(), loop_notes: Vec::new(), min_blocks: None, late_dots: false, ahead_loads: false })
 }

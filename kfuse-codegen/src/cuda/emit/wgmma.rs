@@ -569,5 +569,5 @@ pub(super) fn emit_kernel(
     }
     let source = g.source(target, static_smem, &body)?;
     let threads = 128 * (plan.consumers + 1);
-    Ok(Emitted { source, params, static_smem, dynamic_smem, block_threads: threads, persistent: Some(target.num_sms / g.cluster), dot_notes: Vec::new(), min_blocks: None, late_dots: false, ahead_loads: false })
+    Ok(Emitted { source, params, static_smem, dynamic_smem, block_threads: threads, persistent: Some(target.num_sms / g.cluster), dot_notes: Vec::new(), loop_notes: Vec::new(), min_blocks: None, late_dots: false, ahead_loads: false })
 }
