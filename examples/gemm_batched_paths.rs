@@ -1,7 +1,6 @@
-//! Batched products (`kfuse::ops::gemm_batched_ex`, one `b` per batch entry) through
-//! the general lowering (the default on sm_90a) and through the matrix path's template
-//! (`KFUSE_TILES`'s `GENERAL=0`): bf16, f16, and f32 read as TF32 (`b` K-major, the
-//! transpose of a `[B, N, K]` tensor, as TF32 wants it). For each: the worst of 256
+//! Batched products (`kfuse::ops::gemm_batched_ex`, one `b` per batch entry): bf16,
+//! f16, and f32 read as TF32 (`b` K-major, the transpose of a `[B, N, K]` tensor, as
+//! TF32 wants it). For each: the worst of 256
 //! sampled elements against float64, then the times of all of them
 //! (same inputs, CUDA events, `benches/common`'s interleaved rounds, median) in TFLOP/s
 //! (2·B·M·N·K a call).
@@ -11,7 +10,7 @@
 mod common;
 
 use kfuse::ops::GemmOptions;
-use kfuse::{Config, DType};
+use kfuse::DType;
 
 fn main() -> kfuse::Result<()> {
     let Some(dev) = common::gpu() else { return Ok(()) };
@@ -32,9 +31,8 @@ fn main() -> kfuse::Result<()> {
             let (b, v) = common::random(&[nb, k, n], dt, 2, &dev);
             (b, v, false)
         };
-        for (path, tiles) in [("general", vec![]), ("template", vec![("GENERAL", 0u32)])] {
-            let name = format!("{dt}{} {path}", if tf32 { " (tf32)" } else { "" });
-            Config::new().tiles(tiles.iter().cloned()).apply()?;
+        {
+            let name = format!("{dt}{}", if tf32 { " (tf32)" } else { "" });
             let opts = GemmOptions { tf32, ..Default::default() };
             let c = match kfuse::ops::gemm_batched_ex(&a, &b, &opts) {
                 Ok(c) => c,
@@ -55,13 +53,9 @@ fn main() -> kfuse::Result<()> {
             println!("{name}: worst sampled error {worst:.2e}");
             let (a, b) = (a.clone(), b.clone());
             names.push(name);
-            fns.push(Box::new(move || {
-                Config::new().tiles(tiles.iter().cloned()).apply()?;
-                kfuse::ops::gemm_batched_ex(&a, &b, &GemmOptions { tf32, ..Default::default() }).map(|_| ())
-            }));
+            fns.push(Box::new(move || kfuse::ops::gemm_batched_ex(&a, &b, &GemmOptions { tf32, ..Default::default() }).map(|_| ())));
         }
     }
-    Config::new().apply()?;
     let mut refs: Vec<&mut dyn FnMut() -> kfuse::Result<()>> = fns.iter_mut().map(|f| &mut **f as &mut dyn FnMut() -> kfuse::Result<()>).collect();
     let times = common::interleaved(&dev, 10, 60, &mut refs);
     let tflops = |ms: f64| 2.0 * (nb * m * n * k) as f64 / (ms * 1e-3) / 1e12;

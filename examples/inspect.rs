@@ -66,18 +66,12 @@ fn main() {
         let mut s = spec(def, m, kk);
         s.shape_pow2 = vec![m.next_power_of_two(), kk.next_power_of_two(), n.next_power_of_two()];
         s.shape_div = vec![];
-        // the tiles the runtime adds for the exact shape (`exact_shape_tiles`)
-        let exact = [m as u64, kk as u64, n as u64];
-        for (name, v) in kfuse::codegen::passes::choose_tiles::exact_shape_tiles(&kern, &s, &exact, &Target::sm90a()) {
-            s.tiles.entry(name).or_insert(v);
-        }
         let e = kfuse::codegen::compile(&kern, &s, &Target::sm90a()).unwrap();
         let dir = std::env::temp_dir().join("kfuse-inspect");
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join(format!("gemm_{m}x{n}x{kk}.cu"));
         let log = assemble(&e, &f, &ptxas);
-        let plan = e.ir.lines().find(|l| l.contains("mma ")).unwrap_or("").trim();
-        println!("gemm {m}x{n}x{kk}: {plan}\n{log}source: {}", f.display());
+        println!("gemm {m}x{n}x{kk}:\n{}{log}source: {}", e.plan, f.display());
         return;
     }
     let defs: [&KernelDef; 4] = [&k::softmax::DEF, &k::rms_norm_w::DEF, &k::layer_norm::DEF, &k::row_sum::DEF];

@@ -54,9 +54,8 @@ fi
 #   `long_rows*` tests (clusters of 16 on rows of 2^18: each takes racecheck over 90 s
 #   on the H100; the cluster kernels run under racecheck in
 #   `rows_in_clusters_of_8_and_16_on_the_gpu`);
-# - racecheck over the opt-in last-wave split (`KFUSE_TAIL_SPLIT`) and the `SPLITK`
-#   override: it reports their cluster exchange (BENCHMARKS.md), a known finding of
-#   paths that are off by default; memcheck runs the split;
+# - racecheck over the `SPLITK` override: it reports its cluster exchange
+#   (BENCHMARKS.md), a known finding of a path that is off by default;
 # - the binaries that check no op's kernels at a size a sanitizer gets through: errors
 #   and refusals (no launch), autotune (timing), interpreter_tiles, the runtime's
 #   kfuse_runtime, vendor_fp8, compile_once and memory_pool (gpu_runtime's TMA test
@@ -69,8 +68,7 @@ plan=(
   "rows|m|--skip three_stages --skip deterministic|softmax, log_softmax, RMSNorm, LayerNorm, sums and other row and whole-tensor reductions, long rows, clusters"
   "rows|r|--skip three_stages --skip deterministic --skip long_rows|the same but the long-row tests"
   "rope|mr|--skip cuda_snapshots --skip structure --skip compiles|RoPE"
-  "gpu_gemm|m|--exact gemm_kernel_runs_on_the_gpu_into_a_poisoned_output user_gemm_with_bias_gelu_epilogue padded_operand_copies_are_never_stale unaligned_views_are_copied_as_they_lie gemm_with_a_split_last_wave|bf16/f16 GEMM (WGMMA + TMA), fused bias + GELU, unaligned operands on padded copies, the opt-in last-wave split"
-  "gpu_gemm|r|--exact gemm_kernel_runs_on_the_gpu_into_a_poisoned_output user_gemm_with_bias_gelu_epilogue padded_operand_copies_are_never_stale unaligned_views_are_copied_as_they_lie|the same but the last-wave split"
+  "gpu_gemm|mr|--exact gemm_kernel_runs_on_the_gpu_into_a_poisoned_output user_gemm_with_bias_gelu_epilogue padded_operand_copies_are_never_stale unaligned_views_are_copied_as_they_lie|bf16/f16 GEMM (WGMMA + TMA), fused bias + GELU, unaligned operands on padded copies"
   "gpu_gemm_f32|mr|--exact f32_user_gemm_with_bias_gelu_epilogue f32_gemm_reads_unaligned_strided_operands f32_gemm_ex_and_batched|f32 GEMM, gemm_ex, batched"
   "gpu_gemm_tf32|mr|--exact tf32_kernel_writes_every_element_of_a_poisoned_output tf32_gemm_ex_options_and_batched|tf32 GEMM, gemm_ex, batched"
   "gpu_gemm_fp8|mr|--exact fp8_kernel_writes_every_element_of_a_poisoned_output|fp8 GEMM"

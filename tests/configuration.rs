@@ -244,10 +244,9 @@ fn three_pipeline_stages_build_on_sm90a_and_sm80() {
         let mut spec = spec_mnk(def, shape.0, shape.1, shape.2);
         spec.tiles.insert("STAGES".into(), 3);
         let e = compile(&k, &spec, &target).unwrap_or_else(|e| panic!("{} {shape:?} STAGES=3: {e}", target.arch()));
-        // (the WGMMA template's ring on sm_90a; the general lowering's cp.async rings on
-        // sm_80/sm_89)
+        // (the producer warpgroup's TMA rings on sm_90a, `cp.async` rings on sm_80/sm_89)
         let plan = e.plan.to_string();
-        assert!(e.ir.contains(", 3 stages,") || plan.contains("3-stage ring"), "{} {shape:?}: {}\n{plan}", target.arch(), e.ir);
+        assert!(plan.contains("3-stage ring"), "{} {shape:?}: {plan}", target.arch());
         let (regs, spill) = common::assemble(&e.source, &e.arch, &e.options, &format!("gemm_stages3_{}", shape.0)).unwrap_or_else(|e| panic!("{} {shape:?} STAGES=3: {e}", target.arch()));
         assert_eq!(spill, 0, "{} {shape:?} STAGES=3: {spill} bytes of spills ({regs} registers)", target.arch());
     }

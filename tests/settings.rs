@@ -10,25 +10,25 @@ use kfuse::runtime::settings;
 #[test]
 fn settings_are_read_once_and_again_on_reload() {
     let set = |v: &'static str| Some(std::ffi::OsStr::new(v));
-    let vars = [("KFUSE_TILES", set("BM=64,BN=128")), ("KFUSE_TAIL_SPLIT", set("1")), ("KFUSE_THREADS", None)];
+    let vars = [("KFUSE_TILES", set("BM=64,BN=128")), ("KFUSE_SYNC", set("1")), ("KFUSE_THREADS", None)];
     if !common::isolation::alone("settings_are_read_once_and_again_on_reload", &vars) {
         return;
     }
     // the process's first read sees the variables it started with
     let t = tile_overrides().unwrap();
     assert_eq!((t.get("BM"), t.get("BN")), (Some(&64), Some(&128)));
-    assert!(settings::current().tail_split);
+    assert!(settings::current().sync);
 
     // (alone in this process: changing its environment races with no other test)
     // a change without a reload is not seen …
     std::env::set_var("KFUSE_TILES", "BM=256");
-    std::env::remove_var("KFUSE_TAIL_SPLIT");
+    std::env::remove_var("KFUSE_SYNC");
     assert_eq!(tile_overrides().unwrap().get("BM"), Some(&64));
-    assert!(settings::current().tail_split);
+    assert!(settings::current().sync);
     // … and is after one
     settings::reload();
     assert_eq!(tile_overrides().unwrap().get("BM"), Some(&256));
-    assert!(!settings::current().tail_split);
+    assert!(!settings::current().sync);
 
     // a value that does not parse is an error at every use, not a panic
     std::env::set_var("KFUSE_TILES", "BM=96");

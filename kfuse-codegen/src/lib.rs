@@ -8,17 +8,16 @@
 //!
 //! The pipeline (one pass per file under `passes/`, the verifier after each in debug
 //! and test builds):
-//! `verify → hoist_invariants → chunk_rows → choose_tiles → select_mma_path → pipeline_stages →
+//! `verify → hoist_invariants → chunk_rows → choose_tiles → select_mma_path →
 //! persist_programs → rematerialize → assign_layouts → vectorize → verify →
-//! prefetch_ahead → order_grid → emit`. A pipelined `dot` loop with a plan is written by
-//! the matrix-path writer the plan names (`cuda/emit/wgmma.rs` on sm_90a,
-//! `cuda/emit/dot_fma.rs` for exact f32 FMAs on any target); every other loop — the
-//! sm_80/sm_89 matrix loops and sm_90a's by default among them — is written op by op,
-//! its carried values in registers (`cuda/emit/loops.rs`). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
+//! prefetch_ahead → order_grid → emit`. A `dot` loop with a plan (exact f32 products) is written
+//! by the FMA path's writer (`cuda/emit/dot_fma.rs`); every other loop — the matrix
+//! loops of every target among them — is written op by op, its carried values in
+//! registers (`cuda/emit/loops.rs`). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
 //! of this list.
 //!
-//! The target facts of a pipelined `dot` loop — instructions, copies, stages, clusters,
-//! tile walk — are codegen's own ([`MmaPlan`], `mma_plan.rs`): the IR's schedule holds
+//! The target facts of the FMA path's `dot` loop — thread tiles, warps, stages — are
+//! codegen's own ([`MmaPlan`], `mma_plan.rs`): the IR's schedule holds
 //! them as an opaque [`kfuse_ir::TargetPlan`] that it prints and never reads, and the
 //! passes and writers read them back through [`MmaSchedule`].
 //!
@@ -39,7 +38,7 @@ pub mod tuning;
 
 pub use mma_plan::{Major, MmaDot, MmaOperand, MmaPath, MmaPlan, MmaSchedule};
 pub use plan::{MatrixPlan, Plan};
-pub use target::{group_record_words, EmittedKernel, GridAxisEval, KernelParam, Spec, Target, TensorSpec, Walk};
+pub use target::{group_record_words, EmittedKernel, GridAxisEval, KernelParam, Spec, Target, TensorSpec};
 pub use tuning::tuning_candidates;
 
 use kfuse_ir::{verify::verify, Extent, Kernel, OpId};
@@ -192,7 +191,6 @@ fn schedule_passes(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kern
     passes::choose_tiles::run(&mut k, spec, target)?;
     check(&k, "choose_tiles")?;
     passes::select_mma_path::run(&mut k, spec, target)?;
-    passes::pipeline_stages::run(&mut k, spec, target)?;
     check(&k, "select_mma_path")?;
     passes::persist_programs::run(&mut k, target)?;
     passes::rematerialize::run(&mut k, spec)?;
@@ -273,22 +271,7 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
         };
         axes.push(GridAxisEval { dim: a.dim, step });
     }
-    let out = match cuda::emit::emit(&k, spec, target, &axes) {
-        Ok(out) => out,
-        // a loop the general lowering took from sm_90's WGMMA template but cannot write
-        // (shared memory for its epilogue's conversions beside the rings): the
-        // template, its plan saying why
-        Err(err) if target.sm == 90 && k.schedule.general_matrix_loop => {
-            let mut template = spec.clone();
-            template.tiles.insert("GENERAL".into(), 0);
-            let mut e = compile_scheduled(kernel, &template, target)?;
-            if let Some(m) = e.plan.matrix.as_mut() {
-                m.why = format!("{}; the general lowering refused the loop: {err}", m.why);
-            }
-            return Ok(e);
-        }
-        Err(err) => return Err(err),
-    };
+    let out = cuda::emit::emit(&k, spec, target, &axes)?;
     // the launch grid lists the axes in launch order (x, y, z): `order_grid` may have
     // put another program axis along x (a kernel without program ids has no axis)
     if !axes.is_empty() {
@@ -305,7 +288,7 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
         k.schedule.register_attempt.1 = k.schedule.register_attempt.0 + if out.late_dots || out.ahead_loads { 2 } else { 1 };
     }
     let tiles = k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect();
-    let cluster_x = k.schedule.mma().map_or(k.schedule.split_blocks, |p| p.split_k.max(p.multicast)).max(1);
+    let cluster_x = k.schedule.split_blocks.max(1);
     let plan = Plan::of_scheduled(&k, &target.arch(), &out, cluster_x);
     Ok(EmittedKernel {
         entry: cuda::emit::entry_name(&k),

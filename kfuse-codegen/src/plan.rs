@@ -100,29 +100,14 @@ pub struct MatrixPlan {
     /// Why this path: the target, the operands, and for a fallback what the faster
     /// path cannot read.
     pub why: String,
-    /// Dots the loop accumulates at once (several only on WGMMA: SwiGLU's pair).
-    pub dots: u32,
     /// Block tile `[BM, BN, BK]`.
     pub tile: [u32; 3],
-    /// The instructions of a K step (`m64n256k16`, `f32 fma`).
+    /// The instructions of a K step (`f32 fma`).
     pub instructions: String,
     /// Shared-memory pipeline stages.
     pub stages: u32,
     /// Warps sharing the accumulator tile, along M and along N.
     pub warps: [u32; 2],
-    /// Consumer warpgroups (WGMMA; 0 on the other paths). The block has one more, the
-    /// producer, which issues the TMA copies.
-    pub consumer_warpgroups: u32,
-    /// Ping-pong consumers: each warpgroup takes whole tiles, alternating.
-    pub pingpong: bool,
-    /// Blocks of a cluster sharing each tile's loop (1: no split-K).
-    pub split_k: u32,
-    /// Blocks of a cluster sharing one operand tile by TMA multicast (1: none).
-    pub multicast: u32,
-    /// The output tile leaves through shared memory and a TMA store.
-    pub tma_store: bool,
-    /// Tile rows a persistent walk's group spans (L2 reuse).
-    pub group_m: u32,
 }
 
 impl MatrixPlan {
@@ -130,24 +115,16 @@ impl MatrixPlan {
         MatrixPlan {
             path: m.path,
             why: why.unwrap_or_default().to_string(),
-            dots: 1 + m.more.len() as u32,
             tile: m.tile,
             instructions: m.instructions(),
             stages: m.stages,
             warps: m.warps,
-            consumer_warpgroups: m.consumers,
-            pingpong: m.pingpong,
-            split_k: m.split_k,
-            multicast: m.multicast,
-            tma_store: m.store.is_some(),
-            group_m: m.group_m,
         }
     }
 
-    /// The path's name: `WGMMA + TMA` or `FMA (CUDA cores)`.
+    /// The path's name: `FMA (CUDA cores)`.
     pub fn path_name(&self) -> &'static str {
         match self.path {
-            MmaPath::WgmmaTma => "WGMMA + TMA",
             MmaPath::FmaSimt => "FMA (CUDA cores)",
         }
     }
@@ -221,24 +198,8 @@ impl fmt::Display for Plan {
             (Some(m), _) => {
                 writeln!(f, "  matrix path: {}", m.path_name())?;
                 writeln!(f, "    why: {}", m.why)?;
-                let dots = if m.dots > 1 { format!(", {} dots sharing the loop", m.dots) } else { String::new() };
-                writeln!(f, "  matrix tile: {}x{}x{} (BM x BN x BK), {}, {} stages{dots}", m.tile[0], m.tile[1], m.tile[2], m.instructions, m.stages)?;
-                let mut warps = format!("  warps: {}x{} share the accumulator", m.warps[0], m.warps[1]);
-                if m.consumer_warpgroups > 0 {
-                    let pp = if m.pingpong { ", ping-pong: a tile each" } else { "" };
-                    let s = if m.consumer_warpgroups > 1 { "s" } else { "" };
-                    warps += &format!("; {} consumer warpgroup{s} + 1 producer warpgroup{pp}", m.consumer_warpgroups);
-                }
-                writeln!(f, "{warps}")?;
-                if m.split_k > 1 {
-                    writeln!(f, "  split-K: {} blocks of a cluster share each tile's loop", m.split_k)?;
-                }
-                if m.multicast > 1 {
-                    writeln!(f, "  multicast: {} blocks of a cluster share an operand tile", m.multicast)?;
-                }
-                if m.tma_store {
-                    writeln!(f, "  epilogue: the output tile through shared memory and a TMA store")?;
-                }
+                writeln!(f, "  matrix tile: {}x{}x{} (BM x BN x BK), {}, {} stages", m.tile[0], m.tile[1], m.tile[2], m.instructions, m.stages)?;
+                writeln!(f, "  warps: {}x{} share the accumulator", m.warps[0], m.warps[1])?;
             }
             (None, Some(why)) => {
                 writeln!(f, "  matrix path: none, dots one by one ({why})")?;
@@ -253,8 +214,7 @@ impl fmt::Display for Plan {
         let cluster = if self.cluster > 1 { format!("clusters of {} blocks", self.cluster) } else { "no clusters".to_string() };
         if let Some(p) = self.persistent {
             let walkers = if self.cluster > 1 { format!("at most {p} clusters") } else { format!("{p} x (blocks a multiprocessor holds) blocks") };
-            let groups = self.matrix.as_ref().map_or(String::new(), |m| format!(" in groups of {} tile rows", m.group_m));
-            writeln!(f, "  grid: persistent, {walkers} walking the programs{groups}; {cluster}")?;
+            writeln!(f, "  grid: persistent, {walkers} walking the programs; {cluster}")?;
         } else {
             writeln!(f, "  grid: one block a program; {cluster}")?;
         }

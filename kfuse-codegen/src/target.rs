@@ -92,13 +92,6 @@ pub struct Spec {
     /// Tile-size overrides by tile-symbol name (`BN` → 1024); powers of two. The
     /// user's (`KFUSE_TILES`, `Config::tile`) and an autotuner's; nothing else writes here.
     pub tiles: BTreeMap<String, u32>,
-    /// Tile sizes the launch's exact shape calls for, by tile-symbol name, where they
-    /// differ from what its power-of-two facts give (`choose_tiles::exact_shape_tiles`
-    /// makes them from the exact shape; the cache keys on them). `tiles` wins over them.
-    pub shape_tiles: BTreeMap<String, u32>,
-    /// Which of a persistent matrix kernel's tiles the launch takes: all of them, or one
-    /// of the two launches of a split last wave ([`Walk`]).
-    pub walk: Walk,
     /// Threads-per-block override (a power of two, 32..=1024).
     pub threads: Option<u32>,
     /// Override of `__launch_bounds__`'s minimum blocks per multiprocessor (0: none).
@@ -113,10 +106,10 @@ pub struct Spec {
 }
 
 impl Spec {
-    /// The size asked for tile symbol `name`: its override ([`Spec::tiles`]), else what
-    /// the exact shape calls for ([`Spec::shape_tiles`]); `None` leaves it to the passes.
+    /// The size asked for tile symbol `name`: its override ([`Spec::tiles`]); `None`
+    /// leaves it to the passes.
     pub fn tile(&self, name: &str) -> Option<u32> {
-        self.tiles.get(name).or_else(|| self.shape_tiles.get(name)).copied()
+        self.tiles.get(name).copied()
     }
 
     /// The exact value of shape symbol `sym` where the kernel is compiled for it
@@ -130,25 +123,6 @@ impl Spec {
     pub fn divides(&self, sym: ShapeSym, t: u64) -> bool {
         self.shape_div.get(sym.0 as usize).is_some_and(|&d| t > 0 && d as u64 >= t && (d as u64).is_multiple_of(t))
     }
-}
-
-/// Which tiles of a persistent matrix kernel's walk a launch takes. A runtime may split a
-/// walk whose last wave would leave most multiprocessors idle into two launches of the
-/// same kernel: the whole waves, then the tiles left with each tile's loop split across
-/// `split_k` blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub enum Walk {
-    /// Every tile (one launch).
-    #[default]
-    All,
-    /// The tiles of whole waves only: the first launch, one block a tile.
-    WholeWaves,
-    /// The tiles left after the whole waves, one a group of `split_k` blocks (2 to 8)
-    /// that share its loop: the second launch.
-    LastTiles {
-        /// Blocks that share one tile's loop.
-        split_k: u32,
-    },
 }
 
 /// The largest shape value a kernel is compiled for exactly ([`Spec::shape_exact`]): a

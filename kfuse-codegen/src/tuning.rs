@@ -6,8 +6,9 @@
 //! proposes, it never measures.
 //!
 //! Candidates:
-//! - sm_90 (WGMMA): `BM` ∈ {128, 64} × `BN` ∈ {256, 128, 64} with the default pipeline
-//!   depth, and the heuristic's own tiles with `STAGES=4` when the default is deeper;
+//! - sm_90 (WGMMA): `BM` ∈ {128, 64} × `BN` ∈ {256, 128, 64} with the default ring
+//!   depth, and the heuristic's own tiles with `STAGES=4` (the default fills shared
+//!   memory, up to 8);
 //! - sm_80/sm_89 (mma.sync): `BM × BN` ∈ {128x128, 128x64, 64x128, 64x64}, default
 //!   stages;
 //! - the FMA path (f32 operands, any target): the target's list above; `BK` follows
@@ -28,7 +29,6 @@ use kfuse_ir::{Extent, Kernel};
 
 use crate::passes::select_mma_path::dots;
 use crate::target::{Spec, Target};
-use crate::mma_plan::MmaSchedule;
 
 /// A few tile overrides to time for `kernel` on `target` (see the module docs): empty
 /// without a `dot`; otherwise the heuristic's choice first, then the alternatives the
@@ -66,7 +66,6 @@ pub fn tuning_candidates(kernel: &Kernel, spec: &Spec, target: &Target) -> Vec<B
     let n = kernel.ty(ops[1]).shape.get(1).copied().and_then(name);
     let chosen = |t: Option<&(kfuse_ir::TileSym, String)>| t.and_then(|(t, s)| scheduled.schedule.tiles.get(t).map(|&v| (s.clone(), v)));
     let (hm, hn) = (chosen(m.as_ref()), chosen(n.as_ref()));
-    let stages = scheduled.schedule.mma().map_or(0, |p| p.stages);
 
     // (BM, BN, STAGES) settings, heuristic first; `None` keeps the heuristic's value
     let mut settings: Vec<(Option<u32>, Option<u32>, Option<u32>)> = vec![(None, None, None)];
@@ -76,7 +75,7 @@ pub fn tuning_candidates(kernel: &Kernel, spec: &Spec, target: &Target) -> Vec<B
         &[(128, 128), (128, 64), (64, 128), (64, 64)]
     };
     settings.extend(shapes.iter().map(|&(bm, bn)| (Some(bm), Some(bn), None)));
-    if target.sm >= 90 && stages > 4 {
+    if target.sm >= 90 && scheduled.schedule.general_matrix_loop {
         settings.push((None, None, Some(4)));
     }
 

@@ -6,13 +6,8 @@ use common::gemm_kernel;
 use kfuse_codegen::{compile, tuning_candidates, Spec, Target};
 use kfuse_ir::{BinaryOp, Builder, DType, Extent, Kernel};
 
-/// `common::spec` with `GENERAL=0`: sm_90a's WGMMA template, whose tiles and stages the
-/// tuner varies (the general lowering, the default for a plain f16/bf16 loop, chooses
-/// its own stages; on sm_80/sm_89 it is the only lowering).
 fn spec(k: &Kernel, mnk: [u32; 3]) -> Spec {
-    let mut s = common::spec(k, mnk);
-    s.tiles.insert("GENERAL".into(), 0);
-    s
+    common::spec(k, mnk)
 }
 
 #[test]
@@ -63,18 +58,23 @@ fn sm80_candidates_are_mma_sync_shapes() {
 }
 
 #[test]
-fn refused_candidates_are_dropped() {
-    // a stage of BM=128 x BK=512 + BK x BN=256 f16 does not fit twice: the tuner's
-    // shapes with it are refused by `pipeline_stages`, the narrower ones stay
+fn candidates_keep_an_explicit_k_tile_and_compile() {
+    // a K tile asked for (BK=256: stages of 128 KiB at 128x256, fewer of them) is in
+    // every candidate, and every candidate compiles (one the pipeline refuses would
+    // have been dropped)
     let k = gemm_kernel(DType::F16, false, false, false);
     let mut s = spec(&k, [4096, 4096, 4096]);
     s.tiles.insert("BK".into(), 256);
     let t = Target::sm90a();
     let c = tuning_candidates(&k, &s, &t);
+    assert!(!c.is_empty() && c.iter().all(|x| x["BK"] == 256), "{c:?}");
     for x in &c {
         compile(&k, &kfuse_codegen::Spec { tiles: x.clone(), ..s.clone() }, &t).unwrap();
     }
-    assert!(!c.iter().any(|x| x["BM"] == 128 && x["BN"] == 256), "{c:?}");
+    // a K tile no instruction takes (8 f16 elements, 16 bytes): the heuristic's own
+    // tiles are refused, so there is nothing to tune
+    s.tiles.insert("BK".into(), 8);
+    assert!(compile(&k, &s, &t).is_err() && tuning_candidates(&k, &s, &t).is_empty());
 }
 
 #[test]

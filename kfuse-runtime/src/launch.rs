@@ -26,19 +26,14 @@
 //!    them); then take the kernel this device launched last for arguments of the
 //!    same signature under the same settings (`LaunchSig`: dtypes, alignment, sizes and
 //!    stride classes, which the spec is a function of), else compute the [`Spec`] (with
-//!    the tile choices codegen makes from the
-//!    exact shape, `choose_tiles::exact_shape_tiles`, added under any explicit
-//!    `KFUSE_TILES`; with `KFUSE_AUTOTUNE=1`, a `dot` kernel's tiles
+//!    `KFUSE_AUTOTUNE=1`, a `dot` kernel's tiles
 //!    come from its tuned bucket, tuned here on first sight: [`crate::autotune`]), look the kernel up in the device's cache, or
 //!    else generate code, compile it through the module cache and load it; then launch it on
 //!    the device's stream with the grid ([`EmittedKernel::grid_dims`]: persistent
 //!    kernels and clusters included), block and shared memory the codegen chose and the
 //!    parameters in [`EmittedKernel::params`] order (a TMA tensor map is passed by
 //!    value: encoded by [`crate::tma`], or copied from the loaded kernel's recent maps
-//!    when the tensor's address, shape and strides are those of one of them) — or, on request
-//!    (`KFUSE_TAIL_SPLIT=1`), for a persistent matrix kernel whose last wave would leave
-//!    most blocks idle, as two launches of variants of it (`split_last_wave`: the whole
-//!    waves, then the tiles left with split loops).
+//!    when the tensor's address, shape and strides are those of one of them).
 //!
 //! The `KFUSE_*` settings steps 4 and 5 consult come from [`crate::settings`] (read once
 //! a process). A repeated GPU launch of a small elementwise kernel costs the H100's host
@@ -56,7 +51,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard}
 
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use kfuse_codegen::passes::select_mma_path::{matrix_operands, MatrixOperands};
-use kfuse_codegen::{EmittedKernel, KernelParam, Spec, Target, TensorSpec, Walk};
+use kfuse_codegen::{EmittedKernel, KernelParam, Spec, Target, TensorSpec};
 use kfuse_ir::{DType, DTypeSig, Kernel, KernelDef, ParamSig};
 
 use crate::cache::{CacheOutcome, LoadedKernel, ModuleKey};
@@ -396,10 +391,6 @@ pub struct Launched {
     /// For a GPU launch: what the driver's assembler made of the kernel. `None`
     /// otherwise.
     pub build: Option<BuildInfo>,
-    /// For a persistent matrix kernel whose last wave the runtime split into a second
-    /// launch (`KFUSE_TAIL_SPLIT=1`): the blocks of each cluster that shared a last
-    /// tile's loop. `None` otherwise.
-    pub last_wave_split: Option<u32>,
     /// For a GPU launch: the plan of the kernel that ran — matrix path and why, tiles,
     /// stages, warps and warpgroups, cluster, persistence, shared memory, and the
     /// registers and local memory (spills) the driver's assembler gave it. Built once
@@ -779,18 +770,14 @@ fn spec_with_shapes<A: ArgFacts>(kernel: &Kernel, args: &[A], vals: &[u64]) -> R
     })
 }
 
-/// The [`Spec`] a GPU launch of `kernel` on `args` compiles for `target` (before
-/// autotuning): [`spec_for`]'s facts with `KFUSE_TILES`, plus the tile choices codegen
-/// makes from the exact shape (`choose_tiles::exact_shape_tiles`, as `Spec::shape_tiles`
-/// so that the cache keys on them; explicit `KFUSE_TILES` entries win). `copies`: the arguments a
-/// launch copies to padded rows first ([`crate::operand_copy`]), whose facts are the
-/// copies'.
-fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], target: &Target, copies: &[OperandCopy]) -> Result<Spec> {
+/// The [`Spec`] a GPU launch of `kernel` on `args` compiles (before autotuning):
+/// [`spec_for`]'s facts with `KFUSE_TILES`. `copies`: the arguments a launch copies to
+/// padded rows first ([`crate::operand_copy`]), whose facts are the copies'.
+fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], copies: &[OperandCopy]) -> Result<Spec> {
     let mut spec = spec_with_shapes(kernel, args, shapes)?;
     for c in copies {
         spec.tensors[c.param] = Some(c.layout.spec());
     }
-    spec.shape_tiles = kfuse_codegen::passes::choose_tiles::exact_shape_tiles(kernel, &spec, shapes, target);
     Ok(spec)
 }
 
@@ -861,7 +848,7 @@ fn planned<A: ArgFacts>(def: &KernelDef, args: &[A], target: &Target) -> Result<
         Some(m) => crate::operand_copy::wanted(m, &built.0, args, || Ok(target.clone()))?,
         None => Vec::new(),
     };
-    let spec = gpu_spec(&built.0, args, &shapes, target, &copies)?;
+    let spec = gpu_spec(&built.0, args, &shapes, &copies)?;
     Ok(Planned { built, spec, copies })
 }
 
@@ -1082,7 +1069,7 @@ fn launch_with(def: &KernelDef, args: &mut [Arg<'_>], interp_tiles: Option<&std:
     let built = built_ir(def, &checked.dtypes)?;
     let (kernel, grid) = (&built.0, &built.1);
     let shapes = shape_values(kernel, args)?;
-    let mut launched = Launched { backend: backend_of(&checked.device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None, last_wave_split: None, plan: None };
+    let mut launched = Launched { backend: backend_of(&checked.device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None, plan: None };
     // Tile extents do not change whether an axis is empty: evaluate them as 1.
     if grid.eval(|s| shapes[s.0 as usize], |_| 1).contains(&0) || any_output_empty(args) {
         launched.skipped_empty = true;
@@ -1143,9 +1130,9 @@ fn gpu_launch(def: &KernelDef, device: &Device, dtypes: Vec<DType>, kernel: &Ker
     // arguments of a signature this device launched before, under the same
     // settings: the kernel it launched (`LaunchSig`), without the spec and key
     let settings = crate::settings::current();
-    let sig = if settings.autotune || settings.tail_split { None } else { LaunchSig::of(def, &dtypes, args) };
+    let sig = if settings.autotune { None } else { LaunchSig::of(def, &dtypes, args) };
     if let Some(loaded) = sig.as_ref().and_then(|s| gpu.functions.remembered(s.words(), &settings)) {
-        launched.skipped_empty = !issue(device, &loaded, kernel, args, shapes, None)?;
+        launched.skipped_empty = !issue(device, &loaded, kernel, args, shapes)?;
         launched.cache = Some(CacheOutcome::Memory);
         record_kernel(launched, &loaded);
         return Ok(());
@@ -1153,7 +1140,7 @@ fn gpu_launch(def: &KernelDef, device: &Device, dtypes: Vec<DType>, kernel: &Ker
     let target = gpu.target()?;
     // with the tile sizes that follow from the exact shape, not its power-of-two
     // bucket (the operands were copied already where they needed it)
-    let mut spec = gpu_spec(kernel, args, shapes, &target, &[])?;
+    let mut spec = gpu_spec(kernel, args, shapes, &[])?;
     // only `dot` kernels have anything to tune: no work for the others
     if crate::autotune::enabled() && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot { .. })) {
         if let Some(tiles) = autotune(def, &dtypes, kernel, &spec, &target, device, args, shapes)? {
@@ -1162,13 +1149,7 @@ fn gpu_launch(def: &KernelDef, device: &Device, dtypes: Vec<DType>, kernel: &Ker
     }
     let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes, spec, target };
     let (loaded, outcome) = load(device, kernel, &key)?;
-    if let Some((main, split)) = split_last_wave(device, kernel, &key, &loaded, args, shapes)? {
-        launched.cache = Some(outcome);
-        record_kernel(launched, &main);
-        launched.last_wave_split = Some(split);
-        return Ok(());
-    }
-    launched.skipped_empty = !issue(device, &loaded, kernel, args, shapes, None)?;
+    launched.skipped_empty = !issue(device, &loaded, kernel, args, shapes)?;
     launched.cache = Some(outcome);
     record_kernel(launched, &loaded);
     if let Some(s) = sig {
@@ -1181,7 +1162,7 @@ fn gpu_launch(def: &KernelDef, device: &Device, dtypes: Vec<DType>, kernel: &Ker
 /// the def, the dtypes bound to its generics, and per argument its kind — for a tensor
 /// its dtype, its address's alignment (the power of two ≤ 16 dividing it), and per
 /// dimension its size and its stride's class (unit, or the power of two ≤ 16 dividing
-/// it). Exactly the facts [`spec_with_shapes`] and `exact_shape_tiles` read, so equal
+/// it). Exactly the facts [`spec_with_shapes`] reads, so equal
 /// signatures under one [`crate::settings::Settings`] give one [`ModuleKey`]: a launch
 /// whose signature the device has seen takes the loaded kernel from
 /// `FunctionCache::remembered` and skips building the spec and its key (most of a
@@ -1277,7 +1258,7 @@ pub fn launch_grouped(def: &KernelDef, groups: &mut [Vec<Arg<'_>>]) -> Result<La
     let device = device.unwrap();
     let built = built_ir(def, &dtypes)?;
     let (kernel, grid) = (&built.0, &built.1);
-    let mut launched = Launched { backend: backend_of(&device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None, last_wave_split: None, plan: None };
+    let mut launched = Launched { backend: backend_of(&device), kernel: def.name.to_string(), skipped_empty: false, cache: None, build: None, plan: None };
     // the problems with work to do, and their shapes
     let mut live = Vec::new();
     for (g, args) in groups.iter().enumerate() {
@@ -1554,7 +1535,7 @@ fn autotune(
         let key = ModuleKey { build: def.build as usize, kernel: def.name.to_string(), dtypes: dtypes.to_vec(), spec: Spec { tiles: tiles.clone(), ..spec.clone() }, target: target.clone() };
         let Ok((loaded, _)) = load(device, kernel, &key) else { continue };
         count_timing();
-        let Ok(mut times) = device.time_ms(2, 5, || issue(device, &loaded, kernel, args, shapes, None).map(|_| ())) else {
+        let Ok(mut times) = device.time_ms(2, 5, || issue(device, &loaded, kernel, args, shapes).map(|_| ())) else {
             // a failed launch may leave an error on the stream: clear it before the next
             let _ = device.synchronize();
             continue;
@@ -1612,87 +1593,17 @@ pub fn launch_emitted(emitted: &EmittedKernel, kernel: &Kernel, args: &mut [Arg<
     let Some(device) = checked.device.filter(|d| d.is_gpu()) else {
         return Err(Error::InvalidArgument(format!("launch_emitted runs `{}` on a GPU: its tensor arguments must live on one", kernel.name)));
     };
-    let mut launched = Launched { backend: backend_of(&Some(device.clone())), kernel: kernel.name.clone(), skipped_empty: false, cache: None, build: None, last_wave_split: None, plan: None };
+    let mut launched = Launched { backend: backend_of(&Some(device.clone())), kernel: kernel.name.clone(), skipped_empty: false, cache: None, build: None, plan: None };
     if emitted.grid_dims(&shapes).contains(&0) || any_output_empty(args) {
         launched.skipped_empty = true;
         return Ok(launched);
     }
     let gpu = device.gpu_ref().expect("a GPU");
     let (loaded, outcome) = gpu.functions.get_or_load(emitted, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.plan.min_blocks, e.cluster_x))?;
-    launched.skipped_empty = !issue(&device, &loaded, kernel, args, &shapes, None)?;
+    launched.skipped_empty = !issue(&device, &loaded, kernel, args, &shapes)?;
     launched.cache = Some(outcome);
     record_kernel(&mut launched, &loaded);
     Ok(launched)
-}
-
-/// Tile-override keys that choose a matrix kernel's cluster or consumers: a kernel asked
-/// for with one of them is launched as asked, never split by [`split_last_wave`].
-const WALK_KEYS: [&str; 4] = ["SPLITK", "MCAST", "MCASTB", "PINGPONG"];
-
-/// Whether the runtime splits a persistent kernel's last wave: on request only
-/// (`KFUSE_TAIL_SPLIT=1`, through [`crate::settings`]). It measured no faster at bf16 M8192
-/// N14336 K4096 under the H100's power limit (NOTES g21), and compute-sanitizer's
-/// racecheck reports its split exchange as it does the `SPLITK` override's.
-fn tail_split_enabled() -> bool {
-    crate::settings::current().tail_split
-}
-
-/// The split of a last wave (with `KFUSE_TAIL_SPLIT=1`). A persistent matrix kernel (one
-/// block a tile, no cluster) walks `tiles` tiles with `programs` resident blocks; when
-/// the last wave would keep at most half of them busy (`0 < tiles % programs ≤
-/// programs / 2`, `tiles > programs`), it is launched twice instead: the same kernel over the whole waves' tiles only
-/// (`Spec::walk` `WholeWaves`, grid `programs`), then over the `left = tiles % programs` tiles left
-/// with each tile's loop split across a cluster of `s` blocks (`LastTiles { split_k: s }`,
-/// `s` the largest power of two ≤ min(8, programs / left) whose kernel the
-/// driver builds without spills, halving down to 2; grid `left × s`),
-/// so that the last tiles take about `1/s` of a tile's time instead of a whole one. Both
-/// are compiled (and cached) like any specialization; the tail's tiles are summed in a
-/// fixed order (deterministic). Returns the first launch's kernel and `s` when it launched;
-/// `None` where the split does not apply or the kernel has no split variant (several
-/// `dot`s in its loop, say, or every split spills): the caller then launches the kernel
-/// as it is.
-fn split_last_wave(device: &Device, kernel: &Kernel, key: &ModuleKey, loaded: &LoadedKernel, args: &[Arg<'_>], shapes: &[u64]) -> Result<Option<(Arc<LoadedKernel>, u32)>> {
-    let e = &loaded.emitted;
-    // (the setting read last: launches of other kernels do not pay for it)
-    if e.persistent.is_none() || e.cluster_x > 1 || e.grouped || key.spec.walk != Walk::All || WALK_KEYS.iter().any(|k| key.spec.tiles.contains_key(*k)) || !tail_split_enabled() {
-        return Ok(None);
-    }
-    let gpu = device.gpu_ref().expect("a GPU");
-    let tiles: u64 = e.programs(shapes).iter().product();
-    let programs_of = |k: &LoadedKernel| k.emitted.grid_dims_resident(shapes, *k.resident.get_or_init(|| resident(k, &gpu.stream)))[0];
-    // the tiles a last wave of `programs` leaves, when it keeps at most half of them busy
-    let left_over = |programs: u64| (programs > 0 && tiles > programs).then(|| tiles % programs).filter(|&l| l > 0 && 2 * l <= programs);
-    if left_over(programs_of(loaded)).is_none() {
-        return Ok(None);
-    }
-    let variant = |walk: Walk| -> Result<Option<Arc<LoadedKernel>>> {
-        let mut k = key.clone();
-        k.spec.walk = walk;
-        match load(device, kernel, &k) {
-            Ok((l, _)) => Ok(Some(l)),
-            // a kernel the split variants do not take (the writer refuses them)
-            Err(Error::Codegen(_)) => Ok(None),
-            Err(err) => Err(err),
-        }
-    };
-    let Some(main) = variant(Walk::WholeWaves)? else { return Ok(None) };
-    // the whole waves of the first launch, as its own resident count makes them
-    let programs = programs_of(&main);
-    let Some(left) = left_over(programs) else { return Ok(None) };
-    // the largest split whose kernel the driver built without spills
-    let mut split = 1u32 << (programs / left).min(8).ilog2();
-    let tail = loop {
-        if split < 2 {
-            return Ok(None);
-        }
-        match variant(Walk::LastTiles { split_k: split })? {
-            Some(t) if t.local_bytes == 0 => break t,
-            _ => split /= 2,
-        }
-    };
-    issue(device, &main, kernel, args, shapes, None)?;
-    issue(device, &tail, kernel, args, shapes, Some(left))?;
-    Ok(Some((main, split)))
 }
 
 /// Whether `KFUSE_SYNC=1`: synchronize after every launch.
@@ -1717,10 +1628,9 @@ enum PVal {
 }
 
 /// Launches a loaded kernel on checked arguments, on the grid [`EmittedKernel::grid_dims`]
-/// gives (persistent kernels and clusters included) or, for a persistent kernel,
-/// `programs` programs (clusters) when given (the tail of a split last wave). Returns
-/// false, launching nothing, when that grid is empty (the callers' own empty checks make this a safety net).
-fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64], programs: Option<u64>) -> Result<bool> {
+/// gives (persistent kernels and clusters included). Returns false, launching nothing,
+/// when that grid is empty (the callers' own empty checks make this a safety net).
+fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], shapes: &[u64]) -> Result<bool> {
     let e = &k.emitted;
     let gpu = device.gpu_ref().expect("a GPU");
     let name = &e.entry;
@@ -1730,11 +1640,9 @@ fn issue(device: &Device, k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], s
     if e.grid.iter().any(|a| a.dim.0 as usize >= shapes.len()) {
         return Err(Error::InvalidArgument(format!("the grid of `{name}` refers to a shape symbol the kernel does not have")));
     }
-    let g = match (e.persistent, programs) {
-        // the tail of a split last wave: one program (cluster) for each tile left
-        (Some(_), Some(n)) => [n * e.cluster_x.max(1) as u64, 1, 1],
-        (Some(_), None) => e.grid_dims_resident(shapes, *k.resident.get_or_init(|| resident(k, &gpu.stream))),
-        (None, _) => e.grid_dims(shapes),
+    let g = match e.persistent {
+        Some(_) => e.grid_dims_resident(shapes, *k.resident.get_or_init(|| resident(k, &gpu.stream))),
+        None => e.grid_dims(shapes),
     };
     if g.contains(&0) {
         return Ok(false);

@@ -54,7 +54,7 @@
 //! `KFUSE_AUTOTUNE=1` times a few tile settings of each `dot` kernel once per shape
 //! bucket and device ([`autotune`]). Those a launch consults (`KFUSE_TILES`,
 //! `KFUSE_THREADS`, `KFUSE_MIN_BLOCKS`, `KFUSE_TARGET`, `KFUSE_AUTOTUNE`,
-//! `KFUSE_TAIL_SPLIT`, `KFUSE_SYNC`, `KFUSE_CACHE_DIR`) are read once, at the first
+//! `KFUSE_SYNC`, `KFUSE_CACHE_DIR`) are read once, at the first
 //! launch, and again only after [`settings::reload`]; a program sets the same in code
 //! with [`Config`] (`Config::new().cache_dir(d).tile("BM", 128).apply()?`), over the
 //! variables. The README's Environment section has the table of every variable read.

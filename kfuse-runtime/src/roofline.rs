@@ -25,8 +25,8 @@
 //! Peaks: the datasheet figures of the device a target stands for — sm_90a with 132
 //! multiprocessors an H100 SXM, sm_80 with 108 an A100 SXM 80GB — with the compute peak
 //! of the units the plan uses ([`Compute`]): the tensor cores' dense figure for the
-//! operand type on a tensor-core matrix path (and for 16-bit dots lowered one by one,
-//! which may use `mma.sync`), the CUDA cores' f32 figure otherwise. Other targets have no
+//! operand type where the general lowering puts the dots on them (`wgmma`, `mma.sync`),
+//! the CUDA cores' f32 figure for the FMA path. Other targets have no
 //! figures here (`peak` is `None`); the counts stand alone.
 
 use std::collections::HashMap;
@@ -92,11 +92,11 @@ impl Compute {
         });
         match (path, dot) {
             (Some(MmaPath::FmaSimt), _) | (_, None) => Compute::CudaCoresF32,
-            (Some(_), Some((d, _))) if d.is_fp8() => Compute::TensorCoresFp8,
-            // f32 operands reach the tensor cores only as TF32 on a matrix path
-            (Some(_), Some((DType::F32, DotPrecision::Tf32))) => Compute::TensorCoresTf32,
-            // (dots one by one: 16-bit ones may take mma.sync, the others are FMAs)
-            (_, Some((DType::F16 | DType::BF16, _))) => Compute::TensorCores16Bit,
+            // (the general lowering: 8-bit operands on `wgmma`, f32 ones of a
+            // `dot_tf32` read as TF32 there, 16-bit ones on `wgmma` or `mma.sync`)
+            (None, Some((d, _))) if d.is_fp8() => Compute::TensorCoresFp8,
+            (None, Some((DType::F32, DotPrecision::Tf32))) => Compute::TensorCoresTf32,
+            (None, Some((DType::F16 | DType::BF16, _))) => Compute::TensorCores16Bit,
             _ => Compute::CudaCoresF32,
         }
     }

@@ -2,7 +2,7 @@
 //! and kept, and from code ([`Config`]), which overrides them.
 //!
 //! Owns: reading and parsing `KFUSE_TILES`, `KFUSE_THREADS`, `KFUSE_MIN_BLOCKS`,
-//! `KFUSE_TARGET`, `KFUSE_AUTOTUNE`, `KFUSE_TAIL_SPLIT`, `KFUSE_SYNC` and
+//! `KFUSE_TARGET`, `KFUSE_AUTOTUNE`, `KFUSE_SYNC` and
 //! `KFUSE_CACHE_DIR` ([`current`]), re-reading them ([`reload`]), and the settings made
 //! in code ([`Config::apply`], [`clear_config`]) that take precedence over them.
 //!
@@ -40,7 +40,7 @@
 //!   nothing.
 //! - Tile overrides are powers of two, except the pipeline options that count something
 //!   ([`COUNT_OPTIONS`]: `STAGES`, at least 2, and `GROUPM`, at least 1) and the switches
-//!   ([`SWITCH_OPTIONS`]: `GENERAL` and `PINGPONG`, 0 or 1).
+//!   ([`SWITCH_OPTIONS`]: `GENERAL`, 0 or 1).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -55,10 +55,9 @@ use crate::error::{Error, Result};
 /// `dot` loop; `GROUPM=6`: tile rows in each group of the persistent walk).
 pub const COUNT_OPTIONS: [(&str, u32); 2] = [("STAGES", 2), ("GROUPM", 1)];
 
-/// The `KFUSE_TILES` entries that switch a lowering on (1) or off (0): `GENERAL` (0: the
-/// matrix path's template for a plain f16/bf16 `dot` loop on sm_90a; 1: the general
-/// lowering for every `dot` loop) and `PINGPONG`.
-pub const SWITCH_OPTIONS: [&str; 2] = ["GENERAL", "PINGPONG"];
+/// The `KFUSE_TILES` entries that switch a lowering on (1) or off (0): `GENERAL` (1:
+/// every `dot` loop lowered op by op, exact f32 products too; 0: the default).
+pub const SWITCH_OPTIONS: [&str; 1] = ["GENERAL"];
 
 /// The parsed settings (see the module docs for when they are read).
 #[derive(Clone, Debug)]
@@ -70,8 +69,6 @@ pub struct Settings {
     cache_dir: Option<PathBuf>,
     /// `KFUSE_AUTOTUNE=1` or [`Config::autotune`].
     pub autotune: bool,
-    /// `KFUSE_TAIL_SPLIT=1` or [`Config::tail_split`].
-    pub tail_split: bool,
     /// `KFUSE_SYNC=1` or [`Config::sync`].
     pub sync: bool,
 }
@@ -94,7 +91,6 @@ impl Settings {
             target: parse_target(var("KFUSE_TARGET").as_deref()),
             cache_dir: cache_dir_from(std::env::var_os("KFUSE_CACHE_DIR")),
             autotune: flag("KFUSE_AUTOTUNE"),
-            tail_split: flag("KFUSE_TAIL_SPLIT"),
             sync: flag("KFUSE_SYNC"),
         }
     }
@@ -154,7 +150,6 @@ impl Settings {
             s.cache_dir = d.clone();
         }
         s.autotune = code.autotune.unwrap_or(s.autotune);
-        s.tail_split = code.tail_split.unwrap_or(s.tail_split);
         s.sync = code.sync.unwrap_or(s.sync);
         s
     }
@@ -173,7 +168,6 @@ pub struct Config {
     tile: BTreeMap<String, u32>,
     threads: Option<Option<u32>>,
     min_blocks: Option<Option<u32>>,
-    tail_split: Option<bool>,
     sync: Option<bool>,
 }
 
@@ -251,13 +245,6 @@ impl Config {
         self
     }
 
-    /// Split a persistent matrix kernel's short last wave (`KFUSE_TAIL_SPLIT=1`;
-    /// experimental, README).
-    pub fn tail_split(mut self, on: bool) -> Config {
-        self.tail_split = Some(on);
-        self
-    }
-
     /// Synchronize after every GPU launch, so that a failing kernel reports its own
     /// error (`KFUSE_SYNC=1`).
     pub fn sync(mut self, on: bool) -> Config {
@@ -294,7 +281,7 @@ impl Config {
         macro_rules! take {
             ($($f:ident),*) => { $( if self.$f.is_some() { code.$f = self.$f; } )* };
         }
-        take!(cache_dir, target, autotune, threads, min_blocks, tail_split, sync);
+        take!(cache_dir, target, autotune, threads, min_blocks, sync);
         st.refresh(false);
         Ok(())
     }
@@ -443,7 +430,6 @@ mod tests {
         assert!(parse_tiles(Some("SPLITK=3")).unwrap_err().contains("power of two"));
         // the switches are 0 or 1
         assert_eq!(parse_tiles(Some("GENERAL=0")).unwrap().get("GENERAL"), Some(&0));
-        assert_eq!(parse_tiles(Some("PINGPONG=1")).unwrap().get("PINGPONG"), Some(&1));
         assert!(parse_tiles(Some("GENERAL=2")).unwrap_err().contains("GENERAL is 0 or 1"));
     }
 
@@ -456,19 +442,18 @@ mod tests {
             target: Ok(Some(Target::sm80())),
             cache_dir: Some(PathBuf::from("/env")),
             autotune: false,
-            tail_split: true,
-            sync: false,
+            sync: true,
         };
         // nothing set in code: the environment's values
         let s = env.overlaid(&Config::new());
         assert_eq!(s.tiles().unwrap(), env.tiles().unwrap());
         assert_eq!((s.cache_dir(), s.target().unwrap()), (Some(Path::new("/env")), Some(Target::sm80())));
         // single entries go over the variable's, the rest replace it
-        let c = Config::new().tile("BN", 128).tile("STAGES", 3).threads(Some(256)).native_target().cache_dir("/code").autotune(true).tail_split(false);
+        let c = Config::new().tile("BN", 128).tile("STAGES", 3).threads(Some(256)).native_target().cache_dir("/code").autotune(true).sync(false);
         let s = env.overlaid(&c);
         assert_eq!(s.tiles().unwrap(), &[("BM".to_string(), 64), ("BN".to_string(), 128), ("STAGES".to_string(), 3)].into());
         assert_eq!((s.threads().unwrap(), s.min_blocks().unwrap(), s.target().unwrap()), (Some(256), Some(2), None));
-        assert_eq!((s.cache_dir(), s.autotune, s.tail_split, s.sync), (Some(Path::new("/code")), true, false, false));
+        assert_eq!((s.cache_dir(), s.autotune, s.sync), (Some(Path::new("/code")), true, false));
         // a whole list replaces the variable's; no disk cache
         let s = env.overlaid(&Config::new().tiles([("BK", 32)]).no_disk_cache());
         assert_eq!(s.tiles().unwrap(), &[("BK".to_string(), 32)].into());
@@ -504,7 +489,6 @@ mod tests {
             target: Ok(None),
             cache_dir: None,
             autotune: false,
-            tail_split: false,
             sync: false,
         };
         assert!(matches!(s.tiles(), Err(Error::InvalidArgument(m)) if m == "KFUSE_TILES: bad"));

@@ -42,15 +42,6 @@ pub fn spec_mnk(def: &KernelDef, m: u32, n: u32, k: u32) -> Spec {
     s
 }
 
-/// [`spec_mnk`] with `GENERAL=0`: the matrix path's WGMMA template, which the general
-/// lowering replaces for a plain f16/bf16 `dot` loop on sm_90 (tests of the template's
-/// own features pin it).
-pub fn template_spec(def: &KernelDef, m: u32, n: u32, k: u32) -> Spec {
-    let mut s = spec_mnk(def, m, n, k);
-    s.tiles.insert("GENERAL".into(), 0);
-    s
-}
-
 /// An operand `[r, c]` with values `v` (row-major), stored either row-major or as the
 /// transpose of a `[c, r]` tensor.
 pub fn operand(r: usize, c: usize, dt: DType, seed: u64, transposed: bool, dev: &Device) -> (Tensor, Vec<f64>) {

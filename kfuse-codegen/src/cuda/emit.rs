@@ -48,7 +48,6 @@ mod mma_common;
 mod operand_ring;
 mod tma_store;
 mod warp_specialize;
-mod wgmma;
 
 /// Static shared memory above this needs the dynamic opt-in, which the writer makes only
 /// for kernels with an operand area (`dot_wgmma`'s plan); other shared-memory users (and
@@ -1919,7 +1918,7 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         if e.ws.is_some() && ws_stages > 2 {
             let store = if tma_out { tma_store::general_stores(k, spec, u32::MAX).1 } else { 0 };
             let rings = e.wg.as_ref().unwrap().rings.clone();
-            let room = |p: &dot_wgmma::WgPlan| 1024 + p.bytes.div_ceil(1024) * 1024 + store + crate::passes::pipeline_stages::RESERVE_BYTES <= target.smem_per_block;
+            let room = |p: &dot_wgmma::WgPlan| 1024 + p.bytes.div_ceil(1024) * 1024 + store + operand_ring::RESERVE_BYTES <= target.smem_per_block;
             let deepest = (warp_specialize::STAGES + 1..=ws_stages).rev().map(|s| dot_wgmma::plan(k, spec, true, wgmma, s)).find(|p| room(p) && p.rings == rings);
             let deeper = deepest.unwrap_or_else(|| dot_wgmma::plan(k, spec, true, wgmma, warp_specialize::STAGES));
             if fits(&deeper) && deeper.rings == rings {
@@ -2047,7 +2046,6 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     }
     if let Some(plan) = k.schedule.mma() {
         return match plan.path {
-            crate::mma_plan::MmaPath::WgmmaTma => wgmma::emit_kernel(k, spec, target, grid, plan, params, decls),
             crate::mma_plan::MmaPath::FmaSimt => dot_fma::emit_kernel(k, spec, target, grid, plan, params, decls),
         };
     }
@@ -2055,7 +2053,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     // rings as deep as the whole block's shared memory then holds (`ring_stages` 1: no
     // rings, every operand staged where it is defined), or as `STAGES` asks where one
     // block holds that many (`ring_occupancy`'s blocks a multiprocessor do not bound it)
-    let asked = spec.tiles.get("STAGES").map(|&s| s.clamp(2, crate::passes::pipeline_stages::MAX_STAGES));
+    let asked = spec.tiles.get("STAGES").map(|&s| s.clamp(2, operand_ring::MAX_STAGES));
     let stages = match (k.schedule.ring_stages, asked) {
         (0, Some(s)) => s,
         (0, None) => operand_ring::STAGES,

@@ -422,8 +422,6 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
     let mma = k.schedule.mma().cloned();
     let mma_layout = mma.as_ref().map(|p| {
         Layout::Blocked(match p.path {
-            // (`warps`: `[4 * consumers, 1]` sharing a tile, `[4, 1]` ping-pong)
-            MmaPath::WgmmaTma => crate::layout::mma_tiles_accumulator(p.tile[0], p.tile[1], p.warps),
             MmaPath::FmaSimt => crate::layout::fma_accumulator(p.tile[0], p.tile[1], p.warps),
         })
     });

@@ -43,11 +43,8 @@
 //!
 //! Matrix tiles (a `dot` loop the matrix paths pipeline): see `choose_dot_tiles` for the
 //! bucket's heuristic; dots lowered one by one take the memory-bound heuristic's tiles.
-//! The spec holds a power-of-two bucket of each size, which cannot tell M8192 N14336
-//! from N16384; a choice that needs the exact size is made by
-//! [`exact_shape_tiles`], which the runtime calls before it compiles and whose answer
-//! it adds to `Spec::tiles` (so the module cache keys on it and codegen stays a
-//! function of the spec): 128x320 tiles where they take fewer waves than 128x256.
+//! The spec holds a power-of-two bucket of each size (and the exact value of a short
+//! loop's bound, `Spec::shape_exact`).
 
 use std::collections::BTreeMap;
 
@@ -580,10 +577,6 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     // the registers of one 256-wide tile (two dots: 128 wide each)
     let ndots = crate::passes::select_mma_path::dots(k).len() as u32;
     let bn = if ndots > 1 && wgmma { bn.min((256 / ndots / 64).max(1) * 64) } else { bn };
-    // ping-pong consumers (`select_mma_path::pingpong_wanted`: an epilogue of heavy
-    // math): each warpgroup holds a whole 128-row tile, 128 columns wide at most
-    let pingpong = wgmma && bm == 128 && crate::passes::select_mma_path::pingpong_wanted(k, spec, target);
-    let bn = if pingpong { bn.min(128) } else { bn };
     let want = [(at.shape[0], bm), (at.shape[1], bk), (bt.shape[1], bn)];
     for (e, v) in want {
         match e {
@@ -672,81 +665,6 @@ fn loads_output_tile(k: &Kernel, dot: kfuse_ir::OpId) -> bool {
     let ops = k.operands(dot);
     let (at, bt) = (k.ty(ops[0]), k.ty(ops[1]));
     k.ops().any(|o| matches!(k.op(o), Op::Load { .. }) && k.loop_of(o).is_none() && k.ty(o.value()).shape == [at.shape[0], bt.shape[1]])
-}
-
-/// Tile sizes that follow from a problem's exact shape (`dims`, one per shape symbol)
-/// rather than the power-of-two bucket a [`Spec`] holds: the runtime records them as
-/// [`Spec::shape_tiles`] before it compiles (explicit overrides win; the cache keys on
-/// them, so codegen stays a function of the spec).
-///
-/// One today: `BN = 320` (an m64n256 and an m64n64 instruction a K step, 160
-/// accumulators a consumer thread) where the default 128x256 tiles of one 16-bit `dot`
-/// on sm_90 would take longer in waves (`wide_tiles_pay`): M8192 N14336 is 28 waves
-/// of 128x256 tiles on the H100's 132 multiprocessors, 22 of 128x320 (7040 columns of
-/// waves against 7168), and the wider tile also loads A 20% less often and held a
-/// higher clock under the power limit: 691 against 664 TFLOP/s sustained (NOTES g25).
-/// Only for a plain epilogue (no loads after the loop, no transcendental math: a bias
-/// row and GELU beside 160 accumulators a thread spilled) into 16-bit outputs, for
-/// operands of rank 2, not with several dots, ping-pong or a cluster override.
-pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target) -> std::collections::BTreeMap<String, u32> {
-    let mut out = std::collections::BTreeMap::new();
-    // (the runtime calls this every launch: the arithmetic first, which ends it for
-    // every shape where the wide tiles would not pay)
-    let Some(dot) = k.ops().find(|&o| matches!(k.op(o), Op::Dot { .. })) else { return out };
-    let (m, n, _) = dot_problem_of(k, dot, &|s| dims.get(s).copied().unwrap_or(1));
-    // (the general lowering's instructions are at most 256 wide)
-    if target.sm != 90 || !wide_tiles_pay(m, n, target.num_sms) || crate::passes::select_mma_path::general_requested(spec) {
-        return out;
-    }
-    // (the waves counted are one matrix's: operands indexed along a batch dimension
-    // multiply the tiles, which this count does not see)
-    let rank2 = |v: kfuse_ir::ValueId| {
-        let o = match k.op(v.op()) {
-            Op::Permute { .. } => k.operands(v.op())[0].op(),
-            _ => v.op(),
-        };
-        matches!(k.op(o), Op::Load { dims, .. } if dims.len() == 2)
-    };
-    if !k.operands(dot).iter().take(2).all(|&v| rank2(v)) {
-        return out;
-    }
-    let cluster = ["SPLITK", "MCAST", "MCASTB"].iter().any(|o| spec.tiles.get(*o).is_some_and(|&v| v > 1));
-    // a plain epilogue: beside 160 accumulators a thread, a loaded bias row or erf /
-    // exp math spilled (gemm + bias + GELU at 128x320: 132 bytes bf16, 588 f16)
-    let Some(l) = k.loop_of(dot) else { return out };
-    let Some(yield_pos) = k.order.iter().position(|&o| matches!(k.op(o), Op::Yield { id } if *id == l)) else { return out };
-    let loads_after = k.order[yield_pos + 1..].iter().any(|&o| matches!(k.op(o), Op::Load { .. }));
-    // and 16-bit outputs: the ones the GPU tests store box by box (an f32 tile would
-    // leave in ten 32-column boxes)
-    let wide_out = k.order[yield_pos + 1..].iter().any(|&o| matches!(k.op(o), Op::Store { tensor, .. } if k.param(*tensor).dtype.size_bytes() != 2));
-    if cluster || loads_after || wide_out || crate::passes::select_mma_path::heavy_epilogue(k, yield_pos) {
-        return out;
-    }
-    let ops = k.operands(dot);
-    let (at, bt) = (k.ty(ops[0]), k.ty(ops[1]));
-    let (Extent::Tile(bm_sym), Extent::Tile(bn_sym)) = (at.shape[0], bt.shape[1]) else { return out };
-    if at.dtype.size_bytes() != 2 || spec.tiles.contains_key(k.tile_name(bn_sym)) {
-        return out;
-    }
-    // only in place of the 128x256 tiles the bucket gets, which several dots, ping-pong
-    // and operands only the FMA path reads narrow (this much runs once a launch, and
-    // only for shapes where the wide tiles pay: ~3 µs on the build machine)
-    let mut k2 = k.clone();
-    // (as the pipeline runs it: after hoisting, which `select_mma_path::matrix_loop` needs)
-    if crate::passes::hoist_invariants::run(&mut k2).is_ok()
-        && !crate::passes::select_mma_path::general_takes(&k2, spec, target)
-        && run(&mut k2, spec, target).is_ok() && k2.schedule.tiles.get(&bm_sym) == Some(&128) && k2.schedule.tiles.get(&bn_sym) == Some(&256) {
-        out.insert(k.tile_name(bn_sym).to_string(), 320);
-    }
-    out
-}
-
-/// Whether 128x320 output tiles cover an `m × n` product in fewer column-waves than
-/// 128x256 ones on `sms` multiprocessors (waves of tiles times the tile's width; a
-/// tie keeps 256).
-fn wide_tiles_pay(m: u64, n: u64, sms: u32) -> bool {
-    let cost = |bn: u64| (m.div_ceil(128) * n.div_ceil(bn)).div_ceil(sms.max(1) as u64) * bn;
-    cost(320) < cost(256)
 }
 
 /// Tiles `(BM, BN)` of a `dot` loop on the FMA path (`MmaPath::FmaSimt`: f32

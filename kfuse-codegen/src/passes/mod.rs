@@ -6,7 +6,6 @@ pub mod chunk_rows;
 pub mod hoist_invariants;
 pub mod order_grid;
 pub mod persist_programs;
-pub mod pipeline_stages;
 pub mod prefetch_ahead;
 pub mod rematerialize;
 pub mod ring_occupancy;

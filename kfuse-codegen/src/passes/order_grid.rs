@@ -27,7 +27,6 @@ use kfuse_ir::Kernel;
 use crate::analysis::extent_value;
 use crate::target::Spec;
 use crate::CodegenError;
-use crate::mma_plan::MmaSchedule;
 
 /// Most blocks a launch may have along y and z.
 pub const MAX_BLOCKS_YZ: u64 = 65535;
@@ -37,7 +36,7 @@ pub const MAX_BLOCKS_YZ: u64 = 65535;
 pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     k.schedule.grid_x = 0;
     let s = &k.schedule;
-    let cluster = s.mma().map_or(s.split_blocks, |p| p.split_k.max(p.multicast).max(s.split_blocks));
+    let cluster = s.split_blocks;
     if s.persistent > 0 || s.grouped || cluster > 1 || s.l2_prefetch > 0 || k.grid_rank() < 2 {
         return Ok(());
     }

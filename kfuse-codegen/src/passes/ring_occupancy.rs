@@ -24,7 +24,7 @@
 //! there is one further attempt: no rings, every operand staged from registers where its
 //! value is defined (attention at D 256 on small tiles spilled 8 bytes with them).
 //!
-//! The rule: no matrix path (its own templates), no cluster split and no persistent
+//! The rule: no matrix path (the FMA path's own kernel), no cluster split and no persistent
 //! walk, at most 256 threads a block, no user `min_blocks`, no other register-room
 //! attempts, and a `dot` inside a loop. A kernel whose loop the writer
 //! warp-specializes instead has launch bounds of its own and ignores the request.

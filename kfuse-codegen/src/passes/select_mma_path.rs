@@ -16,85 +16,59 @@
 //! result's valid ranges do not move while it accumulates).
 //!
 //! Several dots in the loop (up to [`MAX_DOTS`]), each matching the pattern with an
-//! accumulator of its own and the loop carrying nothing else, are one plan
-//! ([`MmaPlan::more`]): `g += dot(a, bg); u += dot(a, bu)` (the SwiGLU pair) shares its
-//! A tile, and dots with their own A tiles are fine too. They must agree in operand
-//! dtype, precision and tile shape, and a load feeds either A or B operands. Only the
-//! WGMMA path takes them, with `n · BN ≤ 256` (the accumulators share one consumer's
-//! registers; `choose_tiles` narrows `BN`) and no cluster split or multicast. On
-//! sm_80/sm_89 and with f32 operands (paths that take one dot) several dots are lowered
-//! one by one (`several_dots_elsewhere`, point 4 below); a cluster override or 16-bit
-//! operands only the FMA fallback reads refuse them with the reason.
+//! accumulator of its own and the loop carrying nothing else, are one matrix loop:
+//! `g += dot(a, bg); u += dot(a, bu)` (the SwiGLU pair) shares its A tile, and dots with
+//! their own A tiles are fine too. On sm_80/sm_89 and with f32 operands (paths that take
+//! one dot) several dots are lowered one by one (`several_dots_elsewhere`, point 3
+//! below).
 //!
 //! Paths, by target:
 //! 0. The general lowering, on sm_90 for a loop of up to [`MAX_DOTS`] `dot`s WGMMA takes
 //!    ([`wgmma_operands`]: exact products of f16, bf16 or fp8 tiles, `dot_tf32` of f32
 //!    ones; 8-bit and TF32 operands K-major), on sm_80/sm_89 for a loop of one `dot` of
 //!    f16 or bf16 tiles (`mma.sync`, its operands in `cp.async` rings read by `ldmatrix`;
-//!    [`general_dots`]), from tensors TMA can read (either tile
-//!    dimension of unit stride; up to 5 dimensions, the others indexed: a batch)
-//!    ([`general_takes`]; on sm_90 no split wave, cluster or ping-pong override, and
-//!    not `GENERAL=0`: sm_90's template options, which mean nothing on the other
-//!    targets; `STAGES` and `GROUPM` size its rings and walk): no plan; `Schedule::dots_one_by_one`
-//!    says [`GENERAL_TAKES`], `choose_tiles` gives the loop the matrix tiles (on
-//!    sm_80/sm_89 `mma_sync_default_warps` and `mma_sync_min_blocks`), and the general
-//!    writer lowers it op by op (a producer warpgroup's TMA rings, `wgmma`, TMA bulk
-//!    stores on sm_90; `cp.async` rings, `ldmatrix`, `mma.sync` elsewhere). A K tile
-//!    asked for that is not a multiple of 32 bytes (every instruction's K step) is
-//!    refused. Where that writer cannot write it on sm_90 (shared memory for an
-//!    epilogue's conversions beside two ring stages, stores from registers), `compile`
-//!    takes the template (path 1) and its plan says why; on sm_80/sm_89 the writer drops
-//!    the rings instead.
-//! 1. [`MmaPath::WgmmaTma`] on sm_90: f16/bf16/f8e4m3/f8e5m2 operands, and the f32
-//!    operands of a `dot_tf32` ([`DotPrecision::Tf32`]), whose tensors TMA can read
-//!    (unit innermost stride, other strides multiples of 16 bytes, 16-byte aligned
-//!    data). Each 16-bit operand is K-major or MN-major as its tensor's unit-stride
-//!    dimension says; 8-bit and TF32 operands must be K-major (WGMMA transposes only
-//!    16-bit ones; an MN-major one is refused with the fix in the message). Shared memory
-//!    is swizzled in 128-byte spans; one instruction covers 32 bytes of K (`k16` for
-//!    16-bit, `k32` for 8-bit, `k8` for TF32). A `dot_tf32` whose operands TMA cannot
-//!    read takes path 3 (exact products are within what it allows).
-//! 2. (sm_80/sm_89 have no template: path 0 takes their f16/bf16 loops, an operand's
-//!    tiles in a `cp.async` ring where the copies can read them — the tensor conditions
-//!    of TMA's, plus a block offset along the unit-stride dimension known to be a
-//!    multiple of 16 bytes, as `(0..K).step_by(BK)` and `j * BN` are — else written from
-//!    registers each step.)
-//! 3. [`MmaPath::FmaSimt`] on every sm_80+ target (`fma.rs`): f32 operands of a plain
+//!    [`general_dots`]), from tensors of up to 5 dimensions (the others indexed: a
+//!    batch) ([`general_takes`]; `STAGES` and `GROUPM` size its rings and walk): no plan;
+//!    `Schedule::dots_one_by_one` says [`GENERAL_TAKES`], `choose_tiles` gives the loop
+//!    the matrix tiles (on sm_80/sm_89 `mma_sync_default_warps` and
+//!    `mma_sync_min_blocks`), and the general writer lowers it op by op (a producer
+//!    warpgroup's TMA rings, `wgmma`, TMA bulk stores on sm_90; `cp.async` rings,
+//!    `ldmatrix`, `mma.sync` elsewhere). An operand TMA or `cp.async` cannot copy is
+//!    written to its tile from registers each step. A K tile asked for that is not a
+//!    multiple of 32 bytes (every instruction's K step) is refused.
+//! 1. [`MmaPath::FmaSimt`] on every sm_80+ target (`fma.rs`): f32 operands of a plain
 //!    `dot` always (exact f32 FMAs; no matrix instruction takes f32 without TF32
-//!    rounding) and those of a `dot_tf32` on sm_80/sm_89 (no TF32 `mma.sync` path in
-//!    kfuse yet: the exact product, which TF32 permits but does not require), and the
-//!    fallback for f16/bf16 operands of a loop path 0 does not take (operand tensors of
-//!    more than five dimensions; on sm_90 also the template's loops, `GENERAL=0`, whose
-//!    operands TMA cannot read), converted to f32 as they are loaded. Launches rarely hand such
-//!    facts here: `kfuse::ops::gemm` makes aligned copies of its operands, and the
-//!    runtime copies a user kernel's read-only operands to padded rows where that
-//!    brings the loop onto the copy engines ([`matrix_operands`] and
-//!    [`tensor_obstacle`] are what it asks; `kfuse_runtime::operand_copy`); what is left
-//!    is an operand the kernel may write or one with no unit-stride dimension.
-//! 4. Dots in a kernel of another shape (outside a loop, a dot whose result is used other
+//!    rounding) and those of a `dot_tf32` on sm_80/sm_89 or whose tensors TMA cannot
+//!    read (the exact product, which TF32 permits but does not require), and f16/bf16
+//!    operands of a loop path 0 does not take (operand tensors of more than five
+//!    dimensions), converted to f32 as they are loaded. `GENERAL=1` gives such loops
+//!    to the general writer too (its FMA rule).
+//! 2. 8-bit and TF32 operands WGMMA cannot read (M or N contiguous, or a tensor TMA
+//!    cannot read): refused, the message naming the copy that fixes it
+//!    (`kfuse::ops::gemm` and `gemm_ex` make one; [`matrix_operands`] and
+//!    [`tensor_obstacle`] are what the runtime asks before copying a user kernel's
+//!    read-only operands to padded rows, `kfuse_runtime::operand_copy`).
+//! 3. Dots in a kernel of another shape (outside a loop, a dot whose result is used other
 //!    than as `acc + dot`, a computed operand, more than [`MAX_DOTS`] in a loop, a loop
 //!    that computes tiles beside them — flash attention's `dot(p, v)`): no plan; each
 //!    dot is lowered where it stands by the general writer (`cuda/emit/dot.rs`), and
 //!    `Schedule::dots_one_by_one` records why, which the IR printer shows.
-//! 5. Otherwise (other dtypes, tiles a matrix path cannot take): a clear error naming
+//! 4. Otherwise (other dtypes, tiles a matrix path cannot take): a clear error naming
 //!    what is missing.
 //!
 //! A grouped launch (`Schedule::grouped`: several problems in one launch) takes the
 //! same paths; on sm_90 its tensor maps are per problem, in global memory (the general
-//! lowering's walk binds each program's problem's, the template each tile's), and there
-//! is no cluster split or multicast.
+//! lowering's walk binds each program's problem's).
 //!
-//! Invariant on success: the schedule's [`crate::mma_plan::MmaPlan`] names the `For`, the `Dot`, the carried index
-//! and the two operand loads (and those of every further dot in `more`), and `schedule.num_threads` counts the threads that hold
-//! the accumulator (on WGMMA the consumer warpgroups; the block has one more
-//! warpgroup, the producer; on mma.sync and FMA all of the block's warps).
+//! Invariant on success: a schedule's [`crate::mma_plan::MmaPlan`] (the FMA path) names
+//! the `For`, the `Dot`, the carried index and the two operand loads, and
+//! `schedule.num_threads` counts the block's threads, all of which hold the accumulator.
 
 use kfuse_ir::{AccessDim, BinaryOp, DType, DotPrecision, Kernel, Literal, LoopInfo, Op, OpId, ValueId};
 
-use crate::analysis::extent_value;
-use crate::target::{Spec, Target, TensorSpec, Walk};
+use crate::target::{Spec, Target, TensorSpec};
 use crate::CodegenError;
-use crate::mma_plan::{Major, MmaDot, MmaOperand, MmaPath, MmaPlan, MmaSchedule};
+use crate::mma_plan::{Major, MmaOperand, MmaPath, MmaPlan};
 
 pub mod fma;
 pub mod operands;
@@ -379,11 +353,6 @@ struct Recognized {
 }
 
 impl Recognized {
-    /// The first dot.
-    fn dot(&self) -> OpId {
-        self.found[0].dot
-    }
-
     /// The first dot's loop as the FMA path's plan reads it.
     fn fma_loop(&self) -> fma::DotLoop {
         let first = &self.found[0];
@@ -400,13 +369,6 @@ impl Recognized {
             )));
         }
         Ok(())
-    }
-
-    /// The dots' `[BM, BN, BK]` tile (the first one's: the others share it).
-    fn tile(&self, k: &Kernel) -> [u32; 3] {
-        let dops = k.operands(self.dot());
-        let (at, bt) = (&k.ty(dops[0]).shape, &k.ty(dops[1]).shape);
-        [extent_value(k, at[0]), extent_value(k, bt[1]), extent_value(k, at[1])]
     }
 }
 
@@ -438,8 +400,7 @@ fn check_alike(k: &Kernel, found: &[Accumulated]) -> Result<(), CodegenError> {
 }
 
 /// Whether the spec asks for the general lowering of every loop (`GENERAL=1`, README's
-/// experimental options): the lowering that is to replace the matrix path's templates
-/// then takes their loops too, and `choose_tiles` gives them its tiles.
+/// experimental options): it then takes the FMA path's loops too (its FMA rule).
 pub fn general_requested(spec: &Spec) -> bool {
     spec.tiles.get("GENERAL") == Some(&1)
 }
@@ -453,35 +414,15 @@ pub const GENERAL_TAKES: &str = "the general lowering takes this loop (up to fou
 /// takes, 8-bit and TF32 operands K-major; on sm_80/sm_89 one of f16 or bf16) of tiles
 /// loaded from tensors of up to five dimensions (a 16-bit operand TMA or `cp.async`
 /// cannot copy is written to its tile from registers each step; on sm_90 `b` is then
-/// at most 128 columns wide, `choose_tiles`), the whole grid in one launch
-/// (`Spec::walk`); on sm_90 also no cluster or ping-pong override (the WGMMA
-/// template's), no tile wider than 256, and not `GENERAL=0`. Grouped launches too: on
-/// sm_90 the persistent walk binds each program's tensor maps from its problem's record
-/// (MoE 694 against the template's 697 TFLOP/s on the H100, one call, 2026-11-27,
-/// NOTES.md l14). On the H100 the general lowering and the WGMMA template ran
-/// within the vendor's spread of each other on every bf16 row of BENCHMARKS.md's GEMM
-/// table (0.97–1.02× cuBLAS against 0.90–1.03×, one call); forced to the sm_80 path the
-/// general lowering ran 1.14–1.25× a template kernel of cp.async + mma.sync on 2x2
-/// warps on the bf16 rows but M127 (0.94×; one call, NOTES.md l10).
+/// at most 128 columns wide, `choose_tiles`). Grouped launches too: on sm_90 the
+/// persistent walk binds each program's tensor maps from its problem's record.
 pub fn general_takes(k: &Kernel, spec: &Spec, target: &Target) -> bool {
-    if target.sm < 80 || !matches!(spec.walk, Walk::All) {
-        return false;
-    }
-    // (the WGMMA template's own options, sm_90 only: the other targets have no template,
-    // and no clusters or ping-pong for these options to ask for; `STAGES` and `GROUPM`
-    // the general lowering's rings and walk take too)
-    if target.sm == 90 {
-        let cluster = ["SPLITK", "MCAST", "MCASTB"].iter().any(|o| spec.tiles.get(*o).is_some_and(|&v| v > 1));
-        if spec.tiles.get("GENERAL") == Some(&0) || cluster || spec.tiles.get("PINGPONG") == Some(&1) || spec.tiles.values().any(|&v| v > 256) {
-            return false;
-        }
-    }
-    general_loop(k, spec, target)
+    target.sm >= 80 && general_loop(k, spec, target)
 }
 
 /// Whether the general lowering can put a matrix loop's dots on the tensor cores as its
-/// matrix loop ([`general_takes`] without the template's options): the dots, the loop's
-/// shape, the operands' ranks and majorness.
+/// matrix loop ([`general_takes`] on an sm_80+ target): the dots, the loop's shape, the
+/// operands' ranks and majorness.
 fn general_loop(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     // (several dots: SwiGLU's pair 409.3 against 416.8 µs at 4096³, equal at M8192
     // N14336 and M127 N14336 on the H100, one call, 2026-11-27; three products NOTES l9)
@@ -491,7 +432,7 @@ fn general_loop(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     }
     let Ok((_, found)) = matrix_loop(k, &ds) else { return false };
     // (WGMMA transposes only 16-bit operands: 8-bit and TF32 ones K-major, else the
-    // template's refusal says how to make such a copy)
+    // refusal says how to make such a copy: `operand_majors`)
     let sixteen = k.ty(k.operands(ds[0])[0]).dtype.size_bytes() == 2;
     let k_major = |(l, t): (OpId, bool), k_axis| sixteen || operand_major(k, spec, l, t, k_axis) == Some(Major::K);
     // (16-bit operands that TMA or `cp.async` cannot copy are loaded to registers and
@@ -626,8 +567,9 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     if mma_sync_only {
         return plan_fma_fallback(k, spec, &r);
     }
-    let majors = operand_majors(k, spec, &r)?;
-    plan_wgmma(k, spec, target, &r, &majors)
+    // (8-bit and TF32 operands with M or N contiguous: the refusal says how to copy them)
+    operand_majors(k, spec, &r)?;
+    Err(unsupported(format!("a `dot` loop the WGMMA lowering does not take (operand tensors of more than five dimensions, or more than {MAX_DOTS} `dot`s)")))
 }
 
 /// A dot operand's majorness: `load` (transposed or not), `k_axis` the operand's axis
@@ -685,10 +627,9 @@ fn plan_fma_fallback(k: &mut Kernel, spec: &Spec, r: &Recognized) -> Result<(), 
     Err(unsupported("a `dot` loop the mma.sync lowering does not take (operand tensors of more than five dimensions)"))
 }
 
-/// The plan of one dot on a one-tile-per-block path (mma.sync, FMA: every warp
-/// computes), operands `a` and `b`, tile `[BM, BN, BK]`: no further dots, consumers,
-/// stages (until `pipeline_stages`), cluster or persistent walk. The instruction tile
-/// and the warps are the path's own (here zeros and one warp).
+/// The plan of one dot on the FMA path (one tile a block, every warp computes),
+/// operands `a` and `b`, tile `[BM, BN, BK]`. The thread tile, warps and stages are the
+/// path's own (here zeros and one warp).
 fn block_plan(path: MmaPath, l: &fma::DotLoop, a: MmaOperand, b: MmaOperand, tile: [u32; 3]) -> MmaPlan {
     MmaPlan {
         path,
@@ -700,200 +641,9 @@ fn block_plan(path: MmaPath, l: &fma::DotLoop, a: MmaOperand, b: MmaOperand, til
         more: Vec::new(),
         tile,
         instr: [0; 3],
-        consumers: 0,
         warps: [1, 1],
         stages: 0,
-        group_m: 1,
-        store: None,
-        split_k: 1,
-        multicast: 1,
-        multicast_b: false,
-        walk: Walk::All,
-        pingpong: false,
-        store_buffers: 0,
     }
-}
-
-/// The tiles the WGMMA path takes: K tiles of 128 bytes, `BM` of 64 or 128, `BN` a
-/// multiple of 64 up to 320 — wider than one instruction (320: an m64n256 and an m64n64
-/// a K step, 160 accumulators a consumer thread) only for one dot of 128 rows,
-/// consumers sharing the tile; and the accumulators of several dots share a consumer's
-/// registers: at most 256 columns of f32 in all (128 registers a thread).
-fn check_wgmma_tile(spec: &Spec, dots: usize, [bm, bn, bk]: [u32; 3], esz: u32) -> Result<(), CodegenError> {
-    if bk * esz != 128 {
-        return Err(unsupported(format!("BK = {bk}: the WGMMA path takes K tiles of 128 bytes ({} elements)", 128 / esz)));
-    }
-    if !(bm == 64 || bm == 128) || !(64..=320).contains(&bn) || bn % 64 != 0 {
-        return Err(unsupported(format!("a {bm}x{bn} dot tile: the WGMMA path takes BM of 64 or 128 and BN a multiple of 64 up to 320")));
-    }
-    if bn > 256 && (dots > 1 || bm != 128 || spec.tiles.get("PINGPONG").is_some_and(|&p| p > 0)) {
-        return Err(unsupported(format!("a {bm}x{bn} dot tile with {dots} dot(s): tiles wider than 256 columns take one dot, 128 rows and no ping-pong")));
-    }
-    let n = dots as u32;
-    if dots > 1 && n * bn > 256 {
-        return Err(unsupported(format!(
-            "{dots} `dot`s of {bm}x{bn} tiles: their accumulators need {} f32 registers a consumer thread; the WGMMA path holds at most 128 (BN = {} for {dots} dots)",
-            n * bn / 2,
-            (256 / n / 64) * 64,
-        )));
-    }
-    Ok(())
-}
-
-/// The epilogue store that can go out through shared memory and TMA: the one store
-/// after the loop of a 16-bit `[BM, BN]` tile into a 2-D output TMA can write (in a
-/// grouped launch too: the output map is the tile's problem's, in global memory).
-fn tma_epilogue_store(k: &Kernel, spec: &Spec, info: &LoopInfo, bm: u32, bn: u32) -> Option<MmaOperand> {
-    let stores: Vec<OpId> = k.order[info.yield_pos + 1..].iter().copied().filter(|&o| matches!(k.op(o), Op::Store { .. })).collect();
-    let [st] = stores.as_slice() else { return None };
-    let Op::Store { tensor, dims } = k.op(*st) else { unreachable!() };
-    let v = k.stored_value(*st);
-    if k.store_mask(*st).is_some() {
-        return None;
-    }
-    let ext = |e: &kfuse_ir::Extent| extent_value(k, *e);
-    let tile_dims: Vec<u32> = dims.iter().filter_map(|d| if let AccessDim::Tile(e) = d { Some(ext(e)) } else { None }).collect();
-    let ok = dims.len() == 2
-        && tile_dims == [bm, bn]
-        && matches!(k.param(*tensor).dtype, DType::F16 | DType::BF16)
-        && k.ty(v).shape.len() == 2
-        && tma_order(k, spec, *st).is_some_and(|o| o[0] == 1)
-        && tma_obstacle(k, spec, *st).is_none();
-    ok.then_some(MmaOperand { load: *st, major: Major::MN, swizzle: 128 })
-}
-
-/// Blocks of a cluster that share one tile's loop: the `split_k` of the second launch of
-/// a split last wave (`Spec::walk`), else the `SPLITK` override (1: none; at most 8).
-fn split_k(spec: &Spec) -> u32 {
-    match spec.walk {
-        Walk::LastTiles { split_k } => split_k,
-        _ => spec.tiles.get("SPLITK").copied().unwrap_or(1),
-    }
-    .clamp(1, 8)
-}
-
-/// The cluster a WGMMA kernel asks for (`Spec::tiles`), as `(split_k, multicast,
-/// multicast_b, walk)`: the loop split across a cluster only on request (`SPLITK`; it
-/// did not pay on the H100 yet, see `choose_tiles`); A tiles multicast across a cluster
-/// of neighbouring tiles of a tile row (`MCAST`), or B tiles across neighbouring tiles
-/// of a tile column (`MCASTB`), not with a split; the runtime's split of a last wave
-/// (`Spec::walk`: `WholeWaves`, the first launch, every block one tile a wave;
-/// `LastTiles`, the second, one cluster of `split_k` blocks a tile). None of it in a
-/// grouped launch, and only for a loop of one dot.
-fn wgmma_cluster(k: &Kernel, spec: &Spec, pingpong: bool, dots: usize) -> Result<(u32, u32, bool, Walk), CodegenError> {
-    let split_k = split_k(spec);
-    let mcast = |key: &str| spec.tiles.get(key).copied().unwrap_or(1).clamp(1, 4);
-    let (mcast_a, mcast_b) = (mcast("MCAST"), mcast("MCASTB"));
-    if k.schedule.grouped && (split_k > 1 || mcast_a > 1 || mcast_b > 1) {
-        return Err(unsupported("a grouped launch with SPLITK, MCAST or MCASTB (clusters of tiles across problems)"));
-    }
-    if mcast_a > 1 && mcast_b > 1 {
-        return Err(unsupported("MCAST and MCASTB at once (a cluster shares one operand)"));
-    }
-    let multicast = if split_k > 1 { 1 } else { mcast_a.max(mcast_b) };
-    let multicast_b = multicast > 1 && mcast_b > 1;
-    let walk = match spec.walk {
-        Walk::All => Walk::All,
-        Walk::WholeWaves if split_k == 1 && multicast == 1 && !pingpong && !k.schedule.grouped => Walk::WholeWaves,
-        Walk::LastTiles { split_k: s @ 2..=8 } if !spec.tiles.contains_key("SPLITK") && multicast == 1 && !pingpong && !k.schedule.grouped => Walk::LastTiles { split_k: s },
-        w => {
-            return Err(unsupported(format!(
-                "the walk {w:?}: whole waves take a kernel of one block a tile (no SPLITK, MCAST, MCASTB, PINGPONG or grouped launch); the last tiles a split of 2 to 8 blocks and no SPLITK, MCAST, MCASTB, PINGPONG or grouped launch"
-            )))
-        }
-    };
-    if dots > 1 && (split_k > 1 || multicast > 1) {
-        return Err(unsupported(format!("SPLITK / MCAST / MCASTB with {dots} `dot`s in one loop (the cluster paths take one)")));
-    }
-    Ok((split_k, multicast, multicast_b, walk))
-}
-
-/// The WGMMA plan of the loop's dots (`majors`: each one's operands').
-fn plan_wgmma(k: &mut Kernel, spec: &Spec, target: &Target, r: &Recognized, majors: &[(Major, Major)]) -> Result<(), CodegenError> {
-    let [bm, bn, bk] = r.tile(k);
-    let esz = r.dtype.size_bytes() as u32;
-    let found = &r.found;
-    check_wgmma_tile(spec, found.len(), [bm, bn, bk], esz)?;
-    // ping-pong consumers (`pingpong_wanted`): each warpgroup a whole 128-row tile
-    let pingpong = bm == 128
-        && bn <= 128
-        && found.len() == 1
-        && pingpong_wanted(k, spec, target)
-        && split_k(spec) <= 1
-        && spec.tiles.get("MCAST").is_none_or(|&m| m <= 1)
-        && spec.tiles.get("MCASTB").is_none_or(|&m| m <= 1);
-    let consumers = if pingpong { 2 } else { bm / 64 };
-    let store = tma_epilogue_store(k, spec, &r.info, bm, bn);
-    let (split_k, multicast, multicast_b, walk) = wgmma_cluster(k, spec, pingpong, found.len())?;
-    let more = found[1..]
-        .iter()
-        .zip(&majors[1..])
-        .map(|(f, &(am, bm))| MmaDot {
-            dot: f.dot,
-            carried: f.carried,
-            a: MmaOperand { load: f.a.0, major: am, swizzle: 128 },
-            b: MmaOperand { load: f.b.0, major: bm, swizzle: 128 },
-        })
-        .collect();
-    let first = &found[0];
-    let (a_major, b_major) = majors[0];
-    k.schedule.num_threads = 128 * consumers;
-    k.schedule.min_blocks = 1;
-    k.schedule.set_mma(Some(MmaPlan {
-        path: MmaPath::WgmmaTma,
-        for_op: r.info.for_op,
-        dot: first.dot,
-        carried: first.carried,
-        a: MmaOperand { load: first.a.0, major: a_major, swizzle: 128 },
-        b: MmaOperand { load: first.b.0, major: b_major, swizzle: 128 },
-        more,
-        tile: [bm, bn, bk],
-        instr: [64, bn.min(256), 32 / esz],
-        consumers,
-        warps: if pingpong { [4, 1] } else { [4 * consumers, 1] },
-        stages: 0,
-        // tile rows a persistent walk's group spans (`GROUPM` overrides; default 8:
-        // 4, 16 and 32 measured no better at M8192 N14336 / K14336, NOTES g13)
-        group_m: spec.tiles.get("GROUPM").copied().unwrap_or(8).clamp(1, 64),
-        store,
-        split_k,
-        multicast,
-        multicast_b,
-        walk,
-        pingpong,
-        store_buffers: 0,
-    }));
-    let read = if r.tf32 { "f32 operands of `dot_tf32` (read as TF32)".to_string() } else { format!("{} operands", r.dtype) };
-    k.schedule.mma_why = Some(format!("sm_90a: {read} that TMA can read (unit inner stride, other strides multiples of 16 bytes, 16-byte aligned)"));
-    Ok(())
-}
-
-/// Whether the WGMMA consumers of a dot kernel work ping-pong ([`MmaPlan::pingpong`]):
-/// only on request (`Spec::tiles["PINGPONG"] = 1`, e.g. `KFUSE_TILES=PINGPONG=1`), on
-/// sm_90, outside grouped launches, for a loop of one dot whose epilogue (the ops after
-/// the loop) reduces nothing (a reduction's shared memory would be the two
-/// warpgroups'). It is meant for epilogues of heavy math (GELU, SiLU), which the
-/// cooperative kernel runs with the tensor cores idle. `choose_tiles` narrows such
-/// tiles to 128x128 (128 accumulator registers a consumer thread, as a 128x256
-/// cooperative tile).
-///
-/// Why not by default: it did not pay on the H100 yet. The fused bias + GELU product at
-/// 4096³ ran 216-218.5 µs with it against 218.7-220 µs without (the plain product:
-/// ~180): the epilogue now overlaps the other warpgroup's loop, but one warpgroup
-/// issuing alone runs the loop 12% slower than two sharing a tile (the plain product
-/// with it: 663 against 752 TFLOP/s at 4096³), which takes back what the overlap gains
-/// (NOTES.md, g11). It also leaves ptxas a few bytes short at 24 producer registers
-/// (20 bytes of spills in that kernel), so the no-spill checks do not cover it.
-pub fn pingpong_wanted(k: &Kernel, spec: &Spec, target: &Target) -> bool {
-    if target.sm != 90 || k.schedule.grouped || spec.tiles.get("PINGPONG") != Some(&1) {
-        return false;
-    }
-    let ds = dots(k);
-    let [dot] = ds.as_slice() else { return false };
-    let Some(l) = k.loop_of(*dot) else { return false };
-    let Some(for_pos) = k.order.iter().position(|&o| matches!(k.op(o), Op::For { id, .. } if *id == l)) else { return false };
-    let after = &k.order[for_pos + 1..];
-    !after.iter().any(|&o| matches!(k.op(o), Op::Reduce { .. }))
 }
 
 /// `__launch_bounds__`'s minimum blocks for the mma.sync kernel: two blocks per

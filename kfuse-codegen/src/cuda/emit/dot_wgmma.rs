@@ -10,8 +10,7 @@
 //! loop (`Schedule::general_matrix_loop`) — and `N ≤ 256`. Warpgroup `g` computes the
 //! 64-row blocks `g, g + G, …` of the result. 8-bit and TF32 operands are K-major in
 //! shared memory and reach it only by a ring's copies (WGMMA neither transposes them nor
-//! takes them from registers; a tile to be written from registers is refused, and
-//! `compile` takes the matrix path's template).
+//! takes them from registers; a tile to be written from registers is refused).
 //!
 //! Operands:
 //! - **A from registers** where A is itself in the accumulator layout of the same warps

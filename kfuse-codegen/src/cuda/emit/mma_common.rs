@@ -1,5 +1,4 @@
-//! What the dot-loop writers (`wgmma.rs`, `dot_fma.rs`) need of a pipelined dot
-//! loop's operands: which tensor dimension feeds which tile axis, the valid range of
+//! What the FMA path's writer (`dot_fma.rs`) needs of its dot loop's operands: which tensor dimension feeds which tile axis, the valid range of
 //! the accumulator along it, and the scalar index arithmetic that addresses the loads;
 //! the accumulators' registers (one array per dot of the loop: `kf_acc`, `kf_acc1`, …).
 

@@ -77,9 +77,8 @@ pub(super) const CONSUMER_REGS_LATE: u32 = 240;
 /// Ring stages where shared memory holds them (else 2), when no deeper ring fits beside
 /// the stores' area and the scratch's reserve.
 pub(super) const STAGES: u32 = 3;
-/// The deepest ring a producer warpgroup fills (the matrix path's
-/// `pipeline_stages::MAX_STAGES`).
-pub(super) const MAX_STAGES: u32 = crate::passes::pipeline_stages::MAX_STAGES;
+/// The deepest ring a producer warpgroup fills (`operand_ring::MAX_STAGES`).
+pub(super) const MAX_STAGES: u32 = super::operand_ring::MAX_STAGES;
 
 /// What the producer computes: the values its loops' bounds and its copies' addresses
 /// read (see the module docs).

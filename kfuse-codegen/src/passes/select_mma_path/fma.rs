@@ -7,7 +7,7 @@
 //!    of `dot_tf32` where the target has no TF32 path (sm_80, sm_89) or TMA cannot
 //!    read them — TF32 is a permission, the exact product is within it;
 //! 2. f16/bf16 operands of a loop the general lowering does not take (operand tensors
-//!    of more than five dimensions; on sm_90 the WGMMA template's loops, `GENERAL=0`)
+//!    of more than five dimensions)
 //!    that the target's matrix path cannot read — a tensor TMA or `cp.async` cannot
 //!    copy (no unit-stride dimension, a stride or the data pointer not a multiple of 16
 //!    bytes). Their elements become f32 as they are loaded. (The general lowering
@@ -103,7 +103,8 @@ pub fn expected(k: &Kernel, spec: &Spec, target: &Target, dot: OpId) -> bool {
         }
         DType::F32 => true,
         // (the general lowering takes the loops whose operands the copies cannot read,
-        // staging them from registers; the template's loops fall back here)
+        // staging them from registers; operand tensors of more than five dimensions
+        // fall back here)
         DType::F16 | DType::BF16 if super::general_takes(k, spec, target) => false,
         dt @ (DType::F16 | DType::BF16) => {
             let (Ok((a, _)), Ok((b, _))) = (operand_load(k, dops[0]), operand_load(k, dops[1])) else { return false };
