@@ -54,8 +54,6 @@ fi
 #   `long_rows*` tests (clusters of 16 on rows of 2^18: each takes racecheck over 90 s
 #   on the H100; the cluster kernels run under racecheck in
 #   `rows_in_clusters_of_8_and_16_on_the_gpu`);
-# - racecheck over the `SPLITK` override: it reports its cluster exchange
-#   (BENCHMARKS.md), a known finding of a path that is off by default;
 # - the binaries that check no op's kernels at a size a sanitizer gets through: errors
 #   and refusals (no launch), autotune (timing), interpreter_tiles, the runtime's
 #   kfuse_runtime, vendor_fp8, compile_once and memory_pool (gpu_runtime's TMA test
