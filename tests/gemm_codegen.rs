@@ -253,3 +253,21 @@ fn general_lowering_on_request() {
         assert!(err.contains("only with K contiguous"), "{}: {err}", def.name);
     }
 }
+
+#[test]
+fn a_tile_staged_from_registers_is_fenced_before_wgmma_reads_it() {
+    // `a` with no unit-stride dimension: the consumers write its tile each step, rows of
+    // it that the other warpgroup's `wgmma` reads; the producer's mbarrier wait for `b`'s
+    // copies orders those copies, not the writes, so a consumer barrier comes between
+    // the writes and the instructions (NOTES l19)
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let mut spec = spec_mnk(def, 4096, 4096, 4096);
+    spec.tensors[0].as_mut().unwrap().stride_div = vec![1, 1];
+    let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+    assert!(e.plan.to_string().contains("A from shared memory (K-major, 128-byte swizzle, written where it is defined"), "{}", e.plan);
+    let src = &e.source;
+    let write = src.find("kf_proxy_fence();").unwrap_or_else(|| panic!("{src}"));
+    let wgmma = write + src[write..].find("kf_wg_fence();").unwrap_or_else(|| panic!("{src}"));
+    assert!(src[write..wgmma].contains("kf_mbar_wait(&kf_full[") && src[write..wgmma].contains("kf_bar_sync(1);"), "{}", &src[write..wgmma]);
+}

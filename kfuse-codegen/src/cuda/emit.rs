@@ -430,6 +430,10 @@ struct Emitter<'a> {
     /// Some thread may have written an operand tile since the last barrier (a WGMMA
     /// dot then opens with one).
     wg_dirty: bool,
+    /// A tile staged from registers has been written since the last barrier the writer
+    /// emitted: a ring's mbarrier wait (warp-specialized) orders the copies, not these
+    /// writes, so it leaves `wg_dirty` set.
+    wg_staged: bool,
     /// Device functions the body calls, by name (written before the kernel).
     helpers: BTreeMap<String, String>,
     /// How each dot written so far runs (`Emitted::dot_notes`).
@@ -502,6 +506,7 @@ impl<'a> Emitter<'a> {
             wg_synced: false,
             helpers: BTreeMap::new(),
             wg_dirty: false,
+            wg_staged: false,
             fused_adds: HashMap::new(),
             dot_notes: Vec::new(),
             loop_notes: Vec::new(),
@@ -676,6 +681,7 @@ impl<'a> Emitter<'a> {
                     // it (Q, its rows spread over both warpgroups), is fenced here)
                     if self.ws.is_none() || self.wg_dirty {
                         self.line(self.barrier)?;
+                        self.wg_staged = false;
                     }
                     self.ring_prologue(l)?;
                 }

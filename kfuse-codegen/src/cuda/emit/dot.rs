@@ -182,10 +182,12 @@ impl Emitter<'_> {
             }
             self.line(self.barrier)?;
             self.wg_dirty = false;
+            self.wg_staged = false;
         } else if self.wg_dirty {
             // every thread's writes to the staged tiles are done before they are read
             self.line(self.barrier)?;
             self.wg_dirty = false;
+            self.wg_staged = false;
         }
         // a ring's next copies go out before the math
         self.take_pending_fetch()?;

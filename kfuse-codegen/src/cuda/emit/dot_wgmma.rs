@@ -551,6 +551,7 @@ impl Emitter<'_> {
             self.line("kf_proxy_fence();")?;
         }
         self.wg_dirty = true;
+        self.wg_staged = true;
         self.close()
     }
 
@@ -583,6 +584,7 @@ impl Emitter<'_> {
         if self.wg_dirty {
             self.line(self.barrier)?;
             self.wg_dirty = false;
+            self.wg_staged = false;
         }
         // A from registers: packed before the fence, so no instruction writes a
         // register of the chain between its instructions (ptxas waits there)

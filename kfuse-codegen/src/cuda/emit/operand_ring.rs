@@ -490,7 +490,11 @@ impl Emitter<'_> {
                 // (TMA's writes are the async proxy's already)
                 self.line("kf_proxy_fence();")?;
             }
-            self.wg_dirty = false;
+            // (the wait orders the copies, not the consumers' own writes to a tile staged
+            // from registers: after those `wg_dirty` stands, and the dot's barrier follows)
+            if !self.wg_staged {
+                self.wg_dirty = false;
+            }
         } else if loads[0] == v {
             // one barrier a step: after it every thread's copies of this step have
             // landed and every thread is past the step before, whose instructions read
@@ -519,6 +523,7 @@ impl Emitter<'_> {
             self.pending_fetch = Some(w.finish());
             self.wg_synced = true;
             self.wg_dirty = false;
+            self.wg_staged = false;
         }
         let (_, _, his) = self.ring_addr(v, l, &super::loops::index_var(l))?;
         let layout = self.layout(v)?;
