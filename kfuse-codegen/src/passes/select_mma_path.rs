@@ -41,7 +41,8 @@
 //!    rounding) and those of a `dot_tf32` on sm_80/sm_89 or whose tensors TMA cannot
 //!    read (the exact product, which TF32 permits but does not require), and f16/bf16
 //!    operands of a loop path 0 does not take (operand tensors of more than five
-//!    dimensions), converted to f32 as they are loaded. `GENERAL=1` gives such loops
+//!    dimensions; on sm_90 a grouped launch's operand TMA cannot read, NOTES l19),
+//!    converted to f32 as they are loaded. `GENERAL=1` gives such loops
 //!    to the general writer too (its FMA rule).
 //! 2. 8-bit and TF32 operands WGMMA cannot read (M or N contiguous, or a tensor TMA
 //!    cannot read): refused, the message naming the copy that fixes it
