@@ -704,12 +704,7 @@ pub fn gemm_grouped_ex(a: &[&Tensor], b: &[&Tensor], opts: &GemmOptions<'_>) -> 
     let mut ops = Vec::with_capacity(launched.len());
     for &i in &launched {
         let (x, w) = (a[i], b[i]);
-        // a transposed `a` beside a row-major `b` (both operands M/N-contiguous) is read
-        // row-major: the grouped launch read such pairs wrong on the H100 (a 300x200x1000
-        // problem among nine, relative error 0.1; NOTES l19)
-        let both_mn = x.strides()[0] == 1 && x.shape()[0] > 1 && w.strides()[1] == 1;
-        let x = if gpu && both_mn { std::borrow::Cow::Owned(crate::contiguous(x)?) } else { std::borrow::Cow::Borrowed(x) };
-        ops.push(if gpu { (crate::tma_readable(&x, false)?.into_owned(), crate::tma_readable(w, false)?.into_owned()) } else { (x.into_owned(), w.clone()) });
+        ops.push(if gpu { (crate::tma_readable(x, false)?.into_owned(), crate::tma_readable(w, false)?.into_owned()) } else { (x.clone(), w.clone()) });
     }
     let alpha = opts.product_scale();
     let mut targets: Vec<&mut Tensor> = outs.iter_mut().enumerate().filter(|(i, _)| launched.contains(i)).map(|(_, o)| o).collect();

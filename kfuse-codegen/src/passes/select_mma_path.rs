@@ -41,7 +41,7 @@
 //!    rounding) and those of a `dot_tf32` on sm_80/sm_89 or whose tensors TMA cannot
 //!    read (the exact product, which TF32 permits but does not require), and f16/bf16
 //!    operands of a loop path 0 does not take (operand tensors of more than five
-//!    dimensions; on sm_90 a grouped launch's operand TMA cannot read, NOTES l19),
+//!    dimensions),
 //!    converted to f32 as they are loaded. `GENERAL=1` gives such loops
 //!    to the general writer too (its FMA rule).
 //! 2. 8-bit and TF32 operands WGMMA cannot read (M or N contiguous, or a tensor TMA
@@ -440,10 +440,8 @@ fn general_loop(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     // written to their tiles each step: still the tensor cores. On sm_90 a producer
     // warpgroup's consumers writing such a `b` tile beside a 128x256 accumulator
     // spilled 772 bytes (bias + GELU), so `choose_tiles` keeps such a `b` 128 wide;
-    // the runtime's padded copies keep these operands rare. Not in a grouped launch on
-    // sm_90: there a staged `a` read 300x200x1000 wrong among nine problems on the H100,
-    // cause not found (NOTES l19); such a loop takes the FMA path, as it did before.)
-    let staged_ok = sixteen && !(spec.grouped && target.sm == 90);
+    // the runtime's padded copies keep these operands rare.)
+    let staged_ok = sixteen;
     let copies = |l: OpId| staged_ok || tma_obstacle(k, spec, l).is_none();
     found.iter().all(|f| {
         [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() <= 5) && copies(l)) && k_major(f.a, 1) && k_major(f.b, 0)
