@@ -131,3 +131,37 @@ fn unreadable_16_bit_operands_fall_back_and_assemble() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The general lowering's FMA rule (`GENERAL=1`: the f32 product lowered op by op, the
+/// path that is to replace the template): the template's 128x128x8 tiles, an
+/// accumulator in runs of 4 rows and 4 columns a thread read from shared memory as
+/// 16-byte vectors (`a` written transposed), the operands' loads an iteration ahead; a
+/// store conversion past 48 KiB (an N of 4097, no vector stores) takes dynamic shared
+/// memory instead of being refused. Compiles without spills where NVRTC is found.
+#[test]
+fn general_fma_rule_reads_runs_of_four() {
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let k = (def.build)(&[DType::F32]).unwrap();
+    for t in targets() {
+        for (m, n, kk) in [(4096, 4096, 4096), (4095, 4097, 255)] {
+            let mut spec = spec_mnk(def, m, n, kk);
+            spec.tiles.insert("GENERAL".into(), 1);
+            if n == 4097 {
+                // rows of `c` 4097 elements apart: no 16-byte stores
+                spec.tensors[2].as_mut().unwrap().stride_div = vec![1, 1];
+            }
+            let e = compile(&k, &spec, &t).unwrap();
+            let plan = e.plan.to_string();
+            assert!(!e.ir.contains("mma FmaSimt") && plan.contains("f32 FMAs on runs of 4 a thread") && plan.contains("issued an iteration ahead"), "{plan}");
+            assert!(e.source.contains("kf_fa[((k / 32) % 2) * 4 + (k / 4) % 4]") && e.source.contains("reinterpret_cast<const kf_v16*>(kf_da + kk * 132"), "{}", e.source);
+            assert_eq!((e.block_threads, e.tiles.get("BM"), e.tiles.get("BN"), e.tiles.get("BK")), (256, Some(&128), Some(&128), Some(&8)));
+            if n == 4097 {
+                assert!(e.source.contains("extern __shared__ __align__(16) unsigned char kf_smem[];") && e.smem_bytes > 48 * 1024, "{} dynamic bytes", e.smem_bytes);
+            }
+            if kfuse::runtime::nvrtc::nvrtc_available() {
+                let (regs, spills) = common::assemble(&e.source, &e.arch, &e.options, &format!("general_fma_{}", t.arch())).unwrap();
+                assert_eq!(spills, 0, "{regs} registers, {spills} bytes of spills on {}", t.arch());
+            }
+        }
+    }
+}

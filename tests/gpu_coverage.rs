@@ -35,7 +35,8 @@ use kfuse::DType;
 /// Kernels refused today: (kernel, target, shapes, what the refusal says).
 const REFUSED: &[(&str, &str, &str, &str)] = &[
     // D = 4096 (the snapshot spec's size of every symbol): a one-by-one dot's operands
-    // past the 48 KiB of static shared memory (the writer does not opt into more yet)
+    // past the 48 KiB of static shared memory (the dot's own staging does not opt into
+    // dynamic shared memory yet; the kernel's other scratch does)
     ("flash_attention", "sm_80", "snapshot", "static limit 49152"),
     ("flash_attention", "sm_90a", "snapshot", "static limit 49152"),
     ("attention", "sm_80", "snapshot", "static limit 49152"),

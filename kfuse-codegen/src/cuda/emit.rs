@@ -2000,6 +2000,8 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
 /// ends). `(None, 0)` without an operand area (the scratch is static then).
 fn shared_layout(e: &Emitter<'_>) -> (Option<u32>, u32) {
     match e.wg.as_ref().map(|p| p.bytes) {
+        // (a scratch beyond the static limit is dynamic: `kf_smem` is then the extern array)
+        None if e.smem > MAX_STATIC_SMEM => (None, e.smem.div_ceil(16) * 16),
         None => (None, 0),
         Some(o) => {
             // (the stores' area after the operand area: `body`)
@@ -2124,11 +2126,8 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     let helpers = dot_wgmma::helper_texts(&e.helpers);
     let e_notes = std::mem::take(&mut e.dot_notes);
     let loop_notes = std::mem::take(&mut e.loop_notes);
-    let static_smem = if ops_bytes.is_some() { e.cluster_smem + e.ring_table_bytes } else { smem + e.cluster_smem };
+    let static_smem = if ops_bytes.is_some() { e.cluster_smem + e.ring_table_bytes } else if dynamic_smem > 0 { e.cluster_smem } else { smem + e.cluster_smem };
     let body = e.w.finish();
-    if ops_bytes.is_none() && smem > MAX_STATIC_SMEM {
-        return Err(CodegenError::Unsupported(format!("{smem} bytes of shared memory (static limit {MAX_STATIC_SMEM})")));
-    }
     let producer = e.producer_text.take();
     let tma = e.ws.as_ref().is_some_and(|ws| !ws.tma.is_empty());
     for (d, p) in map_decls(e.ws.as_ref(), &e.out_tma_maps) {
@@ -2173,6 +2172,8 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             if let Some(p) = &producer {
                 warp_specialize::split_roles(&mut w, p, e.wg.as_ref().map_or(2, |p| p.stages), tma, consumers, e.ws.as_ref().unwrap().regs)?;
             }
+        } else if dynamic_smem > 0 {
+            w.line("extern __shared__ __align__(16) unsigned char kf_smem[];")?;
         } else if smem > 0 {
             w.line(format!("__shared__ __align__(16) unsigned char kf_smem[{}];", smem.div_ceil(16) * 16))?;
         }

@@ -282,6 +282,28 @@ pub fn one_dot_mma_layout(k: &Kernel, dot: OpId) -> Option<Blocked> {
     Some(crate::layout::mma_tiles_accumulator(m, n, [wm, wn]))
 }
 
+/// The layout of an exact f32 `dot` lowered where it stands on the FMA rule, where its
+/// result takes runs of 4 rows and 4 columns a thread (`layout::fma_accumulator` over
+/// `fma_warps`, every thread its own registers): per `k` the writer reads each run as a
+/// 16-byte vector (`cuda/emit/dot.rs`). `None` for smaller results (replicas) and other
+/// dtypes: a blocked result like any tile's.
+pub fn fma_runs_layout(k: &Kernel, dot: OpId) -> Option<Blocked> {
+    let ops = k.operands(dot);
+    let (a, b) = (k.ty(ops[0]), k.ty(ops[1]));
+    if a.dtype != DType::F32 || b.dtype != DType::F32 || !matches!(k.op(dot), Op::Dot { precision: kfuse_ir::DotPrecision::Exact }) {
+        return None;
+    }
+    let (sa, sb) = (concrete_shape(k, a), concrete_shape(k, b));
+    let (m, n) = (sa[0], sb[1]);
+    let threads = k.schedule.num_threads;
+    if m % 4 != 0 || n % 4 != 0 || threads < 32 {
+        return None;
+    }
+    let l = crate::layout::fma_accumulator(m, n, crate::passes::select_mma_path::fma::fma_warps(m, n, threads));
+    let map = crate::layout::RegMap::of(&Layout::Blocked(l.clone()))?;
+    map.axes.iter().all(|x| x.spt == 4 && !x.replicated()).then_some(l)
+}
+
 /// The values an unsqueezed tile `v` meets: through the broadcasts and elementwise ops it
 /// feeds (a few levels), their other operands of the broadcast shape.
 fn met_values(k: &Kernel, v: ValueId) -> Vec<ValueId> {
@@ -464,7 +486,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
                 // tiles over the block's warps where the matrix instruction takes it,
                 // else a blocked result like any tile's
                 None => Some(Layout::Blocked(
-                    one_dot_mma_layout(k, op).unwrap_or_else(|| default_layout(k, node.ty.as_ref().unwrap())),
+                    one_dot_mma_layout(k, op).or_else(|| fma_runs_layout(k, op)).unwrap_or_else(|| default_layout(k, node.ty.as_ref().unwrap())),
                 )),
             },
             Op::LoopCarried { id, index } | Op::LoopResult { id, index } => {

@@ -196,12 +196,18 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
 
 /// Whether the kernel's tiles are a pipelined matrix loop's (`choose_dot_tiles`): a loop
 /// the matrix paths take, or, where the general lowering is asked to take it instead
-/// (`GENERAL=1`), one whose f16/bf16 dots it lowers onto WGMMA (sm_90), so that both
-/// lowerings of the loop run the same tiles.
+/// (`GENERAL=1`), one whose f16/bf16 dots it lowers onto WGMMA (sm_90) or whose one
+/// exact f32 dot it lowers by its FMA rule, so that both lowerings of the loop run the
+/// same tiles.
 fn matrix_tiles(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     let dots = crate::passes::select_mma_path::dots(k);
+    let exact_f32 = |&d: &OpId| {
+        let o = k.operands(d);
+        matches!(k.op(d), Op::Dot { precision: kfuse_ir::DotPrecision::Exact }) && k.ty(o[0]).dtype == kfuse_ir::DType::F32 && k.ty(o[1]).dtype == kfuse_ir::DType::F32
+    };
+    let general_ok = crate::passes::select_mma_path::general_dots(k, target, &dots) || (dots.len() == 1 && dots.iter().all(exact_f32));
     !dots.is_empty()
-        && (!crate::passes::select_mma_path::general_requested(spec) || crate::passes::select_mma_path::general_dots(k, target, &dots))
+        && (!crate::passes::select_mma_path::general_requested(spec) || general_ok)
         && crate::passes::select_mma_path::matrix_loop(k, &dots).is_ok()
         && crate::passes::select_mma_path::several_dots_elsewhere(k, &dots, target).is_none()
 }
@@ -593,7 +599,8 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     }
     // the FMA path (f32 operands, or 16-bit ones the matrix path cannot read, which it
     // judges with the tiles above in place): its own tiles, the overrides still winning
-    if crate::passes::select_mma_path::fma::expected(k, spec, target, dot) {
+    let fma = crate::passes::select_mma_path::fma::expected(k, spec, target, dot);
+    if fma {
         let over = |e: Extent| if let Extent::Tile(t) = e { spec.tile(k.tile_name(t)) } else { None };
         let (fbm, fbn) = fma_tiles(m, n, target);
         let fbm = over(at.shape[0]).unwrap_or(if let Extent::Tile(_) = at.shape[0] { fbm } else { crate::analysis::extent_value(k, at.shape[0]) });
@@ -632,13 +639,19 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     // select_mma_path sets the consumers' count; the general lowering gives each
     // warpgroup 64 rows of the tile, two at most
     let general = crate::passes::select_mma_path::general_requested(spec) || crate::passes::select_mma_path::general_takes(k, spec, target);
-    let mma_sync = general && target.sm != 90;
+    // (an exact f32 dot asked onto the general lowering takes its FMA rule, with the
+    // FMA path's threads)
+    let fma_rule = general && fma && crate::passes::select_mma_path::general_requested(spec);
+    let mma_sync = general && target.sm != 90 && !fma_rule;
     let heavy = mma_sync && heavy_epilogue_of(k, dot);
     k.schedule.num_threads = if mma_sync {
         // `mma.sync`: one warp per 64x64 of the tile, 4 to 8 (`mma_sync_default_warps`),
         // which `assign_layouts` stacks along the rows
         let shape = [concrete_shape(k, &at).first().copied().unwrap_or(128), concrete_shape(k, &bt).get(1).copied().unwrap_or(128)];
         spec.threads.unwrap_or(32 * crate::passes::select_mma_path::mma_sync_default_warps(shape[0], shape[1], heavy))
+    } else if fma_rule {
+        let shape = [concrete_shape(k, &at).first().copied().unwrap_or(128), concrete_shape(k, &bt).get(1).copied().unwrap_or(128)];
+        spec.threads.unwrap_or(crate::passes::select_mma_path::fma::fma_threads(shape[0], shape[1]))
     } else if general {
         let rows = concrete_shape(k, &at).first().copied().unwrap_or(128);
         128 * (rows / 64).clamp(1, 2)

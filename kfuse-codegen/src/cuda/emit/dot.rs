@@ -28,7 +28,12 @@
 //!    tiles; its registers `4 (i J + j) + 2 r + c` are the instruction's `d0..d3` of
 //!    tile `(i, j)` (`layout::mma_tiles_accumulator`).
 //! 2. Otherwise exact f32 FMAs, summed in ascending `k` (the interpreter sums in f64):
-//!    results agree to f32 rounding.
+//!    results agree to f32 rounding. Where the operands are f32 and `assign_layouts`
+//!    gave the result runs of 4 rows and 4 columns a thread
+//!    (`assign_layouts::fma_runs_layout`), `a` is written transposed (`[K][M + 4]`),
+//!    `b` as `[K][N + 4]`, and per `k` a thread reads each run as one 16-byte vector
+//!    (8x8 registers: four reads for 64 FMAs); a loop's loads of such operands are
+//!    issued an iteration ahead (`loops.rs`, `ahead_loads`).
 //!
 //! Both products are exact (f16/bf16 products fit f32); the sums round in f32. Under
 //! rule 1 an operand whose value feeds only such dots in one form is staged where it is
@@ -61,8 +66,11 @@ impl Emitter<'_> {
             self.dot_notes.push(format!("{label}: mma.sync m16n8k16 over {}x{} warps; A from {na}; B from {nb}", warps[0], warps[1]));
             return self.dot_mma(op, a, b, warps, staged);
         }
+        if let Some(map) = self.fma_runs(op) {
+            self.dot_notes.push(format!("{label}: f32 FMAs on runs of 4 a thread, both operands written to shared memory at the dot (A transposed), read as 16-byte vectors"));
+            return self.dot_fma_runs(op, a, b, map);
+        }
         self.dot_notes.push(format!("{label}: f32 FMAs, both operands written to shared memory at the dot"));
-        let v = op.value();
         let (av, bv) = (self.val(a).clone(), self.val(b).clone());
         let (amap, bmap) = match (&av.map, &bv.map) {
             (Some(x), Some(y)) => (x.clone(), y.clone()),
@@ -79,16 +87,7 @@ impl Emitter<'_> {
         let brow = n + 4 / besz;
         let a_bytes = (m * arow * aesz).div_ceil(16) * 16;
         let bytes = a_bytes + kk * brow * besz;
-        if bytes > MAX_STATIC_SMEM {
-            return Err(CodegenError::Unsupported(format!(
-                "`dot` of [{m}, {kk}] · [{kk}, {n}] tiles lowered on its own needs {bytes} bytes of shared memory (static limit {MAX_STATIC_SMEM}); use smaller tiles"
-            )));
-        }
-        self.scratch(bytes);
-        let layout = self.layout(v)?;
-        let val = self.new_tile(v, kfuse_ir::DType::F32, &layout, vec![av.lo[0].clone(), bv.lo[1].clone()], vec![av.hi[0].clone(), bv.hi[1].clone()], None)?;
-        let (name, map) = (val.name.clone(), val.map.clone().unwrap());
-        self.vals.insert(v, val);
+        let (name, map) = self.dot_result(op, &av, &bv, bytes)?;
         self.open("")?;
         self.line(self.barrier)?;
         let (at, bt) = (stype(ad), stype(bd));
@@ -109,6 +108,88 @@ impl Emitter<'_> {
         let x = to_reg(ad, &format!("kf_da[({r}) * {arow} + kk]"));
         let y = to_reg(bd, &format!("kf_db[kk * {brow} + ({c})]"));
         self.line(format!("{name}[k] = fmaf({x}, {y}, {name}[k]);"))?;
+        self.close()?;
+        self.close()?;
+        self.close()
+    }
+
+    /// Reserves `bytes` of shared memory for a dot's operands written at the dot (refused
+    /// past the static limit) and declares its f32 result, valid on `a`'s rows × `b`'s
+    /// columns: the result's name and register map.
+    fn dot_result(&mut self, op: OpId, av: &Val, bv: &Val, bytes: u32) -> Result<(String, RegMap), CodegenError> {
+        let (m, kk, n) = (av.shape[0], av.shape[1], bv.shape[1]);
+        if bytes > MAX_STATIC_SMEM {
+            return Err(CodegenError::Unsupported(format!(
+                "`dot` of [{m}, {kk}] · [{kk}, {n}] tiles lowered on its own needs {bytes} bytes of shared memory (static limit {MAX_STATIC_SMEM}); use smaller tiles"
+            )));
+        }
+        self.scratch(bytes);
+        let v = op.value();
+        let layout = self.layout(v)?;
+        let val = self.new_tile(v, DType::F32, &layout, vec![av.lo[0].clone(), bv.lo[1].clone()], vec![av.hi[0].clone(), bv.hi[1].clone()], None)?;
+        let out = (val.name.clone(), val.map.clone().ok_or_else(|| CodegenError::Unsupported("`dot` with a scalar result".into()))?);
+        self.vals.insert(v, val);
+        Ok(out)
+    }
+
+    /// The result's register map when the FMA rule reads its operands as 16-byte vectors:
+    /// f32 operands, and a result whose threads hold runs of 4 consecutive rows and 4
+    /// consecutive columns (`layout::fma_accumulator`), without replicas or a cluster.
+    pub(super) fn fma_runs(&self, op: OpId) -> Option<RegMap> {
+        let ops = self.k.operands(op);
+        if ops.iter().take(2).any(|&o| self.k.ty(o).dtype != DType::F32) {
+            return None;
+        }
+        let map = RegMap::of(self.k.schedule.layouts.get(&op.value())?)?;
+        let runs = map.dropped.is_empty() && map.axes.len() == 2 && map.axes.iter().all(|m| m.spt == 4 && m.elem_step == 1 && m.ctas == 1 && !m.replicated());
+        runs.then_some(map)
+    }
+
+    /// The FMA rule on runs of 4 (`fma_runs`): `a` is written transposed (`[K][M + 4]`)
+    /// and `b` as it is (`[K][N + 4]`), rows 16-byte aligned; per `k` a thread reads each
+    /// of its runs of `a`'s rows and `b`'s columns as one 16-byte vector and issues an
+    /// FMA per register. Sums in ascending `k`, as the scalar rule.
+    fn dot_fma_runs(&mut self, op: OpId, a: ValueId, b: ValueId, map: RegMap) -> R {
+        let (av, bv) = (self.val(a).clone(), self.val(b).clone());
+        let (Some(amap), Some(bmap)) = (av.map.clone(), bv.map.clone()) else {
+            return Err(CodegenError::Unsupported("`dot` of a scalar".into()));
+        };
+        let (m, kk, n) = (av.shape[0], av.shape[1], bv.shape[1]);
+        let (arow, brow) = (m + 4, n + 4);
+        let a_bytes = kk * arow * 4;
+        let bytes = a_bytes + kk * brow * 4;
+        let (name, _) = self.dot_result(op, &av, &bv, bytes)?;
+        self.open("")?;
+        self.line(self.barrier)?;
+        self.line("float* kf_da = reinterpret_cast<float*>(kf_smem);")?;
+        self.line(format!("float* kf_db = reinterpret_cast<float*>(kf_smem + {a_bytes});"))?;
+        self.stage_operand_at(a, &av, &amap, "kf_da", [arow, 1].map(|x| x.to_string()), true)?;
+        self.stage_operand_at(b, &bv, &bmap, "kf_db", [brow, 1].map(|x| x.to_string()), false)?;
+        self.line(self.barrier)?;
+        self.unroll("k", map.regs)?;
+        let init = self.accumulate_onto(op);
+        self.line(format!("{name}[k] = {init};"))?;
+        self.close()?;
+        let lo = format!("(int)kf_maxi({}, {})", av.lo[1], bv.lo[0]);
+        let hi = format!("(int)kf_mini({}, {})", av.hi[1], bv.hi[0]);
+        self.open(format!("for (int kk = {lo}; kk < {hi}; ++kk)"))?;
+        for (i, (buf, src, row)) in [("kf_fa", "kf_da", arow), ("kf_fb", "kf_db", brow)].into_iter().enumerate() {
+            let reps = map.axes[i].reps;
+            self.line(format!("float {buf}[{}];", reps * 4))?;
+            self.unroll("r", reps)?;
+            let at = coord(&map, i, &format!("r * {}", map.axes[i].rep_stride));
+            self.line(format!("const kf_v16 q = *reinterpret_cast<const kf_v16*>({src} + kk * {row} + ({at}));"))?;
+            for e in 0..4 {
+                self.line(format!("{buf}[r * 4 + {e}] = __uint_as_float(q.w[{e}]);"))?;
+            }
+            self.close()?;
+        }
+        self.unroll("k", map.regs)?;
+        let digit = |i: usize| {
+            let m = &map.axes[i];
+            format!("((k / {}) % {}) * 4 + (k / {}) % 4", m.rep_stride, m.reps, m.e_stride)
+        };
+        self.line(format!("{name}[k] = fmaf(kf_fa[{}], kf_fb[{}], {name}[k]);", digit(0), digit(1)))?;
         self.close()?;
         self.close()?;
         self.close()
@@ -137,7 +218,6 @@ impl Emitter<'_> {
     /// (`staged`, read by `ldmatrix`) or, for an operand with none, padded rows of the
     /// scratch written here (read as 32-bit words).
     fn dot_mma(&mut self, op: OpId, a: ValueId, b: ValueId, [wm, wn]: [u32; 2], staged: [Option<SmemTile>; 2]) -> R {
-        let v = op.value();
         let (av, bv) = (self.val(a).clone(), self.val(b).clone());
         let (amap, bmap) = (av.map.clone().unwrap(), bv.map.clone().unwrap());
         let d = av.dtype;
@@ -146,17 +226,8 @@ impl Emitter<'_> {
         let here = [staged[0].is_none(), staged[1].is_none()];
         let a_bytes = if here[0] { (m * row * 2).div_ceil(16) * 16 } else { 0 };
         let bytes = a_bytes + if here[1] { n * row * 2 } else { 0 };
-        if bytes > MAX_STATIC_SMEM {
-            return Err(CodegenError::Unsupported(format!(
-                "`dot` of [{m}, {kk}] · [{kk}, {n}] tiles lowered on its own needs {bytes} bytes of shared memory (static limit {MAX_STATIC_SMEM}); use smaller tiles"
-            )));
-        }
-        self.scratch(bytes);
-        let layout = self.layout(v)?;
-        let val = self.new_tile(v, DType::F32, &layout, vec![av.lo[0].clone(), bv.lo[1].clone()], vec![av.hi[0].clone(), bv.hi[1].clone()], None)?;
-        let name = val.name.clone();
-        let regs = val.map.as_ref().unwrap().regs;
-        self.vals.insert(v, val);
+        let (name, rmap) = self.dot_result(op, &av, &bv, bytes)?;
+        let regs = rmap.regs;
         self.open("")?;
         // the operands without a tile: a as [M, K], b as [N, K], k outside the valid
         // range as 0 (a staged operand is 0 outside its own valid range: `stage_tile`,
@@ -291,10 +362,20 @@ impl Emitter<'_> {
     /// Writes the registers `val` (value `v`) owns into the row-major `[rows, row]`
     /// shared array `dst`, in its dtype.
     fn stage_operand(&mut self, v: ValueId, val: &Val, map: &RegMap, dst: &str, row: u32) -> R {
-        let c: Vec<String> = val.axis_map.iter().map(|am| am.map_or("0".to_string(), |i| coord_raw(map, i, "k"))).collect();
+        self.stage_operand_at(v, val, map, dst, [row.to_string(), "1".into()], false)
+    }
+
+    /// Writes operand `v`'s registers to `dst`: element `(i, j)` at `i * strides[0] + j
+    /// * strides[1]`, or at `j * strides[0] + i * strides[1]` when `transposed`.
+    fn stage_operand_at(&mut self, v: ValueId, val: &Val, map: &RegMap, dst: &str, strides: [String; 2], transposed: bool) -> R {
+        let mut c: Vec<String> = val.axis_map.iter().map(|am| am.map_or("0".to_string(), |i| coord_raw(map, i, "k"))).collect();
+        if transposed {
+            c.swap(0, 1);
+        }
         let own = owner(map, "k");
         self.unroll("k", map.regs)?;
-        let store = format!("{dst}[({}) * {row} + ({})] = {};", c[0], c[1], from_reg(val.dtype, &self.reg(v, "k")));
+        let at = |x: &str, s: &str| if s == "1" { format!("({x})") } else { format!("({x}) * {s}") };
+        let store = format!("{dst}[{} + {}] = {};", at(&c[0], &strides[0]), at(&c[1], &strides[1]), from_reg(val.dtype, &self.reg(v, "k")));
         self.line(if own == "true" { store } else { format!("if ({own}) {store}") })?;
         self.close()
     }

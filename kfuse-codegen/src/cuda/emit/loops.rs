@@ -155,23 +155,32 @@ impl Emitter<'_> {
     /// fall back to loading each step.
     fn ahead_loads(&self, id: LoopId) -> Vec<ValueId> {
         let k = self.k;
-        let Some(p) = self.wg.as_ref() else { return Vec::new() };
         if self.spec.register_attempt > 0 {
             return Vec::new();
         }
         let Some(info) = k.loop_info(id) else { return Vec::new() };
         let pos = |o: OpId| k.order.iter().position(|&x| x == o);
         let start = pos(info.for_op);
-        let mut heads: Vec<ValueId> = p
-            .eager
-            .iter()
-            .filter(|(v, t)| t.ring.is_none() && k.loop_of(v.op()) == Some(id))
-            .filter(|(v, _)| matches!(k.op(v.op()), Op::Load { dims, .. } if !dims.iter().any(kfuse_ir::AccessDim::is_gather)))
-            .filter(|(v, _)| {
+        // the operands a plan stages with no ring; without a plan, those of the FMA
+        // rule on runs of 4 (`dot.rs`), which it writes to shared memory at the dot
+        let staged: Vec<ValueId> = match self.wg.as_ref() {
+            Some(p) => p.eager.iter().filter(|(_, t)| t.ring.is_none()).map(|(v, _)| *v).collect(),
+            None => k
+                .ops()
+                .filter(|&d| matches!(k.op(d), Op::Dot { .. }) && self.fma_runs(d).is_some())
+                .flat_map(|d| k.operands(d).into_iter().take(2))
+                .filter(|&v| k.users(v).iter().all(|&u| matches!(k.op(u), Op::Dot { .. }) && self.fma_runs(u).is_some()))
+                .collect(),
+        };
+        let mut heads: Vec<ValueId> = staged
+            .into_iter()
+            .filter(|v| k.loop_of(v.op()) == Some(id))
+            .filter(|v| matches!(k.op(v.op()), Op::Load { dims, .. } if !dims.iter().any(kfuse_ir::AccessDim::is_gather)))
+            .filter(|v| {
                 k.operands(v.op()).iter().all(|o| matches!(k.op(o.op()), Op::LoopIndex { id: l } if *l == id) || pos(o.op()) < start)
             })
-            .map(|(v, _)| *v)
             .collect();
+        heads.dedup();
         heads.sort();
         // (registers: the loop's dot results and two copies of each such load, a thread,
         // within AHEAD_REGS; beyond it the copies spilled: 44–1448 bytes on sm_90a with
