@@ -159,6 +159,9 @@ fn general_fma_rule_reads_runs_of_four() {
                 assert!(e.source.contains("extern __shared__ __align__(16) unsigned char kf_smem[];") && e.smem_bytes > 48 * 1024, "{} dynamic bytes", e.smem_bytes);
             }
             if kfuse::runtime::nvrtc::nvrtc_available() {
+                // the K tile's walk unrolled: 8 steps of 8x8 FMAs
+                let ptx = kfuse::runtime::nvrtc::compile_ptx(&e.source, &e.arch, &e.options).unwrap();
+                assert!(ptx.matches("fma.rn.f32").count() >= 8 * 8 * 8, "{} FMAs in the PTX on {}", ptx.matches("fma.rn.f32").count(), t.arch());
                 let (regs, spills) = common::assemble(&e.source, &e.arch, &e.options, &format!("general_fma_{}", t.arch())).unwrap();
                 assert_eq!(spills, 0, "{regs} registers, {spills} bytes of spills on {}", t.arch());
             }

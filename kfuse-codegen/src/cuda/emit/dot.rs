@@ -172,6 +172,10 @@ impl Emitter<'_> {
         self.close()?;
         let lo = format!("(int)kf_maxi({}, {})", av.lo[1], bv.lo[0]);
         let hi = format!("(int)kf_mini({}, {})", av.hi[1], bv.hi[0]);
+        // (a K tile of at most 32: the whole walk unrolled where its bounds fold to constants)
+        if kk <= 32 {
+            self.line("#pragma unroll")?;
+        }
         self.open(format!("for (int kk = {lo}; kk < {hi}; ++kk)"))?;
         for (i, (buf, src, row)) in [("kf_fa", "kf_da", arow), ("kf_fb", "kf_db", brow)].into_iter().enumerate() {
             let reps = map.axes[i].reps;
