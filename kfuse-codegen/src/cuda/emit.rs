@@ -54,6 +54,11 @@ mod warp_specialize;
 /// operands staged at their dot) stay within it.
 const MAX_STATIC_SMEM: u32 = 48 * 1024;
 
+/// The most shared memory a block of any target holds (sm_90's 227 KiB): a `dot` whose
+/// operands written at the dot need more is refused where it stands; the kernel's
+/// total is checked against its target's at the end.
+const MAX_BLOCK_SMEM: u32 = 227 * 1024;
+
 /// What the writer knows of an emitted value.
 #[derive(Clone)]
 struct Val {

@@ -45,7 +45,7 @@
 use kfuse_ir::{DType, Layout, OpId, ValueId};
 
 use super::dot_wgmma::SmemTile;
-use super::{coord, coord_raw, from_reg, owner, stype, to_reg, Emitter, Val, MAX_STATIC_SMEM, R};
+use super::{coord, coord_raw, from_reg, owner, stype, to_reg, Emitter, Val, MAX_BLOCK_SMEM, R};
 use crate::layout::RegMap;
 use crate::CodegenError;
 
@@ -114,13 +114,14 @@ impl Emitter<'_> {
     }
 
     /// Reserves `bytes` of shared memory for a dot's operands written at the dot (refused
-    /// past the static limit) and declares its f32 result, valid on `a`'s rows × `b`'s
+    /// past what a block of any target holds; past 48 KiB the kernel's scratch is dynamic
+    /// shared memory) and declares its f32 result, valid on `a`'s rows × `b`'s
     /// columns: the result's name and register map.
     fn dot_result(&mut self, op: OpId, av: &Val, bv: &Val, bytes: u32) -> Result<(String, RegMap), CodegenError> {
         let (m, kk, n) = (av.shape[0], av.shape[1], bv.shape[1]);
-        if bytes > MAX_STATIC_SMEM {
+        if bytes > MAX_BLOCK_SMEM {
             return Err(CodegenError::Unsupported(format!(
-                "`dot` of [{m}, {kk}] · [{kk}, {n}] tiles lowered on its own needs {bytes} bytes of shared memory (static limit {MAX_STATIC_SMEM}); use smaller tiles"
+                "`dot` of [{m}, {kk}] · [{kk}, {n}] tiles lowered on its own needs {bytes} bytes of shared memory (a block holds at most {MAX_BLOCK_SMEM} on any target); use smaller tiles"
             )));
         }
         self.scratch(bytes);
