@@ -2073,8 +2073,9 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         (s, _) => s.clamp(2, operand_ring::STAGES),
     };
     let mut depth = Depth { rings: k.schedule.ring_stages != 1, stages, ws_stages: asked.unwrap_or(warp_specialize::MAX_STAGES), tma_out: true };
+    let seed = loops::dot_carried(k);
     let mut e = loop {
-        let mut e = body(k, spec, target, grid, BTreeSet::new(), depth, &decls)?;
+        let mut e = body(k, spec, target, grid, seed.clone(), depth, &decls)?;
         while !e.retry.is_empty() {
             // carried tiles whose valid range changes across iterations (see `loops.rs`)
             let dynamic = e.dynamic_ranges.union(&e.retry).copied().collect();

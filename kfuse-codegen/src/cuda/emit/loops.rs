@@ -32,6 +32,35 @@ use kfuse_ir::{Literal, LoopId, Op, OpId, ValueId};
 use super::{ctype, Emitter, Val, R};
 use crate::CodegenError;
 
+/// The carried tiles whose next value is computed from a `dot` of the loop's body (an
+/// accumulator, `acc + dot(a, b)`): their valid range follows the operands' and is
+/// written with range variables from the first pass (the writer would find it
+/// differing at the `Yield` and write the kernel again).
+pub(super) fn dot_carried(k: &kfuse_ir::Kernel) -> std::collections::BTreeSet<(LoopId, u32)> {
+    let from_dot = |id: LoopId, v: ValueId| {
+        let mut todo = vec![v];
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(x) = todo.pop() {
+            if !seen.insert(x) || k.loop_of(x.op()) != Some(id) {
+                continue;
+            }
+            match k.op(x.op()) {
+                Op::Dot { .. } => return true,
+                Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Convert | Op::Broadcast | Op::ExpandDims { .. } => todo.extend(k.operands(x.op())),
+                _ => {}
+            }
+        }
+        false
+    };
+    k.ops()
+        .filter_map(|o| match k.op(o) {
+            Op::Yield { id } => Some((*id, o)),
+            _ => None,
+        })
+        .flat_map(|(id, y)| k.operands(y).into_iter().enumerate().filter(move |&(_, v)| from_dot(id, v)).map(move |(i, _)| (id, i as u32)))
+        .collect()
+}
+
 /// Most registers a thread the dot results of a loop and two copies of its loads
 /// issued ahead may take (`Emitter::ahead_loads`).
 const AHEAD_REGS: u32 = 128;
