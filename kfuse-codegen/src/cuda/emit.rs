@@ -49,9 +49,9 @@ mod operand_ring;
 mod tma_store;
 mod warp_specialize;
 
-/// Static shared memory above this needs the dynamic opt-in, which the writer makes only
-/// for kernels with an operand area (`dot_wgmma`'s plan); other shared-memory users (and
-/// operands staged at their dot) stay within it.
+/// Static shared memory above this needs the dynamic opt-in: a kernel with an operand
+/// area (`dot_wgmma`'s plan) always takes dynamic shared memory, any other whose scratch
+/// (conversions, reductions, operands staged at their dot) passes this (`shared_layout`).
 const MAX_STATIC_SMEM: u32 = 48 * 1024;
 
 /// The most shared memory a block of any target holds (sm_90's 227 KiB): a `dot` whose

@@ -41,8 +41,7 @@
 //!    rounding) and those of a `dot_tf32` on sm_80/sm_89 or whose tensors TMA cannot
 //!    read (the exact product, which TF32 permits but does not require), and f16/bf16
 //!    operands of a loop path 0 does not take (operand tensors of more than five
-//!    dimensions),
-//!    converted to f32 as they are loaded. `GENERAL=1` gives such loops
+//!    dimensions), converted to f32 as they are loaded. `GENERAL=1` gives such loops
 //!    to the general writer too (its FMA rule).
 //! 2. 8-bit and TF32 operands WGMMA cannot read (M or N contiguous, or a tensor TMA
 //!    cannot read): refused, the message naming the copy that fixes it
@@ -441,8 +440,7 @@ fn general_loop(k: &Kernel, spec: &Spec, target: &Target) -> bool {
     // warpgroup's consumers writing such a `b` tile beside a 128x256 accumulator
     // spilled 772 bytes (bias + GELU), so `choose_tiles` keeps such a `b` 128 wide;
     // the runtime's padded copies keep these operands rare.)
-    let staged_ok = sixteen;
-    let copies = |l: OpId| staged_ok || tma_obstacle(k, spec, l).is_none();
+    let copies = |l: OpId| sixteen || tma_obstacle(k, spec, l).is_none();
     found.iter().all(|f| {
         [f.a.0, f.b.0].iter().all(|&l| matches!(k.op(l), Op::Load { dims, .. } if dims.len() <= 5) && copies(l)) && k_major(f.a, 1) && k_major(f.b, 0)
     })

@@ -209,8 +209,8 @@ impl Emitter<'_> {
                 k.operands(v.op()).iter().all(|o| matches!(k.op(o.op()), Op::LoopIndex { id: l } if *l == id) || pos(o.op()) < start)
             })
             .collect();
-        heads.dedup();
         heads.sort();
+        heads.dedup();
         // (registers: the loop's dot results and two copies of each such load, a thread,
         // within AHEAD_REGS; beyond it the copies spilled: 44–1448 bytes on sm_90a with
         // a 128x256 accumulator, 24–432 on sm_80)
