@@ -79,8 +79,8 @@ fn several_dots_elsewhere_are_refused_clearly_or_lowered_one_by_one() {
     let def = &kfuse::ops::kernels::swiglu_gemm::DEF;
     // sm_80 / sm_89: the mma.sync path takes one product a loop, so both dots are lowered
     // one by one (and assemble without spills), the plan saying why; so are f32 operands
-    // on sm_90a (the exact FMA path takes one)
-    let cases = [(DType::BF16, Target::sm80(), "mma.sync path takes one"), (DType::BF16, Target::sm89(), "mma.sync path takes one"), (DType::F32, Target::sm90a(), "FMA path")];
+    // on sm_90a (exact FMAs, one dot at a time)
+    let cases = [(DType::BF16, Target::sm80(), "mma.sync path takes one"), (DType::BF16, Target::sm89(), "mma.sync path takes one"), (DType::F32, Target::sm90a(), "exact FMAs")];
     for (dt, t, why) in cases {
         let k = (def.build)(&[dt]).unwrap();
         let spec = spec_mnk(def, 4096, 4096, 4096);

@@ -1,4 +1,4 @@
-//! f32 matrix products on the GPU (the exact FMA path, `MmaPath::FmaSimt`) against a
+//! f32 matrix products on the GPU (the writer's exact FMA rule) against a
 //! float64 reference: `kfuse::ops::gemm` and its kernel launched into a NaN-poisoned
 //! output, every transpose combination (a transposed operand is a strided view, read
 //! as it lies: no copy), odd shapes, operands with unaligned row strides, a fused

@@ -99,7 +99,7 @@ pub fn mma_tiles_accumulator(rows: u32, cols: u32, warps: [u32; 2]) -> Blocked {
     }
 }
 
-/// The accumulator layout of the FMA path ([`crate::mma_plan::MmaPath::FmaSimt`]) for a
+/// The accumulator layout of the writer's exact FMA rule for a
 /// `[rows, cols]` tile held by `warps[0] × warps[1]` warps: a plain blocked layout
 /// (no [`AxisSteps`]) with runs of 4 consecutive rows and 4 consecutive columns a
 /// thread (`min(4, extent)`), up to 8 lanes along the columns and the rest of the warp

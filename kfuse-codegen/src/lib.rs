@@ -10,16 +10,10 @@
 //! and test builds):
 //! `verify → hoist_invariants → chunk_rows → choose_tiles → select_mma_path →
 //! persist_programs → rematerialize → assign_layouts → vectorize → verify →
-//! prefetch_ahead → order_grid → emit`. A `dot` loop with a plan (exact f32 products) is written
-//! by the FMA path's writer (`cuda/emit/dot_fma.rs`); every other loop — the matrix
-//! loops of every target among them — is written op by op, its carried values in
-//! registers (`cuda/emit/loops.rs`). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
+//! prefetch_ahead → order_grid → emit`. Every loop — the matrix loops of every target
+//! among them — is written op by op, its carried values in registers
+//! (`cuda/emit/loops.rs`), each `dot` lowered where it stands (`cuda/emit/dot.rs`). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
 //! of this list.
-//!
-//! The target facts of the FMA path's `dot` loop — thread tiles, warps, stages — are
-//! codegen's own ([`MmaPlan`], `mma_plan.rs`): the IR's schedule holds
-//! them as an opaque [`kfuse_ir::TargetPlan`] that it prints and never reads, and the
-//! passes and writers read them back through [`MmaSchedule`].
 //!
 //! Every [`EmittedKernel`] carries its [`Plan`] (`plan.rs`): the decisions above in a
 //! reader's terms, for reports (`kfuse::explain`, a launch's `Launched::plan`).
@@ -30,14 +24,12 @@
 pub mod analysis;
 pub mod cuda;
 pub mod layout;
-pub mod mma_plan;
 pub mod passes;
 pub mod plan;
 pub mod target;
 pub mod tuning;
 
-pub use mma_plan::{Major, MmaDot, MmaOperand, MmaPath, MmaPlan, MmaSchedule};
-pub use plan::{MatrixPlan, Plan};
+pub use plan::Plan;
 pub use target::{group_record_words, EmittedKernel, GridAxisEval, KernelParam, Spec, Target, TensorSpec};
 pub use tuning::tuning_candidates;
 

@@ -3,12 +3,11 @@
 //! tiles, pipeline stages, warps and warpgroups, cluster, persistence, shared memory —
 //! plus, once an assembler has built the kernel, its registers and local memory.
 //!
-//! Owns: [`Plan`] and [`MatrixPlan`], built by [`crate::compile`] from the scheduled
-//! kernel ([`Plan::of_scheduled`]) and carried by every [`EmittedKernel`]
+//! Owns: [`Plan`], built by [`crate::compile`] from the scheduled kernel
+//! ([`Plan::of_scheduled`]) and carried by every [`EmittedKernel`]
 //! (`EmittedKernel::plan`). The facts are the schedule's (`kfuse_ir::Schedule`, which the
-//! IR printer also shows: the instruction names come from the same
-//! [`MmaPlan::instructions`]); the writer adds the block size and the shared memory it
-//! declared. Registers and local memory are not codegen's to know: the runtime fills them
+//! IR printer also shows) and the writer's: how each `dot` runs, the block size and the
+//! shared memory it declared. Registers and local memory are not codegen's to know: the runtime fills them
 //! in from the driver when it loads a kernel, and `kfuse::explain` from `ptxas -v`.
 //!
 //! [`EmittedKernel`]: crate::EmittedKernel
@@ -19,7 +18,6 @@ use std::fmt;
 use kfuse_ir::Kernel;
 
 use crate::cuda::emit::Emitted;
-use crate::mma_plan::{MmaPath, MmaPlan, MmaSchedule};
 
 /// What the passes decided for one compiled kernel (see the module docs). `Display`
 /// writes it as a few indented lines, one topic each.
@@ -40,10 +38,8 @@ pub struct Plan {
     pub kernel: String,
     /// The architecture it was compiled for (`sm_90a`).
     pub arch: String,
-    /// The pipelined matrix loop, when the kernel has one.
-    pub matrix: Option<MatrixPlan>,
-    /// Why the kernel's `dot`s are no pipelined matrix loop, when it has dots that are
-    /// not: each is then lowered where it stands.
+    /// Why the kernel's `dot`s are lowered as they are (each where it stands), when it
+    /// has dots.
     pub dots_one_by_one: Option<String>,
     /// How each of those dots runs, in op order (the writer's rule: `wgmma`, `mma.sync`
     /// or FMAs, and where the operands come from), after a line saying how the operand
@@ -92,61 +88,13 @@ pub struct Plan {
     pub operand_copies: Vec<String>,
 }
 
-/// The pipelined `dot` loop of a [`Plan`] (`crate::mma_plan::MmaPlan`, in a reader's terms).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MatrixPlan {
-    /// WGMMA with TMA (sm_90a), mma.sync with cp.async (sm_80, sm_89), or f32 FMAs.
-    pub path: MmaPath,
-    /// Why this path: the target, the operands, and for a fallback what the faster
-    /// path cannot read.
-    pub why: String,
-    /// Block tile `[BM, BN, BK]`.
-    pub tile: [u32; 3],
-    /// The instructions of a K step (`f32 fma`).
-    pub instructions: String,
-    /// Shared-memory pipeline stages.
-    pub stages: u32,
-    /// Warps sharing the accumulator tile, along M and along N.
-    pub warps: [u32; 2],
-}
-
-impl MatrixPlan {
-    fn of(m: &MmaPlan, why: Option<&str>) -> MatrixPlan {
-        MatrixPlan {
-            path: m.path,
-            why: why.unwrap_or_default().to_string(),
-            tile: m.tile,
-            instructions: m.instructions(),
-            stages: m.stages,
-            warps: m.warps,
-        }
-    }
-
-    /// The path's name: `FMA (CUDA cores)`.
-    pub fn path_name(&self) -> &'static str {
-        match self.path {
-            MmaPath::FmaSimt => "FMA (CUDA cores)",
-        }
-    }
-
-    /// Whether the path runs on the tensor cores.
-    pub fn tensor_cores(&self) -> bool {
-        self.path != MmaPath::FmaSimt
-    }
-}
-
 impl Plan {
     /// Whether the kernel's `dot`s run on the tensor cores: its matrix loop on a matrix
     /// path, or each dot lowered where it stands on `wgmma` or `mma.sync` (false for a
     /// kernel without dots).
     pub fn tensor_cores(&self) -> bool {
-        match &self.matrix {
-            Some(m) => m.tensor_cores(),
-            None => {
-                let dots: Vec<&String> = self.dots.iter().filter(|d| d.starts_with('`')).collect();
-                !dots.is_empty() && dots.iter().all(|d| d.contains(": wgmma m") || d.contains(": mma.sync"))
-            }
-        }
+        let dots: Vec<&String> = self.dots.iter().filter(|d| d.starts_with('`')).collect();
+        !dots.is_empty() && dots.iter().all(|d| d.contains(": wgmma m") || d.contains(": mma.sync"))
     }
 
     /// The plan of a scheduled kernel `k` (after `crate::schedule`) compiled for `arch`,
@@ -157,7 +105,6 @@ impl Plan {
         Plan {
             kernel: k.name.clone(),
             arch: arch.to_string(),
-            matrix: s.mma().map(|m| MatrixPlan::of(m, s.mma_why.as_deref())),
             dots_one_by_one: s.dots_one_by_one.clone(),
             dots: written.dot_notes.clone(),
             loops: written.loop_notes.clone(),
@@ -194,20 +141,14 @@ impl fmt::Display for Plan {
         for c in &self.operand_copies {
             writeln!(f, "  {c}")?;
         }
-        match (&self.matrix, &self.dots_one_by_one) {
-            (Some(m), _) => {
-                writeln!(f, "  matrix path: {}", m.path_name())?;
-                writeln!(f, "    why: {}", m.why)?;
-                writeln!(f, "  matrix tile: {}x{}x{} (BM x BN x BK), {}, {} stages", m.tile[0], m.tile[1], m.tile[2], m.instructions, m.stages)?;
-                writeln!(f, "  warps: {}x{} share the accumulator", m.warps[0], m.warps[1])?;
-            }
-            (None, Some(why)) => {
+        match &self.dots_one_by_one {
+            Some(why) => {
                 writeln!(f, "  matrix path: none, dots one by one ({why})")?;
                 for d in &self.dots {
                     writeln!(f, "    {d}")?;
                 }
             }
-            (None, None) => writeln!(f, "  matrix path: none (no `dot`)")?,
+            None => writeln!(f, "  matrix path: none (no `dot`)")?,
         }
         let bounds = if self.min_blocks > 0 { format!(", __launch_bounds__ minimum {} block(s) a multiprocessor", self.min_blocks) } else { String::new() };
         writeln!(f, "  block: {} threads ({} warps){bounds}", self.block_threads, self.block_threads / 32)?;

@@ -1,8 +1,8 @@
-//! The exact f32 FMA path (`MmaPath::FmaSimt`) on a GEMM built with the IR builder:
-//! which `dot` loops take it (f32 operands on every target; f16/bf16 operands the copy
-//! engines cannot read stay on the tensor cores), the plan and tiles recorded in the IR, the structure of
-//! the emitted source for every operand layout, the overrides, and the accumulator
-//! layout against what the writer's FMAs assume. NVRTC + ptxas checks live in the
+//! The writer's exact f32 FMA rule on a GEMM built with the IR builder: which `dot`
+//! loops take it (f32 operands on every target; f16/bf16 operands the copy engines
+//! cannot read stay on the tensor cores), the tiles and threads the passes choose, the
+//! structure of the emitted source for every operand layout, the overrides, and the
+//! accumulator layout the rule reads its 16-byte runs by. NVRTC + ptxas checks live in the
 //! workspace tests (tests/gemm_fma_codegen.rs), GPU numerics in tests/gpu_gemm_f32.rs.
 
 mod common;
@@ -11,21 +11,27 @@ use common::{accumulator_layout, coord, gemm_kernel, gemm_kernel_from, spec};
 use kfuse_codegen::layout::RegMap;
 use kfuse_codegen::{compile, EmittedKernel, Spec, Target, TensorSpec};
 use kfuse_ir::{DType, Kernel, Layout};
-use kfuse_codegen::MmaSchedule;
 
 fn targets() -> [Target; 3] {
     [Target::sm80(), Target::sm89(), Target::sm90a()]
 }
 
-/// The source is plain f32 FMAs: no matrix instruction, no asynchronous copies.
+/// The source is plain f32 FMAs on runs of 4 (16-byte reads of both operands): no
+/// matrix instruction, no asynchronous copies.
 fn assert_fma(e: &EmittedKernel, what: &str) {
-    assert!(e.ir.contains("mma FmaSimt"), "{what}: {}", e.ir);
-    assert!(e.source.contains("= fmaf(kf_a[i], kf_b[j], kf_acc["), "{what}: {}", e.source);
+    assert!(e.ir.contains("dots one by one") && e.ir.contains("exact f32 products"), "{what}: {}", e.ir);
+    assert!(e.plan.dots.iter().any(|d| d.contains("f32 FMAs on runs of 4 a thread")), "{what}: {}", e.plan);
+    assert!(e.source.contains("fmaf(") && e.source.contains("kf_v16"), "{what}: {}", e.source);
     for no in ["mma", "cp.async", "ldmatrix", "CUtensorMap", "mbarrier", "__cluster_dims__"] {
         assert!(!e.source.contains(no), "{what}: `{no}` in the FMA kernel");
     }
     assert!(!e.source.contains("tf32") && !e.source.contains("__fmul_rz"), "{what}");
     assert_eq!((e.persistent, e.cluster_x), (None, 1), "{what}");
+}
+
+/// The plan's `[BM, BN, BK]`.
+fn tiles(e: &EmittedKernel) -> [u32; 3] {
+    ["BM", "BN", "BK"].map(|n| e.plan.tiles.get(n).copied().unwrap_or(0))
 }
 
 /// `a` and `b` stored with their unit stride on the first dimension (a transposed view)
@@ -43,21 +49,17 @@ fn spec_major(k: &Kernel, mnk: [u32; 3], a_first: Option<bool>, b_first: Option<
 }
 
 #[test]
-fn f32_dots_take_the_fma_path_on_every_target() {
+fn f32_dots_take_the_fma_rule_on_every_target() {
     let k = gemm_kernel(DType::F32, false, false, true);
     for t in targets() {
         let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &t).unwrap();
         assert_fma(&e, &t.arch());
-        assert!(e.ir.contains("tile 128x128x8, f32 fma, thread tile 8x8, warps 4x2, 2 stages"), "{}", e.ir);
-        assert!(e.ir.contains("schedule: threads=256 min_blocks=2"), "{}", e.ir);
+        assert_eq!(tiles(&e), [128, 128, 8], "{}", e.plan);
         assert_eq!((e.block_threads, e.arch.clone()), (256, t.arch()));
-        // two stages of [8][128 + 4] floats for A (transposed) and for B
-        assert_eq!(e.smem_bytes, 2 * 2 * 8 * 132 * 4);
-        assert!(e.source.contains("__launch_bounds__(256, 2)") && e.source.contains("extern __shared__"), "{}", e.source);
-        // operands read from shared memory as 16-byte vectors, two runs of 4 each a k
-        assert_eq!(e.source.matches("*reinterpret_cast<const kf_f4*>(").count(), 2, "{}", e.source);
-        // the prefetch of the next slab and one barrier an iteration
-        assert!(e.source.contains("if (kf_more)") && e.source.contains("kf_buf ^ 1"), "{}", e.source);
+        // [8][128 + 4] floats for A (transposed) and for B, static shared memory
+        assert_eq!(e.plan.static_smem_bytes, 2 * 8 * 132 * 4, "{}", e.plan);
+        // the operand loads of the next step issued a step ahead
+        assert!(e.plan.dots.iter().any(|d| d.contains("issued an iteration ahead")), "{}", e.plan);
         // the grid is the kernel's own program ids
         assert!(e.source.contains("blockIdx.x") && e.source.contains("blockIdx.y"));
         assert_eq!(e.grid_dims(&[300, 200, 1000]), [3, 2, 1]); // M, N, K
@@ -91,13 +93,6 @@ fn every_operand_layout_compiles() {
                             continue;
                         }
                         assert_fma(&e, &what);
-                        // the recorded majorness is the tensor's: K-major when K has the unit stride
-                        let plan = e.ir.lines().find(|l| l.contains("mma FmaSimt")).unwrap();
-                        let a_k = a_first.is_some_and(|f| f == ta);
-                        let b_k = b_first.is_some_and(|f| f != tb);
-                        let maj = |km: bool| if km { "K-major" } else { "MN-major" };
-                        let (a_part, b_part) = (&plan[plan.find(", A ").unwrap()..plan.find(", B ").unwrap()], &plan[plan.find(", B ").unwrap()..]);
-                        assert!(a_part.contains(maj(a_k)) && b_part.contains(maj(b_k)), "{what}: {plan}");
                     }
                 }
             }
@@ -148,15 +143,15 @@ fn sixteen_bit_operands_stay_on_the_tensor_cores_where_the_copies_cannot_read() 
 fn tiles_follow_the_shape_class() {
     let k = gemm_kernel(DType::F32, false, false, false);
     // the widest tile that still gives each multiprocessor one (108 on sm_80, 132 on sm_90)
-    for (mnk, t, tile, thread_tile) in [
-        ([4096, 4096, 4096], Target::sm80(), "tile 128x128x8", "thread tile 8x8, warps 4x2"),
-        ([1024, 1024, 1024], Target::sm80(), "tile 128x64x8", "thread tile 4x8, warps 8x1"),
-        ([1024, 1024, 1024], Target::sm90a(), "tile 64x64x16", "thread tile 4x4, warps 4x2"),
-        ([127, 4096, 4096], Target::sm90a(), "tile 64x64x16", "thread tile 4x4, warps 4x2"),
-        ([1, 1, 1], Target::sm80(), "tile 64x64x16", "thread tile 4x4, warps 4x2"),
+    for (mnk, t, tile) in [
+        ([4096, 4096, 4096], Target::sm80(), [128, 128, 8]),
+        ([1024, 1024, 1024], Target::sm80(), [128, 64, 8]),
+        ([1024, 1024, 1024], Target::sm90a(), [64, 64, 16]),
+        ([127, 4096, 4096], Target::sm90a(), [64, 64, 16]),
+        ([1, 1, 1], Target::sm80(), [64, 64, 16]),
     ] {
         let e = compile(&k, &spec(&k, mnk), &t).unwrap();
-        assert!(e.ir.contains(tile) && e.ir.contains(thread_tile), "{mnk:?} {}: {}", t.arch(), e.ir);
+        assert_eq!(tiles(&e), tile, "{mnk:?} {}: {}", t.arch(), e.plan);
         assert_eq!(e.block_threads, 256);
     }
 }
@@ -167,45 +162,44 @@ fn overrides_reach_the_plan() {
     let mut s = spec(&k, [4096, 4096, 4096]);
     s.tiles = [("BM".to_string(), 64), ("BN".to_string(), 128), ("BK".to_string(), 32)].into_iter().collect();
     let e = compile(&k, &s, &Target::sm80()).unwrap();
-    assert!(e.ir.contains("tile 64x128x32, f32 fma, thread tile 4x8, warps 4x2"), "{}", e.ir);
-    assert_eq!(e.smem_bytes, 2 * (32 * 68 + 32 * 132) * 4);
+    assert_eq!(tiles(&e), [64, 128, 32], "{}", e.plan);
+    assert_eq!(e.plan.static_smem_bytes, (32 * 68 + 32 * 132) * 4, "{}", e.plan);
     // BM alone: BK follows it (1024 / BM)
     s.tiles = [("BM".to_string(), 64)].into_iter().collect();
     let e = compile(&k, &s, &Target::sm80()).unwrap();
-    assert!(e.ir.contains("tile 64x128x16"), "{}", e.ir);
+    assert_eq!(tiles(&e), [64, 128, 16], "{}", e.plan);
     // threads and minimum blocks
     s.tiles.clear();
     s.threads = Some(128);
     s.min_blocks = Some(1);
     let e = compile(&k, &s, &Target::sm80()).unwrap();
-    assert!(e.ir.contains("thread tile 8x16, warps 4x1") && e.ir.contains("threads=128 min_blocks=1"), "{}", e.ir);
+    assert!(e.ir.contains("threads=128 min_blocks=1") && e.plan.dots.iter().any(|d| d.contains("runs of 4")), "{}", e.ir);
     assert!(e.source.contains("__launch_bounds__(128, 1)"));
     // tiles smaller than a sweep of the block: replicas, still one source
     s.threads = None;
     s.min_blocks = None;
     s.tiles = [("BM".to_string(), 16), ("BN".to_string(), 8), ("BK".to_string(), 4)].into_iter().collect();
     let e = compile(&k, &s, &Target::sm80()).unwrap();
-    assert!(e.ir.contains("tile 16x8x4") && e.ir.contains("threads=32"), "{}", e.ir);
+    assert!(tiles(&e) == [16, 8, 4] && e.ir.contains("threads=32"), "{}", e.ir);
 }
 
 #[test]
 fn the_accumulator_layout_is_what_the_fmas_assume() {
-    // the writer's FMA `i, j` updates register `(i/4)·RS_r + (i%4)·ES_r + (j/4)·RS_c +
-    // (j%4)·ES_c`, with row `kf_tr + (i/4)·chunk_r + i%4` and column likewise: every
+    // the rule's FMA `i, j` updates register `(i/4)·RS_r + (i%4)·ES_r + (j/4)·RS_c +
+    // (j%4)·ES_c`, with row `r0 + (i/4)·chunk_r + i%4` and column likewise: every
     // element of the tile exactly once, runs of 4 a thread
     let k = gemm_kernel(DType::F32, false, false, false);
     for (mnk, t) in [([4096, 4096, 4096], Target::sm80()), ([1024, 1024, 1024], Target::sm80()), ([127, 4096, 4096], Target::sm90a())] {
         let sched = kfuse_codegen::schedule(&k, &spec(&k, mnk), &t).unwrap();
-        let plan = sched.schedule.mma().cloned().unwrap();
         let Some(l @ Layout::Blocked(b)) = accumulator_layout(&sched) else { panic!() };
         assert!(b.steps.is_empty() && b.size_per_thread == [4, 4] && b.order == [1, 0]);
         let map = RegMap::of(l).unwrap();
-        let [bm, bn, _] = plan.tile;
-        let [tm, tn, _] = plan.instr;
-        assert_eq!(map.regs, tm * tn);
         let (r, c) = (&map.axes[0], &map.axes[1]);
+        let (bm, bn) = (r.reps * r.chunk, c.reps * c.chunk);
+        let (tm, tn) = (r.reps * r.spt, c.reps * c.spt);
+        assert_eq!(map.regs, tm * tn);
         let mut seen = std::collections::BTreeSet::new();
-        for warp in 0..plan.warps[0] * plan.warps[1] {
+        for warp in 0..sched.schedule.num_threads / 32 {
             for lane in 0..32 {
                 let (r0, c0) = (coord(&map, 0, 0, warp, lane), coord(&map, 1, 0, warp, lane));
                 assert_eq!((r0 % 4, c0 % 4), (0, 0), "16-byte aligned runs");
@@ -235,13 +229,14 @@ fn codegen_is_deterministic() {
 
 #[test]
 fn the_autotuner_gets_fma_candidates() {
-    // the heuristic's tiles first, then the BM x BN alternatives the FMA path takes
+    // the heuristic's tiles first, then the BM x BN alternatives the FMA rule takes
     let k = gemm_kernel(DType::F32, false, false, false);
     let c = kfuse_codegen::tuning_candidates(&k, &spec(&k, [4096, 4096, 4096]), &Target::sm80());
     assert!(c.len() >= 3, "{c:?}");
     assert_eq!((c[0]["BM"], c[0]["BN"]), (128, 128));
     for t in &c {
         let s = Spec { tiles: t.clone(), ..spec(&k, [4096, 4096, 4096]) };
-        assert!(compile(&k, &s, &Target::sm80()).unwrap().ir.contains("mma FmaSimt"));
+        let e = compile(&k, &s, &Target::sm80()).unwrap();
+        assert!(e.plan.dots.iter().any(|d| d.contains("f32 FMAs")), "{t:?}: {}", e.plan);
     }
 }

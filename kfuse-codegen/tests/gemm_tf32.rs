@@ -35,20 +35,20 @@ fn plain_f32_dot_stays_exact() {
     let k = gemm_kernel(DType::F32, false, true, false);
     for t in [Target::sm80(), Target::sm89(), Target::sm90a()] {
         let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &t).unwrap();
-        assert!(e.ir.contains("mma FmaSimt") && !e.ir.contains("tf32"), "{}", e.ir);
+        assert!(e.plan.to_string().contains(": f32 FMAs") && !e.ir.contains("tf32"), "{}", e.ir);
         assert!(!e.source.contains("tf32") && !e.source.contains("wgmma"), "{}", e.source);
     }
 }
 
 #[test]
 fn tf32_on_sm80_and_sm89_is_computed_exactly() {
-    // no TF32 mma.sync path: the FMA path, which the plan line says
+    // no TF32 mma.sync path: the FMA rule, which the plan says
     let k = gemm_kernel_tf32(DType::F32, false, true);
     for t in [Target::sm80(), Target::sm89()] {
         let e = compile(&k, &spec(&k, [4096, 4096, 4096]), &t).unwrap();
-        assert!(e.ir.contains("mma FmaSimt") && e.ir.contains("dot_tf32 computed exactly"), "{}", e.ir);
+        assert!(e.plan.to_string().contains(": f32 FMAs") && e.ir.contains("exact f32 products are within what TF32 allows"), "{}", e.ir);
         assert!(e.source.contains("fmaf(") && !e.source.contains("tf32"), "{}", e.source);
-        assert_eq!(e.tiles["BK"], 8, "the FMA path's own tiles: {:?}", e.tiles);
+        assert_eq!(e.tiles["BK"], 8, "the FMA rule's own tiles: {:?}", e.tiles);
     }
 }
 
@@ -59,7 +59,7 @@ fn tf32_operands_tma_cannot_read_fall_back_to_exact_fmas() {
     let mut s = spec(&k, [4096, 4096, 4096]);
     s.tensors[0] = Some(TensorSpec { ptr_align: 16, stride_div: vec![1, 0] });
     let e = compile(&k, &s, &Target::sm90a()).unwrap();
-    assert!(e.ir.contains("mma FmaSimt") && !e.source.contains("wgmma"), "{}", e.ir);
+    assert!(e.plan.to_string().contains(": f32 FMAs") && !e.source.contains("wgmma"), "{}", e.ir);
 }
 
 #[test]

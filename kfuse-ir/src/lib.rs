@@ -28,4 +28,4 @@ pub use def::{DTypeSig, KernelDef, ParamSig};
 pub use dtype::DType;
 pub use error::IrError;
 pub use kernel::*;
-pub use schedule::{AxisSteps, Blocked, Layout, PlanBox, RowChunks, Schedule, SmemLayout, TargetPlan};
+pub use schedule::{AxisSteps, Blocked, Layout, RowChunks, Schedule, SmemLayout};

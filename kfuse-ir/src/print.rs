@@ -206,11 +206,6 @@ pub fn print(k: &Kernel) -> String {
         if let Some(why) = &s.dots_one_by_one {
             let _ = writeln!(out, "  dots one by one, not a pipelined matrix loop: {why}");
         }
-        if let Some(p) = &s.target {
-            for line in p.0.describe(k) {
-                let _ = writeln!(out, "  {line}");
-            }
-        }
         for (t, v) in &s.tiles {
             let _ = writeln!(out, "  tile {} = {v}", k.tile_name(*t));
         }

@@ -7,17 +7,14 @@
 //! Invariants (checked by the verifier once a schedule is present, i.e. when
 //! `num_threads > 0`):
 //! - every tile symbol used by the kernel has a value in `tiles`, a power of two (a
-//!   `dot`'s `N` tile may be a multiple of 64 where the target's plan takes one:
-//!   [`TargetPlan::takes_wide_n`]);
+//!   `dot`'s `N` tile may be a multiple of 64: several instructions a K step);
 //! - every shape symbol used as a full extent has a padded value in `full`, a power of two;
 //! - every value of rank ≥ 1 has a layout whose shape is the value's concrete shape, and
 //!   whose thread count is `num_threads`.
 
-use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
-use crate::kernel::{Kernel, OpId, ShapeSym, TileSym, ValueId};
+use crate::kernel::{OpId, ShapeSym, TileSym, ValueId};
 
 /// How the elements of a tile are spread over the threads of a block (and, for a
 /// tile split over several blocks that share it, over those blocks).
@@ -172,22 +169,13 @@ pub struct Schedule {
     pub smem: BTreeMap<ValueId, SmemLayout>,
     /// Bytes of shared memory the kernel needs (layout conversions, reductions).
     pub smem_bytes: u32,
-    /// The target's plan of a `dot` loop it pipelines as a whole, when the kernel has
-    /// one: instructions, data movement, stages, which the target's code generator
-    /// defines and reads ([`TargetPlan`]; `kfuse-codegen`'s matrix-loop plan).
-    pub target: Option<PlanBox>,
-    /// Why the kernel's `dot`s are not a pipelined matrix loop (`target`), when they are
-    /// not: each is then lowered where it stands, as one op among the others.
+    /// How the kernel's `dot`s are lowered and why, when it has any: each where it
+    /// stands, as one op among the others.
     pub dots_one_by_one: Option<String>,
-    /// The kernel's `dot`s are a matrix loop that the general lowering takes (lowered op
-    /// by op on the matrix path's tiles and the tensor cores' layouts) rather than a
-    /// pipelined plan (`target`); `dots_one_by_one` says so in words.
+    /// The kernel's `dot`s are a matrix loop that the general lowering takes on the
+    /// tensor cores (the matrix tiles, operand rings, the instructions' accumulator
+    /// layouts); `dots_one_by_one` says so in words.
     pub general_matrix_loop: bool,
-    /// Why the pipelined `dot` loop of `target` takes its path (`select_mma_path`): the
-    /// target, the operands' dtype and precision, and, for the FMA fallback of 16-bit
-    /// operands, what the matrix path's copies cannot read. Reported by plans
-    /// (`kfuse_codegen::Plan`); the IR printer does not show it.
-    pub mma_why: Option<String>,
     /// A row too long for one block, on a target without block groups to take it, walked in
     /// chunks by loops the pass wrote into the kernel (`chunk_rows`).
     pub row_chunks: Option<RowChunks>,
@@ -212,45 +200,5 @@ impl Schedule {
     /// True once the passes have run (`num_threads > 0`).
     pub fn is_scheduled(&self) -> bool {
         self.num_threads > 0
-    }
-}
-
-/// Decisions a target's code generator records in a [`Schedule`] that only it reads: the
-/// instructions and data movement of a `dot` loop it pipelines as a whole. The IR knows
-/// them only as lines to print and as the one fact the verifier needs.
-pub trait TargetPlan: fmt::Debug + Send + Sync + 'static {
-    /// The lines the IR printer shows for the plan (indented by the printer).
-    fn describe(&self, k: &Kernel) -> Vec<String>;
-    /// Whether the `N` tile of the kernel's `dot` may be a multiple of 64 that is not a
-    /// power of two (several instructions a K step).
-    fn takes_wide_n(&self) -> bool;
-    /// The plan, as a value its code generator can downcast.
-    fn as_any(&self) -> &dyn Any;
-    /// The plan, mutable, as a value its code generator can downcast.
-    fn as_any_mut(&mut self) -> &mut dyn Any;
-    /// A copy of the plan.
-    fn clone_plan(&self) -> Box<dyn TargetPlan>;
-    /// Whether `other` is an equal plan (of the same type).
-    fn same(&self, other: &dyn TargetPlan) -> bool;
-}
-
-/// A [`TargetPlan`] held by a [`Schedule`]: cloned, compared and printed as its value.
-pub struct PlanBox(pub Box<dyn TargetPlan>);
-
-impl Clone for PlanBox {
-    fn clone(&self) -> Self {
-        PlanBox(self.0.clone_plan())
-    }
-}
-
-impl PartialEq for PlanBox {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.same(other.0.as_ref())
-    }
-}
-
-impl fmt::Debug for PlanBox {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
     }
 }

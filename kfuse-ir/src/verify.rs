@@ -29,8 +29,8 @@
 //!    - scoping: an operand defined in the body of a loop is used only inside that body
 //!      (its `Yield` and nested loops included).
 //! 6. Once scheduled (`schedule.num_threads > 0`): every tile symbol has a power-of-two
-//!    value (but the `N` tile of a `dot`'s B operand, which may be a multiple of 64
-//!    until the target's plan says it takes none: 320, two instructions a K step), every
+//!    value (but the `N` tile of a `dot`'s B operand, which may be a multiple of 64:
+//!    320, two instructions a K step), every
 //!    `Full` shape symbol a power-of-two padded extent, and once layouts
 //!    are assigned, every value of rank ≥ 1 has one (and none is `Uniform`).
 
@@ -479,10 +479,8 @@ fn check_loops(k: &Kernel) -> Result<(), String> {
 fn check_schedule(k: &Kernel) -> Result<(), String> {
     let s = &k.schedule;
     // the one tile extent that may be other than a power of two: the `BN` of a `dot`'s B
-    // tile, a multiple of 64, before a plan is chosen and where the target's plan takes
-    // one (several instructions a K step)
-    let wide_n = s.target.as_ref().is_none_or(|p| p.0.takes_wide_n());
-    let wide = k.order.iter().find(|&&o| matches!(k.op(o), Op::Dot { .. })).filter(|_| wide_n).and_then(|&d| match k.ty(k.operands(d)[1]).shape.get(1) {
+    // tile, a multiple of 64 (several instructions a K step)
+    let wide = k.order.iter().find(|&&o| matches!(k.op(o), Op::Dot { .. })).and_then(|&d| match k.ty(k.operands(d)[1]).shape.get(1) {
         Some(Extent::Tile(sym)) => Some(*sym),
         _ => None,
     });

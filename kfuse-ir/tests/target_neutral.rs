@@ -1,8 +1,7 @@
 //! Issue 20's boundary bar: `kfuse-ir/src` names no target instruction or mechanism.
 //! The IR knows tiles, dtypes, shapes and layouts; the instructions a target has
 //! (WGMMA, mma.sync, ldmatrix), its copies (TMA, cp.async, mbarriers) and its block
-//! groups (thread-block clusters) are `kfuse-codegen`'s, which keeps its decisions in
-//! the schedule as an opaque `TargetPlan`.
+//! groups (thread-block clusters) are `kfuse-codegen`'s.
 //!
 //! The check reads every source file under `src` (comments included: a doc that
 //! explains the IR in a target's terms is the same leak) and looks for the words

@@ -22,7 +22,6 @@ use crate::error::Result;
 use crate::launch::{desc_shapes, planned_descs, ArgDesc};
 use crate::ptxas::{Assembly, PtxasInfo};
 use crate::roofline::Roofline;
-use kfuse_codegen::MmaSchedule;
 
 /// What a GPU launch of a kernel on described arguments would compile and run, and
 /// what it costs at the device's peak ([`explain()`]). `Display` writes a report of the
@@ -82,8 +81,7 @@ pub fn explain(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<Exp
     assembled(&mut last, &emitted)?;
     let (_, ptx, assembly) = last.expect("assembled above");
     let shapes = desc_shapes(kernel, args)?;
-    let path = emitted.plan.matrix.as_ref().map(|m| m.path);
-    let roofline = Roofline::count(kernel, &shapes, path, target)?;
+    let roofline = Roofline::count(kernel, &shapes, emitted.plan.tensor_cores(), target)?;
     let info = assembly.info;
     Ok(Explain {
         kernel: def.name.to_string(),
@@ -133,9 +131,9 @@ fn assembled<'a>(last: &'a mut Option<(String, String, Assembly)>, e: &kfuse_cod
 pub fn roofline(def: &KernelDef, args: &[ArgDesc], target: &Target) -> Result<Roofline> {
     let planned = planned_descs(def, args, target)?;
     let kernel = &planned.built.0;
-    let scheduled = kfuse_codegen::schedule(kernel, &planned.spec, target)?;
+    let emitted = kfuse_codegen::compile(kernel, &planned.spec, target)?;
     let shapes = desc_shapes(kernel, args)?;
-    Roofline::count(kernel, &shapes, scheduled.schedule.mma().map(|m| m.path), target)
+    Roofline::count(kernel, &shapes, emitted.plan.tensor_cores(), target)
 }
 
 impl fmt::Display for Explain {

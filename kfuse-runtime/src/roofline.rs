@@ -3,7 +3,7 @@
 //! there, and what fraction of it a measured time reaches.
 //!
 //! Owns: [`Roofline`] (counted by [`Roofline::count`] from a kernel's IR, the shape
-//! values and the matrix path its plan takes), [`Peak`] and [`Compute`], and the peak
+//! values and whether its plan puts the dots on the tensor cores), [`Peak`] and [`Compute`], and the peak
 //! figures of the devices kfuse's targets stand for ([`peak`]).
 //!
 //! What is counted (compulsory work, independent of the tiles a schedule picks):
@@ -25,8 +25,8 @@
 //! Peaks: the datasheet figures of the device a target stands for — sm_90a with 132
 //! multiprocessors an H100 SXM, sm_80 with 108 an A100 SXM 80GB — with the compute peak
 //! of the units the plan uses ([`Compute`]): the tensor cores' dense figure for the
-//! operand type where the general lowering puts the dots on them (`wgmma`, `mma.sync`),
-//! the CUDA cores' f32 figure for the FMA path. Other targets have no
+//! operand type where the writer puts the dots on them (`wgmma`, `mma.sync`), the CUDA
+//! cores' f32 figure for exact f32 FMAs and kernels without dots. Other targets have no
 //! figures here (`peak` is `None`); the counts stand alone.
 
 use std::collections::HashMap;
@@ -36,7 +36,6 @@ use kfuse_codegen::Target;
 use kfuse_ir::{BinaryOp, DType, DotPrecision, Extent, Kernel, LoopId, Op, OpId, Type, UnaryOp, ValueId};
 
 use crate::error::{Error, Result};
-use kfuse_codegen::MmaPath;
 
 /// NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column: GPU memory bandwidth
 /// 3.35 TB/s (HBM3).
@@ -62,7 +61,7 @@ pub const A100_SXM_16BIT_TC_FLOPS: f64 = 312e12;
 /// The units a kernel's arithmetic runs on, for its compute peak.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Compute {
-    /// f32 on the CUDA cores: no `dot`, the FMA path, or one-by-one dots of f32.
+    /// f32 on the CUDA cores: no `dot`, or dots computed with FMAs.
     CudaCoresF32,
     /// Tensor cores reading f16 or bf16 operands.
     TensorCores16Bit,
@@ -83,20 +82,19 @@ impl Compute {
         }
     }
 
-    /// The units of `kernel` (its IR, scheduled or not) whose pipelined matrix loop takes
-    /// `path` (`None`: no such loop). See the module docs.
-    pub fn of(kernel: &Kernel, path: Option<MmaPath>) -> Compute {
+    /// The units of `kernel` (its IR, scheduled or not) whose plan puts its dots on the
+    /// tensor cores or not (`kfuse_codegen::Plan::tensor_cores`). See the module docs.
+    pub fn of(kernel: &Kernel, tensor_cores: bool) -> Compute {
         let dot = kernel.ops().find_map(|o| match kernel.op(o) {
             Op::Dot { precision } => Some((kernel.ty(kernel.operands(o)[0]).dtype, *precision)),
             _ => None,
         });
-        match (path, dot) {
-            (Some(MmaPath::FmaSimt), _) | (_, None) => Compute::CudaCoresF32,
-            // (the general lowering: 8-bit operands on `wgmma`, f32 ones of a
-            // `dot_tf32` read as TF32 there, 16-bit ones on `wgmma` or `mma.sync`)
-            (None, Some((d, _))) if d.is_fp8() => Compute::TensorCoresFp8,
-            (None, Some((DType::F32, DotPrecision::Tf32))) => Compute::TensorCoresTf32,
-            (None, Some((DType::F16 | DType::BF16, _))) => Compute::TensorCores16Bit,
+        match dot {
+            // (8-bit operands on `wgmma`, f32 ones of a `dot_tf32` read as TF32 there,
+            // 16-bit ones on `wgmma` or `mma.sync`)
+            Some((d, _)) if tensor_cores && d.is_fp8() => Compute::TensorCoresFp8,
+            Some((DType::F32, DotPrecision::Tf32)) if tensor_cores => Compute::TensorCoresTf32,
+            Some((DType::F16 | DType::BF16, _)) if tensor_cores => Compute::TensorCores16Bit,
             _ => Compute::CudaCoresF32,
         }
     }
@@ -185,10 +183,10 @@ pub struct Roofline {
 
 impl Roofline {
     /// Counts the compulsory work of `kernel` (its IR before scheduling, dtypes bound)
-    /// with shape values `shapes` (indexed by shape symbol), whose matrix loop takes
-    /// `path`, against the peak of `target` (module docs). Errors: a loop step that is
-    /// not positive, or shapes that do not fit the kernel.
-    pub fn count(kernel: &Kernel, shapes: &[u64], path: Option<MmaPath>, target: &Target) -> Result<Roofline> {
+    /// with shape values `shapes` (indexed by shape symbol), whose dots run on the tensor
+    /// cores or not, against the peak of `target` (module docs). Errors: a loop step
+    /// that is not positive, or shapes that do not fit the kernel.
+    pub fn count(kernel: &Kernel, shapes: &[u64], tensor_cores: bool, target: &Target) -> Result<Roofline> {
         if shapes.len() != kernel.shape_syms.len() {
             return Err(Error::InvalidArgument(format!(
                 "`{}` has {} shape symbols but {} values were given",
@@ -198,7 +196,7 @@ impl Roofline {
             )));
         }
         let c = Counter { k: kernel, shapes };
-        Ok(Roofline { bytes: c.bytes(), flops: c.flops()?, peak: peak(target, Compute::of(kernel, path)) })
+        Ok(Roofline { bytes: c.bytes(), flops: c.flops()?, peak: peak(target, Compute::of(kernel, tensor_cores)) })
     }
 
     /// Seconds moving [`Roofline::bytes`] takes at the peak bandwidth.

@@ -1031,7 +1031,7 @@ pub fn gemm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// dimension, the other stride a multiple of 16 bytes, data 16-byte aligned), else a
 /// copy with its rows padded to whole 128-byte lines (viewed at `t`'s shape). The copy costs one
 /// read and one write of `t`; the matrix product reads it many times. f32 operands are
-/// returned as they are — their path (exact FMAs, `MmaPath::FmaSimt`) reads any strides
+/// returned as they are — exact FMAs read any strides
 /// — unless `tf32` sends them to the tensor cores.
 fn tma_readable(t: &Tensor, tf32: bool) -> Result<std::borrow::Cow<'_, Tensor>> {
     use std::borrow::Cow;

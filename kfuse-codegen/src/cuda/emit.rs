@@ -17,13 +17,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use kfuse_ir::{AccessDim, BinaryOp, DType, Extent, Kernel, Layout, Literal, LoopId, Op, OpId, ParamKind, ReduceOp, SmemLayout, UnaryOp, ValueId};
 
-use crate::analysis::{concrete_shape, extent_value, is_zero, non_negative, same_scalar};
+use crate::analysis::{concrete_shape, extent_value, is_zero, non_negative};
 use crate::cuda::prelude::CLUSTER_PRELUDE;
 use crate::cuda::writer::Writer;
 use crate::layout::{AxisMap, RegMap};
 use crate::target::{KernelParam, Spec, Target};
 use crate::CodegenError;
-use crate::mma_plan::MmaSchedule;
 
 /// `cp.async` of 16 bytes with a source size (the rest zero-filled) and its groups (PTX
 /// ISA), as one literal: the operand rings' prelude.
@@ -40,11 +39,9 @@ template <int N> static __device__ __forceinline__ void kf_cp_async_wait() { asm
 
 mod access;
 mod dot;
-mod dot_fma;
 mod dot_overlap;
 mod dot_wgmma;
 mod loops;
-mod mma_common;
 mod operand_ring;
 mod tma_store;
 mod warp_specialize;
@@ -423,10 +420,6 @@ struct Emitter<'a> {
     retry: BTreeSet<(LoopId, u32)>,
     /// The launch grid, by program axis (`whole_programs`).
     grid: Vec<crate::target::GridAxisEval>,
-    /// Upper valid-range variables whose value is known: `hi` → (shape symbol, offset,
-    /// extent) for `hi = max(0, min(n - offset, extent))` (`mma_common::range_of`), so
-    /// that a store can tell at compile time that a value covers its block.
-    bounds: HashMap<String, (kfuse_ir::ShapeSym, ValueId, u32)>,
     /// The dots on the WGMMA rule and their staged operands (`dot_wgmma`; sm_90a).
     wg: Option<dot_wgmma::WgPlan>,
     /// No WGMMA instruction has been issued since the last barrier (an operand-area
@@ -506,7 +499,6 @@ impl<'a> Emitter<'a> {
             ahead_used: false,
             dynamic_ranges: BTreeSet::new(),
             retry: BTreeSet::new(),
-            bounds: HashMap::new(),
             wg: None,
             wg_synced: false,
             helpers: BTreeMap::new(),
@@ -2056,11 +2048,6 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     for (i, s) in k.shape_syms.iter().enumerate() {
         decls.push(format!("const long long n_{s}"));
         params.push(KernelParam::Shape(kfuse_ir::ShapeSym(i as u32)));
-    }
-    if let Some(plan) = k.schedule.mma() {
-        return match plan.path {
-            crate::mma_plan::MmaPath::FmaSimt => dot_fma::emit_kernel(k, spec, target, grid, plan, params, decls),
-        };
     }
     // The body first (its shared-memory needs are known only afterwards): `cp.async`
     // rings as deep as the whole block's shared memory then holds (`ring_stages` 1: no

@@ -11,15 +11,12 @@
 //! real run gives the init that layout, so the loop converts nothing per iteration.
 //!
 //! Rules, in program order:
-//! - the accumulator of a pipelined dot loop (`MmaSchedule::mma`): the `Dot`, the carried
-//!   value it is added to, the sum and the loop result take the matrix instruction's
-//!   accumulator layout (every accumulator of a loop of several dots alike;
-//!   [`crate::layout::mma_accumulator`] for WGMMA,
-//!   [`crate::layout::mma_tiles_accumulator`] over the plan's warps for mma.sync,
-//!   the plain blocked [`crate::layout::fma_accumulator`] of the FMA path), so
-//!   the epilogue works on the registers where the instruction left them; other
-//!   carried values keep their init's layout;
-//! - the next value of any other carried value, at its loop's `Yield`, takes the
+//! - a `Dot` (each is lowered where it stands): the accumulator layout of `m16n8k16`
+//!   tiles over the block's warps where a matrix instruction takes it
+//!   ([`one_dot_mma_layout`]; WGMMA's accumulator is the same), runs of 4 rows and 4
+//!   columns a thread for exact f32 products ([`fma_runs_layout`]), else a blocked
+//!   default; carried values keep their init's layout;
+//! - the next value of a carried value, at its loop's `Yield`, takes the
 //!   carried value's layout (a `Convert` where they differ);
 //! - a `Load` is an anchor: a blocked layout whose fastest axis is the tile axis over
 //!   the tensor's unit-stride dimension, with 16 bytes per thread along it (one
@@ -60,7 +57,6 @@ use crate::layout::{blocked, permute};
 
 use crate::target::Spec;
 use crate::CodegenError;
-use crate::mma_plan::{MmaPath, MmaSchedule};
 
 /// Extents that some reduction reduces.
 fn reduced_extents(k: &Kernel) -> Vec<Extent> {
@@ -242,9 +238,6 @@ fn flexible_root(k: &Kernel, v: ValueId) -> Option<ValueId> {
         }
         Op::LoopCarried { id, index } | Op::LoopResult { id, index } => {
             let info = k.loop_info(*id)?;
-            if k.schedule.mma().is_some_and(|p| p.for_op == info.for_op) {
-                return None;
-            }
             flexible_root(k, k.operands(info.for_op)[3 + *index as usize])
         }
         _ => None,
@@ -439,19 +432,6 @@ fn is_flexible(k: &Kernel, v: ValueId) -> bool {
 /// `at` is the op being assigned when an error returns (`None` outside the per-op walk).
 fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mut Option<OpId>) -> Result<HashMap<ValueId, Layout>, CodegenError> {
     let mut wanted: HashMap<ValueId, Layout> = HashMap::new();
-    // the accumulator of a pipelined dot loop lives where the matrix instruction
-    // leaves it; its loop result carries that layout into the epilogue
-    let mma = k.schedule.mma().cloned();
-    let mma_layout = mma.as_ref().map(|p| {
-        Layout::Blocked(match p.path {
-            MmaPath::FmaSimt => crate::layout::fma_accumulator(p.tile[0], p.tile[1], p.warps),
-        })
-    });
-    // the loop and its carried accumulators (one per dot)
-    let mma_loop = mma.as_ref().and_then(|p| match k.op(p.for_op) {
-        Op::For { id, .. } => Some((*id, p.all_dots().iter().map(|d| d.carried).collect::<Vec<u32>>())),
-        _ => None,
-    });
     let order = k.order.clone();
     for op in order {
         *at = Some(op);
@@ -480,28 +460,20 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
             }
             // the same registers with an extent-1 axis added (see the writer)
             Op::ExpandDims { axis } => Some(expand_rule(k, op, *axis, hints)),
-            Op::Dot { .. } => match &mma_layout {
-                Some(l) => Some(l.clone()),
-                // a dot lowered where it stands: the accumulator layout of `m16n8k16`
-                // tiles over the block's warps where the matrix instruction takes it,
-                // else a blocked result like any tile's
-                None => Some(Layout::Blocked(
-                    one_dot_mma_layout(k, op).or_else(|| fma_runs_layout(k, op)).unwrap_or_else(|| default_layout(k, node.ty.as_ref().unwrap())),
-                )),
-            },
+            // a dot lowered where it stands: the accumulator layout of `m16n8k16` tiles
+            // over the block's warps where the matrix instruction takes it, runs of 4
+            // for the FMA rule, else a blocked result like any tile's
+            Op::Dot { .. } => Some(Layout::Blocked(
+                one_dot_mma_layout(k, op).or_else(|| fma_runs_layout(k, op)).unwrap_or_else(|| default_layout(k, node.ty.as_ref().unwrap())),
+            )),
+            // carried values keep their init's layout
             Op::LoopCarried { id, index } | Op::LoopResult { id, index } => {
-                if mma_loop.as_ref().is_some_and(|(l, acc)| l == id && acc.contains(index)) {
-                    mma_layout.clone()
-                } else {
-                    // other carried values keep their init's layout
-                    let info = k.loop_info(*id).ok_or_else(|| CodegenError::Unsupported("a loop without its yield".into()))?;
-                    let init = k.operands(info.for_op)[3 + *index as usize];
-                    Some(layout_of(k, init))
-                }
+                let info = k.loop_info(*id).ok_or_else(|| CodegenError::Unsupported("a loop without its yield".into()))?;
+                let init = k.operands(info.for_op)[3 + *index as usize];
+                Some(layout_of(k, init))
             }
-            // each next value of a carried tile takes the carried value's layout (the
-            // matrix loop's accumulators are the matrix writer's own)
-            Op::Yield { id } if mma_loop.as_ref().is_none_or(|(l, _)| l != id) => {
+            // each next value of a carried tile takes the carried value's layout
+            Op::Yield { id } => {
                 let info = k.loop_info(*id).ok_or_else(|| CodegenError::Unsupported("a yield without its loop".into()))?;
                 for (i, &next) in ops.iter().enumerate() {
                     let carried = info.carried_values[i].unwrap_or(k.operands(info.for_op)[3 + i]);

@@ -636,20 +636,17 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
             }
         }
     }
-    // select_mma_path sets the consumers' count; the general lowering gives each
-    // warpgroup 64 rows of the tile, two at most
+    // the general lowering gives each warpgroup 64 rows of the tile, two at most; a
+    // loop of exact f32 products takes the FMA rule's threads (`fma::fma_threads`)
     let general = crate::passes::select_mma_path::general_requested(spec) || crate::passes::select_mma_path::general_takes(k, spec, target);
-    // (an exact f32 dot asked onto the general lowering takes its FMA rule, with the
-    // FMA path's threads)
-    let fma_rule = general && fma && crate::passes::select_mma_path::general_requested(spec);
-    let mma_sync = general && target.sm != 90 && !fma_rule;
+    let mma_sync = general && target.sm != 90 && !fma;
     let heavy = mma_sync && heavy_epilogue_of(k, dot);
     k.schedule.num_threads = if mma_sync {
         // `mma.sync`: one warp per 64x64 of the tile, 4 to 8 (`mma_sync_default_warps`),
         // which `assign_layouts` stacks along the rows
         let shape = [concrete_shape(k, &at).first().copied().unwrap_or(128), concrete_shape(k, &bt).get(1).copied().unwrap_or(128)];
         spec.threads.unwrap_or(32 * crate::passes::select_mma_path::mma_sync_default_warps(shape[0], shape[1], heavy))
-    } else if fma_rule {
+    } else if fma {
         let shape = [concrete_shape(k, &at).first().copied().unwrap_or(128), concrete_shape(k, &bt).get(1).copied().unwrap_or(128)];
         spec.threads.unwrap_or(crate::passes::select_mma_path::fma::fma_threads(shape[0], shape[1]))
     } else if general {
@@ -680,8 +677,8 @@ fn loads_output_tile(k: &Kernel, dot: kfuse_ir::OpId) -> bool {
     k.ops().any(|o| matches!(k.op(o), Op::Load { .. }) && k.loop_of(o).is_none() && k.ty(o.value()).shape == [at.shape[0], bt.shape[1]])
 }
 
-/// Tiles `(BM, BN)` of a `dot` loop on the FMA path (`MmaPath::FmaSimt`: f32
-/// operands, or 16-bit ones no matrix path can read), any target; `BK` is [`fma_bk`].
+/// Tiles `(BM, BN)` of a `dot` loop of exact FMAs (f32 operands, or 16-bit ones no
+/// matrix path can read), any target; `BK` is [`fma_bk`].
 ///
 /// Heuristic: 128x128 (256 threads with 8x8 thread tiles: per `k` a thread reads four
 /// 16-byte vectors from shared memory for 64 FMAs — one conflict-free access per warp

@@ -32,7 +32,6 @@ use kfuse_ir::{AccessDim, Kernel, Op, OpId, ValueId};
 use crate::analysis::concrete_shape;
 use crate::target::Target;
 use crate::CodegenError;
-use crate::mma_plan::MmaSchedule;
 
 /// Most prefetched elements per thread (at 1024 threads, 32 elements of a 262144-element
 /// row over a cluster of 8 spilled 28-72 bytes with their next-program copy).
@@ -57,8 +56,7 @@ pub fn run(k: &mut Kernel, target: &Target) -> Result<(), CodegenError> {
         .sum();
     // a loop's loads run once an iteration: the prefetch walks straight-line bodies only
     let loops = k.ops().any(|op| matches!(k.op(op), Op::For { .. }));
-    if k.schedule.mma().is_none()
-        && !loops
+    if !loops
         && k.schedule.num_threads == 1024
         && k.schedule.split_blocks <= 1
         && only_axis0

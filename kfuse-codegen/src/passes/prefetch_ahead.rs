@@ -30,7 +30,6 @@ use crate::layout::RegMap;
 use crate::passes::persist_programs::prefetch_loads;
 use crate::target::{Spec, Target};
 use crate::CodegenError;
-use crate::mma_plan::MmaSchedule;
 
 /// Runs the pass: sets `Schedule::l2_prefetch` for the cluster row kernels that qualify
 /// (module docs).
@@ -43,7 +42,6 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     if c > 1
         && target.sm >= 90
         && target.num_sms > 0
-        && k.schedule.mma().is_none()
         && k.schedule.persistent == 0
         && !k.schedule.grouped
         && only_axis0

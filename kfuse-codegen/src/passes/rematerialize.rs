@@ -51,7 +51,6 @@ use kfuse_ir::{Kernel, Op, UnaryOp};
 use crate::analysis::concrete_shape;
 use crate::target::Spec;
 use crate::CodegenError;
-use crate::mma_plan::MmaSchedule;
 
 /// Data registers up to which three 512-thread blocks share a multiprocessor.
 pub const FEW_DATA_REGS: u32 = 16;
@@ -75,7 +74,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
             !t.is_scalar() && t.dtype.is_float() && t.dtype.size_bytes() < 4
         }
     });
-    let remat = s.split_blocks > 1 && s.mma().is_none() && s.persistent == 0 && narrow;
+    let remat = s.split_blocks > 1 && s.persistent == 0 && narrow;
     k.schedule.remat = remat;
     if !remat || spec.min_blocks.is_some() || k.schedule.num_threads >= 1024 {
         return Ok(());

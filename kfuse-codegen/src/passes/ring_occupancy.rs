@@ -24,14 +24,13 @@
 //! there is one further attempt: no rings, every operand staged from registers where its
 //! value is defined (attention at D 256 on small tiles spilled 8 bytes with them).
 //!
-//! The rule: no matrix path (the FMA path's own kernel), no cluster split and no persistent
+//! The rule: no cluster split and no persistent
 //! walk, at most 256 threads a block, no user `min_blocks`, no other register-room
 //! attempts, and a `dot` inside a loop. A kernel whose loop the writer
 //! warp-specializes instead has launch bounds of its own and ignores the request.
 
 use kfuse_ir::{Kernel, Op};
 
-use crate::mma_plan::MmaSchedule;
 use crate::target::{Spec, Target};
 use crate::CodegenError;
 
@@ -42,7 +41,7 @@ pub const RING_BLOCKS: u32 = 2;
 /// `Schedule::ring_stages` (see the module docs).
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     let s = &k.schedule;
-    if s.mma().is_some() || s.split_blocks > 1 || s.persistent > 0 || s.num_threads > 256 || spec.min_blocks.is_some() || s.register_attempt.1 > 1 {
+    if s.split_blocks > 1 || s.persistent > 0 || s.num_threads > 256 || spec.min_blocks.is_some() || s.register_attempt.1 > 1 {
         return Ok(());
     }
     let mut depth = 0u32;

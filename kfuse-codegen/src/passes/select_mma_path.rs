@@ -36,13 +36,16 @@
 //!    `ldmatrix`, `mma.sync` elsewhere). An operand TMA or `cp.async` cannot copy is
 //!    written to its tile from registers each step. A K tile asked for that is not a
 //!    multiple of 32 bytes (every instruction's K step) is refused.
-//! 1. [`MmaPath::FmaSimt`] on every sm_80+ target (`fma.rs`): f32 operands of a plain
-//!    `dot` always (exact f32 FMAs; no matrix instruction takes f32 without TF32
-//!    rounding) and those of a `dot_tf32` on sm_80/sm_89 or whose tensors TMA cannot
-//!    read (the exact product, which TF32 permits but does not require), and f16/bf16
-//!    operands of a loop path 0 does not take (operand tensors of more than five
-//!    dimensions), converted to f32 as they are loaded. `GENERAL=1` gives such loops
-//!    to the general writer too (its FMA rule).
+//! 1. Exact FMAs on every sm_80+ target (`fma.rs` has the facts `choose_tiles` reads):
+//!    f32 operands of a plain `dot` always (no matrix instruction takes f32 without
+//!    TF32 rounding) and those of a `dot_tf32` on sm_80/sm_89 or whose tensors TMA
+//!    cannot read (the exact product, which TF32 permits but does not require): no
+//!    plan; `Schedule::dots_one_by_one` says why, `choose_tiles` gives the loop the FMA
+//!    tiles and threads, and the writer's FMA rule computes each dot where it stands
+//!    (runs of 4 rows and 4 columns a thread read as 16-byte vectors, the operands'
+//!    loads an iteration ahead). f16/bf16 operands of a loop path 0 does not take
+//!    (operand tensors of more than five dimensions) that the copies cannot read are
+//!    lowered where they stand too, their operands staged from registers.
 //! 2. 8-bit and TF32 operands WGMMA cannot read (M or N contiguous, or a tensor TMA
 //!    cannot read): refused, the message naming the copy that fixes it
 //!    (`kfuse::ops::gemm` and `gemm_ex` make one; [`matrix_operands`] and
@@ -60,15 +63,24 @@
 //! same paths; on sm_90 its tensor maps are per problem, in global memory (the general
 //! lowering's walk binds each program's problem's).
 //!
-//! Invariant on success: a schedule's [`crate::mma_plan::MmaPlan`] (the FMA path) names
-//! the `For`, the `Dot`, the carried index and the two operand loads, and
-//! `schedule.num_threads` counts the block's threads, all of which hold the accumulator.
+//! Invariant on success: a kernel with dots has `Schedule::dots_one_by_one` set (how
+//! and why its dots are lowered where they stand), and `general_matrix_loop` where the
+//! general lowering takes its matrix loop onto the tensor cores.
 
 use kfuse_ir::{AccessDim, BinaryOp, DType, DotPrecision, Kernel, Literal, LoopInfo, Op, OpId, ValueId};
 
 use crate::target::{Spec, Target, TensorSpec};
 use crate::CodegenError;
-use crate::mma_plan::{Major, MmaOperand, MmaPath, MmaPlan};
+
+/// Which dimension of a `dot` operand, as the dot sees it, has the unit stride in the
+/// tensor it is loaded from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Major {
+    /// The reduction dimension (`K`) is contiguous.
+    K,
+    /// The row (`M`, for A) or column (`N`, for B) dimension is contiguous.
+    MN,
+}
 
 pub mod fma;
 pub mod operands;
@@ -274,7 +286,7 @@ pub const MAX_DOTS: usize = 4;
 /// otherwise why not.
 /// Why the matrix paths cannot accumulate this loop's several dots at once on `target`,
 /// when they cannot for a reason of the target or the dtype: only the sm_90a WGMMA path
-/// takes several, and not with f32 operands (the FMA path takes one). Such dots are
+/// takes several, and not with f32 operands (exact FMAs, one at a time). Such dots are
 /// lowered one by one instead (`choose_tiles` gives them tiles for that).
 pub(crate) fn several_dots_elsewhere(k: &Kernel, dots: &[OpId], target: &Target) -> Option<String> {
     if dots.len() < 2 {
@@ -286,7 +298,7 @@ pub(crate) fn several_dots_elsewhere(k: &Kernel, dots: &[OpId], target: &Target)
     let why = if target.sm != 90 {
         "the mma.sync path takes one"
     } else if dtype == DType::F32 && !tf32 {
-        "f32 operands take the FMA path, which takes one"
+        "f32 operands take exact FMAs, one dot at a time"
     } else {
         return None;
     };
@@ -342,36 +354,6 @@ pub(crate) fn matrix_loop(k: &Kernel, dots: &[OpId]) -> Result<(LoopInfo, Vec<Ac
     Ok((info, found))
 }
 
-/// The dot loop [`matrix_loop`] recognized, with the facts every path's plan reads: its
-/// dots' accumulations (the first one first), their operand dtype, and whether they may
-/// read f32 operands as TF32 (`dot_tf32`).
-struct Recognized {
-    info: LoopInfo,
-    found: Vec<Accumulated>,
-    dtype: DType,
-    tf32: bool,
-}
-
-impl Recognized {
-    /// The first dot's loop as the FMA path's plan reads it.
-    fn fma_loop(&self) -> fma::DotLoop {
-        let first = &self.found[0];
-        fma::DotLoop { for_op: self.info.for_op, dot: first.dot, carried: first.carried, yield_pos: self.info.yield_pos, a: first.a, b: first.b }
-    }
-
-    /// The FMA fallback of 16-bit operands takes one dot: refused, saying `why`, where
-    /// several meet it.
-    fn one_dot(&self, why: &str) -> Result<(), CodegenError> {
-        if self.found.len() > 1 {
-            return Err(unsupported(format!(
-                "{} `dot`s in one loop: only the sm_90a WGMMA path accumulates several at once ({why})",
-                self.found.len()
-            )));
-        }
-        Ok(())
-    }
-}
-
 /// The other dots of the loop against the first: the same dtype, precision and tile
 /// shape; and a load is an A operand or a B operand, not both.
 fn check_alike(k: &Kernel, found: &[Accumulated]) -> Result<(), CodegenError> {
@@ -400,7 +382,7 @@ fn check_alike(k: &Kernel, found: &[Accumulated]) -> Result<(), CodegenError> {
 }
 
 /// Whether the spec asks for the general lowering of every loop (`GENERAL=1`, README's
-/// experimental options): it then takes the FMA path's loops too (its FMA rule).
+/// experimental options).
 pub fn general_requested(spec: &Spec) -> bool {
     spec.tiles.get("GENERAL") == Some(&1)
 }
@@ -490,7 +472,6 @@ pub fn wgmma_operands(k: &Kernel, d: OpId) -> bool {
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     k.schedule.dots_one_by_one = None;
     k.schedule.general_matrix_loop = false;
-    k.schedule.mma_why = None;
     let dots = dots(k);
     let Some(&dot) = dots.first() else { return Ok(()) };
     // `GENERAL=1`: its matrix loop where the general lowering takes one (fp8 and TF32
@@ -505,7 +486,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         }
     }
     // a loop of another shape: its dots are lowered where they stand (the writer's `dot`)
-    let (info, found) = match matrix_loop(k, &dots) {
+    let (_, found) = match matrix_loop(k, &dots) {
         Ok(m) => m,
         Err(why) => {
             k.schedule.dots_one_by_one = Some(why);
@@ -527,20 +508,19 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     }
     let dtype = k.ty(k.operands(dot)[0]).dtype;
     let tf32 = matches!(k.op(dot), Op::Dot { precision: DotPrecision::Tf32 });
-    check_alike(k, &found)?;
-    let r = Recognized { info, found, dtype, tf32 };
     // f32 operands: exact FMAs on every target, unless the dot allows TF32 and the
-    // target has a TF32 path (WGMMA, sm_90); elsewhere `dot_tf32` is computed exactly
+    // target has a TF32 path (WGMMA, sm_90); elsewhere `dot_tf32` is computed exactly.
+    // The dots are lowered where they stand (the writer's FMA rule).
     let wgmma = target.sm == 90;
-    // (several dots here were lowered one by one: `several_dots_elsewhere`)
     if dtype == DType::F32 && (!tf32 || !wgmma) {
-        k.schedule.mma_why = Some(if tf32 {
+        k.schedule.dots_one_by_one = Some(if tf32 {
             format!("`dot_tf32` of f32 on sm_{}: kfuse has no TF32 mma.sync path, and exact f32 products are within what TF32 allows", target.sm)
         } else {
             "f32 operands of `dot`: exact f32 products, which no matrix instruction gives (they read f32 as TF32)".to_string()
         });
-        return fma::plan(k, spec, &r.fma_loop());
+        return Ok(());
     }
+    check_alike(k, &found)?;
     // WGMMA on sm_90, mma.sync on every other sm_80+ target (`schedule` refuses older
     // ones). Both read operands in 16-byte pieces (TMA boxes, cp.async chunks), so an
     // operand one path cannot read the other cannot either: no fallback between them.
@@ -552,23 +532,25 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
         return Err(unsupported(format!("`dot` of {dtype} tiles: the {what} path takes {list}")));
     }
     let copy = if mma_sync_only { "cp.async" } else { "tensor-memory-accelerator" };
-    let loads: Vec<OpId> = r.found.iter().flat_map(|f| [f.a.0, f.b.0]).collect();
-    if let Some(why) = loads.iter().find_map(|&l| tma_obstacle(k, spec, l)) {
-        // 16-bit operands the copy engines cannot read: FMAs instead; so do f32
-        // operands of `dot_tf32` (exact products are within what it allows)
+    let loads: Vec<OpId> = found.iter().flat_map(|f| [f.a.0, f.b.0]).collect();
+    let esz = dtype.size_bytes() as u32;
+    let obstacle = loads.iter().find_map(|&l| tma_obstacle(k, spec, l).or_else(|| if mma_sync_only { cp_async_obstacle(k, spec, l, esz) } else { None }));
+    if let Some(why) = obstacle {
+        // 16-bit operands the copy engines cannot read (the loops the general lowering
+        // leaves: operand tensors of more than five dimensions) and f32 operands of
+        // `dot_tf32` (exact products are within what it allows): lowered where they
+        // stand, the operands staged from registers at each dot
         if matches!(dtype, DType::F16 | DType::BF16) || tf32 {
-            let why = format!("the {copy} path cannot read an operand: {why}");
-            r.one_dot(&why)?;
-            k.schedule.mma_why = Some(why);
-            return fma::plan(k, spec, &r.fma_loop());
+            k.schedule.dots_one_by_one = Some(format!("the {copy} path cannot read an operand: {why}"));
+            return Ok(());
         }
         return Err(unsupported(format!("the {copy} path cannot read this `dot` operand: {why}")));
     }
     if mma_sync_only {
-        return plan_fma_fallback(k, spec, &r);
+        return Err(unsupported("a `dot` loop the mma.sync lowering does not take (operand tensors of more than five dimensions)"));
     }
     // (8-bit and TF32 operands with M or N contiguous: the refusal says how to copy them)
-    operand_majors(k, spec, &r)?;
+    operand_majors(k, spec, &found, dtype, tf32)?;
     Err(unsupported(format!("a `dot` loop the WGMMA lowering does not take (operand tensors of more than five dimensions, or more than {MAX_DOTS} `dot`s)")))
 }
 
@@ -584,12 +566,11 @@ fn operand_major(k: &Kernel, spec: &Spec, load: OpId, transposed: bool, k_axis: 
 /// contiguous. WGMMA transposes only 16-bit operands in shared memory: 8-bit and TF32
 /// ones must lie with K contiguous (A row-major, B as the transpose of an `[N, K]`
 /// row-major tensor), else the refusal says how to make such a copy.
-fn operand_majors(k: &Kernel, spec: &Spec, r: &Recognized) -> Result<Vec<(Major, Major)>, CodegenError> {
+fn operand_majors(k: &Kernel, spec: &Spec, found: &[Accumulated], dtype: DType, tf32: bool) -> Result<Vec<(Major, Major)>, CodegenError> {
     let major = |load: OpId, transposed: bool, k_axis: usize| -> Result<Major, CodegenError> {
         operand_major(k, spec, load, transposed, k_axis).ok_or_else(|| unsupported("a `dot` operand with no unit-stride dimension"))
     };
-    let majors = r.found.iter().map(|f| Ok((major(f.a.0, f.a.1, 1)?, major(f.b.0, f.b.1, 0)?))).collect::<Result<Vec<_>, CodegenError>>()?;
-    let (dtype, tf32) = (r.dtype, r.tf32);
+    let majors = found.iter().map(|f| Ok((major(f.a.0, f.a.1, 1)?, major(f.b.0, f.b.1, 0)?))).collect::<Result<Vec<_>, CodegenError>>()?;
     if dtype.size_bytes() == 2 {
         return Ok(majors);
     }
@@ -599,7 +580,7 @@ fn operand_majors(k: &Kernel, spec: &Spec, r: &Recognized) -> Result<Vec<(Major,
         (format!("{dtype} `dot`"), "`kfuse::ops::gemm` makes such a copy")
     };
     let read = if tf32 { "TF32".to_string() } else { dtype.to_string() };
-    for (f, &(am, bm)) in r.found.iter().zip(&majors) {
+    for (f, &(am, bm)) in found.iter().zip(&majors) {
         for (maj, l, what) in [(am, f.a.0, "first"), (bm, f.b.0, "second")] {
             if maj != Major::K {
                 let Op::Load { tensor, .. } = k.op(l) else { unreachable!() };
@@ -611,39 +592,6 @@ fn operand_majors(k: &Kernel, spec: &Spec, r: &Recognized) -> Result<Vec<(Major,
         }
     }
     Ok(majors)
-}
-
-/// The FMA path of a loop of one f16/bf16 dot on sm_80/sm_89 that the general
-/// lowering's `cp.async` rings cannot read ([`cp_async_obstacle`]: a block offset along
-/// an operand's unit-stride dimension not known to be a multiple of 16 bytes), or why
-/// no path takes it.
-fn plan_fma_fallback(k: &mut Kernel, spec: &Spec, r: &Recognized) -> Result<(), CodegenError> {
-    let esz = r.dtype.size_bytes() as u32;
-    let loads: Vec<OpId> = r.found.iter().flat_map(|f| [f.a.0, f.b.0]).collect();
-    if let Some(why) = loads.iter().find_map(|&l| cp_async_obstacle(k, spec, l, esz)) {
-        k.schedule.mma_why = Some(format!("the cp.async path cannot read an operand: {why}"));
-        return fma::plan(k, spec, &r.fma_loop());
-    }
-    Err(unsupported("a `dot` loop the mma.sync lowering does not take (operand tensors of more than five dimensions)"))
-}
-
-/// The plan of one dot on the FMA path (one tile a block, every warp computes),
-/// operands `a` and `b`, tile `[BM, BN, BK]`. The thread tile, warps and stages are the
-/// path's own (here zeros and one warp).
-fn block_plan(path: MmaPath, l: &fma::DotLoop, a: MmaOperand, b: MmaOperand, tile: [u32; 3]) -> MmaPlan {
-    MmaPlan {
-        path,
-        for_op: l.for_op,
-        dot: l.dot,
-        carried: l.carried,
-        a,
-        b,
-        more: Vec::new(),
-        tile,
-        instr: [0; 3],
-        warps: [1, 1],
-        stages: 0,
-    }
 }
 
 /// `__launch_bounds__`'s minimum blocks for the mma.sync kernel: two blocks per

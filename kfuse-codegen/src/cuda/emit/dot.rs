@@ -96,8 +96,7 @@ impl Emitter<'_> {
         self.stage_operand(a, &av, &amap, "kf_da", arow)?;
         self.stage_operand(b, &bv, &bmap, "kf_db", brow)?;
         self.line(self.barrier)?;
-        let lo = format!("(int)kf_maxi({}, {})", av.lo[1], bv.lo[0]);
-        let hi = format!("(int)kf_mini({}, {})", av.hi[1], bv.hi[0]);
+        let (lo, hi) = k_walk(&av, &bv);
         self.unroll("k", map.regs)?;
         let init = self.accumulate_onto(op);
         self.line(format!("{name}[k] = {init};"))?;
@@ -171,8 +170,7 @@ impl Emitter<'_> {
         let init = self.accumulate_onto(op);
         self.line(format!("{name}[k] = {init};"))?;
         self.close()?;
-        let lo = format!("(int)kf_maxi({}, {})", av.lo[1], bv.lo[0]);
-        let hi = format!("(int)kf_mini({}, {})", av.hi[1], bv.hi[0]);
+        let (lo, hi) = k_walk(&av, &bv);
         // (a K tile of at most 32: the whole walk unrolled where its bounds fold to constants)
         if kk <= 32 {
             self.line("#pragma unroll")?;
@@ -399,4 +397,14 @@ fn mma_fn(name: &str, ty: &str) -> String {
     format!(
         "static __device__ __forceinline__ void {name}(float* d, const unsigned* a, const unsigned* b) {{\n  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};\"\n    : \"+f\"(d[0]), \"+f\"(d[1]), \"+f\"(d[2]), \"+f\"(d[3])\n    : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]));\n}}\n"
     )
+}
+
+/// The `k` an FMA rule walks: `a`'s axis-1 valid range met with `b`'s axis-0 range,
+/// folded to literals where both ends are (the usual case inside a matrix loop).
+fn k_walk(av: &Val, bv: &Val) -> (String, String) {
+    let bound = |f: &str, x: &str, y: &str, pick: fn(i64, i64) -> i64| match (x.parse::<i64>(), y.parse::<i64>()) {
+        (Ok(x), Ok(y)) => pick(x, y).to_string(),
+        _ => format!("(int){f}({x}, {y})"),
+    };
+    (bound("kf_maxi", &av.lo[1], &bv.lo[0], i64::max), bound("kf_mini", &av.hi[1], &bv.hi[0], i64::min))
 }

@@ -1,7 +1,6 @@
 //! A store of a register tile through shared memory and TMA bulk stores (sm_90a): the
-//! tile is written into swizzled shared memory and sent out whole or box by box. The
-//! matrix path's epilogue stores this way where its plan says so (`MmaPlan::store`);
-//! the general lowering where [`general_stores`] finds a store that can.
+//! tile is written into swizzled shared memory and sent out whole or box by box, where
+//! [`general_stores`] finds a store that can.
 
 use super::*;
 use crate::passes::select_mma_path::{tma_obstacle, tma_order};
@@ -128,10 +127,8 @@ impl Emitter<'_> {
 
     /// The epilogue store of a `[BM, BN]` tile through shared memory and a TMA bulk
     /// store, when the value's valid lanes are exactly the in-bounds part of the tile
-    /// (what the copy engine writes), else the ordinary store. What the IR shows at
-    /// compile time (a range from loads at the same block offsets, `Emitter::bounds`
-    /// and `same_scalar`; offsets that cannot be negative) is not checked again; with
-    /// nothing left to check, the ordinary store is not written.
+    /// (what the copy engine writes, checked at run time), else the ordinary store.
+    /// Offsets that cannot be negative are not checked.
     ///
     /// Shared memory holds the tile as `BN / inner` boxes of `[BM, inner]` elements,
     /// 128-byte rows swizzled like TMA's 128-byte mode (16-byte chunk `j` of row `r` at
@@ -141,7 +138,7 @@ impl Emitter<'_> {
     /// the buffer, the consumers write, fence the writes for the async proxy, meet at
     /// the barrier, and the same thread issues the store.
     ///
-    /// With `buffers > 0` ([`MmaPlan::store_buffers`]) the tile leaves box by box
+    /// With `buffers > 0` the tile leaves box by box
     /// through that many box-sized buffers: before writing box `q` into buffer
     /// `q % buffers`, the thread waits until at most `buffers - 1` bulk stores are still
     /// reading (all of them before the first box: the previous tile's), and each box's
@@ -167,9 +164,8 @@ impl Emitter<'_> {
         // the tile's two dimensions (value axes 0 and 1) and the tensor map's order
         let tiles: Vec<usize> = (0..r).filter(|&d| matches!(dims[d], AccessDim::Tile(_))).collect();
         let Some(order) = tma_order(k, self.spec, op).filter(|_| tiles.len() == 2) else { return self.op(op).map(|()| false) };
-        // what is not known here is checked at run time; where everything is (the
-        // accumulator's range is that of the loads along the same block offsets, the
-        // usual case), the ordinary store is not written at all
+        // the tile's valid range and offsets are checked at run time: where they fail,
+        // the ordinary store writes the tile
         let mut conds = Vec::new();
         for (t, &d) in tiles.iter().enumerate() {
             let n = self.shape_var(tdims[d]);
@@ -177,10 +173,7 @@ impl Emitter<'_> {
             if val.lo[t] != "0" {
                 conds.push(format!("{} == 0", val.lo[t]));
             }
-            let covers = self.bounds.get(&val.hi[t]).is_some_and(|&(sym, off, e)| sym == tdims[d] && e == ext && same_scalar(k, off, ops[d]));
-            if !covers {
-                conds.push(format!("{} == kf_maxi(0LL, kf_mini({n} - {}, {ext}LL))", val.hi[t], offs[d]));
-            }
+            conds.push(format!("{} == kf_maxi(0LL, kf_mini({n} - {}, {ext}LL))", val.hi[t], offs[d]));
             if !non_negative(k, ops[d]) {
                 conds.push(format!("{} >= 0", offs[d]));
             }
