@@ -203,16 +203,16 @@ fn raster_group_on_request() {
 }
 
 #[test]
-fn general_lowering_on_request() {
-    // `GENERAL=1`: the matrix path's loop lowered op by op; on sm_90a its operands come
+fn general_lowering_at_asked_tiles() {
+    // the matrix loop lowered op by op at tiles asked for; on sm_90a its operands come
     // through TMA rings a producer warpgroup fills, and its one dot keeps a group of
     // instructions in flight
     let def = &kfuse::ops::kernels::gemm::DEF;
     let k = (def.build)(&[DType::BF16]).unwrap();
     let mut spec = spec_mnk(def, 4096, 4096, 4096);
-    spec.tiles.extend([("GENERAL".to_string(), 1), ("BM".to_string(), 128), ("BN".to_string(), 256), ("BK".to_string(), 64)]);
+    spec.tiles.extend([("BM".to_string(), 128), ("BN".to_string(), 256), ("BK".to_string(), 64)]);
     let e = compile(&k, &spec, &Target::sm90a()).unwrap();
-    assert!(e.ir.contains("dots one by one, not a pipelined matrix loop: asked for (GENERAL=1)"), "{}", e.ir);
+    assert!(e.ir.contains(kfuse::codegen::passes::select_mma_path::GENERAL_TAKES), "{}", e.ir);
     assert!(e.plan.to_string().contains("rings filled by a producer warpgroup (TMA"), "{}", e.plan);
     assert_eq!(e.source.matches("kf_tma_load_2d(").count() - 1, 1 + 4, "{}", e.source);
     assert!(e.source.contains("kf_mbar_expect_tx(&kf_full[kf_s], 49152u);") && e.source.contains("kf_wg_wait1();"), "{}", e.source);
@@ -232,23 +232,21 @@ fn general_lowering_on_request() {
     let e = compile(&k, &odd, &Target::sm90a()).unwrap();
     assert!(!e.source.contains("kf_stm0") && !e.plan.to_string().contains("TMA bulk stores"), "{}", e.source);
     // sm_80: the same loop on mma.sync, its operands staged in shared memory
-    let mut spec = spec_mnk(def, 4096, 4096, 4096);
-    spec.tiles.insert("GENERAL".to_string(), 1);
+    let spec = spec_mnk(def, 4096, 4096, 4096);
     let e = compile(&k, &spec, &Target::sm80()).unwrap();
     assert!(e.ir.contains("dots one by one") && e.source.contains("mma.sync"), "{}", e.ir);
     common::assemble(&e.source, &e.arch, &e.options, "gemm_general_sm80").unwrap();
-    // 8-bit and TF32 operands, B K-major: `wgmma` as without the option (`k32`, `k8`);
-    // B MN-major: the matrix path's refusal, which says how to make the copy
+    // 8-bit and TF32 operands, B K-major: `wgmma` (`k32`, `k8`); B MN-major: the
+    // refusal, which says how to make the copy
     let scaled = &kfuse::ops::kernels::gemm_scaled::DEF;
     let tf32 = &kfuse::ops::kernels::gemm_tf32_scaled::DEF;
     for (def, dts, instr) in [(scaled, &[DType::F8E4M3, DType::BF16][..], "k32.f32.e4m3.e4m3"), (tf32, &[DType::F32][..], "k8.f32.tf32.tf32")] {
         let k = (def.build)(dts).unwrap();
-        let mut spec = spec_mnk(def, 4096, 4096, 4096);
-        spec.tiles.insert("GENERAL".to_string(), 1);
+        let spec = spec_mnk(def, 4096, 4096, 4096);
         let mut k_major = spec.clone();
         k_major.tensors[1] = Some(kfuse::codegen::TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
         let e = compile(&k, &k_major, &Target::sm90a()).unwrap();
-        assert!(e.ir.contains("asked for (GENERAL=1)") && e.source.contains(instr), "{}: {}", def.name, e.plan);
+        assert!(e.ir.contains(kfuse::codegen::passes::select_mma_path::GENERAL_TAKES) && e.source.contains(instr), "{}: {}", def.name, e.plan);
         let err = compile(&k, &spec, &Target::sm90a()).unwrap_err().to_string();
         assert!(err.contains("only with K contiguous"), "{}: {err}", def.name);
     }

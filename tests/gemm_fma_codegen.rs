@@ -131,17 +131,14 @@ fn unreadable_16_bit_operands_fall_back_and_assemble() {
 /// columns a thread read from shared memory as 16-byte vectors (`a` written
 /// transposed), the operands' loads an iteration ahead; a store conversion past 48 KiB
 /// (an N of 4097, no vector stores) takes dynamic shared memory instead of being
-/// refused. The same with `GENERAL=1`. Compiles without spills where NVRTC is found.
+/// refused. Compiles without spills where NVRTC is found.
 #[test]
 fn fma_rule_reads_runs_of_four() {
     let def = &kfuse::ops::kernels::gemm::DEF;
     let k = (def.build)(&[DType::F32]).unwrap();
     for t in targets() {
-        for (m, n, kk, general) in [(4096, 4096, 4096, false), (4095, 4097, 255, false), (4096, 4096, 4096, true)] {
+        for (m, n, kk) in [(4096, 4096, 4096), (4095, 4097, 255)] {
             let mut spec = spec_mnk(def, m, n, kk);
-            if general {
-                spec.tiles.insert("GENERAL".into(), 1);
-            }
             if n == 4097 {
                 // rows of `c` 4097 elements apart: no 16-byte stores
                 spec.tensors[2].as_mut().unwrap().stride_div = vec![1, 1];

@@ -101,10 +101,10 @@ fn overrides_reach_the_plan() {
     s.tiles.insert("STAGES".into(), 6);
     let e = compile(&k, &s, &Target::sm80()).unwrap();
     assert!(dot_note(&e).contains("6-stage ring"), "{}", e.plan);
-    // the WGMMA template's options have nothing to ask for here: the same loop
+    // the persistent walk's option has nothing to ask for here: the same loop
     s.tiles.insert("STAGES".into(), 3);
     let base = compile(&k, &s, &Target::sm80()).unwrap().source;
-    for (o, v) in [("GENERAL", 0), ("GROUPM", 4)] {
+    for (o, v) in [("GROUPM", 4)] {
         let mut t = s.clone();
         t.tiles.insert(o.into(), v);
         assert_eq!(compile(&k, &t, &Target::sm80()).unwrap().source, base, "{o}={v}");

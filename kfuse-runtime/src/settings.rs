@@ -39,8 +39,7 @@
 //!   [`Config`] that does not check out is refused by [`Config::apply`] and changes
 //!   nothing.
 //! - Tile overrides are powers of two, except the pipeline options that count something
-//!   ([`COUNT_OPTIONS`]: `STAGES`, at least 2, and `GROUPM`, at least 1) and the switches
-//!   ([`SWITCH_OPTIONS`]: `GENERAL`, 0 or 1).
+//!   ([`COUNT_OPTIONS`]: `STAGES`, at least 2, and `GROUPM`, at least 1).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -54,10 +53,6 @@ use crate::error::{Error, Result};
 /// least value: they need not be powers of two (`STAGES=3`: three pipeline stages of a
 /// `dot` loop; `GROUPM=6`: tile rows in each group of the persistent walk).
 pub const COUNT_OPTIONS: [(&str, u32); 2] = [("STAGES", 2), ("GROUPM", 1)];
-
-/// The `KFUSE_TILES` entries that switch a lowering on (1) or off (0): `GENERAL` (1:
-/// every `dot` loop lowered op by op, exact f32 products too; 0: the default).
-pub const SWITCH_OPTIONS: [&str; 1] = ["GENERAL"];
 
 /// The parsed settings (see the module docs for when they are read).
 #[derive(Clone, Debug)]
@@ -217,7 +212,7 @@ impl Config {
     /// One tile override (a `KFUSE_TILES` entry, over the variable's entry of that name):
     /// every kernel with a tile symbol `name` uses `size`, a power of two, instead of the
     /// scheduler's choice; `dot` loops also take the pipeline options (`STAGES=n`,
-    /// `GROUPM=n`, and the experimental ones the README lists).
+    /// `GROUPM=n`).
     pub fn tile(mut self, name: impl Into<String>, size: u32) -> Config {
         self.tile.insert(name.into(), size);
         self
@@ -303,9 +298,6 @@ pub fn config() -> Config {
 
 /// Why a tile override `name = v` is refused, if it is.
 fn check_tile(name: &str, v: u32) -> std::result::Result<(), String> {
-    if SWITCH_OPTIONS.contains(&name) {
-        return if v <= 1 { Ok(()) } else { Err(format!("`{name}={v}`: {name} is 0 or 1")) };
-    }
     match COUNT_OPTIONS.iter().find(|(n, _)| *n == name) {
         Some(&(_, least)) if v < least => Err(format!("`{name}={v}`: {name} is at least {least}")),
         Some(_) => Ok(()),
@@ -428,9 +420,6 @@ mod tests {
         let e = parse_tiles(Some("STAGES=1")).unwrap_err();
         assert!(e.contains("`STAGES=1`") && e.contains("at least 2"), "{e}");
         assert!(parse_tiles(Some("SPLITK=3")).unwrap_err().contains("power of two"));
-        // the switches are 0 or 1
-        assert_eq!(parse_tiles(Some("GENERAL=0")).unwrap().get("GENERAL"), Some(&0));
-        assert!(parse_tiles(Some("GENERAL=2")).unwrap_err().contains("GENERAL is 0 or 1"));
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub const MAX_CLUSTER_NONPORTABLE: u32 = 16;
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     // a pipelined matrix loop gets matrix tiles; dots lowered one by one (another loop
     // shape) are tiles like any other, of the memory-bound heuristic's size
-    if matrix_tiles(k, spec, target) {
+    if matrix_tiles(k, target) {
         let dot = crate::passes::select_mma_path::dots(k)[0];
         return choose_dot_tiles(k, spec, target, dot);
     }
@@ -194,20 +194,12 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     Ok(())
 }
 
-/// Whether the kernel's tiles are a pipelined matrix loop's (`choose_dot_tiles`): a loop
-/// the matrix paths take, or, where the general lowering is asked to take it instead
-/// (`GENERAL=1`), one whose f16/bf16 dots it lowers onto WGMMA (sm_90) or whose one
-/// exact f32 dot it lowers by its FMA rule, so that both lowerings of the loop run the
-/// same tiles.
-fn matrix_tiles(k: &Kernel, spec: &Spec, target: &Target) -> bool {
+/// Whether the kernel's tiles are a matrix loop's (`choose_dot_tiles`): a loop that
+/// accumulates `dot(load, load)` (`select_mma_path::matrix_loop`) whose dots the target
+/// takes together.
+fn matrix_tiles(k: &Kernel, target: &Target) -> bool {
     let dots = crate::passes::select_mma_path::dots(k);
-    let exact_f32 = |&d: &OpId| {
-        let o = k.operands(d);
-        matches!(k.op(d), Op::Dot { precision: kfuse_ir::DotPrecision::Exact }) && k.ty(o[0]).dtype == kfuse_ir::DType::F32 && k.ty(o[1]).dtype == kfuse_ir::DType::F32
-    };
-    let general_ok = crate::passes::select_mma_path::general_dots(k, target, &dots) || (dots.len() == 1 && dots.iter().all(exact_f32));
     !dots.is_empty()
-        && (!crate::passes::select_mma_path::general_requested(spec) || general_ok)
         && crate::passes::select_mma_path::matrix_loop(k, &dots).is_ok()
         && crate::passes::select_mma_path::several_dots_elsewhere(k, &dots, target).is_none()
 }
@@ -217,7 +209,7 @@ fn matrix_tiles(k: &Kernel, spec: &Spec, target: &Target) -> bool {
 /// [`CLUSTER_ABOVE`] elements, with that tile's elements (`None` when every tile fits a
 /// block, and for a pipelined matrix loop). Decided on a copy: `k` is left as it is.
 pub fn row_too_long(k: &Kernel, spec: &Spec, target: &Target) -> Result<Option<(ShapeSym, u32)>, CodegenError> {
-    if matrix_tiles(k, spec, target) {
+    if matrix_tiles(k, target) {
         return Ok(None);
     }
     let mut k = k.clone();
@@ -638,7 +630,7 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     }
     // the general lowering gives each warpgroup 64 rows of the tile, two at most; a
     // loop of exact f32 products takes the FMA rule's threads (`fma::fma_threads`)
-    let general = crate::passes::select_mma_path::general_requested(spec) || crate::passes::select_mma_path::general_takes(k, spec, target);
+    let general = crate::passes::select_mma_path::general_takes(k, spec, target);
     let mma_sync = general && target.sm != 90 && !fma;
     let heavy = mma_sync && heavy_epilogue_of(k, dot);
     k.schedule.num_threads = if mma_sync {

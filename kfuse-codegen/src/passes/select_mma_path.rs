@@ -1,5 +1,6 @@
 //! `select_mma_path`: recognizes a loop that accumulates `dot` of two tile loads and
-//! records how the target will run it ([`MmaPlan`] in the schedule).
+//! records how the target will run it (`Schedule::dots_one_by_one`,
+//! `Schedule::general_matrix_loop`).
 //!
 //! The pattern, whatever the kernel is called:
 //! ```text
@@ -381,12 +382,6 @@ fn check_alike(k: &Kernel, found: &[Accumulated]) -> Result<(), CodegenError> {
     Ok(())
 }
 
-/// Whether the spec asks for the general lowering of every loop (`GENERAL=1`, README's
-/// experimental options).
-pub fn general_requested(spec: &Spec) -> bool {
-    spec.tiles.get("GENERAL") == Some(&1)
-}
-
 /// Why the dots of a loop [`general_takes`] are lowered one by one (the scheduled IR
 /// shows it).
 pub const GENERAL_TAKES: &str = "the general lowering takes this loop (up to four `dot`s of f16, bf16, fp8 or TF32-read f32 operands on sm_90, one of f16 or bf16 on sm_80 and sm_89)";
@@ -467,24 +462,12 @@ pub fn wgmma_operands(k: &Kernel, d: OpId) -> bool {
     )
 }
 
-/// Runs the pass: records the `MmaPlan` of a loop that accumulates `dot(load, load)`,
-/// or why the kernel's dots are lowered one by one (module docs).
+/// Runs the pass: records how the kernel's dots are lowered and why (module docs).
 pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenError> {
     k.schedule.dots_one_by_one = None;
     k.schedule.general_matrix_loop = false;
     let dots = dots(k);
     let Some(&dot) = dots.first() else { return Ok(()) };
-    // `GENERAL=1`: its matrix loop where the general lowering takes one (fp8 and TF32
-    // operands reach `wgmma` only there; where they cannot, the paths below say why)
-    if general_requested(spec) {
-        let sixteen = matches!(k.ty(k.operands(dot)[0]).dtype, DType::F16 | DType::BF16);
-        let general_loop = target.sm >= 80 && general_loop(k, spec, target);
-        if general_loop || sixteen || !general_wgmma(k, target, &dots) {
-            k.schedule.dots_one_by_one = Some("asked for (GENERAL=1)".into());
-            k.schedule.general_matrix_loop = general_loop;
-            return Ok(());
-        }
-    }
     // a loop of another shape: its dots are lowered where they stand (the writer's `dot`)
     let (_, found) = match matrix_loop(k, &dots) {
         Ok(m) => m,
@@ -536,18 +519,19 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let esz = dtype.size_bytes() as u32;
     let obstacle = loads.iter().find_map(|&l| tma_obstacle(k, spec, l).or_else(|| if mma_sync_only { cp_async_obstacle(k, spec, l, esz) } else { None }));
     if let Some(why) = obstacle {
-        // 16-bit operands the copy engines cannot read (the loops the general lowering
-        // leaves: operand tensors of more than five dimensions) and f32 operands of
-        // `dot_tf32` (exact products are within what it allows): lowered where they
-        // stand, the operands staged from registers at each dot
+        // f32 operands of `dot_tf32` (exact products are within what it allows) and
+        // 16-bit ones: lowered where they stand, the operands staged at each dot
         if matches!(dtype, DType::F16 | DType::BF16) || tf32 {
             k.schedule.dots_one_by_one = Some(format!("the {copy} path cannot read an operand: {why}"));
             return Ok(());
         }
         return Err(unsupported(format!("the {copy} path cannot read this `dot` operand: {why}")));
     }
-    if mma_sync_only {
-        return Err(unsupported("a `dot` loop the mma.sync lowering does not take (operand tensors of more than five dimensions)"));
+    // 16-bit operands of a loop the general lowering does not take (operand tensors of
+    // more than five dimensions): lowered where they stand, on the FMA tiles
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        k.schedule.dots_one_by_one = Some(format!("the {what} lowering does not take this loop (operand tensors of more than five dimensions)"));
+        return Ok(());
     }
     // (8-bit and TF32 operands with M or N contiguous: the refusal says how to copy them)
     operand_majors(k, spec, &found, dtype, tf32)?;

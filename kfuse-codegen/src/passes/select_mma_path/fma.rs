@@ -9,11 +9,8 @@
 //!    of `dot_tf32` where the target has no TF32 path (sm_80, sm_89) or TMA cannot
 //!    read them — TF32 is a permission, the exact product is within it;
 //! 2. f16/bf16 operands of a loop the general lowering does not take (operand tensors
-//!    of more than five dimensions) that the target's copy engines cannot read (no
-//!    unit-stride dimension, a stride or the data pointer not a multiple of 16 bytes):
-//!    the loop gets this rule's tiles and threads; the writer stages the operands at
-//!    each dot. (`kfuse::ops::gemm` makes aligned copies, and a GPU launch of a user
-//!    kernel copies its read-only operands so, `kfuse_runtime::operand_copy`.)
+//!    of more than five dimensions): the loop gets this rule's tiles and threads; the
+//!    writer stages the operands at each dot.
 //!
 //! Threads: one per 16 accumulators (`BM·BN/16`, 32 to 256: 256 for the 128x128 and
 //! 64x64 tiles `choose_tiles` picks, thread tiles of 8x8 and 4x4), or `Spec::threads`.
@@ -23,7 +20,7 @@
 
 use kfuse_ir::{DType, DotPrecision, Kernel, Op, OpId};
 
-use super::{cp_async_obstacle, operand_load, tma_obstacle};
+use super::{operand_load, tma_obstacle};
 use crate::target::{Spec, Target};
 
 /// Default threads for a `[bm, bn]` accumulator: one per 16 elements, 32 to 256.
@@ -32,7 +29,7 @@ pub fn fma_threads(bm: u32, bn: u32) -> u32 {
 }
 
 /// The warps `[along M, along N]` of `threads` threads sharing a `[bm, bn]` FMA
-/// accumulator (see the module docs and [`fma_accumulator`]).
+/// accumulator (see the module docs and [`crate::layout::fma_accumulator`]).
 pub fn fma_warps(bm: u32, bn: u32, threads: u32) -> [u32; 2] {
     let spt = [bm.clamp(1, 4), bn.clamp(1, 4)];
     let tc = (bn / spt[1]).clamp(1, 8);
@@ -54,10 +51,10 @@ pub fn fma_warps(bm: u32, bn: u32, threads: u32) -> [u32; 2] {
     w
 }
 
-/// True when a `dot` of this kernel will take the FMA path (for `choose_tiles`, which
-/// runs first and picks this path's tiles then): f32 operands (but those of a
-/// `dot_tf32` on sm_90 that TMA can read), or f16/bf16 operands one of which the
-/// target's matrix path cannot read, with the tiles chosen so far.
+/// True when a matrix loop of this kernel takes the FMA tiles (for `choose_tiles`,
+/// which runs first and picks them then): f32 operands (but those of a `dot_tf32` on
+/// sm_90 that TMA can read), or f16/bf16 operands of a loop the general lowering does
+/// not take, with the tiles chosen so far.
 pub fn expected(k: &Kernel, spec: &Spec, target: &Target, dot: OpId) -> bool {
     let dops = k.operands(dot);
     let tf32 = matches!(k.op(dot), Op::Dot { precision: DotPrecision::Tf32 });
@@ -68,14 +65,9 @@ pub fn expected(k: &Kernel, spec: &Spec, target: &Target, dot: OpId) -> bool {
         }
         DType::F32 => true,
         // (the general lowering takes the loops whose operands the copies cannot read,
-        // staging them from registers; operand tensors of more than five dimensions
-        // fall back here)
-        DType::F16 | DType::BF16 if super::general_takes(k, spec, target) => false,
-        dt @ (DType::F16 | DType::BF16) => {
-            let (Ok((a, _)), Ok((b, _))) = (operand_load(k, dops[0]), operand_load(k, dops[1])) else { return false };
-            let esz = dt.size_bytes() as u32;
-            [a, b].iter().any(|&l| tma_obstacle(k, spec, l).is_some() || (target.sm != 90 && cp_async_obstacle(k, spec, l, esz).is_some()))
-        }
+        // staging them from registers; a loop of operand tensors of more than five
+        // dimensions is lowered where it stands, on these tiles)
+        DType::F16 | DType::BF16 => !super::general_takes(k, spec, target),
         _ => false,
     }
 }
