@@ -32,7 +32,7 @@ use crate::cuda::emit::Emitted;
 /// assert!(text.contains("block: 256 threads (8 warps)"));
 /// assert!(text.contains("registers: not assembled"));
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Plan {
     /// The kernel's name (`gemm`).
     pub kernel: String,

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use kfuse_ir::{ParamId, ShapeSym};
+use serde::{Deserialize, Serialize};
 
 /// The GPU a kernel is compiled for.
 ///
@@ -180,21 +181,22 @@ pub fn shape_facts(v: u64) -> (u32, u32) {
 }
 
 /// One CUDA kernel parameter, in order.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum KernelParam {
     /// Device pointer to a tensor's first element (byte offset applied).
-    Ptr(ParamId),
+    Ptr(#[serde(with = "ParamIdDef")] ParamId),
     /// A tensor's stride along a dimension, in elements (`long long`).
     Stride {
         /// The tensor parameter.
+        #[serde(with = "ParamIdDef")]
         tensor: ParamId,
         /// Its dimension.
         dim: u32,
     },
     /// The runtime value of a shape symbol (`long long`).
-    Shape(ShapeSym),
+    Shape(#[serde(with = "ShapeSymDef")] ShapeSym),
     /// A scalar parameter (`float` for f32, `long long` for i64).
-    Scalar(ParamId),
+    Scalar(#[serde(with = "ParamIdDef")] ParamId),
     /// A TMA tensor map of a tensor parameter (`const __grid_constant__ CUtensorMap`,
     /// 128 bytes, passed by value), built by the runtime with `cuTensorMapEncodeTiled`:
     /// the tensor's whole extent and strides, copied in boxes of `box_dims` elements
@@ -209,6 +211,7 @@ pub enum KernelParam {
     /// swizzle; a transposed view has order `[0, 1]`, a row-major matrix `[1, 0]`.
     TensorMap {
         /// The tensor parameter.
+        #[serde(with = "ParamIdDef")]
         tensor: ParamId,
         /// Box extent per tensor dimension, outermost first.
         box_dims: Vec<u32>,
@@ -219,17 +222,29 @@ pub enum KernelParam {
     },
 }
 
+/// The serialized form of a [`ParamId`] (a kfuse-ir type): its index.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "ParamId")]
+struct ParamIdDef(u32);
+
+/// The serialized form of a [`ShapeSym`]: its index.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "ShapeSym")]
+struct ShapeSymDef(u32);
+
 /// Programs along one grid axis: `ceil(shape(dim) / step)`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GridAxisEval {
     /// The shape symbol the axis covers.
+    #[serde(with = "ShapeSymDef")]
     pub dim: ShapeSym,
     /// Elements of it a program covers (1: one program per index).
     pub step: u64,
 }
 
-/// A compiled-to-source kernel and how to launch it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A compiled-to-source kernel and how to launch it. Serializable, so that the runtime
+/// can keep it on disk and launch it in a later process without generating it again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EmittedKernel {
     /// The `extern "C" __global__` entry point.
     pub entry: String,
