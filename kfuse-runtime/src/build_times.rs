@@ -2,10 +2,11 @@
 //! step by step.
 //!
 //! Owns: [`BuildTimes`] and [`build_times`]. Each step a launch takes only for a kernel
-//! it has not seen adds its wall time here: building the IR, generating CUDA, reading
-//! and verifying a module from the disk cache, loading libnvrtc (once), compiling with
-//! NVRTC (its front end and its assembler: the cubin comes out of the same call), and
-//! loading the module on a device. A first call's time is the sum of its steps plus one launch; the steps of a
+//! it has not seen adds its wall time here: building the IR, looking up the kernel in the
+//! launch index (a hit skips generating CUDA), generating CUDA, reading and verifying a
+//! module from the disk cache, loading libnvrtc (once), compiling with NVRTC (its front
+//! end and its assembler: the cubin comes out of the same call), and loading the module
+//! on a device. A first call's time is the sum of its steps plus one launch; the steps of a
 //! warm process add nothing.
 //!
 //! Invariants: the counters only grow; threads that build at once each add their own
@@ -23,9 +24,10 @@ pub(crate) enum Step {
     NvrtcLoad,
     Nvrtc,
     Load,
+    Index,
 }
 
-const STEPS: usize = 6;
+const STEPS: usize = 7;
 
 static NANOS: [AtomicU64; STEPS] = [const { AtomicU64::new(0) }; STEPS];
 static COUNTS: [AtomicU64; STEPS] = [const { AtomicU64::new(0) }; STEPS];
@@ -59,8 +61,8 @@ pub struct BuildTimes {
     /// Building a kernel's IR for its dtypes and deriving its grid (once per kernel and
     /// dtypes).
     pub ir: Duration,
-    /// Generating CUDA from the IR (once per kernel specialization, register-room
-    /// attempts included).
+    /// Generating CUDA from the IR (once per kernel specialization that the launch
+    /// index does not hold, register-room attempts included).
     pub codegen: Duration,
     /// Reading and verifying modules from the disk cache.
     pub disk: Duration,
@@ -72,6 +74,9 @@ pub struct BuildTimes {
     /// Loading modules on a device (the driver's `cuModuleLoadData` of the cubin, and
     /// the function's attributes).
     pub load: Duration,
+    /// Looking up kernels in the launch index ([`crate::launch_index`]): reading,
+    /// verifying and parsing an entry, or finding none; the key's IR text included.
+    pub index: Duration,
     /// How many times each step ran, in the order above.
     pub counts: [u64; STEPS],
 }
@@ -79,7 +84,7 @@ pub struct BuildTimes {
 impl BuildTimes {
     /// The sum of the steps.
     pub fn total(&self) -> Duration {
-        self.ir + self.codegen + self.disk + self.nvrtc_load + self.nvrtc + self.load
+        self.ir + self.codegen + self.disk + self.nvrtc_load + self.nvrtc + self.load + self.index
     }
 
     /// The time between `earlier` (a value read before) and this one, step by step.
@@ -95,6 +100,7 @@ impl BuildTimes {
             nvrtc_load: self.nvrtc_load.saturating_sub(earlier.nvrtc_load),
             nvrtc: self.nvrtc.saturating_sub(earlier.nvrtc),
             load: self.load.saturating_sub(earlier.load),
+            index: self.index.saturating_sub(earlier.index),
             counts,
         }
     }
@@ -106,9 +112,11 @@ impl std::fmt::Display for BuildTimes {
         let c = self.counts;
         write!(
             f,
-            "IR {:.2} ms ({}), codegen {:.2} ms ({}), disk {:.2} ms ({}), NVRTC library load {:.2} ms ({}), NVRTC {:.2} ms ({}), module load {:.2} ms ({}); total {:.2} ms",
+            "IR {:.2} ms ({}), launch index {:.2} ms ({}), codegen {:.2} ms ({}), disk {:.2} ms ({}), NVRTC library load {:.2} ms ({}), NVRTC {:.2} ms ({}), module load {:.2} ms ({}); total {:.2} ms",
             ms(self.ir),
             c[0],
+            ms(self.index),
+            c[6],
             ms(self.codegen),
             c[1],
             ms(self.disk),
@@ -142,7 +150,16 @@ pub fn build_times() -> BuildTimes {
     for (i, c) in counts.iter_mut().enumerate() {
         *c = COUNTS[i].load(Ordering::Relaxed);
     }
-    BuildTimes { ir: d(Step::Ir), codegen: d(Step::Codegen), disk: d(Step::Disk), nvrtc_load: d(Step::NvrtcLoad), nvrtc: d(Step::Nvrtc), load: d(Step::Load), counts }
+    BuildTimes {
+        ir: d(Step::Ir),
+        codegen: d(Step::Codegen),
+        disk: d(Step::Disk),
+        nvrtc_load: d(Step::NvrtcLoad),
+        nvrtc: d(Step::Nvrtc),
+        load: d(Step::Load),
+        index: d(Step::Index),
+        counts,
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,11 @@
 //!    disk level off) ([`CacheOutcome::Disk`]);
 //! 4. NVRTC ([`CacheOutcome::Compiled`]).
 //!
+//! A GPU launch that misses level 1 asks the launch index ([`crate::launch_index`],
+//! `<key>.launch` files in the same directory) for the kernel an earlier process
+//! generated for its `ModuleKey`'s facts, and generates CUDA only when it holds none;
+//! either way the emitted kernel's source, arch and options then go through levels 2–4.
+//!
 //! Invariants:
 //! - The disk key is the hex SHA-256 of the entry format, the source, the architecture
 //!   and the complete NVRTC option list ([`crate::nvrtc::full_options`]), each
@@ -97,12 +102,23 @@ const MAGIC: &str = "kfuse-module 2";
 /// The extension of a cache file.
 const EXTENSION: &str = "module";
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn sha256_hex(data: &[u8]) -> String {
+pub(crate) fn sha256_hex(data: &[u8]) -> String {
     hex(&Sha256::digest(data))
+}
+
+/// The hex SHA-256 of `parts`, each prefixed by its length (so that no two lists of
+/// parts hash the same bytes): the cache keys.
+pub(crate) fn sha256_of_parts(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    hex(&h.finalize())
 }
 
 /// How long a compile waits for another process's lock on its cache entry before it
@@ -217,13 +233,15 @@ impl ModuleCache {
         self.dir.as_deref()
     }
 
-    /// Deletes this cache's entries on disk (files `*.module` of its directory) and in
-    /// memory, and returns how many files it deleted; kernels already loaded on a
-    /// device stay loaded. The next compile of each kernel runs NVRTC again.
+    /// Deletes this cache's entries on disk (files `*.module` of its directory, and the
+    /// launch index's `*.launch` beside them: [`crate::launch_index`]) and in memory, and
+    /// returns how many module files it deleted; kernels already loaded on a device stay
+    /// loaded. The next compile of each kernel runs NVRTC again, and the next process
+    /// generates each kernel again (choosing its register-room attempt anew).
     pub fn clear(&self) -> Result<usize> {
         lock(&self.mem).clear();
         let files = self.module_files()?;
-        for path in &files {
+        for path in files.iter().chain(&self.files_with(crate::launch_index::EXTENSION)?) {
             std::fs::remove_file(path)?;
         }
         Ok(files.len())
@@ -232,6 +250,12 @@ impl ModuleCache {
     /// The entry files (`*.module`) of the disk directory: none without a disk level or
     /// before the directory exists.
     fn module_files(&self) -> Result<Vec<PathBuf>> {
+        self.files_with(EXTENSION)
+    }
+
+    /// The files `*.<extension>` of the disk directory: none without a disk level or
+    /// before the directory exists.
+    fn files_with(&self, extension: &str) -> Result<Vec<PathBuf>> {
         let Some(dir) = &self.dir else { return Ok(Vec::new()) };
         let entries = match std::fs::read_dir(dir) {
             Ok(rd) => rd,
@@ -241,7 +265,7 @@ impl ModuleCache {
         let mut files = Vec::new();
         for e in entries {
             let path = e?.path();
-            if path.extension().is_some_and(|x| x == EXTENSION) {
+            if path.extension().is_some_and(|x| x == extension) {
                 files.push(path);
             }
         }
@@ -290,19 +314,10 @@ impl ModuleCache {
     /// complete options (module docs: not the NVRTC version, which a warm process does
     /// not load NVRTC to learn).
     pub fn key(source: &str, arch: &str, full_options: &[String]) -> String {
-        let mut h = Sha256::new();
-        let mut part = |b: &[u8]| {
-            h.update((b.len() as u64).to_le_bytes());
-            h.update(b);
-        };
-        part(MAGIC.as_bytes());
-        part(source.as_bytes());
-        part(arch.as_bytes());
-        part(&(full_options.len() as u64).to_le_bytes());
-        for o in full_options {
-            part(o.as_bytes());
-        }
-        hex(&h.finalize())
+        let count = (full_options.len() as u64).to_le_bytes();
+        let mut parts = vec![MAGIC.as_bytes(), source.as_bytes(), arch.as_bytes(), &count];
+        parts.extend(full_options.iter().map(|o| o.as_bytes()));
+        sha256_of_parts(&parts)
     }
 
     /// The file a compile is cached in; `None` without a disk level. The lock that
@@ -572,9 +587,15 @@ pub fn compile_cached(emitted: &EmittedKernel) -> Result<(Arc<Module>, CacheOutc
 
 /// Reads and verifies a cache file; a file that exists but does not verify is deleted.
 fn read_entry(path: &Path) -> Option<Module> {
+    read_verified(path, parse_entry)
+}
+
+/// What `parse` makes of the file at `path`; a file that exists but that `parse`
+/// refuses is deleted (module files, launch-index files).
+pub(crate) fn read_verified<T>(path: &Path, parse: impl FnOnce(&[u8]) -> Option<T>) -> Option<T> {
     let bytes = std::fs::read(path).ok()?;
-    match parse_entry(&bytes) {
-        Some(m) => Some(m),
+    match parse(&bytes) {
+        Some(v) => Some(v),
         None => {
             let _ = std::fs::remove_file(path);
             None
@@ -619,6 +640,12 @@ fn format_entry(m: &Module) -> Vec<u8> {
 
 /// Writes a cache file atomically (temporary file in the same directory, then rename).
 fn write_entry(path: &Path, m: &Module) -> std::io::Result<()> {
+    write_atomically(path, &format_entry(m))
+}
+
+/// Writes `bytes` to `path` atomically: to a temporary file in the same directory
+/// (created if missing), then renamed into place.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
@@ -626,7 +653,7 @@ fn write_entry(path: &Path, m: &Module) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
     let r = (|| {
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&format_entry(m))?;
+        f.write_all(bytes)?;
         f.flush()?;
         drop(f);
         std::fs::rename(&tmp, path)
@@ -824,12 +851,8 @@ pub(crate) fn source_key(emitted: &EmittedKernel) -> String {
         "params {:?}\ngrid {:?}\nthreads {}\ncluster_x {}\npersistent {:?}\nsmem {}",
         emitted.params, emitted.grid, emitted.block_threads, emitted.cluster_x, emitted.persistent, emitted.smem_bytes
     );
-    let mut h = Sha256::new();
-    for part in [emitted.source.as_str(), &emitted.arch, &emitted.entry, &emitted.options.join("\u{1}"), &launch] {
-        h.update((part.len() as u64).to_le_bytes());
-        h.update(part.as_bytes());
-    }
-    hex(&h.finalize())
+    let options = emitted.options.join("\u{1}");
+    sha256_of_parts(&[emitted.source.as_bytes(), emitted.arch.as_bytes(), emitted.entry.as_bytes(), options.as_bytes(), launch.as_bytes()])
 }
 
 #[cfg(test)]

@@ -25,6 +25,8 @@
 //!   (registers, shared memory, spills), for [`explain()`] and the compile checks;
 //! - [`cache`]: module cache (PTX and cubin) in memory and on disk, loaded kernels per
 //!   device;
+//! - [`launch_index`]: the emitted kernels of earlier processes on disk, beside the
+//!   modules, so that a kernel the disk cache holds is launched without codegen;
 //! - [`build_times`](mod@build_times): where first calls' time goes (IR, codegen, disk, NVRTC, load);
 //! - [`settings`]: the `KFUSE_*` variables launches consult, read once a process, and
 //!   the same settings made in code ([`Config`]), which win over them;
@@ -61,8 +63,8 @@
 //!
 //! Logging: the runtime reports through [`tracing`](https://docs.rs/tracing) and prints
 //! nothing itself. At `debug` each step a first call takes is an event with its
-//! `elapsed_ms` — the IR build and the module load (target `kfuse::runtime`, inside a
-//! `build` span naming the kernel on a GPU), codegen (`kfuse::codegen`), the disk cache
+//! `elapsed_ms` — the IR build, the launch index read and the module load (target
+//! `kfuse::runtime`, inside a `build` span naming the kernel on a GPU), codegen (`kfuse::codegen`), the disk cache
 //! read and the lookup's [`CacheOutcome`] (`kfuse::cache`, inside a `compile` span naming
 //! the kernel), the NVRTC library load and compile (`kfuse::nvrtc`); at `trace` every
 //! launch (`kfuse::launch`: kernel, grid, host time), which costs a launch one atomic load
@@ -77,6 +79,7 @@ pub mod device;
 pub mod error;
 pub mod explain;
 pub mod launch;
+pub mod launch_index;
 pub mod nvrtc;
 pub mod operand_copy;
 pub mod pool;
