@@ -31,10 +31,14 @@
 //!   kernel on disk never loads NVRTC (a 40 ms load), and a cubin's validity does not
 //!   depend on the NVRTC that built it (the driver checks it at load). After installing
 //!   another NVRTC, [`ModuleCache::clear`] rebuilds every entry with it.
-//! - A file is a header — `kfuse-module 2`, `sha256 <hex of body>`, `nvrtc <major>.<minor>`,
-//!   `ptx <bytes>`, `cubin <bytes>`, an empty line — and the body: the PTX, then the
-//!   cubin (none for a virtual architecture). A file whose header, lengths or hash do
-//!   not check out is deleted and recompiled, never loaded.
+//! - A file is a header — `kfuse-module 3`, `nvrtc <major>.<minor>`, `cubin <bytes> <hex
+//!   SHA-256 of the cubin>`, `ptx <bytes> <hex SHA-256 of the PTX>`, an empty line — and
+//!   the body: the cubin (none for a virtual architecture), then the PTX. A file whose
+//!   header or lengths do not check out, or whose hash of a part read does not, is
+//!   deleted and recompiled, never loaded. A GPU that loads the cubin reads the header
+//!   and the cubin alone (`ModuleCache::compile_for_device`): a first launch neither
+//!   reads nor hashes the PTX, two thirds of a GEMM's file; [`ModuleCache::compile`]
+//!   reads and verifies both.
 //! - Files are written to a temporary name in the same directory and renamed into place,
 //!   so readers see a whole file or none. The disk level is best effort: a directory
 //!   that cannot be created or written costs a recompile, not an error.
@@ -97,7 +101,7 @@ pub enum CacheOutcome {
     Compiled,
 }
 
-const MAGIC: &str = "kfuse-module 2";
+const MAGIC: &str = "kfuse-module 3";
 
 /// The extension of a cache file.
 const EXTENSION: &str = "module";
@@ -352,6 +356,30 @@ impl ModuleCache {
         self.compile(&emitted.source, &emitted.arch, &emitted.options)
     }
 
+    /// [`ModuleCache::compile_emitted`] for a device, which loads the module's cubin
+    /// (`cubin`: the emitted arch's cubin runs there) or its PTX. For the cubin, a module
+    /// not in memory is read from disk without its PTX: a [`Module`] whose `ptx` is
+    /// empty, kept nowhere, for the device to load and for nothing else. Every other
+    /// case, a file without a cubin and a miss among them, is `compile_emitted`'s.
+    pub(crate) fn compile_for_device(&self, emitted: &EmittedKernel, cubin: bool) -> Result<(Arc<Module>, CacheOutcome)> {
+        if let (true, Some(dir)) = (cubin, &self.dir) {
+            let full = nvrtc::full_options(&emitted.arch, &emitted.options);
+            let key = ModuleCache::key(&emitted.source, &emitted.arch, &full);
+            if let Some(m) = lock(&self.mem).get(&key).cloned() {
+                bump(&self.counters.memory_hits);
+                return Ok((m, CacheOutcome::Memory));
+            }
+            let path = dir.join(format!("{key}.{EXTENSION}"));
+            let (r, d) = measured(Step::Disk, || read_cubin(&path));
+            tracing::debug!(target: "kfuse::cache", hit = matches!(r, CubinRead::Cubin(..)), path = %path.display(), elapsed_ms = ms(d), "disk cache read (cubin)");
+            if let CubinRead::Cubin(cubin, nvrtc) = r {
+                bump(&self.counters.disk_hits);
+                return Ok((Arc::new(Module { ptx: String::new(), cubin, nvrtc }), CacheOutcome::Disk));
+            }
+        }
+        self.compile_emitted(emitted)
+    }
+
     /// The module of a key that is not in memory, which this thread alone is looking for:
     /// from disk, else compiled under the entry's lock file. Puts it in memory.
     fn fill(&self, key: &str, source: &str, full: &[String]) -> Result<(Arc<Module>, CacheOutcome)> {
@@ -590,11 +618,11 @@ fn read_entry(path: &Path) -> Option<Module> {
     read_verified(path, parse_entry)
 }
 
-/// What `parse` makes of the file at `path`; a file that exists but that `parse`
-/// refuses is deleted (module files, launch-index files).
-pub(crate) fn read_verified<T>(path: &Path, parse: impl FnOnce(&[u8]) -> Option<T>) -> Option<T> {
+/// What `parse` makes of the bytes of the file at `path`; a file that exists but that
+/// `parse` refuses is deleted (module files, launch-index files).
+pub(crate) fn read_verified<T>(path: &Path, parse: impl FnOnce(Vec<u8>) -> Option<T>) -> Option<T> {
     let bytes = std::fs::read(path).ok()?;
-    match parse(&bytes) {
+    match parse(bytes) {
         Some(v) => Some(v),
         None => {
             let _ = std::fs::remove_file(path);
@@ -603,38 +631,104 @@ pub(crate) fn read_verified<T>(path: &Path, parse: impl FnOnce(&[u8]) -> Option<
     }
 }
 
-/// The verified module of a cache file, or `None`.
-fn parse_entry(bytes: &[u8]) -> Option<Module> {
-    let mut rest = bytes;
-    let mut line = || -> Option<&str> {
-        let at = rest.iter().position(|&b| b == b'\n')?;
-        let l = std::str::from_utf8(&rest[..at]).ok()?;
-        rest = &rest[at + 1..];
-        Some(l)
+/// The header of a cache file: the NVRTC that built the module, the length and hex
+/// SHA-256 of the cubin and of the PTX, and where the body starts.
+struct Header {
+    nvrtc: (i32, i32),
+    cubin: (usize, String),
+    ptx: (usize, String),
+    body: usize,
+}
+
+/// How many bytes a header takes at most (a longer one is damage).
+const MAX_HEADER: usize = 512;
+
+impl Header {
+    /// The header at the start of `bytes`, if it is one and the body it announces is
+    /// `file_len - header` bytes long.
+    fn parse(bytes: &[u8], file_len: u64) -> Option<Header> {
+        let end = bytes.windows(2).position(|w| w == b"\n\n")?;
+        let text = std::str::from_utf8(&bytes[..end]).ok()?;
+        let mut lines = text.split('\n');
+        if lines.next()? != MAGIC {
+            return None;
+        }
+        let (major, minor) = lines.next()?.strip_prefix("nvrtc ")?.split_once('.')?;
+        let mut part = |name: &str| -> Option<(usize, String)> {
+            let (len, sha) = lines.next()?.strip_prefix(name)?.split_once(' ')?;
+            Some((len.parse().ok()?, sha.to_string()))
+        };
+        let (cubin, ptx) = (part("cubin ")?, part("ptx ")?);
+        let h = Header { nvrtc: (major.parse().ok()?, minor.parse().ok()?), cubin, ptx, body: end + 2 };
+        let total = h.body.checked_add(h.cubin.0)?.checked_add(h.ptx.0)?;
+        (lines.next().is_none() && total as u64 == file_len).then_some(h)
+    }
+}
+
+/// The verified module of a cache file, or `None`. The file's buffer becomes the PTX
+/// (moved down over the header and the cubin, not copied): of a first call's disk read,
+/// fresh memory to fill is most of the time.
+fn parse_entry(mut bytes: Vec<u8>) -> Option<Module> {
+    let h = Header::parse(&bytes[..bytes.len().min(MAX_HEADER)], bytes.len() as u64)?;
+    let cubin_end = h.body + h.cubin.0;
+    let cubin = &bytes[h.body..cubin_end];
+    if sha256_hex(cubin) != h.cubin.1 || sha256_hex(&bytes[cubin_end..]) != h.ptx.1 {
+        return None;
+    }
+    let cubin = cubin.to_vec();
+    bytes.drain(..cubin_end);
+    Some(Module { ptx: String::from_utf8(bytes).ok()?, cubin, nvrtc: h.nvrtc })
+}
+
+/// What [`read_cubin`] found.
+enum CubinRead {
+    /// The verified cubin and the NVRTC version of the file.
+    Cubin(Vec<u8>, (i32, i32)),
+    /// A file with no cubin (a virtual architecture's).
+    NoCubin,
+    /// No file, or one that could not be read or did not verify (and was deleted).
+    Miss,
+}
+
+/// The cubin of a cache file, read and verified without the PTX; a file whose header,
+/// length or cubin does not check out is deleted.
+fn read_cubin(path: &Path) -> CubinRead {
+    use std::io::Read;
+    let Ok(mut f) = File::open(path) else { return CubinRead::Miss };
+    let Ok(len) = f.metadata().map(|m| m.len()) else { return CubinRead::Miss };
+    let mut head = vec![0; (len as usize).min(MAX_HEADER)];
+    if f.read_exact(&mut head).is_err() {
+        return CubinRead::Miss;
+    }
+    let damaged = || {
+        let _ = std::fs::remove_file(path);
+        CubinRead::Miss
     };
-    if line()? != MAGIC {
-        return None;
+    let Some(h) = Header::parse(&head, len) else { return damaged() };
+    if h.cubin.0 == 0 {
+        return CubinRead::NoCubin;
     }
-    let sha = line()?.strip_prefix("sha256 ")?.to_string();
-    let (major, minor) = line()?.strip_prefix("nvrtc ")?.split_once('.')?;
-    let nvrtc = (major.parse().ok()?, minor.parse().ok()?);
-    let ptx_len: usize = line()?.strip_prefix("ptx ")?.parse().ok()?;
-    let cubin_len: usize = line()?.strip_prefix("cubin ")?.parse().ok()?;
-    if !line()?.is_empty() || Some(rest.len()) != ptx_len.checked_add(cubin_len) || sha256_hex(rest) != sha {
-        return None;
+    // the header's chunk may hold the cubin's start (or all of it); the rest goes
+    // straight into the cubin's own buffer
+    let mut cubin = Vec::with_capacity(h.cubin.0);
+    cubin.extend_from_slice(&head[h.body.min(head.len())..(h.body + h.cubin.0).min(head.len())]);
+    let rest = (h.cubin.0 - cubin.len()) as u64;
+    if f.take(rest).read_to_end(&mut cubin).is_err() || cubin.len() != h.cubin.0 {
+        return CubinRead::Miss;
     }
-    let ptx = String::from_utf8(rest[..ptx_len].to_vec()).ok()?;
-    Some(Module { ptx, cubin: rest[ptx_len..].to_vec(), nvrtc })
+    if sha256_hex(&cubin) != h.cubin.1 {
+        return damaged();
+    }
+    CubinRead::Cubin(cubin, h.nvrtc)
 }
 
 /// The bytes of a cache file for `m`.
 fn format_entry(m: &Module) -> Vec<u8> {
-    let mut body = Vec::with_capacity(m.ptx.len() + m.cubin.len());
-    body.extend_from_slice(m.ptx.as_bytes());
-    body.extend_from_slice(&m.cubin);
     let (major, minor) = m.nvrtc;
-    let mut out = format!("{MAGIC}\nsha256 {}\nnvrtc {major}.{minor}\nptx {}\ncubin {}\n\n", sha256_hex(&body), m.ptx.len(), m.cubin.len()).into_bytes();
-    out.extend_from_slice(&body);
+    let (cubin, ptx) = (&m.cubin, m.ptx.as_bytes());
+    let mut out = format!("{MAGIC}\nnvrtc {major}.{minor}\ncubin {} {}\nptx {} {}\n\n", cubin.len(), sha256_hex(cubin), ptx.len(), sha256_hex(ptx)).into_bytes();
+    out.extend_from_slice(cubin);
+    out.extend_from_slice(ptx);
     out
 }
 
@@ -697,8 +791,10 @@ pub(crate) struct LoadedKernel {
 
 /// Per-device loaded kernels, by `ModuleKey` and by source hash (see module docs), and
 /// by launch signature (`launch::LaunchSig`) under the settings they were launched with.
-#[derive(Default)]
 pub(crate) struct FunctionCache {
+    /// The device's compute capability: whether it loads a module's cubin
+    /// (`device::cubin_runs_on`) or its PTX.
+    cc: (i32, i32),
     by_key: Mutex<HashMap<ModuleKey, Arc<LoadedKernel>>>,
     by_source: Mutex<HashMap<String, Arc<LoadedKernel>>>,
     loading: InFlight<Arc<LoadedKernel>>,
@@ -743,6 +839,11 @@ impl std::hash::Hasher for WordHasher {
 const MAX_SIGNATURES: usize = 4096;
 
 impl FunctionCache {
+    /// The cache of a device of compute capability `cc`, empty.
+    pub(crate) fn new(cc: (i32, i32)) -> FunctionCache {
+        FunctionCache { cc, by_key: Mutex::default(), by_source: Mutex::default(), loading: InFlight::default(), by_signature: Mutex::default() }
+    }
+
     /// The kernel launched for this signature under these settings (the same `Arc`: a
     /// settings change, in code or by `settings::reload`, makes a new one).
     pub(crate) fn remembered(&self, sig: &[u64], settings: &Arc<Settings>) -> Option<Arc<LoadedKernel>> {
@@ -767,8 +868,10 @@ impl FunctionCache {
         lock(&self.by_key).insert(key, k);
     }
 
-    /// The loaded kernel for an emitted kernel, loading it (through [`compile_cached`]
-    /// and `load`) on a miss; concurrent misses of one kernel load it once.
+    /// The loaded kernel for an emitted kernel, loading it (through the global
+    /// [`ModuleCache`], which reads only the cubin of a module on disk where the device
+    /// loads the cubin, and `load`) on a miss; concurrent misses of one kernel load it
+    /// once.
     pub(crate) fn get_or_load(
         &self,
         emitted: &EmittedKernel,
@@ -789,7 +892,8 @@ impl FunctionCache {
             };
             #[cfg(feature = "dev-hooks")]
             let emitted = hooked.as_ref().unwrap_or(emitted);
-            let (module, outcome) = compile_cached(emitted)?;
+            let cubin = crate::device::cubin_runs_on(&emitted.arch, self.cc);
+            let (module, outcome) = ModuleCache::global().compile_for_device(emitted, cubin)?;
             let (func, d) = measured(Step::Load, || load(&module, emitted));
             let func = func?;
             let what = |a: &str| crate::error::driver(format!("reading the {a} of `{}`", emitted.entry));
@@ -859,7 +963,7 @@ pub(crate) fn source_key(emitted: &EmittedKernel) -> String {
 mod tests {
     use super::*;
 
-    #[cfg(feature = "dev-hooks")]
+    /// A hand-made emitted kernel of `source`: sm_90a, 128 threads, no parameters.
     fn emitted_with(source: &str) -> EmittedKernel {
         EmittedKernel {
             entry: "kf_hooked".into(),
@@ -904,21 +1008,9 @@ mod tests {
         use kfuse_codegen::{GridAxisEval, KernelParam};
         use kfuse_ir::{ParamId, ShapeSym};
         let base = EmittedKernel {
-            entry: "k".into(),
-            source: "src".into(),
-            arch: "sm_90a".into(),
-            options: vec![],
-            block_threads: 128,
-            grouped: false,
-            smem_bytes: 0,
             params: vec![KernelParam::TensorMap { tensor: ParamId(0), box_dims: vec![64, 64], swizzle: 128, order: vec![1, 0] }],
             grid: vec![GridAxisEval { dim: ShapeSym(0), step: 64 }],
-            cluster_x: 1,
-            persistent: None,
-            ir: String::new(),
-            tiles: Default::default(),
-            register_attempt: (0, 1),
-            plan: Default::default(),
+            ..emitted_with("src")
         };
         let k = source_key(&base);
         assert_eq!(k, source_key(&base.clone()));
@@ -1012,23 +1104,82 @@ mod tests {
         // a cubin is binary: newlines, NULs and bytes that are not UTF-8
         let m = Module { ptx: "//\n.version 9.0\n.target sm_80\n".into(), cubin: vec![0x7f, b'E', b'L', b'F', 0, b'\n', 0xff, 0xfe], nvrtc: (13, 2) };
         let e = format_entry(&m);
-        assert_eq!(parse_entry(&e).as_ref(), Some(&m));
+        assert_eq!(parse_entry(e.clone()).as_ref(), Some(&m));
         let ptx_only = Module { ptx: m.ptx.clone(), cubin: vec![], nvrtc: (12, 8) };
-        assert_eq!(parse_entry(&format_entry(&ptx_only)).as_ref(), Some(&ptx_only));
+        assert_eq!(parse_entry(format_entry(&ptx_only)).as_ref(), Some(&ptx_only));
         // Truncated.
-        assert_eq!(parse_entry(&e[..e.len() - 3]), None);
-        // One byte of the body changed.
+        assert_eq!(parse_entry(e[..e.len() - 3].to_vec()), None);
+        // One byte of the body changed: of the PTX (last), of the cubin.
         let mut bad = e.clone();
         let n = bad.len();
         bad[n - 2] ^= 1;
-        assert_eq!(parse_entry(&bad), None);
+        assert_eq!(parse_entry(bad), None);
+        let mut bad = e.clone();
+        bad[n - m.ptx.len() - 3] ^= 1;
+        assert_eq!(parse_entry(bad), None);
         // Garbage, empty, wrong magic.
-        assert_eq!(parse_entry(b""), None);
-        assert_eq!(parse_entry(b"\xff\xfe"), None);
-        assert_eq!(parse_entry(b"kfuse-ptx 1\nsha256 00\nlen 0\n\n"), None);
+        assert_eq!(parse_entry(vec![]), None);
+        assert_eq!(parse_entry(b"\xff\xfe".to_vec()), None);
+        assert_eq!(parse_entry(b"kfuse-ptx 1\nsha256 00\nlen 0\n\n".to_vec()), None);
         // the lengths must add up to the body
         let text = String::from_utf8_lossy(&format_entry(&ptx_only)).replace(&format!("ptx {}", m.ptx.len()), &format!("ptx {}", m.ptx.len() - 1));
-        assert_eq!(parse_entry(text.as_bytes()), None);
+        assert_eq!(parse_entry(text.into_bytes()), None);
+    }
+
+    #[test]
+    fn a_device_reads_the_cubin_alone() {
+        let dir = std::env::temp_dir().join(format!("kfuse-cache-cubin-{}", std::process::id()));
+        let p = dir.join("c.module");
+        // a cubin longer than the header's chunk, and one inside it
+        for cubin in [(0..2000u32).map(|i| (i * 7) as u8).collect::<Vec<u8>>(), vec![0x7f, b'\n', b'\n', 0]] {
+            let m = Module { ptx: ".version 9.0\n".repeat(50), cubin: cubin.clone(), nvrtc: (13, 1) };
+            write_entry(&p, &m).unwrap();
+            assert!(matches!(read_cubin(&p), CubinRead::Cubin(c, (13, 1)) if c == cubin));
+            // damage to the PTX: the cubin still verifies (the PTX is not read), the whole
+            // file does not, and is deleted
+            let good = std::fs::read(&p).unwrap();
+            let mut bad = good.clone();
+            let n = bad.len();
+            bad[n - 1] ^= 1;
+            std::fs::write(&p, &bad).unwrap();
+            assert!(matches!(read_cubin(&p), CubinRead::Cubin(..)));
+            assert_eq!(read_entry(&p), None);
+            assert!(!p.exists());
+            // damage to the cubin, or a truncated file: a miss, and the file is deleted
+            let mut bad = good.clone();
+            bad[n - m.ptx.len() - 1] ^= 1;
+            for damaged in [&bad[..], &good[..n - 1], &good[..n / 2]] {
+                std::fs::write(&p, damaged).unwrap();
+                assert!(matches!(read_cubin(&p), CubinRead::Miss));
+                assert!(!p.exists(), "a corrupt entry is deleted");
+            }
+        }
+        assert!(matches!(read_cubin(&p), CubinRead::Miss), "no file");
+        // a module without a cubin: the PTX's to read
+        write_entry(&p, &Module { ptx: "ptx".into(), cubin: vec![], nvrtc: (13, 0) }).unwrap();
+        assert!(matches!(read_cubin(&p), CubinRead::NoCubin));
+        assert!(p.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn compile_for_device_reads_only_what_the_device_loads() {
+        let dir = std::env::temp_dir().join(format!("kfuse-cache-device-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let e = emitted_with("src");
+        let cache = ModuleCache::new(Some(dir.clone()));
+        let m = Module { ptx: "the ptx".into(), cubin: vec![1, 2, 3], nvrtc: (13, 0) };
+        write_entry(&cache.entry_path(&e.source, &e.arch, &e.options).unwrap().unwrap(), &m).unwrap();
+        // the cubin alone, kept nowhere
+        let (c, o) = cache.compile_for_device(&e, true).unwrap();
+        assert_eq!((c.cubin.as_slice(), c.ptx.as_str(), o), (&[1u8, 2, 3][..], "", CacheOutcome::Disk));
+        // a device that loads the PTX gets the whole module, which memory keeps
+        let (f, o) = cache.compile_for_device(&e, false).unwrap();
+        assert_eq!((&*f, o), (&m, CacheOutcome::Disk));
+        let (f, o) = cache.compile_for_device(&e, true).unwrap();
+        assert_eq!((&*f, o), (&m, CacheOutcome::Memory));
+        assert_eq!(cache.stats(), CacheStats { compiles: 0, memory_hits: 1, disk_hits: 2, lock_waits: 0 });
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -1072,7 +1223,7 @@ mod tests {
         assert_eq!(read_entry(&p), Some(m));
         let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names.len(), 1, "{names:?}");
-        std::fs::write(&p, b"kfuse-module 2\nsha256 0\nnvrtc 13.0\nptx 4\ncubin 0\n\nbody").unwrap();
+        std::fs::write(&p, b"kfuse-module 3\nnvrtc 13.0\ncubin 0 0\nptx 4 0\n\nbody").unwrap();
         assert_eq!(read_entry(&p), None);
         assert!(!p.exists(), "a corrupt entry is deleted");
         let _ = std::fs::remove_dir_all(&dir);

@@ -190,7 +190,7 @@ fn open_gpu(ordinal: usize) -> Result<Gpu> {
         let smem = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(driver(&what))?;
         let num_sms = num_sms.max(0) as u32;
         let description = format!("cuda:{ordinal} ({name}, sm_{}{}, {num_sms} SMs)", cc.0, cc.1);
-        Ok(Gpu { ordinal, ctx, stream, name, cc, num_sms, smem_optin: smem.max(0) as u32, functions: FunctionCache::default(), memory: DevicePool::default(), description })
+        Ok(Gpu { ordinal, ctx, stream, name, cc, num_sms, smem_optin: smem.max(0) as u32, functions: FunctionCache::new(cc), memory: DevicePool::default(), description })
     }));
     match r {
         Ok(r) => r,

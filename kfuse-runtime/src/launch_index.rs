@@ -136,8 +136,8 @@ fn format_entry(body: &str) -> Vec<u8> {
 }
 
 /// The emitted kernel of a verified index file, or `None`.
-fn parse_entry(bytes: &[u8]) -> Option<EmittedKernel> {
-    let text = std::str::from_utf8(bytes).ok()?;
+fn parse_entry(bytes: Vec<u8>) -> Option<EmittedKernel> {
+    let text = std::str::from_utf8(&bytes).ok()?;
     let rest = text.strip_prefix(MAGIC)?.strip_prefix("\nsha256 ")?;
     let (sha, body) = rest.split_once("\n\n")?;
     if sha256_hex(body.as_bytes()) != sha {
