@@ -1,6 +1,6 @@
 //! The first call of a GEMM and of a row kernel in a fresh process, and where its time
-//! goes (`kfuse::runtime::build_times`: IR, codegen, disk cache, NVRTC, module load):
-//! with an empty cache directory (cold), with the disk cache the cold process filled
+//! goes (`kfuse::runtime::build_times`: IR, launch index, codegen, disk cache, NVRTC,
+//! module load): with an empty cache directory (cold), with the disk cache the cold process filled
 //! (warm disk), and with a cache that `kfuse::ops::warm` filled ahead of time from a
 //! list of calls. The cold phase runs twice: first with NVRTC's libraries (~115 MB)
 //! evicted from the OS's page cache, as in the first process after a machine starts,
