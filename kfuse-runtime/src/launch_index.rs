@@ -22,9 +22,10 @@
 //!   process. A rebuilt program has another, so its entries are not reused. Where the
 //!   file cannot be found there is no fingerprint and no index.
 //! - A file `<key>.launch` in the cache directory is a header — `kfuse-launch 1`,
-//!   `sha256 <hex of body>`, an empty line — and the body: the emitted kernel as JSON,
-//!   every field of it. A file whose header or hash does not check out, or whose body
-//!   does not parse, is deleted and counts as a miss, never as an error.
+//!   `sha256 <hex of body>`, `json <bytes>`, an empty line — and the body: the emitted
+//!   kernel as JSON, every field of it but the CUDA source, then the source as it is. A
+//!   file whose header or hash does not check out, or whose body does not parse, is
+//!   deleted and counts as a miss, never as an error.
 //! - Only a kernel that survives its own round trip is stored (serialized, parsed back,
 //!   equal): a kernel with a part the JSON does not carry (a plan's `matrix`) stays out.
 //! - Files are written to a temporary name in the same directory and renamed into place,
@@ -122,28 +123,34 @@ impl LaunchIndex {
     /// file cannot be written).
     pub fn put(&self, key: &str, emitted: &EmittedKernel) -> bool {
         let Some(path) = self.entry_path(key) else { return false };
-        let Ok(body) = serde_json::to_string(emitted) else { return false };
-        if serde_json::from_str::<EmittedKernel>(&body).ok().as_ref() != Some(emitted) {
+        let Some(bytes) = format_entry(emitted) else { return false };
+        if parse_entry(bytes.clone()).as_ref() != Some(emitted) {
             return false;
         }
-        write_atomically(&path, &format_entry(&body)).is_ok()
+        write_atomically(&path, &bytes).is_ok()
     }
 }
 
-/// The bytes of an index file holding `body`.
-fn format_entry(body: &str) -> Vec<u8> {
-    format!("{MAGIC}\nsha256 {}\n\n{body}", sha256_hex(body.as_bytes())).into_bytes()
+/// The bytes of an index file holding `emitted`: its source as it is, after the JSON of
+/// the rest (a source in JSON takes escaping, and most of a first read's parsing).
+fn format_entry(emitted: &EmittedKernel) -> Option<Vec<u8>> {
+    let json = serde_json::to_string(&EmittedKernel { source: String::new(), ..emitted.clone() }).ok()?;
+    let body = json + &emitted.source;
+    Some(format!("{MAGIC}\nsha256 {}\njson {}\n\n{body}", sha256_hex(body.as_bytes()), body.len() - emitted.source.len()).into_bytes())
 }
 
 /// The emitted kernel of a verified index file, or `None`.
 fn parse_entry(bytes: Vec<u8>) -> Option<EmittedKernel> {
     let text = std::str::from_utf8(&bytes).ok()?;
     let rest = text.strip_prefix(MAGIC)?.strip_prefix("\nsha256 ")?;
-    let (sha, body) = rest.split_once("\n\n")?;
+    let (sha, rest) = rest.split_once("\njson ")?;
+    let (json_len, body) = rest.split_once("\n\n")?;
     if sha256_hex(body.as_bytes()) != sha {
         return None;
     }
-    serde_json::from_str(body).ok()
+    let (json, source) = body.split_at_checked(json_len.parse().ok()?)?;
+    let e: EmittedKernel = serde_json::from_str(json).ok()?;
+    e.source.is_empty().then(|| EmittedKernel { source: source.to_string(), ..e })
 }
 
 /// The compiler's fingerprint in this process (module docs), `None` where the file the
@@ -250,13 +257,15 @@ mod tests {
         let path = index.entry_path("k").unwrap();
         let good = std::fs::read(&path).unwrap();
         // truncated, a byte changed, another format, a body that verifies but does not
-        // parse: each a miss, and the file is gone
+        // parse or is shorter than its JSON: each a miss, and the file is gone
         let mut flipped = good.clone();
         let n = flipped.len();
         flipped[n - 5] ^= 1;
-        let unparsable = format_entry("{\"entry\": 1}");
+        let verified = |json_len: usize, body: &str| format!("{MAGIC}\nsha256 {}\njson {json_len}\n\n{body}", sha256_hex(body.as_bytes())).into_bytes();
+        let unparsable = verified(8, "{\"x\": 1}");
+        let past_the_body = verified(99, "{\"x\": 1}");
         let other = String::from_utf8(good.clone()).unwrap().replace(MAGIC, "kfuse-launch 0").into_bytes();
-        for bad in [&good[..good.len() / 2], &flipped[..], &other[..], &unparsable[..], b""] {
+        for bad in [&good[..good.len() / 2], &flipped[..], &other[..], &unparsable[..], &past_the_body[..], b""] {
             std::fs::write(&path, bad).unwrap();
             assert!(index.get("k").is_none());
             assert!(!path.exists(), "a damaged entry is deleted");
