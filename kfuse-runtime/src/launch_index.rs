@@ -19,8 +19,9 @@
 //! - The fingerprint names the compiler that generated the entry: the crate version and
 //!   the path, size, modification time and inode of the file the running code was loaded
 //!   from (the executable, or the shared library kfuse is linked into), read once a
-//!   process. A rebuilt program has another, so its entries are not reused. Where the
-//!   file cannot be found there is no fingerprint and no index.
+//!   process. A rebuilt program has another, so its entries are not reused (they stay
+//!   on disk until [`crate::ModuleCache::clear`]). Where the file cannot be found there
+//!   is no fingerprint and no index.
 //! - A file `<key>.launch` in the cache directory is a header — `kfuse-launch 1`,
 //!   `sha256 <hex of body>`, `json <bytes>`, an empty line — and the body: the emitted
 //!   kernel as JSON, every field of it but the CUDA source, then the source as it is. A
