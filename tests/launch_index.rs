@@ -1,10 +1,10 @@
 //! The launch index (`kfuse::runtime::launch_index`) on real kernels: the emitted
-//! `kfuse::ops::gemm` (sm_90a and sm_80) and softmax come back from an entry equal in
-//! every field; a damaged entry is a miss and is deleted; another compiler fingerprint,
-//! spec or target misses. Needs neither NVRTC nor a GPU, but the GPU test: two fresh
-//! processes on one cache directory launch a GEMM, and the second generates no CUDA
-//! (ignored, counted as skipped, unless built with `--cfg kfuse_gpu` by
-//! `scripts/gpu-build.sh`).
+//! `kfuse::ops::gemm` (bf16 on sm_90a and sm_80, f32) and softmax come back from an
+//! entry equal in every field; a damaged entry is a miss and is deleted; another
+//! compiler fingerprint, spec or target misses. Needs neither NVRTC nor a GPU, but the
+//! GPU test: two fresh processes on one cache directory launch a GEMM, and the second
+//! generates no CUDA (ignored, counted as skipped, unless built with `--cfg kfuse_gpu`
+//! by `scripts/gpu-build.sh`).
 
 mod common;
 
@@ -37,14 +37,15 @@ fn emitted_kernels_come_back_equal() {
     let gemm = &kfuse::ops::kernels::gemm::DEF;
     let softmax = &kfuse::ops::kernels::softmax::DEF;
     let cases = [
-        (gemm, spec_mnk(gemm, 4096, 4096, 4096), Target::sm90a()),
-        (gemm, spec_mnk(gemm, 4096, 4096, 4096), Target::sm80()),
-        (softmax, common::snapshot_spec(softmax), Target::sm90a()),
+        (gemm, DType::BF16, spec_mnk(gemm, 4096, 4096, 4096), Target::sm90a()),
+        (gemm, DType::BF16, spec_mnk(gemm, 4096, 4096, 4096), Target::sm80()),
+        (gemm, DType::F32, spec_mnk(gemm, 4096, 4096, 4096), Target::sm90a()),
+        (softmax, DType::BF16, common::snapshot_spec(softmax), Target::sm90a()),
     ];
     let mut keys = Vec::new();
-    for (def, spec, target) in &cases {
-        let (k, e) = emitted(def, DType::BF16, spec, target);
-        let key = index.key(&k, &[DType::BF16], spec, target).expect("a directory and a fingerprint");
+    for (def, dt, spec, target) in &cases {
+        let (k, e) = emitted(def, *dt, spec, target);
+        let key = index.key(&k, &[*dt], spec, target).expect("a directory and a fingerprint");
         assert!(index.get(&key).is_none(), "{}: nothing stored yet", def.name);
         assert!(index.put(&key, &e), "{} for {}", def.name, target.arch());
         // every field: entry, source, arch, options, threads, shared memory, parameters

@@ -28,7 +28,7 @@
 //!   file whose header or hash does not check out, or whose body does not parse, is
 //!   deleted and counts as a miss, never as an error.
 //! - Only a kernel that survives its own round trip is stored (serialized, parsed back,
-//!   equal): a kernel with a part the JSON does not carry (a plan's `matrix`) stays out.
+//!   equal): a kernel with a part the entry would not carry stays out.
 //! - Files are written to a temporary name in the same directory and renamed into place,
 //!   as module files are; no disk level, no index. The index is best effort: an entry
 //!   that cannot be read, written or loaded costs codegen, never an error.
