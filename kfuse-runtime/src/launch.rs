@@ -1480,13 +1480,15 @@ fn load(device: &Device, kernel: &Kernel, key: &ModuleKey) -> Result<(Arc<Loaded
         // the kernel the fallbacks chose when the entry was written; one that spills
         // now while a later attempt exists (another NVRTC since), or fails to load,
         // goes the way of a miss
-        if let Ok((k, o)) = gpu.functions.get_or_load(&emitted, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.plan.min_blocks, e.cluster_x)) {
-            let (a, n) = emitted.register_attempt;
-            if k.local_bytes == 0 || a + 1 >= n {
+        let (a, n) = emitted.register_attempt;
+        match gpu.functions.get_or_load(&emitted, |m, e| device.load_module(m, &e.arch, &e.entry, e.smem_bytes, e.plan.min_blocks, e.cluster_x)) {
+            Ok((k, o)) if k.local_bytes == 0 || a + 1 >= n => {
                 tracing::debug!(target: "kfuse::runtime", kernel = %key.kernel, outcome = ?o, elapsed_ms = crate::build_times::ms(started.elapsed()), "kernel ready");
                 gpu.functions.insert(key.clone(), k.clone());
                 return Ok((k, o));
             }
+            Ok(_) => tracing::debug!(target: "kfuse::runtime", kernel = %key.kernel, attempt = a, "launch index entry spills: generating again"),
+            Err(e) => tracing::debug!(target: "kfuse::runtime", kernel = %key.kernel, error = %e, "launch index entry failed to load: generating again"),
         }
     }
     let (emitted, k, o) = generated(device, kernel, key)?;
