@@ -74,8 +74,9 @@ pub struct BuildTimes {
     /// Loading modules on a device (the driver's `cuModuleLoadData` of the cubin, and
     /// the function's attributes).
     pub load: Duration,
-    /// Looking up kernels in the launch index ([`crate::launch_index`]): reading,
-    /// verifying and parsing an entry, or finding none; the key's IR text included.
+    /// Looking up kernels in the launch index ([`crate::launch_index`]): the key (the
+    /// IR's text hashed, and once a process the compiler's fingerprint), then reading,
+    /// verifying and parsing an entry, or finding none.
     pub index: Duration,
     /// How many times each step ran, in the order above.
     pub counts: [u64; STEPS],

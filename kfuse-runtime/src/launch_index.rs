@@ -16,10 +16,11 @@
 //!   that codegen reads. The spec holds the settings that reach codegen (`KFUSE_TILES`,
 //!   `KFUSE_THREADS`, `KFUSE_MIN_BLOCKS`, tuned tiles, a grouped launch), the target
 //!   `KFUSE_TARGET`'s architecture and the device's multiprocessors and shared memory.
-//! - The fingerprint names the compiler that generated the entry: the crate version and
-//!   the path, size, modification time and inode of the file the running code was loaded
-//!   from (the executable, or the shared library kfuse is linked into), read once a
-//!   process. A rebuilt program has another, so its entries are not reused (they stay
+//! - The fingerprint names the compiler that generated the entry: the crate version, the
+//!   path, size, modification time and inode of the file the running code was loaded
+//!   from (the executable, or the shared library kfuse is linked into), and on Linux that
+//!   object's GNU build ID (a hash of its contents, where the linker writes one), read
+//!   once a process. A rebuilt program has another, so its entries are not reused (they stay
 //!   on disk until [`crate::ModuleCache::clear`]). Where the file cannot be found there
 //!   is no fingerprint and no index.
 //! - A file `<key>.launch` in the cache directory is a header — `kfuse-launch 1`,
@@ -165,9 +166,79 @@ pub fn fingerprint() -> Option<&'static str> {
         let inode = std::os::unix::fs::MetadataExt::ino(&meta);
         #[cfg(not(unix))]
         let inode = 0u64;
-        Some(format!("kfuse-runtime {}; {}; {} bytes; modified {modified}; inode {inode}", env!("CARGO_PKG_VERSION"), path.display(), meta.len()))
+        #[cfg(target_os = "linux")]
+        let id = build_id().unwrap_or_else(|| "none".into());
+        #[cfg(not(target_os = "linux"))]
+        let id = "none";
+        Some(format!("kfuse-runtime {}; {}; {} bytes; modified {modified}; inode {inode}; build id {id}", env!("CARGO_PKG_VERSION"), path.display(), meta.len()))
     })
     .as_deref()
+}
+
+/// The GNU build ID of the loaded object that holds this function, in hex: a hash of
+/// the object's contents that the linker writes into a note (where it writes one), read
+/// from memory, so that it is the code running even where the file has been replaced or
+/// its timestamps normalized.
+#[cfg(target_os = "linux")]
+fn build_id() -> Option<String> {
+    struct Search {
+        addr: usize,
+        id: Option<Vec<u8>>,
+    }
+    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: the loader passes a valid `info` for the duration of the call, with
+        // `dlpi_phnum` program headers at `dlpi_phdr`; `data` is the `Search` below.
+        let (info, search) = unsafe { (&*info, &mut *(data as *mut Search)) };
+        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        let base = info.dlpi_addr as usize;
+        let loaded: Vec<std::ops::Range<usize>> =
+            phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD).map(|p| base + p.p_vaddr as usize..base + p.p_vaddr as usize + p.p_memsz as usize).collect();
+        if !loaded.iter().any(|r| r.contains(&search.addr)) {
+            return 0;
+        }
+        for p in phdrs.iter().filter(|p| p.p_type == libc::PT_NOTE) {
+            let at = base + p.p_vaddr as usize;
+            let len = p.p_memsz as usize;
+            // only notes the loader mapped
+            if !loaded.iter().any(|r| r.start <= at && at + len <= r.end) {
+                continue;
+            }
+            // SAFETY: inside a loaded segment of this object, which stays mapped (it
+            // holds the running code)
+            let notes = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
+            search.id = gnu_build_id(notes, if p.p_align == 8 { 8 } else { 4 });
+            if search.id.is_some() {
+                break;
+            }
+        }
+        1
+    }
+    let mut search = Search { addr: build_id as *const () as usize, id: None };
+    // SAFETY: `each` only reads what the loader passes and writes `search`, which
+    // outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut search as *mut Search as *mut libc::c_void) };
+    search.id.filter(|id| !id.is_empty()).map(|id| crate::cache::hex(&id))
+}
+
+/// The descriptor of the GNU build-ID note among ELF notes (each a name size, a
+/// descriptor size and a type, 4 bytes each, then the name and the descriptor, each
+/// ending padded to a multiple of `align` bytes from the note's start).
+#[cfg(any(target_os = "linux", test))]
+fn gnu_build_id(mut notes: &[u8], align: usize) -> Option<Vec<u8>> {
+    const NT_GNU_BUILD_ID: u32 = 3;
+    let word = |b: &[u8], i: usize| Some(u32::from_ne_bytes(b.get(i..i + 4)?.try_into().ok()?) as usize);
+    while notes.len() >= 12 {
+        let (name_len, desc_len, kind) = (word(notes, 0)?, word(notes, 4)?, word(notes, 8)?);
+        let desc_at = name_len.checked_add(12)?.checked_next_multiple_of(align)?;
+        let next = desc_at.checked_add(desc_len)?.checked_next_multiple_of(align)?;
+        let name = notes.get(12..12 + name_len)?;
+        let desc = notes.get(desc_at..desc_at + desc_len)?;
+        if kind == NT_GNU_BUILD_ID as usize && name == b"GNU\0" {
+            return Some(desc.to_vec());
+        }
+        notes = notes.get(next..)?;
+    }
+    None
 }
 
 /// The file the running code was loaded from, and its metadata: the shared library that
@@ -313,7 +384,38 @@ mod tests {
     #[test]
     fn this_process_has_a_fingerprint() {
         let f = fingerprint().expect("the test binary is a file");
-        assert!(f.starts_with("kfuse-runtime ") && f.contains("bytes"), "{f}");
+        assert!(f.starts_with("kfuse-runtime ") && f.contains("bytes") && f.contains("build id"), "{f}");
         assert_eq!(LaunchIndex::new(Some(temp("fp"))).fingerprint.as_deref(), Some(f));
+        // the build ID read from memory is the one in the file (where the linker wrote one)
+        #[cfg(target_os = "linux")]
+        if let Some(id) = build_id() {
+            let bytes: Vec<u8> = (0..id.len()).step_by(2).map(|i| u8::from_str_radix(&id[i..i + 2], 16).unwrap()).collect();
+            let exe = std::fs::read("/proc/self/exe").unwrap();
+            assert!(bytes.len() >= 8 && exe.windows(bytes.len()).any(|w| w == bytes), "{id}");
+        }
+    }
+
+    #[test]
+    fn build_id_notes_parse() {
+        // a note of another type first (8-byte padding), then the build ID
+        let mut notes = Vec::new();
+        let note = |notes: &mut Vec<u8>, kind: u32, name: &[u8], desc: &[u8], align: usize| {
+            for w in [name.len() as u32, desc.len() as u32, kind] {
+                notes.extend_from_slice(&w.to_ne_bytes());
+            }
+            for part in [name, desc] {
+                notes.extend_from_slice(part);
+                notes.resize(notes.len().next_multiple_of(align), 0);
+            }
+        };
+        note(&mut notes, 5, b"GNU\0", &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], 8);
+        note(&mut notes, 3, b"GNU\0", &[0xab; 20], 8);
+        assert_eq!(gnu_build_id(&notes, 8), Some(vec![0xab; 20]));
+        // another owner's note of type 3, truncated notes, none
+        let mut other = Vec::new();
+        note(&mut other, 3, b"XYZ\0", &[1; 4], 4);
+        assert_eq!(gnu_build_id(&other, 4), None);
+        assert_eq!(gnu_build_id(&notes[..notes.len() - 8], 8), None, "the descriptor cut short");
+        assert_eq!(gnu_build_id(&[], 4), None);
     }
 }
