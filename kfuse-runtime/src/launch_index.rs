@@ -16,13 +16,13 @@
 //!   that codegen reads. The spec holds the settings that reach codegen (`KFUSE_TILES`,
 //!   `KFUSE_THREADS`, `KFUSE_MIN_BLOCKS`, tuned tiles, a grouped launch), the target
 //!   `KFUSE_TARGET`'s architecture and the device's multiprocessors and shared memory.
-//! - The fingerprint names the compiler that generated the entry: the crate version, the
-//!   path, size, modification time and inode of the file the running code was loaded
-//!   from (the executable, or the shared library kfuse is linked into), and on Linux that
-//!   object's GNU build ID (a hash of its contents, where the linker writes one), read
-//!   once a process. A rebuilt program has another, so its entries are not reused (they stay
-//!   on disk until [`crate::ModuleCache::clear`]). Where the file cannot be found there
-//!   is no fingerprint and no index.
+//! - The fingerprint names the compiler that generated the entry: the crate version,
+//!   the path, size, modification time and inode of the file the running code was
+//!   loaded from (the executable, or the shared library kfuse is linked into), and on
+//!   Linux that object's GNU build ID (a hash of its contents, where the linker writes
+//!   one), read once a process. A rebuilt program has another, so its entries are not
+//!   reused (they stay on disk until [`crate::ModuleCache::clear`]). Where the file
+//!   cannot be found there is no fingerprint and no index.
 //! - A file `<key>.launch` in the cache directory is a header — `kfuse-launch 1`,
 //!   `sha256 <hex of body>`, `json <bytes>`, an empty line — and the body: the emitted
 //!   kernel as JSON, every field of it but the CUDA source, then the source as it is. A
@@ -42,6 +42,7 @@ use std::sync::OnceLock;
 
 use kfuse_codegen::{EmittedKernel, Spec, Target};
 use kfuse_ir::{DType, Kernel};
+
 use crate::cache::{read_verified, sha256_hex, sha256_of_parts, write_atomically};
 
 const MAGIC: &str = "kfuse-launch 1";
@@ -267,10 +268,11 @@ fn code_file() -> Option<(PathBuf, std::fs::Metadata)> {
 #[cfg(unix)]
 fn shared_object() -> Option<PathBuf> {
     use std::os::unix::ffi::OsStrExt;
+    // SAFETY: `Dl_info` is plain data (pointers and an address), for which zeroes are
+    // valid; `dladdr` only reads the address and fills `info`; the name it returns points
+    // into the loader's tables, valid while the object stays loaded (it holds this
+    // code), and is copied at once.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: `dladdr` only reads the address and fills `info`; the name it returns
-    // points into the loader's tables, valid while the object stays loaded (it holds
-    // this code), and is copied at once.
     let found = unsafe { libc::dladdr(shared_object as *const libc::c_void, &mut info) };
     if found == 0 || info.dli_fname.is_null() {
         return None;
