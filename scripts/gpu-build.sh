@@ -26,7 +26,7 @@ for n, k, path in arts:
     print(n + "_bench" if "bench" in k and n in tests else n, path)'
 }
 {
-  cargo test --release --no-run --message-format=json --test gpu --test errors --test user_kernels --test rope --test rows --test gpu_gemm --test gpu_gemm_f32 --test gpu_gemm_tf32 --test gpu_gemm_swiglu --test gpu_gemm_fp8 --test gpu_gemm_ex --test gemm_grouped --test autotune --test loops --test masks --test attention --test attention_op --test gathers --test conv2d --test interpreter_tiles --test large_tensors --test launch_index
+  cargo test --release --no-run --message-format=json --test gpu --test errors --test user_kernels --test rope --test rows --test gpu_gemm --test gpu_gemm_f32 --test gpu_gemm_tf32 --test gpu_gemm_swiglu --test gpu_gemm_fp8 --test gpu_gemm_ex --test gemm_grouped --test autotune --test loops --test masks --test attention --test attention_op --test gathers --test conv2d --test interpreter_tiles --test large_tensors --test launch_index --test six_dim_operands
   cargo test --release --no-run --message-format=json -p kfuse-runtime --lib --test gpu_runtime --test vendor_fp8 --test compile_once --test memory_pool
   cargo bench --no-run --message-format=json --bench memory --bench rows --bench gemm --bench gemm_grouped --bench gemm_criterion --bench epilogue --bench attention --bench conv2d
   cargo build --release --message-format=json --example quickstart --example gemm_sustained --example launch_host --example cold_start --example user_gemm_unaligned

@@ -141,7 +141,8 @@ fn a_second_process_launches_without_codegen() {
     let vars = [("KFUSE_CACHE_DIR", Some(dir.as_os_str())), ("KFUSE_AUTOTUNE", None::<&OsStr>), ("KFUSE_TILES", None)];
     // (codegen runs, index lookups) of a child
     let counts = |out: &str| -> (u64, u64) {
-        let line = out.lines().find_map(|l| l.strip_prefix("codegen=")).unwrap_or_else(|| panic!("no counts in:\n{out}"));
+        // (the child's line may follow libtest's `test index_child_gemm ... ` on one line)
+        let line = out.lines().find_map(|l| l.split_once("codegen=").map(|(_, r)| r.trim())).unwrap_or_else(|| panic!("no counts in:\n{out}"));
         let (c, i) = line.split_once(" index=").unwrap();
         (c.parse().unwrap(), i.parse().unwrap())
     };
