@@ -790,8 +790,8 @@ fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], copies: &[
 /// interpreter.
 ///
 /// Every tile symbol of the kernel is in the map. Not included: what `KFUSE_AUTOTUNE=1`
-/// may pick instead on a GPU (tuned tiles are measured there), and non-tile overrides
-/// (`SPLITK`, `MCAST`, …), which are no tile symbols. Errors: those of [`launch`]'s
+/// may pick instead on a GPU (tuned tiles are measured there), and the pipeline options
+/// (`STAGES`, `GROUPM`), which are no tile symbols. Errors: those of [`launch`]'s
 /// checks, an unparsable `KFUSE_TILES`, and codegen's refusals (a target below sm_80, an
 /// override that is not a power of two) as [`Error::Codegen`]. A matrix operand a GPU
 /// launch would copy to padded rows ([`crate::operand_copy`]) counts as that copy.

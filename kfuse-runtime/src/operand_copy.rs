@@ -43,7 +43,8 @@
 //! `kfuse::explain` and `emit`) and in a `kfuse::launch` debug event.
 //!
 //! What is not copied: tensors with no unit-stride dimension (a gather of single
-//! elements the driver's 2-D copy cannot make; the FMA path reads them), batches whose
+//! elements the driver's 2-D copy cannot make; the loop writes them to their tiles from
+//! registers), batches whose
 //! rows need more than [`MAX_BLOCKS`] copies, and the operands of grouped launches
 //! (`launch_grouped`, whose operands `kfuse::ops::gemm_grouped` aligns itself).
 
@@ -245,7 +246,8 @@ pub(crate) fn wanted<A: ArgFacts>(m: &MatrixOperands, kernel: &Kernel, args: &[A
             continue;
         }
         let Some(layout) = PaddedLayout::of(t.shape(), t.strides(), esz).filter(|_| !param.is_output()) else {
-            // an operand that stays unreadable: the loop takes the FMA path, copies or not
+            // an operand that stays unreadable: the loop writes it to its tile from
+            // registers each step, copies or not
             return Ok(Vec::new());
         };
         let unit = *layout.order.last().expect("rank 1 or more");

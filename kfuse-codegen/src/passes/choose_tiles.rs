@@ -527,13 +527,12 @@ fn dot_problem_of(k: &Kernel, dot: kfuse_ir::OpId, size: &dyn Fn(usize) -> u64) 
 /// wide tiles reuse each A byte more, but a small problem (M = 127) needs narrow ones
 /// to keep the machine busy, and 64 rows when even 128x64 leaves multiprocessors idle
 /// (M127 N4096 K4096 on the H100: 64x64 with 8 stages 226 TFLOP/s; 128x64 214; 128
-/// wide 160; 128 wide with the loop split over a cluster of 2 or 4, 162 / 107 — the
-/// split stays an override, `SPLITK`, until it pays). The 128x256x64 kernel ran
+/// wide 160; 128 wide with the loop split over a cluster of 2 or 4, 162 / 107, NOTES).
+/// The 128x256x64 kernel ran
 /// 755-807 TFLOP/s at 4096³ and 8192³ on the H100 (BENCHMARKS.md, NOTES.md).
-/// `Spec::tiles` overrides any of them by name; ping-pong consumers on request
-/// (`select_mma_path::pingpong_wanted`) cap `BN` at 128. sm_80/sm_89: [`mma_sync_tiles`]. A
-/// `dot` bound for the FMA path (f32 operands, or 16-bit ones the matrix path cannot
-/// read; `select_mma_path::fma::expected`): [`fma_tiles`] and [`fma_bk`], any target.
+/// `Spec::tiles` overrides any of them by name. sm_80/sm_89: [`mma_sync_tiles`]. A
+/// `dot` of exact FMAs (f32 operands, or 16-bit ones of a loop the general lowering does
+/// not take; `select_mma_path::fma::expected`): [`fma_tiles`] and [`fma_bk`], any target.
 fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir::OpId) -> Result<(), CodegenError> {
     let ops = k.operands(dot);
     let (at, bt) = (k.ty(ops[0]).clone(), k.ty(ops[1]).clone());
@@ -589,8 +588,9 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
             }
         }
     }
-    // the FMA path (f32 operands, or 16-bit ones the matrix path cannot read, which it
-    // judges with the tiles above in place): its own tiles, the overrides still winning
+    // exact FMAs (f32 operands, or 16-bit ones of a loop the general lowering does not
+    // take, judged with the tiles above in place): their own tiles, the overrides
+    // still winning
     let fma = crate::passes::select_mma_path::fma::expected(k, spec, target, dot);
     if fma {
         let over = |e: Extent| if let Extent::Tile(t) = e { spec.tile(k.tile_name(t)) } else { None };
