@@ -12,8 +12,8 @@
 //! persist_programs → rematerialize → assign_layouts → vectorize → verify →
 //! prefetch_ahead → order_grid → emit`. Every loop — the matrix loops of every target
 //! among them — is written op by op, its carried values in registers
-//! (`cuda/emit/loops.rs`), each `dot` lowered where it stands (`cuda/emit/dot.rs`). Graph-level fusion and inlining of `#[kfuse]` calls are later stages
-//! of this list.
+//! (`cuda/emit/loops.rs`), each `dot` lowered where it stands (`cuda/emit/dot.rs`).
+//! Graph-level fusion and inlining of `#[kfuse]` calls are later stages of this list.
 //!
 //! Every [`EmittedKernel`] carries its [`Plan`] (`plan.rs`): the decisions above in a
 //! reader's terms, for reports (`kfuse::explain`, a launch's `Launched::plan`).

@@ -528,8 +528,8 @@ fn dot_problem_of(k: &Kernel, dot: kfuse_ir::OpId, size: &dyn Fn(usize) -> u64) 
 /// to keep the machine busy, and 64 rows when even 128x64 leaves multiprocessors idle
 /// (M127 N4096 K4096 on the H100: 64x64 with 8 stages 226 TFLOP/s; 128x64 214; 128
 /// wide 160; 128 wide with the loop split over a cluster of 2 or 4, 162 / 107, NOTES).
-/// The 128x256x64 kernel ran
-/// 755-807 TFLOP/s at 4096³ and 8192³ on the H100 (BENCHMARKS.md, NOTES.md).
+/// The 128x256x64 kernel ran 755-807 TFLOP/s at 4096³ and 8192³ on the H100
+/// (BENCHMARKS.md, NOTES.md).
 /// `Spec::tiles` overrides any of them by name. sm_80/sm_89: [`mma_sync_tiles`]. A
 /// `dot` of exact FMAs (f32 operands, or 16-bit ones of a loop the general lowering does
 /// not take; `select_mma_path::fma::expected`): [`fma_tiles`] and [`fma_bk`], any target.
@@ -629,7 +629,7 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
         }
     }
     // the general lowering gives each warpgroup 64 rows of the tile, two at most; a
-    // loop of exact f32 products takes the FMA rule's threads (`fma::fma_threads`)
+    // loop of exact FMAs takes the FMA rule's threads (`fma::fma_threads`)
     let general = crate::passes::select_mma_path::general_takes(k, spec, target);
     let mma_sync = general && target.sm != 90 && !fma;
     let heavy = mma_sync && heavy_epilogue_of(k, dot);

@@ -185,15 +185,10 @@ impl Emitter<'_> {
             conds.push(format!("{lo}{} < {n}", offs[d]));
         }
         let coords: Vec<String> = order.iter().map(|&d| offs[d as usize].clone()).collect();
-        let fallback = !conds.is_empty();
-        // `if (ok) {`, or a plain block where the store is known to fit
-        let guard = if fallback {
-            let ok = self.fresh("kf_tma_ok");
-            self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
-            format!("if ({ok})")
-        } else {
-            String::new()
-        };
+        // (each tile dimension adds its range check: `conds` is never empty)
+        let ok = self.fresh("kf_tma_ok");
+        self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
+        let guard = format!("if ({ok})");
         let tile = TileRegs { map: &map, name: &val.name, dtype: k.param(*tensor).dtype, coords: &coords, cols: val.shape[1] };
         let boxes = val.shape[1] / out.inner;
         if out.buffers > 0 && out.buffers < boxes {
@@ -208,11 +203,9 @@ impl Emitter<'_> {
             self.store_whole_tile(out, &tile)?;
         }
         self.close()?;
-        if fallback {
-            self.open("else")?;
-            self.op(op)?;
-            self.close()?;
-        }
+        self.open("else")?;
+        self.op(op)?;
+        self.close()?;
         Ok(true)
     }
 
