@@ -171,6 +171,55 @@ fn gemm_kernels_compile_without_spills() {
 }
 
 #[test]
+fn exact_shapes_take_the_tiles_that_fill_whole_waves() {
+    // `choose_tiles::exact_shape_tiles`, which a launch records in `Spec::shape_tiles`:
+    // at M4095 N4097 the bucket's 128x256 tiles are 32 x 17 = 544 (5 waves of 132, the
+    // last holding 16), 256x128 ones 16 x 33 = 528 (4 whole waves)
+    use kfuse::codegen::passes::choose_tiles::exact_shape_tiles;
+    use std::collections::BTreeMap;
+    let sm90 = Target::sm90a();
+    let tall: BTreeMap<String, u32> = [("BM".to_string(), 256), ("BN".to_string(), 128)].into();
+    for (name, def) in [("gemm", &kfuse::ops::kernels::gemm::DEF), ("gemm_scaled", &kfuse::ops::kernels::gemm_scaled::DEF)] {
+        for dt in [DType::BF16, DType::F16] {
+            let k = (def.build)(&if name == "gemm" { vec![dt] } else { vec![dt, dt] }).unwrap();
+            let at = |m: u32, n: u32, kk: u32, t: &Target| exact_shape_tiles(&k, &spec_mnk(def, m, n, kk), &[m as u64, kk as u64, n as u64], t);
+            assert_eq!(at(4095, 4097, 4096, &sm90), tall, "{name} {dt}");
+            // shapes whose tiles fill the same waves either way keep the bucket's
+            for (m, n, kk) in [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096), (16384, 4096, 4096), (2048, 2048, 2048), (127, 4096, 4096), (1000, 5100, 200)] {
+                assert!(at(m, n, kk, &sm90).is_empty(), "{name} {dt} M{m} N{n} K{kk}: {:?}", at(m, n, kk, &sm90));
+            }
+            // mma.sync targets have their own tiles; an explicit BN wins
+            assert!(at(4095, 4097, 4096, &Target::sm80()).is_empty());
+            let mut spec = spec_mnk(def, 4095, 4097, 4096);
+            spec.tiles.insert("BN".into(), 64);
+            assert!(exact_shape_tiles(&k, &spec, &[4095, 4096, 4097], &sm90).is_empty());
+            // the kernel it makes: two m64n128 instructions a consumer warpgroup, no spills
+            let mut spec = spec_mnk(def, 4095, 4097, 4096);
+            spec.shape_tiles = tall.clone();
+            let e = compile(&k, &spec, &sm90).unwrap();
+            let plan = e.plan.to_string();
+            assert!(plan.contains("tiles: BK=64 BM=256 BN=128") && plan.contains("wgmma m64n128k16 over 2 warpgroup(s)"), "{plan}");
+            let (_, spill) = common::assemble(&e.source, &e.arch, &e.options, &format!("{name}_{dt}_tall")).unwrap();
+            assert_eq!(spill, 0, "{name} {dt}");
+        }
+    }
+    // an epilogue of transcendental math (bias + GELU) keeps the bucket's tiles
+    let k = (gemm_bias_gelu::DEF.build)(&[DType::BF16]).unwrap();
+    assert!(exact_shape_tiles(&k, &spec_mnk(&gemm_bias_gelu::DEF, 4095, 4097, 4096), &[4095, 4096, 4097], &sm90).is_empty());
+    // f32 operands (exact FMAs) keep theirs
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let k = (def.build)(&[DType::F32]).unwrap();
+    assert!(exact_shape_tiles(&k, &spec_mnk(def, 4095, 4097, 4096), &[4095, 4096, 4097], &sm90).is_empty());
+    // what a launch at that shape compiles (the runtime's spec, no GPU)
+    use kfuse::runtime::ArgDesc;
+    let t = |s: &[usize]| ArgDesc::tensor(DType::BF16, s);
+    let e = kfuse::runtime::emit(def, &[t(&[4095, 4096]), t(&[4096, 4097]), t(&[4095, 4097])], &sm90).unwrap();
+    assert!(e.plan.to_string().contains("tiles: BK=64 BM=256 BN=128"), "{}", e.plan);
+    let e = kfuse::runtime::emit(def, &[t(&[4096, 4096]), t(&[4096, 4096]), t(&[4096, 4096])], &sm90).unwrap();
+    assert!(e.plan.to_string().contains("tiles: BK=64 BM=128 BN=256"), "{}", e.plan);
+}
+
+#[test]
 fn epilogue_bias_loads_are_branch_free_for_whole_tiles() {
     // the fused epilogue's bias: 32 vector loads a thread (64 columns of a 256-wide
     // tile); where the tile lies wholly inside `bias` they run without a branch per

@@ -87,7 +87,8 @@ fn unaligned_b_is_copied_and_the_loop_reaches_the_tensor_cores() {
 fn explain_names_the_copy() {
     let e = kfuse::explain(&gemm_bias_relu::DEF, &bias_args(DType::BF16, M, N, K), &Target::sm90a()).unwrap();
     let text = e.to_string();
-    for line in ["operand `b` copied to a padded pitch of 4160 elements", ": wgmma m64n256k16", "no spills"] {
+    // (256 x 128 tiles at this exact shape: 4 whole waves of 132 against 5 of 128 x 256)
+    for line in ["operand `b` copied to a padded pitch of 4160 elements", ": wgmma m64n128k16", "BM=256 BN=128", "no spills"] {
         assert!(text.contains(line), "no `{line}` in\n{text}");
     }
     assert_eq!(e.ptxas.spill_store_bytes, 0, "{text}");

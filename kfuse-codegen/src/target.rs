@@ -93,6 +93,11 @@ pub struct Spec {
     /// Tile-size overrides by tile-symbol name (`BN` → 1024); powers of two. The
     /// user's (`KFUSE_TILES`, `Config::tile`) and an autotuner's; nothing else writes here.
     pub tiles: BTreeMap<String, u32>,
+    /// Tile sizes a launch's exact shape calls for, by tile-symbol name, where they
+    /// differ from what the power-of-two facts above give
+    /// (`choose_tiles::exact_shape_tiles` makes them from the exact shape; the cache keys
+    /// on them, so codegen stays a function of the spec). [`Spec::tiles`] wins over them.
+    pub shape_tiles: BTreeMap<String, u32>,
     /// Threads-per-block override (a power of two, 32..=1024).
     pub threads: Option<u32>,
     /// Override of `__launch_bounds__`'s minimum blocks per multiprocessor (0: none).
@@ -107,10 +112,10 @@ pub struct Spec {
 }
 
 impl Spec {
-    /// The size asked for tile symbol `name`: its override ([`Spec::tiles`]); `None`
-    /// leaves it to the passes.
+    /// The size asked for tile symbol `name`: its override ([`Spec::tiles`]), else what
+    /// the exact shape calls for ([`Spec::shape_tiles`]); `None` leaves it to the passes.
     pub fn tile(&self, name: &str) -> Option<u32> {
-        self.tiles.get(name).copied()
+        self.tiles.get(name).or_else(|| self.shape_tiles.get(name)).copied()
     }
 
     /// The exact value of shape symbol `sym` where the kernel is compiled for it

@@ -26,7 +26,8 @@
 //!    them); then take the kernel this device launched last for arguments of the
 //!    same signature under the same settings (`LaunchSig`: dtypes, alignment, sizes and
 //!    stride classes, which the spec is a function of), else compute the [`Spec`] (with
-//!    `KFUSE_AUTOTUNE=1`, a `dot` kernel's tiles
+//!    the tile choices codegen makes from the exact shape, `choose_tiles::exact_shape_tiles`,
+//!    under any explicit `KFUSE_TILES`; with `KFUSE_AUTOTUNE=1`, a `dot` kernel's tiles
 //!    come from its tuned bucket, tuned here on first sight: [`crate::autotune`]), look the kernel up in the device's cache, or
 //!    else generate code, compile it through the module cache and load it; then launch it on
 //!    the device's stream with the grid ([`EmittedKernel::grid_dims`]: persistent
@@ -770,14 +771,18 @@ fn spec_with_shapes<A: ArgFacts>(kernel: &Kernel, args: &[A], vals: &[u64]) -> R
     })
 }
 
-/// The [`Spec`] a GPU launch of `kernel` on `args` compiles (before autotuning):
-/// [`spec_for`]'s facts with `KFUSE_TILES`. `copies`: the arguments a launch copies to
-/// padded rows first ([`crate::operand_copy`]), whose facts are the copies'.
-fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], copies: &[OperandCopy]) -> Result<Spec> {
+/// The [`Spec`] a GPU launch of `kernel` on `args` compiles for `target` (before
+/// autotuning): [`spec_for`]'s facts with `KFUSE_TILES`, plus the tile choices codegen
+/// makes from the exact shape (`choose_tiles::exact_shape_tiles`, as `Spec::shape_tiles`,
+/// so that the cache keys on them; `KFUSE_TILES` entries win). `copies`: the arguments a
+/// launch copies to padded rows first ([`crate::operand_copy`]), whose facts are the
+/// copies'.
+fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], target: &Target, copies: &[OperandCopy]) -> Result<Spec> {
     let mut spec = spec_with_shapes(kernel, args, shapes)?;
     for c in copies {
         spec.tensors[c.param] = Some(c.layout.spec());
     }
+    spec.shape_tiles = kfuse_codegen::passes::choose_tiles::exact_shape_tiles(kernel, &spec, shapes, target);
     Ok(spec)
 }
 
@@ -848,7 +853,7 @@ fn planned<A: ArgFacts>(def: &KernelDef, args: &[A], target: &Target) -> Result<
         Some(m) => crate::operand_copy::wanted(m, &built.0, args, || Ok(target.clone()))?,
         None => Vec::new(),
     };
-    let spec = gpu_spec(&built.0, args, &shapes, &copies)?;
+    let spec = gpu_spec(&built.0, args, &shapes, target, &copies)?;
     Ok(Planned { built, spec, copies })
 }
 
@@ -1140,7 +1145,7 @@ fn gpu_launch(def: &KernelDef, device: &Device, dtypes: Vec<DType>, kernel: &Ker
     let target = gpu.target()?;
     // with the tile sizes that follow from the exact shape, not its power-of-two
     // bucket (the operands were copied already where they needed it)
-    let mut spec = gpu_spec(kernel, args, shapes, &[])?;
+    let mut spec = gpu_spec(kernel, args, shapes, &target, &[])?;
     // only `dot` kernels have anything to tune: no work for the others
     if crate::autotune::enabled() && kernel.ops().any(|o| matches!(kernel.op(o), kfuse_ir::Op::Dot { .. })) {
         if let Some(tiles) = autotune(def, &dtypes, kernel, &spec, &target, device, args, shapes)? {
@@ -1162,7 +1167,7 @@ fn gpu_launch(def: &KernelDef, device: &Device, dtypes: Vec<DType>, kernel: &Ker
 /// the def, the dtypes bound to its generics, and per argument its kind — for a tensor
 /// its dtype, its address's alignment (the power of two ≤ 16 dividing it), and per
 /// dimension its size and its stride's class (unit, or the power of two ≤ 16 dividing
-/// it). Exactly the facts [`spec_with_shapes`] reads, so equal
+/// it). Exactly the facts [`spec_with_shapes`] and `exact_shape_tiles` read, so equal
 /// signatures under one [`crate::settings::Settings`] give one [`ModuleKey`]: a launch
 /// whose signature the device has seen takes the loaded kernel from
 /// `FunctionCache::remembered` and skips building the spec and its key (most of a

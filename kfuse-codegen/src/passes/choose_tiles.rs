@@ -657,6 +657,75 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     Ok(())
 }
 
+/// Tile sizes that follow from a problem's exact shape (`dims`, one per shape symbol)
+/// rather than the power-of-two bucket a [`Spec`] holds: the runtime records them as
+/// [`Spec::shape_tiles`] before it compiles (explicit overrides win; the cache keys on
+/// them, so codegen stays a function of the spec). Empty where the bucket's choice
+/// stands.
+///
+/// One today: `256 × 128` output tiles in place of the bucket's `128 × 256` where they
+/// cover the product in fewer waves ([`wave_cost`]) of the persistent walk on the
+/// target's multiprocessors — on sm_90 (`wgmma`), one `dot` of 16-bit rank-2 operands
+/// on the general lowering, its epilogue without transcendental math
+/// (`select_mma_path::heavy_epilogue`). At M4095 N4097 K4096 the wide tiles are 32 × 17 = 544 (the
+/// last of 5 waves of 132 holds 16), the tall ones 16 × 33 = 528 (4 whole waves): bf16
+/// 448 → 481 TFLOP/s, f16 440 → 476 on an H200 (`ops::gemm`, NOTES g29). Shapes whose
+/// tile counts fill the same waves either way (every power-of-two shape) keep the
+/// bucket's tiles.
+pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    // (the runtime calls this on a launch's slow path: the arithmetic first, which ends
+    // it for every shape where the tall tiles would not pay)
+    if target.sm != 90 {
+        return out;
+    }
+    let dots = crate::passes::select_mma_path::dots(k);
+    let [dot] = dots[..] else { return out };
+    let (m, n, _) = dot_problem_of(k, dot, &|s| dims.get(s).copied().unwrap_or(1));
+    if wave_cost(m, n, 256, 128, target.num_sms) >= wave_cost(m, n, 128, 256, target.num_sms) {
+        return out;
+    }
+    // (the waves counted are one matrix's: operands indexed along a batch dimension
+    // multiply the tiles, which this count does not see)
+    let rank2 = |v: kfuse_ir::ValueId| {
+        let o = match k.op(v.op()) {
+            Op::Permute { .. } => k.operands(v.op())[0].op(),
+            _ => v.op(),
+        };
+        matches!(k.op(o), Op::Load { dims, .. } if dims.len() == 2)
+    };
+    let ops = k.operands(dot);
+    let (at, bt) = (k.ty(ops[0]), k.ty(ops[1]));
+    let (Extent::Tile(bm), Extent::Tile(bn)) = (at.shape[0], bt.shape[1]) else { return out };
+    let overridden = spec.tiles.contains_key(k.tile_name(bm)) || spec.tiles.contains_key(k.tile_name(bn));
+    // (an epilogue of transcendental math beside the 256-row tile's row masks spilled:
+    // bias + GELU into rows TMA cannot store, 8 bytes)
+    if !ops.iter().take(2).all(|&v| rank2(v)) || at.dtype.size_bytes() != 2 || overridden || heavy_epilogue_of(k, dot) {
+        return out;
+    }
+    // only in place of the bucket's 128 × 256 on the general lowering (an epilogue that
+    // loads an output tile, a staged `b` or exact FMAs choose other tiles), decided as
+    // the pipeline decides it: after hoisting
+    let mut k2 = k.clone();
+    let spec = Spec { shape_tiles: BTreeMap::new(), ..spec.clone() };
+    let bucket = crate::passes::hoist_invariants::run(&mut k2).is_ok()
+        && crate::passes::select_mma_path::general_takes(&k2, &spec, target)
+        && run(&mut k2, &spec, target).is_ok()
+        && k2.schedule.tiles.get(&bm) == Some(&128)
+        && k2.schedule.tiles.get(&bn) == Some(&256);
+    if bucket {
+        out.insert(k.tile_name(bm).to_string(), 256);
+        out.insert(k.tile_name(bn).to_string(), 128);
+    }
+    out
+}
+
+/// What `bm × bn` output tiles cost an `m × n` product on `sms` multiprocessors walking
+/// them one a multiprocessor at a time: waves of tiles times a tile's area.
+fn wave_cost(m: u64, n: u64, bm: u64, bn: u64, sms: u32) -> u64 {
+    (m.div_ceil(bm) * n.div_ceil(bn)).div_ceil(sms.max(1) as u64) * bm * bn
+}
+
 /// Whether the ops after `dot`'s loop are a [`crate::passes::select_mma_path::heavy_epilogue`].
 fn heavy_epilogue_of(k: &Kernel, dot: kfuse_ir::OpId) -> bool {
     k.loop_of(dot).and_then(|l| k.order.iter().position(|&o| matches!(k.op(o), Op::Yield { id } if *id == l))).is_some_and(|y| crate::passes::select_mma_path::heavy_epilogue(k, y))
