@@ -278,9 +278,6 @@ pub(super) const STAGES: u32 = 4;
 /// 4 stages 157). `STAGES=n` asks for n from 2 up to it.
 pub(super) const MAX_STAGES: u32 = 8;
 
-/// Shared memory a warp-specialized kernel keeps back beside its rings and output
-/// tiles, for the epilogue's static conversion buffers and alignment.
-pub(super) const RESERVE_BYTES: u32 = 8 * 1024;
 
 /// The sentinel of a gathered row outside the tensor in a ring's row table.
 const NO_ROW: &str = "(-0x7fffffffffffffffLL - 1)";
