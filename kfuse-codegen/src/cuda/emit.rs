@@ -1920,7 +1920,7 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         // (`ws_stages` 2: two); where the epilogue's scratch, known once the body is
         // written, does not fit beside them, `emit` writes the body again with 3
         // (SwiGLU's pair at 128x128: 4 stages, M4096 N4096 K4096 0.96x -> 0.98x and
-        // 1.01x of the faster cuBLAS baseline on an H200, NOTES l9)
+        // 1.01x of the faster cuBLAS baseline on an H200, NOTES l9b)
         if e.ws.is_some() && ws_stages > 2 {
             let store = if tma_out { tma_store::general_stores(k, spec, u32::MAX).1 } else { 0 };
             let rings = e.wg.as_ref().unwrap().rings.clone();
