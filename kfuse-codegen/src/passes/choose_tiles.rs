@@ -521,8 +521,8 @@ fn dot_problem_of(k: &Kernel, dot: kfuse_ir::OpId, size: &dyn Fn(usize) -> u64) 
 
 /// Tiles of a kernel with a `dot` (matrix-bound): the dot's `[BM, BK] x [BK, BN]`.
 ///
-/// Heuristic (sm_90, f16/bf16 WGMMA): `BK` spans 128 bytes (one swizzle span), `BM` is
-/// 128 (two consumer warpgroups of 64 rows). `BN` is the widest of 256, 128, 64 that
+/// Heuristic (sm_90, f16/bf16 WGMMA): `BK` spans 128 bytes (one swizzle span; two for
+/// 64x64 tiles), `BM` is 128 (two consumer warpgroups of 64 rows). `BN` is the widest of 256, 128, 64 that
 /// still gives every multiprocessor a tile (`ceil(M/BM) * ceil(N/BN) >= SMs`), or 64:
 /// wide tiles reuse each A byte more, but a small problem (M = 127) needs narrow ones
 /// to keep the machine busy, and 64 rows when even 128x64 leaves multiprocessors idle
@@ -559,6 +559,10 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
     if bn == 64 && m.div_ceil(128) * n.div_ceil(64) < target.num_sms as u64 && m > 64 {
         bm = 64;
     }
+    // 64x64 tiles (skinny problems): K tiles of two swizzle spans, so that a ring
+    // stage holds 32 KiB (M127 N4096 K4096 bf16 on an H200: 263-264 -> 288-294 TFLOP/s,
+    // NOTES g30)
+    let bk = if bm == 64 && bn == 64 { 2 * bk } else { bk };
     // sm_80/sm_89 (mma.sync): their own heuristic
     let wgmma = target.sm == 90;
     let (bm, bk, bn) = if wgmma { (bm, bk, bn) } else { mma_sync_tiles(m, n, esz, target) };
