@@ -283,7 +283,7 @@ fn general_lowering_at_asked_tiles() {
     // sm_80: the same loop on mma.sync, its operands staged in shared memory
     let spec = spec_mnk(def, 4096, 4096, 4096);
     let e = compile(&k, &spec, &Target::sm80()).unwrap();
-    assert!(e.ir.contains("dots one by one") && e.source.contains("mma.sync"), "{}", e.ir);
+    assert!(e.ir.contains("  dots: ") && e.source.contains("mma.sync"), "{}", e.ir);
     common::assemble(&e.source, &e.arch, &e.options, "gemm_general_sm80").unwrap();
     // 8-bit and TF32 operands, B K-major: `wgmma` (`k32`, `k8`); B MN-major: the
     // refusal, which says how to make the copy

@@ -85,7 +85,7 @@ fn several_dots_elsewhere_are_refused_clearly_or_lowered_one_by_one() {
         let k = (def.build)(&[dt]).unwrap();
         let spec = spec_mnk(def, 4096, 4096, 4096);
         let e = compile(&k, &spec, &t).unwrap();
-        assert!(e.ir.contains("dots one by one") && e.ir.contains("2 `dot`s in one loop") && e.ir.contains(why), "{dt} {}: {}", t.arch(), e.ir);
+        assert!(e.ir.contains("  dots: ") && e.ir.contains("2 `dot`s in one loop") && e.ir.contains(why), "{dt} {}: {}", t.arch(), e.ir);
         let (_, regs, spill) = common::compile_assembled(&k, &spec, &t, &format!("swiglu_one_by_one_{dt}")).map_err(|e| e.0).unwrap();
         assert_eq!(spill, 0, "{dt} {}: {spill} bytes of spills at {regs} registers", t.arch());
     }
@@ -93,7 +93,7 @@ fn several_dots_elsewhere_are_refused_clearly_or_lowered_one_by_one() {
     // lowered where it stands, and the plan says why
     let def = &five_products::DEF;
     let e = compile(&(def.build)(&[DType::BF16]).unwrap(), &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
-    assert!(e.ir.contains("dots one by one") && e.ir.contains("5 `dot`s") && e.ir.contains("at most 4"), "{}", e.ir);
+    assert!(e.ir.contains("  dots: ") && e.ir.contains("5 `dot`s") && e.ir.contains("at most 4"), "{}", e.ir);
 }
 
 /// The pair goes through the general lowering on sm_90a: both dots on `wgmma` from TMA

@@ -38,8 +38,8 @@ pub struct Plan {
     pub kernel: String,
     /// The architecture it was compiled for (`sm_90a`).
     pub arch: String,
-    /// Why the kernel's `dot`s are lowered as they are (each where it stands), when it
-    /// has dots.
+    /// How the kernel's `dot`s are lowered (each where it stands: as a matrix loop on
+    /// the tensor cores, or not and why), when it has dots.
     pub dots_one_by_one: Option<String>,
     /// How each of those dots runs, in op order (the writer's rule: `wgmma`, `mma.sync`
     /// or FMAs, and where the operands come from), after a line saying how the operand
@@ -143,12 +143,12 @@ impl fmt::Display for Plan {
         }
         match &self.dots_one_by_one {
             Some(why) => {
-                writeln!(f, "  matrix path: none, dots one by one ({why})")?;
+                writeln!(f, "  dots: {why}")?;
                 for d in &self.dots {
                     writeln!(f, "    {d}")?;
                 }
             }
-            None => writeln!(f, "  matrix path: none (no `dot`)")?,
+            None => writeln!(f, "  dots: none")?,
         }
         let bounds = if self.min_blocks > 0 { format!(", __launch_bounds__ minimum {} block(s) a multiprocessor", self.min_blocks) } else { String::new() };
         writeln!(f, "  block: {} threads ({} warps){bounds}", self.block_threads, self.block_threads / 32)?;

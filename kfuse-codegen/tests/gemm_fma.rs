@@ -19,7 +19,7 @@ fn targets() -> [Target; 3] {
 /// The source is plain f32 FMAs on runs of 4 (16-byte reads of both operands): no
 /// matrix instruction, no asynchronous copies.
 fn assert_fma(e: &EmittedKernel, what: &str) {
-    assert!(e.ir.contains("dots one by one") && e.ir.contains("exact f32 products"), "{what}: {}", e.ir);
+    assert!(e.ir.contains("  dots: ") && e.ir.contains("exact f32 products"), "{what}: {}", e.ir);
     assert!(e.plan.dots.iter().any(|d| d.contains("f32 FMAs on runs of 4 a thread")), "{what}: {}", e.plan);
     assert!(e.source.contains("fmaf(") && e.source.contains("kf_v16"), "{what}: {}", e.source);
     for no in ["mma", "cp.async", "ldmatrix", "CUtensorMap", "mbarrier", "__cluster_dims__"] {

@@ -204,7 +204,7 @@ pub fn print(k: &Kernel) -> String {
             let _ = writeln!(out, "  register room: attempt {} of {n} (the next is taken when the assembler spills this one)", a + 1);
         }
         if let Some(why) = &s.dots_one_by_one {
-            let _ = writeln!(out, "  dots one by one, not a pipelined matrix loop: {why}");
+            let _ = writeln!(out, "  dots: {why}");
         }
         for (t, v) in &s.tiles {
             let _ = writeln!(out, "  tile {} = {v}", k.tile_name(*t));

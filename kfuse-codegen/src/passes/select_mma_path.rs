@@ -315,13 +315,13 @@ pub(crate) fn matrix_loop(k: &Kernel, dots: &[OpId]) -> Result<(LoopInfo, Vec<Ac
     };
     let info = k.loop_info(lid).ok_or("a loop without its yield")?;
     if dots.iter().any(|&d| nest[pos(d)] != Some(lid)) {
-        return Err("`dot`s in more than one loop (the matrix path pipelines one dot loop per kernel)".into());
+        return Err("`dot`s in more than one loop (a matrix loop is a kernel's one dot loop)".into());
     }
     if let Some(st) = k.ops().find(|&o| k.store_mask(o).is_some()) {
-        return Err(format!("a masked store (`{}`): the matrix path's epilogue writes whole tiles", k.op_label(st)));
+        return Err(format!("a masked store (`{}`): a matrix loop's epilogue writes whole tiles", k.op_label(st)));
     }
     if dots.len() > MAX_DOTS {
-        return Err(format!("{} `dot`s in one loop: the matrix path accumulates at most {MAX_DOTS} at once", dots.len()));
+        return Err(format!("{} `dot`s in one loop: a matrix loop accumulates at most {MAX_DOTS} at once", dots.len()));
     }
     let found = dots
         .iter()
@@ -346,7 +346,7 @@ pub(crate) fn matrix_loop(k: &Kernel, dots: &[OpId]) -> Result<(LoopInfo, Vec<Ac
         };
         if !ok {
             return Err(format!(
-                "the loop around `dot` also computes `{}` ({}); the matrix path pipelines a loop of only tile loads, index arithmetic and the dot",
+                "the loop around `dot` also computes `{}` ({}); a matrix loop holds only tile loads, index arithmetic and its dots",
                 k.op(o).mnemonic(),
                 o.value()
             ));
@@ -382,9 +382,9 @@ fn check_alike(k: &Kernel, found: &[Accumulated]) -> Result<(), CodegenError> {
     Ok(())
 }
 
-/// Why the dots of a loop [`general_takes`] are lowered one by one (the scheduled IR
-/// shows it).
-pub const GENERAL_TAKES: &str = "the general lowering takes this loop (up to four `dot`s of f16, bf16, fp8 or TF32-read f32 operands on sm_90, one of f16 or bf16 on sm_80 and sm_89)";
+/// How the dots of a loop [`general_takes`] are lowered (the scheduled IR and the plan
+/// show it).
+pub const GENERAL_TAKES: &str = "a matrix loop on the tensor cores: matrix tiles and operand rings (up to four `dot`s of f16, bf16, fp8 or TF32-read f32 operands on sm_90, one of f16 or bf16 on sm_80 and sm_89)";
 
 /// Whether the general lowering takes a matrix loop (module docs, point 0): the dots it
 /// puts on the tensor cores ([`general_dots`]: on sm_90 up to [`MAX_DOTS`] that WGMMA
@@ -472,7 +472,7 @@ pub fn run(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), CodegenEr
     let (_, found) = match matrix_loop(k, &dots) {
         Ok(m) => m,
         Err(why) => {
-            k.schedule.dots_one_by_one = Some(why);
+            k.schedule.dots_one_by_one = Some(format!("each where it stands, not a matrix loop: {why}"));
             return Ok(());
         }
     };

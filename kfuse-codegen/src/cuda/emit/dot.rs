@@ -1,6 +1,7 @@
-//! Writes one `dot` where it stands (a kernel whose dots are not a pipelined matrix loop:
-//! `Schedule::dots_one_by_one`): the plain rule, exact f32 FMAs through shared memory,
-//! on every target and for operands in any layout.
+//! Writes one `dot` where it stands with FMAs (`Schedule::dots_one_by_one` says how a
+//! kernel's dots are lowered; `dot_wgmma.rs` writes those the tensor cores take): the
+//! plain rule, exact f32 FMAs through shared memory, on every target and for operands in
+//! any layout.
 //!
 //! Both operands are written to shared memory in their own dtype (each element by the
 //! thread that owns it, replicas skipped), rows padded by one 32-bit word; after a

@@ -39,8 +39,8 @@ pub struct MatrixOperands {
 }
 
 /// The tensor operands of `kernel`'s pipelined matrix loop (`acc += dot(load, load)`,
-/// [`super`]'s pattern), or `None` when it has no such loop (no dot, dots one by one,
-/// dots of a loop the matrix paths refuse). Depends on the kernel only: compute it once
+/// [`super`]'s pattern), or `None` when it has no such loop (no dot, dots that are not
+/// a matrix loop, dots of a loop the matrix paths refuse). Depends on the kernel only: compute it once
 /// per kernel.
 ///
 /// ```
