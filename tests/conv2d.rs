@@ -283,6 +283,6 @@ fn a_wide_pointwise_layer_meets_its_bias_in_the_accumulator_layout() {
     let (e, regs, spill) = common::compile_assembled(&k, &spec, &Target::sm90a(), "conv2d_pointwise 4096").unwrap_or_else(|e| panic!("{}", e.0));
     let plan = e.plan.to_string();
     assert_eq!(spill, 0, "{spill} bytes of spills ({regs} registers)");
-    assert!(plan.contains("the general lowering takes this loop") && !plan.contains("refused"), "{plan}");
+    assert!(plan.contains("a matrix loop on the tensor cores") && !plan.contains("refused"), "{plan}");
     assert!(plan.contains("tiles: BK=64 BM=128 BN=256") && plan.contains("3-stage ring") && plan.contains("by TMA bulk stores"), "{plan}");
 }

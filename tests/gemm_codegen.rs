@@ -76,7 +76,7 @@ fn a_k_major_b_reaches_the_producer_rings_by_tma() {
         spec.tensors[1] = Some(kfuse::codegen::TensorSpec { ptr_align: 16, stride_div: vec![0, 16] });
         let e = compile(&k, &spec, &Target::sm90a()).unwrap();
         let plan = e.plan.to_string();
-        assert!(plan.contains("the general lowering takes this loop"), "{plan}");
+        assert!(plan.contains("a matrix loop on the tensor cores"), "{plan}");
         assert!(plan.contains("B from shared memory (K-major, 128-byte swizzle, copied by the producer warpgroup"), "{plan}");
         let bn = e.tiles["BN"];
         let maps: Vec<_> = e.params.iter().filter_map(|p| match p { KernelParam::TensorMap { tensor, box_dims, order, .. } if tensor.0 == 1 => Some((box_dims.clone(), order.clone())), _ => None }).collect();
@@ -96,7 +96,7 @@ fn batched_operands_take_the_general_lowering() {
     spec.shape_pow2 = vec![8, 4096, 4096, 4096];
     let (e, _, spill) = common::compile_assembled(&k, &spec, &Target::sm90a(), "gemm_batched_general").unwrap();
     let plan = e.plan.to_string();
-    assert!(plan.contains("the general lowering takes this loop") && plan.contains("rings filled by a producer warpgroup (TMA"), "{plan}");
+    assert!(plan.contains("a matrix loop on the tensor cores") && plan.contains("rings filled by a producer warpgroup (TMA"), "{plan}");
     assert!(plan.contains("each block walks programs (in groups of 8 along grid axis 0, axis 1 within a group)"), "{plan}");
     assert!(plan.contains("the tile stored to `out` leaves through shared memory by TMA bulk stores"), "{plan}");
     assert!(e.source.contains("const long long kf_wp2 = (kf_pid / kf_wplane) % kf_wn2;"), "{}", e.source);
@@ -123,7 +123,7 @@ fn fp8_gemm_kernels_assemble_without_spills() {
         assert!(e.source.contains(&format!("k32.f32.{ty}.{ty}")), "{}", e.source);
         // the general lowering's: both operands K-major in the producer's TMA rings
         let plan = e.plan.to_string();
-        assert!(plan.contains("the general lowering takes this loop") && plan.contains(&format!("warpgroup(s) ({dt} operands)")), "{plan}");
+        assert!(plan.contains("a matrix loop on the tensor cores") && plan.contains(&format!("warpgroup(s) ({dt} operands)")), "{plan}");
         assert!(e.source.contains("cp.async.bulk.tensor.2d.shared::cluster.global"), "{dt}: operands arrive by TMA");
         match common::assemble(&e.source, &e.arch, &e.options, &format!("gemm_fp8_{dt}_{out}_{m}")) {
             Ok((regs, spill)) if spill > 0 => failures.push(format!("{dt}->{out} M{m}: {spill} bytes of spills ({regs} registers)")),

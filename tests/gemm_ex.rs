@@ -366,7 +366,7 @@ fn sm90a_gemm_ex_kernels_take_the_matrix_path() {
     // batched: rank-3 TMA loads (the walk over the batch: `gemm_codegen.rs`)
     let def = &k::gemm_batched_scaled::DEF;
     let e = compile(&(def.build)(&[bf, bf]).unwrap(), &spec_with(def, &[8, 512, 512, 512]), &Target::sm90a()).unwrap();
-    assert!(e.plan.to_string().contains("the general lowering takes this loop") && e.source.contains("kf_tma_load_3d("), "{}", e.plan);
+    assert!(e.plan.to_string().contains("a matrix loop on the tensor cores") && e.source.contains("kf_tma_load_3d("), "{}", e.plan);
 }
 
 /// NVRTC + ptxas for the kernels without `c`, in the shape classes of the tile

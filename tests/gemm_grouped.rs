@@ -116,7 +116,7 @@ fn grouped_kernel_structure() {
         assert!(!e.source.contains("__grid_constant__"), "{}", e.source);
         if target.sm == 90 {
             assert!(e.source.contains("wgmma") && e.source.contains("cp.async.bulk.tensor"), "{}", e.source);
-            assert!(e.plan.to_string().contains("the general lowering takes this loop") && e.plan.to_string().contains("each block walks programs"), "{}", e.plan);
+            assert!(e.plan.to_string().contains("a matrix loop on the tensor cores") && e.plan.to_string().contains("each block walks programs"), "{}", e.plan);
             // per program: its problem, then the maps of that problem; no problem
             // found once a block (the walk crosses problems)
             assert!(e.source.contains("kf_pid >= kf_grp[(kf_g + 1) *") && e.source.contains("const CUtensorMap& kf_rtm0 = *reinterpret_cast<const CUtensorMap*>(kf_rec["), "{}", e.source);
@@ -132,7 +132,7 @@ fn grouped_kernel_structure() {
             // the general lowering: the problem's pointers, strides and shapes bound by
             // name, so its cp.async rings read them as a single launch's
             assert!(e.source.contains("kf_pid0") && e.source.contains("mma.sync") && e.source.contains("kf_cp_async16("), "{}", e.source);
-            assert!(e.plan.to_string().contains("the general lowering takes this loop") && e.plan.to_string().contains("copied by cp.async into a"), "{}", e.plan);
+            assert!(e.plan.to_string().contains("a matrix loop on the tensor cores") && e.plan.to_string().contains("copied by cp.async into a"), "{}", e.plan);
             assert_eq!(e.persistent, None);
         }
         if kfuse::runtime::nvrtc::nvrtc_available() {

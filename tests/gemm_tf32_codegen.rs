@@ -35,7 +35,7 @@ fn tf32_gemm_takes_wgmma_on_sm90a() {
     assert!(e.source.contains("cp.async.bulk.tensor.2d.shared::cluster.global"), "operands arrive by TMA");
     // the general lowering's: both operands K-major in the producer's rings
     let plan = e.plan.to_string();
-    assert!(plan.contains("the general lowering takes this loop") && e.tiles.get("BK") == Some(&32), "{plan}");
+    assert!(plan.contains("a matrix loop on the tensor cores") && e.tiles.get("BK") == Some(&32), "{plan}");
     let line = plan.lines().find(|l| l.contains(": wgmma m64n256k8 over 2 warpgroup(s) (f32 operands read as TF32)")).unwrap_or_else(|| panic!("{plan}"));
     assert_eq!(line.matches("K-major, 128-byte swizzle, copied by the producer warpgroup").count(), 2, "{line}");
     assert_eq!(e.persistent, Some(Target::sm90a().num_sms));

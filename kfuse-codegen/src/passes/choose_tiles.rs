@@ -668,7 +668,7 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
 /// stands.
 ///
 /// One today: `256 × 128` output tiles in place of the bucket's `128 × 256` where they
-/// cover the product in fewer waves ([`wave_cost`]) of the persistent walk on the
+/// cover the product in fewer waves (`wave_cost`) of the persistent walk on the
 /// target's multiprocessors — on sm_90 (`wgmma`), one `dot` of 16-bit rank-2 operands
 /// on the general lowering, its epilogue without transcendental math
 /// (`select_mma_path::heavy_epilogue`). At M4095 N4097 K4096 the wide tiles are 32 × 17 = 544 (the
