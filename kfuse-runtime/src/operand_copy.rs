@@ -44,9 +44,9 @@
 //!
 //! What is not copied: tensors with no unit-stride dimension (a gather of single
 //! elements the driver's 2-D copy cannot make; the loop writes them to their tiles from
-//! registers), batches whose
-//! rows need more than [`MAX_BLOCKS`] copies, and the operands of grouped launches
-//! (`launch_grouped`, whose operands `kfuse::ops::gemm_grouped` aligns itself).
+//! registers), batches whose rows need more than [`MAX_BLOCKS`] copies, and the
+//! operands of grouped launches (`launch_grouped`, whose operands
+//! `kfuse::ops::gemm_grouped` aligns itself).
 
 use kfuse_codegen::passes::select_mma_path::{tensor_obstacle, MatrixOperands};
 use kfuse_codegen::{Spec, Target, TensorSpec};

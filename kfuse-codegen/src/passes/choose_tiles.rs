@@ -42,9 +42,10 @@
 //! any block of 1024 threads (64 registers at most either way).
 //!
 //! Matrix tiles (a `dot` loop the matrix paths pipeline): see `choose_dot_tiles` for the
-//! bucket's heuristic; dots lowered one by one take the memory-bound heuristic's tiles.
-//! The spec holds a power-of-two bucket of each size (and the exact value of a short
-//! loop's bound, `Spec::shape_exact`).
+//! bucket's heuristic and [`exact_shape_tiles`] for what a launch's exact shape changes
+//! (`Spec::shape_tiles`); dots that are not a matrix loop take the memory-bound
+//! heuristic's tiles. The spec holds a power-of-two bucket of each size (and the exact
+//! value of a short loop's bound, `Spec::shape_exact`).
 
 use std::collections::BTreeMap;
 
@@ -522,8 +523,8 @@ fn dot_problem_of(k: &Kernel, dot: kfuse_ir::OpId, size: &dyn Fn(usize) -> u64) 
 /// Tiles of a kernel with a `dot` (matrix-bound): the dot's `[BM, BK] x [BK, BN]`.
 ///
 /// Heuristic (sm_90, f16/bf16 WGMMA): `BK` spans 128 bytes (one swizzle span; two for
-/// 64x64 tiles), `BM` is 128 (two consumer warpgroups of 64 rows). `BN` is the widest of 256, 128, 64 that
-/// still gives every multiprocessor a tile (`ceil(M/BM) * ceil(N/BN) >= SMs`), or 64:
+/// 64x64 tiles), `BM` is 128 (two consumer warpgroups of 64 rows). `BN` is the widest
+/// of 256, 128, 64 that still gives every multiprocessor a tile (`ceil(M/BM) * ceil(N/BN) >= SMs`), or 64:
 /// wide tiles reuse each A byte more, but a small problem (M = 127) needs narrow ones
 /// to keep the machine busy, and 64 rows when even 128x64 leaves multiprocessors idle
 /// (M127 N4096 K4096 on the H100: 64x64 with 8 stages 226 TFLOP/s; 128x64 214; 128
@@ -671,11 +672,11 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
 /// cover the product in fewer waves (`wave_cost`) of the persistent walk on the
 /// target's multiprocessors — on sm_90 (`wgmma`), one `dot` of 16-bit rank-2 operands
 /// on the general lowering, its epilogue without transcendental math
-/// (`select_mma_path::heavy_epilogue`). At M4095 N4097 K4096 the wide tiles are 32 × 17 = 544 (the
-/// last of 5 waves of 132 holds 16), the tall ones 16 × 33 = 528 (4 whole waves): bf16
-/// 448 → 481 TFLOP/s, f16 440 → 476 on an H200 (`ops::gemm`, NOTES g29). Shapes whose
-/// tile counts fill the same waves either way (every power-of-two shape) keep the
-/// bucket's tiles.
+/// (`select_mma_path::heavy_epilogue`). At M4095 N4097 K4096 the wide tiles are
+/// 32 × 17 = 544 (the last of 5 waves of 132 holds 16), the tall ones 16 × 33 = 528 (4
+/// whole waves): bf16 448 → 481 TFLOP/s, f16 440 → 476 on an H200 (`ops::gemm`, NOTES
+/// g29). Shapes whose tile counts fill the same waves either way (every power-of-two
+/// shape) keep the bucket's tiles.
 pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target) -> BTreeMap<String, u32> {
     let mut out = BTreeMap::new();
     // (the runtime calls this on a launch's slow path: the arithmetic first, which ends

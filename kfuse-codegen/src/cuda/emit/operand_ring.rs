@@ -278,7 +278,6 @@ pub(super) const STAGES: u32 = 4;
 /// 4 stages 157). `STAGES=n` asks for n from 2 up to it.
 pub(super) const MAX_STAGES: u32 = 8;
 
-
 /// The sentinel of a gathered row outside the tensor in a ring's row table.
 const NO_ROW: &str = "(-0x7fffffffffffffffLL - 1)";
 

@@ -40,8 +40,8 @@ pub struct MatrixOperands {
 
 /// The tensor operands of `kernel`'s pipelined matrix loop (`acc += dot(load, load)`,
 /// [`super`]'s pattern), or `None` when it has no such loop (no dot, dots that are not
-/// a matrix loop, dots of a loop the matrix paths refuse). Depends on the kernel only: compute it once
-/// per kernel.
+/// a matrix loop, dots of a loop the matrix paths refuse). Depends on the kernel only:
+/// compute it once per kernel.
 ///
 /// ```
 /// use kfuse_codegen::passes::select_mma_path::matrix_operands;
