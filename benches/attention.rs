@@ -14,6 +14,8 @@
 //! (batch, head) pairs and 8 query rows against a float64 CPU reference; a wrong result
 //! or a refusal prints a row saying so. `KFUSE_BENCH_OUT` receives `attention.md` and
 //! `attention.svg` (the proof kernel's TFLOP/s against the sequence length, D128).
+//! `KFUSE_BENCH_FILTER=TEXT` runs only the op's rows whose name contains TEXT (`D64 S4096`
+//! runs that row and its causal one), and no varlen or proof kernel rows.
 
 #[path = "../tests/kernels/flash_attention.rs"]
 mod kernel;
@@ -113,12 +115,14 @@ fn torch_rows() -> Option<serde_json::Value> {
     serde_json::from_str::<serde_json::Value>(&text).ok().map(|v| v["rows"].clone())
 }
 
-/// The op's table: one row a case, PyTorch's figures beside kfuse's where there are any.
-fn op_table(dev: &Device) -> String {
+/// The op's table: one row a case (those whose name contains `filter`, where given),
+/// PyTorch's figures beside kfuse's where there are any.
+fn op_table(dev: &Device, filter: Option<&str>) -> String {
     let torch = torch_rows();
     let fig = |row: &str, key: &str| torch.as_ref().and_then(|t| t[row][key].as_f64());
     let mut cases: Vec<Case> = [128, 64, 256].iter().flat_map(|&d| [4096, 16384].into_iter().flat_map(move |s| [false, true].map(|c| Case::mha(s, d, c)))).collect();
     cases.extend([false, true].map(|causal| Case { b: 4, s: 4096, hq: 32, hkv: 8, d: 128, causal }));
+    cases.retain(|c| filter.is_none_or(|f| c.name().contains(f)));
     let mut md = String::from("| case | kfuse TFLOP/s | cuDNN | FA2 | FlexAttention | kfuse / cuDNN | bar | check |\n|---|---|---|---|---|---|---|---|\n");
     let bar = common::report::progress(cases.len(), "ops::attention");
     for c in cases {
@@ -208,7 +212,11 @@ fn proof_table(dev: &Device, lengths: &[usize]) -> (String, [common::report::Ser
 fn main() {
     let Some(dev) = common::gpu() else { return };
     println!("kfuse::ops::attention, {}", dev.describe());
-    let ops = op_table(&dev);
+    let filter = std::env::var("KFUSE_BENCH_FILTER").ok();
+    let ops = op_table(&dev, filter.as_deref());
+    if filter.is_some() {
+        return;
+    }
     println!("kfuse::ops::attention_varlen, {}", dev.describe());
     let varlen = format!("| case | kfuse TFLOP/s | check |\n|---|---|---|\n{}", varlen_rows(&dev));
     println!("flash attention proof kernel (tests/kernels/flash_attention.rs), {}", dev.describe());

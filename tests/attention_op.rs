@@ -204,8 +204,9 @@ fn attention_bad_input_is_an_error() {
 /// `kernels::attention` compiles for sm_80 and sm_90a (NVRTC, `ptxas -v`) without spills,
 /// bf16 and f16, at B4 S4096 H16 and D 64, 128 and 256, and `kernels::attention_varlen` at
 /// D 128; on sm_90a their dots run `wgmma` on rings a producer warpgroup fills (at D 256
-/// on 128 × 64 tiles; at D 128 each loop's P·V issued in the next iteration), on sm_80
-/// `mma.sync`. The small shapes' kernel (B1 S1 D64, no `wgmma`) compiles too.
+/// on 128 × 64 tiles; at D 128 each loop's P·V issued in the next iteration; K and V
+/// released by mbarriers of their own), on sm_80 `mma.sync`. The small shapes' kernel
+/// (B1 S1 D64, no `wgmma`) compiles too.
 #[test]
 fn attention_op_compiles_for_sm80_and_sm90a() {
     use kfuse::codegen::Target;
@@ -235,6 +236,10 @@ fn attention_op_compiles_for_sm80_and_sm90a() {
                     }
                     Ok((e, _, _)) if !e.plan.to_string().contains(tensor_cores) => {
                         failures.push(format!("{name} {}: the plan names no dot on the tensor cores:\n{}", target.arch(), e.plan))
+                    }
+                    // (K released once Q·Kᵀ completes, V once P·V does: two groups of mbarriers)
+                    Ok((e, _, _)) if target.sm >= 90 && !e.plan.to_string().contains("the tiles the first dot alone reads have mbarriers of their own") => {
+                        failures.push(format!("{name} {}: K and V share their mbarriers:\n{}", target.arch(), e.plan))
                     }
                     // (D128: P·V issued in the next iteration, under its softmax, without spills)
                     Ok((e, _, _)) if target.sm >= 90 && d == 128 && !e.plan.to_string().contains("the last dot is issued in the next iteration") => {

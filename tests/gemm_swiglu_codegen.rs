@@ -108,6 +108,8 @@ fn swiglu_gemm_takes_the_general_lowering_by_default() {
     let plan = e.plan.to_string();
     assert_eq!(plan.matches(": wgmma m64n128k16 over 2 warpgroup(s)").count(), 2, "{plan}");
     assert!(plan.contains("(TMA, mbarriers;") && !plan.contains("take turns") && plan.contains("TMA bulk stores"), "{plan}");
+    // (both dots read A: the ring's stage is released whole, not by groups)
+    assert!(!plan.contains("mbarriers of their own"), "{plan}");
     assert_eq!(e.source.matches("&kf_rtm0, ").count(), 1, "x: one TMA box a stage\n{}", e.source);
     let (_, spill) = common::assemble(&e.source, &e.arch, &e.options, "swiglu_general").unwrap();
     assert_eq!(spill, 0);

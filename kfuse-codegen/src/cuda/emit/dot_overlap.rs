@@ -10,10 +10,11 @@
 //! packed words go to a carried array (`kf_dw<L>`), B's descriptor at this iteration's
 //! stage to `kf_dd<L>`, and its accumulator (started at its addend, `acc · alpha`) is
 //! yielded as the carried value. Then:
-//! - the next iteration issues it right after its own first dot, onto the carried
-//!   registers, as a group of its own; the first dot's wait leaves that group in flight
-//!   (`wgmma.wait_group 1`), so that it runs while the iteration computes on the first
-//!   dot's value;
+//! - the next iteration issues it right after its own first dot (where the ring is
+//!   split, `warp_specialize::RingSplit`, after waiting for its stage's second group),
+//!   onto the carried registers, as a group of its own; the first dot's wait leaves that
+//!   group in flight (`wgmma.wait_group 1`), so that it runs while the iteration
+//!   computes on the first dot's value;
 //! - the iteration waits for it, and releases the ring stage it read, just before the
 //!   first op that reads the carried value (or the dot itself, whichever comes first);
 //! - after the loop, the last iteration's dot is issued and waited for, unless a later
@@ -163,6 +164,7 @@ impl Emitter<'_> {
         self.helpers.insert(fname.clone(), text);
         let acc = self.loops[&l][ld.carried as usize].name.clone();
         self.open(format!("if (kf_rel{} >= 0)", l.0))?;
+        self.late_second_wait(l)?;
         self.line("kf_wg_fence();")?;
         self.issue_from(&d, &fname, &acc, &format!("kf_dw{}", l.0), &format!("kf_dd{}", l.0))?;
         self.line("kf_wg_commit();")?;
@@ -190,9 +192,20 @@ impl Emitter<'_> {
         self.late_done(l)
     }
 
+    /// Before the late dot of the iteration before issues, where loop `l`'s ring is split
+    /// (`warp_specialize::RingSplit`): the wait for its stage's second group, filled
+    /// for the iteration before (the ring counter has moved on once since).
+    fn late_second_wait(&mut self, l: LoopId) -> R {
+        if !self.ws.as_ref().is_some_and(|ws| ws.split.contains_key(&l)) {
+            return Ok(());
+        }
+        let stages = self.wg.as_ref().unwrap().stages;
+        self.line(format!("kf_mbar_wait(&kf_full[{stages} + kf_rel{0}], ((kf_rit - 1) / {stages}) & 1);", l.0))
+    }
+
     fn late_done(&mut self, l: LoopId) -> R {
         self.line("kf_wg_wait();")?;
-        self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[kf_rel{0}]);", l.0))
+        self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[{1}]);", l.0, self.rel_slot(l, &format!("kf_rel{}", l.0))))
     }
 
     /// After loop `l` closes: its last iteration's late dot, issued and waited for, all
@@ -209,6 +222,7 @@ impl Emitter<'_> {
         let (fname, _) = super::dot_wgmma::instr_fn(&d, true)?;
         let acc = self.loops[&l][ld.carried as usize].name.clone();
         self.open(format!("if (kf_rel{} >= 0)", l.0))?;
+        self.late_second_wait(l)?;
         self.line("kf_wg_fence();")?;
         self.issue_from(&d, &fname, &acc, &format!("kf_dw{}", l.0), &format!("kf_dd{}", l.0))?;
         self.line("kf_wg_commit();")?;

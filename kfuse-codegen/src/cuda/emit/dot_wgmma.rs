@@ -604,6 +604,8 @@ impl Emitter<'_> {
             self.wg_synced = false;
             return self.close();
         }
+        // (a split ring's second group: its copies have landed)
+        self.second_group_wait(op)?;
         self.line("kf_wg_fence();")?;
         self.line("const int kf_wg = kf_warp / 4;")?;
         self.turn_before(op)?;

@@ -36,6 +36,12 @@
 //!   rings hold tiles that programs share along each of the first two axes (a GEMM's A
 //!   and B, [`grouped_walk`]), else axis 0 fastest (flash attention's programs of one
 //!   head, which share its K and V).
+//! - Where the producer copies by TMA and every ring loop's first dot alone reads some of
+//!   its loads (flash attention's K, not V), those loads have a `full` and an `empty`
+//!   mbarrier a stage of their own ([`RingSplit`]): the consumers release them as soon as
+//!   that dot completes and wait for the others' copies only before the first dot that
+//!   reads them, so the producer copies a later K while `P·V` still reads V. H200,
+//!   `kfuse::ops::attention` at D256 (two ring stages), S4096: 526 → 622 TFLOP/s.
 //! - A loop whose one WGMMA dot accumulates onto the carried value it yields keeps one
 //!   group of its instructions in flight: each iteration waits only for the one before
 //!   (`wgmma.wait_group 1`) and releases that one's stage; the last is waited for after
@@ -111,6 +117,56 @@ pub(super) struct WsPlan {
     pub consumers: u32,
     /// Registers a producer thread keeps and a consumer thread rises to (`setmaxnreg`).
     pub regs: (u32, u32),
+    /// Ring loops whose loads take two groups of mbarriers ([`ring_splits`]); empty, or
+    /// every ring loop.
+    pub split: BTreeMap<LoopId, RingSplit>,
+}
+
+/// A ring loop whose loads are copied and released in two groups, each with its own
+/// `full` and `empty` mbarrier a stage (the second group's after the first's, stage `s`
+/// of group `g` at `g · stages + s`): the loads the body's first dot alone reads, whose
+/// stage is released as soon as that dot completes, and the others, read by later
+/// dots, released where the whole stage was (flash attention's K and V: the producer
+/// copies the next K tiles while `P·V` still reads V). FlashAttention-3 keeps K and V
+/// in pipelines of their own likewise (arXiv 2407.08608, §3.1). The wait for the second
+/// group stands before its first dot issues: for a late dot (`dot_overlap`), in the next
+/// iteration. H200, `kfuse::ops::attention` bf16 S4096 (NOTES.md a27): D256 526 → 622
+/// TFLOP/s; D128 (three stages) 564 → 530 with the wait where the late dot's operands
+/// are taken, 561 with it at the issue.
+#[derive(Clone, Debug)]
+pub(super) struct RingSplit {
+    /// The first group: the loads the body's first dot reads (no other dot reads them).
+    pub first: Vec<ValueId>,
+    /// The body's first dot.
+    pub first_dot: OpId,
+    /// The first dot that reads a load of the second group: the consumers wait for the
+    /// group's copies before it.
+    pub second_at: OpId,
+}
+
+/// The ring loops of a kernel whose rings the producer fills by TMA, each split in two
+/// groups (see [`RingSplit`]) where every ring loop splits: its body has two or more
+/// WGMMA dots, the loads its first dot reads are read by no other dot, and some load is
+/// not read by it. Otherwise none (the mbarriers are the kernel's, shared by sibling
+/// loops). A GEMM's loop (one dot) and SwiGLU's (A read by both dots) have none.
+fn ring_splits(k: &Kernel, p: &WgPlan, loops: &BTreeMap<ValueId, LoopId>) -> BTreeMap<LoopId, RingSplit> {
+    let reads = |d: OpId, v: ValueId| {
+        let (dot, t) = (&p.dots[&d], &p.eager[&v]);
+        dot.b_tile().off == t.off || dot.a_tile().is_some_and(|a| a.off == t.off)
+    };
+    let mut out = BTreeMap::new();
+    for (l, loads) in &p.rings {
+        let dots: Vec<OpId> = k.ops().filter(|op| p.dots.contains_key(op) && loops.get(&op.value()) == Some(l)).collect();
+        let Some((&first_dot, rest)) = dots.split_first() else { return BTreeMap::new() };
+        let (first, second): (Vec<ValueId>, Vec<ValueId>) = loads.iter().partition(|&&v| reads(first_dot, v));
+        let alone = first.iter().all(|&v| rest.iter().all(|&d| !reads(d, v)));
+        let Some(&second_at) = rest.iter().find(|&&d| second.iter().any(|&v| reads(d, v))) else { return BTreeMap::new() };
+        if first.is_empty() || !alone {
+            return BTreeMap::new();
+        }
+        out.insert(*l, RingSplit { first, first_dot, second_at });
+    }
+    out
 }
 
 /// Programs of axis 0 a persistent walk over two axes takes together, walking axis 1
@@ -279,7 +335,10 @@ pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, thread
     }
     super::dot_overlap::chain_loops(k, p, &mut late);
     let regs = if late.is_empty() { (PRODUCER_REGS, CONSUMER_REGS) } else { (PRODUCER_REGS_LATE, CONSUMER_REGS_LATE) };
-    Some(WsPlan { slice, turns, deferred, late, tma: tma_loads(k, spec, p), persistent: false, grouped: false, group: spec.tiles.get("GROUPM").map_or(WALK_GROUP, |&g| g.clamp(1, 64)), consumers: threads, regs })
+    let tma = tma_loads(k, spec, p);
+    // (the split's groups complete on TMA's byte counts, one arrival a phase)
+    let split = if tma.is_empty() { BTreeMap::new() } else { ring_splits(k, p, &loops) };
+    Some(WsPlan { slice, turns, deferred, late, tma, persistent: false, grouped: false, group: spec.tiles.get("GROUPM").map_or(WALK_GROUP, |&g| g.clamp(1, 64)), consumers: threads, regs, split })
 }
 
 /// Whether loop `l`'s body computes on tiles other than by its dots and the adds that
@@ -305,7 +364,12 @@ pub(super) fn note(ws: &WsPlan) -> String {
     let late = if ws.late.is_empty() { String::new() } else { format!("; in {} loop(s) the last dot is issued in the next iteration, after its first, and runs under the math between", ws.late.len()) };
     let n = ws.consumers / 128;
     let wgs = if n == 1 { "1 consumer warpgroup" } else { "2 consumer warpgroups" };
-    format!("rings filled by a producer warpgroup ({copies}, mbarriers; {} registers), {wgs} ({} registers){turns}{late}{walk}", ws.regs.0, ws.regs.1)
+    let split = if ws.split.is_empty() {
+        String::new()
+    } else {
+        format!("; in {} loop(s) the tiles the first dot alone reads have mbarriers of their own and are released once it completes", ws.split.len())
+    };
+    format!("rings filled by a producer warpgroup ({copies}, mbarriers; {} registers), {wgs} ({} registers){turns}{late}{split}{walk}", ws.regs.0, ws.regs.1)
 }
 
 /// The mbarrier and named-barrier helpers of a warp-specialized kernel (the mbarrier
@@ -321,14 +385,15 @@ static __device__ __forceinline__ void kf_bar_arrive(int id) {{ asm volatile("ba
     )
 }
 
-/// The kernel's start where the roles part (see the module docs): the mbarriers, then
-/// the producer's program `producer` and its exit.
-pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, stages: u32, tma: bool, consumers: u32, regs: (u32, u32)) -> std::fmt::Result {
-    w.line(format!("__shared__ __align__(8) unsigned long long kf_full[{stages}], kf_empty[{stages}];"))?;
+/// The kernel's start where the roles part (see the module docs): the mbarriers (`bars`
+/// of each kind: the ring's stages, times two where its loads are split), then the
+/// producer's program `producer` and its exit.
+pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, bars: u32, tma: bool, consumers: u32, regs: (u32, u32)) -> std::fmt::Result {
+    w.line(format!("__shared__ __align__(8) unsigned long long kf_full[{bars}], kf_empty[{bars}];"))?;
     w.open("if (kf_tid == 0)")?;
     // TMA: one arrival (with the stage's bytes) a phase; cp.async: each producer thread's
     let fill = if tma { 1 } else { PRODUCER_THREADS };
-    w.line(format!("for (int s = 0; s < {stages}; ++s) {{ kf_mbar_init(&kf_full[s], {fill}); kf_mbar_init(&kf_empty[s], {consumers}); }}"))?;
+    w.line(format!("for (int s = 0; s < {bars}; ++s) {{ kf_mbar_init(&kf_full[s], {fill}); kf_mbar_init(&kf_empty[s], {consumers}); }}"))?;
     w.close()?;
     w.line("__syncthreads();")?;
     w.open(format!("if (kf_tid >= {consumers})"))?;
@@ -389,17 +454,25 @@ impl Emitter<'_> {
             self.open(format!("for (long long kf_p = {lo}; kf_p < {hi}; kf_p += {step})"))?;
             let stages = self.wg.as_ref().unwrap().stages;
             self.line(format!("const int kf_s = kf_rit % {stages};"))?;
-            self.line(format!("kf_mbar_wait(&kf_empty[kf_s], ((kf_rit / {stages}) & 1) ^ 1);"))?;
             if ws.tma.is_empty() {
+                self.line(format!("kf_mbar_wait(&kf_empty[kf_s], ((kf_rit / {stages}) & 1) ^ 1);"))?;
                 for v in loads {
                     self.ring_copy(*v, *id, "kf_p", "kf_s")?;
                 }
                 self.line("kf_cp_async_arrive(&kf_full[kf_s]);")?;
             } else {
-                let bytes: u32 = loads.iter().map(|v| &self.wg.as_ref().unwrap().eager[v]).map(|t| t.rows * t.cols * t.esize).sum();
-                self.line(format!("kf_mbar_expect_tx(&kf_full[kf_s], {bytes}u);"))?;
-                for v in loads {
-                    self.ring_tma(*v, *id, &ws.tma[v])?;
+                // one group, or two (the first dot's tiles first: `RingSplit`)
+                let groups: Vec<(String, Vec<ValueId>)> = match ws.split.get(id) {
+                    Some(sp) => vec![("kf_s".into(), sp.first.clone()), (format!("{stages} + kf_s"), loads.iter().filter(|v| !sp.first.contains(v)).copied().collect())],
+                    None => vec![("kf_s".into(), loads.clone())],
+                };
+                for (slot, group) in groups {
+                    self.line(format!("kf_mbar_wait(&kf_empty[{slot}], ((kf_rit / {stages}) & 1) ^ 1);"))?;
+                    let bytes: u32 = group.iter().map(|v| &self.wg.as_ref().unwrap().eager[v]).map(|t| t.rows * t.cols * t.esize).sum();
+                    self.line(format!("kf_mbar_expect_tx(&kf_full[{slot}], {bytes}u);"))?;
+                    for v in &group {
+                        self.ring_tma(*v, *id, &ws.tma[v], &slot)?;
+                    }
                 }
             }
             self.line("++kf_rit;")?;
@@ -451,22 +524,53 @@ impl Emitter<'_> {
         let ws = self.ws.clone().unwrap();
         if self.late_first_of(op).is_some() {
             // the late dot of the iteration before stays in flight (`dot_overlap`)
-            return self.line("kf_wg_wait1();");
+            self.line("kf_wg_wait1();")?;
+            return self.release_first_group(op);
         }
         if let Some((l, _)) = ws.deferred.iter().find(|(l, &d)| d == op && !ws.turns.contains_key(l)) {
             // the loop's one dot, chained onto its own accumulator: the instructions of
             // the iteration before have completed once at most this group is pending
             self.line("kf_wg_wait1();")?;
-            return self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[kf_rel{0}]);", l.0));
+            return self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[{1}]);", l.0, self.rel_slot(*l, &format!("kf_rel{}", l.0))));
         }
         if ws.deferred.values().any(|&d| d == op) {
             return Ok(());
         }
         self.line("kf_wg_wait();")?;
         if let Some((l, _)) = ws.turns.iter().find(|(l, (f, _))| *f == op && ws.deferred.contains_key(l)) {
-            self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[kf_rel{0}]);", l.0))?;
+            self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[{1}]);", l.0, self.rel_slot(*l, &format!("kf_rel{}", l.0))))?;
         }
-        Ok(())
+        self.release_first_group(op)
+    }
+
+    /// After the wait of a split loop's first dot (see [`RingSplit`]): the stage of the
+    /// tiles it alone reads is free.
+    pub(super) fn release_first_group(&mut self, op: OpId) -> R {
+        match self.ws.as_ref().and_then(|ws| ws.split.iter().find(|(_, sp)| sp.first_dot == op)).map(|(l, _)| *l) {
+            Some(l) => self.line(format!("kf_mbar_arrive(&kf_empty[kf_st{}]);", l.0)),
+            None => Ok(()),
+        }
+    }
+
+    /// Before dot `op` where it is the first to read a split loop's second group (see
+    /// [`RingSplit`]): the wait for that group's copies of this iteration.
+    pub(super) fn second_group_wait(&mut self, op: OpId) -> R {
+        if self.late_dot_of(op).is_some() {
+            // (issued in the next iteration, which waits: `dot_overlap`)
+            return Ok(());
+        }
+        let Some(l) = self.ws.as_ref().and_then(|ws| ws.split.iter().find(|(_, sp)| sp.second_at == op)).map(|(l, _)| *l) else { return Ok(()) };
+        let stages = self.wg.as_ref().unwrap().stages;
+        self.line(format!("kf_mbar_wait(&kf_full[{stages} + kf_st{0}], (kf_rit / {stages}) & 1);", l.0))
+    }
+
+    /// The `empty` mbarrier index of loop `l`'s stage `stage` for the release at the end
+    /// of an iteration's dots: the second group's where the loop is split.
+    pub(super) fn rel_slot(&self, l: LoopId, stage: &str) -> String {
+        match self.ws.as_ref().is_some_and(|ws| ws.split.contains_key(&l)) {
+            true => format!("{} + {stage}", self.wg.as_ref().unwrap().stages),
+            false => stage.to_string(),
+        }
     }
 
     /// At the end of ring loop `l`'s body: its stage is released now, or (a deferred
@@ -476,7 +580,7 @@ impl Emitter<'_> {
             self.line(format!("kf_rel{0} = kf_st{0};", l.0))
         } else {
             // every dot of the iteration has completed: the stage is free
-            self.line(format!("kf_mbar_arrive(&kf_empty[kf_st{}]);", l.0))
+            self.line(format!("kf_mbar_arrive(&kf_empty[{}]);", self.rel_slot(l, &format!("kf_st{}", l.0))))
         }
     }
 
@@ -487,14 +591,15 @@ impl Emitter<'_> {
         }
         if self.ws.as_ref().is_some_and(|ws| ws.deferred.contains_key(&l)) {
             self.line("kf_wg_wait();")?;
-            self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[kf_rel{0}]);", l.0))?;
+            self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[{1}]);", l.0, self.rel_slot(l, &format!("kf_rel{}", l.0))))?;
         }
         Ok(())
     }
 
     /// The producer's TMA copies of ring load `v` (loop `l`, index `kf_p`) into stage
-    /// `kf_s`: one box a swizzle atom, coordinates innermost first.
-    fn ring_tma(&mut self, v: ValueId, l: LoopId, t: &TmaLoad) -> R {
+    /// `kf_s`, completing on the `full` mbarrier at `slot`: one box a swizzle atom,
+    /// coordinates innermost first.
+    fn ring_tma(&mut self, v: ValueId, l: LoopId, t: &TmaLoad, slot: &str) -> R {
         let tile = self.wg.as_ref().unwrap().eager[&v].clone();
         let k = self.k;
         let ops = k.operands(v.op());
@@ -507,7 +612,7 @@ impl Emitter<'_> {
             let mut coords = vec![format!("(int)({}) + {}", offs[unit], a * tile.span_elems())];
             coords.extend(order[1..].iter().map(|&d| format!("(int)({})", offs[d as usize])));
             let dst = format!("kf_ops + {} + kf_s * {} + {}", tile.off, tile.bytes(), a * tile.rows * tile.span);
-            self.line(format!("kf_tma_load_{r}d({dst}, &kf_rtm{}, {}, &kf_full[kf_s]);", t.map, coords.join(", ")))?;
+            self.line(format!("kf_tma_load_{r}d({dst}, &kf_rtm{}, {}, &kf_full[{slot}]);", t.map, coords.join(", ")))?;
         }
         Ok(())
     }
