@@ -210,8 +210,12 @@ impl Emitter<'_> {
         // a load whose tile the tensor holds whole (every register's coordinate inside
         // the bounds) takes a branch-free copy of the loop: unconditional loads that the
         // assembler can issue together, where the masked loop's per-group branches keep
-        // them one round trip apart
-        let full = if store.is_none() && groups >= WHOLE_TILE_MIN_GROUPS && !gathers { self.whole_tile_test(&a.okv, &a.tile_dims, &a.val, &a.map) } else { None };
+        // them one round trip apart (where a thread makes many); so does a tile staged for
+        // a dot where it is defined outside loops (its registers die at the shared-memory
+        // write: flash attention's Q, 8 loads a thread, before the first `Q·Kᵀ`)
+        let staged = k.loop_of(op).is_none() && self.wg.as_ref().is_some_and(|p| p.eager.get(&op.value()).is_some_and(|t| t.ring.is_none()));
+        let many = groups >= WHOLE_TILE_MIN_GROUPS || staged && groups > 1;
+        let full = if store.is_none() && many && !gathers { self.whole_tile_test(&a.okv, &a.tile_dims, &a.val, &a.map) } else { None };
         a.tptr = if gathers { None } else { self.thread_pointer(&a)? };
         if let Some(test) = &full {
             self.whole_tile_copy(&a, test, raw.as_deref())?;
