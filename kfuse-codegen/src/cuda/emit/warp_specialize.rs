@@ -545,7 +545,7 @@ impl Emitter<'_> {
 
     /// After the wait of a split loop's first dot (see [`RingSplit`]): the stage of the
     /// tiles it alone reads is free.
-    pub(super) fn release_first_group(&mut self, op: OpId) -> R {
+    fn release_first_group(&mut self, op: OpId) -> R {
         match self.ws.as_ref().and_then(|ws| ws.split.iter().find(|(_, sp)| sp.first_dot == op)).map(|(l, _)| *l) {
             Some(l) => self.line(format!("kf_mbar_arrive(&kf_empty[kf_st{}]);", l.0)),
             None => Ok(()),
