@@ -2170,8 +2170,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             w.line("(void)kf_smem;")?;
             if let Some(p) = &producer {
                 let ws = e.ws.as_ref().unwrap();
-                let bars = e.wg.as_ref().map_or(2, |p| p.stages) * if ws.split.is_empty() { 1 } else { 2 };
-                warp_specialize::split_roles(&mut w, p, bars, tma, consumers, ws.regs)?;
+                warp_specialize::split_roles(&mut w, p, ws.barriers(e.wg.as_ref().map_or(2, |p| p.stages)), tma, consumers, ws.regs)?;
             }
         } else if dynamic_smem > 0 {
             w.line("extern __shared__ __align__(16) unsigned char kf_smem[];")?;

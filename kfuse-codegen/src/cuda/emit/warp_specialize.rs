@@ -122,6 +122,14 @@ pub(super) struct WsPlan {
     pub split: BTreeMap<LoopId, RingSplit>,
 }
 
+impl WsPlan {
+    /// The `full` (and the `empty`) mbarriers of a ring of `stages` stages: one a stage,
+    /// two where the rings are split ([`RingSplit`]).
+    pub(super) fn barriers(&self, stages: u32) -> u32 {
+        if self.split.is_empty() { stages } else { 2 * stages }
+    }
+}
+
 /// A ring loop whose loads are copied and released in two groups, each with its own
 /// `full` and `empty` mbarrier a stage (the second group's after the first's, stage `s`
 /// of group `g` at `g · stages + s`): the loads the body's first dot alone reads, whose
@@ -386,8 +394,8 @@ static __device__ __forceinline__ void kf_bar_arrive(int id) {{ asm volatile("ba
 }
 
 /// The kernel's start where the roles part (see the module docs): the mbarriers (`bars`
-/// of each kind: the ring's stages, times two where its loads are split), then the
-/// producer's program `producer` and its exit.
+/// of each kind, [`WsPlan::barriers`]), then the producer's program `producer` and its
+/// exit.
 pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, bars: u32, tma: bool, consumers: u32, regs: (u32, u32)) -> std::fmt::Result {
     w.line(format!("__shared__ __align__(8) unsigned long long kf_full[{bars}], kf_empty[{bars}];"))?;
     w.open("if (kf_tid == 0)")?;
