@@ -182,6 +182,7 @@ fn schedule_passes(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kern
     check(&k, "chunk_rows")?;
     passes::choose_tiles::run(&mut k, spec, target)?;
     check(&k, "choose_tiles")?;
+    let spec = &own_attempt(spec, &k);
     passes::select_mma_path::run(&mut k, spec, target)?;
     check(&k, "select_mma_path")?;
     passes::persist_programs::run(&mut k, target)?;
@@ -249,8 +250,18 @@ pub fn compile(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedK
     compile_scheduled(kernel, spec, target).map_err(|e| e.at(kernel, None))
 }
 
+/// `spec` with its register-room attempt counted from the kernel's own schedule: the
+/// passes after `choose_tiles` see attempt 0 for the first attempt of the kernel's own
+/// tiles, after the wider block of rows (`Schedule::row_attempts`) where there is one.
+fn own_attempt(spec: &Spec, k: &Kernel) -> Spec {
+    let rows = k.schedule.row_attempts;
+    let a = spec.register_attempt;
+    Spec { register_attempt: if a < rows { a } else { a - rows }, ..spec.clone() }
+}
+
 fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<EmittedKernel, CodegenError> {
     let mut k = schedule(kernel, spec, target)?;
+    let (abs, spec) = (spec.register_attempt, &own_attempt(spec, &k));
     let grid = kfuse_ir::grid::derive(&k)?;
     let mut axes = Vec::new();
     for a in &grid.axes {
@@ -278,6 +289,11 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
     if let Some(b) = out.min_blocks {
         k.schedule.min_blocks = b;
         k.schedule.register_attempt.1 = k.schedule.register_attempt.0 + if out.late_dots || out.ahead_loads { 2 } else { 1 };
+    }
+    // counted with the wider block of rows' attempt before the kernel's own
+    if k.schedule.row_attempts > 0 {
+        let (_, n) = k.schedule.register_attempt;
+        k.schedule.register_attempt = (abs, n.max(1) + k.schedule.row_attempts);
     }
     let tiles = k.schedule.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect();
     let cluster_x = k.schedule.split_blocks.max(1);

@@ -150,6 +150,11 @@ pub struct Schedule {
     /// compiles it when the assembler spills the one before (`rematerialize`,
     /// `ring_occupancy`).
     pub register_attempt: (u32, u32),
+    /// Register-room attempts that take a wider block of rows than the kernel's own
+    /// schedule (0 or 1: `choose_tiles` gives attempt 0 a block of 192 rows where a loop
+    /// chains its dots and their results fit); the passes after it count the attempts
+    /// from the kernel's own schedule, and `register_attempt` counts them all.
+    pub row_attempts: u32,
     /// Most stages of the writer's operand rings filled by the block's own threads; 0: as many as shared
     /// memory holds for `min_blocks` blocks; 1: no rings (`ring_occupancy`).
     pub ring_stages: u32,

@@ -478,19 +478,29 @@ fn check_loops(k: &Kernel) -> Result<(), String> {
 
 fn check_schedule(k: &Kernel) -> Result<(), String> {
     let s = &k.schedule;
-    // the one tile extent that may be other than a power of two: the `BN` of a `dot`'s B
-    // tile, a multiple of 64 (several instructions a K step)
+    // the tile extents that may be other than a power of two, multiples of 64: the `BN`
+    // of the first `dot`'s B tile (several instructions a K step), and the rows of any
+    // `dot`'s A tile (a warpgroup's 64 rows each)
     let wide = k.order.iter().find(|&&o| matches!(k.op(o), Op::Dot { .. })).and_then(|&d| match k.ty(k.operands(d)[1]).shape.get(1) {
         Some(Extent::Tile(sym)) => Some(*sym),
         _ => None,
     });
+    let rows: Vec<TileSym> = k
+        .order
+        .iter()
+        .filter(|&&o| matches!(k.op(o), Op::Dot { .. }))
+        .filter_map(|&d| match k.ty(k.operands(d)[0]).shape.first() {
+            Some(Extent::Tile(sym)) => Some(*sym),
+            _ => None,
+        })
+        .collect();
     for &op in &k.order {
         let Some(t) = &k.node(op).ty else { continue };
         for e in &t.shape {
             match e {
                 Extent::Tile(sym) => match s.tiles.get(sym) {
                     Some(v) if v.is_power_of_two() => {}
-                    Some(v) if Some(*sym) == wide && v % 64 == 0 => {}
+                    Some(v) if (Some(*sym) == wide || rows.contains(sym)) && v % 64 == 0 => {}
                     _ => return Err(format!("tile symbol {} has no power-of-two value", k.tile_name(*sym))),
                 },
                 Extent::Full(sym) => match s.full.get(sym) {

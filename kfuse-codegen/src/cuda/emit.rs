@@ -278,7 +278,11 @@ fn coord_raw(map: &RegMap, i: usize, k: &str) -> String {
 fn coord(map: &RegMap, i: usize, k: &str) -> String {
     let m = &map.axes[i];
     let l = local_raw(map, i, k);
-    let l = if m.replicated() { format!("({l} & {})", m.piece - 1) } else { l };
+    let l = match (m.replicated(), m.piece.is_power_of_two()) {
+        (true, true) => format!("({l} & {})", m.piece - 1),
+        (true, false) => format!("({l} % {})", m.piece),
+        (false, _) => l,
+    };
     match cta_base(map, i) {
         Some(b) => format!("({b} + {l})"),
         None => l,
@@ -1351,12 +1355,16 @@ impl<'a> Emitter<'a> {
         // in a loop, a thread's registers of one result register fold into 4 partials
         // (consecutive quarters of its registers), combined at the end: chains a
         // quarter as long (flash attention's row max and sum: 32 dependent
-        // instructions each, a latency no other warp of the lockstep block hides)
-        let tree = self.loop_depth > 0 && smap.regs.is_multiple_of(4) && smap.regs >= 8 * nregs;
-        let tgt = if tree { format!("{}_t[(k) / {}]", name, smap.regs / 4) } else { name.clone() };
+        // instructions each, a latency no other warp of the lockstep block hides);
+        // 2 behind three consumer warpgroups, whose 160 registers hold fewer and whose
+        // warps hide more (flash attention D64: 1-2.5% faster than 4, NOTES.md a29)
+        let wide = self.ws.as_ref().is_some_and(|w| w.consumers == warp_specialize::WIDE_CONSUMERS);
+        let parts: u32 = if wide { 2 } else { 4 };
+        let tree = self.loop_depth > 0 && smap.regs.is_multiple_of(parts) && smap.regs >= 2 * parts * nregs;
+        let tgt = if tree { format!("{}_t[(k) / {}]", name, smap.regs / parts) } else { name.clone() };
         if tree {
-            self.line(format!("{} {name}_t[4][{nregs}];", ctype(d)))?;
-            self.unroll("k", 4 * nregs)?;
+            self.line(format!("{} {name}_t[{parts}][{nregs}];", ctype(d)))?;
+            self.unroll("k", parts * nregs)?;
             self.line(format!("{name}_t[k / {nregs}][k % {nregs}] = {ident};"))?;
             self.close()?;
         }
@@ -1391,7 +1399,11 @@ impl<'a> Emitter<'a> {
         if tree {
             self.unroll("k", nregs)?;
             let t = |i: u32| format!("{name}_t[{i}][k]");
-            self.line(format!("{name}[k] = {};", comb(&comb(&t(0), &t(1)), &comb(&t(2), &t(3)))))?;
+            let mut terms: Vec<String> = (0..parts).map(t).collect();
+            while terms.len() > 1 {
+                terms = terms.chunks(2).map(|c| if c.len() == 2 { comb(&c[0], &c[1]) } else { c[0].clone() }).collect();
+            }
+            self.line(format!("{name}[k] = {};", terms[0]))?;
             self.close()?;
         }
         // 2. across lanes

@@ -290,6 +290,13 @@ fn assign_extents(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), Co
     if narrow && !tries.is_empty() {
         tries.insert(0, (2 * WARPGROUP_DOT_TILE, WARPGROUP_DOT_TILE));
     }
+    // dots chained in a loop (flash attention): a block of WIDE_ROWS first, the kernel's
+    // first register-room attempt where its results fit (the ones after it: the tiles
+    // below, `Schedule::row_attempts`)
+    let wide = !narrow && !tries.is_empty() && spec.threads.is_none() && chained_dots(k);
+    if wide {
+        tries.insert(0, (WIDE_ROWS, WARPGROUP_DOT_TILE));
+    }
     for &(rows_floor, others_floor) in tries.iter().chain(std::iter::once(&(0, 0))) {
         let mut c = plain.clone();
         if rows_floor > 0 {
@@ -307,10 +314,17 @@ fn assign_extents(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), Co
         if rows_floor == 0 || spec.threads.is_some() {
             break;
         }
+        let results = if rows_floor == WIDE_ROWS { WIDE_DOT_RESULTS_PER_THREAD } else { WARPGROUP_DOT_RESULTS_PER_THREAD };
         let fits = match (warpgroup_threads(k, target), largest_tile(k)) {
-            (Some(threads), Ok(l)) => l.elems / threads <= WARPGROUP_ELEMS_PER_THREAD && dot_results(k) / threads as u64 <= WARPGROUP_DOT_RESULTS_PER_THREAD,
+            (Some(threads), Ok(l)) => l.elems / threads <= WARPGROUP_ELEMS_PER_THREAD && dot_results(k) / threads as u64 <= results,
             _ => false,
         };
+        if rows_floor == WIDE_ROWS && fits {
+            k.schedule.row_attempts = 1;
+            if spec.register_attempt > 0 {
+                continue;
+            }
+        }
         if fits {
             break;
         }
@@ -366,6 +380,43 @@ fn set_tiles_of(k: &mut Kernel, spec: &Spec, choice: &BTreeMap<TileSym, u32>) ->
 /// (NOTES.md c15).
 pub const WARPGROUP_DOT_TILE: u32 = 128;
 
+/// Rows of the block tried first where a loop chains `dot`s on the warpgroup rule
+/// ([`chained_dots`]: flash attention's `P·V` reads the softmax of its `Q·Kᵀ`): three
+/// warpgroups of 64 (`cuda/emit/warp_specialize.rs`, `WIDE_CONSUMERS`), so that two
+/// run their dots while one computes, where the loop's results leave each of 384
+/// threads at most [`WIDE_DOT_RESULTS_PER_THREAD`] (D64's 192 × 128 scores and 192 × 64
+/// output: 64 + 32). It is the kernel's first register-room attempt; the tiles of two
+/// warpgroups are the next (`Schedule::row_attempts`). FlashAttention-3 takes 192 rows
+/// at D64 too. H200, `kfuse::ops::attention` D64: +17% / +8% / +25% / +18% at S4096 /
+/// causal / S16384 / causal (NOTES.md a29).
+pub const WIDE_ROWS: u32 = 192;
+
+/// The most `dot` results a thread of three consumer warpgroups (160 registers) holds
+/// (see [`WARPGROUP_DOT_RESULTS_PER_THREAD`]): D64's 96 compile without spills, D128's
+/// 128 do not fit beside the operands.
+pub const WIDE_DOT_RESULTS_PER_THREAD: u64 = 96;
+
+/// Whether a loop chains `dot`s: one's operand is computed in the loop from another's
+/// result (flash attention's `P·V` after `Q·Kᵀ`; not a GEMM's or SwiGLU's dots, which
+/// read loads).
+fn chained_dots(k: &Kernel) -> bool {
+    k.ops().filter(|&op| matches!(k.op(op), Op::Dot { .. })).any(|dot| {
+        let Some(l) = k.loop_of(dot) else { return false };
+        let mut todo: Vec<OpId> = k.operands(dot).iter().map(|v| v.op()).collect();
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(op) = todo.pop() {
+            if k.loop_of(op) != Some(l) || !seen.insert(op) {
+                continue;
+            }
+            if matches!(k.op(op), Op::Dot { .. }) {
+                return true;
+            }
+            todo.extend(k.operands(op).iter().map(|v| v.op()));
+        }
+        false
+    })
+}
+
 /// The tile symbols along the M extents, and along the N and K extents, of the kernel's
 /// `dot`s with f16/bf16 operands (the warpgroup rule's candidates).
 fn warpgroup_dot_syms(k: &Kernel) -> (Vec<TileSym>, Vec<TileSym>) {
@@ -392,7 +443,7 @@ fn warpgroup_dot_syms(k: &Kernel) -> (Vec<TileSym>, Vec<TileSym>) {
 
 /// The block's threads for `dot`s on the warpgroup rule (sm_90a, 16-bit operands, every
 /// such dot's M a multiple of 64 and N at most 256): one warpgroup per 64 rows of the
-/// largest M, at most two.
+/// largest M, at most two — three at [`WIDE_ROWS`].
 fn warpgroup_threads(k: &Kernel, target: &Target) -> Option<u32> {
     let (rows, others) = warpgroup_dot_syms(k);
     if target.sm < 90 || rows.is_empty() && others.is_empty() {
@@ -410,7 +461,7 @@ fn warpgroup_threads(k: &Kernel, target: &Target) -> Option<u32> {
         }
         rows = rows.max(a[0]);
     }
-    (rows > 0).then(|| 128 * (rows / 64).min(2))
+    (rows > 0).then(|| 128 * if rows == WIDE_ROWS { 3 } else { (rows / 64).min(2) })
 }
 
 /// The largest tile of a kernel whose extents have their sizes: its elements, the first

@@ -3,12 +3,12 @@
 //! values) compute, and no block-wide barrier couples them inside the loops.
 //!
 //! It applies ([`ws_plan`]) when the kernel has rings, none in a nested loop, its block
-//! is one or two warpgroups, and everything the producer needs — each ring loop's bounds and
+//! is one, two or three warpgroups, and everything the producer needs — each ring loop's bounds and
 //! step, each ring load's address operands other than its loop's index — is a scalar
 //! computed outside every loop (the producer computes those values again itself).
 //!
 //! The block grows by the producer warpgroup (threads 256–383; 128–255 behind one
-//! consumer warpgroup, `WsPlan::consumers`). Before the roles part,
+//! consumer warpgroup, 384–511 behind three, `WsPlan::consumers`). Before the roles part,
 //! thread 0 initializes one `full` and one `empty` mbarrier per ring stage. Then:
 //! - The producer drops to 40 registers (`setmaxnreg`) and walks the ring loops in
 //!   order, one ring iteration counter across them (sibling loops share the ring's
@@ -67,9 +67,22 @@ use super::operand_ring::enclosing_loops;
 use super::{Emitter, R};
 use crate::cuda::writer::Writer;
 
-/// Threads of the consumer warpgroups (the block without its producer), at most: two
-/// warpgroups, or one ([`WsPlan::consumers`]).
+/// Threads of the consumer warpgroups (the block without its producer): two
+/// warpgroups, or one ([`WsPlan::consumers`]), or three ([`WIDE_CONSUMERS`]).
 pub(super) const CONSUMERS: u32 = 256;
+/// Three consumer warpgroups (`choose_tiles`' block of 192 rows, `WIDE_ROWS`): the
+/// consumers rise to 160 registers and the producer keeps 32 (128 · 32 + 384 · 160 =
+/// 65536), too few to hold a late dot's operands through the math (`dot_overlap`:
+/// flash attention at D64, 192 × 128 tiles, spilled 80 bytes at 160), so their loops
+/// issue each dot where it stands, wait for it there and take no turns: three
+/// warpgroups overlap one's softmax with the others' dots by themselves. H200,
+/// `kfuse::ops::attention` D64 (S4096 / causal / S16384 / causal): 451.7 / 355.7 /
+/// 508.0 / 455.3 TFLOP/s against 382.8 / 330.6 / 405.6 / 387.3 with two warpgroups
+/// (128 × 128, late `P·V`, turns), the late form of three spilling still ran 443.8 /
+/// 345.0 / 498.4 / 446.5 (NOTES.md a29).
+pub(super) const WIDE_CONSUMERS: u32 = 384;
+pub(super) const PRODUCER_REGS_WIDE: u32 = 32;
+pub(super) const CONSUMER_REGS_WIDE: u32 = 160;
 /// Threads of the producer warpgroup (the block's last).
 pub(super) const PRODUCER_THREADS: u32 = 128;
 /// Registers a producer thread keeps, and a consumer thread rises to (`setmaxnreg`;
@@ -113,7 +126,7 @@ pub(super) struct WsPlan {
     /// Programs of axis 0 a group takes ([`WALK_GROUP`], or `Spec::tiles["GROUPM"]`).
     pub group: u32,
     /// Threads of the consumer warpgroups: 256, or 128 (one warpgroup, which takes no
-    /// turns); the producer's are the next 128.
+    /// turns), or 384 ([`WIDE_CONSUMERS`]); the producer's are the next 128.
     pub consumers: u32,
     /// Registers a producer thread keeps and a consumer thread rises to (`setmaxnreg`).
     pub regs: (u32, u32),
@@ -284,7 +297,7 @@ fn deferrable(k: &Kernel, l: LoopId, first: OpId, last: OpId) -> bool {
 /// `overlap`: loops may issue their last dot late (`dot_overlap`; the kernel's first
 /// register-room attempt, the next one without).
 pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, threads: u32, overlap: bool) -> Option<WsPlan> {
-    if p.rings.is_empty() || !(threads == CONSUMERS || threads == CONSUMERS / 2) {
+    if p.rings.is_empty() || !(threads == CONSUMERS || threads == CONSUMERS / 2 || threads == WIDE_CONSUMERS) {
         return None;
     }
     let loops = enclosing_loops(k);
@@ -320,7 +333,8 @@ pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, thread
     // reads) is written again next iteration: the dots reading it complete first, so
     // their waits are not deferred
     let rewritten = |l: &LoopId| p.eager.iter().any(|(v, t)| t.ring.is_none() && loops.get(v) == Some(l));
-    for l in p.rings.keys() {
+    // (three warpgroups: every dot where it stands, see WIDE_CONSUMERS)
+    for l in p.rings.keys().filter(|_| threads != WIDE_CONSUMERS) {
         let dots: Vec<OpId> = k.ops().filter(|op| p.dots.contains_key(op) && loops.get(&op.value()) == Some(l)).collect();
         if dots.len() >= 2 {
             let (first, last) = (dots[0], dots[dots.len() - 1]);
@@ -342,7 +356,13 @@ pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, thread
         }
     }
     super::dot_overlap::chain_loops(k, p, &mut late);
-    let regs = if late.is_empty() { (PRODUCER_REGS, CONSUMER_REGS) } else { (PRODUCER_REGS_LATE, CONSUMER_REGS_LATE) };
+    let regs = if threads == WIDE_CONSUMERS {
+        (PRODUCER_REGS_WIDE, CONSUMER_REGS_WIDE)
+    } else if late.is_empty() {
+        (PRODUCER_REGS, CONSUMER_REGS)
+    } else {
+        (PRODUCER_REGS_LATE, CONSUMER_REGS_LATE)
+    };
     let tma = tma_loads(k, spec, p);
     // (the split's groups complete on TMA's byte counts, one arrival a phase)
     let split = if tma.is_empty() { BTreeMap::new() } else { ring_splits(k, p, &loops) };
@@ -371,7 +391,7 @@ pub(super) fn note(ws: &WsPlan) -> String {
     };
     let late = if ws.late.is_empty() { String::new() } else { format!("; in {} loop(s) the last dot is issued in the next iteration, after its first, and runs under the math between", ws.late.len()) };
     let n = ws.consumers / 128;
-    let wgs = if n == 1 { "1 consumer warpgroup" } else { "2 consumer warpgroups" };
+    let wgs = if n == 1 { "1 consumer warpgroup".to_string() } else { format!("{n} consumer warpgroups") };
     let split = if ws.split.is_empty() {
         String::new()
     } else {
