@@ -161,6 +161,57 @@ pub fn uses_fp8(k: &Kernel) -> bool {
     k.params.iter().any(|p| p.dtype.is_fp8()) || k.ops().any(|o| k.node(o).ty.as_ref().is_some_and(|t| t.dtype.is_fp8()))
 }
 
+/// How an `i64` scalar moves with `program_id(axis)`: not at all, never down (and it
+/// reads it), or not known ([`rises_with_program`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trend {
+    /// The same for every program along the axis.
+    Fixed,
+    /// Never lower for a later program, and reads the program id.
+    Rises,
+    /// Neither shown.
+    Unknown,
+}
+
+/// The [`Trend`] of `v` with `program_id(axis)`: sums, `min` and `max` of rising and
+/// fixed values rise; so do a rising value less a fixed one, times or divided
+/// (truncating) by a positive literal. Other values that read a rising or unknown one are
+/// unknown.
+pub fn rises_with_program(k: &Kernel, v: ValueId, axis: u8) -> Trend {
+    trend(k, v, axis, &mut std::collections::BTreeMap::new())
+}
+
+fn trend(k: &Kernel, v: ValueId, axis: u8, memo: &mut std::collections::BTreeMap<ValueId, Trend>) -> Trend {
+    use Trend::*;
+    if let Some(&t) = memo.get(&v) {
+        return t;
+    }
+    let ops = k.operands(v.op());
+    let positive = |x: ValueId| int_value(k, x).is_some_and(|c| c > 0);
+    let mut t = |x: ValueId| trend(k, x, axis, memo);
+    let r = match k.op(v.op()) {
+        Op::ProgramId { axis: a } if *a == axis => Rises,
+        Op::Binary(BinaryOp::Add | BinaryOp::Min | BinaryOp::Max) => match (t(ops[0]), t(ops[1])) {
+            (Unknown, _) | (_, Unknown) => Unknown,
+            (Fixed, Fixed) => Fixed,
+            _ => Rises,
+        },
+        Op::Binary(BinaryOp::Sub) => match (t(ops[0]), t(ops[1])) {
+            (a, Fixed) => a,
+            _ => Unknown,
+        },
+        Op::Binary(BinaryOp::Mul) if positive(ops[1]) => t(ops[0]),
+        Op::Binary(BinaryOp::Mul) if positive(ops[0]) => t(ops[1]),
+        Op::Binary(BinaryOp::Div) if positive(ops[1]) => t(ops[0]),
+        Op::LoopIndex { .. } => Unknown,
+        _ => {
+            if ops.iter().all(|&o| t(o) == Fixed) { Fixed } else { Unknown }
+        }
+    };
+    memo.insert(v, r);
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,5 +286,29 @@ mod tests {
             let c = int(b, 4096);
             (int(b, 0), b.binary(BinaryOp::Max, c, r).unwrap())
         }));
+    }
+
+    #[test]
+    fn trends_with_the_program_id() {
+        let mut b = Builder::new("trend");
+        let n = b.shape_sym("N");
+        let nv = b.shape_dim(n);
+        let i = b.program_id(0).unwrap();
+        let h = b.program_id(1).unwrap();
+        let bm = int(&mut b, 128);
+        let top = b.binary(BinaryOp::Mul, i, bm).unwrap();
+        let end = b.binary(BinaryOp::Add, top, bm).unwrap();
+        let hi = b.binary(BinaryOp::Min, nv, end).unwrap(); // min(N, i·128 + 128)
+        let lo = b.binary(BinaryOp::Sub, top, nv).unwrap(); // i·128 − N
+        let down = b.binary(BinaryOp::Sub, nv, top).unwrap(); // N − i·128
+        let neg = int(&mut b, -2);
+        let flipped = b.binary(BinaryOp::Mul, i, neg).unwrap();
+        let k = b.kernel();
+        assert_eq!(rises_with_program(k, hi, 0), Trend::Rises);
+        assert_eq!(rises_with_program(k, lo, 0), Trend::Rises);
+        assert_eq!(rises_with_program(k, down, 0), Trend::Unknown);
+        assert_eq!(rises_with_program(k, flipped, 0), Trend::Unknown);
+        assert_eq!(rises_with_program(k, h, 0), Trend::Fixed);
+        assert_eq!(rises_with_program(k, hi, 1), Trend::Fixed);
     }
 }

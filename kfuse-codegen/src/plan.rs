@@ -61,6 +61,9 @@ pub struct Plan {
     /// A persistent kernel: at most this many programs (clusters) a launch, each block
     /// walking the programs (times the blocks a multiprocessor holds, without clusters).
     pub persistent: Option<u32>,
+    /// Program axis 0 launched from its last program (`Schedule::longest_first`).
+    #[serde(default)]
+    pub longest_first: bool,
     /// A row too long for one block walked in chunks by loops (`chunk_rows`): the row's
     /// padded length, the chunk and the number of passes over the row.
     pub row_chunks: Option<(u32, u32, u32)>,
@@ -113,6 +116,7 @@ impl Plan {
             tiles: s.tiles.iter().map(|(t, v)| (k.tile_name(*t).to_string(), *v)).collect(),
             cluster: cluster.max(1),
             persistent: written.persistent,
+            longest_first: s.longest_first,
             row_chunks: s.row_chunks.map(|c| (c.row, c.chunk, c.passes)),
             static_smem_bytes: written.static_smem,
             dynamic_smem_bytes: written.dynamic_smem,
@@ -157,7 +161,8 @@ impl fmt::Display for Plan {
             let walkers = if self.cluster > 1 { format!("at most {p} clusters") } else { format!("{p} x (blocks a multiprocessor holds) blocks") };
             writeln!(f, "  grid: persistent, {walkers} walking the programs; {cluster}")?;
         } else {
-            writeln!(f, "  grid: one block a program; {cluster}")?;
+            let order = if self.longest_first { ", axis 0 from its last program (later programs run longer loops)" } else { "" };
+            writeln!(f, "  grid: one block a program{order}; {cluster}")?;
         }
         if let Some((row, chunk, passes)) = self.row_chunks {
             let s = if passes > 1 { "es" } else { "" };

@@ -133,6 +133,11 @@ pub struct Schedule {
     /// specialization lets another axis have more programs than CUDA's 65535 along y or
     /// z and axis 0 cannot (`order_grid`; x takes up to 2^31 - 1).
     pub grid_x: u8,
+    /// Program axis 0 is launched from its last program (`order_grid`): the kernel's
+    /// loops end later for a later program along it and none starts later alone (flash
+    /// attention's causal rows), so the longest programs start first and the shortest
+    /// fill the last wave.
+    pub longest_first: bool,
     /// A grouped launch (`Spec::grouped`): the programs of several problems in one
     /// launch; each block finds its problem and program in a table the runtime passes,
     /// whose entries bind the parameters' names (pointers, strides, shapes, scalars).

@@ -1,5 +1,17 @@
 //! `order_grid`: decides which `program_id` axis runs along the launch grid's x
-//! (`Schedule::grid_x`).
+//! (`Schedule::grid_x`), and whether program axis 0 is launched from its last program
+//! (`Schedule::longest_first`).
+//!
+//! Longest first: where some loop's end rises with `program_id(0)` and no loop's start
+//! rises while its end stays fixed ([`crate::analysis::rises_with_program`]), a later
+//! program along axis 0 runs at least as long as an earlier one, and the writer reads
+//! that program id as `gridDim − 1 − blockIdx`: the longest programs start first, the
+//! shortest fill the last wave (the work a causal flash attention block does grows with
+//! its row block). H200, `kfuse::ops::attention` causal, one call, two runs each
+//! (TFLOP/s, before → after): S16384 D128 596.5 → 640.8, D64 454.3 → 463.4, D256 587.5 →
+//! 671.0; S4096 D128 491.7 → 496.4, D64 354.7 → 355.8, D256 501.9 → 511.8, GQA 512.5 →
+//! 515.0 (NOTES.md a30). Non-causal attention, whose blocks do the same work, takes the
+//! same order.
 //!
 //! CUDA launches up to 2^31 - 1 blocks along x but only 65535 along y and z. Program
 //! axis `a` is launched along x, y, z in order, so a kernel whose axis 1 or 2 covers a
@@ -35,9 +47,14 @@ pub const MAX_BLOCKS_YZ: u64 = 65535;
 /// or cluster their programs along x.
 pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     k.schedule.grid_x = 0;
+    k.schedule.longest_first = false;
     let s = &k.schedule;
     let cluster = s.split_blocks;
-    if s.persistent > 0 || s.grouped || cluster > 1 || s.l2_prefetch > 0 || k.grid_rank() < 2 {
+    if s.persistent > 0 || s.grouped || cluster > 1 || s.l2_prefetch > 0 {
+        return Ok(());
+    }
+    k.schedule.longest_first = k.grid_rank() > 0 && longest_last(k);
+    if k.grid_rank() < 2 {
         return Ok(());
     }
     let grid = kfuse_ir::grid::derive(k)?;
@@ -61,6 +78,24 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
         k.schedule.grid_x = a as u8;
     }
     Ok(())
+}
+
+/// Whether a later program along axis 0 runs longer: some loop's end rises with
+/// `program_id(0)` (`analysis::rises_with_program`) and no loop's start rises while its
+/// end stays (a loop that would shrink). Flash attention's causal rows see more key
+/// tiles the later they are; with a window its loops' starts and ends rise together.
+fn longest_last(k: &Kernel) -> bool {
+    use crate::analysis::{rises_with_program, Trend};
+    let mut rises = false;
+    for op in k.ops().filter(|&op| matches!(k.op(op), kfuse_ir::Op::For { .. })) {
+        let ops = k.operands(op);
+        let (lo, hi) = (rises_with_program(k, ops[0], 0), rises_with_program(k, ops[1], 0));
+        if lo == Trend::Rises && hi == Trend::Fixed {
+            return false;
+        }
+        rises |= hi == Trend::Rises;
+    }
+    rises
 }
 
 /// The launch-grid dimension (0 = x, 1 = y, 2 = z) of program axis `axis` under
