@@ -381,7 +381,7 @@ fn set_tiles_of(k: &mut Kernel, spec: &Spec, choice: &BTreeMap<TileSym, u32>) ->
 pub const WARPGROUP_DOT_TILE: u32 = 128;
 
 /// Rows of the block tried first where a loop chains `dot`s on the warpgroup rule
-/// ([`chained_dots`]: flash attention's `P·V` reads the softmax of its `Q·Kᵀ`): three
+/// (`chained_dots`: flash attention's `P·V` reads the softmax of its `Q·Kᵀ`): three
 /// warpgroups of 64 (`cuda/emit/warp_specialize.rs`, `WIDE_CONSUMERS`), so that two
 /// run their dots while one computes, where the loop's results leave each of 384
 /// threads at most [`WIDE_DOT_RESULTS_PER_THREAD`] (D64's 192 × 128 scores and 192 × 64
