@@ -315,15 +315,20 @@ fn assign_extents(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), Co
             break;
         }
         let results = if rows_floor == WIDE_ROWS { WIDE_DOT_RESULTS_PER_THREAD } else { WARPGROUP_DOT_RESULTS_PER_THREAD };
-        let fits = match (warpgroup_threads(k, target), largest_tile(k)) {
+        let threads = warpgroup_threads(k, target);
+        let fits = match (threads, largest_tile(k)) {
             (Some(threads), Ok(l)) => l.elems / threads <= WARPGROUP_ELEMS_PER_THREAD && dot_results(k) / threads as u64 <= results,
             _ => false,
         };
-        if rows_floor == WIDE_ROWS && fits {
-            k.schedule.row_attempts = 1;
-            if spec.register_attempt > 0 {
-                continue;
+        if rows_floor == WIDE_ROWS {
+            // (only where it gave three warpgroups: an override of the rows keeps its own)
+            if fits && threads == Some(3 * 128) {
+                k.schedule.row_attempts = 1;
+                if spec.register_attempt == 0 {
+                    break;
+                }
             }
+            continue;
         }
         if fits {
             break;
