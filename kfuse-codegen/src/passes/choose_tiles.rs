@@ -392,7 +392,7 @@ pub const WARPGROUP_DOT_TILE: u32 = 128;
 /// threads at most [`WIDE_DOT_RESULTS_PER_THREAD`] (D64's 192 × 128 scores and 192 × 64
 /// output: 64 + 32). It is the kernel's first register-room attempt; the tiles of two
 /// warpgroups are the next (`Schedule::row_attempts`). FlashAttention-3 takes 192 rows
-/// at D64 too. H200, `kfuse::ops::attention` D64: +17% / +8% / +25% / +18% at S4096 /
+/// at D64 too. H200, `kfuse::ops::attention` D64: +18% / +8% / +25% / +18% at S4096 /
 /// causal / S16384 / causal (NOTES.md a29).
 pub const WIDE_ROWS: u32 = 192;
 
