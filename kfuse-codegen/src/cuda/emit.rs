@@ -755,10 +755,12 @@ impl<'a> Emitter<'a> {
                 let c = k.schedule.split_blocks;
                 let dim = crate::passes::order_grid::block_dim(k, *axis);
                 let d = ["x", "y", "z"][dim];
-                let e = match (*axis == 0 && c > 1, *axis == 0 && k.schedule.longest_first) {
-                    (true, _) => format!("(long long)(blockIdx.x / {c})"),
-                    (false, true) => format!("(long long)(gridDim.{d} - 1 - blockIdx.{d})"),
-                    _ => format!("(long long)blockIdx.{d}"),
+                let e = if *axis == 0 && c > 1 {
+                    format!("(long long)(blockIdx.x / {c})")
+                } else if *axis == 0 && k.schedule.longest_first {
+                    format!("(long long)(gridDim.{d} - 1 - blockIdx.{d})")
+                } else {
+                    format!("(long long)blockIdx.{d}")
                 };
                 scalar(self, DType::I64, e)
             }

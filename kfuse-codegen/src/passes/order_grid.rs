@@ -53,7 +53,7 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
     if s.persistent > 0 || s.grouped || cluster > 1 || s.l2_prefetch > 0 {
         return Ok(());
     }
-    k.schedule.longest_first = k.grid_rank() > 0 && longest_last(k);
+    k.schedule.longest_first = longest_last(k);
     if k.grid_rank() < 2 {
         return Ok(());
     }
