@@ -1364,7 +1364,7 @@ impl<'a> Emitter<'a> {
         // quarter as long (flash attention's row max and sum: 32 dependent
         // instructions each, a latency no other warp of the lockstep block hides);
         // 2 behind three consumer warpgroups, whose 160 registers hold fewer and whose
-        // warps hide more (flash attention D64: 1-2.5% faster than 4, NOTES.md a29)
+        // warps hide more (flash attention D64: 0.5-2.6% faster than 4, NOTES.md a29)
         let wide = self.ws.as_ref().is_some_and(|w| w.consumers == warp_specialize::WIDE_CONSUMERS);
         let parts: u32 = if wide { 2 } else { 4 };
         let tree = self.loop_depth > 0 && smap.regs.is_multiple_of(parts) && smap.regs >= 2 * parts * nregs;

@@ -78,8 +78,8 @@ pub(super) const CONSUMERS: u32 = 256;
 /// warpgroups overlap one's softmax with the others' dots by themselves. H200,
 /// `kfuse::ops::attention` D64 (S4096 / causal / S16384 / causal): 451.7 / 355.7 /
 /// 508.0 / 455.3 TFLOP/s against 382.8 / 330.6 / 405.6 / 387.3 with two warpgroups
-/// (128 × 128, late `P·V`, turns), the late form of three spilling still ran 443.8 /
-/// 345.0 / 498.4 / 446.5 (NOTES.md a29).
+/// (128 × 128, late `P·V`, turns); the late form of three, with one reduction partial
+/// and 16 bytes of spills, ran 443.8 / 345.0 / 498.4 / 446.5 (NOTES.md a29).
 pub(super) const WIDE_CONSUMERS: u32 = 384;
 pub(super) const PRODUCER_REGS_WIDE: u32 = 32;
 pub(super) const CONSUMER_REGS_WIDE: u32 = 160;
