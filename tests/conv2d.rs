@@ -248,16 +248,17 @@ fn conv_kernel_snapshots() {
     }
 }
 
-/// The implicit GEMM's plan on sm_90a at two ResNet layers (N64, bf16): the gathered
-/// input in a `cp.async` ring across the taps, two blocks a multiprocessor without
-/// spills, and at K = 64 output channels (N no wider than half the warpgroup rule's 128)
-/// 256-row tiles, so that a step keeps 256 × 64 results.
+/// The implicit GEMM's plan on sm_90a at two ResNet layers (N64, bf16): warp-specialized,
+/// its producer warpgroup gathering the input's rows with `cp.async` (from row tables it
+/// writes) and copying the filters by TMA, four or more ring stages, no spills, and at
+/// K = 64 output channels (N no wider than half the warpgroup rule's 128) 256-row tiles,
+/// so that a step keeps 256 × 64 results.
 #[test]
 fn implicit_gemm_plans_at_resnet_layers() {
     use kfuse::codegen::Target;
     let k = (kernels::conv2d::DEF.build)(&[DType::BF16]).unwrap();
     // N, H, W, G, CG, KG, R, S, NPQ (power-of-two buckets)
-    for (c, kk, hw, tiles) in [(64u32, 64u32, 64u32, "BM=256 BN=64"), (256, 256, 16, "BM=128 BN=128")] {
+    for (c, kk, hw, tiles, stages) in [(64u32, 64u32, 64u32, "BM=256 BN=64", 4), (256, 256, 16, "BM=128 BN=128", 5)] {
         let mut spec = common::snapshot_spec(&kernels::conv2d::DEF);
         spec.shape_pow2 = vec![64, hw, hw, 1, c, kk, 4, 4, 64 * hw * hw];
         let what = format!("conv2d C{c} K{kk}");
@@ -265,7 +266,29 @@ fn implicit_gemm_plans_at_resnet_layers() {
         let plan = e.plan.to_string();
         assert_eq!(spill, 0, "{what}: {spill} bytes of spills ({regs} registers)");
         assert!(plan.contains(&format!("tiles: {tiles}")), "{what}: not {tiles}:\n{plan}");
-        assert!(plan.contains("across loops") && plan.contains("minimum 2 block(s)"), "{what}: no ring across the taps in two blocks:\n{plan}");
+        assert!(plan.contains("rings filled by a producer warpgroup (gathered rows by cp.async, the other tiles by TMA"), "{what}: not warp-specialized:\n{plan}");
+        assert!(plan.contains(&format!("copied by the producer warpgroup into a {stages}-stage ring")), "{what}: not {stages} stages:\n{plan}");
+    }
+}
+
+/// At a launch's exact shape the implicit GEMM takes 64-row tiles where they walk the
+/// programs in fewer waves (`choose_tiles::exact_shape_tiles`): C256 3 × 3 at 14 × 14
+/// (N64: 196 programs of 128 rows on 132 multiprocessors, 392 of 64), not C512 at 7 × 7
+/// (100 against 196: one wave of 128 rows, two of 64) nor C128 at 28 × 28.
+#[test]
+fn implicit_gemm_rows_follow_the_waves() {
+    use kfuse::codegen::passes::choose_tiles::exact_shape_tiles;
+    use kfuse::codegen::Target;
+    let k = (kernels::conv2d::DEF.build)(&[DType::BF16]).unwrap();
+    for (c, hw, want) in [(256u64, 14u64, Some(64)), (512, 7, None), (128, 28, None)] {
+        // N, H, W, G, CG, KG, R, S, NPQ
+        let dims = [64, hw, hw, 1, c, c, 3, 3, 64 * hw * hw];
+        let mut spec = common::snapshot_spec(&kernels::conv2d::DEF);
+        spec.shape_pow2 = dims.iter().map(|&d| d.next_power_of_two() as u32).collect();
+        spec.shape_exact = kfuse::codegen::target::exact_shapes(&k, &dims);
+        let tiles = exact_shape_tiles(&k, &spec, &dims, &Target::sm90a());
+        assert_eq!(tiles.get("BM").copied(), want, "C{c} {hw}x{hw}: {tiles:?}");
+        assert!(exact_shape_tiles(&k, &spec, &dims, &Target::sm80()).is_empty());
     }
 }
 

@@ -196,7 +196,7 @@ fn schedule_passes(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Kern
             k.name
         )));
     }
-    passes::assign_layouts::run(&mut k, spec)?;
+    passes::assign_layouts::run(&mut k, spec, target)?;
     check(&k, "assign_layouts")?;
     passes::vectorize::run(&mut k, spec)?;
     verify(&k, "vectorize")?;

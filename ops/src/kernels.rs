@@ -858,8 +858,9 @@ pub fn attention_varlen<T: Float>(
 /// x[n, h, w, g, c] · w[g, k, r, s, c])`, walking the taps' rows and columns and, inside
 /// each tap, the group's channels in steps of 64 (a gathered row of 64 16-bit channels is
 /// one 128-byte line; the compiler's own choice, 128, held 255 registers and spilled on
-/// sm_90a). The three loops are one sequence of steps to the compiler's `cp.async` ring,
-/// which fetches across taps.
+/// sm_90a). The three loops are one sequence of steps to the compiler's ring, which
+/// fetches across taps: on sm_90a a producer warpgroup gathers the rows (and copies the
+/// filters by TMA) while two consumer warpgroups run the WGMMA steps.
 #[kfuse(crate = "crate::deps")]
 pub fn conv2d<T: Float>(
     x: Tensor<T, (N, H, W, G, CG)>,

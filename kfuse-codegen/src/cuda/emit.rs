@@ -452,6 +452,9 @@ struct Emitter<'a> {
     /// code, or with `producer` the producer's.
     ws: Option<warp_specialize::WsPlan>,
     producer: bool,
+    /// The producer's row table its gathered copies read (a C expression; `None`: the
+    /// stage's, `kf_s`).
+    table_slot: Option<String>,
     /// The producer's program, written after the consumers' body.
     producer_text: Option<String>,
     /// Bytes of the rings' row tables (`__shared__` arrays the body declares).
@@ -516,6 +519,7 @@ impl<'a> Emitter<'a> {
             loop_notes: Vec::new(),
             ws: None,
             producer: false,
+            table_slot: None,
             producer_text: None,
             ring_table_bytes: 0,
             ring_nests: BTreeMap::new(),
@@ -1946,7 +1950,9 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         if e.ws.is_some() && ws_stages > 2 {
             let store = if tma_out { tma_store::general_stores(k, spec, u32::MAX).1 } else { 0 };
             let rings = e.wg.as_ref().unwrap().rings.clone();
-            let room = |p: &dot_wgmma::WgPlan| 1024 + p.bytes.div_ceil(1024) * 1024 + store <= target.smem_per_block;
+            // (and the row tables of gathered ring loads, static: a row's offset a stage)
+            let tables = |p: &dot_wgmma::WgPlan| p.rings.values().flatten().filter(|&&v| !operand_ring::gathered_roots(k, v).is_empty()).map(|v| p.eager[v].rows * 8 * p.stages).sum::<u32>();
+            let room = |p: &dot_wgmma::WgPlan| 1024 + p.bytes.div_ceil(1024) * 1024 + store + tables(p) <= target.smem_per_block;
             let deepest = (warp_specialize::STAGES + 1..=ws_stages).rev().map(|s| dot_wgmma::plan(k, spec, true, wgmma, s)).find(|p| room(p) && p.rings == rings);
             let deeper = deepest.unwrap_or_else(|| dot_wgmma::plan(k, spec, true, wgmma, warp_specialize::STAGES));
             if fits(&deeper) && deeper.rings == rings {
@@ -1982,6 +1988,9 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             (pe.decls, pe.out_tma_maps) = (e.decls.clone(), e.out_tma_maps.clone());
             pe.w.indent();
             pe.w.indent();
+            if ws.gathered {
+                pe.line("unsigned kf_tt = 0;")?;
+            }
             if ws.persistent {
                 pe.open_walk(grid)?;
             }
@@ -1989,6 +1998,8 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             if ws.persistent {
                 pe.close()?;
             }
+            // (the producer's row tables, static shared memory)
+            e.ring_table_bytes += pe.ring_table_bytes;
             e.producer_text = Some(pe.w.finish());
         }
     }
@@ -2189,7 +2200,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             w.line("(void)kf_smem;")?;
             if let Some(p) = &producer {
                 let ws = e.ws.as_ref().unwrap();
-                warp_specialize::split_roles(&mut w, p, ws.barriers(e.wg.as_ref().map_or(2, |p| p.stages)), tma, consumers, ws.regs)?;
+                warp_specialize::split_roles(&mut w, p, ws.barriers(e.wg.as_ref().map_or(2, |p| p.stages)), ws, ws.regs)?;
             }
         } else if dynamic_smem > 0 {
             w.line("extern __shared__ __align__(16) unsigned char kf_smem[];")?;

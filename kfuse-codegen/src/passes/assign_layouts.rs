@@ -172,16 +172,18 @@ fn is_tile_broadcast(k: &Kernel, v: ValueId) -> bool {
 }
 
 /// A flexible carried value (or loop result) in a matrix instruction's accumulator
-/// layout, of a loop around the dot loop (an implicit GEMM's taps). Such a nest is not
-/// warp-specialized, so its epilogue stores leave from registers: a row broadcast it
-/// meets keeps its own layout and the sum takes it, so that the stores leave in that
-/// layout's wider vectors rather than the accumulator's pairs (NOTES c18: 4–8% on the
-/// 3 × 3 layers). A dot loop's own accumulator keeps its layout (its stores may leave by
-/// TMA).
-fn is_flexible_accumulator(k: &Kernel, v: ValueId) -> bool {
+/// layout, of a loop around the dot loop (an implicit GEMM's taps), where such a nest's
+/// epilogue stores leave from registers (`from_registers`: before sm_90; on sm_90a the
+/// nest is warp-specialized and its stores leave by TMA): a row broadcast it meets keeps
+/// its own layout and the sum takes it, so that the stores leave in that layout's wider
+/// vectors rather than the accumulator's pairs (NOTES c18: 4–8% on the 3 × 3 layers). A
+/// dot loop's own accumulator keeps its layout, and so does a nest's where its stores
+/// may leave by TMA: the conversion's scratch would take the shared memory of two of a
+/// warp-specialized ring's stages.
+fn is_flexible_accumulator(k: &Kernel, v: ValueId, from_registers: bool) -> bool {
     let (Op::LoopCarried { id, .. } | Op::LoopResult { id, .. }) = *k.op(v.op()) else { return false };
     let nest = k.loop_info(id).is_some_and(|i| k.order[i.for_pos + 1..i.yield_pos].iter().any(|&o| matches!(k.op(o), Op::For { .. })));
-    nest && is_flexible(k, v) && strength(&layout_of(k, v)) == 2
+    from_registers && nest && is_flexible(k, v) && strength(&layout_of(k, v)) == 2
 }
 
 /// Inserts `Convert(v)` before `user` with layout `to`, and makes `user` use it.
@@ -195,7 +197,9 @@ fn convert(k: &mut Kernel, user: OpId, v: ValueId, to: Layout) -> ValueId {
 
 /// Runs the pass on a kernel whose tiles are chosen: a layout for every value of rank ≥
 /// 1, `Convert`s where they must change (module docs).
-pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
+pub fn run(k: &mut Kernel, spec: &Spec, target: &crate::target::Target) -> Result<(), CodegenError> {
+    // (a nest's stores leave from registers before sm_90: `is_flexible_accumulator`)
+    let regs = target.sm < 90;
     // a carried tile that starts as a broadcast scalar (`zeros`) is free to live where
     // its next values are computed: a dry run on a copy finds that layout, so that the
     // loop does not convert its carried value at every iteration
@@ -208,11 +212,11 @@ pub fn run(k: &mut Kernel, spec: &Spec) -> Result<(), CodegenError> {
         for _ in 0..2 {
             let mut dry = k.clone();
             let mut at = None;
-            hints = assign(&mut dry, spec, &hints, &mut at).map_err(|e| e.at(&dry, at))?;
+            hints = assign(&mut dry, spec, &hints, &mut at, regs).map_err(|e| e.at(&dry, at))?;
         }
     }
     let mut at = None;
-    assign(k, spec, &hints, &mut at).map_err(|e| e.at(k, at))?;
+    assign(k, spec, &hints, &mut at, regs).map_err(|e| e.at(k, at))?;
     fold_converts_into_loads(k);
     for op in k.order.clone() {
         if let Op::Convert = k.op(op) {
@@ -348,14 +352,14 @@ fn gather_rule(k: &mut Kernel, op: OpId, want: &Layout) {
 
 /// The first blocked layout of a rank-2 value that unsqueezed `v` meets, if one has its
 /// layout already.
-fn met_layout(k: &Kernel, v: ValueId) -> Option<Blocked> {
+fn met_layout(k: &Kernel, v: ValueId, regs: bool) -> Option<Blocked> {
     // the shape `v` is broadcast to
     let mut shape = concrete_shape(k, k.ty(v));
     if let (Op::ExpandDims { axis }, Some(e)) = (k.op(v.op()), met_extent(k, v)) {
         shape[*axis as usize] = crate::analysis::extent_value(k, e);
     }
     let met = met_values(k, v).into_iter().filter_map(|o| match k.schedule.layouts.get(&o) {
-        Some(Layout::Blocked(b)) if b.shape == shape && !is_flexible_accumulator(k, o) => Some(b.clone()),
+        Some(Layout::Blocked(b)) if b.shape == shape && !is_flexible_accumulator(k, o, regs) => Some(b.clone()),
         _ => None,
     });
     // the strongest, the first of equals
@@ -430,7 +434,7 @@ fn is_flexible(k: &Kernel, v: ValueId) -> bool {
 /// Returns the layouts the next values of flexible carried tiles had before their
 /// conversion at the `Yield`, by their root broadcast (the hints of a second run).
 /// `at` is the op being assigned when an error returns (`None` outside the per-op walk).
-fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mut Option<OpId>) -> Result<HashMap<ValueId, Layout>, CodegenError> {
+fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mut Option<OpId>, regs: bool) -> Result<HashMap<ValueId, Layout>, CodegenError> {
     let mut wanted: HashMap<ValueId, Layout> = HashMap::new();
     let order = k.order.clone();
     for op in order {
@@ -443,7 +447,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
                 store_rule(k, spec, op);
                 None
             }
-            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Convert => Some(elementwise_rule(k, op, hints)),
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Convert => Some(elementwise_rule(k, op, hints, regs)),
             Op::Reduce { axis, .. } => {
                 let src = layout_of(k, ops[0]);
                 let rank = k.ty(op.value()).rank();
@@ -459,7 +463,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
                 }
             }
             // the same registers with an extent-1 axis added (see the writer)
-            Op::ExpandDims { axis } => Some(expand_rule(k, op, *axis, hints)),
+            Op::ExpandDims { axis } => Some(expand_rule(k, op, *axis, hints, regs)),
             // a dot lowered where it stands: the accumulator layout of `m16n8k16` tiles
             // over the block's warps where the matrix instruction takes it, runs of 4
             // for the FMA rule, else a blocked result like any tile's
@@ -512,7 +516,7 @@ fn assign(k: &mut Kernel, spec: &Spec, hints: &HashMap<ValueId, Layout>, at: &mu
         if k.ty(op.value()).rank() != 2 || k.ty(k.operands(op)[0]).rank() != 1 {
             continue;
         }
-        if let Some(parent) = met_layout(k, op.value()) {
+        if let Some(parent) = met_layout(k, op.value(), regs) {
             let mut src = k.operands(op)[0];
             if matches!(k.op(src.op()), Op::Convert) {
                 src = k.operands(src.op())[0];
@@ -568,7 +572,7 @@ fn store_rule(k: &mut Kernel, spec: &Spec, op: OpId) {
 
 /// An elementwise op takes the layout of the operand it follows (see the module docs);
 /// the other operands in another layout get a `Convert`.
-fn elementwise_rule(k: &mut Kernel, op: OpId, hints: &HashMap<ValueId, Layout>) -> Layout {
+fn elementwise_rule(k: &mut Kernel, op: OpId, hints: &HashMap<ValueId, Layout>, regs: bool) -> Layout {
     let ops = k.operands(op);
     let shape = concrete_shape(k, k.ty(op.value()));
     if shape.is_empty() {
@@ -583,7 +587,7 @@ fn elementwise_rule(k: &mut Kernel, op: OpId, hints: &HashMap<ValueId, Layout>) 
             })
         };
         let pick = strongest(&|o| !is_scalar_broadcast(k, o) && !is_flexible(k, o) && !is_tile_broadcast(k, o))
-            .or_else(|| strongest(&|o| !is_scalar_broadcast(k, o) && !is_tile_broadcast(k, o) && !is_flexible_accumulator(k, o)))
+            .or_else(|| strongest(&|o| !is_scalar_broadcast(k, o) && !is_tile_broadcast(k, o) && !is_flexible_accumulator(k, o, regs)))
             .or_else(|| strongest(&|o| !is_scalar_broadcast(k, o) && !is_flexible(k, o)))
             .or_else(|| strongest(&|o| !is_scalar_broadcast(k, o)))
             .unwrap_or(ops[0]);
@@ -599,7 +603,7 @@ fn elementwise_rule(k: &mut Kernel, op: OpId, hints: &HashMap<ValueId, Layout>) 
 
 /// `ExpandDims` of a rank-1 tile into a row or a column of a rank-2 tile: the slice of
 /// the layout it meets (see the module docs); otherwise its operand's layout.
-fn expand_rule(k: &mut Kernel, op: OpId, axis: u32, hints: &HashMap<ValueId, Layout>) -> Layout {
+fn expand_rule(k: &mut Kernel, op: OpId, axis: u32, hints: &HashMap<ValueId, Layout>, regs: bool) -> Layout {
     let ops = k.operands(op);
     let axis = &axis;
     match layout_of(k, ops[0]) {
@@ -611,7 +615,7 @@ fn expand_rule(k: &mut Kernel, op: OpId, axis: u32, hints: &HashMap<ValueId, Lay
             Some(Layout::Blocked(p)) => Some(p.clone()),
             _ => None,
         };
-        let parent = hint.or_else(|| met_layout(k, op.value())).unwrap_or_else(|| {
+        let parent = hint.or_else(|| met_layout(k, op.value(), regs)).unwrap_or_else(|| {
             let mut ty = k.ty(op.value()).clone();
             ty.shape[*axis as usize] = met_extent(k, op.value()).unwrap_or(ty.shape[*axis as usize]);
             default_layout(k, &ty)
@@ -638,7 +642,7 @@ fn expand_rule(k: &mut Kernel, op: OpId, axis: u32, hints: &HashMap<ValueId, Lay
             if let Some(e) = met_extent(k, op.value()) {
                 ty.shape[*axis as usize] = e;
             }
-            let p = met_layout(k, op.value()).unwrap_or_else(|| default_layout(k, &ty));
+            let p = met_layout(k, op.value(), regs).unwrap_or_else(|| default_layout(k, &ty));
             let want = Layout::Slice { parent: p, axis: *axis };
             convert(k, op, ops[0], want.clone());
             want

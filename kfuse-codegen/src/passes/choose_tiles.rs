@@ -742,6 +742,9 @@ pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target)
     }
     let dots = crate::passes::select_mma_path::dots(k);
     let [dot] = dots[..] else { return out };
+    if let Some(half) = half_row_tiles(k, spec, dims, target, dot) {
+        return half;
+    }
     let (m, n, _) = dot_problem_of(k, dot, &|s| dims.get(s).copied().unwrap_or(1));
     if wave_cost(m, n, 256, 128, target.num_sms) >= wave_cost(m, n, 128, 256, target.num_sms) {
         return out;
@@ -779,6 +782,44 @@ pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target)
         out.insert(k.tile_name(bn).to_string(), 128);
     }
     out
+}
+
+/// Half as many rows a tile as the bucket's 128 or 256 for a `dot` lowered where it
+/// stands (not the general lowering's matrix loop, whose case follows), where they
+/// walk the launch's programs in fewer waves of tile area on the target's
+/// multiprocessors (one block each, a warp-specialized kernel's walk): the programs
+/// counted on the grid each tiling derives, at the launch's exact shape. An implicit
+/// GEMM's tiles on sm_90a, N64 bf16 on an H200 (NOTES.md c21): C256 → K256 3 × 3 at 14 ×
+/// 14, 98 × 2 = 196 programs of 128 × 128 (two waves, the second half empty) against
+/// 392 of 64 × 128 (three whole waves), 243.0 → 295.9 TFLOP/s; C512 7 × 7 (100 against
+/// 196 programs: one wave against two, the same area) keeps 128 rows (255.3; 249.1 at
+/// 64). `None`: the bucket's tiles stand (an override of the row tile, another target,
+/// equal or more waves).
+fn half_row_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target, dot: OpId) -> Option<BTreeMap<String, u32>> {
+    let Extent::Tile(bm) = k.ty(k.operands(dot)[0]).shape[0] else { return None };
+    let name = k.tile_name(bm).to_string();
+    if spec.tiles.contains_key(&name) {
+        return None;
+    }
+    // the tile's rows and the programs of a tiling's grid at the exact shape
+    let walk = |shape_tiles: BTreeMap<String, u32>| -> Option<(u64, u64)> {
+        let s = Spec { shape_tiles, ..spec.clone() };
+        let k2 = crate::schedule(k, &s, target).ok()?;
+        if k2.schedule.general_matrix_loop {
+            return None;
+        }
+        let grid = kfuse_ir::grid::derive(&k2).ok()?;
+        let programs = grid.eval(|d| dims.get(d.0 as usize).copied().unwrap_or(1), |e| u64::from(crate::analysis::extent_value(&k2, e))).iter().product();
+        Some((u64::from(*k2.schedule.tiles.get(&bm)?), programs))
+    };
+    let (rows, programs) = walk(BTreeMap::new())?;
+    if rows < 128 {
+        return None;
+    }
+    let (half, half_programs) = walk(BTreeMap::from([(name.clone(), (rows / 2) as u32)]))?;
+    let sms = u64::from(target.num_sms.max(1));
+    let cost = |rows: u64, programs: u64| programs.div_ceil(sms) * rows;
+    (half == rows / 2 && cost(half, half_programs) < cost(rows, programs)).then(|| BTreeMap::from([(name, half as u32)]))
 }
 
 /// What `bm × bn` output tiles cost an `m × n` product on `sms` multiprocessors walking

@@ -16,8 +16,8 @@
 //! computed so, columns along the last dimension): each row's element offset (or
 //! [`NO_ROW`] for a row outside the tensor, which copies zeros) goes into a shared-memory
 //! table of the stage (`kf_gt…[stage]`), and each 16-byte copy reads its row's offset
-//! there. The warp-specialized path takes neither (its producer computes scalar
-//! addresses defined outside the loop).
+//! there (the warp-specialized path's producer writes its own tables,
+//! `warp_specialize.rs`).
 //!
 //! Where the kernel is warp-specialized (`warp_specialize.rs`), a producer warpgroup
 //! fills the rings instead, on mbarriers, and what follows describes the other kernels.
@@ -205,12 +205,12 @@ fn address_roots(k: &Kernel, v: ValueId) -> Vec<ValueId> {
 }
 
 /// The rank-1 index tiles a ring load's gathered rows are addressed by (its row tables).
-fn gathered_roots(k: &Kernel, v: ValueId) -> Vec<ValueId> {
+pub(super) fn gathered_roots(k: &Kernel, v: ValueId) -> Vec<ValueId> {
     gather_roots(k, v).unwrap_or_default().into_iter().map(|(_, x)| x).collect()
 }
 
 /// A ring load's offsets along its other dimensions (its copies' scalar addresses).
-fn scalar_roots(k: &Kernel, v: ValueId) -> Vec<ValueId> {
+pub(super) fn scalar_roots(k: &Kernel, v: ValueId) -> Vec<ValueId> {
     let Op::Load { dims, .. } = k.op(v.op()) else { return vec![] };
     k.operands(v.op()).into_iter().zip(dims).filter(|(_, d)| !d.is_gather()).map(|(o, _)| o).collect()
 }
@@ -220,7 +220,7 @@ fn scalar_roots(k: &Kernel, v: ValueId) -> Vec<ValueId> {
 /// nest's indices and values from outside it (`None`: something else feeds it). Empty
 /// for a value from outside the nest or one of its indices. A ring computes a later
 /// step's addresses with them, at its cursor.
-fn nest_closure(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, nest: &[LoopId]) -> Option<Vec<kfuse_ir::OpId>> {
+pub(super) fn nest_closure(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, v: ValueId, nest: &[LoopId]) -> Option<Vec<kfuse_ir::OpId>> {
     let mut seen = std::collections::BTreeSet::new();
     let mut stack = vec![v];
     while let Some(x) = stack.pop() {
@@ -300,7 +300,18 @@ impl Emitter<'_> {
     /// nest).
     pub(super) fn ring_opened_by(&self, id: LoopId) -> Option<LoopId> {
         let rings = &self.wg.as_ref()?.rings;
-        rings.keys().copied().find(|&l| self.nest_of(l)[0] == id)
+        rings.keys().copied().find(|&l| self.consumer_nest(l)[0] == id)
+    }
+
+    /// The loops ring loop `l`'s stages and deferred waits span for the block's own
+    /// threads: its nest ([`Emitter::nest_of`]), or under warp specialization the nest
+    /// the producer walks (`WsPlan::nests`; the consumers' waits and releases are per
+    /// step, in `l`) where it spans it (`WsPlan::spans`).
+    pub(super) fn consumer_nest(&self, l: LoopId) -> Vec<LoopId> {
+        match self.ws.as_ref().filter(|ws| ws.spans.contains(&l)) {
+            Some(ws) => ws.nests[&l].clone(),
+            None => self.nest_of(l),
+        }
     }
 
     /// Before the outermost loop of ring loop `l`'s nest opens: the ring's stages and
@@ -360,7 +371,7 @@ impl Emitter<'_> {
     }
 
     /// `(lo, hi, step)` of each loop of `nest`, as C expressions.
-    fn nest_bounds(&self, nest: &[LoopId]) -> Vec<(String, String, String)> {
+    pub(super) fn nest_bounds(&self, nest: &[LoopId]) -> Vec<(String, String, String)> {
         nest.iter()
             .map(|&n| {
                 let ops = self.k.operands(self.k.loop_info(n).unwrap().for_op);
@@ -429,7 +440,7 @@ impl Emitter<'_> {
 
     /// The ops in ring loop `l`'s nest that compute its loads' `roots`
     /// ([`nest_closure`]), in program order.
-    fn ring_closure(&self, l: LoopId, nest: &[LoopId], roots: fn(&Kernel, ValueId) -> Vec<ValueId>) -> Vec<kfuse_ir::OpId> {
+    pub(super) fn ring_closure(&self, l: LoopId, nest: &[LoopId], roots: fn(&Kernel, ValueId) -> Vec<ValueId>) -> Vec<kfuse_ir::OpId> {
         let k = self.k;
         let loops = enclosing_loops(k);
         let mut all = std::collections::BTreeSet::new();
@@ -446,7 +457,7 @@ impl Emitter<'_> {
     /// Writes `closure` again with each loop's index of `binds` bound to its C
     /// expression (in a block the caller opened, whose names shadow the iteration's
     /// own); returns the values it replaced, for [`Emitter::restore`].
-    fn bind_closure(&mut self, binds: &[(LoopId, String)], closure: &[kfuse_ir::OpId]) -> Result<Vec<(ValueId, Option<Val>)>, crate::CodegenError> {
+    pub(super) fn bind_closure(&mut self, binds: &[(LoopId, String)], closure: &[kfuse_ir::OpId]) -> Result<Vec<(ValueId, Option<Val>)>, crate::CodegenError> {
         let mut saved = Vec::new();
         let k = self.k;
         for (l, at) in binds {
@@ -465,7 +476,7 @@ impl Emitter<'_> {
     }
 
     /// Puts back the values [`Emitter::bind_closure`] replaced.
-    fn restore(&mut self, saved: Vec<(ValueId, Option<Val>)>) {
+    pub(super) fn restore(&mut self, saved: Vec<(ValueId, Option<Val>)>) {
         for (v, x) in saved.into_iter().rev() {
             match x {
                 Some(x) => self.vals.insert(v, x),
@@ -482,7 +493,7 @@ impl Emitter<'_> {
         if loads[0] == v && self.ws.is_some() {
             // the stage's copies have landed: fence them against WGMMA's async proxy
             self.line(format!("kf_mbar_wait(&kf_full[kf_st{0}], (kf_rit / {1}) & 1);", l.0, self.wg.as_ref().unwrap().stages))?;
-            if self.ws.as_ref().is_some_and(|ws| ws.tma.is_empty()) {
+            if self.ws.as_ref().is_some_and(|ws| ws.tma.is_empty() || ws.gathered) {
                 // (TMA's writes are the async proxy's already)
                 self.line("kf_proxy_fence();")?;
             }
@@ -590,7 +601,7 @@ impl Emitter<'_> {
     /// (`kf_gt{load}[table][row]`: each row's element offset in the tensor, from the
     /// rank-1 index tiles the load is broadcast from, or [`NO_ROW`] for a row outside
     /// it); returns whether there are any.
-    fn ring_gather_tables(&mut self, loads: &[ValueId], tables: u32) -> Result<bool, crate::CodegenError> {
+    pub(super) fn ring_gather_tables(&mut self, loads: &[ValueId], tables: u32) -> Result<bool, crate::CodegenError> {
         let mut any = false;
         for &v in loads {
             if gather_roots(self.k, v).is_some_and(|g| !g.is_empty()) {
@@ -606,7 +617,7 @@ impl Emitter<'_> {
     /// Each thread's rows of the gathered ring loads' table `table`: a row's offset, the
     /// sum of its coordinates times the strides, where every coordinate is inside its
     /// dimension.
-    fn write_gather_tables(&mut self, loads: &[ValueId], table: &str) -> R {
+    pub(super) fn write_gather_tables(&mut self, loads: &[ValueId], table: &str) -> R {
         for &v in loads {
             let gather = gather_roots(self.k, v).unwrap_or_default();
             let Some(&(_, x0)) = gather.first() else { continue };
@@ -638,6 +649,20 @@ impl Emitter<'_> {
         let (cols, rows, e) = (t.cols, t.rows, t.esize);
         let ce = 16 / e;
         let per_row = cols / ce;
+        let rs = threads / per_row.max(1);
+        if threads.is_multiple_of(per_row) && rs.is_multiple_of(8) && (rows * per_row).is_multiple_of(threads) {
+            // each thread copies the same columns of rows `rs` apart (whole swizzle
+            // periods): its column's bytes, source and swizzled place are computed once,
+            // and each copy reads its row's offset and adds a constant to the place
+            self.line(format!("const int kf_r0 = {tid} / {per_row}, kf_c = ({tid} % {per_row}) * {ce};"))?;
+            self.line(format!("const unsigned kf_nb = (unsigned)(kf_vc - kf_c < 0 ? 0 : kf_vc - kf_c > {ce} ? {ce} : kf_vc - kf_c) * {e}u;"))?;
+            self.line(format!("const unsigned kf_d = kf_saddr(kf_ops + {} + {stage} * {} + {});", t.off, t.bytes(), t.at("kf_r0", "kf_c")))?;
+            self.unroll("it", rows * per_row / threads)?;
+            self.line(format!("const long long kf_go = kf_gt{}[{table}][kf_r0 + it * {rs}];", v.index()))?;
+            self.line(format!("const unsigned kf_n = kf_go != {NO_ROW} ? kf_nb : 0u;"))?;
+            self.line(format!("kf_cp_async16(kf_d + it * {}u, kf_n > 0 ? (const void*)(kf_src + kf_go + kf_c) : (const void*)kf_src, kf_n);", rs * t.span))?;
+            return self.close();
+        }
         self.line("#pragma unroll")?;
         self.open(format!("for (int q = {tid}; q < {}; q += {threads})", rows * per_row))?;
         self.line(format!("const int r = q / {per_row}, c = (q % {per_row}) * {ce};"))?;
@@ -685,8 +710,15 @@ impl Emitter<'_> {
         self.line(format!("const {}* kf_src = {base};", super::stype(self.k.ty(v).dtype)))?;
         if gathered {
             self.line(format!("const int kf_vc = (int)({});", his[1]))?;
-            let table = if self.tables_move(l) { stage } else { "0" };
-            return self.gathered_copy(v, &t, &tid, threads, stage, table).and_then(|_| self.close());
+            // (a producer warpgroup writes each step's table into its stage's, or each
+            // step of the loops around the innermost into one of two: `table_slot`)
+            let table = match (&self.table_slot, self.producer) {
+                (Some(slot), true) => slot.clone(),
+                (None, true) => stage.to_string(),
+                _ if self.tables_move(l) => stage.to_string(),
+                _ => "0".to_string(),
+            };
+            return self.gathered_copy(v, &t, &tid, threads, stage, &table).and_then(|_| self.close());
         }
         // the valid extents lie in [0, tile]: 32-bit from here on (`his` per value axis)
         self.line(format!("const int kf_vr = (int)({}), kf_vc = (int)({});", his[t.row_axis], his[t.col_axis]))?;

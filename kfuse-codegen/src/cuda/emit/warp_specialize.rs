@@ -2,16 +2,22 @@
 //! every ring's tiles, the block's other warpgroups (the consumers, which hold the tile
 //! values) compute, and no block-wide barrier couples them inside the loops.
 //!
-//! It applies ([`ws_plan`]) when the kernel has rings, none in a nested loop, its block
-//! is one, two or three warpgroups, and everything the producer needs — each ring loop's bounds and
-//! step, each ring load's address operands other than its loop's index — is a scalar
-//! computed outside every loop (the producer computes those values again itself).
+//! It applies ([`ws_plan`]) when the kernel has rings, the outermost loop of each ring's
+//! nest (`operand_ring::ring_nest`: the loop, and the loops around it whose steps the
+//! ring walks as one sequence, a convolution's taps) in no other loop, its block is one,
+//! two or three warpgroups, and the producer can compute everything it needs again
+//! itself: the nest's bounds and steps and each ring load's address operands, the
+//! nest's indices or scalars computed outside every loop ([`WsPlan::slice`]; a loop
+//! that computes its offsets itself, `k0 = t * BK`, keeps a `cp.async` ring: warp
+//! specialized, ptxas serialized its WGMMA pipeline); a gathered load's index tiles
+//! (its rows'), elementwise math on iotas and such scalars outside the loops
+//! ([`WsPlan::tile_slice`]) or arithmetic in the nest on them and its indices.
 //!
 //! The block grows by the producer warpgroup (threads 256–383; 128–255 behind one
 //! consumer warpgroup, 384–511 behind three, `WsPlan::consumers`). Before the roles part,
 //! thread 0 initializes one `full` and one `empty` mbarrier per ring stage. Then:
-//! - The producer drops to 40 registers (`setmaxnreg`) and walks the ring loops in
-//!   order, one ring iteration counter across them (sibling loops share the ring's
+//! - The producer drops to 40 registers (`setmaxnreg`) and walks each ring's nest in
+//!   order, one ring iteration counter across the rings (sibling loops share the ring's
 //!   memory): it waits until the stage is empty and copies the tiles into it. Where every
 //!   ring load's tile is exactly whole swizzle atoms of at most 256 rows of a tensor of
 //!   at most 5 dimensions ([`TmaLoad`]), one thread copies them with the tensor-memory
@@ -21,6 +27,18 @@
 //!   outside the tensor a box reads zeros. Otherwise its 128 threads copy 16-byte pieces
 //!   with `cp.async` and each thread's copies arrive on the `full` barrier when they land
 //!   (`cp.async.mbarrier.arrive.noinc`). It then exits.
+//! - Gathered rows (an implicit GEMM's im2col rows) are the producer threads' copies,
+//!   and the ring's other loads TMA's where each can take it (the `full` barrier then
+//!   counts the 128 threads' arrivals and the boxes' one): the producer keeps 96
+//!   registers, the consumers 200 ([`PRODUCER_REGS_GATHER`]). Its threads compute the rows' index tiles once
+//!   a program, each as consumer threads `t`, `t + 128`, … would (the tiles are in the
+//!   consumers' layouts), and write each step's row tables from them
+//!   ([`Emitter::producer_tables`]), one barrier of the producer's threads before the
+//!   copies read them; rows only the outer loops of the nest move are written once for
+//!   the innermost loop's steps. H200, `kfuse::ops::conv2d` N64 bf16 (NOTES.md c20),
+//!   against two blocks a multiprocessor filling their rings themselves (C64 / C128 /
+//!   C256 / C512 3 × 3, 1 × 1 stride 2, 3 × 3 stride 2): 185.6 / 281.8 / 242.2 / 255.2 /
+//!   228.2 / 282.1 TFLOP/s against 179.2 / 254.9 / 223.4 / 201.3 / 162.7 / 254.9.
 //! - The consumers rise to 232 registers and run the kernel; their block barrier is the
 //!   named barrier 1 over their threads. At a ring loop's first ring load they wait for
 //!   the stage's `full` phase (after `cp.async` copies, a fence of the generic proxy
@@ -63,8 +81,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use kfuse_ir::{Kernel, LoopId, Op, OpId, ValueId};
 
 use super::dot_wgmma::WgPlan;
-use super::operand_ring::enclosing_loops;
-use super::{Emitter, R};
+use super::operand_ring::{enclosing_loops, gathered_roots, inside, nest_closure, ring_nest, scalar_roots};
+use super::{Emitter, Val, R};
 use crate::cuda::writer::Writer;
 
 /// Threads of the consumer warpgroups (the block without its producer): two
@@ -85,10 +103,19 @@ pub(super) const PRODUCER_REGS_WIDE: u32 = 32;
 pub(super) const CONSUMER_REGS_WIDE: u32 = 160;
 /// Threads of the producer warpgroup (the block's last).
 pub(super) const PRODUCER_THREADS: u32 = 128;
+/// The named barrier of the producer's threads (after its row tables: 0 is the block's,
+/// 1 the consumers', 2 and 3 their turns').
+const PRODUCER_BARRIER: u32 = 4;
 /// Registers a producer thread keeps, and a consumer thread rises to (`setmaxnreg`;
 /// 128 · 40 + 256 · 232 ≤ 65536).
 pub(super) const PRODUCER_REGS: u32 = 40;
 pub(super) const CONSUMER_REGS: u32 = 232;
+/// The same where the producer gathers rows: it computes their index tiles again, as
+/// the consumers' threads would, and writes their row tables (a convolution's im2col
+/// rows): 128 · 96 + 256 · 200 ≤ 65536. At 40 the implicit GEMM's producer spilled 76
+/// bytes, at 64 12 (with its index tiles computed at every step; NOTES.md c20).
+pub(super) const PRODUCER_REGS_GATHER: u32 = 96;
+pub(super) const CONSUMER_REGS_GATHER: u32 = 200;
 /// The same where a loop issues its last dot late (`dot_overlap`: the consumers hold one
 /// more dot's operands through the math): 128 · 24 + 256 · 240 ≤ 65536.
 pub(super) const PRODUCER_REGS_LATE: u32 = 24;
@@ -104,6 +131,20 @@ pub(super) const MAX_STAGES: u32 = super::operand_ring::MAX_STAGES;
 #[derive(Clone, Debug)]
 pub(super) struct WsPlan {
     pub slice: BTreeSet<ValueId>,
+    /// The tiles (outside every loop) the producer computes again for its row tables:
+    /// the gathered rows' index tiles, in the consumers' layouts ([`Emitter::producer_tables`]).
+    pub tile_slice: BTreeSet<ValueId>,
+    /// The loops each ring loop's copies walk, outermost first (`operand_ring::ring_nest`):
+    /// the producer walks them as nested loops.
+    pub nests: BTreeMap<LoopId, Vec<LoopId>>,
+    /// The ring loops whose nest the consumers' ring spans too ([`passes_through`]): the
+    /// stage counter starts, and a deferred last dot is waited for, outside the nest's
+    /// outermost loop (a convolution's accumulator stays in flight across the taps).
+    pub spans: BTreeSet<LoopId>,
+    /// Some ring load gathers its rows: the producer's threads copy them, from row
+    /// tables they write (a counter of its tables, `kf_tt`, runs across the programs
+    /// a block walks, before which it is declared).
+    pub gathered: bool,
     /// Loops whose dots take turns: the first and the last WGMMA dot of the body.
     pub turns: BTreeMap<LoopId, (OpId, OpId)>,
     /// Per such loop whose last dot only feeds the next iteration (see [`deferrable`]):
@@ -243,17 +284,18 @@ pub(super) struct TmaLoad {
     pub atoms: u32,
 }
 
-/// The TMA copies of a warp-specialized kernel's ring loads: every one of them when each
-/// can take one, else none. A load can when its tile is exactly its shared-memory tile
+/// The TMA copies of a warp-specialized kernel's ring loads `loads` (all of them, or
+/// those that do not gather their rows): every one of them when each can take one,
+/// else none. A load can when its tile is exactly its shared-memory tile
 /// (rows ≤ 256, whole swizzle atoms) and its tensor has at most 5 dimensions: the
 /// copies `ring_load` admits already read 16-byte aligned data with a unit-stride
 /// dimension along the tile's columns and the other strides whole 16-byte units, which
 /// is what a tensor map needs (its dimensions listed innermost first,
 /// `select_mma_path::tma_order`). A box reads zeros outside the tensor, as the
 /// `cp.async` copies fill them.
-fn tma_loads(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan) -> BTreeMap<ValueId, TmaLoad> {
+fn tma_loads(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, loads: &[ValueId]) -> BTreeMap<ValueId, TmaLoad> {
     let mut out = BTreeMap::new();
-    for v in p.rings.values().flatten() {
+    for v in loads {
         let t = &p.eager[v];
         let Op::Load { tensor, dims } = k.op(v.op()) else { return BTreeMap::new() };
         let shape = crate::analysis::concrete_shape(k, k.ty(*v));
@@ -302,19 +344,56 @@ pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, thread
     }
     let loops = enclosing_loops(k);
     let mut need = Vec::new();
+    // (the gathered rows' index tiles from outside the nests)
+    let mut tile_need = Vec::new();
+    let mut nests = BTreeMap::new();
+    let mut spans = BTreeSet::new();
     for (l, loads) in &p.rings {
-        let info = k.loop_info(*l)?;
-        if loops.contains_key(&info.for_op.value()) {
+        let nest = ring_nest(k, &loops, *l, loads);
+        if loops.contains_key(&k.loop_info(nest[0])?.for_op.value()) {
             return None;
         }
-        need.extend(k.operands(info.for_op).iter().take(3).copied());
+        for n in &nest {
+            need.extend(k.operands(k.loop_info(*n)?.for_op).iter().take(3).copied());
+        }
         for v in loads {
-            for o in k.operands(v.op()) {
-                if !matches!(k.op(o.op()), Op::LoopIndex { id } if id == l) {
-                    need.push(o);
+            // (scalar offsets from outside the nest or its indices: a loop that computes
+            // its offsets, `k0 = t * BK`, keeps its `cp.async` ring — warp-specialized,
+            // ptxas serialized its WGMMA pipeline, C7514)
+            for r in scalar_roots(k, *v) {
+                if matches!(k.op(r.op()), Op::LoopIndex { id } if nest.contains(id)) {
+                    continue;
                 }
+                if inside(k, &loops, r, nest[0]) {
+                    return None;
+                }
+                need.push(r);
+            }
+            for r in gathered_roots(k, *v) {
+                tile_need.extend(from_outside(k, &loops, r, &nest)?);
             }
         }
+        if nest.len() > 1 && passes_through(k, &nest) {
+            spans.insert(*l);
+        }
+        nests.insert(*l, nest);
+    }
+    let mut tile_slice = BTreeSet::new();
+    while let Some(v) = tile_need.pop() {
+        if k.ty(v).is_scalar() {
+            need.push(v);
+            continue;
+        }
+        if !tile_slice.insert(v) {
+            continue;
+        }
+        // (elementwise math on iotas and scalars: no value the producer's threads would
+        // have to exchange)
+        let pure = matches!(k.op(v.op()), Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Broadcast | Op::ExpandDims { .. } | Op::Const { .. } | Op::Iota { .. });
+        if loops.contains_key(&v) || !pure {
+            return None;
+        }
+        tile_need.extend(k.operands(v.op()));
     }
     let mut slice = BTreeSet::new();
     while let Some(v) = need.pop() {
@@ -356,17 +435,54 @@ pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, thread
         }
     }
     super::dot_overlap::chain_loops(k, p, &mut late);
+    // (TMA copies boxes: gathered rows are copied by the producer's threads)
+    let gathered = p.rings.values().flatten().any(|&v| !gathered_roots(k, v).is_empty());
     let regs = if threads == WIDE_CONSUMERS {
         (PRODUCER_REGS_WIDE, CONSUMER_REGS_WIDE)
+    } else if gathered && late.is_empty() {
+        (PRODUCER_REGS_GATHER, CONSUMER_REGS_GATHER)
     } else if late.is_empty() {
         (PRODUCER_REGS, CONSUMER_REGS)
     } else {
         (PRODUCER_REGS_LATE, CONSUMER_REGS_LATE)
     };
-    let tma = tma_loads(k, spec, p);
+    // (gathered rows are copied by the producer's threads, the other tiles by TMA where
+    // they can be)
+    let boxes: Vec<ValueId> = p.rings.values().flatten().copied().filter(|&v| gathered_roots(k, v).is_empty()).collect();
+    let tma = tma_loads(k, spec, p, &boxes);
     // (the split's groups complete on TMA's byte counts, one arrival a phase)
-    let split = if tma.is_empty() { BTreeMap::new() } else { ring_splits(k, p, &loops) };
-    Some(WsPlan { slice, turns, deferred, late, tma, persistent: false, grouped: false, group: spec.tiles.get("GROUPM").map_or(WALK_GROUP, |&g| g.clamp(1, 64)), consumers: threads, regs, split })
+    let split = if tma.is_empty() || gathered { BTreeMap::new() } else { ring_splits(k, p, &loops) };
+    Some(WsPlan { slice, tile_slice, nests, spans, gathered, turns, deferred, late, tma, persistent: false, grouped: false, group: spec.tiles.get("GROUPM").map_or(WALK_GROUP, |&g| g.clamp(1, 64)), consumers: threads, regs, split })
+}
+
+/// The values from outside `nest` that a ring load's address root `r` is computed from:
+/// `r` itself, or the operands of the arithmetic in the nest that computes it
+/// (`nest_closure`), none for one of the nest's indices; `None` where something else
+/// computes it.
+fn from_outside(k: &Kernel, loops: &BTreeMap<ValueId, LoopId>, r: ValueId, nest: &[LoopId]) -> Option<Vec<ValueId>> {
+    if matches!(k.op(r.op()), Op::LoopIndex { id } if nest.contains(id)) {
+        return Some(vec![]);
+    }
+    let closure = nest_closure(k, loops, r, nest)?;
+    if closure.is_empty() {
+        return Some(vec![r]);
+    }
+    let index = |v: &ValueId| matches!(k.op(v.op()), Op::LoopIndex { id } if nest.contains(id));
+    Some(closure.iter().flat_map(|&o| k.operands(o)).filter(|v| !index(v) && !closure.contains(&v.op())).collect())
+}
+
+/// Whether every value a loop of `nest` carries only passes through the loops around
+/// it: each loop's results are yielded by the loop around it and nothing else, whose
+/// carried values are read only as the inner loop's initial values. A dot left in
+/// flight at the inner loop's end is then read by nothing before the inner loop's next
+/// iteration waits for it.
+fn passes_through(k: &Kernel, nest: &[LoopId]) -> bool {
+    nest.windows(2).all(|w| {
+        let (Some(outer), Some(inner)) = (k.loop_info(w[0]), k.loop_info(w[1])) else { return false };
+        let results = inner.results.iter().flatten().all(|&r| k.users(r).iter().all(|&u| u == outer.yield_op));
+        let carried = outer.carried_values.iter().flatten().all(|&c| k.users(c).iter().all(|&u| u == inner.for_op));
+        results && carried
+    })
 }
 
 /// Whether loop `l`'s body computes on tiles other than by its dots and the adds that
@@ -383,7 +499,11 @@ fn tile_math_in(k: &Kernel, l: LoopId) -> bool {
 /// The plan's line for a warp-specialized kernel.
 pub(super) fn note(ws: &WsPlan) -> String {
     let turns = if ws.turns.is_empty() { String::new() } else { format!("; the consumers take turns at the tensor cores in {} loop(s)", ws.turns.len()) };
-    let copies = if ws.tma.is_empty() { "cp.async" } else { "TMA" };
+    let copies = match (ws.tma.is_empty(), ws.gathered) {
+        (true, _) => "cp.async",
+        (false, true) => "gathered rows by cp.async, the other tiles by TMA",
+        (false, false) => "TMA",
+    };
     let walk = match (ws.persistent, ws.grouped) {
         (false, _) => String::new(),
         (true, true) => format!("; each block walks programs (in groups of {} along grid axis 0, axis 1 within a group)", ws.group),
@@ -416,11 +536,19 @@ static __device__ __forceinline__ void kf_bar_arrive(int id) {{ asm volatile("ba
 /// The kernel's start where the roles part (see the module docs): the mbarriers (`bars`
 /// of each kind, [`WsPlan::barriers`]), then the producer's program `producer` and its
 /// exit.
-pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, bars: u32, tma: bool, consumers: u32, regs: (u32, u32)) -> std::fmt::Result {
+pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, bars: u32, ws: &WsPlan, regs: (u32, u32)) -> std::fmt::Result {
+    let consumers = ws.consumers;
+    // one thread issues every copy where TMA makes them all
+    let tma = !ws.tma.is_empty() && !ws.gathered;
     w.line(format!("__shared__ __align__(8) unsigned long long kf_full[{bars}], kf_empty[{bars}];"))?;
     w.open("if (kf_tid == 0)")?;
-    // TMA: one arrival (with the stage's bytes) a phase; cp.async: each producer thread's
-    let fill = if tma { 1 } else { PRODUCER_THREADS };
+    // TMA: one arrival (with the stage's bytes) a phase; cp.async: each producer thread's;
+    // gathered rows by cp.async beside TMA boxes: both
+    let fill = match (ws.tma.is_empty(), ws.gathered) {
+        (false, false) => 1,
+        (true, _) => PRODUCER_THREADS,
+        (false, true) => PRODUCER_THREADS + 1,
+    };
     w.line(format!("for (int s = 0; s < {bars}; ++s) {{ kf_mbar_init(&kf_full[s], {fill}); kf_mbar_init(&kf_empty[s], {consumers}); }}"))?;
     w.close()?;
     w.line("__syncthreads();")?;
@@ -465,7 +593,7 @@ pub(super) const CONSUMER_BARRIER: &str = "kf_bar_sync(1);";
 
 impl Emitter<'_> {
     /// The producer's program (see the module docs): the sliced scalars, then each ring
-    /// loop's copies.
+    /// loop's copies, walking its nest.
     pub(super) fn producer_program(&mut self) -> R {
         let ws = self.ws.clone().expect("a warp-specialized plan");
         let rings = self.wg.as_ref().unwrap().rings.clone();
@@ -476,21 +604,51 @@ impl Emitter<'_> {
                 continue;
             }
             let Op::For { id, .. } = k.op(op) else { continue };
-            let Some(loads) = rings.get(id) else { continue };
-            let ops = k.operands(op);
-            let (lo, hi, step) = (self.val(ops[0]).name.clone(), self.val(ops[1]).name.clone(), self.val(ops[2]).name.clone());
-            self.open(format!("for (long long kf_p = {lo}; kf_p < {hi}; kf_p += {step})"))?;
+            let Some((&l, nest)) = ws.nests.iter().find(|(_, n)| n[0] == *id) else { continue };
+            let loads = &rings[&l];
             let stages = self.wg.as_ref().unwrap().stages;
-            self.line(format!("const int kf_s = kf_rit % {stages};"))?;
-            if ws.tma.is_empty() {
-                self.line(format!("kf_mbar_wait(&kf_empty[kf_s], ((kf_rit / {stages}) & 1) ^ 1);"))?;
-                for v in loads {
-                    self.ring_copy(*v, *id, "kf_p", "kf_s")?;
+            let gathered = self.ring_gather_tables(loads, stages)?;
+            // (each consumer half's index tiles from outside the loops, once a program)
+            let halves = if gathered { self.producer_index_tiles(l, nest)? } else { vec![] };
+            // the nest's loops, the innermost's index `kf_p`, the others' `kf_p<level>`
+            let idx = |i: usize| if i + 1 == nest.len() { "kf_p".to_string() } else { format!("kf_p{i}") };
+            let binds: Vec<(LoopId, String)> = nest.iter().enumerate().map(|(i, &n)| (n, idx(i))).collect();
+            // rows that only the outer loops move are written once for the innermost
+            // loop's steps, into one of two tables (`producer_tables`)
+            let inner = *nest.last().unwrap();
+            let reads_inner = |o: &kfuse_ir::OpId| k.operands(*o).iter().any(|v| matches!(k.op(v.op()), Op::LoopIndex { id } if *id == inner));
+            let outer_rows = gathered && nest.len() > 1 && !self.ring_closure(l, nest, gathered_roots).iter().any(reads_inner);
+            for (i, (lo, hi, step)) in self.nest_bounds(nest).into_iter().enumerate() {
+                if outer_rows && i + 1 == nest.len() {
+                    self.table_slot = Some("kf_t".into());
+                    self.line("const int kf_t = kf_tt++ & 1;")?;
+                    self.producer_tables(l, nest, &binds, &halves)?;
                 }
+                let p = idx(i);
+                self.open(format!("for (long long {p} = {lo}; {p} < {hi}; {p} += {step})"))?;
+            }
+            self.line(format!("const int kf_s = kf_rit % {stages};"))?;
+            if ws.tma.is_empty() || ws.gathered {
+                self.line(format!("kf_mbar_wait(&kf_empty[kf_s], ((kf_rit / {stages}) & 1) ^ 1);"))?;
+                if gathered && !outer_rows {
+                    self.producer_tables(l, nest, &binds, &halves)?;
+                }
+                let (boxes, rows): (Vec<ValueId>, Vec<ValueId>) = loads.iter().partition(|v| ws.tma.contains_key(v));
+                self.at_producer_step(l, nest, &binds, |e| {
+                    if !boxes.is_empty() {
+                        // the boxes by one thread, its arrival announcing their bytes
+                        e.open(format!("if (kf_tid == {})", ws.consumers))?;
+                        let bytes: u32 = boxes.iter().map(|v| &e.wg.as_ref().unwrap().eager[v]).map(|t| t.rows * t.cols * t.esize).sum();
+                        e.line(format!("kf_mbar_expect_tx(&kf_full[kf_s], {bytes}u);"))?;
+                        boxes.iter().try_for_each(|v| e.ring_tma(*v, l, &ws.tma[v], "kf_s"))?;
+                        e.close()?;
+                    }
+                    rows.iter().try_for_each(|v| e.ring_copy(*v, l, "kf_p", "kf_s"))
+                })?;
                 self.line("kf_cp_async_arrive(&kf_full[kf_s]);")?;
             } else {
                 // one group, or two (the first dot's tiles first: `RingSplit`)
-                let groups: Vec<(String, Vec<ValueId>)> = match ws.split.get(id) {
+                let groups: Vec<(String, Vec<ValueId>)> = match ws.split.get(&l) {
                     Some(sp) => vec![("kf_s".into(), sp.first.clone()), (format!("{stages} + kf_s"), loads.iter().filter(|v| !sp.first.contains(v)).copied().collect())],
                     None => vec![("kf_s".into(), loads.clone())],
                 };
@@ -498,15 +656,114 @@ impl Emitter<'_> {
                     self.line(format!("kf_mbar_wait(&kf_empty[{slot}], ((kf_rit / {stages}) & 1) ^ 1);"))?;
                     let bytes: u32 = group.iter().map(|v| &self.wg.as_ref().unwrap().eager[v]).map(|t| t.rows * t.cols * t.esize).sum();
                     self.line(format!("kf_mbar_expect_tx(&kf_full[{slot}], {bytes}u);"))?;
-                    for v in &group {
-                        self.ring_tma(*v, *id, &ws.tma[v], &slot)?;
-                    }
+                    self.at_producer_step(l, nest, &binds, |e| group.iter().try_for_each(|v| e.ring_tma(*v, l, &ws.tma[v], &slot)))?;
                 }
             }
             self.line("++kf_rit;")?;
-            self.close()?;
+            self.table_slot = None;
+            for _ in nest {
+                self.close()?;
+            }
         }
         Ok(())
+    }
+
+    /// The producer's copies of one step (`body`), the scalar addresses computed in ring
+    /// loop `l`'s nest written again first, the nest's indices bound to `binds` (in a
+    /// block of their own; none where there are none).
+    fn at_producer_step(&mut self, l: LoopId, nest: &[LoopId], binds: &[(LoopId, String)], body: impl FnOnce(&mut Self) -> R) -> R {
+        let closure = self.ring_closure(l, nest, scalar_roots);
+        if closure.is_empty() && nest.len() == 1 {
+            return body(self);
+        }
+        self.open("")?;
+        let saved = self.bind_closure(binds, &closure)?;
+        body(self)?;
+        self.restore(saved);
+        self.close()
+    }
+
+    /// The index tiles from outside the loops that ring loop `l`'s row tables read
+    /// ([`WsPlan::tile_slice`]), computed by each producer thread as consumer threads
+    /// `t`, `t + 128`, … would (the block's thread, warp and lane names shadowed: the
+    /// tiles are in the consumers' layouts), each into registers of its own
+    /// (`kf_h<half>_<value>`); per half, those values under their new names.
+    fn producer_index_tiles(&mut self, l: LoopId, nest: &[LoopId]) -> Result<Vec<Vec<(ValueId, Val)>>, crate::CodegenError> {
+        let ws = self.ws.clone().unwrap();
+        let k = self.k;
+        let closure = self.ring_closure(l, nest, gathered_roots);
+        let roots: BTreeSet<ValueId> = self.wg.as_ref().unwrap().rings[&l].iter().flat_map(|&v| gathered_roots(k, v)).collect();
+        let read = |v: &ValueId| roots.contains(v) || closure.iter().any(|&o| k.operands(o).contains(v));
+        let frontier: Vec<ValueId> = ws.tile_slice.iter().copied().filter(read).collect();
+        let mut ops: Vec<kfuse_ir::OpId> = ws.tile_slice.iter().map(|v| v.op()).collect();
+        ops.sort_by_key(|&o| k.position(o));
+        let mut halves = Vec::new();
+        for h in 0..ws.consumers / PRODUCER_THREADS {
+            let mut names = Vec::new();
+            for &f in &frontier {
+                // (registers a thread, or none for a tile every thread holds whole)
+                let regs = crate::layout::RegMap::of(&self.layout(f)?).map(|m| m.regs);
+                let name = format!("kf_h{h}_v{}", f.index());
+                let dims = regs.map_or(String::new(), |r| format!("[{r}]"));
+                self.line(format!("{} {name}{dims};", super::ctype(k.ty(f).dtype)))?;
+                names.push((f, name, regs));
+            }
+            self.open_as_consumer(h, ws.consumers)?;
+            let saved = self.bind_closure(&[], &ops)?;
+            let mut vals = Vec::new();
+            for (f, name, regs) in names {
+                match regs {
+                    Some(r) => {
+                        self.unroll("k", r)?;
+                        self.line(format!("{name}[k] = {};", self.reg(f, "k")))?;
+                        self.close()?;
+                    }
+                    None => self.line(format!("{name} = {};", self.reg(f, "0")))?,
+                }
+                let mut val = self.val(f).clone();
+                (val.name, val.lazy) = (name, None);
+                vals.push((f, val));
+            }
+            self.restore(saved);
+            self.close()?;
+            self.close()?;
+            halves.push(vals);
+        }
+        Ok(halves)
+    }
+
+    /// Opens two blocks in which the producer's thread is consumer thread `t + 128 ·
+    /// half` (`t` its place in the producer warpgroup): `kf_tid`, `kf_warp` and `kf_lane`
+    /// shadowed.
+    fn open_as_consumer(&mut self, half: u32, consumers: u32) -> R {
+        self.open("")?;
+        self.line(format!("const int kf_vt = kf_tid - {consumers} + {};", half * PRODUCER_THREADS))?;
+        self.open("")?;
+        self.line("const int kf_tid = kf_vt, kf_warp = kf_vt >> 5, kf_lane = kf_vt & 31;")?;
+        self.line("(void)kf_tid; (void)kf_warp; (void)kf_lane;")
+    }
+
+    /// The producer's row tables of ring loop `l`'s gathered loads for the step at
+    /// `binds` (into the tables of stage `kf_s`), then a barrier of the producer's
+    /// threads before the copies read them: for each consumer half, the nest's
+    /// arithmetic on that half's index tiles (`halves`, [`Emitter::producer_index_tiles`]).
+    /// A stage's table is written again `stages` steps later, after that many of these
+    /// barriers: every thread has read it by then.
+    fn producer_tables(&mut self, l: LoopId, nest: &[LoopId], binds: &[(LoopId, String)], halves: &[Vec<(ValueId, Val)>]) -> R {
+        let ws = self.ws.clone().unwrap();
+        let loads = self.wg.as_ref().unwrap().rings[&l].clone();
+        let closure = self.ring_closure(l, nest, gathered_roots);
+        for (h, vals) in halves.iter().enumerate() {
+            self.open_as_consumer(h as u32, ws.consumers)?;
+            let mut saved: Vec<(ValueId, Option<Val>)> = vals.iter().map(|(v, val)| (*v, self.vals.insert(*v, val.clone()))).collect();
+            saved.extend(self.bind_closure(binds, &closure)?);
+            let table = self.table_slot.clone().unwrap_or_else(|| "kf_s".into());
+            self.write_gather_tables(&loads, &table)?;
+            self.restore(saved);
+            self.close()?;
+            self.close()?;
+        }
+        self.line(format!("asm volatile(\"bar.sync {PRODUCER_BARRIER}, {PRODUCER_THREADS};\" ::: \"memory\");"))
     }
 
     /// Before WGMMA dot `op` issues: a warpgroup whose turn it opens waits for it.
@@ -612,8 +869,17 @@ impl Emitter<'_> {
         }
     }
 
-    /// After ring loop `l` closes: a deferred last dot's wait and release.
-    pub(super) fn ws_after_loop(&mut self, l: LoopId) -> R {
+    /// After loop `id` closes: a deferred last dot's wait and release, of the ring loop
+    /// whose nest it closes (a ring loop in a longer nest leaves its last dot in flight
+    /// into the next iteration of the loops around it: its accumulator only passes
+    /// through them).
+    pub(super) fn ws_after_loop(&mut self, id: LoopId) -> R {
+        let Some(ws) = self.ws.as_ref() else { return Ok(()) };
+        let l = match ws.spans.iter().find(|l| ws.nests[l][0] == id) {
+            Some(&l) => l,
+            None if ws.spans.contains(&id) => return Ok(()),
+            None => id,
+        };
         if self.late_flush(l)? {
             return Ok(());
         }
