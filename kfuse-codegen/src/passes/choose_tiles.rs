@@ -784,9 +784,9 @@ pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target)
     out
 }
 
-/// Half as many rows a tile as the bucket's 128 or 256 for a `dot` lowered where it
-/// stands (not the general lowering's matrix loop, whose case follows), where they
-/// walk the launch's programs in fewer waves of tile area on the target's
+/// Half as many rows a tile as the bucket's 128 or 256 for a `dot` of 16-bit operands
+/// lowered where it stands (not the general lowering's matrix loop, whose case
+/// follows), where they walk the launch's programs in fewer waves of tile area on the target's
 /// multiprocessors (one block each, a warp-specialized kernel's walk): the programs
 /// counted on the grid each tiling derives, at the launch's exact shape. An implicit
 /// GEMM's tiles on sm_90a, N64 bf16 on an H200 (NOTES.md c21): C256 → K256 3 × 3 at 14 ×
@@ -796,7 +796,13 @@ pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target)
 /// 64). `None`: the bucket's tiles stand (an override of the row tile, another target,
 /// equal or more waves).
 fn half_row_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target, dot: OpId) -> Option<BTreeMap<String, u32>> {
-    let Extent::Tile(bm) = k.ty(k.operands(dot)[0]).shape[0] else { return None };
+    let a = k.ty(k.operands(dot)[0]);
+    // (16-bit operands: WGMMA, whose warp-specialized kernels walk the programs one block
+    // a multiprocessor; exact FMAs' kernels run a block a program, two a multiprocessor)
+    let Extent::Tile(bm) = a.shape[0] else { return None };
+    if a.dtype.size_bytes() != 2 {
+        return None;
+    }
     let name = k.tile_name(bm).to_string();
     if spec.tiles.contains_key(&name) {
         return None;

@@ -278,6 +278,10 @@ pub(super) const STAGES: u32 = 4;
 /// 4 stages 157). `STAGES=n` asks for n from 2 up to it.
 pub(super) const MAX_STAGES: u32 = 8;
 
+/// Adjacent 16-byte pieces of a gathered row one thread copies (where a row has a
+/// multiple of them): the row's table read and test serve them all.
+const GATHER_PIECES: u32 = 4;
+
 /// The sentinel of a gathered row outside the tensor in a ring's row table.
 const NO_ROW: &str = "(-0x7fffffffffffffffLL - 1)";
 
@@ -649,18 +653,32 @@ impl Emitter<'_> {
         let (cols, rows, e) = (t.cols, t.rows, t.esize);
         let ce = 16 / e;
         let per_row = cols / ce;
-        let rs = threads / per_row.max(1);
-        if threads.is_multiple_of(per_row) && rs.is_multiple_of(8) && (rows * per_row).is_multiple_of(threads) {
-            // each thread copies the same columns of rows `rs` apart (whole swizzle
-            // periods): its column's bytes, source and swizzled place are computed once,
-            // and each copy reads its row's offset and adds a constant to the place
-            self.line(format!("const int kf_r0 = {tid} / {per_row}, kf_c = ({tid} % {per_row}) * {ce};"))?;
-            self.line(format!("const unsigned kf_nb = (unsigned)(kf_vc - kf_c < 0 ? 0 : kf_vc - kf_c > {ce} ? {ce} : kf_vc - kf_c) * {e}u;"))?;
-            self.line(format!("const unsigned kf_d = kf_saddr(kf_ops + {} + {stage} * {} + {});", t.off, t.bytes(), t.at("kf_r0", "kf_c")))?;
-            self.unroll("it", rows * per_row / threads)?;
+        // a thread copies `cpt` adjacent 16-byte pieces of a row (one table read and
+        // test for them), its `per_row / cpt` threads a row side by side
+        let cpt = if per_row.is_multiple_of(GATHER_PIECES) { GATHER_PIECES } else { 1 };
+        let tr = per_row / cpt;
+        let rs = threads / tr.max(1);
+        if threads.is_multiple_of(tr) && rs.is_multiple_of(8) && rows.is_multiple_of(rs) {
+            // each thread copies the same pieces of rows `rs` apart (whole swizzle
+            // periods): their bytes and swizzled places are computed once, and each row
+            // reads its offset and adds a constant to the places; a piece past the
+            // tensor's last column copies nothing, from the row's start
+            self.line(format!("const int kf_r0 = {tid} / {tr}, kf_c = ({tid} % {tr}) * {};", cpt * ce))?;
+            for j in 0..cpt {
+                let c = format!("(kf_c + {})", j * ce);
+                self.line(format!("const unsigned kf_nb{j} = (unsigned)(kf_vc - {c} < 0 ? 0 : kf_vc - {c} > {ce} ? {ce} : kf_vc - {c}) * {e}u;"))?;
+                self.line(format!("const int kf_pc{j} = kf_nb{j} != 0u ? {} : 0;", j * 16))?;
+                self.line(format!("const unsigned kf_d{j} = kf_saddr(kf_ops + {} + {stage} * {} + {});", t.off, t.bytes(), t.at("kf_r0", &c)))?;
+            }
+            // (a thread whose first piece is past the last column reads from the rows' start)
+            self.line("const char* kf_gb = (const char*)(kf_nb0 != 0u ? kf_src + kf_c : kf_src);")?;
+            self.unroll("it", rows / rs)?;
             self.line(format!("const long long kf_go = kf_gt{}[{table}][kf_r0 + it * {rs}];", v.index()))?;
-            self.line(format!("const unsigned kf_n = kf_go != {NO_ROW} ? kf_nb : 0u;"))?;
-            self.line(format!("kf_cp_async16(kf_d + it * {}u, kf_n > 0 ? (const void*)(kf_src + kf_go + kf_c) : (const void*)kf_src, kf_n);", rs * t.span))?;
+            self.line(format!("const bool kf_ok = kf_go != {NO_ROW};"))?;
+            self.line(format!("const char* kf_g = kf_ok ? kf_gb + kf_go * {e} : (const char*)kf_src;"))?;
+            for j in 0..cpt {
+                self.line(format!("kf_cp_async16(kf_d{j} + it * {}u, kf_g + kf_pc{j}, kf_ok ? kf_nb{j} : 0u);", rs * t.span))?;
+            }
             return self.close();
         }
         self.line("#pragma unroll")?;
