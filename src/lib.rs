@@ -63,8 +63,9 @@
 //!
 //! Cargo features, all off by default: `vendor-baselines` (`kfuse::runtime::vendor`,
 //! cuBLAS / cuBLASLt GEMMs on kfuse tensors, the baselines of the benchmarks and
-//! tests), `dev-hooks` (`KFUSE_SOURCE_HOOK`, a development aid) and `cli` (the `kfuse`
-//! command, `src/bin/kfuse.rs`).
+//! tests), `dev-hooks` (`KFUSE_SOURCE_HOOK`, a development aid), `cli` (the `kfuse`
+//! command, `src/bin/kfuse.rs`), `candle` and `candle-cuda` (`kfuse::candle`: candle
+//! tensors to kfuse and back, kfuse calls as candle custom ops).
 //!
 //! This library only re-exports; it holds no logic of its own (the `kfuse` command is a
 //! thin binary over it).
@@ -74,6 +75,12 @@ pub use kfuse_ir as ir;
 pub use kfuse_macros::kfuse;
 pub use kfuse_runtime as runtime;
 pub use kfuse_runtime::{explain, Backend, Config, DType, Device, Error, Explain, Launched, Result, Tensor};
+
+/// candle interop (cargo feature `candle`; CUDA tensors, shared without a copy, with
+/// `candle-cuda`): [`candle::from_candle`], [`candle::to_candle`] and
+/// [`candle::KernelOp`], a candle custom op running kfuse calls.
+#[cfg(feature = "candle")]
+pub use kfuse_runtime::candle;
 
 /// The standard kernels (`kfuse::ops::add(&a, &b)`, `kfuse::ops::transpose(&x)`, …).
 pub mod ops {

@@ -1,6 +1,7 @@
 //! Devices: the CPU (the interpreter's home) and CUDA GPUs.
 //!
-//! Owns: finding the CUDA driver and the GPUs, one CUDA context and stream per GPU, the
+//! Owns: finding the CUDA driver and the GPUs, one CUDA context and stream per GPU (and
+//! devices on another library's stream, [`Device::from_cuda_stream`]), the
 //! GPU's facts ([`Device::target`]), the per-device cache of loaded kernels and memory
 //! pool ([`crate::pool`]: [`Device::memory_stats`], [`Device::empty_cache`]), loading
 //! PTX into a module, and timing with CUDA events.
@@ -19,7 +20,10 @@
 //!   is probed without loading it for good, and the remaining cudarc calls that could
 //!   panic (a missing symbol in an old driver) run under `catch_unwind`. Those cases are
 //!   [`Error::NoGpu`].
-//! - Devices compare equal iff they are of the same kind and, for GPUs, the same ordinal.
+//! - Devices compare equal iff they are of the same kind and, for GPUs, share the `Gpu`
+//!   record: the same ordinal, or the same stream for [`Device::from_cuda_stream`]'s
+//!   devices, which carry another library's stream (one record per stream, each with
+//!   its own kernel cache and pool, its work all on that stream).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -43,6 +47,9 @@ pub(crate) struct Gpu {
     pub(crate) ctx: Arc<CudaContext>,
     /// The one stream all of this runtime's work on the GPU goes to (see module docs).
     pub(crate) stream: Arc<CudaStream>,
+    /// True for a record made by [`Device::from_cuda_stream`]: another library's stream
+    /// (and context handle), whose event tracking is left as that library set it.
+    pub(crate) foreign: bool,
     pub(crate) name: String,
     /// Compute capability (major, minor).
     pub(crate) cc: (i32, i32),
@@ -129,8 +136,7 @@ static GPUS: Mutex<BTreeMap<usize, Arc<Gpu>>> = Mutex::new(BTreeMap::new());
 fn driver_status() -> &'static std::result::Result<usize, String> {
     static STATUS: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
     STATUS.get_or_init(|| {
-        // SAFETY: `is_culib_present` only tries to dlopen the candidate names.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        if !library_loadable("cuda") {
             return Err("the CUDA driver library (libcuda.so.1) was not found: this machine has no NVIDIA driver \
                         (or the loader cannot see it); kernels run in the CPU interpreter instead"
                 .to_string());
@@ -146,6 +152,24 @@ fn driver_status() -> &'static std::result::Result<usize, String> {
             Err(p) => Err(format!("the CUDA driver library is unusable: {}", panic_text(&p))),
         }
     })
+}
+
+/// Whether the CUDA library `name` (`cuda`, `nvrtc`, `cublas`, …) loads under one of the
+/// Linux file names cudarc tries for it (`libNAME.so`, `libNAME.so.13` … `.9`, `.1`).
+/// Where cudarc loads the libraries at run time this is its own test; where a crate of
+/// the build made cudarc link them (candle's `cuda` feature), the process could not have
+/// started without them and the test finds them loaded.
+pub(crate) fn library_loadable(name: &str) -> bool {
+    library_names(name).iter().any(|file| {
+        // SAFETY: loading a CUDA library runs its initializers, as cudarc's own load would;
+        // the handle is dropped again (the library stays loaded while anything uses it).
+        unsafe { libloading::Library::new(file) }.is_ok()
+    })
+}
+
+/// The file names [`library_loadable`] tries for the CUDA library `name`, in order.
+pub(crate) fn library_names(name: &str) -> Vec<String> {
+    ["", ".13", ".12", ".11", ".10", ".9", ".1"].iter().map(|suffix| format!("lib{name}.so{suffix}")).collect()
 }
 
 /// The text of a caught panic.
@@ -178,25 +202,37 @@ pub fn gpu_count() -> usize {
 
 fn open_gpu(ordinal: usize) -> Result<Gpu> {
     let r = catch_unwind(AssertUnwindSafe(|| -> Result<Gpu> {
-        let what = format_args!("opening cuda:{ordinal}").to_string();
-        let ctx = CudaContext::new(ordinal).map_err(driver(&what))?;
+        let ctx = CudaContext::new(ordinal).map_err(driver(format_args!("opening cuda:{ordinal}")))?;
         // SAFETY: every allocation of this runtime is used on the one stream below only
         // (module docs), so cross-stream tracking is not needed.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
-        let name = ctx.name().map_err(driver(&what))?;
-        let cc = ctx.compute_capability().map_err(driver(&what))?;
-        let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver(&what))?;
-        let smem = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(driver(&what))?;
-        let num_sms = num_sms.max(0) as u32;
-        let description = format!("cuda:{ordinal} ({name}, sm_{}{}, {num_sms} SMs)", cc.0, cc.1);
-        Ok(Gpu { ordinal, ctx, stream, name, cc, num_sms, smem_optin: smem.max(0) as u32, functions: FunctionCache::new(cc), memory: DevicePool::default(), description })
+        gpu_record(stream, false)
     }));
     match r {
         Ok(r) => r,
         Err(p) => Err(Error::NoGpu { reason: format!("opening cuda:{ordinal} failed: {}", panic_text(&p)) }),
     }
 }
+
+/// The record of the GPU of `stream`'s context, with `stream` as its one stream: the
+/// GPU's facts read from the driver, an empty kernel cache and memory pool.
+fn gpu_record(stream: Arc<CudaStream>, foreign: bool) -> Result<Gpu> {
+    let ctx = stream.context().clone();
+    let ordinal = ctx.ordinal();
+    let what = format_args!("opening cuda:{ordinal}").to_string();
+    let name = ctx.name().map_err(driver(&what))?;
+    let cc = ctx.compute_capability().map_err(driver(&what))?;
+    let num_sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver(&what))?;
+    let smem = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).map_err(driver(&what))?;
+    let num_sms = num_sms.max(0) as u32;
+    let on = if foreign { format!(", stream {:#x}", stream.cu_stream() as usize) } else { String::new() };
+    let description = format!("cuda:{ordinal} ({name}, sm_{}{}, {num_sms} SMs{on})", cc.0, cc.1);
+    Ok(Gpu { ordinal, ctx, stream, foreign, name, cc, num_sms, smem_optin: smem.max(0) as u32, functions: FunctionCache::new(cc), memory: DevicePool::default(), description })
+}
+
+/// The records [`Device::from_cuda_stream`] made, by context and stream handle.
+static FOREIGN_GPUS: Mutex<BTreeMap<(usize, usize), Arc<Gpu>>> = Mutex::new(BTreeMap::new());
 
 impl Device {
     /// The CPU: tensors in host memory, kernels run by the IR interpreter.
@@ -255,6 +291,50 @@ impl Device {
             _ => {}
         }
         Device::gpu(0).unwrap_or_else(|_| Device::cpu())
+    }
+
+    /// The GPU of `stream`'s context, with all of this runtime's work on it (allocations,
+    /// copies, launches, events) issued to `stream` instead of the context's default
+    /// stream: for sharing tensors with another library that works on its own stream
+    /// (candle's `CudaDevice::cuda_stream`), so that kfuse's work and the other library's
+    /// are ordered as issued, without synchronizing the two.
+    ///
+    /// Such a device has its own kernel cache and memory pool (both filled as it is
+    /// used), and equals only devices made from the same stream: a tensor of
+    /// [`Device::gpu`]'s device is not one of this device's, and moves to it by
+    /// [`Tensor::to_device`](crate::Tensor::to_device) (through the host). The record
+    /// of each stream is kept, and so is the stream, for the life of the process.
+    /// The context's event tracking is left as the other library set it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use kfuse_runtime::Device;
+    ///
+    /// let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    /// let stream = ctx.new_stream().unwrap();
+    /// let dev = Device::from_cuda_stream(stream.clone())?;
+    /// assert_eq!(dev.cuda_stream().map(|s| s.cu_stream()), Some(stream.cu_stream()));
+    /// assert_ne!(dev, Device::gpu(0)?); // another stream: another device
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
+    pub fn from_cuda_stream(stream: Arc<CudaStream>) -> Result<Device> {
+        crate::nvrtc::prefetch_libraries();
+        if let Err(reason) = driver_status() {
+            return Err(Error::NoGpu { reason: reason.clone() });
+        }
+        // the handles of the per-thread and legacy streams are the same in every context
+        let key = (stream.context().cu_ctx() as usize, stream.cu_stream() as usize);
+        let mut gpus = FOREIGN_GPUS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = gpus.get(&key) {
+            return Ok(Device { kind: Kind::Gpu(g.clone()) });
+        }
+        let ordinal = stream.context().ordinal();
+        let g = catch_unwind(AssertUnwindSafe(|| gpu_record(stream, true)))
+            .unwrap_or_else(|p| Err(Error::NoGpu { reason: format!("opening cuda:{ordinal} failed: {}", panic_text(&p)) }))?;
+        let g = Arc::new(g);
+        gpus.insert(key, g.clone());
+        Ok(Device { kind: Kind::Gpu(g) })
     }
 
     /// True for a GPU.
@@ -533,8 +613,14 @@ impl Default for Device {
 }
 
 impl PartialEq for Device {
+    /// The CPU equals the CPU; a GPU device equals the devices of the same GPU and stream
+    /// (every [`Device::gpu`] of one ordinal; [`Device::from_cuda_stream`] of one stream).
     fn eq(&self, other: &Device) -> bool {
-        self.ordinal() == other.ordinal() && self.is_gpu() == other.is_gpu()
+        match (&self.kind, &other.kind) {
+            (Kind::Cpu, Kind::Cpu) => true,
+            (Kind::Gpu(a), Kind::Gpu(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
     }
 }
 
@@ -548,10 +634,11 @@ impl std::hash::Hash for Device {
 }
 
 impl fmt::Display for Device {
-    /// `cpu` or `cuda:N`.
+    /// `cpu` or `cuda:N`; `cuda:N (stream 0x…)` for [`Device::from_cuda_stream`]'s.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             Kind::Cpu => f.write_str("cpu"),
+            Kind::Gpu(g) if g.foreign => write!(f, "cuda:{} (stream {:#x})", g.ordinal, g.stream.cu_stream() as usize),
             Kind::Gpu(g) => write!(f, "cuda:{}", g.ordinal),
         }
     }
@@ -599,6 +686,21 @@ mod tests {
         .unwrap();
         assert_eq!(t.len(), 3);
         assert_eq!(n, 5);
+    }
+
+    #[test]
+    fn device_memory_and_hand_over_refuse_what_they_cannot_take() {
+        let cpu = Device::cpu();
+        // SAFETY: refused before the memory would be used
+        let e = unsafe { Tensor::from_device_memory(0x1000, 64, &[4], &[1], 0, kfuse_ir::DType::F32, &cpu, Box::new(())) };
+        assert!(matches!(e, Err(Error::InvalidArgument(m)) if m.contains("GPU")));
+        let t = Tensor::zeros(&[4], kfuse_ir::DType::F32, &cpu).unwrap();
+        assert!(t.external_owner().is_none());
+        let e = t.clone().into_cuda_slice::<f32>().unwrap_err().to_string();
+        assert!(e.contains("CPU"), "{e}");
+        let e = t.into_cuda_slice::<u16>().unwrap_err().to_string();
+        assert!(e.contains("4 bytes"), "{e}");
+        assert_eq!(library_names("nvrtc")[..2], ["libnvrtc.so", "libnvrtc.so.13"]);
     }
 
     #[test]

@@ -75,6 +75,8 @@
 pub mod autotune;
 pub mod build_times;
 pub mod cache;
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod device;
 pub mod error;
 pub mod explain;

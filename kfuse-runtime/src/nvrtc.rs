@@ -121,11 +121,9 @@ pub fn find_nvrtc_in(dirs: &[PathBuf]) -> std::result::Result<PathBuf, Vec<Strin
     Err(tried)
 }
 
-/// What cudarc's own by-name loading tries, for the error message.
+/// What the by-name load tries, for the error message.
 fn by_name_note() -> String {
-    let mut names = cudarc::get_lib_name_candidates("nvrtc");
-    let mut seen = std::collections::HashSet::new();
-    names.retain(|n| seen.insert(n.clone()));
+    let names = crate::device::library_names("nvrtc");
     let ld = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
     format!(
         "by name through the dynamic loader ({}), with LD_LIBRARY_PATH={}",
@@ -161,8 +159,7 @@ pub fn ensure_nvrtc() -> Result<()> {
 
 /// Finds and loads libnvrtc (see [`ensure_nvrtc`]); the places tried on failure.
 fn probe() -> std::result::Result<(), Vec<String>> {
-    // SAFETY: only tries to dlopen the candidate names.
-    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    if crate::device::library_loadable("nvrtc") {
         return Ok(());
     }
     let mut searched = vec![by_name_note()];
@@ -181,8 +178,7 @@ fn probe() -> std::result::Result<(), Vec<String>> {
                 searched.push(e);
                 return Err(searched);
             }
-            // SAFETY: as above.
-            if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            if crate::device::library_loadable("nvrtc") {
                 Ok(())
             } else {
                 searched.push(format!("{} (loaded, but not under a name cudarc asks for)", path.display()));

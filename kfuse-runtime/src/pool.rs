@@ -18,6 +18,8 @@
 //!   a program issues on another stream (through [`Device::cuda_stream`]'s context) must be
 //!   ordered after the runtime's stream by the program, as it must for any stream-ordered
 //!   free.
+//! - A block can leave the pool for good ([`crate::Tensor::into_cuda_slice`]): it is then
+//!   counted neither as allocated nor as reserved, and its new owner frees it.
 //! - Statistics, in class sizes: `allocated_bytes` is held by live storage,
 //!   `reserved_bytes` is `allocated_bytes` plus the cached blocks, and
 //!   `allocations == pool_hits + driver_allocations`. Zero-byte tensors take no block
@@ -147,6 +149,13 @@ impl<B> FreeLists<B> {
         self.free.entry(size).or_default().push(block);
     }
 
+    /// Uncounts an allocated block of class `size` that left the pool for another owner.
+    pub(crate) fn hand_over(&mut self, size: usize) {
+        let s = &mut self.stats;
+        s.allocated_bytes = s.allocated_bytes.saturating_sub(size);
+        s.reserved_bytes = s.reserved_bytes.saturating_sub(size);
+    }
+
     /// Every cached block, taken out of the pool (for the driver to free).
     pub(crate) fn drain(&mut self) -> Vec<B> {
         self.stats.reserved_bytes = self.stats.allocated_bytes;
@@ -196,6 +205,12 @@ impl DevicePool {
         };
         self.lock().add_fresh(size);
         Ok(block)
+    }
+
+    /// Stops counting a block [`DevicePool::alloc`] made, which leaves the pool
+    /// ([`crate::Tensor::into_cuda_slice`]): another owner frees it.
+    pub(crate) fn hand_over(&self, size: usize) {
+        self.lock().hand_over(size);
     }
 
     /// Caches a block [`DevicePool::alloc`] made, whose storage is gone.
@@ -305,5 +320,9 @@ mod tests {
         assert_eq!(p.drain(), [Block(0x2000)]);
         let s = p.stats();
         assert_eq!((s.allocated_bytes, s.reserved_bytes, s.allocations, s.pool_hits, s.driver_allocations), (0, 0, 6, 3, 3));
+        p.add_fresh(512);
+        p.hand_over(512);
+        let s = p.stats();
+        assert_eq!((s.allocated_bytes, s.reserved_bytes, s.allocations, s.driver_allocations), (0, 0, 7, 4), "a handed-over block leaves both counts");
     }
 }

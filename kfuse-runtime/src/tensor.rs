@@ -21,6 +21,10 @@
 //!   without a driver call. A zero-byte tensor takes no block and has address 0. All
 //!   device work is ordered on the GPU's one stream (see `device.rs`), which is what makes
 //!   the reuse safe, and every read back to the host synchronizes that stream.
+//! - Device memory another library owns becomes a tensor without a copy through
+//!   [`Tensor::from_device_memory`] (its owner kept alive by the storage), and a packed
+//!   tensor that holds its pool block alone leaves the pool as a cudarc slice through
+//!   [`Tensor::into_cuda_slice`]; `kfuse_runtime::candle` builds on both.
 //! - Element values written from `f32`/`f64` are rounded to the dtype with
 //!   [`DType::write`] (round to nearest even).
 
@@ -33,10 +37,16 @@ use kfuse_ir::DType;
 use crate::device::Device;
 use crate::error::{driver, Error, Result};
 
-/// A device allocation: a block of its GPU's memory pool, returned to the pool on drop.
+/// A device allocation: a block of its GPU's memory pool, returned to the pool on drop;
+/// or memory another library owns ([`Tensor::from_device_memory`]), kept alive by its
+/// owner.
 pub(crate) struct DeviceBuffer {
-    /// `None` for a zero-byte buffer (the driver refuses zero-byte allocations).
+    /// `None` for a zero-byte buffer (the driver refuses zero-byte allocations) and for
+    /// memory the pool did not make.
     block: Option<CudaSlice<u8>>,
+    /// What keeps memory the pool did not make alive (dropped after the buffer's last use
+    /// is issued: the owner's own free must be ordered on the device's stream).
+    owner: Option<Box<dyn std::any::Any + Send + Sync>>,
     /// The address of byte 0 (0 when empty).
     pub(crate) ptr: u64,
     /// The bytes asked for (the block may be larger: [`crate::pool::size_class`]).
@@ -227,14 +237,14 @@ impl Tensor {
             }
             Some(g) => {
                 if bytes == 0 {
-                    return Ok(Storage::Device(DeviceBuffer { block: None, ptr: 0, bytes: 0, device: device.clone() }));
+                    return Ok(Storage::Device(DeviceBuffer { block: None, owner: None, ptr: 0, bytes: 0, device: device.clone() }));
                 }
                 let block = g.memory.alloc(&g.stream, bytes).map_err(driver(format_args!("allocating {bytes} bytes on {}", device.description())))?;
                 let ptr = {
                     let (ptr, _rec) = block.device_ptr(&g.stream);
                     ptr
                 };
-                Ok(Storage::Device(DeviceBuffer { ptr, block: Some(block), bytes, device: device.clone() }))
+                Ok(Storage::Device(DeviceBuffer { ptr, block: Some(block), owner: None, bytes, device: device.clone() }))
             }
         }
     }
@@ -731,6 +741,133 @@ impl Tensor {
             strides: self.strides.clone(),
         })?;
         Ok(v)
+    }
+
+    /// A GPU tensor over `bytes` bytes of device memory at `ptr` that another library
+    /// owns, without a copy: a view with `shape`, `strides` and `offset` (in elements, as
+    /// [`Tensor::strides`] and [`Tensor::offset`]) of it, on `device`. `owner` is kept
+    /// alive by the storage and dropped after the last of its tensors; it is what keeps
+    /// the memory allocated (a cudarc slice, another library's tensor), and
+    /// [`Tensor::external_owner`] gives it back. Writes through the tensor (a kernel's
+    /// output) change the owner's memory.
+    ///
+    /// Fails with `InvalidArgument` on the CPU device, for a null `ptr` under a non-empty
+    /// view, for negative strides or ranks that differ, and when the view reaches past
+    /// `bytes`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr .. ptr + bytes` must be device memory of `device`'s context, allocated while
+    /// `owner` lives; and any other use of that memory must be ordered with this
+    /// runtime's on `device`'s stream (its work issued to that stream, or synchronized
+    /// with it), including its free: [`Device::from_cuda_stream`] makes a device that
+    /// issues its work to another library's stream.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use cudarc::driver::DevicePtr;
+    /// use kfuse_runtime::{DType, Device, Tensor};
+    ///
+    /// let dev = Device::gpu(0)?;
+    /// let stream = dev.cuda_stream().unwrap().clone();
+    /// let slice = stream.alloc_zeros::<f32>(6).unwrap(); // memory cudarc owns
+    /// let ptr = slice.device_ptr(&stream).0;
+    /// // SAFETY: the slice is of this device's context and stream and lives in the tensor
+    /// let t = unsafe { Tensor::from_device_memory(ptr, 24, &[2, 3], &[3, 1], 0, DType::F32, &dev, Box::new(slice)) }?;
+    /// assert_eq!((t.device_ptr(), t.to_vec_f32()?), (Some(ptr), vec![0.0; 6]));
+    /// # Ok::<(), kfuse_runtime::Error>(())
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn from_device_memory(
+        ptr: u64,
+        bytes: usize,
+        shape: &[usize],
+        strides: &[isize],
+        offset: usize,
+        dtype: DType,
+        device: &Device,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Tensor> {
+        if !device.is_gpu() {
+            return Err(Error::InvalidArgument("device memory needs a GPU device, not the CPU".into()));
+        }
+        if shape.len() != strides.len() {
+            return Err(Error::InvalidArgument(format!("shape {shape:?} and strides {strides:?} differ in rank")));
+        }
+        if strides.iter().any(|&s| s < 0) {
+            return Err(Error::InvalidArgument(format!("strides {strides:?}: a negative stride is not supported; make the view with non-negative strides")));
+        }
+        checked_bytes(shape, dtype)?;
+        if let Some((_, hi)) = span(shape, strides, offset) {
+            let end = hi.checked_mul(dtype.size_bytes()).filter(|&e| e <= bytes);
+            if end.is_none() {
+                return Err(Error::InvalidArgument(format!(
+                    "a view of shape {shape:?}, strides {strides:?}, offset {offset} of {dtype} reaches past the {bytes} bytes of memory given"
+                )));
+            }
+            if ptr == 0 {
+                return Err(Error::InvalidArgument("device memory at address 0 (a null pointer) under a non-empty view".into()));
+            }
+        }
+        let buffer = DeviceBuffer { block: None, owner: Some(owner), ptr, bytes, device: device.clone() };
+        Ok(Tensor { dtype, shape: shape.to_vec(), strides: strides.to_vec(), offset, storage: Arc::new(Storage::Device(buffer)) })
+    }
+
+    /// The owner given to [`Tensor::from_device_memory`] for this tensor's storage;
+    /// `None` for memory of this runtime's own.
+    pub fn external_owner(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        match &*self.storage {
+            Storage::Device(b) => b.owner.as_deref(),
+            Storage::Host(_) => None,
+        }
+    }
+
+    /// This tensor's device memory as a cudarc slice of [`Tensor::numel`] elements of
+    /// `T` on its device's stream, without a copy: for handing a result to another
+    /// library (which then frees it, stream-ordered, when it drops the slice). The
+    /// memory leaves the pool ([`Device::memory_stats`] no longer counts it).
+    ///
+    /// Only a packed GPU tensor that starts its storage and is its storage's one view can
+    /// go (else `InvalidArgument`, saying which; `.contiguous()` and `.deep_clone()`
+    /// make one), with memory of this runtime's own (not
+    /// [`Tensor::from_device_memory`]'s) and elements of `T`'s size.
+    pub fn into_cuda_slice<T>(self) -> Result<CudaSlice<T>> {
+        let what = |why: &str| Error::InvalidArgument(format!("a tensor of shape {:?} ({}) cannot leave as device memory: {why}", self.shape, self.dtype));
+        if std::mem::size_of::<T>() != self.dtype.size_bytes() {
+            return Err(what(&format!("its elements are {} bytes, the slice's {}", self.dtype.size_bytes(), std::mem::size_of::<T>())));
+        }
+        if self.offset != 0 || !self.is_contiguous() {
+            return Err(what("it is not packed from the start of its storage (`.deep_clone()` makes one that is)"));
+        }
+        let numel = self.numel();
+        let (shape, dtype) = (self.shape.clone(), self.dtype);
+        let Storage::Device(buffer) = &*self.storage else { return Err(what("it lives on the CPU")) };
+        if buffer.owner.is_some() {
+            return Err(what("its memory belongs to another library (`Tensor::from_device_memory`)"));
+        }
+        if buffer.block.is_none() {
+            return Err(what("it is empty: it has no device memory"));
+        }
+        let device = buffer.device.clone();
+        let Ok(mut storage) = Arc::try_unwrap(self.storage) else {
+            return Err(Error::InvalidArgument(format!(
+                "a tensor of shape {shape:?} ({dtype}) cannot leave as device memory: other views share its storage (`.deep_clone()` makes one that does not)"
+            )));
+        };
+        let (Storage::Device(buffer), Some(g)) = (&mut storage, device.gpu_ref()) else { unreachable!("checked above: device storage") };
+        let block = buffer.block.take().expect("checked above: a pool block");
+        g.memory.hand_over(block.len());
+        let ptr = block.leak();
+        // SAFETY: `ptr` is the pool's allocation of at least `numel` elements of `T`'s size
+        // (its class), now owned by nobody else: the block was leaked and uncounted.
+        Ok(unsafe { g.stream.upgrade_device_ptr::<T>(ptr, numel) })
+    }
+
+    /// How many tensors (this one among them) are views of this tensor's storage.
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    pub(crate) fn storage_views(&self) -> usize {
+        Arc::strong_count(&self.storage)
     }
 
     /// True when both tensors are views of one storage.

@@ -146,8 +146,7 @@ fn preload(name: &str, dirs: &[PathBuf], tried: &mut Vec<String>) -> bool {
 }
 
 fn present() -> bool {
-    // SAFETY: only tries to dlopen the candidate names.
-    std::panic::catch_unwind(|| unsafe { cb::is_culib_present() && lt::is_culib_present() }).unwrap_or(false)
+    crate::device::library_loadable("cublas") && crate::device::library_loadable("cublasLt")
 }
 
 /// Makes libcublas and libcublasLt loadable for cudarc (see the module docs); the

@@ -538,3 +538,60 @@ fn vendor_gemm_matches_a_cpu_reference() {
     let x = Tensor::zeros(&[4, 8], DType::BF16, &d).unwrap();
     assert!(matches!(blas.gemm(&x, &x, Library::Cublas, Math::Fp32), Err(Error::ShapeMismatch(_))));
 }
+
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn another_librarys_stream_and_memory_cross_without_a_copy() {
+    use cudarc::driver::{CudaContext, CudaSlice, DevicePtr};
+
+    let own = gpu();
+    // another library's context handle and a stream of its own (non-blocking: nothing
+    // orders it with kfuse's default stream but issuing to it)
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let d = Device::from_cuda_stream(stream.clone()).unwrap();
+    assert_ne!(d, own, "another stream: another device");
+    assert_eq!(d, Device::from_cuda_stream(stream.clone()).unwrap(), "one record per stream");
+    assert_eq!(d.cuda_stream().unwrap().cu_stream(), stream.cu_stream());
+    assert!(d.to_string().starts_with("cuda:0 (stream 0x"), "{d}");
+
+    // the other library's memory as a kfuse tensor: same address, its values, and
+    // kfuse's writes land in it
+    let v = values(1000, 17);
+    let slice = stream.clone_htod(&v).unwrap();
+    let ptr = slice.device_ptr(&stream).0;
+    let before = d.memory_stats();
+    // SAFETY: the slice is 4000 bytes of this context, kept by the tensor, used on `stream`
+    let t = unsafe { Tensor::from_device_memory(ptr, 4000, &[10, 100], &[100, 1], 0, DType::F32, &d, Box::new(slice)) }.unwrap();
+    assert_eq!((t.device_ptr(), t.to_vec_f32().unwrap()), (Some(ptr), v.clone()));
+    let mut col = t.narrow(1, 7, 3).unwrap();
+    assert_eq!(col.device_ptr(), Some(ptr + 28));
+    col.fill(f64::NAN).unwrap();
+    let owner = t.external_owner().unwrap().downcast_ref::<CudaSlice<f32>>().unwrap();
+    let seen = stream.clone_dtoh(owner).unwrap();
+    for (i, (&a, &b)) in seen.iter().zip(&v).enumerate() {
+        assert!(if (7..10).contains(&(i % 100)) { a.is_nan() } else { a == b }, "element {i}");
+    }
+    assert_eq!(d.memory_stats().allocations, before.allocations, "a view of another library's memory allocates nothing");
+    assert!(t.clone().into_cuda_slice::<f32>().unwrap_err().to_string().contains("another library"));
+    // a view past the memory given is refused
+    // SAFETY: refused before use
+    let e = unsafe { Tensor::from_device_memory(ptr, 4000, &[10, 101], &[101, 1], 0, DType::F32, &d, Box::new(())) };
+    assert!(matches!(e, Err(Error::InvalidArgument(m)) if m.contains("reaches past")));
+    drop((col, t));
+
+    // a kfuse tensor's memory handed to the other library: same address, out of the pool
+    let o = Tensor::from_f32(&v, &[1000], DType::F32, &d).unwrap();
+    let at = o.device_ptr().unwrap();
+    let held = d.memory_stats().allocated_bytes;
+    let view = o.narrow(0, 1, 5).unwrap();
+    assert!(o.clone().into_cuda_slice::<f32>().unwrap_err().to_string().contains("share"));
+    drop(view);
+    let s: CudaSlice<f32> = o.into_cuda_slice().unwrap();
+    assert_eq!((s.len(), s.device_ptr(&stream).0), (1000, at));
+    assert_eq!(d.memory_stats().allocated_bytes, held - 4096, "the block (4096 bytes) left the pool");
+    assert_eq!(stream.clone_dtoh(&s).unwrap(), v);
+    // a tensor of kfuse's own device is not this one's
+    let other = Tensor::from_f32(&v, &[1000], DType::F32, &own).unwrap();
+    assert_ne!(other.device(), d);
+}
