@@ -5,7 +5,9 @@
 # beside ops::gemm) in release mode, strips them and collects them with the host script
 # in .gpu/ (git-ignored; carry it to the GPU host). Built with `--cfg kfuse_gpu`: the GPU-only
 # tests, ignored in an ordinary build (CI counts them as skipped), run in these binaries
-# and fail where no GPU is found.
+# and fail where no GPU is found. With KFUSE_CANDLE=1 also the candle interop's test and
+# example (feature `candle-cuda`: nvcc and link stubs from scripts/candle-cuda-env.sh);
+# run them there with `KFUSE_CANDLE=1 .gpu/gpu-run.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cuda-env.sh
@@ -30,6 +32,11 @@ for n, k, path in arts:
   cargo test --release --no-run --message-format=json -p kfuse-runtime --lib --test gpu_runtime --test vendor_fp8 --test compile_once --test memory_pool
   cargo bench --no-run --message-format=json --bench memory --bench rows --bench gemm --bench gemm_grouped --bench gemm_criterion --bench epilogue --bench attention --bench conv2d
   cargo build --release --message-format=json --example quickstart --example gemm_sustained --example launch_host --example cold_start --example user_gemm_unaligned
+  if [ -n "${KFUSE_CANDLE:-}" ]; then
+    source scripts/candle-cuda-env.sh >&2
+    cargo test --release --no-run --message-format=json --features candle-cuda --test candle
+    cargo build --release --message-format=json --features candle-cuda --example candle_custom_op
+  fi
 } 2>/dev/null | collect | while read -r name path; do
   cp "$path" ".gpu/bin/$name"
 done

@@ -22,6 +22,10 @@ export KFUSE_CACHE_DIR="${KFUSE_CACHE_DIR:-/tmp/kfuse-cache}"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
+# after them, PyTorch's pip copies (cuBLAS, cuRAND, NVRTC, the runtime), for programs that
+# link them (the candle interop's)
+pip_cuda=$(python3 -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
+[ -n "$pip_cuda" ] && [ -d "$pip_cuda" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$pip_cuda"
 rows=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$logs/device.txt" 2>&1 || true
 gemm_bench() { # the GEMM benchmark beside cuBLAS; one summary row
@@ -46,7 +50,7 @@ if [ "$gemm_only" = 1 ]; then
   printf '%s\n' "${rows[@]}"
   exit 0
 fi
-for t in ${KFUSE_TESTS:-gpu errors user_kernels rope rows gpu_gemm gpu_gemm_f32 gpu_gemm_tf32 gpu_gemm_swiglu gpu_gemm_fp8 gpu_gemm_ex gemm_grouped autotune loops masks attention attention_op gathers conv2d interpreter_tiles kfuse_runtime gpu_runtime vendor_fp8 compile_once memory_pool large_tensors launch_index six_dim_operands}; do
+for t in ${KFUSE_TESTS:-gpu errors user_kernels rope rows gpu_gemm gpu_gemm_f32 gpu_gemm_tf32 gpu_gemm_swiglu gpu_gemm_fp8 gpu_gemm_ex gemm_grouped autotune loops masks attention attention_op gathers conv2d interpreter_tiles kfuse_runtime gpu_runtime vendor_fp8 compile_once memory_pool large_tensors launch_index six_dim_operands ${KFUSE_CANDLE:+candle}}; do
   bin="$here/bin/$t"
   [ -x "$bin" ] || { rows+=("test $t: MISSING"); continue; }
   # snapshot tests compare against files of the build machine's checkout: skipped here
@@ -65,6 +69,12 @@ if [ "$sanitize" = 1 ]; then
 fi
 "$here/bin/quickstart" > "$logs/quickstart.log" 2>&1
 rows+=("quickstart: rc=$? $(grep -m1 'ran ' "$logs/quickstart.log")")
+# candle interop (built by `KFUSE_CANDLE=1 gpu-build.sh`): cudarc links the CUDA libraries
+# there, which the loader finds in the toolkit's folders above
+if [ -x "$here/bin/candle_custom_op" ]; then
+  "$here/bin/candle_custom_op" > "$logs/candle-custom-op.log" 2>&1
+  rows+=("candle custom op: rc=$? $(grep -m1 'max |' "$logs/candle-custom-op.log")")
+fi
 if [ "$bench" = 1 ]; then
   KFUSE_BENCH_OUT="$logs" "$here/bin/memory" --table-only > "$logs/bench.log" 2>&1
   rows+=("bench: rc=$?")
