@@ -41,7 +41,10 @@
 //!   loop reaches the tensor cores, and says so in its plan;
 //! - `vendor` (cargo feature `vendor-baselines`, off by default; the benchmarks and tests
 //!   turn it on): cuBLAS / cuBLASLt GEMMs on kfuse tensors — benchmark and test support
-//!   (baselines in the same process), not part of the kernel path.
+//!   (baselines in the same process), not part of the kernel path;
+//! - `candle` (cargo features `candle` and `candle-cuda`, off by default): candle tensors
+//!   to kfuse tensors and back (on a GPU without a copy, on candle's stream), and kfuse
+//!   calls as candle custom ops.
 //!
 //! Without a GPU or a CUDA driver everything builds and the CPU path works; compiling
 //! needs only libnvrtc (see [`nvrtc`] for where it is looked for); running on a GPU needs
