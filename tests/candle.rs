@@ -29,9 +29,12 @@ fn candle_random(dims: &[usize], seed: u64, dev: &cc::Device) -> (cc::Tensor, Ve
     (cc::Tensor::from_vec(f, dims, dev).unwrap(), v)
 }
 
-/// The elements of a candle tensor in row-major order, as f64.
+/// The elements of a candle tensor in row-major order, as f64 (through f32, which holds
+/// every value of the tests' dtypes exactly; candle 0.11's own fp8 → f64 cast overflows
+/// the stack).
 fn values(t: &cc::Tensor) -> Vec<f64> {
-    t.to_dtype(cc::DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap()
+    let v = t.to_dtype(cc::DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    v.into_iter().map(f64::from).collect()
 }
 
 /// `x`'s values (row-major, `[m, n]`) transposed to `[n, m]`.
@@ -74,10 +77,11 @@ fn cpu_tensors_cross_with_their_layouts_and_come_back_equal() {
 fn every_shared_dtype_round_trips_exactly_and_others_are_refused_by_name() {
     let dev = cc::Device::Cpu;
     let (c, _) = candle_random(&[3, 5, 2], 5, &dev);
-    for dt in [cc::DType::F32, cc::DType::F16, cc::DType::BF16, cc::DType::I64] {
+    for dt in [cc::DType::F32, cc::DType::F16, cc::DType::BF16, cc::DType::F8E4M3, cc::DType::I64] {
         let c = c.to_dtype(dt).unwrap();
         let k = from_candle(&c).unwrap();
         assert_eq!(kfuse::candle::candle_dtype(k.dtype()).unwrap(), dt);
+        assert_eq!(k.to_vec_f64().unwrap(), values(&c), "{dt:?}: kfuse reads candle's bits as candle does");
         let back = to_candle(k, &dev).unwrap();
         assert_eq!((back.dtype(), values(&back)), (dt, values(&c)), "{dt:?}");
     }

@@ -14,8 +14,8 @@
 //!   that candle tensor.
 //! - On the CPU the storages differ (candle's typed vectors, kfuse's bytes): both ways
 //!   copy, and the functions say so.
-//! - The dtypes both sides have: f32, f16, bf16 and i64. Others are an error that names
-//!   them, never a reinterpretation.
+//! - The dtypes both sides have: f32, f16, bf16, fp8 e4m3 and i64. Others are an error
+//!   that names them, never a reinterpretation.
 //! - Errors cross as the other side's error type with the original text.
 
 use candle_core as cc;
@@ -23,26 +23,34 @@ use cc::backend::BackendStorage;
 
 use crate::{DType, Device, Error, Result, Tensor};
 
-/// The kfuse dtype of a candle dtype: f32, f16, bf16 and i64 (else `InvalidArgument`).
+/// The kfuse dtype of a candle dtype: f32, f16, bf16, fp8 e4m3 and i64 (else
+/// `InvalidArgument`).
 pub fn dtype(d: cc::DType) -> Result<DType> {
     Ok(match d {
         cc::DType::F32 => DType::F32,
         cc::DType::F16 => DType::F16,
         cc::DType::BF16 => DType::BF16,
+        cc::DType::F8E4M3 => DType::F8E4M3,
         cc::DType::I64 => DType::I64,
-        other => return Err(Error::InvalidArgument(format!("candle's {other:?} has no kfuse dtype (kfuse takes f32, f16, bf16 and i64 from candle)"))),
+        other => return Err(Error::InvalidArgument(format!("candle's {other:?} has no kfuse dtype (kfuse takes f32, f16, bf16, f8e4m3 and i64 from candle)"))),
     })
 }
 
-/// The candle dtype of a kfuse dtype: f32, f16, bf16 and i64 (else `InvalidArgument`).
+/// The candle dtype of a kfuse dtype: f32, f16, bf16, fp8 e4m3 and i64 (else
+/// `InvalidArgument`).
 pub fn candle_dtype(d: DType) -> Result<cc::DType> {
     Ok(match d {
         DType::F32 => cc::DType::F32,
         DType::F16 => cc::DType::F16,
         DType::BF16 => cc::DType::BF16,
+        DType::F8E4M3 => cc::DType::F8E4M3,
         DType::I64 => cc::DType::I64,
-        other => return Err(Error::InvalidArgument(format!("kfuse's {other} goes to candle only as f32, f16, bf16 or i64"))),
+        other => return Err(refused(other)),
     })
+}
+
+fn refused(d: DType) -> Error {
+    Error::InvalidArgument(format!("kfuse's {d} goes to candle only as f32, f16, bf16, f8e4m3 or i64"))
 }
 
 /// The kfuse device of a candle device: the CPU for candle's CPU; for a candle CUDA
@@ -134,6 +142,7 @@ fn cpu_tensor(s: &cc::CpuStorage, layout: &cc::Layout, kd: DType) -> Result<Tens
         cc::CpuStorage::F16(v) => gather(v, layout, half::f16::to_le_bytes)?,
         cc::CpuStorage::BF16(v) => gather(v, layout, half::bf16::to_le_bytes)?,
         cc::CpuStorage::I64(v) => gather(v, layout, i64::to_le_bytes)?,
+        cc::CpuStorage::F8E4M3(v) => gather(v, layout, |x| [x.to_bits()])?,
         other => return Err(Error::InvalidArgument(format!("candle's {:?} has no kfuse dtype", other.dtype()))),
     };
     Tensor::from_bytes(&bytes, layout.dims(), kd, &Device::cpu())
@@ -150,7 +159,8 @@ fn cpu_storage(t: &Tensor) -> Result<cc::CpuStorage> {
         DType::F16 => cc::CpuStorage::F16(split(&b, half::f16::from_le_bytes)),
         DType::BF16 => cc::CpuStorage::BF16(split(&b, half::bf16::from_le_bytes)),
         DType::I64 => cc::CpuStorage::I64(split(&b, i64::from_le_bytes)),
-        other => return Err(Error::InvalidArgument(format!("kfuse's {other} goes to candle only as f32, f16, bf16 or i64"))),
+        DType::F8E4M3 => cc::CpuStorage::F8E4M3(split(&b, |[x]: [u8; 1]| float8::F8E4M3::from_bits(x))),
+        other => return Err(refused(other)),
     })
 }
 
@@ -270,6 +280,7 @@ mod cuda {
             S::F16(v) => of(v),
             S::BF16(v) => of(v),
             S::I64(v) => of(v),
+            S::F8E4M3(v) => of(v),
             _ => return Err(Error::InvalidArgument(format!("candle's {:?} has no kfuse dtype", s.dtype()))),
         })
     }
@@ -317,7 +328,8 @@ mod cuda {
             DType::F16 => cc::CudaStorage::wrap_cuda_slice(t.into_cuda_slice::<half::f16>()?, d.clone()),
             DType::BF16 => cc::CudaStorage::wrap_cuda_slice(t.into_cuda_slice::<half::bf16>()?, d.clone()),
             DType::I64 => cc::CudaStorage::wrap_cuda_slice(t.into_cuda_slice::<i64>()?, d.clone()),
-            other => return Err(Error::InvalidArgument(format!("kfuse's {other} goes to candle only as f32, f16, bf16 or i64"))),
+            DType::F8E4M3 => cc::CudaStorage::wrap_cuda_slice(t.into_cuda_slice::<float8::F8E4M3>()?, d.clone()),
+            other => return Err(refused(other)),
         })
     }
 
@@ -368,10 +380,11 @@ mod tests {
 
     #[test]
     fn dtypes_correspond_or_are_refused_by_name() {
-        for d in [DType::F32, DType::F16, DType::BF16, DType::I64] {
+        for d in [DType::F32, DType::F16, DType::BF16, DType::F8E4M3, DType::I64] {
             assert_eq!(dtype(candle_dtype(d).unwrap()).unwrap(), d);
         }
         assert!(candle_dtype(DType::Bool).unwrap_err().to_string().contains("bool"));
+        assert!(candle_dtype(DType::F8E5M2).unwrap_err().to_string().contains("f8e5m2"));
         assert!(dtype(cc::DType::U32).unwrap_err().to_string().contains("U32"));
     }
 }
