@@ -67,6 +67,13 @@ fn cpu_tensors_cross_with_their_layouts_and_come_back_equal() {
     let kn = from_candle(&cn).unwrap();
     let want: Vec<f64> = (0..7).flat_map(|i| v[i * 13 + 3..i * 13 + 8].to_vec()).collect();
     assert_eq!(kn.to_vec_f64().unwrap(), want);
+    // a broadcast (stride 0) and an empty tensor
+    let cb = c.narrow(0, 2, 1).unwrap().broadcast_as((3, 7, 13)).unwrap();
+    let kb = from_candle(&cb).unwrap();
+    assert_eq!((kb.shape(), kb.to_vec_f64().unwrap()), (&[3, 7, 13][..], v[26..39].repeat(21)));
+    let ke = from_candle(&c.narrow(1, 0, 0).unwrap()).unwrap();
+    assert_eq!((ke.shape(), ke.numel()), (&[7, 0][..], 0));
+    assert_eq!(to_candle(ke, &dev).unwrap().dims(), &[7, 0]);
     // back: the same values, shape and dtype
     let back = to_candle(k, &dev).unwrap();
     assert_eq!((back.dims(), back.dtype()), (&[13, 7][..], cc::DType::F32));
@@ -178,6 +185,9 @@ fn cuda_tensors_cross_without_a_copy() {
     let want: Vec<f64> = v.iter().zip(&yv).map(|(a, b)| a * 0.75 + b).collect();
     assert!(common::rel_err(&values(&r), &want) < 1e-6);
 
+    // an empty result goes as candle's own empty tensor
+    let e = to_candle(Tensor::empty(&[0, 5], DType::F32, &kdev).unwrap(), &dev).unwrap();
+    assert_eq!(e.dims(), &[0, 5]);
     // a tensor of kfuse's own default stream is another device
     let other = Tensor::from_f32(&[1.0], &[1], DType::F32, &Device::gpu(0).unwrap()).unwrap();
     assert!(matches!(to_candle(other, &dev), Err(kfuse::Error::DeviceMismatch(_))));

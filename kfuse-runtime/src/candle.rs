@@ -317,6 +317,11 @@ mod cuda {
             )));
         }
         let shape = cc::Shape::from_dims(t.shape());
+        if t.numel() == 0 {
+            // no memory to hand over: candle's own empty tensor
+            let kind = candle_dtype(t.dtype())?;
+            return cc::Tensor::zeros(shape, kind, &cc::Device::Cuda(d.clone())).map_err(from_candle_err);
+        }
         let storage = storage(t, d)?;
         Ok(cc::Tensor::from_storage(cc::Storage::Cuda(storage), shape, cc::op::BackpropOp::none(), false))
     }
