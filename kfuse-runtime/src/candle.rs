@@ -120,21 +120,14 @@ pub fn to_candle(t: Tensor, dev: &cc::Device) -> Result<cc::Tensor> {
 fn cpu_tensor(s: &cc::CpuStorage, layout: &cc::Layout, kd: DType) -> Result<Tensor> {
     fn gather<T: Copy, const N: usize>(v: &[T], layout: &cc::Layout, bytes: impl Fn(T) -> [u8; N]) -> Result<Vec<u8>> {
         let (dims, strides) = (layout.dims(), layout.stride());
+        let last = layout.start_offset() + dims.iter().zip(strides).map(|(&d, &s)| d.saturating_sub(1) * s).sum::<usize>();
         let n: usize = dims.iter().product();
-        let mut out = Vec::with_capacity(n * N);
-        let mut at = vec![0usize; dims.len()]; // the multi-index, last dimension fastest
-        for _ in 0..n {
-            let i = layout.start_offset() + at.iter().zip(strides).map(|(a, s)| a * s).sum::<usize>();
-            let x = v.get(i).ok_or_else(|| Error::InvalidArgument(format!("candle layout {layout:?} reaches past its storage of {} elements", v.len())))?;
-            out.extend_from_slice(&bytes(*x));
-            for d in (0..dims.len()).rev() {
-                at[d] += 1;
-                if at[d] < dims[d] {
-                    break;
-                }
-                at[d] = 0;
-            }
+        if n > 0 && last >= v.len() {
+            return Err(Error::InvalidArgument(format!("candle layout {layout:?} reaches past its storage of {} elements", v.len())));
         }
+        let strides: Vec<isize> = strides.iter().map(|&s| s as isize).collect();
+        let mut out = Vec::with_capacity(n * N);
+        crate::tensor::for_each_elem(dims, &strides, layout.start_offset(), |_, e| out.extend_from_slice(&bytes(v[e])));
         Ok(out)
     }
     let bytes = match s {

@@ -15,7 +15,9 @@
 //!   therefore ordered as issued, which is why cudarc's per-allocation event tracking is
 //!   switched off (it only matters with several streams, and costs two events per
 //!   allocation). It is also what lets the memory pool hand a freed block to the next
-//!   tensor at once: whatever used the block earlier is ahead on the same stream.
+//!   tensor at once: whatever used the block earlier is ahead on the same stream. A
+//!   device of [`Device::from_cuda_stream`] keeps that rule with another library's
+//!   stream in place of the default one, and leaves that library's event tracking on.
 //! - Nothing here panics when libcuda is missing or no GPU is present: the driver library
 //!   is probed without loading it for good, and the remaining cudarc calls that could
 //!   panic (a missing symbol in an old driver) run under `catch_unwind`. Those cases are

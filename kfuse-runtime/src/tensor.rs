@@ -148,7 +148,7 @@ fn checked_bytes(shape: &[usize], dtype: DType) -> Result<usize> {
 
 /// Calls `f(logical_index, element_index)` for every element of a view, in row-major
 /// logical order.
-fn for_each_elem(shape: &[usize], strides: &[isize], offset: usize, mut f: impl FnMut(usize, usize)) {
+pub(crate) fn for_each_elem(shape: &[usize], strides: &[isize], offset: usize, mut f: impl FnMut(usize, usize)) {
     let n: usize = shape.iter().product();
     if n == 0 {
         return;
@@ -833,7 +833,8 @@ impl Tensor {
     /// make one), with memory of this runtime's own (not
     /// [`Tensor::from_device_memory`]'s) and elements of `T`'s size.
     pub fn into_cuda_slice<T>(self) -> Result<CudaSlice<T>> {
-        let what = |why: &str| Error::InvalidArgument(format!("a tensor of shape {:?} ({}) cannot leave as device memory: {why}", self.shape, self.dtype));
+        let head = format!("a tensor of shape {:?} ({}) cannot leave as device memory", self.shape, self.dtype);
+        let what = |why: &str| Error::InvalidArgument(format!("{head}: {why}"));
         if std::mem::size_of::<T>() != self.dtype.size_bytes() {
             return Err(what(&format!("its elements are {} bytes, the slice's {}", self.dtype.size_bytes(), std::mem::size_of::<T>())));
         }
@@ -841,7 +842,6 @@ impl Tensor {
             return Err(what("it is not packed from the start of its storage (`.deep_clone()` makes one that is)"));
         }
         let numel = self.numel();
-        let (shape, dtype) = (self.shape.clone(), self.dtype);
         let Storage::Device(buffer) = &*self.storage else { return Err(what("it lives on the CPU")) };
         if buffer.owner.is_some() {
             return Err(what("its memory belongs to another library (`Tensor::from_device_memory`)"));
@@ -851,9 +851,7 @@ impl Tensor {
         }
         let device = buffer.device.clone();
         let Ok(mut storage) = Arc::try_unwrap(self.storage) else {
-            return Err(Error::InvalidArgument(format!(
-                "a tensor of shape {shape:?} ({dtype}) cannot leave as device memory: other views share its storage (`.deep_clone()` makes one that does not)"
-            )));
+            return Err(what("other views share its storage (`.deep_clone()` makes one that does not)"));
         };
         let (Storage::Device(buffer), Some(g)) = (&mut storage, device.gpu_ref()) else { unreachable!("checked above: device storage") };
         let block = buffer.block.take().expect("checked above: a pool block");

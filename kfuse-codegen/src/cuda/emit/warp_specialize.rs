@@ -35,10 +35,11 @@
 //!   consumers' layouts), and write each step's row tables from them
 //!   ([`Emitter::producer_tables`]), one barrier of the producer's threads before the
 //!   copies read them; rows only the outer loops of the nest move are written once for
-//!   the innermost loop's steps. H200, `kfuse::ops::conv2d` N64 bf16 (NOTES.md c20–c23),
-//!   against two blocks a multiprocessor filling their rings themselves (C64 / C128 /
-//!   C256 / C512 3 × 3, 1 × 1 stride 2, 3 × 3 stride 2): 205.8 / 330.8 / 324.5 / 328.4 /
-//!   219.5 / 311.2 TFLOP/s against 179.2 / 254.9 / 223.4 / 201.3 / 162.7 / 254.9.
+//!   the innermost loop's steps. H200, `kfuse::ops::conv2d` N64 bf16 (NOTES.md c20–c23;
+//!   C64 / C128 / C256 / C512 3 × 3, 1 × 1 stride 2, 3 × 3 stride 2): 205.8 / 330.8 /
+//!   324.5 / 328.4 / 219.5 / 311.2 TFLOP/s (d9606a0, one call); two blocks a
+//!   multiprocessor filling their rings themselves read 179.2 / 254.9 / 223.4 / 201.3 /
+//!   162.7 / 254.9 (d4ed372, another call of the same day).
 //! - The consumers rise to 232 registers and run the kernel; their block barrier is the
 //!   named barrier 1 over their threads. At a ring loop's first ring load they wait for
 //!   the stage's `full` phase (after `cp.async` copies, a fence of the generic proxy
