@@ -4,8 +4,13 @@
 //! (warm disk), and with a cache that `kfuse::ops::warm` filled ahead of time from a
 //! list of calls. The cold phase runs twice: first with NVRTC's libraries (~115 MB)
 //! evicted from the OS's page cache, as in the first process after a machine starts,
-//! then with another empty cache and the libraries cached. Each phase is its own process, started by this one; the device
-//! context is made before the clock starts.
+//! then with another empty cache and the libraries cached. NVRTC (13.0) keeps what it
+//! compiles in NVIDIA's compute cache (`~/.nv/ComputeCache`), where a later process
+//! compiling the same source finds it: each cold phase points that cache
+//! (`CUDA_CACHE_PATH`) at an empty folder of its own, and a third phase, kfuse's cache
+//! empty but NVIDIA's the first cold phase's, shows what that cache saves. Each phase is
+//! its own process, started by this one; the device context is made before the clock
+//! starts.
 //!
 //!     cargo run --release --example cold_start [M N K]   (default 4096 4096 4096)
 //!
@@ -94,21 +99,25 @@ fn main() -> kfuse::Result<()> {
     let root = std::env::temp_dir().join(format!("kfuse-cold-start-{}", std::process::id()));
     let (filled, listed) = (root.join("filled"), root.join("listed"));
     let _ = std::fs::remove_dir_all(&root);
-    let other = root.join("other");
+    let (other, third) = (root.join("other"), root.join("third"));
+    // NVIDIA's compute cache: empty for each cold phase; the first one's kept for the third
+    // (and an empty one for `kfuse::ops::warm`'s compiles)
+    let (nv_first, nv_other, nv_list) = (root.join("nv-first"), root.join("nv-other"), root.join("nv-list"));
     // the first cold process starts with NVRTC's libraries out of the OS's page cache (as
     // after a machine starts; `posix_fadvise(DONTNEED)` of their files, which no process
     // here has mapped); the second finds them cached
     let evicted = evict(&kfuse::runtime::nvrtc::library_files());
     println!("evicted from the page cache: {evicted}");
-    for (phase, dir) in [
-        ("cold (empty cache, NVRTC's libraries not in the page cache)", &filled),
-        ("cold again (another empty cache, the libraries cached)", &other),
-        ("warm disk", &filled),
-        ("warm disk again", &filled),
-        ("warm-list", &listed),
-        ("after kfuse::ops::warm", &listed),
+    for (phase, dir, nv) in [
+        ("cold (empty caches, NVRTC's libraries not in the page cache)", &filled, &nv_first),
+        ("cold again (other empty caches, the libraries cached)", &other, &nv_other),
+        ("kfuse's cache empty, NVIDIA's compute cache the first cold phase's", &third, &nv_first),
+        ("warm disk", &filled, &nv_first),
+        ("warm disk again", &filled, &nv_first),
+        ("warm-list", &listed, &nv_list),
+        ("after kfuse::ops::warm", &listed, &nv_first),
     ] {
-        let out = Command::new(&exe).args([m, n, k].map(|v| v.to_string())).env(CHILD, phase).env("KFUSE_CACHE_DIR", dir).output()?;
+        let out = Command::new(&exe).args([m, n, k].map(|v| v.to_string())).env(CHILD, phase).env("KFUSE_CACHE_DIR", dir).env("CUDA_CACHE_PATH", nv).output()?;
         print!("{}", String::from_utf8_lossy(&out.stdout));
         if !out.status.success() {
             eprint!("{}", String::from_utf8_lossy(&out.stderr));

@@ -53,6 +53,20 @@ fn unknown_kernel_is_a_clear_error() {
     assert!(e.contains("no kernel `no_such_kernel`") && e.contains("gemm"), "{e}");
 }
 
+/// Every `#[kfuse]` kernel of `kfuse::ops::kernels` (each `pub fn` of `ops/src/kernels.rs`)
+/// is one `kfuse emit` and `kfuse explain` know, by the list an unknown name prints.
+#[test]
+fn every_standard_kernel_is_known() {
+    let o = kfuse(&["emit", "no_such_kernel", "--dtype", "bf16", "--shape", "8"]);
+    let e = text(&o.stderr);
+    let known: Vec<&str> = e.split("known: ").nth(1).unwrap_or_else(|| panic!("no list of known kernels: {e}")).trim().split(", ").collect();
+    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/ops/src/kernels.rs")).unwrap();
+    let defined: Vec<&str> = src.lines().filter_map(|l| l.strip_prefix("pub fn ")).map(|l| l.split(['<', '(']).next().unwrap().trim()).collect();
+    assert!(defined.len() > 50, "{defined:?}");
+    let missing: Vec<&&str> = defined.iter().filter(|d| !known.contains(d)).collect();
+    assert!(missing.is_empty(), "kernels the CLI does not know: {missing:?}");
+}
+
 #[test]
 fn bad_input_is_an_error_not_a_panic() {
     for (args, code) in [

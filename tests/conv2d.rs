@@ -130,6 +130,28 @@ fn implicit_gemm_layers() {
     }
 }
 
+/// Implicit GEMM layers whose channels are whole 16-byte pieces (64, 128), so that on
+/// sm_90a the rows are gathered straight from the input by the producer warpgroups into
+/// a ring of several stages, over several programs a block: every output against
+/// float64. GPU only (the interpreter takes minutes at these sizes).
+#[test]
+#[cfg_attr(not(kfuse_gpu), ignore = "needs a GPU: built with --cfg kfuse_gpu by scripts/gpu-build.sh")]
+fn implicit_gemm_layers_of_aligned_channels() {
+    let layers = [
+        layer([2, 15, 15, 64], 128, (3, 3), 1, 1, 1, 1, true, Activation::Relu),
+        layer([3, 16, 17, 64], 64, (3, 3), 2, 1, 1, 1, false, Activation::None),
+        layer([3, 9, 11, 128], 64, (1, 1), 2, 0, 1, 1, true, Activation::None),
+        // (one step of 64 channels over 6272 × 512 outputs: 256-row tiles on sm_90a,
+        // `short_reductions_take_256_rows`)
+        layer([8, 56, 56, 64], 512, (1, 1), 2, 0, 1, 1, true, Activation::Relu),
+    ];
+    for (i, l) in layers.iter().enumerate() {
+        for dt in [DType::BF16, DType::F16] {
+            run(l, dt, 4500 + 10 * i as u64);
+        }
+    }
+}
+
 /// Depthwise layers (`kernels::conv2d_depthwise`).
 #[test]
 fn depthwise_layers() {
@@ -249,7 +271,7 @@ fn conv_kernel_snapshots() {
 }
 
 /// The implicit GEMM's plan on sm_90a at two ResNet layers (N64, bf16): warp-specialized,
-/// its producer warpgroup gathering the input's rows with `cp.async` (from row tables it
+/// its two producer warpgroups gathering the input's rows with `cp.async` (from row tables it
 /// writes) and copying the filters by TMA, four or more ring stages, no spills, and at
 /// K = 64 output channels (N no wider than half the warpgroup rule's 128) 256-row tiles,
 /// so that a step keeps 256 × 64 results.
@@ -266,8 +288,8 @@ fn implicit_gemm_plans_at_resnet_layers() {
         let plan = e.plan.to_string();
         assert_eq!(spill, 0, "{what}: {spill} bytes of spills ({regs} registers)");
         assert!(plan.contains(&format!("tiles: {tiles}")), "{what}: not {tiles}:\n{plan}");
-        assert!(plan.contains("rings filled by a producer warpgroup (gathered rows by cp.async, the other tiles by TMA"), "{what}: not warp-specialized:\n{plan}");
-        assert!(plan.contains(&format!("copied by the producer warpgroup into a {stages}-stage ring")), "{what}: not {stages} stages:\n{plan}");
+        assert!(plan.contains("rings filled by two producer warpgroups (gathered rows by cp.async, the other tiles by TMA"), "{what}: not warp-specialized:\n{plan}");
+        assert!(plan.contains(&format!("copied by the producer warpgroups into a {stages}-stage ring")), "{what}: not {stages} stages:\n{plan}");
     }
 }
 
@@ -289,6 +311,34 @@ fn implicit_gemm_rows_follow_the_waves() {
         let tiles = exact_shape_tiles(&k, &spec, &dims, &Target::sm90a());
         assert_eq!(tiles.get("BM").copied(), want, "C{c} {hw}x{hw}: {tiles:?}");
         assert!(exact_shape_tiles(&k, &spec, &dims, &Target::sm80()).is_empty());
+    }
+}
+
+/// An implicit GEMM whose reduction is at most four steps takes 256-row tiles where they
+/// walk the programs in no more waves (`choose_tiles::short_reduction_rows`): the 1 × 1
+/// stride-2 layer C256 → K512 at 56 × 56 (4 steps of 64 channels), not the 3 × 3 stride-2
+/// layer (9 steps) nor a 1 × 1 layer too small to fill the waves twice over. Two
+/// producer warpgroups still fill the 256 × 128 tiles' rings (no WGMMA instruction
+/// wider than 128), without spills.
+#[test]
+fn short_reductions_take_256_rows() {
+    use kfuse::codegen::passes::choose_tiles::exact_shape_tiles;
+    use kfuse::codegen::Target;
+    let k = (kernels::conv2d::DEF.build)(&[DType::BF16]).unwrap();
+    // N, H, W, G, CG, KG, R, S, NPQ
+    for (dims, want) in [([64u64, 56, 56, 1, 256, 512, 1, 1, 64 * 28 * 28], Some(256)), ([64, 56, 56, 1, 128, 128, 3, 3, 64 * 28 * 28], None), ([1, 7, 7, 1, 64, 64, 1, 1, 16], None)] {
+        let mut spec = common::snapshot_spec(&kernels::conv2d::DEF);
+        spec.shape_pow2 = dims.iter().map(|&d| d.next_power_of_two() as u32).collect();
+        spec.shape_exact = kfuse::codegen::target::exact_shapes(&k, &dims);
+        let tiles = exact_shape_tiles(&k, &spec, &dims, &Target::sm90a());
+        assert_eq!(tiles.get("BM").copied(), want, "{dims:?}: {tiles:?}");
+        if want.is_some() {
+            spec.shape_tiles = tiles.clone();
+            let (e, regs, spill) = common::compile_assembled(&k, &spec, &Target::sm90a(), "conv2d 1x1 s2").unwrap_or_else(|e| panic!("{}", e.0));
+            let plan = e.plan.to_string();
+            assert_eq!(spill, 0, "{spill} bytes of spills ({regs} registers)");
+            assert!(plan.contains("tiles: BM=256 BN=128") && plan.contains("rings filled by two producer warpgroups"), "{plan}");
+        }
     }
 }
 

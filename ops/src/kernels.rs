@@ -859,7 +859,7 @@ pub fn attention_varlen<T: Float>(
 /// each tap, the group's channels in steps of 64 (a gathered row of 64 16-bit channels is
 /// one 128-byte line; the compiler's own choice, 128, held 255 registers and spilled on
 /// sm_90a). The three loops are one sequence of steps to the compiler's ring, which
-/// fetches across taps: on sm_90a a producer warpgroup gathers the rows (and copies the
+/// fetches across taps: on sm_90a two producer warpgroups gather the rows (and copy the
 /// filters by TMA) while two consumer warpgroups run the WGMMA steps.
 #[kfuse(crate = "crate::deps")]
 pub fn conv2d<T: Float>(

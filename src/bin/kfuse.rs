@@ -213,7 +213,8 @@ const KERNELS: &[&KernelDef] = defs![
     gelu_tanh3d, copy, copy2d, copy3d, transpose, row_sum, row_mean, row_max, row_min, softmax, log_softmax, rms_norm, rms_norm_w,
     rms_norm_wb, add_rms_norm, add_rms_norm_w, layer_norm, sum_chunks, max_chunks, min_chunks, rope_offset, rope_pos,
     rope_table_offset, rope_table_pos, gemm, gemm_scaled, gemm_axpby, gemm_batched_scaled, gemm_batched_axpby, gemm_tf32_scaled,
-    gemm_tf32_axpby, gemm_batched_tf32_scaled, gemm_batched_tf32_axpby, swiglu_gemm,
+    gemm_tf32_axpby, gemm_batched_tf32_scaled, gemm_batched_tf32_axpby, swiglu_gemm, attention, attention_varlen, conv2d,
+    conv2d_depthwise, conv2d_pointwise,
 ];
 
 /// `x: [M, N]`, `out: &mut [M, N]`, `eps: f32`: a signature for messages.

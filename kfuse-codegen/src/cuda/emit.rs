@@ -2163,7 +2163,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         decls.push(d);
         params.push(p);
     }
-    let threads = k.schedule.num_threads + if producer.is_some() { warp_specialize::PRODUCER_THREADS } else { 0 };
+    let threads = k.schedule.num_threads + if producer.is_some() { e.ws.as_ref().map_or(warp_specialize::PRODUCER_THREADS, |ws| ws.producers) } else { 0 };
     let cluster = k.schedule.split_blocks;
     let cluster_attr = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
     // (a warp-specialized kernel's consumer threads: its named barriers and mbarriers)

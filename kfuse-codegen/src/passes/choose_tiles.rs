@@ -745,6 +745,9 @@ pub fn exact_shape_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target)
     if let Some(half) = half_row_tiles(k, spec, dims, target, dot) {
         return half;
     }
+    if let Some(double) = short_reduction_rows(k, spec, dims, target, dot) {
+        return double;
+    }
     let (m, n, _) = dot_problem_of(k, dot, &|s| dims.get(s).copied().unwrap_or(1));
     if wave_cost(m, n, 256, 128, target.num_sms) >= wave_cost(m, n, 128, 256, target.num_sms) {
         return out;
@@ -807,25 +810,83 @@ fn half_row_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target, dot: O
     if spec.tiles.contains_key(&name) {
         return None;
     }
-    // the tile's rows and the programs of a tiling's grid at the exact shape
-    let walk = |shape_tiles: BTreeMap<String, u32>| -> Option<(u64, u64)> {
-        let s = Spec { shape_tiles, ..spec.clone() };
-        let k2 = crate::schedule(k, &s, target).ok()?;
-        if k2.schedule.general_matrix_loop {
-            return None;
-        }
-        let grid = kfuse_ir::grid::derive(&k2).ok()?;
-        let programs = grid.eval(|d| dims.get(d.0 as usize).copied().unwrap_or(1), |e| u64::from(crate::analysis::extent_value(&k2, e))).iter().product();
-        Some((u64::from(*k2.schedule.tiles.get(&bm)?), programs))
-    };
-    let (rows, programs) = walk(BTreeMap::new())?;
+    let (_, rows, programs) = walk_programs(k, spec, target, dims, bm, BTreeMap::new())?;
     if rows < 128 {
         return None;
     }
-    let (half, half_programs) = walk(BTreeMap::from([(name.clone(), (rows / 2) as u32)]))?;
+    let (_, half, half_programs) = walk_programs(k, spec, target, dims, bm, BTreeMap::from([(name.clone(), (rows / 2) as u32)]))?;
     let sms = u64::from(target.num_sms.max(1));
     let cost = |rows: u64, programs: u64| programs.div_ceil(sms) * rows;
     (half == rows / 2 && cost(half, half_programs) < cost(rows, programs)).then(|| BTreeMap::from([(name, half as u32)]))
+}
+
+/// The most steps (trips of the loops around a `dot`, multiplied) of a reduction that
+/// [`short_reduction_rows`] calls short.
+pub const SHORT_REDUCTION_STEPS: u64 = 4;
+
+/// Twice the bucket's 128 rows a tile for a `dot` of 16-bit operands lowered where it
+/// stands whose reduction is short ([`SHORT_REDUCTION_STEPS`] at the launch's exact
+/// shape), where the 256-row tiles walk the programs in no more waves of tile area: each
+/// step then issues twice the WGMMA instructions a consumer warpgroup waits for, and a
+/// program's ring fill and epilogue come half as often per output row. H200, N64 bf16
+/// C256 → K512 1 × 1 stride 2 56 × 56 (an implicit GEMM of 4 steps of 64 channels; equal
+/// waves), one call: 271.1 TFLOP/s at 256 × 128 against 236.2 at 128 × 128 (NOTES.md
+/// c26); the 3 × 3 layers' 9 or more steps keep 128 rows (C128 stride 2 at 256 × 128:
+/// 284.0 against 314.8). `None`: the bucket's tiles stand.
+fn short_reduction_rows(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target, dot: OpId) -> Option<BTreeMap<String, u32>> {
+    let a = k.ty(k.operands(dot)[0]);
+    let Extent::Tile(bm) = a.shape[0] else { return None };
+    let name = k.tile_name(bm).to_string();
+    // (before scheduling, a step of a tile symbol reads as 1: the count is at least the
+    // scheduled one's, and a long reduction ends it here, on a launch's slow path)
+    if a.dtype.size_bytes() != 2 || spec.tiles.contains_key(&name) || reduction_steps(k, dot, dims)? > SHORT_REDUCTION_STEPS {
+        return None;
+    }
+    let (k2, rows, programs) = walk_programs(k, spec, target, dims, bm, BTreeMap::new())?;
+    if rows != 128 || reduction_steps(&k2, dot, dims)? > SHORT_REDUCTION_STEPS {
+        return None;
+    }
+    let (_, double, double_programs) = walk_programs(k, spec, target, dims, bm, BTreeMap::from([(name.clone(), 256)]))?;
+    let sms = u64::from(target.num_sms.max(1));
+    let cost = |rows: u64, programs: u64| programs.div_ceil(sms) * rows;
+    (double == 256 && cost(double, double_programs) <= cost(rows, programs)).then(|| BTreeMap::from([(name, 256)]))
+}
+
+/// `k` scheduled with `shape_tiles` for a dot lowered where it stands (`None` for the
+/// general lowering's matrix loop), with its row tile `bm` and the programs of its grid
+/// at the exact shape `dims`.
+fn walk_programs(k: &Kernel, spec: &Spec, target: &Target, dims: &[u64], bm: TileSym, shape_tiles: BTreeMap<String, u32>) -> Option<(Kernel, u64, u64)> {
+    let s = Spec { shape_tiles, ..spec.clone() };
+    let k2 = crate::schedule(k, &s, target).ok()?;
+    if k2.schedule.general_matrix_loop {
+        return None;
+    }
+    let grid = kfuse_ir::grid::derive(&k2).ok()?;
+    let programs = grid.eval(|d| dims.get(d.0 as usize).copied().unwrap_or(1), |e| u64::from(crate::analysis::extent_value(&k2, e))).iter().product();
+    let rows = u64::from(*k2.schedule.tiles.get(&bm)?);
+    Some((k2, rows, programs))
+}
+
+/// The steps of the reduction around `dot` at the shape `dims`: the product of the trip
+/// counts of the loops around it, each from its bounds and step (integer literals, tile
+/// extents or shape symbols); `None` where one is something else or there is no loop.
+fn reduction_steps(k: &Kernel, dot: OpId, dims: &[u64]) -> Option<u64> {
+    let value = |v: kfuse_ir::ValueId| -> Option<i64> {
+        match k.op(v.op()) {
+            Op::ShapeDim { sym } | Op::TileExtent { extent: Extent::Full(sym) } => dims.get(sym.0 as usize).and_then(|&d| i64::try_from(d).ok()),
+            _ => crate::analysis::int_value(k, v),
+        }
+    };
+    // (a dot in no loop, or one the scheduled kernel no longer holds: not counted)
+    let loops = k.loops_around(dot);
+    if loops.is_empty() {
+        return None;
+    }
+    loops.into_iter().try_fold(1u64, |steps, l| {
+        let ops = k.operands(k.loop_info(l)?.for_op);
+        let (lo, hi, step) = (value(ops[0])?, value(ops[1])?, value(ops[2])?);
+        (step > 0).then(|| steps * ((hi - lo).max(0) as u64).div_ceil(step as u64))
+    })
 }
 
 /// What `bm × bn` output tiles cost an `m × n` product on `sms` multiprocessors walking

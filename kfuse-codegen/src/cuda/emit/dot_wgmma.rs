@@ -632,7 +632,10 @@ impl Emitter<'_> {
     pub(super) fn staged_when(&self, t: &SmemTile) -> String {
         let stages = self.wg.as_ref().map_or(2, |p| p.stages);
         match (t.ring, t.eager) {
-            (Some(_), _) if self.ws.is_some() => format!("copied by the producer warpgroup into a {stages}-stage ring"),
+            (Some(_), _) if self.ws.is_some() => {
+                let two = self.ws.as_ref().is_some_and(|ws| ws.producers != super::warp_specialize::PRODUCER_THREADS);
+                format!("copied by the producer warpgroup{} into a {stages}-stage ring", if two { "s" } else { "" })
+            }
             (Some(l), _) => {
                 let nest = self.nest_of(l);
                 let across = if nest.len() > 1 { format!(", across loops {} as one", nest.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")) } else { String::new() };

@@ -708,7 +708,8 @@ impl Emitter<'_> {
         let chunks = rows * cols / ce;
         // the producer warpgroup's 128 threads (`warp_specialize`), or the block's
         let (tid, threads) = if self.producer {
-            (format!("(kf_tid - {})", self.ws.as_ref().map_or(super::warp_specialize::CONSUMERS, |ws| ws.consumers)), super::warp_specialize::PRODUCER_THREADS)
+            let (consumers, producers) = self.ws.as_ref().map_or((super::warp_specialize::CONSUMERS, super::warp_specialize::PRODUCER_THREADS), |ws| (ws.consumers, ws.producers));
+            (format!("(kf_tid - {consumers})"), producers)
         } else {
             ("kf_tid".to_string(), self.k.schedule.num_threads)
         };

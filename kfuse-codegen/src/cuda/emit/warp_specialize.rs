@@ -14,7 +14,8 @@
 //! ([`WsPlan::tile_slice`]) or arithmetic in the nest on them and its indices.
 //!
 //! The block grows by the producer warpgroup (threads 256–383; 128–255 behind one
-//! consumer warpgroup, 384–511 behind three, `WsPlan::consumers`). Before the roles part,
+//! consumer warpgroup, 384–511 behind three, `WsPlan::consumers`; 256–511 for two
+//! producer warpgroups, `WsPlan::producers`). Before the roles part,
 //! thread 0 initializes one `full` and one `empty` mbarrier per ring stage. Then:
 //! - The producer drops to 40 registers (`setmaxnreg`) and walks each ring's nest in
 //!   order, one ring iteration counter across the rings (sibling loops share the ring's
@@ -29,17 +30,19 @@
 //!   (`cp.async.mbarrier.arrive.noinc`). It then exits.
 //! - Gathered rows (an implicit GEMM's im2col rows) are the producer threads' copies,
 //!   and the ring's other loads TMA's where each can take it (the `full` barrier then
-//!   counts the 128 threads' arrivals and the boxes' one): the producer keeps 96
-//!   registers, the consumers 200 ([`PRODUCER_REGS_GATHER`]). Its threads compute the rows' index tiles once
-//!   a program, each as consumer threads `t`, `t + 128`, … would (the tiles are in the
-//!   consumers' layouts), and write each step's row tables from them
+//!   counts the producer threads' arrivals and the boxes' one). Beside two consumer
+//!   warpgroups the producer is two warpgroups ([`GATHER_PRODUCERS`]: 64 registers, the
+//!   consumers 192), else one (96 and 200, [`PRODUCER_REGS_GATHER`]); the block grows by
+//!   its threads. Its threads compute the rows' index tiles once
+//!   a program, each as consumer threads `t`, `t + P`, … would (`P` the producer's
+//!   threads; the tiles are in the consumers' layouts), and write each step's row tables from them
 //!   ([`Emitter::producer_tables`]), one barrier of the producer's threads before the
 //!   copies read them; rows only the outer loops of the nest move are written once for
-//!   the innermost loop's steps. H200, `kfuse::ops::conv2d` N64 bf16 (NOTES.md c20–c23;
-//!   C64 / C128 / C256 / C512 3 × 3, 1 × 1 stride 2, 3 × 3 stride 2): 205.8 / 330.8 /
-//!   324.5 / 328.4 / 219.5 / 311.2 TFLOP/s (d9606a0, one call); two blocks a
-//!   multiprocessor filling their rings themselves read 179.2 / 254.9 / 223.4 / 201.3 /
-//!   162.7 / 254.9 (d4ed372, another call of the same day).
+//!   the innermost loop's steps. H200, `kfuse::ops::conv2d` N64 bf16 (NOTES.md c20–c25;
+//!   C64 / C128 / C256 / C512 3 × 3, 1 × 1 stride 2, 3 × 3 stride 2): 215.3 / 337.3 /
+//!   324.1 / 337.3 / 236.8 / 315.2 TFLOP/s with two producer warpgroups (one call,
+//!   2026-11-29); two blocks a multiprocessor filling their rings themselves read 179.2
+//!   / 254.9 / 223.4 / 201.3 / 162.7 / 254.9 (d4ed372, a call of 2026-11-28).
 //! - The consumers rise to 232 registers and run the kernel; their block barrier is the
 //!   named barrier 1 over their threads. At a ring loop's first ring load they wait for
 //!   the stage's `full` phase (after `cp.async` copies, a fence of the generic proxy
@@ -117,6 +120,18 @@ pub(super) const CONSUMER_REGS: u32 = 232;
 /// bytes, at 64 12 (with its index tiles computed at every step; NOTES.md c20).
 pub(super) const PRODUCER_REGS_GATHER: u32 = 96;
 pub(super) const CONSUMER_REGS_GATHER: u32 = 200;
+/// Threads of a producer that gathers rows beside two consumer warpgroups: two
+/// warpgroups, each thread standing for the one consumer thread whose rows it writes
+/// into the tables, at 64 registers, the consumers at 192 (256 · 64 + 256 · 192 =
+/// 65536; at 56 the producer spilled 16 bytes). The producer's instruction stream set
+/// the pace with one warpgroup (NOTES.md c22); with two, H200, one call, twice each
+/// (C64 / C128 / C256 / C512 3 × 3, 1 × 1 stride 2, 3 × 3 stride 2, TFLOP/s):
+/// 214.3–215.3 / 334.8–337.3 / 323.1–324.1 / 335.1–337.3 / 235.8–236.8 / 313.9–315.2
+/// against 205.5–205.7 / 329.6–330.8 / 323.8–324.3 / 328.2–328.9 / 218.6–219.1 /
+/// 309.3–310.4 (NOTES.md c25).
+pub(super) const GATHER_PRODUCERS: u32 = 256;
+pub(super) const PRODUCER_REGS_GATHER_TWO: u32 = 64;
+pub(super) const CONSUMER_REGS_GATHER_TWO: u32 = 192;
 /// The same where a loop issues its last dot late (`dot_overlap`: the consumers hold one
 /// more dot's operands through the math): 128 · 24 + 256 · 240 ≤ 65536.
 pub(super) const PRODUCER_REGS_LATE: u32 = 24;
@@ -170,6 +185,9 @@ pub(super) struct WsPlan {
     /// Threads of the consumer warpgroups: 256, or 128 (one warpgroup, which takes no
     /// turns), or 384 ([`WIDE_CONSUMERS`]); the producer's are the next 128.
     pub consumers: u32,
+    /// Threads of the producer: one warpgroup, or two ([`GATHER_PRODUCERS`]) where it
+    /// gathers rows beside two consumer warpgroups.
+    pub producers: u32,
     /// Registers a producer thread keeps and a consumer thread rises to (`setmaxnreg`).
     pub regs: (u32, u32),
     /// Ring loops whose loads take two groups of mbarriers ([`ring_splits`]); empty, or
@@ -438,8 +456,15 @@ pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, thread
     super::dot_overlap::chain_loops(k, p, &mut late);
     // (TMA copies boxes: gathered rows are copied by the producer's threads)
     let gathered = p.rings.values().flatten().any(|&v| !gathered_roots(k, v).is_empty());
+    // (rows gathered beside two consumer warpgroups: two producer warpgroups, where no
+    // WGMMA instruction holds more than 64 accumulators a thread — the 512-thread block's
+    // launch bound leaves ptxas 128 registers for one instruction's operands)
+    let narrow = p.dots.values().all(|d| d.n <= 128);
+    let producers = if gathered && late.is_empty() && threads == CONSUMERS && narrow { GATHER_PRODUCERS } else { PRODUCER_THREADS };
     let regs = if threads == WIDE_CONSUMERS {
         (PRODUCER_REGS_WIDE, CONSUMER_REGS_WIDE)
+    } else if producers == GATHER_PRODUCERS {
+        (PRODUCER_REGS_GATHER_TWO, CONSUMER_REGS_GATHER_TWO)
     } else if gathered && late.is_empty() {
         (PRODUCER_REGS_GATHER, CONSUMER_REGS_GATHER)
     } else if late.is_empty() {
@@ -453,7 +478,7 @@ pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, thread
     let tma = tma_loads(k, spec, p, &boxes);
     // (the split's groups complete on TMA's byte counts, one arrival a phase)
     let split = if tma.is_empty() || gathered { BTreeMap::new() } else { ring_splits(k, p, &loops) };
-    Some(WsPlan { slice, tile_slice, nests, spans, gathered, turns, deferred, late, tma, persistent: false, grouped: false, group: spec.tiles.get("GROUPM").map_or(WALK_GROUP, |&g| g.clamp(1, 64)), consumers: threads, regs, split })
+    Some(WsPlan { slice, tile_slice, nests, spans, gathered, turns, deferred, late, tma, persistent: false, grouped: false, group: spec.tiles.get("GROUPM").map_or(WALK_GROUP, |&g| g.clamp(1, 64)), consumers: threads, producers, regs, split })
 }
 
 /// The values from outside `nest` that a ring load's address root `r` is computed from:
@@ -518,7 +543,8 @@ pub(super) fn note(ws: &WsPlan) -> String {
     } else {
         format!("; in {} loop(s) the tiles the first dot alone reads have mbarriers of their own and are released once it completes", ws.split.len())
     };
-    format!("rings filled by a producer warpgroup ({copies}, mbarriers; {} registers), {wgs} ({} registers){turns}{late}{split}{walk}", ws.regs.0, ws.regs.1)
+    let producer = if ws.producers == PRODUCER_THREADS { "a producer warpgroup" } else { "two producer warpgroups" };
+    format!("rings filled by {producer} ({copies}, mbarriers; {} registers), {wgs} ({} registers){turns}{late}{split}{walk}", ws.regs.0, ws.regs.1)
 }
 
 /// The mbarrier and named-barrier helpers of a warp-specialized kernel (the mbarrier
@@ -547,8 +573,8 @@ pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, bars: u32, ws:
     // gathered rows by cp.async beside TMA boxes: both
     let fill = match (ws.tma.is_empty(), ws.gathered) {
         (false, false) => 1,
-        (true, _) => PRODUCER_THREADS,
-        (false, true) => PRODUCER_THREADS + 1,
+        (true, _) => ws.producers,
+        (false, true) => ws.producers + 1,
     };
     w.line(format!("for (int s = 0; s < {bars}; ++s) {{ kf_mbar_init(&kf_full[s], {fill}); kf_mbar_init(&kf_empty[s], {consumers}); }}"))?;
     w.close()?;
@@ -699,7 +725,7 @@ impl Emitter<'_> {
         let mut ops: Vec<kfuse_ir::OpId> = ws.tile_slice.iter().map(|v| v.op()).collect();
         ops.sort_by_key(|&o| k.position(o));
         let mut halves = Vec::new();
-        for h in 0..ws.consumers / PRODUCER_THREADS {
+        for h in 0..ws.consumers / ws.producers {
             let mut names = Vec::new();
             for &f in &frontier {
                 // (registers a thread, or none for a tile every thread holds whole)
@@ -709,7 +735,7 @@ impl Emitter<'_> {
                 self.line(format!("{} {name}{dims};", super::ctype(k.ty(f).dtype)))?;
                 names.push((f, name, regs));
             }
-            self.open_as_consumer(h, ws.consumers)?;
+            self.open_as_consumer(h, &ws)?;
             let saved = self.bind_closure(&[], &ops)?;
             let mut vals = Vec::new();
             for (f, name, regs) in names {
@@ -736,9 +762,9 @@ impl Emitter<'_> {
     /// Opens two blocks in which the producer's thread is consumer thread `t + 128 ·
     /// half` (`t` its place in the producer warpgroup): `kf_tid`, `kf_warp` and `kf_lane`
     /// shadowed.
-    fn open_as_consumer(&mut self, half: u32, consumers: u32) -> R {
+    fn open_as_consumer(&mut self, half: u32, ws: &WsPlan) -> R {
         self.open("")?;
-        self.line(format!("const int kf_vt = kf_tid - {consumers} + {};", half * PRODUCER_THREADS))?;
+        self.line(format!("const int kf_vt = kf_tid - {} + {};", ws.consumers, half * ws.producers))?;
         self.open("")?;
         self.line("const int kf_tid = kf_vt, kf_warp = kf_vt >> 5, kf_lane = kf_vt & 31;")?;
         self.line("(void)kf_tid; (void)kf_warp; (void)kf_lane;")
@@ -755,7 +781,7 @@ impl Emitter<'_> {
         let loads = self.wg.as_ref().unwrap().rings[&l].clone();
         let closure = self.ring_closure(l, nest, gathered_roots);
         for (h, vals) in halves.iter().enumerate() {
-            self.open_as_consumer(h as u32, ws.consumers)?;
+            self.open_as_consumer(h as u32, &ws)?;
             let mut saved: Vec<(ValueId, Option<Val>)> = vals.iter().map(|(v, val)| (*v, self.vals.insert(*v, val.clone()))).collect();
             saved.extend(self.bind_closure(binds, &closure)?);
             let table = self.table_slot.clone().unwrap_or_else(|| "kf_s".into());
@@ -764,7 +790,7 @@ impl Emitter<'_> {
             self.close()?;
             self.close()?;
         }
-        self.line(format!("asm volatile(\"bar.sync {PRODUCER_BARRIER}, {PRODUCER_THREADS};\" ::: \"memory\");"))
+        self.line(format!("asm volatile(\"bar.sync {PRODUCER_BARRIER}, {};\" ::: \"memory\");", ws.producers))
     }
 
     /// Before WGMMA dot `op` issues: a warpgroup whose turn it opens waits for it.
