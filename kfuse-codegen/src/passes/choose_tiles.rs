@@ -821,7 +821,7 @@ fn half_row_tiles(k: &Kernel, spec: &Spec, dims: &[u64], target: &Target, dot: O
 }
 
 /// The most steps (trips of the loops around a `dot`, multiplied) of a reduction that
-/// [`short_reduction_rows`] calls short.
+/// `short_reduction_rows` calls short (256-row tiles for a dot lowered where it stands).
 pub const SHORT_REDUCTION_STEPS: u64 = 4;
 
 /// Twice the bucket's 128 rows a tile for a `dot` of 16-bit operands lowered where it
