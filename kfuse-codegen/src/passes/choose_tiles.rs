@@ -724,7 +724,10 @@ fn choose_dot_tiles(k: &mut Kernel, spec: &Spec, target: &Target, dot: kfuse_ir:
 /// them, so codegen stays a function of the spec). Empty where the bucket's choice
 /// stands.
 ///
-/// One today: `256 × 128` output tiles in place of the bucket's `128 × 256` where they
+/// Three rules, the first that applies: half the rows for a dot lowered where it
+/// stands where that walks the programs in fewer waves (`half_row_tiles`); twice the
+/// rows for such a dot's short reduction (`short_reduction_rows`); and `256 × 128`
+/// output tiles in place of the bucket's `128 × 256` where they
 /// cover the product in fewer waves (`wave_cost`) of the persistent walk on the
 /// target's multiprocessors — on sm_90 (`wgmma`), one `dot` of 16-bit rank-2 operands
 /// on the general lowering, its epilogue without transcendental math

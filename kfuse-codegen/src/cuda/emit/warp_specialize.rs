@@ -183,7 +183,7 @@ pub(super) struct WsPlan {
     /// Programs of axis 0 a group takes ([`WALK_GROUP`], or `Spec::tiles["GROUPM"]`).
     pub group: u32,
     /// Threads of the consumer warpgroups: 256, or 128 (one warpgroup, which takes no
-    /// turns), or 384 ([`WIDE_CONSUMERS`]); the producer's are the next 128.
+    /// turns), or 384 ([`WIDE_CONSUMERS`]); the producer's ([`WsPlan::producers`]) follow.
     pub consumers: u32,
     /// Threads of the producer: one warpgroup, or two ([`GATHER_PRODUCERS`]) where it
     /// gathers rows beside two consumer warpgroups.
