@@ -108,6 +108,15 @@ fn run(l: &Layer, dt: DType, seed: u64) {
     assert!(e <= tol(dt), "conv2d {l:?} {dt} on {} (seed {seed}): error {e:.3e} > {:.1e}", dev().describe(), tol(dt));
 }
 
+/// [`run`] on each layer in each of `dtypes`, the seeds `seed`, `seed + 10`, … a layer.
+fn run_layers(layers: &[Layer], dtypes: &[DType], seed: u64) {
+    for (i, l) in layers.iter().enumerate() {
+        for &dt in dtypes {
+            run(l, dt, seed + 10 * i as u64);
+        }
+    }
+}
+
 const fn layer(x: [usize; 4], k: usize, f: (usize, usize), stride: usize, pad: usize, dil: usize, groups: usize, bias: bool, act: Activation) -> Layer {
     Layer { x, k, f, stride: (stride, stride), pad: (pad, pad), dil: (dil, dil), groups, bias, act }
 }
@@ -123,11 +132,7 @@ fn implicit_gemm_layers() {
         layer([1, 7, 7, 9], 11, (1, 1), 2, 0, 1, 1, true, Activation::None),
         layer([1, 7, 13, 6], 4, (2, 3), 2, 2, 1, 2, false, Activation::Relu),
     ];
-    for (i, l) in layers.iter().enumerate() {
-        for dt in common::DTYPES {
-            run(l, dt, 4000 + 10 * i as u64);
-        }
-    }
+    run_layers(&layers, &common::DTYPES, 4000);
 }
 
 /// Implicit GEMM layers whose channels are whole 16-byte pieces (64, 128), so that on
@@ -141,15 +146,11 @@ fn implicit_gemm_layers_of_aligned_channels() {
         layer([2, 15, 15, 64], 128, (3, 3), 1, 1, 1, 1, true, Activation::Relu),
         layer([3, 16, 17, 64], 64, (3, 3), 2, 1, 1, 1, false, Activation::None),
         layer([3, 9, 11, 128], 64, (1, 1), 2, 0, 1, 1, true, Activation::None),
-        // (one step of 64 channels over 6272 × 512 outputs: 256-row tiles on sm_90a,
-        // `short_reductions_take_256_rows`)
-        layer([8, 56, 56, 64], 512, (1, 1), 2, 0, 1, 1, true, Activation::Relu),
+        // (one step of 64 channels over 33792 × 128 outputs, 264 programs of 128 rows
+        // or 132 of 256: 256-row tiles on sm_90a, `short_reductions_take_256_rows`)
+        layer([33, 64, 64, 64], 128, (1, 1), 2, 0, 1, 1, true, Activation::Relu),
     ];
-    for (i, l) in layers.iter().enumerate() {
-        for dt in [DType::BF16, DType::F16] {
-            run(l, dt, 4500 + 10 * i as u64);
-        }
-    }
+    run_layers(&layers, &[DType::BF16, DType::F16], 4500);
 }
 
 /// Depthwise layers (`kernels::conv2d_depthwise`).
@@ -161,11 +162,7 @@ fn depthwise_layers() {
         layer([1, 13, 7, 3], 3, (3, 3), 1, 2, 2, 3, true, Activation::Silu),
         layer([1, 1, 1, 20], 20, (3, 3), 1, 1, 1, 20, true, Activation::Gelu),
     ];
-    for (i, l) in layers.iter().enumerate() {
-        for dt in common::DTYPES {
-            run(l, dt, 5000 + 10 * i as u64);
-        }
-    }
+    run_layers(&layers, &common::DTYPES, 5000);
 }
 
 /// 1 × 1 stride-1 layers (`kernels::conv2d_pointwise`, a GEMM on the tensors as they lie).
@@ -176,11 +173,7 @@ fn pointwise_layers() {
         layer([1, 1, 1, 3], 9, (1, 1), 1, 0, 1, 1, false, Activation::Gelu),
         layer([1, 13, 13, 40], 24, (1, 1), 1, 0, 1, 1, true, Activation::Silu),
     ];
-    for (i, l) in layers.iter().enumerate() {
-        for dt in common::DTYPES {
-            run(l, dt, 6000 + 10 * i as u64);
-        }
-    }
+    run_layers(&layers, &common::DTYPES, 6000);
 }
 
 /// The three kernels' launchers write every element of a NaN-poisoned output.
