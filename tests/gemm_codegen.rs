@@ -10,6 +10,7 @@ mod common;
 use common::gemm::{gemm_bias_gelu, spec_mnk};
 
 use kfuse::codegen::{compile, Target};
+use kfuse::prelude::*;
 use kfuse::DType;
 
 #[test]
@@ -99,7 +100,8 @@ fn batched_operands_take_the_general_lowering() {
     assert!(plan.contains("a matrix loop on the tensor cores") && plan.contains("rings filled by a producer warpgroup (TMA"), "{plan}");
     assert!(plan.contains("each block walks programs (in groups of 8 along grid axis 0, axis 1 within a group)"), "{plan}");
     assert!(plan.contains("the tile stored to `out` leaves through shared memory by TMA bulk stores"), "{plan}");
-    assert!(e.source.contains("const long long kf_wp2 = (kf_pid / kf_wplane) % kf_wn2;"), "{}", e.source);
+    // (the walk decodes in 32 bits: the shape facts bound the programs below 2^31)
+    assert!(e.source.contains("const unsigned kf_wp2 = (kf_wi / kf_wplane) % kf_wn2;"), "{}", e.source);
     assert!(e.source.contains("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group"), "{}", e.source);
     let (bm, bn) = (e.tiles["BM"], e.tiles["BN"]);
     let maps: Vec<_> = e.params.iter().filter_map(|p| match p { KernelParam::TensorMap { tensor, box_dims, order, .. } => Some((tensor.0, box_dims.clone(), order.clone())), _ => None }).collect();
@@ -153,21 +155,27 @@ fn gemm_kernels_compile_without_spills() {
         for (name, def) in [("gemm", &kfuse::ops::kernels::gemm::DEF), ("gemm_bias_gelu", &gemm_bias_gelu::DEF)] {
             for dt in [DType::BF16, DType::F16] {
                 let k = (def.build)(&[dt]).unwrap();
-                let e = compile(&k, &spec_mnk(def, m, n, kk), &Target::sm90a()).unwrap();
-                match common::assemble(&e.source, &e.arch, &e.options, &format!("{name}_{dt}_{m}_{n}")) {
-                    Ok((regs, spill)) => {
-                        if spill > 0 {
-                            failures.push(format!("{name} {dt} M{m} N{n} K{kk} (tiles {:?}): {spill} bytes of spills ({regs} registers)", e.tiles));
+                // without and with the launch's divisibility facts, which a launch has
+                // (whole tiles: no register store beside the TMA store)
+                let mut facts = spec_mnk(def, m, n, kk);
+                facts.shape_div = [m, kk, n].iter().map(|&v| kfuse::codegen::target::shape_facts(v as u64).1).collect();
+                for (what, spec) in [("", spec_mnk(def, m, n, kk)), (" (shape facts)", facts)] {
+                    let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+                    match common::assemble(&e.source, &e.arch, &e.options, &format!("{name}_{dt}_{m}_{n}")) {
+                        Ok((regs, spill)) => {
+                            if spill > 0 {
+                                failures.push(format!("{name} {dt} M{m} N{n} K{kk}{what} (tiles {:?}): {spill} bytes of spills ({regs} registers)", e.tiles));
+                            }
                         }
+                        Err(err) => failures.push(format!("{name} {dt} M{m} N{n}{what}: {err}")),
                     }
-                    Err(err) => failures.push(format!("{name} {dt} M{m} N{n}: {err}")),
+                    checked += 1;
                 }
-                checked += 1;
             }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(checked, 12);
+    assert_eq!(checked, 24);
 }
 
 #[test]
@@ -265,11 +273,13 @@ fn general_lowering_at_asked_tiles() {
     assert!(e.plan.to_string().contains("rings filled by a producer warpgroup (TMA"), "{}", e.plan);
     assert_eq!(e.source.matches("kf_tma_load_2d(").count() - 1, 1 + 4, "{}", e.source);
     assert!(e.source.contains("kf_mbar_expect_tx(&kf_full[kf_s], 49152u);") && e.source.contains("kf_wg_wait1();"), "{}", e.source);
-    // one block a multiprocessor walks the tiles, in groups of 8 tile rows (both roles)
+    // one block a multiprocessor walks the tiles, in groups of 8 tile rows (both roles),
+    // decoding its program ids in 32 bits
     assert_eq!(e.persistent, Some(Target::sm90a().num_sms));
-    assert_eq!(e.source.matches("const long long kf_wgs = 8LL * kf_wn1;").count(), 2, "{}", e.source);
+    assert_eq!(e.source.matches("const unsigned kf_wgs = 8u * kf_wn1;").count(), 2, "{}", e.source);
     // the output tile leaves through shared memory by TMA bulk stores (four 64-column
     // boxes), the register store kept for a tile whose valid range is not the tensor's
+    // (the spec says nothing of M's and N's divisibility)
     assert!(e.plan.to_string().contains("the tile stored to `c` leaves through shared memory by TMA bulk stores"), "{}", e.plan);
     assert_eq!(e.source.matches("shared::cta.bulk_group [%0, {%1, %2}], [%3];\" :: \"l\"(&kf_stm0)").count(), 4, "{}", e.source);
     assert!(e.source.contains("if (kf_tma_ok"), "{}", e.source);
@@ -317,4 +327,71 @@ fn a_tile_staged_from_registers_is_fenced_before_wgmma_reads_it() {
     let write = src.find("kf_proxy_fence();").unwrap_or_else(|| panic!("{src}"));
     let wgmma = write + src[write..].find("kf_wg_fence();").unwrap_or_else(|| panic!("{src}"));
     assert!(src[write..wgmma].contains("kf_mbar_wait(&kf_full[") && src[write..wgmma].contains("kf_bar_sync(1);"), "{}", &src[write..wgmma]);
+}
+
+/// A product whose rows come from the row tile of `a` after the output's: at the last
+/// row tile they lie past `a`'s end, so the accumulator is valid on less than the
+/// output tile's part of `out`.
+#[kfuse]
+fn shifted_rows<T: Float>(a: Tensor<T, (M, K)>, b: Tensor<T, (K, N)>, out: &mut Tensor<T, (M, N)>) {
+    let (i, j) = (program_id(0), program_id(1));
+    let mut acc = zeros::<f32>([BM, BN]);
+    for k in (0..K).step_by(BK) {
+        acc += dot(a.block([i * BM + BM, k], [BM, BK]).load(), b.block([k, j * BN], [BK, BN]).load());
+    }
+    out.block([i * BM, j * BN], [BM, BN]).store(acc.cast::<T>());
+}
+
+#[test]
+fn whole_tiles_leave_by_tma_without_a_run_time_check() {
+    // where the launch's facts say the tiles divide M and N (`Spec::shape_div`), every
+    // program's output tile lies inside `c` and the loop's operand tiles inside `a` and
+    // `b`: the accumulator's valid range is the tile, known when the kernel is written,
+    // so the TMA store needs no run-time check and the register store beside it (half
+    // of NVRTC's time on this kernel) is not written
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let facts = |m: u32, n: u32, kk: u32| {
+        let mut s = spec_mnk(def, m, n, kk);
+        s.shape_div = [m, kk, n].iter().map(|&v| kfuse::codegen::target::shape_facts(v as u64).1).collect();
+        s
+    };
+    let e = compile(&k, &facts(4096, 4096, 4096), &Target::sm90a()).unwrap();
+    assert!(e.plan.to_string().contains("TMA bulk stores"), "{}", e.plan);
+    // (`p_c` appears in the parameter list only: no register store writes through it)
+    assert!(!e.source.contains("kf_tma_ok") && e.source.matches("p_c").count() == 1, "{}", e.source);
+    assert!(!e.source.contains("_hi0"), "the accumulator's range kept at run time:\n{}", e.source);
+    let stores = e.source.matches("shared::cta.bulk_group [%0, {%1, %2}], [%3];\" :: \"l\"(&kf_stm0)").count();
+    assert_eq!(stores, 4, "{}", e.source);
+    let (_, spill) = common::assemble(&e.source, &e.arch, &e.options, "gemm_whole_tiles").unwrap();
+    assert_eq!(spill, 0);
+    // M = 4000 (not a multiple of the 128-row tile): the check and the register store
+    // stay
+    let e = compile(&k, &facts(4000, 4096, 4096), &Target::sm90a()).unwrap();
+    assert!(e.source.contains("if (kf_tma_ok") && e.source.contains("else {"), "{}", e.source);
+    // rows loaded from another tile than the one stored, the tiles dividing the shape:
+    // the accumulator's range is not the tile's, and the check and register store stay
+    let def = &shifted_rows::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let mut spec = spec_mnk(def, 4096, 4096, 4096);
+    spec.shape_div = vec![4096; 3];
+    let e = compile(&k, &spec, &Target::sm90a()).unwrap();
+    assert!(e.plan.to_string().contains("TMA bulk stores"), "{}", e.plan);
+    assert!(e.source.contains("if (kf_tma_ok") && e.source.contains("else {"), "{}", e.source);
+}
+
+#[test]
+fn the_walk_divides_in_32_bits_where_the_programs_are_bounded() {
+    // the persistent walk's program ids come from divisions by the grid's counts: 32-bit
+    // ones where the shape facts bound the programs below 2^31, 64-bit ones where a
+    // shape may be larger than any bound (`Spec::shape_pow2` capped at 2^31)
+    let def = &kfuse::ops::kernels::gemm::DEF;
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let e = compile(&k, &spec_mnk(def, 4096, 4096, 4096), &Target::sm90a()).unwrap();
+    assert!(e.source.contains("const unsigned kf_wi = (unsigned)kf_pid;") && !e.source.contains("kf_pid /"), "{}", e.source);
+    let mut big = spec_mnk(def, 4096, 4096, 4096);
+    big.shape_pow2[0] = 1 << 31;
+    let e = compile(&k, &big, &Target::sm90a()).unwrap();
+    assert_eq!(e.persistent, Some(Target::sm90a().num_sms));
+    assert!(e.source.contains("const long long kf_wg0 = (kf_pid / kf_wgs) * 8LL;") && !e.source.contains("kf_wi"), "{}", e.source);
 }

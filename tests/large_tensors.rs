@@ -153,9 +153,15 @@ fn mentions(expr: &str, names: &BTreeSet<String>) -> Option<String> {
 
 /// Whether an explicit 32-bit cast of a 64-bit value in `line` is one of the bounded
 /// ones: a tile bound (`kf_b…`, between 0 and a tile extent), a remainder clamped to
-/// 2^30, the parity of an iteration, a cluster rank, or a TMA coordinate (below 2^31:
-/// the runtime refuses a tensor map of a longer dimension).
+/// 2^30, the parity of an iteration, a cluster rank, a TMA coordinate (below 2^31:
+/// the runtime refuses a tensor map of a longer dimension), or a persistent walk's
+/// program count or index, which the compiler narrows only where the spec bounds the
+/// programs below 2^31 (`tests/gemm_codegen.rs`,
+/// `the_walk_divides_in_32_bits_where_the_programs_are_bounded`).
 fn bounded_cast(line: &str, operand: &str) -> bool {
+    if line.trim_start().starts_with("const unsigned kf_w") {
+        return true;
+    }
     let is_bound = operand.strip_prefix("(kf_b").and_then(|r| r.strip_suffix(')')).is_some_and(|d| d.chars().all(|c| c.is_ascii_digit()));
     let clamped = operand.starts_with("kf_mini(kf_maxi(") && operand.ends_with(", -1LL), 1LL << 30)");
     let tma = line.contains("kf_tma_") || line.contains("cp.async.bulk.tensor");
@@ -201,8 +207,13 @@ fn narrowings(source: &str) -> Vec<String> {
                 }
             }
         }
-        // 32-bit declarations (`for (int i = …;` included), every declarator
+        // 32-bit declarations (`for (int i = …;` included), every declarator; not a
+        // persistent walk's decoding (`kf_w…`), which the compiler narrows only where the
+        // spec bounds the programs below 2^31 (see `bounded_cast`)
         let t = line.trim_start().trim_start_matches("for (").trim_start_matches("#pragma unroll");
+        if t.starts_with("const unsigned kf_w") {
+            continue;
+        }
         let Some(decl) = ["const int ", "int ", "const unsigned ", "unsigned "].iter().find_map(|p| t.strip_prefix(p)) else { continue };
         if decl.starts_with("long ") || decl.starts_with("char") {
             continue;

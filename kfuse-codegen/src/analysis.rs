@@ -6,6 +6,13 @@
 
 use kfuse_ir::{BinaryOp, Extent, Kernel, Literal, Op, Type, ValueId};
 
+/// Whether an index `off` into a tensor dimension of size `dim` is inside it for every
+/// program: it is `program_id(a)`, and grid axis `a` launches one program per index of
+/// that dimension.
+pub fn index_in_grid(k: &Kernel, grid: &[crate::target::GridAxisEval], off: ValueId, dim: kfuse_ir::ShapeSym) -> bool {
+    matches!(k.op(off.op()), Op::ProgramId { axis } if grid.get(*axis as usize).is_some_and(|g| g.dim == dim && g.step == 1))
+}
+
 /// The compiled value of a tile extent (after `choose_tiles`).
 pub fn extent_value(k: &Kernel, e: Extent) -> u32 {
     match e {

@@ -259,6 +259,52 @@ fn whole_axis(k: &Kernel, spec: &Spec, e: Extent, off: ValueId, dim: kfuse_ir::S
     exact_from_zero(k, e, off) || crate::analysis::whole_steps(k, spec, extent_value(k, e), off, dim)
 }
 
+/// Whether a tile axis of extent `e` (a literal or tile size `t`) at offset `off` along
+/// a tensor dimension of size `dim` is in bounds for every program: the offset is
+/// `program_id(a) · t`, grid axis `a` launches `ceil(dim / t)` programs, and the
+/// specialization says `t` divides `dim` (`Spec::shape_div`) — so every program's tile
+/// ends at or before `dim`. (Then the access needs no masks.)
+pub(super) fn whole_programs(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], e: Extent, off: ValueId, dim: kfuse_ir::ShapeSym) -> bool {
+    if matches!(e, Extent::Full(_)) {
+        return false;
+    }
+    let t = extent_value(k, e) as u64;
+    let Op::Binary(BinaryOp::Mul) = k.op(off.op()) else { return false };
+    let ops = k.operands(off.op());
+    let axis = match (k.op(ops[0].op()), k.op(ops[1].op())) {
+        (Op::ProgramId { axis }, _) if crate::analysis::int_value(k, ops[1]) == Some(t as i64) => *axis,
+        (_, Op::ProgramId { axis }) if crate::analysis::int_value(k, ops[0]) == Some(t as i64) => *axis,
+        _ => return false,
+    };
+    spec.divides(dim, t) && grid.get(axis as usize).is_some_and(|g| g.dim == dim && g.step == t)
+}
+
+/// Whether a tile axis lies inside its tensor dimension wherever the access runs, by
+/// any of the rules above: [`whole_axis`] or [`whole_programs`].
+fn whole_in_grid(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], e: Extent, off: ValueId, dim: kfuse_ir::ShapeSym) -> bool {
+    whole_axis(k, spec, e, off, dim) || whole_programs(k, spec, grid, e, off, dim)
+}
+
+/// Whether access dimension `ad` at offset `off` into a tensor dimension of size `dim`
+/// lies inside it wherever the access runs: a tile axis [`whole_in_grid`], or an index
+/// [`crate::analysis::index_in_grid`] (not a gathered axis, whose rows may fall outside).
+pub(super) fn dim_in_grid(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], ad: &AccessDim, off: ValueId, dim: kfuse_ir::ShapeSym) -> bool {
+    match ad {
+        AccessDim::Tile(e) => whole_in_grid(k, spec, grid, *e, off, dim),
+        AccessDim::Index => crate::analysis::index_in_grid(k, grid, off, dim),
+        AccessDim::Gather(_) => false,
+    }
+}
+
+/// Whether load `v` reads a tile its tensor holds whole wherever it runs: each
+/// dimension [`dim_in_grid`]. Its valid range is then the tile's extents, known when
+/// the kernel is written.
+fn load_whole(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], v: ValueId) -> bool {
+    let Op::Load { tensor, dims } = k.op(v.op()) else { return false };
+    let (ops, tdims) = (k.operands(v.op()), k.tensor_dims(*tensor));
+    dims.iter().enumerate().all(|(d, ad)| dim_in_grid(k, spec, grid, ad, ops[d], tdims[d]))
+}
+
 /// The offset of this block's piece along map axis `i` (cluster splits).
 fn cta_base(map: &RegMap, i: usize) -> Option<String> {
     let m = &map.axes[i];
@@ -2096,7 +2142,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
         (s, _) => s.clamp(2, operand_ring::STAGES),
     };
     let mut depth = Depth { rings: k.schedule.ring_stages != 1, stages, ws_stages: asked.unwrap_or(warp_specialize::MAX_STAGES), tma_out: true };
-    let seed = loops::dot_carried(k);
+    let seed = loops::dot_carried(k, |v| load_whole(k, spec, grid, v));
     let mut e = loop {
         let mut e = body(k, spec, target, grid, seed.clone(), depth, &decls)?;
         while !e.retry.is_empty() {

@@ -7,26 +7,6 @@
 
 use super::*;
 
-/// Whether a tile axis of extent `e` (a literal or tile size `t`) at offset `off` along
-/// a tensor dimension of size `dim` is in bounds for every program: the offset is
-/// `program_id(a) · t`, grid axis `a` launches `ceil(dim / t)` programs, and the
-/// specialization says `t` divides `dim` (`Spec::shape_div`) — so every program's tile
-/// ends at or before `dim`. (Then the access needs no masks.)
-fn whole_programs(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], e: Extent, off: ValueId, dim: kfuse_ir::ShapeSym) -> bool {
-    if matches!(e, Extent::Full(_)) {
-        return false;
-    }
-    let t = extent_value(k, e) as u64;
-    let Op::Binary(BinaryOp::Mul) = k.op(off.op()) else { return false };
-    let ops = k.operands(off.op());
-    let axis = match (k.op(ops[0].op()), k.op(ops[1].op())) {
-        (Op::ProgramId { axis }, _) if crate::analysis::int_value(k, ops[1]) == Some(t as i64) => *axis,
-        (_, Op::ProgramId { axis }) if crate::analysis::int_value(k, ops[0]) == Some(t as i64) => *axis,
-        _ => return false,
-    };
-    spec.divides(dim, t) && grid.get(axis as usize).is_some_and(|g| g.dim == dim && g.step == t)
-}
-
 /// A tile axis of a block access: tensor dimension (`GATHERED` for the gathered axis),
 /// remaining extent (`None`: in bounds everywhere), lower bound (`None`: the offset is
 /// not negative), extent.

@@ -804,8 +804,9 @@ impl Emitter<'_> {
         let o = self.k.operands(u);
         let x = if o[0] == d { o[1] } else { o[0] };
         let (dv, xv) = (self.val(d).clone(), self.val(x).clone());
-        let lo = dv.lo.iter().zip(&xv.lo).map(|(a, b)| format!("kf_maxi({a}, {b})")).collect();
-        let hi = dv.hi.iter().zip(&xv.hi).map(|(a, b)| format!("kf_mini({a}, {b})")).collect();
+        let meet = |f: &str, a: &String, b: &String| if a == b { a.clone() } else { format!("{f}({a}, {b})") };
+        let lo = dv.lo.iter().zip(&xv.lo).map(|(a, b)| meet("kf_maxi", a, b)).collect();
+        let hi = dv.hi.iter().zip(&xv.hi).map(|(a, b)| meet("kf_mini", a, b)).collect();
         self.vals.insert(u.value(), Val { lo, hi, ..dv });
         Some(Ok(()))
     }

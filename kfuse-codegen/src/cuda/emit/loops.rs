@@ -35,8 +35,19 @@ use crate::CodegenError;
 /// The carried tiles whose next value is computed from a `dot` of the loop's body (an
 /// accumulator, `acc + dot(a, b)`): their valid range follows the operands' and is
 /// written with range variables from the first pass (the writer would find it
-/// differing at the `Yield` and write the kernel again).
-pub(super) fn dot_carried(k: &kfuse_ir::Kernel) -> std::collections::BTreeSet<(LoopId, u32)> {
+/// differing at the `Yield` and write the kernel again). Not a dot whose operands are
+/// loads of tiles their tensors hold whole (`whole(load)`, through casts): its range is
+/// the tile's extents, the same every iteration (where it is not after all, the `Yield`
+/// finds it and the kernel is written again).
+pub(super) fn dot_carried(k: &kfuse_ir::Kernel, whole: impl Fn(ValueId) -> bool) -> std::collections::BTreeSet<(LoopId, u32)> {
+    // an operand that is a whole load, cast or converted
+    let whole_operand = |mut v: ValueId| loop {
+        match k.op(v.op()) {
+            Op::Cast { .. } | Op::Convert => v = k.operands(v.op())[0],
+            Op::Load { .. } => return whole(v),
+            _ => return false,
+        }
+    };
     let from_dot = |id: LoopId, v: ValueId| {
         let mut todo = vec![v];
         let mut seen = std::collections::BTreeSet::new();
@@ -45,7 +56,7 @@ pub(super) fn dot_carried(k: &kfuse_ir::Kernel) -> std::collections::BTreeSet<(L
                 continue;
             }
             match k.op(x.op()) {
-                Op::Dot { .. } => return true,
+                Op::Dot { .. } if !k.operands(x.op())[..2].iter().all(|&o| whole_operand(o)) => return true,
                 Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Convert | Op::Broadcast | Op::ExpandDims { .. } => todo.extend(k.operands(x.op())),
                 _ => {}
             }

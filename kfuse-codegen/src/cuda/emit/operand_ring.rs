@@ -540,13 +540,17 @@ impl Emitter<'_> {
         let layout = self.layout(v)?;
         let map = crate::layout::RegMap::of(&layout);
         let shape = concrete_shape(self.k, self.k.ty(v));
-        let his: Vec<String> = his
-            .into_iter()
-            .map(|h| {
-                let n = self.fresh("kf_rb");
-                self.line(format!("const long long {n} = {h};")).map(|_| n)
-            })
-            .collect::<Result<_, _>>()?;
+        // (a tile the tensor holds whole wherever the load runs: its extents, known here)
+        let his: Vec<String> = if super::load_whole(self.k, self.spec, &self.grid, v) {
+            shape.iter().map(u32::to_string).collect()
+        } else {
+            his.into_iter()
+                .map(|h| {
+                    let n = self.fresh("kf_rb");
+                    self.line(format!("const long long {n} = {h};")).map(|_| n)
+                })
+                .collect::<Result<_, _>>()?
+        };
         let name = format!("v{}", v.index());
         self.vals.insert(v, Val { name, dtype: self.k.ty(v).dtype, map, axis_map: vec![Some(0), Some(1)], shape, lo: vec!["0".into(), "0".into()], hi: his, lazy: None });
         Ok(())

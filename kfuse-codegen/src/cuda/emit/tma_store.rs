@@ -1,6 +1,9 @@
 //! A store of a register tile through shared memory and TMA bulk stores (sm_90a): the
 //! tile is written into swizzled shared memory and sent out whole or box by box, where
-//! [`general_stores`] finds a store that can.
+//! [`general_stores`] finds a store that can. A tile whose valid range is its extents
+//! (known when the kernel is written) and that the tensor holds whole wherever the
+//! store runs goes by TMA alone; any other checks at run time that its valid range is
+//! the tensor's part of the tile, and is stored as the op is where it is not.
 
 use super::*;
 use crate::passes::select_mma_path::{tma_obstacle, tma_order};
@@ -164,8 +167,10 @@ impl Emitter<'_> {
         // the tile's two dimensions (value axes 0 and 1) and the tensor map's order
         let tiles: Vec<usize> = (0..r).filter(|&d| matches!(dims[d], AccessDim::Tile(_))).collect();
         let Some(order) = tma_order(k, self.spec, op).filter(|_| tiles.len() == 2) else { return self.op(op).map(|()| false) };
-        // the tile's valid range and offsets are checked at run time: where they fail,
-        // the ordinary store writes the tile
+        // a tile valid everywhere (its range the extents, known here) that the tensor
+        // holds whole wherever the store runs needs no check
+        let whole = (0..r).all(|d| super::dim_in_grid(k, self.spec, &self.grid, &dims[d], ops[d], tdims[d]))
+            && (0..2).all(|t| val.lo[t] == "0" && val.hi[t] == val.shape[t].to_string());
         let mut conds = Vec::new();
         for (t, &d) in tiles.iter().enumerate() {
             let n = self.shape_var(tdims[d]);
@@ -185,28 +190,38 @@ impl Emitter<'_> {
             conds.push(format!("{lo}{} < {n}", offs[d]));
         }
         let coords: Vec<String> = order.iter().map(|&d| offs[d as usize].clone()).collect();
+        // otherwise the tile's valid range and offsets are checked at run time, and where
+        // they fail the ordinary store writes the tile
+        if whole {
+            let tile = TileRegs { map: &map, name: &val.name, dtype: k.param(*tensor).dtype, coords: &coords, cols: val.shape[1] };
+            return self.store_tile(out, &tile).map(|()| true);
+        }
         // (each tile dimension adds its range check: `conds` is never empty)
         let ok = self.fresh("kf_tma_ok");
         self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
         let guard = format!("if ({ok})");
         let tile = TileRegs { map: &map, name: &val.name, dtype: k.param(*tensor).dtype, coords: &coords, cols: val.shape[1] };
-        let boxes = val.shape[1] / out.inner;
-        if out.buffers > 0 && out.buffers < boxes {
-            let c = &map.axes[1];
-            if c.replicated() || c.ctas > 1 || !out.inner.is_multiple_of(c.chunk) {
-                return Err(CodegenError::Unsupported(format!("an output tile in {}-column boxes from a register layout whose columns repeat every {}", out.inner, c.chunk)));
-            }
-            self.open(&guard)?;
-            self.store_box_by_box(out, &tile)?;
-        } else {
-            self.open(&guard)?;
-            self.store_whole_tile(out, &tile)?;
-        }
+        self.open(&guard)?;
+        self.store_tile(out, &tile)?;
         self.close()?;
         self.open("else")?;
         self.op(op)?;
         self.close()?;
         Ok(true)
+    }
+
+    /// The tile by TMA: whole, or box by box where `out.buffers` is fewer than its
+    /// boxes.
+    fn store_tile(&mut self, out: &TmaOut, t: &TileRegs) -> R {
+        if out.buffers > 0 && out.buffers < t.cols / out.inner {
+            let c = &t.map.axes[1];
+            if c.replicated() || c.ctas > 1 || !out.inner.is_multiple_of(c.chunk) {
+                return Err(CodegenError::Unsupported(format!("an output tile in {}-column boxes from a register layout whose columns repeat every {}", out.inner, c.chunk)));
+            }
+            self.store_box_by_box(out, t)
+        } else {
+            self.store_whole_tile(out, t)
+        }
     }
 
     /// The whole tile through shared memory at once: the thread waits for the previous
