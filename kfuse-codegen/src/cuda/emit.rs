@@ -264,7 +264,7 @@ fn whole_axis(k: &Kernel, spec: &Spec, e: Extent, off: ValueId, dim: kfuse_ir::S
 /// `program_id(a) · t`, grid axis `a` launches `ceil(dim / t)` programs, and the
 /// specialization says `t` divides `dim` (`Spec::shape_div`) — so every program's tile
 /// ends at or before `dim`. (Then the access needs no masks.)
-pub(super) fn whole_programs(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], e: Extent, off: ValueId, dim: kfuse_ir::ShapeSym) -> bool {
+fn whole_programs(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], e: Extent, off: ValueId, dim: kfuse_ir::ShapeSym) -> bool {
     if matches!(e, Extent::Full(_)) {
         return false;
     }
@@ -288,7 +288,7 @@ fn whole_in_grid(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], 
 /// Whether access dimension `ad` at offset `off` into a tensor dimension of size `dim`
 /// lies inside it wherever the access runs: a tile axis [`whole_in_grid`], or an index
 /// [`crate::analysis::index_in_grid`] (not a gathered axis, whose rows may fall outside).
-pub(super) fn dim_in_grid(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], ad: &AccessDim, off: ValueId, dim: kfuse_ir::ShapeSym) -> bool {
+fn dim_in_grid(k: &Kernel, spec: &Spec, grid: &[crate::target::GridAxisEval], ad: &AccessDim, off: ValueId, dim: kfuse_ir::ShapeSym) -> bool {
     match ad {
         AccessDim::Tile(e) => whole_in_grid(k, spec, grid, *e, off, dim),
         AccessDim::Index => crate::analysis::index_in_grid(k, grid, off, dim),

@@ -167,10 +167,17 @@ impl Emitter<'_> {
         // the tile's two dimensions (value axes 0 and 1) and the tensor map's order
         let tiles: Vec<usize> = (0..r).filter(|&d| matches!(dims[d], AccessDim::Tile(_))).collect();
         let Some(order) = tma_order(k, self.spec, op).filter(|_| tiles.len() == 2) else { return self.op(op).map(|()| false) };
+        let coords: Vec<String> = order.iter().map(|&d| offs[d as usize].clone()).collect();
+        let tile = TileRegs { map: &map, name: &val.name, dtype: k.param(*tensor).dtype, coords: &coords, cols: val.shape[1] };
         // a tile valid everywhere (its range the extents, known here) that the tensor
         // holds whole wherever the store runs needs no check
         let whole = (0..r).all(|d| super::dim_in_grid(k, self.spec, &self.grid, &dims[d], ops[d], tdims[d]))
             && (0..2).all(|t| val.lo[t] == "0" && val.hi[t] == val.shape[t].to_string());
+        if whole {
+            return self.store_tile(out, &tile).map(|()| true);
+        }
+        // otherwise the tile's valid range and offsets are checked at run time, and where
+        // they fail the ordinary store writes the tile
         let mut conds = Vec::new();
         for (t, &d) in tiles.iter().enumerate() {
             let n = self.shape_var(tdims[d]);
@@ -189,19 +196,10 @@ impl Emitter<'_> {
             let lo = if non_negative(k, ops[d]) { String::new() } else { format!("{} >= 0 && ", offs[d]) };
             conds.push(format!("{lo}{} < {n}", offs[d]));
         }
-        let coords: Vec<String> = order.iter().map(|&d| offs[d as usize].clone()).collect();
-        // otherwise the tile's valid range and offsets are checked at run time, and where
-        // they fail the ordinary store writes the tile
-        if whole {
-            let tile = TileRegs { map: &map, name: &val.name, dtype: k.param(*tensor).dtype, coords: &coords, cols: val.shape[1] };
-            return self.store_tile(out, &tile).map(|()| true);
-        }
         // (each tile dimension adds its range check: `conds` is never empty)
         let ok = self.fresh("kf_tma_ok");
         self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
-        let guard = format!("if ({ok})");
-        let tile = TileRegs { map: &map, name: &val.name, dtype: k.param(*tensor).dtype, coords: &coords, cols: val.shape[1] };
-        self.open(&guard)?;
+        self.open(format!("if ({ok})"))?;
         self.store_tile(out, &tile)?;
         self.close()?;
         self.open("else")?;

@@ -945,13 +945,13 @@ impl Emitter<'_> {
     /// `program_id`s. The consumers meet at their barrier first: the
     /// shared scratch of the program before is free.
     pub(super) fn open_walk(&mut self, grid: &[crate::target::GridAxisEval]) -> R {
-        // (the program within its problem: the walk's own index, or in a grouped launch
-        // its place after the problem's first program)
-        // (`it`: the decoding's integer type and its literals' suffix)
-        // (a producer decoding three axes in 32 bits spilled 32 bytes in its 40
-        // registers: `gemm_batched_scaled` f16 → f32 at 128 × 256; it keeps 64 bits)
+        // (`it`: the decoding's integer type and its literals' suffix; a producer
+        // decoding three axes in 32 bits spilled 32 bytes in its 40 registers,
+        // `gemm_batched_scaled` f16 → f32 at 128 × 256: it keeps 64 bits)
         let narrow = (!self.producer || grid.len() <= 2) && self.narrow_walk(grid);
         let (it, sfx) = if narrow { ("unsigned", "u") } else { ("long long", "LL") };
+        // (the program within its problem: the walk's own index, or in a grouped launch
+        // its place after the problem's first program)
         let p = if self.k.schedule.grouped {
             self.open_grouped_walk(grid.len())?;
             "kf_wl"
@@ -964,9 +964,11 @@ impl Emitter<'_> {
                 })
                 .collect();
             for (a, c) in counts.iter().enumerate() {
-                self.line(format!("const {it} kf_wn{a} = ({it}){c};"))?;
+                let cast = if narrow { "(unsigned)" } else { "" };
+                self.line(format!("const {it} kf_wn{a} = {cast}{c};"))?;
             }
-            let total: Vec<String> = (0..counts.len()).map(|a| format!("(long long)kf_wn{a}")).collect();
+            let wide = if narrow { "(long long)" } else { "" };
+            let total: Vec<String> = (0..counts.len()).map(|a| format!("{wide}kf_wn{a}")).collect();
             self.line(format!("const long long kf_wprogs = {};", total.join(" * ")))?;
             self.open("for (long long kf_pid = blockIdx.x; kf_pid < kf_wprogs; kf_pid += gridDim.x)")?;
             if !self.producer {
