@@ -161,6 +161,9 @@ fn depthwise_layers() {
         layer([1, 13, 13, 5], 5, (5, 5), 2, 2, 1, 5, false, Activation::None),
         layer([1, 13, 7, 3], 3, (3, 3), 1, 2, 2, 3, true, Activation::Silu),
         layer([1, 1, 1, 20], 20, (3, 3), 1, 1, 1, 20, true, Activation::Gelu),
+        // channels in 16-byte vectors: rows of the padding read as zero vectors
+        layer([2, 9, 11, 24], 24, (3, 3), 1, 1, 1, 24, true, Activation::None),
+        layer([1, 13, 10, 40], 40, (3, 3), 2, 2, 2, 40, false, Activation::Relu),
     ];
     run_layers(&layers, &common::DTYPES, 5000);
 }
@@ -332,6 +335,30 @@ fn short_reductions_take_256_rows() {
             assert_eq!(spill, 0, "{spill} bytes of spills ({regs} registers)");
             assert!(plan.contains("tiles: BM=256 BN=128") && plan.contains("rings filled by two producer warpgroups"), "{plan}");
         }
+    }
+}
+
+/// The depthwise kernel's gathered input (`choose_tiles`' `gathered_register_tiles`,
+/// `assign_layouts`' `line_rows`): 16 × 128 tiles over 128 threads, one pixel a thread,
+/// eight lanes along each 128-byte line of it and the rest of its 16 channels in the
+/// thread's registers (bf16: two 16-byte vectors 64 channels apart; f32: four, 32
+/// apart); with 64 channels the tile keeps them all and each thread its 16 adjacent
+/// channels. Both compile without spills.
+#[test]
+fn depthwise_rows_read_whole_lines() {
+    use kfuse::codegen::Target;
+    let def = &kernels::conv2d_depthwise::DEF;
+    // N, H, W, C, R, S, NPQ (power-of-two buckets)
+    for (dt, c, tiles, lanes) in [(DType::BF16, 256u32, "BC=128 BM=16", "(kf_lane / 1) % 8) * 8"), (DType::F32, 256, "BC=128 BM=16", "(kf_lane / 1) % 8) * 4"), (DType::BF16, 64, "BC=64 BM=16", "(kf_lane / 1) % 4) * 16")] {
+        let k = (def.build)(&[dt]).unwrap();
+        let mut spec = common::snapshot_spec(def);
+        spec.shape_pow2 = vec![64, 64, 64, c, 4, 4, 262144];
+        let what = format!("depthwise {dt} C{c}");
+        let (e, regs, spill) = common::compile_assembled(&k, &spec, &Target::sm90a(), &what).unwrap_or_else(|e| panic!("{what}: {}", e.0));
+        let plan = e.plan.to_string();
+        assert_eq!(spill, 0, "{what}: {spill} bytes of spills ({regs} registers)");
+        assert!(plan.contains(&format!("tiles: {tiles}")), "{what}: not {tiles}:\n{plan}");
+        assert!(e.source.contains(lanes), "{what}: the gathered load's columns are not `{lanes}`:\n{}", e.source);
     }
 }
 

@@ -143,7 +143,36 @@ fn gather_rows(k: &Kernel, op: OpId, anchor: &Blocked) -> Option<Blocked> {
     let shape: Vec<u32> = extents.iter().map(|e| crate::analysis::extent_value(k, *e)).collect();
     let (rows, cols, threads) = (shape[0], shape[1], k.schedule.num_threads.max(1));
     let per_thread = (rows * cols) / threads;
+    if !k.users(op.value()).iter().any(|&u| matches!(k.op(u), Op::Dot { .. })) {
+        if let Some(b) = line_rows(&shape, anchor, threads) {
+            return Some(b);
+        }
+    }
     (per_thread >= 8 && per_thread.is_power_of_two() && cols % per_thread == 0 && (rows * cols) % threads == 0).then(|| make_blocked(k, &extents, vec![1, 0], per_thread))
+}
+
+/// A gathered tile computed on in registers (no dot reads it) with one row a thread,
+/// eight lanes along each 128-byte line of the row and the rest of the row's vectors in
+/// the thread's registers, where the tile's rows number exactly four a warp (so that no
+/// thread holds two rows: each row costs its own address arithmetic and bounds): a warp's
+/// vector load then reads four whole lines, where the layout of `gather_rows`'s other
+/// rule (a row's elements consecutive in one thread) reads half of eight lines an
+/// instruction. H200, depthwise 3 × 3 bf16 C256 56 at 32 × 128: the kernel's L1 sectors
+/// 64.5 M → 36.2 M, the same instructions (NOTES.md c27; `choose_tiles`'s
+/// `gathered_register_tiles` gives such loads their tiles).
+fn line_rows(shape: &[u32], anchor: &Blocked, threads: u32) -> Option<Blocked> {
+    let (rows, cols, vec) = (shape[0], shape[1], anchor.size_per_thread[1]);
+    let lanes_c = (cols / vec.max(1)).min(8);
+    let warps = threads / 32;
+    (vec > 1 && lanes_c > 1 && cols % (vec * lanes_c) == 0 && cols / (vec * lanes_c) > 1 && rows == (32 / lanes_c) * warps).then(|| Blocked {
+        shape: shape.to_vec(),
+        size_per_thread: vec![1, vec],
+        threads_per_warp: vec![32 / lanes_c, lanes_c],
+        warps_per_block: vec![warps, 1],
+        order: vec![1, 0],
+        block_split: vec![1, 1],
+        steps: vec![],
+    })
 }
 
 fn default_layout(k: &Kernel, ty: &Type) -> Blocked {

@@ -279,6 +279,7 @@ fn assign_extents(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), Co
             *e = (*e).min(v);
         }
     }
+    gathered_register_tiles(k, &caps, &mut choice);
     let plain = choice.clone();
     // widest first (128 rows over two warpgroups, 128 along N and K), narrower while a
     // tile would pass the elements a thread may hold, else the memory-bound choice
@@ -336,6 +337,45 @@ fn assign_extents(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), Co
     }
     Ok(())
 }
+
+/// Rows and columns of the tile of a gathered rank-2 load that no `dot` reads (each row
+/// its own address, the tile computed on in registers: the depthwise convolution's input
+/// pixels): [`GATHERED_ROWS`] × [`GATHERED_COLS`] where the tensors allow, so that
+/// `assign_layouts` can give each thread one row's [`TILE2D_ELEMS_PER_THREAD`] elements
+/// with eight lanes along each 128-byte line (`gather_rows`). H200, depthwise 3 × 3
+/// bf16, GB/s at C256 56 / C512 28 / C1024 14 (NOTES.md c27): 64 × 64 and four lanes a
+/// row's 128 bytes 1528–1531 / 1399–1407 / 1221–1230; 16 × 128, eight lanes a line,
+/// 1688–1689 / 1546–1551 / 1340–1341 (8 × 128: 1699, 4 × 128: 1706, 32 × 128 over 256
+/// threads: 1592–1597 at C256).
+fn gathered_register_tiles(k: &Kernel, caps: &BTreeMap<TileSym, u32>, choice: &mut BTreeMap<TileSym, u32>) {
+    for op in k.order.clone() {
+        let Op::Load { dims, .. } = k.op(op) else { continue };
+        if k.gathered_offsets(op).is_empty() || k.users(op.value()).iter().any(|&u| matches!(k.op(u), Op::Dot { .. })) {
+            continue;
+        }
+        let syms: Vec<TileSym> = AccessDim::tile_shape(dims)
+            .iter()
+            .filter_map(|e| match e {
+                Extent::Tile(t) => Some(*t),
+                _ => None,
+            })
+            .collect();
+        let [rows, cols] = syms[..] else { continue };
+        if rows == cols {
+            continue;
+        }
+        let cap = |t: TileSym| caps.get(&t).copied().unwrap_or(u32::MAX);
+        choice.insert(cols, GATHERED_COLS.min(cap(cols)));
+        choice.insert(rows, GATHERED_ROWS.min(cap(rows)));
+    }
+}
+
+/// See [`gathered_register_tiles`]: one row a thread and eight lanes a row make 128
+/// columns of [`TILE2D_ELEMS_PER_THREAD`] a thread.
+const GATHERED_COLS: u32 = 8 * TILE2D_ELEMS_PER_THREAD;
+
+/// See [`gathered_register_tiles`]: 16 rows of 128 columns, 128 threads.
+const GATHERED_ROWS: u32 = 16;
 
 /// The most elements of `dot` results a thread of a kernel on the warpgroup rule may
 /// hold together (the f32 values of every `dot`, which a loop body keeps live at once:
