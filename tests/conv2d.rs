@@ -157,6 +157,8 @@ fn implicit_gemm_layers_of_aligned_channels() {
 #[test]
 fn depthwise_layers() {
     let layers = [
+        // row stride 2, column stride 1, a 2 × 5 filter, uneven padding and dilation
+        Layer { x: [2, 11, 17, 16], k: 16, f: (2, 5), stride: (2, 1), pad: (1, 3), dil: (2, 1), groups: 16, bias: true, act: Activation::None },
         layer([2, 7, 7, 9], 9, (3, 3), 1, 1, 1, 9, true, Activation::Relu),
         layer([1, 13, 13, 5], 5, (5, 5), 2, 2, 1, 5, false, Activation::None),
         layer([1, 13, 7, 3], 3, (3, 3), 1, 2, 2, 3, true, Activation::Silu),
