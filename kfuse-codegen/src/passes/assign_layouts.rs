@@ -133,7 +133,8 @@ pub fn access_layout(k: &Kernel, spec: &Spec, op: OpId) -> Option<Blocked> {
 /// pixels: 24 registers a thread under the anchor's layout, 6 under this one; a WGMMA
 /// ring, `operand_ring`, never holds the tile itself in registers). H100: the implicit
 /// GEMM from 134–166 registers to 102–124, two blocks a multiprocessor, C256 3x3 145.6
-/// → 207.5 TFLOP/s; depthwise 3x3 C256 738 → 950 GB/s (NOTES.md c13, c14).
+/// → 207.5 TFLOP/s; depthwise 3x3 C256 738 → 950 GB/s (NOTES.md c13, c14). A tile no
+/// dot reads takes [`line_rows`] first where it applies.
 fn gather_rows(k: &Kernel, op: OpId, anchor: &Blocked) -> Option<Blocked> {
     let Op::Load { dims, .. } = k.op(op) else { return None };
     if gather_indices(k, op).is_empty() || k.ty(op.value()).rank() != 2 || anchor.order[0] != 1 {
