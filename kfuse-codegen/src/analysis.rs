@@ -13,6 +13,14 @@ pub fn index_in_grid(k: &Kernel, grid: &[crate::target::GridAxisEval], off: Valu
     matches!(k.op(off.op()), Op::ProgramId { axis } if grid.get(*axis as usize).is_some_and(|g| g.dim == dim && g.step == 1))
 }
 
+/// Whether load `op` gathers its rows (an index tile on a dimension) and no `dot` reads
+/// it: a tile computed on in registers (a depthwise convolution's input pixels), not
+/// one staged for the tensor cores. `choose_tiles` and `assign_layouts` shape such tiles
+/// for whole-line reads.
+pub fn gathered_in_registers(k: &Kernel, op: kfuse_ir::OpId) -> bool {
+    !k.gathered_offsets(op).is_empty() && !k.users(op.value()).iter().any(|&u| matches!(k.op(u), Op::Dot { .. }))
+}
+
 /// The compiled value of a tile extent (after `choose_tiles`).
 pub fn extent_value(k: &Kernel, e: Extent) -> u32 {
     match e {

@@ -144,7 +144,7 @@ fn gather_rows(k: &Kernel, op: OpId, anchor: &Blocked) -> Option<Blocked> {
     let shape: Vec<u32> = extents.iter().map(|e| crate::analysis::extent_value(k, *e)).collect();
     let (rows, cols, threads) = (shape[0], shape[1], k.schedule.num_threads.max(1));
     let per_thread = (rows * cols) / threads;
-    if !k.users(op.value()).iter().any(|&u| matches!(k.op(u), Op::Dot { .. })) {
+    if crate::analysis::gathered_in_registers(k, op) {
         if let Some(b) = line_rows(&shape, anchor, threads) {
             return Some(b);
         }

@@ -350,7 +350,7 @@ fn assign_extents(k: &mut Kernel, spec: &Spec, target: &Target) -> Result<(), Co
 fn gathered_register_tiles(k: &Kernel, caps: &BTreeMap<TileSym, u32>, choice: &mut BTreeMap<TileSym, u32>) {
     for op in k.order.clone() {
         let Op::Load { dims, .. } = k.op(op) else { continue };
-        if k.gathered_offsets(op).is_empty() || k.users(op.value()).iter().any(|&u| matches!(k.op(u), Op::Dot { .. })) {
+        if !crate::analysis::gathered_in_registers(k, op) {
             continue;
         }
         let syms: Vec<TileSym> = AccessDim::tile_shape(dims)

@@ -16,6 +16,14 @@ type TileDim = (usize, Option<String>, Option<String>, u32);
 /// addressed by their index tiles' registers, not by a stride times their coordinate.
 const GATHERED: usize = usize::MAX;
 
+/// The coordinates `cvars` of a group's first element with element `j` of its vector
+/// along the fastest tile axis `ft`.
+fn elem_coords(cvars: &[String], ft: usize, j: u32) -> Vec<String> {
+    let mut cj = cvars.to_vec();
+    cj[ft] = format!("({} + {j})", cvars[ft]);
+    cj
+}
+
 /// Whether an access drops its masks: every tile axis is in bounds everywhere
 /// ([`exact_from_zero`] or [`whole_programs`]), and the kernel has no full extents. Row
 /// kernels keep their row masks: there the mask costs a branch a row, and without it
@@ -398,28 +406,35 @@ impl Emitter<'_> {
     /// zero (the value a masked load reads).
     fn prefetch_raw(&mut self, a: &BlockAccess, arr: &str, cvars: &[String], fast_t: Option<usize>) -> R {
         let ft = fast_t.ok_or_else(|| CodegenError::Unsupported("vector access without a fastest axis".into()))?;
-        let (w, base) = (a.w, &a.base);
         let vt = a.vector()?;
-        let at = |j: u32| {
-            let mut cj = cvars.to_vec();
-            cj[ft] = format!("({} + {j})", cvars[ft]);
-            cj
-        };
-        self.open(format!("if ({} && {})", a.inb(&at(w - 1), ""), a.inb(cvars, "")))?;
+        self.open(format!("if ({} && {})", a.inb(&elem_coords(cvars, ft, a.w - 1), ""), a.inb(cvars, "")))?;
         self.line(format!("{arr}[g] = *reinterpret_cast<const {vt}*>({});", a.vaddr(self, cvars)))?;
         self.close()?;
         self.open("else")?;
         self.line(format!("{vt} q = {{}};"))?;
-        let esz = a.d.size_bytes() as u32;
-        for j in 0..w {
-            let (c, ad) = (a.inb(&at(j), ""), a.addr(self, &at(j)));
-            self.line(match esz {
-                4 => format!("if ({c}) q.w[{j}] = __float_as_uint({base}[{ad}]);"),
-                b => format!("if ({c}) q.w[{}] |= (unsigned int){base}[{ad}] << {};", j * b / 4, 8 * ((j * b) % 4)),
-            })?;
-        }
+        self.raw_elements(a, cvars, ft)?;
         self.line(format!("{arr}[g] = q;"))?;
         self.close()
+    }
+
+    /// The elements of group `g` (coordinates `cvars`, fastest tile axis `ft`) into the
+    /// raw words of the vector `q`, which starts at zero, each behind its own bounds test
+    /// (a masked element leaves its zero bits).
+    fn raw_elements(&mut self, a: &BlockAccess, cvars: &[String], ft: usize) -> R {
+        let (d, base) = (a.d, &a.base);
+        let esz = d.size_bytes() as u32;
+        for j in 0..a.w {
+            let (cj, key) = (elem_coords(cvars, ft, j), format!("k0 + {j}"));
+            let c = format!("{}{}", a.inb(&cj, ""), a.gather_ok(self, &key));
+            let e = format!("{base}[{}{}]", a.addr(self, &cj), a.gather_term(self, &key));
+            self.line(match (esz, d) {
+                (8, _) => format!("if ({c}) {{ const unsigned long long x = (unsigned long long){e}; q.w[{}] = (unsigned int)x; q.w[{}] = (unsigned int)(x >> 32); }}", 2 * j, 2 * j + 1),
+                (4, DType::F32) => format!("if ({c}) q.w[{j}] = __float_as_uint({e});"),
+                (4, _) => format!("if ({c}) q.w[{j}] = (unsigned int){e};"),
+                (b, _) => format!("if ({c}) q.w[{}] |= (unsigned int){e} << {};", j * b / 4, 8 * ((j * b) % 4)),
+            })?;
+        }
+        Ok(())
     }
 
     /// The vector load of group `g` (coordinates `cvars`) of a gathered access into a
@@ -430,38 +445,21 @@ impl Emitter<'_> {
     /// predicated zero: a gathered row outside the tensor (a convolution's padding) is a
     /// vector of zero words. The depthwise 3 × 3 convolution's SASS: 1288 → 1184
     /// instructions a thread; H200, C256 56 bf16: the kernel 172.6 → 161.3 µs (NOTES.md
-    /// c27). (Loads that gather nothing keep the conversions in the
-    /// branch: the raw vector live across it cost flash attention's f16 D64 kernel its
-    /// 192-row register room.)
+    /// c27). (Loads that gather nothing keep the conversions in the branch: the raw
+    /// vector live across it cost flash attention's f16 D64 kernel its 192-row register
+    /// room.)
     fn vector_load(&mut self, a: &BlockAccess, cvars: &[String], fast_t: Option<usize>) -> R {
         let ft = fast_t.ok_or_else(|| CodegenError::Unsupported("vector access without a fastest axis".into()))?;
-        let (d, w, base) = (a.d, a.w, &a.base);
         let vt = a.vector()?;
-        let at = |j: u32| {
-            let mut cj = cvars.to_vec();
-            cj[ft] = format!("({} + {j})", cvars[ft]);
-            cj
-        };
-        let cond = format!("{} && {}{}", a.inb(&at(w - 1), ""), a.inb(cvars, ""), a.gather_ok(self, "k0"));
+        let cond = format!("{} && {}{}", a.inb(&elem_coords(cvars, ft, a.w - 1), ""), a.inb(cvars, ""), a.gather_ok(self, "k0"));
         self.line(format!("{vt} q = {{}};"))?;
         self.open(format!("if ({cond})"))?;
         self.line(format!("q = *reinterpret_cast<const {vt}*>({}{});", a.vaddr(self, cvars), a.gather_term(self, "k0")))?;
         self.close()?;
         self.open("else")?;
-        let esz = d.size_bytes() as u32;
-        for j in 0..w {
-            let key = format!("k0 + {j}");
-            let c = format!("{}{}", a.inb(&at(j), ""), a.gather_ok(self, &key));
-            let e = format!("{base}[{}{}]", a.addr(self, &at(j)), a.gather_term(self, &key));
-            self.line(match (esz, d) {
-                (8, _) => format!("if ({c}) {{ const unsigned long long x = (unsigned long long){e}; q.w[{}] = (unsigned int)x; q.w[{}] = (unsigned int)(x >> 32); }}", 2 * j, 2 * j + 1),
-                (4, DType::F32) => format!("if ({c}) q.w[{j}] = __float_as_uint({e});"),
-                (4, _) => format!("if ({c}) q.w[{j}] = (unsigned int){e};"),
-                (b, _) => format!("if ({c}) q.w[{}] |= (unsigned int){e} << {};", j * b / 4, 8 * ((j * b) % 4)),
-            })?;
-        }
+        self.raw_elements(a, cvars, ft)?;
         self.close()?;
-        self.unpack("q", d, &a.val.name, "k0", w)
+        self.unpack("q", a.d, &a.val.name, "k0", a.w)
     }
 
     /// The vector access of group `g` (coordinates `cvars`) when the whole vector is
@@ -470,9 +468,7 @@ impl Emitter<'_> {
     fn vector_access(&mut self, a: &BlockAccess, cvars: &[String], fast_t: Option<usize>) -> R {
         let ft = fast_t.ok_or_else(|| CodegenError::Unsupported("vector access without a fastest axis".into()))?;
         let (d, w) = (a.d, a.w);
-        let mut last = cvars.to_vec();
-        last[ft] = format!("({} + {})", cvars[ft], w - 1);
-        let cond = format!("{} && {}{}", a.inb(&last, &a.owner_test("k0")), a.inb(cvars, ""), a.gather_ok(self, "k0"));
+        let cond = format!("{} && {}{}", a.inb(&elem_coords(cvars, ft, w - 1), &a.owner_test("k0")), a.inb(cvars, ""), a.gather_ok(self, "k0"));
         let vt = a.vector()?;
         let a0 = format!("{}{}", a.vaddr(self, cvars), a.gather_term(self, "k0"));
         self.open(format!("if ({cond})"))?;
