@@ -280,7 +280,11 @@ fn general_lowering_at_asked_tiles() {
     // the output tile leaves through shared memory by TMA bulk stores (four 64-column
     // boxes), the register store kept for a tile whose valid range is not the tensor's
     // (the spec says nothing of M's and N's divisibility)
-    assert!(e.plan.to_string().contains("the tile stored to `c` leaves through shared memory by TMA bulk stores"), "{}", e.plan);
+    assert!(e.plan.to_string().contains("the tile stored to `c` leaves through shared memory by TMA bulk stores, written there by `stmatrix`"), "{}", e.plan);
+    // written there four 8 x 8 matrices at a time: 16 `stmatrix.x4` for a thread's 128
+    // accumulators, from four addresses a thread and constants
+    assert_eq!(e.source.matches("asm volatile(\"stmatrix.sync.aligned.m8n8.x4.shared.b16").count(), 16, "{}", e.source);
+    assert!(e.source.contains("unsigned kf_sa0, kf_sa1, kf_sa2, kf_sa3;") && e.source.contains("\"r\"(kf_sa3 + 49152)"), "{}", e.source);
     assert_eq!(e.source.matches("shared::cta.bulk_group [%0, {%1, %2}], [%3];\" :: \"l\"(&kf_stm0)").count(), 4, "{}", e.source);
     assert!(e.source.contains("if (kf_tma_ok"), "{}", e.source);
     let (_, spill) = common::assemble(&e.source, &e.arch, &e.options, "gemm_general_128x256").unwrap();

@@ -188,6 +188,18 @@ impl AxisMap {
     pub fn replicated(&self) -> bool {
         self.chunk > self.piece
     }
+
+    /// The coordinate along this axis, within the block's piece and before replicas
+    /// are wrapped, of register `k` of lane `lane` in warp `warp`: the repetition,
+    /// thread and element parts the writer prints (`emit.rs`'s `local_raw`), as a
+    /// number.
+    pub fn local_at(&self, warp: u32, lane: u32, k: u32) -> u32 {
+        let rep = if self.reps > 1 { ((k / self.rep_stride) % self.reps) * self.chunk } else { 0 };
+        let w = (warp / self.warp_div) % self.wpb;
+        let l = (lane / self.lane_div) % self.tpw;
+        let elem = if self.spt > 1 { ((k / self.e_stride) % self.spt) * self.elem_step } else { 0 };
+        rep + w * self.warp_step + l * self.lane_step + elem
+    }
 }
 
 /// The register map of a value: one [`AxisMap`] per value axis, plus the parent axes

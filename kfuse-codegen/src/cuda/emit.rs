@@ -177,10 +177,16 @@ fn vec_type(bytes: u32) -> Result<&'static str, CodegenError> {
 /// The thread component of a register-map axis: the thread index along the axis for a
 /// plain blocked layout (the caller scales it by `spt`), else in coordinate units.
 fn thr(m: &crate::layout::AxisMap) -> String {
+    thr_in(m, "kf_lane")
+}
+
+/// [`thr`] for the lane whose index is the C expression `lane` (the thread's own:
+/// `kf_lane`).
+fn thr_in(m: &crate::layout::AxisMap, lane: &str) -> String {
     if m.lane_step == m.spt && m.warp_step == m.spt * m.tpw {
         // the plain blocked layout: one thread index, scaled by the caller
         let warp = if m.wpb > 1 { format!("((kf_warp / {}) % {})", m.warp_div, m.wpb) } else { "0".into() };
-        let lane = if m.tpw > 1 { format!("((kf_lane / {}) % {})", m.lane_div, m.tpw) } else { "0".into() };
+        let lane = if m.tpw > 1 { format!("(({lane} / {}) % {})", m.lane_div, m.tpw) } else { "0".into() };
         let t = match (m.wpb > 1, m.tpw > 1) {
             (false, false) => return "0".into(),
             (false, true) => lane,
@@ -195,7 +201,7 @@ fn thr(m: &crate::layout::AxisMap) -> String {
         parts.push(if m.warp_step > 1 { format!("{w} * {}", m.warp_step) } else { w });
     }
     if m.tpw > 1 {
-        let l = format!("((kf_lane / {}) % {})", m.lane_div, m.tpw);
+        let l = format!("(({lane} / {}) % {})", m.lane_div, m.tpw);
         parts.push(if m.lane_step > 1 { format!("{l} * {}", m.lane_step) } else { l });
     }
     match parts.len() {
@@ -212,7 +218,11 @@ fn rep_term(m: &AxisMap, k: &str) -> Option<String> {
 }
 
 fn thread_term(m: &AxisMap) -> Option<String> {
-    let t = thr(m);
+    thread_term_in(m, "kf_lane")
+}
+
+fn thread_term_in(m: &AxisMap, lane: &str) -> Option<String> {
+    let t = thr_in(m, lane);
     let plain = m.lane_step == m.spt && m.warp_step == m.spt * m.tpw;
     (t != "0").then(|| if plain && m.spt > 1 { format!("{t} * {}", m.spt) } else { t })
 }
@@ -243,6 +253,12 @@ fn sum_terms(terms: [Option<String>; 3]) -> String {
 fn local_raw(map: &RegMap, i: usize, k: &str) -> String {
     let m = &map.axes[i];
     sum_terms([rep_term(m, k), thread_term(m), elem_term(m, k)])
+}
+
+/// [`local_raw`] as lane `lane` (a C expression) of this warp holds register `k`.
+fn local_raw_in(map: &RegMap, i: usize, k: &str, lane: &str) -> String {
+    let m = &map.axes[i];
+    sum_terms([rep_term(m, k), thread_term_in(m, lane), elem_term(m, k)])
 }
 
 /// Whether a tile axis of extent `e` at offset `off` is in bounds everywhere: a full

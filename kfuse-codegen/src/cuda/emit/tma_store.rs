@@ -11,15 +11,14 @@ use crate::passes::select_mma_path::{tma_obstacle, tma_order};
 /// Where an epilogue tile leaves by TMA: its shared memory (`c_base` bytes from `base`,
 /// the dynamic shared memory's aligned start, whose shared-space address `saddr` — the
 /// name of the prelude's function — gives), its boxes (`inner` columns, `box_bytes`
-/// each), how many box-sized buffers it goes through (0: the whole tile at once), the
-/// output's tensor map and the thread that issues the bulk stores.
+/// each; the whole tile goes through shared memory at once), the output's tensor map
+/// and the thread that issues the bulk stores.
 pub(super) struct TmaOut<'s> {
     pub base: &'s str,
     pub saddr: &'s str,
     pub c_base: &'s str,
     pub inner: u32,
     pub box_bytes: u32,
-    pub buffers: u32,
     pub map_name: &'s str,
     pub lead: &'s str,
 }
@@ -91,6 +90,75 @@ fn pairs_along_rows(val: &Val) -> bool {
     val.map.as_ref().is_some_and(|map| map.axes.len() == 2 && val.axis_map == [Some(0), Some(1)] && map.axes[1].elem_step == 1 && map.axes[1].spt % 2 == 0)
 }
 
+/// The first register of pair `p` (a C expression) of a tile whose column element
+/// digit has register stride `e1`: pairs are registers `k0` and `k0 + e1`.
+fn pair_reg(e1: u32, p: &str) -> String {
+    if e1 == 1 { format!("2 * ({p})") } else { format!("(({p}) / {e1}) * {} + ({p}) % {e1}", 2 * e1) }
+}
+
+/// Whether a stored tile's registers are 8 × 8 matrix fragments as `stmatrix` takes
+/// them: rank 2, no replicas, one block's, a multiple of four pairs a thread, and in
+/// every warp each pair `p` (registers `k0`, `k0 + e1`, [`pair_reg`]) lies at row
+/// `r_p + lane / 4` and columns `c_p + 2 (lane % 4)` and the next, `r_p` and `c_p` the
+/// warp's, `c_p` a multiple of 8. Checked register by register from the map.
+fn matrix_fragments(map: &RegMap) -> bool {
+    let (rows, cols) = match map.axes.as_slice() {
+        [r, c] => (r, c),
+        _ => return false,
+    };
+    let plain = |m: &AxisMap| !m.replicated() && m.ctas == 1;
+    if !(plain(rows) && plain(cols) && map.dropped.is_empty() && map.regs.is_multiple_of(8)) {
+        return false;
+    }
+    let e1 = cols.e_stride;
+    let warps = rows.wpb * cols.wpb;
+    (0..warps).all(|w| {
+        (0..map.regs / 2).all(|p| {
+            let k0 = (p / e1) * 2 * e1 + p % e1;
+            let (r0, c0) = (rows.local_at(w, 0, k0), cols.local_at(w, 0, k0));
+            c0 % 8 == 0
+                && (0..32).all(|l| {
+                    let at = |k| (rows.local_at(w, l, k), cols.local_at(w, l, k));
+                    at(k0) == (r0 + l / 4, c0 + 2 * (l % 4)) && at(k0 + e1) == (r0 + l / 4, c0 + 2 * (l % 4) + 1)
+                })
+        })
+    })
+}
+
+/// The byte offsets, in the output tile's swizzled shared memory, of the rows a lane
+/// addresses for `stmatrix` quad `m` ([`Emitter::matrices_to_boxes`]), as classes:
+/// each class's first quad and every quad of it with its offset's difference from that
+/// quad's, the same in every lane of every warp (checked for each), so that a thread
+/// computes one address a class. Quads join the first class they fit.
+fn address_classes(map: &RegMap, inner: u32, box_bytes: u32, esz: u32) -> Vec<(u32, Vec<(u32, i64)>)> {
+    let (rows, cols) = (&map.axes[0], &map.axes[1]);
+    let e1 = cols.e_stride;
+    let warps = rows.wpb * cols.wpb;
+    let off = |m: u32, w: u32, l: u32| -> i64 {
+        let p = 4 * m + l / 8;
+        let k0 = (p / e1) * 2 * e1 + p % e1;
+        let rl = 4 * (l % 8);
+        let (row, col) = (rows.local_at(w, rl, k0), cols.local_at(w, rl, k0));
+        let cb = (col % inner) * esz;
+        ((col / inner) * box_bytes + row * 128 + (((cb >> 4) ^ (row & 7)) << 4)) as i64
+    };
+    let mut classes: Vec<(u32, Vec<(u32, i64)>)> = Vec::new();
+    for m in 0..map.regs / 8 {
+        let fit = classes.iter().position(|(f, _)| {
+            let d = off(m, 0, 0) - off(*f, 0, 0);
+            (0..warps).all(|w| (0..32).all(|l| off(m, w, l) - off(*f, w, l) == d))
+        });
+        match fit {
+            Some(c) => {
+                let d = off(m, 0, 0) - off(classes[c].0, 0, 0);
+                classes[c].1.push((m, d));
+            }
+            None => classes.push((m, vec![(m, 0)])),
+        }
+    }
+    classes
+}
+
 /// The registers of the tile being stored: their map and array name, the output's
 /// dtype, the block offsets (C expressions) and the tile's columns.
 struct TileRegs<'s> {
@@ -110,11 +178,13 @@ impl Emitter<'_> {
     /// stores have read it, `Self::drain_tma_stores`).
     pub(super) fn store_by_tma(&mut self, op: OpId, st: &StoreTma) -> R {
         let (at, map) = (self.out_tma_at.to_string(), format!("kf_stm{}", st.map));
-        let out = TmaOut { base: "kf_ops", saddr: "kf_saddr", c_base: &at, inner: st.inner, box_bytes: st.box_bytes, buffers: 0, map_name: &map, lead: GENERAL_LEAD };
+        let out = TmaOut { base: "kf_ops", saddr: "kf_saddr", c_base: &at, inner: st.inner, box_bytes: st.box_bytes, map_name: &map, lead: GENERAL_LEAD };
         // (the plan says so where it does: `tma_store` writes other layouts as they are)
         if self.tma_store(op, &out)? {
-            let Op::Store { tensor, .. } = self.k.op(op) else { unreachable!() };
-            self.dot_notes.push(format!("the tile stored to `{}` leaves through shared memory by TMA bulk stores", self.k.param(*tensor).name));
+            let Op::Store { tensor, dims } = self.k.op(op) else { unreachable!() };
+            let v = self.k.operands(op)[dims.len()];
+            let how = if self.val(v).map.as_ref().is_some_and(matrix_fragments) { ", written there by `stmatrix`" } else { "" };
+            self.dot_notes.push(format!("the tile stored to `{}` leaves through shared memory by TMA bulk stores{how}", self.k.param(*tensor).name));
         }
         Ok(())
     }
@@ -141,13 +211,10 @@ impl Emitter<'_> {
     /// the buffer, the consumers write, fence the writes for the async proxy, meet at
     /// the barrier, and the same thread issues the store.
     ///
-    /// With `buffers > 0` the tile leaves box by box
-    /// through that many box-sized buffers: before writing box `q` into buffer
-    /// `q % buffers`, the thread waits until at most `buffers - 1` bulk stores are still
-    /// reading (all of them before the first box: the previous tile's), and each box's
-    /// registers are those whose column falls in it (known per register at compile time:
-    /// the column axis's thread part stays within one repetition, which a box holds
-    /// whole).
+    /// A tile whose registers are 8 × 8 matrix fragments ([`matrix_fragments`]: the
+    /// accumulators of `wgmma` and `mma.sync`) is written four matrices at a time by
+    /// `stmatrix`, each of its 8-element rows one 16-byte chunk; any other, a pair of
+    /// 16-bit elements at a time.
     ///
     /// Says whether the tile went by TMA (false: a layout this does not write, stored as
     /// the op is).
@@ -174,7 +241,7 @@ impl Emitter<'_> {
         let whole = (0..r).all(|d| super::dim_in_grid(k, self.spec, &self.grid, &dims[d], ops[d], tdims[d]))
             && (0..2).all(|t| val.lo[t] == "0" && val.hi[t] == val.shape[t].to_string());
         if whole {
-            return self.store_tile(out, &tile).map(|()| true);
+            return self.store_whole_tile(out, &tile).map(|()| true);
         }
         // otherwise the tile's valid range and offsets are checked at run time, and where
         // they fail the ordinary store writes the tile
@@ -200,26 +267,12 @@ impl Emitter<'_> {
         let ok = self.fresh("kf_tma_ok");
         self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
         self.open(format!("if ({ok})"))?;
-        self.store_tile(out, &tile)?;
+        self.store_whole_tile(out, &tile)?;
         self.close()?;
         self.open("else")?;
         self.op(op)?;
         self.close()?;
         Ok(true)
-    }
-
-    /// The tile by TMA: whole, or box by box where `out.buffers` is fewer than its
-    /// boxes.
-    fn store_tile(&mut self, out: &TmaOut, t: &TileRegs) -> R {
-        if out.buffers > 0 && out.buffers < t.cols / out.inner {
-            let c = &t.map.axes[1];
-            if c.replicated() || c.ctas > 1 || !out.inner.is_multiple_of(c.chunk) {
-                return Err(CodegenError::Unsupported(format!("an output tile in {}-column boxes from a register layout whose columns repeat every {}", out.inner, c.chunk)));
-            }
-            self.store_box_by_box(out, t)
-        } else {
-            self.store_whole_tile(out, t)
-        }
     }
 
     /// The whole tile through shared memory at once: the thread waits for the previous
@@ -235,13 +288,16 @@ impl Emitter<'_> {
         // address space, so these writes are 32-bit-addressed `STS`, not generic 64-bit
         // `ST` with an extra add each (~1% of a 4096³ bf16 product)
         self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)({} - kf_dsmem) + {});", out.base, out.c_base))?;
-        let pairs = t.map.regs / 2;
-        let e1 = t.map.axes[1].e_stride;
-        self.unroll("p", pairs)?;
-        // register k0 and the next along the columns (element digit 0 and 1)
-        self.line(format!("const int k0 = (p / {e1}) * {} + (p % {e1});", 2 * e1))?;
-        self.pair_to_box(t.map, t.name, t.dtype, inner, box_bytes, None)?;
-        self.close()?;
+        if matrix_fragments(t.map) {
+            self.matrices_to_boxes(t, inner, box_bytes)?;
+        } else {
+            let e1 = t.map.axes[1].e_stride;
+            self.unroll("p", t.map.regs / 2)?;
+            // register k0 and the next along the columns (element digit 0 and 1)
+            self.line(format!("const int k0 = {};", pair_reg(e1, "p")))?;
+            self.pair_to_box(t.map, t.name, t.dtype, inner, box_bytes)?;
+            self.close()?;
+        }
         self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")?;
         self.line(b)?;
         self.open(format!("if ({lead})"))?;
@@ -252,59 +308,64 @@ impl Emitter<'_> {
         self.close()
     }
 
-    /// The tile box by box through `out.buffers` box-sized buffers (see
-    /// [`Self::tma_store`]).
-    fn store_box_by_box(&mut self, out: &TmaOut, t: &TileRegs) -> R {
-        let (lead, inner, box_bytes, buffers) = (out.lead, out.inner, out.box_bytes, out.buffers);
-        let c = &t.map.axes[1];
-        self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)({} - kf_dsmem) + {});", out.base, out.c_base))?;
-        let b = self.barrier;
-        let e1 = c.e_stride;
-        for q in 0..t.cols / inner {
-            let wait = if q == 0 { 0 } else { buffers - 1 };
-            if q == 0 || q >= buffers {
-                self.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read {wait};\" ::: \"memory\");"))?;
-            }
-            self.line(b)?;
-            self.unroll("p", t.map.regs / 2)?;
-            self.line(format!("const int k0 = (p / {e1}) * {} + (p % {e1});", 2 * e1))?;
-            // the box of register k0's column: its repetition's
-            let rep = if c.reps > 1 { format!("((k0 / {}) % {}) * {}", c.rep_stride, c.reps, c.chunk) } else { "0".to_string() };
-            self.open(format!("if (({rep}) / {inner} == {q})"))?;
-            self.pair_to_box(t.map, t.name, t.dtype, inner, box_bytes, Some((q % buffers) * box_bytes))?;
-            self.close()?;
-            self.close()?;
-            self.line("asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\");")?;
-            self.line(b)?;
-            self.open(format!("if ({lead})"))?;
-            self.bulk_store_box(out, t.coords, q * inner, (q % buffers) * box_bytes)?;
-            self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
-            self.close()?;
-        }
-        Ok(())
-    }
-
     /// Writes register `k0` of `name` and the next along the columns (a 16-bit pair)
-    /// into the output tile's swizzled shared memory at `kf_cs`: in the box its column
-    /// falls in (`box_at`: none — the box `col / inner`, boxes `box_bytes` apart — or
-    /// this byte offset, for a tile stored box by box).
-    fn pair_to_box(&mut self, map: &RegMap, name: &str, d: DType, inner: u32, box_bytes: u32, box_at: Option<u32>) -> R {
+    /// into the output tile's swizzled shared memory at `kf_cs`, in the box its column
+    /// falls in (boxes `box_bytes` apart).
+    fn pair_to_box(&mut self, map: &RegMap, name: &str, d: DType, inner: u32, box_bytes: u32) -> R {
         let esz = d.size_bytes() as u32;
         let e1 = map.axes[1].e_stride;
         self.line(format!("const int row = {};", coord(map, 0, "k0")))?;
         self.line(format!("const int col = {};", coord(map, 1, "k0")))?;
-        let base = match box_at {
-            Some(at) => at.to_string(),
-            None => {
-                self.line(format!("const int q = col / {inner};"))?;
-                format!("q * {box_bytes}")
-            }
-        };
+        self.line(format!("const int q = col / {inner};"))?;
         self.line(format!("const int cb = (col % {inner}) * {esz};"))?;
-        self.line(format!("const unsigned off = {base} + row * 128 + ((((cb >> 4) ^ (row & 7)) << 4) | (cb & 15));"))?;
+        self.line(format!("const unsigned off = q * {box_bytes} + row * 128 + ((((cb >> 4) ^ (row & 7)) << 4) | (cb & 15));"))?;
         let lo = from_reg(d, &format!("{name}[k0]"));
         let hi = from_reg(d, &format!("{name}[k0 + {e1}]"));
         self.line(format!("*reinterpret_cast<unsigned*>(kf_cs + off) = kf_pack16({lo}, {hi});"))
+    }
+
+    /// Writes a tile of 8 × 8 matrix fragments ([`matrix_fragments`]) into the output
+    /// tile's swizzled shared memory at `kf_cs` by `stmatrix.x4`, pairs `4m .. 4m + 3`
+    /// at a time (pair `p`: register `k0` and the next along the columns, packed to 16
+    /// bits). Lanes `8j .. 8j + 7` give the addresses of pair `4m + j`'s eight rows:
+    /// lane `l` the row that lane `4 (l % 8)` holds (the fragment's column 0), each row
+    /// an aligned 16-byte chunk of its box. The addresses are a few per thread
+    /// ([`address_classes`]) plus constants, so that none need be kept a quad.
+    fn matrices_to_boxes(&mut self, t: &TileRegs, inner: u32, box_bytes: u32) -> R {
+        let (map, esz) = (t.map, t.dtype.size_bytes() as u32);
+        let e1 = map.axes[1].e_stride;
+        let pk = if t.dtype == DType::F16 { "kf_pk_f16" } else { "kf_pk_bf16" };
+        let classes = address_classes(map, inner, box_bytes, esz);
+        self.line("const int kf_rl = (kf_lane % 8) * 4;")?;
+        let names: Vec<String> = (0..classes.len()).map(|c| format!("kf_sa{c}")).collect();
+        self.line(format!("unsigned {};", names.join(", ")))?;
+        for (c, (first, _)) in classes.iter().enumerate() {
+            self.open("")?;
+            self.line(format!("const int k0 = {};", pair_reg(e1, &format!("{} + kf_lane / 8", 4 * first))))?;
+            self.line(format!("const int row = {};", local_raw_in(map, 0, "k0", "kf_rl")))?;
+            self.line(format!("const int col = {};", local_raw_in(map, 1, "k0", "kf_rl")))?;
+            self.line(format!("const int cb = (col % {inner}) * {esz};"))?;
+            self.line(format!("{} = kf_saddr(kf_cs) + (col / {inner}) * {box_bytes} + row * 128 + (((cb >> 4) ^ (row & 7)) << 4);", names[c]))?;
+            self.close()?;
+        }
+        let mut quads: Vec<(u32, usize, i64)> = classes.iter().enumerate().flat_map(|(c, (_, ms))| ms.iter().map(move |&(m, d)| (m, c, d))).collect();
+        quads.sort();
+        for (m, c, d) in quads {
+            let at = match d {
+                0 => names[c].clone(),
+                d if d > 0 => format!("{} + {d}", names[c]),
+                d => format!("{} - {}", names[c], -d),
+            };
+            let words: Vec<String> = (0..4)
+                .map(|j| {
+                    let p = 4 * m + j;
+                    let k = (p / e1) * 2 * e1 + p % e1;
+                    format!("\"r\"({pk}({n}[{k}], {n}[{}]))", k + e1, n = t.name)
+                })
+                .collect();
+            self.line(format!("asm volatile(\"stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {{%1, %2, %3, %4}};\" :: \"r\"({at}), {} : \"memory\");", words.join(", ")))?;
+        }
+        Ok(())
     }
 
     /// The bulk store of one `[BM, inner]` box of the output tile, `col` columns into it,
@@ -321,5 +382,83 @@ impl Emitter<'_> {
             r + 1,
             ins.join(", ")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{blocked, mma_accumulator, mma_tiles_accumulator};
+    use kfuse_ir::Layout;
+
+    /// The byte offset the pair path writes element pair `(k0, k0 + e1)` of thread
+    /// `(w, l)` to ([`Emitter::pair_to_box`]), from the map's coordinates.
+    fn pair_offset(map: &RegMap, w: u32, l: u32, k0: u32, inner: u32, box_bytes: u32) -> u32 {
+        let (row, col) = (map.axes[0].local_at(w, l, k0), map.axes[1].local_at(w, l, k0));
+        let cb = (col % inner) * 2;
+        (col / inner) * box_bytes + row * 128 + ((((cb >> 4) ^ (row & 7)) << 4) | (cb & 15))
+    }
+
+    /// `stmatrix.x4` as the PTX ISA defines it, on the addresses
+    /// [`Emitter::matrices_to_boxes`] gives (each class's first quad's offset plus the
+    /// quad's difference): matrix `j` of quad `m` takes its row `r` from lane `8j + r`,
+    /// and that row's 4-byte word `c` is register `j` of lane `4r + c`, i.e. pair
+    /// `4m + j` of that lane. Every pair must land where the pair path puts it.
+    fn stores_like_pairs(map: &RegMap, inner: u32, box_bytes: u32) {
+        let e1 = map.axes[1].e_stride;
+        let warps = map.axes[0].wpb * map.axes[1].wpb;
+        let classes = address_classes(map, inner, box_bytes, 2);
+        let first_off = |m: u32, w: u32, l: u32| {
+            let p = 4 * m + l / 8;
+            let k0 = (p / e1) * 2 * e1 + p % e1;
+            let rl = 4 * (l % 8);
+            let (row, col) = (map.axes[0].local_at(w, rl, k0), map.axes[1].local_at(w, rl, k0));
+            let cb = (col % inner) * 2;
+            (col / inner) * box_bytes + row * 128 + (((cb >> 4) ^ (row & 7)) << 4)
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for (first, quads) in &classes {
+            for &(m, d) in quads {
+                for w in 0..warps {
+                    for j in 0..4 {
+                        for r in 0..8 {
+                            // the row address lane 8j + r gives
+                            let addr = (first_off(*first, w, 8 * j + r) as i64 + d) as u32;
+                            for c in 0..4 {
+                                let p = 4 * m + j;
+                                let k0 = (p / e1) * 2 * e1 + p % e1;
+                                assert_eq!(addr + 4 * c, pair_offset(map, w, 4 * r + c, k0, inner, box_bytes), "quad {m} matrix {j} row {r} word {c} of warp {w}");
+                                assert!(seen.insert((w, 4 * r + c, k0)));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(seen.len() as u32, warps * 32 * map.regs / 2, "every pair written once");
+    }
+
+    #[test]
+    fn matrix_fragments_store_what_the_pairs_store() {
+        // wgmma accumulators of 64 rows a warpgroup: 128 x 256 (GEMM), 256 x 128 over
+        // four warpgroups, 64 x 64; mma.sync tiles over 2 x 2 warps
+        for p in [mma_accumulator(128, 256, 8), mma_accumulator(256, 128, 16), mma_accumulator(64, 64, 4), mma_tiles_accumulator(64, 128, [2, 2])] {
+            let map = RegMap::of(&Layout::Blocked(p.clone())).unwrap();
+            assert!(matrix_fragments(&map), "{p:?}");
+            stores_like_pairs(&map, 64, p.shape[0] * 128);
+        }
+        // the GEMM's 128 x 256 tile: four addresses a thread, the rest constants
+        let map = RegMap::of(&Layout::Blocked(mma_accumulator(128, 256, 8))).unwrap();
+        assert_eq!(address_classes(&map, 64, 128 * 128, 2).len(), 4);
+    }
+
+    #[test]
+    fn other_layouts_are_written_in_pairs() {
+        // a blocked layout of 8 columns a thread is not an 8 x 8 fragment
+        let map = RegMap::of(&Layout::Blocked(blocked(&[128, 256], &[1, 0], 8, 256, &[1, 0], &[1, 1]))).unwrap();
+        assert!(!matrix_fragments(&map));
+        // nor a tile of fewer than four pairs a thread
+        let map = RegMap::of(&Layout::Blocked(mma_accumulator(16, 8, 1))).unwrap();
+        assert!(!matrix_fragments(&map));
     }
 }
