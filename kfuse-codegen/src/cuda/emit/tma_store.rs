@@ -96,11 +96,27 @@ fn pair_reg(e1: u32, p: &str) -> String {
     if e1 == 1 { format!("2 * ({p})") } else { format!("(({p}) / {e1}) * {} + ({p}) % {e1}", 2 * e1) }
 }
 
+/// [`pair_reg`] as a number.
+fn pair_first(e1: u32, p: u32) -> u32 {
+    (p / e1) * 2 * e1 + p % e1
+}
+
+/// The byte offset of element `(row, col)` in the output tile's shared memory: boxes of
+/// `inner` columns `box_bytes` apart, 128-byte rows, 16-byte chunk `j` of row `r` at
+/// chunk `j ^ (r % 8)` (what [`Emitter::pair_to_box`] and
+/// [`Emitter::matrices_to_boxes`] print).
+fn swizzled(row: u32, col: u32, inner: u32, box_bytes: u32, esz: u32) -> u32 {
+    let cb = (col % inner) * esz;
+    (col / inner) * box_bytes + row * 128 + ((((cb >> 4) ^ (row & 7)) << 4) | (cb & 15))
+}
+
 /// Whether a stored tile's registers are 8 × 8 matrix fragments as `stmatrix` takes
 /// them: rank 2, no replicas, one block's, a multiple of four pairs a thread, and in
 /// every warp each pair `p` (registers `k0`, `k0 + e1`, [`pair_reg`]) lies at row
 /// `r_p + lane / 4` and columns `c_p + 2 (lane % 4)` and the next, `r_p` and `c_p` the
-/// warp's, `c_p` a multiple of 8. Checked register by register from the map.
+/// warp's, `c_p` a multiple of 8. A coordinate is the sum of a register, a lane and a
+/// warp part ([`AxisMap::local_at`]), so each part is checked alone: the lanes' (32),
+/// the pairs' (`regs / 2`) and the columns' alignment in every warp.
 fn matrix_fragments(map: &RegMap) -> bool {
     let (rows, cols) = match map.axes.as_slice() {
         [r, c] => (r, c),
@@ -111,52 +127,60 @@ fn matrix_fragments(map: &RegMap) -> bool {
         return false;
     }
     let e1 = cols.e_stride;
-    let warps = rows.wpb * cols.wpb;
-    (0..warps).all(|w| {
-        (0..map.regs / 2).all(|p| {
-            let k0 = (p / e1) * 2 * e1 + p % e1;
-            let (r0, c0) = (rows.local_at(w, 0, k0), cols.local_at(w, 0, k0));
-            c0 % 8 == 0
-                && (0..32).all(|l| {
-                    let at = |k| (rows.local_at(w, l, k), cols.local_at(w, l, k));
-                    at(k0) == (r0 + l / 4, c0 + 2 * (l % 4)) && at(k0 + e1) == (r0 + l / 4, c0 + 2 * (l % 4) + 1)
-                })
-        })
-    })
+    let lanes = (0..32).all(|l| rows.local_at(0, l, 0) == rows.local_at(0, 0, 0) + l / 4 && cols.local_at(0, l, 0) == cols.local_at(0, 0, 0) + 2 * (l % 4));
+    let pairs = (0..map.regs / 2).map(|p| pair_first(e1, p)).all(|k0| rows.local_at(0, 0, k0 + e1) == rows.local_at(0, 0, k0) && cols.local_at(0, 0, k0 + e1) == cols.local_at(0, 0, k0) + 1);
+    let aligned = (0..rows.wpb * cols.wpb).all(|w| (0..map.regs / 2).all(|p| cols.local_at(w, 0, pair_first(e1, p)).is_multiple_of(8)));
+    lanes && pairs && aligned
 }
 
 /// The byte offsets, in the output tile's swizzled shared memory, of the rows a lane
 /// addresses for `stmatrix` quad `m` ([`Emitter::matrices_to_boxes`]), as classes:
 /// each class's first quad and every quad of it with its offset's difference from that
-/// quad's, the same in every lane of every warp (checked for each), so that a thread
-/// computes one address a class. Quads join the first class they fit.
+/// quad's, the same in every lane of every warp (checked for each, from a table of the
+/// offsets), so that a thread computes one address a class. Quads join the first class
+/// they fit.
 fn address_classes(map: &RegMap, inner: u32, box_bytes: u32, esz: u32) -> Vec<(u32, Vec<(u32, i64)>)> {
     let (rows, cols) = (&map.axes[0], &map.axes[1]);
     let e1 = cols.e_stride;
-    let warps = rows.wpb * cols.wpb;
-    let off = |m: u32, w: u32, l: u32| -> i64 {
-        let p = 4 * m + l / 8;
-        let k0 = (p / e1) * 2 * e1 + p % e1;
-        let rl = 4 * (l % 8);
-        let (row, col) = (rows.local_at(w, rl, k0), cols.local_at(w, rl, k0));
-        let cb = (col % inner) * esz;
-        ((col / inner) * box_bytes + row * 128 + (((cb >> 4) ^ (row & 7)) << 4)) as i64
-    };
+    let threads = 32 * rows.wpb * cols.wpb;
+    // quad m's offset in thread t (warp t / 32, lane t % 32): row `lane % 8` of matrix
+    // `lane / 8`, held by lane `4 (lane % 8)`
+    let off: Vec<Vec<i64>> = (0..map.regs / 8)
+        .map(|m| {
+            (0..threads)
+                .map(|t| {
+                    let (w, l) = (t / 32, t % 32);
+                    let (k0, rl) = (pair_first(e1, 4 * m + l / 8), 4 * (l % 8));
+                    swizzled(rows.local_at(w, rl, k0), cols.local_at(w, rl, k0), inner, box_bytes, esz) as i64
+                })
+                .collect()
+        })
+        .collect();
     let mut classes: Vec<(u32, Vec<(u32, i64)>)> = Vec::new();
-    for m in 0..map.regs / 8 {
+    for (m, o) in off.iter().enumerate() {
+        let m = m as u32;
         let fit = classes.iter().position(|(f, _)| {
-            let d = off(m, 0, 0) - off(*f, 0, 0);
-            (0..warps).all(|w| (0..32).all(|l| off(m, w, l) - off(*f, w, l) == d))
+            let first = &off[*f as usize];
+            o.iter().zip(first).all(|(a, b)| a - b == o[0] - first[0])
         });
         match fit {
             Some(c) => {
-                let d = off(m, 0, 0) - off(classes[c].0, 0, 0);
+                let d = o[0] - off[classes[c].0 as usize][0];
                 classes[c].1.push((m, d));
             }
             None => classes.push((m, vec![(m, 0)])),
         }
     }
     classes
+}
+
+/// How a tile was written into the TMA store's shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Written {
+    /// A pair of 16-bit elements at a time.
+    Pairs,
+    /// Four 8 × 8 matrices at a time, by `stmatrix` ([`matrix_fragments`]).
+    Matrices,
 }
 
 /// The registers of the tile being stored: their map and array name, the output's
@@ -180,10 +204,9 @@ impl Emitter<'_> {
         let (at, map) = (self.out_tma_at.to_string(), format!("kf_stm{}", st.map));
         let out = TmaOut { base: "kf_ops", saddr: "kf_saddr", c_base: &at, inner: st.inner, box_bytes: st.box_bytes, map_name: &map, lead: GENERAL_LEAD };
         // (the plan says so where it does: `tma_store` writes other layouts as they are)
-        if self.tma_store(op, &out)? {
-            let Op::Store { tensor, dims } = self.k.op(op) else { unreachable!() };
-            let v = self.k.operands(op)[dims.len()];
-            let how = if self.val(v).map.as_ref().is_some_and(matrix_fragments) { ", written there by `stmatrix`" } else { "" };
+        if let Some(written) = self.tma_store(op, &out)? {
+            let Op::Store { tensor, .. } = self.k.op(op) else { unreachable!() };
+            let how = if written == Written::Matrices { ", written there by `stmatrix`" } else { "" };
             self.dot_notes.push(format!("the tile stored to `{}` leaves through shared memory by TMA bulk stores{how}", self.k.param(*tensor).name));
         }
         Ok(())
@@ -216,9 +239,9 @@ impl Emitter<'_> {
     /// `stmatrix`, each of its 8-element rows one 16-byte chunk; any other, a pair of
     /// 16-bit elements at a time.
     ///
-    /// Says whether the tile went by TMA (false: a layout this does not write, stored as
-    /// the op is).
-    pub(super) fn tma_store(&mut self, op: OpId, out: &TmaOut) -> Result<bool, CodegenError> {
+    /// Says how the tile went into shared memory for TMA (none: a layout this does not
+    /// write, stored as the op is).
+    pub(super) fn tma_store(&mut self, op: OpId, out: &TmaOut) -> Result<Option<Written>, CodegenError> {
         let k = self.k;
         let Op::Store { tensor, dims } = k.op(op) else { unreachable!() };
         let ops = k.operands(op);
@@ -227,13 +250,13 @@ impl Emitter<'_> {
         let val = self.val(v).clone();
         let map = val.map.clone().ok_or_else(|| CodegenError::Unsupported("a scalar epilogue store".into()))?;
         if !pairs_along_rows(&val) {
-            return self.op(op).map(|()| false);
+            return self.op(op).map(|()| None);
         }
         let tdims = k.tensor_dims(*tensor).to_vec();
         let offs: Vec<String> = ops[..r].iter().map(|o| self.val(*o).name.clone()).collect();
         // the tile's two dimensions (value axes 0 and 1) and the tensor map's order
         let tiles: Vec<usize> = (0..r).filter(|&d| matches!(dims[d], AccessDim::Tile(_))).collect();
-        let Some(order) = tma_order(k, self.spec, op).filter(|_| tiles.len() == 2) else { return self.op(op).map(|()| false) };
+        let Some(order) = tma_order(k, self.spec, op).filter(|_| tiles.len() == 2) else { return self.op(op).map(|()| None) };
         let coords: Vec<String> = order.iter().map(|&d| offs[d as usize].clone()).collect();
         let tile = TileRegs { map: &map, name: &val.name, dtype: k.param(*tensor).dtype, coords: &coords, cols: val.shape[1] };
         // a tile valid everywhere (its range the extents, known here) that the tensor
@@ -241,7 +264,7 @@ impl Emitter<'_> {
         let whole = (0..r).all(|d| super::dim_in_grid(k, self.spec, &self.grid, &dims[d], ops[d], tdims[d]))
             && (0..2).all(|t| val.lo[t] == "0" && val.hi[t] == val.shape[t].to_string());
         if whole {
-            return self.store_whole_tile(out, &tile).map(|()| true);
+            return self.store_whole_tile(out, &tile).map(Some);
         }
         // otherwise the tile's valid range and offsets are checked at run time, and where
         // they fail the ordinary store writes the tile
@@ -267,18 +290,18 @@ impl Emitter<'_> {
         let ok = self.fresh("kf_tma_ok");
         self.line(format!("const bool {ok} = {};", conds.join(" && ")))?;
         self.open(format!("if ({ok})"))?;
-        self.store_whole_tile(out, &tile)?;
+        let written = self.store_whole_tile(out, &tile)?;
         self.close()?;
         self.open("else")?;
         self.op(op)?;
         self.close()?;
-        Ok(true)
+        Ok(Some(written))
     }
 
     /// The whole tile through shared memory at once: the thread waits for the previous
     /// tile's bulk stores to have read the buffer, every consumer writes its registers,
     /// then the thread stores every box.
-    fn store_whole_tile(&mut self, out: &TmaOut, t: &TileRegs) -> R {
+    fn store_whole_tile(&mut self, out: &TmaOut, t: &TileRegs) -> Result<Written, CodegenError> {
         let (lead, inner, box_bytes) = (out.lead, out.inner, out.box_bytes);
         self.line(format!("if ({lead}) asm volatile(\"cp.async.bulk.wait_group.read 0;\" ::: \"memory\");"))?;
         let b = self.barrier;
@@ -288,7 +311,8 @@ impl Emitter<'_> {
         // address space, so these writes are 32-bit-addressed `STS`, not generic 64-bit
         // `ST` with an extra add each (~1% of a 4096³ bf16 product)
         self.line(format!("unsigned char* kf_cs = kf_dsmem + ((unsigned)({} - kf_dsmem) + {});", out.base, out.c_base))?;
-        if matrix_fragments(t.map) {
+        let written = if matrix_fragments(t.map) { Written::Matrices } else { Written::Pairs };
+        if written == Written::Matrices {
             self.matrices_to_boxes(t, inner, box_bytes)?;
         } else {
             let e1 = t.map.axes[1].e_stride;
@@ -305,7 +329,8 @@ impl Emitter<'_> {
             self.bulk_store_box(out, t.coords, q * inner, q * box_bytes)?;
         }
         self.line("asm volatile(\"cp.async.bulk.commit_group;\" ::: \"memory\");")?;
-        self.close()
+        self.close()?;
+        Ok(written)
     }
 
     /// Writes register `k0` of `name` and the next along the columns (a 16-bit pair)
@@ -358,8 +383,7 @@ impl Emitter<'_> {
             };
             let words: Vec<String> = (0..4)
                 .map(|j| {
-                    let p = 4 * m + j;
-                    let k = (p / e1) * 2 * e1 + p % e1;
+                    let k = pair_first(e1, 4 * m + j);
                     format!("\"r\"({pk}({n}[{k}], {n}[{}]))", k + e1, n = t.name)
                 })
                 .collect();
@@ -394,9 +418,7 @@ mod tests {
     /// The byte offset the pair path writes element pair `(k0, k0 + e1)` of thread
     /// `(w, l)` to ([`Emitter::pair_to_box`]), from the map's coordinates.
     fn pair_offset(map: &RegMap, w: u32, l: u32, k0: u32, inner: u32, box_bytes: u32) -> u32 {
-        let (row, col) = (map.axes[0].local_at(w, l, k0), map.axes[1].local_at(w, l, k0));
-        let cb = (col % inner) * 2;
-        (col / inner) * box_bytes + row * 128 + ((((cb >> 4) ^ (row & 7)) << 4) | (cb & 15))
+        swizzled(map.axes[0].local_at(w, l, k0), map.axes[1].local_at(w, l, k0), inner, box_bytes, 2)
     }
 
     /// `stmatrix.x4` as the PTX ISA defines it, on the addresses
@@ -409,12 +431,8 @@ mod tests {
         let warps = map.axes[0].wpb * map.axes[1].wpb;
         let classes = address_classes(map, inner, box_bytes, 2);
         let first_off = |m: u32, w: u32, l: u32| {
-            let p = 4 * m + l / 8;
-            let k0 = (p / e1) * 2 * e1 + p % e1;
-            let rl = 4 * (l % 8);
-            let (row, col) = (map.axes[0].local_at(w, rl, k0), map.axes[1].local_at(w, rl, k0));
-            let cb = (col % inner) * 2;
-            (col / inner) * box_bytes + row * 128 + (((cb >> 4) ^ (row & 7)) << 4)
+            let (k0, rl) = (pair_first(e1, 4 * m + l / 8), 4 * (l % 8));
+            swizzled(map.axes[0].local_at(w, rl, k0), map.axes[1].local_at(w, rl, k0), inner, box_bytes, 2)
         };
         let mut seen = std::collections::BTreeSet::new();
         for (first, quads) in &classes {
@@ -425,8 +443,7 @@ mod tests {
                             // the row address lane 8j + r gives
                             let addr = (first_off(*first, w, 8 * j + r) as i64 + d) as u32;
                             for c in 0..4 {
-                                let p = 4 * m + j;
-                                let k0 = (p / e1) * 2 * e1 + p % e1;
+                                let k0 = pair_first(e1, 4 * m + j);
                                 assert_eq!(addr + 4 * c, pair_offset(map, w, 4 * r + c, k0, inner, box_bytes), "quad {m} matrix {j} row {r} word {c} of warp {w}");
                                 assert!(seen.insert((w, 4 * r + c, k0)));
                             }
