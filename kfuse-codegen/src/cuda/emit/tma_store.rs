@@ -1,5 +1,6 @@
 //! A store of a register tile through shared memory and TMA bulk stores (sm_90a): the
-//! tile is written into swizzled shared memory and sent out whole or box by box, where
+//! whole tile is written into swizzled shared memory (accumulator fragments by
+//! `stmatrix`) and sent out one 128-byte-wide box a bulk store, where
 //! [`general_stores`] finds a store that can. A tile whose valid range is its extents
 //! (known when the kernel is written) and that the tensor holds whole wherever the
 //! store runs goes by TMA alone; any other checks at run time that its valid range is
