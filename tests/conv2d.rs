@@ -248,14 +248,21 @@ fn conv_kernels_compile_for_sm80_and_sm90a() {
 /// the snapshot spec with a 3 × 3 filter (the gathered rows, the rings and their row
 /// tables on sm_90a; the depthwise taps unrolled): a snapshot changes only when the
 /// compiler's output does.
+/// A convolution kernel in bf16 and the snapshots' specialization: large shapes, a 3 × 3
+/// filter (its tap loops unrolled).
+fn snapshot_kernel(def: &kfuse::ir::KernelDef) -> (kfuse::ir::Kernel, kfuse::codegen::Spec) {
+    let k = (def.build)(&[DType::BF16]).unwrap();
+    let mut spec = common::snapshot_spec(def);
+    let vals: Vec<u64> = k.shape_syms.iter().map(|s| if s == "R" || s == "S" { 3 } else { 4096 }).collect();
+    spec.shape_exact = kfuse::codegen::target::exact_shapes(&k, &vals);
+    (k, spec)
+}
+
 #[test]
 fn conv_kernel_snapshots() {
     use kfuse::codegen::Target;
     for def in [&kernels::conv2d::DEF, &kernels::conv2d_depthwise::DEF] {
-        let k = (def.build)(&[DType::BF16]).unwrap();
-        let mut spec = common::snapshot_spec(def);
-        let vals: Vec<u64> = k.shape_syms.iter().map(|s| if s == "R" || s == "S" { 3 } else { 4096 }).collect();
-        spec.shape_exact = kfuse::codegen::target::exact_shapes(&k, &vals);
+        let (k, spec) = snapshot_kernel(def);
         for target in [Target::sm90a(), Target::sm80()] {
             let e = kfuse::codegen::compile(&k, &spec, &target).unwrap();
             if def.name == "conv2d_depthwise" {
@@ -264,6 +271,31 @@ fn conv_kernel_snapshots() {
                 assert!(plan.contains(": unrolled, 3 iterations (R = 3 at this launch)") && plan.contains(": unrolled, 3 iterations (S = 3 at this launch)"), "{plan}");
             }
             insta::assert_snapshot!(format!("{}_bf16_{}", def.name, target.arch()), e.source);
+        }
+    }
+}
+
+/// Where the input's offsets fit 32 bits (`Spec::offsets32`, which the runtime sets for a
+/// tensor whose elements all lie within 2^31 of its first), the gathered rows are addressed
+/// in 32-bit arithmetic: the depthwise kernel's vector loads sum their coordinates times
+/// the strides in 32 bits, and the implicit GEMM's row tables (its ring's, on both
+/// targets) hold 32-bit offsets (the
+/// 64-bit forms are the snapshots'); both compile without spills on sm_80 and sm_90a, and
+/// divide the pixel index by the launch's multiply-shift words (`dm_pq`, `dm_oq`).
+#[test]
+fn gathered_rows_address_in_32_bits_where_offsets_fit() {
+    use kfuse::codegen::Target;
+    for def in [&kernels::conv2d::DEF, &kernels::conv2d_depthwise::DEF] {
+        let (k, mut spec) = snapshot_kernel(def);
+        spec.offsets32 = vec![true; k.params.len()];
+        for target in [Target::sm90a(), Target::sm80()] {
+            let what = format!("{} on {}", def.name, target.arch());
+            let (e, regs, spill) = common::compile_assembled(&k, &spec, &target, &what).unwrap_or_else(|e| panic!("{what}: {}", e.0));
+            assert_eq!(spill, 0, "{what}: {spill} bytes of spills ({regs} registers)");
+            assert!(e.source.contains("kf_divm(") && e.source.contains("dm_pq") && e.source.contains("dm_oq") && !e.source.contains("kf_divi("), "{what}: not divided by the launch's words:\n{}", e.source);
+            let form = if def.name == "conv2d" { "__shared__ unsigned kf_gt" } else { "+ (unsigned long long)((unsigned)" };
+            assert!(e.source.contains(form), "{what}: no `{form}`:\n{}", e.source);
+            assert!(!e.source.contains("__shared__ long long kf_gt"), "{what}: 64-bit row tables");
         }
     }
 }

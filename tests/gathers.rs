@@ -96,6 +96,35 @@ fn box_sums_with_zero_padding() {
     }
 }
 
+/// Tiles of coordinates divided by a scalar and by a shape: a multiply-high and a shift
+/// (the launch's multiply-shift word) where the numerator and the divisor fit 31 bits, the
+/// 64-bit division elsewhere — numerators from −50 and across 2^31, divisors from 1 to past
+/// 2^32 and negative — against Rust's `/` and `%` (which truncate, as C does).
+#[test]
+fn coordinates_divided_by_launch_values() {
+    let dev = dev();
+    let n = 1001;
+    let big = (1i64 << 31) - 400;
+    for d in [1i64, 3, 56, 3136, 65_537, (1 << 31) - 1, 1 << 31, (1 << 33) + 3, -7] {
+        for off in [0i64, -50, big] {
+            // the shape divisor: `x`'s extent (positive, and small enough to allocate)
+            let ds = d.clamp(1, 70_001) as usize;
+            let x = Tensor::full(&[ds], 1.5, DType::F32, &dev).unwrap();
+            // (poisoned with a value no quotient or remainder here takes)
+            let mut outs: Vec<Tensor> = (0..4).map(|_| Tensor::full(&[n], -987_654_321.0, DType::I64, &dev).unwrap()).collect();
+            let [q, r, qs, rs] = &mut outs[..] else { unreachable!() };
+            divide_rows(d, off, &x, q, r, qs, rs).unwrap();
+            let ms: Vec<i64> = (0..n as i64).map(|t| off + t).collect();
+            let got = |t: &Tensor| t.to_vec_f64().unwrap().iter().map(|&v| v as i64).collect::<Vec<_>>();
+            let ds = ds as i64;
+            assert_eq!(got(q), ms.iter().map(|m| m / d).collect::<Vec<_>>(), "m / {d} from {off} on {}", dev.describe());
+            assert_eq!(got(r), ms.iter().map(|m| m % d).collect::<Vec<_>>(), "m % {d} from {off} on {}", dev.describe());
+            assert_eq!(got(qs), ms.iter().map(|m| m / ds).collect::<Vec<_>>(), "m / D = {ds} from {off} on {}", dev.describe());
+            assert_eq!(got(rs), ms.iter().map(|m| m % ds).collect::<Vec<_>>(), "m % D = {ds} from {off} on {}", dev.describe());
+        }
+    }
+}
+
 /// The kernels compile for sm_80 and sm_90a: NVRTC, then `ptxas -v`, no spills.
 #[test]
 fn gather_kernels_compile_for_sm80_and_sm90a() {

@@ -90,6 +90,11 @@ pub struct Spec {
     /// value, and a loop whose trip count that makes a small constant is unrolled
     /// ([`exact_shapes`] fills it from a launch's shape values).
     pub shape_exact: Vec<u32>,
+    /// Per parameter (in signature order): whether every element of the tensor lies
+    /// less than 2^31 elements from its first (`Σ (extent − 1) · stride < 2^31`, no
+    /// stride negative), so that the offset of coordinates checked to be inside it fits
+    /// 32-bit arithmetic (gathered rows are addressed so). Missing or `false`: 64-bit.
+    pub offsets32: Vec<bool>,
     /// Tile-size overrides by tile-symbol name (`BN` → 1024); powers of two. The
     /// user's (`KFUSE_TILES`, `Config::tile`) and an autotuner's; nothing else writes here.
     pub tiles: BTreeMap<String, u32>,
@@ -122,6 +127,11 @@ impl Spec {
     /// ([`Spec::shape_exact`]).
     pub fn exact(&self, sym: ShapeSym) -> Option<u64> {
         self.shape_exact.get(sym.0 as usize).copied().filter(|&v| v > 0).map(u64::from)
+    }
+
+    /// Whether tensor parameter `p`'s in-bounds offsets fit 32 bits ([`Spec::offsets32`]).
+    pub fn offsets32(&self, p: ParamId) -> bool {
+        self.offsets32.get(p.0 as usize).copied().unwrap_or(false)
     }
 
     /// Whether the launch's facts ([`Spec::shape_div`]) say that `t` divides the extent
@@ -185,6 +195,34 @@ pub fn shape_facts(v: u64) -> (u32, u32) {
     (pow2 as u32, (1u64 << v.trailing_zeros()).min(cap) as u32)
 }
 
+/// The word a kernel divides by `d` with ([`KernelParam::DivMagic`]): for `1 ≤ d < 2^31`,
+/// the shift `l = ⌈log2 d⌉` in the high half and the multiplier `m = ⌊2^32 · (2^l − d) / d⌋
+/// + 1` (mod 2^32) in the low, so that `n / d = (umulhi(n, m) + n) >> l` for every `0 ≤ n <
+/// 2^31` (the round-up method of Granlund and Montgomery, "Division by invariant integers
+/// using multiplication", 1994); −1 for any other `d`, where the kernel divides the slow
+/// way.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_codegen::target::div_magic;
+/// let w = div_magic(56);
+/// let (m, l) = (w as u64 & 0xffff_ffff, (w >> 32) as u32);
+/// for n in [0u64, 55, 56, 3135, (1 << 31) - 1] {
+///     assert_eq!((((n * m) >> 32) + n) >> l, n / 56);
+/// }
+/// assert_eq!(div_magic(0), -1);
+/// assert_eq!(div_magic(1 << 31), -1);
+/// ```
+pub fn div_magic(d: i64) -> i64 {
+    if !(1..1i64 << 31).contains(&d) {
+        return -1;
+    }
+    let l = 64 - (d as u64 - 1).leading_zeros() as i64;
+    let m = ((1u128 << 32) * ((1u128 << l) - d as u128) / d as u128 + 1) as u64 & 0xffff_ffff;
+    (l << 32) | m as i64
+}
+
 /// One CUDA kernel parameter, in order.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum KernelParam {
@@ -202,6 +240,11 @@ pub enum KernelParam {
     Shape(#[serde(with = "ShapeSymDef")] ShapeSym),
     /// A scalar parameter (`float` for f32, `long long` for i64).
     Scalar(#[serde(with = "ParamIdDef")] ParamId),
+    /// The multiply and shift that divide by the value of an i64 [`KernelParam::Scalar`]
+    /// or a [`KernelParam::Shape`] (`long long`, [`div_magic`] of the value): tiles of
+    /// coordinates divided by a launch's value take a multiply-high and a shift instead
+    /// of a division.
+    DivMagic(Box<KernelParam>),
     /// A TMA tensor map of a tensor parameter (`const __grid_constant__ CUtensorMap`,
     /// 128 bytes, passed by value), built by the runtime with `cuTensorMapEncodeTiled`:
     /// the tensor's whole extent and strides, copied in boxes of `box_dims` elements
@@ -340,7 +383,45 @@ pub fn group_record_words(params: &[KernelParam]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::shape_facts;
+    use super::{div_magic, shape_facts};
+
+    /// `n / d` as a kernel computes it from [`div_magic`]'s word (32-bit registers).
+    fn divide(n: u32, w: i64) -> u32 {
+        let (m, l) = (w as u32, (w >> 32) as u32);
+        let hi = ((n as u64 * m as u64) >> 32) as u32;
+        (hi + n) >> l
+    }
+
+    #[test]
+    fn div_magic_divides_every_numerator_below_2_pow_31() {
+        // divisors of every magnitude, powers of two and their neighbours among them;
+        // numerators near 0, near multiples of the divisor, near 2^31, and pseudo-random
+        let mut divisors: Vec<i64> = (1..=300).collect();
+        for b in 1..31 {
+            divisors.extend([(1 << b) - 1, 1 << b, (1 << b) + 1]);
+        }
+        divisors.extend([3136, 12544, 1_000_003, (1 << 31) - 1]);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for &d in &divisors {
+            let w = div_magic(d);
+            assert!(w >= 0, "{d}");
+            let mut ns: Vec<u32> = vec![0, 1, (1 << 31) - 1, (1 << 31) - 2];
+            for q in [1u64, 2, 7, 1000] {
+                let m = q * d as u64;
+                ns.extend([m.saturating_sub(1), m, m + 1].iter().filter(|&&v| v < 1 << 31).map(|&v| v as u32));
+            }
+            for _ in 0..200 {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                ns.push((x >> 33) as u32);
+            }
+            for n in ns {
+                assert_eq!(divide(n, w), n / d as u32, "{n} / {d}");
+            }
+        }
+        for d in [0, -1, -56, 1 << 31, i64::MAX] {
+            assert_eq!(div_magic(d), -1, "{d}");
+        }
+    }
 
     #[test]
     fn shape_facts_round_up_and_divide() {

@@ -736,6 +736,22 @@ pub(crate) fn tensor_spec<T: TensorFacts>(t: &T) -> TensorSpec {
     }
 }
 
+/// Whether every element of `t` lies less than 2^31 elements from its first, with no
+/// negative stride ([`Spec::offsets32`]).
+pub(crate) fn offsets_fit_32<T: TensorFacts>(t: &T) -> bool {
+    let mut span: u128 = 0;
+    for (&n, &st) in t.shape().iter().zip(t.strides()) {
+        if n == 0 {
+            return true;
+        }
+        if st < 0 {
+            return false;
+        }
+        span += (n as u128 - 1) * st as u128;
+    }
+    span < 1 << 31
+}
+
 /// The specialization facts of actual arguments: per tensor parameter the alignment of
 /// element 0's address and the divisibility of each stride (0 for a unit stride), per
 /// shape symbol its value rounded up to a power of two (at least 1, at most 2^31) and
@@ -755,10 +771,12 @@ fn spec_with_shapes<A: ArgFacts>(kernel: &Kernel, args: &[A], vals: &[u64]) -> R
             _ => None,
         })
         .collect();
+    let offsets32 = kernel.params.iter().zip(args).map(|(p, a)| p.is_tensor() && a.tensor().is_some_and(offsets_fit_32)).collect();
     let (shape_pow2, shape_div) = vals.iter().map(|&v| kfuse_codegen::target::shape_facts(v)).unzip();
     let settings = crate::settings::current();
     Ok(Spec {
         tensors,
+        offsets32,
         shape_pow2,
         shape_div,
         shape_exact: kfuse_codegen::target::exact_shapes(kernel, vals),
@@ -781,6 +799,8 @@ fn gpu_spec<A: ArgFacts>(kernel: &Kernel, args: &[A], shapes: &[u64], target: &T
     let mut spec = spec_with_shapes(kernel, args, shapes)?;
     for c in copies {
         spec.tensors[c.param] = Some(c.layout.spec());
+        // (the copy's extent is not the argument's)
+        spec.offsets32[c.param] = false;
     }
     spec.shape_tiles = kfuse_codegen::passes::choose_tiles::exact_shape_tiles(kernel, &spec, shapes, target);
     Ok(spec)
@@ -1434,7 +1454,8 @@ fn meet(a: Spec, b: &Spec) -> Spec {
         .collect();
     // an exact value only where both have the same one
     let shape_exact = a.shape_exact.iter().zip(&b.shape_exact).map(|(&p, &q)| if p == q { p } else { 0 }).collect();
-    Spec { tensors, shape_pow2, shape_div, shape_exact, ..a }
+    let offsets32 = a.offsets32.iter().zip(&b.offsets32).map(|(&p, &q)| p && q).collect();
+    Spec { tensors, shape_pow2, shape_div, shape_exact, offsets32, ..a }
 }
 
 /// One parameter's word in a grouped launch's table (see `EmittedKernel::grouped`).
@@ -1459,6 +1480,10 @@ fn param_word(name: &str, kernel: &Kernel, p: &KernelParam, args: &[Arg<'_>], sh
                 _ => return Err(Error::InvalidArgument(format!("`{name}` takes parameter #{} as an f32 or i64 scalar", id.0))),
             }
         }
+        KernelParam::DivMagic(ref of) => match **of {
+            KernelParam::Scalar(_) | KernelParam::Shape(_) => kfuse_codegen::target::div_magic(param_word(name, kernel, of, args, shapes)?),
+            _ => return Err(Error::InvalidArgument(format!("`{name}` divides by a parameter that is not an i64 scalar or a shape"))),
+        },
         KernelParam::TensorMap { .. } => return Err(Error::InvalidArgument(format!("`{name}`: a grouped launch cannot pass tensor maps"))),
     })
 }
@@ -1752,6 +1777,8 @@ fn param_values(k: &LoadedKernel, kernel: &Kernel, args: &[Arg<'_>], shapes: &[u
                     _ => return Err(Error::InvalidArgument(format!("`{name}` takes parameter #{} as an f32 or i64 scalar", id.0))),
                 }
             }
+            // (the word a grouped launch's table holds for it)
+            KernelParam::DivMagic(_) => PVal::I64(param_word(name, kernel, p, args, shapes)?),
         });
     }
     Ok(())
@@ -1903,6 +1930,22 @@ mod tests {
         assert_eq!(pow2_div(8), 8);
         assert_eq!(pow2_div(4096), 16);
         assert_eq!(pow2_div(0x7f00_0000_0104), 4);
+    }
+
+    #[test]
+    fn offsets_fit_32_bits_below_2_pow_31() {
+        let fits = |shape: &[usize], strides: &[isize]| offsets_fit_32(&TensorDesc { dtype: DType::BF16, shape: shape.to_vec(), strides: strides.to_vec(), byte_offset: 0 });
+        // the last element's offset: (extent − 1) · stride summed
+        assert!(fits(&[64, 56, 56, 256], &[56 * 56 * 256, 56 * 256, 256, 1]));
+        assert!(fits(&[1 << 31], &[1]), "offsets up to 2^31 − 1");
+        assert!(!fits(&[(1 << 31) + 1], &[1]), "an offset of 2^31");
+        assert!(fits(&[2, 1 << 30], &[1 << 30, 1]), "2^30 + 2^30 − 1");
+        assert!(!fits(&[3, 1 << 30], &[1 << 30, 1]), "2^31 + 2^30 − 1");
+        assert!(!fits(&[2, 8], &[1 << 31, 1]), "a stride alone reaches 2^31");
+        assert!(fits(&[1, 8], &[1 << 40, 1]), "an extent of 1 never steps its stride");
+        assert!(fits(&[0, 8], &[1 << 40, 1]), "no elements");
+        assert!(!fits(&[4, 8], &[-8, 1]), "a negative stride");
+        assert!(fits(&[], &[]), "a scalar tensor");
     }
 
     #[test]

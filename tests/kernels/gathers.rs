@@ -40,3 +40,16 @@ pub fn box3x3<T: Float>(x: Tensor<T, (N, H, W, C)>, out: &mut Tensor<T, (M, C)>)
     }
     out.block([i * BM, j * BC], [BM, BC]).store(acc.cast::<T>());
 }
+
+/// Coordinates divided by values a launch fixes (the pixel decoding of a gathered
+/// convolution): `q = m / d`, `r = m % d` by an `i64` scalar, and `qs = m / D`, `rs = m %
+/// D` by a shape, for `m = off + 0, 1, …` (C's truncating division, as Rust's).
+#[kfuse]
+pub fn divide_rows(d: i64, off: i64, x: Tensor<f32, (D,)>, q: &mut Tensor<i64, (M,)>, r: &mut Tensor<i64, (M,)>, qs: &mut Tensor<i64, (M,)>, rs: &mut Tensor<i64, (M,)>) {
+    let i = program_id(0);
+    let m = iota(BM) + i * BM + off;
+    q.block([i * BM], [BM]).store(m / d);
+    r.block([i * BM], [BM]).store(m % d);
+    qs.block([i * BM], [BM]).store(m / D);
+    rs.block([i * BM], [BM]).store(m % D);
+}

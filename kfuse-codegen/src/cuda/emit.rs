@@ -1107,8 +1107,13 @@ impl<'a> Emitter<'a> {
         // (tiles only: a scalar divides once a thread, and the branch cost the sm_80
         // attention kernel, at 255 registers, 12 bytes of spills)
         let plain_div = ty.is_scalar() || (ops.len() == 2 && crate::analysis::int_value(k, ops[1]).is_some());
+        // a divisor a launch fixes divides by its multiply-shift word
+        let magic = magic_divisor(k, op).map(|p| magic_name(k, &p));
         if in_d == DType::I64 && !plain_div && matches!(k.op(op), Op::Binary(BinaryOp::Div | BinaryOp::Rem)) {
-            self.helpers.insert("kf_divi".into(), super::prelude::INT_DIV.into());
+            match magic {
+                Some(_) => self.helpers.insert("kf_divm".into(), super::prelude::INT_DIV_MAGIC.into()),
+                None => self.helpers.insert("kf_divi".into(), super::prelude::INT_DIV.into()),
+            };
         }
         let fmt = |args: &[String]| -> String {
             let a = &args[0];
@@ -1144,8 +1149,14 @@ impl<'a> Emitter<'a> {
                         // long subroutine an element: operands that fit 31 bits (pixel
                         // and row coordinates) divide in 32 bits (a constant divisor is
                         // the compiler's multiply and shift already)
-                        BinaryOp::Div if int && !plain_div => format!("kf_divi({a}, {bb})"),
-                        BinaryOp::Rem if int && !plain_div => format!("kf_remi({a}, {bb})"),
+                        BinaryOp::Div if int && !plain_div => match &magic {
+                            Some(m) => format!("kf_divm({a}, {bb}, {m})"),
+                            None => format!("kf_divi({a}, {bb})"),
+                        },
+                        BinaryOp::Rem if int && !plain_div => match &magic {
+                            Some(m) => format!("kf_remm({a}, {bb}, {m})"),
+                            None => format!("kf_remi({a}, {bb})"),
+                        },
                         BinaryOp::Div => format!("({a} / {bb})"),
                         BinaryOp::Rem => format!("({a} % {bb})"),
                         BinaryOp::Max if int => format!("kf_maxi({a}, {bb})"),
@@ -2087,6 +2098,39 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
     Ok(e)
 }
 
+/// The launch's value an `i64` tile's `/` or `%` (`op`) divides by, where it is one: a
+/// scalar parameter or a shape, broadcast to the tile. Such a division takes the value's
+/// multiply-shift word ([`KernelParam::DivMagic`]), which the runtime computes once a
+/// launch.
+fn magic_divisor(k: &Kernel, op: OpId) -> Option<KernelParam> {
+    if !matches!(k.op(op), Op::Binary(BinaryOp::Div | BinaryOp::Rem)) || k.ty(op.value()).is_scalar() {
+        return None;
+    }
+    let ops = k.operands(op);
+    if ops.len() != 2 || k.ty(ops[0]).dtype != DType::I64 {
+        return None;
+    }
+    let mut d = ops[1];
+    while matches!(k.op(d.op()), Op::Broadcast) {
+        d = k.operands(d.op())[0];
+    }
+    match *k.op(d.op()) {
+        Op::ScalarParam { param } if k.param(param).dtype == DType::I64 => Some(KernelParam::Scalar(param)),
+        Op::ShapeDim { sym } => Some(KernelParam::Shape(sym)),
+        _ => None,
+    }
+}
+
+/// The name of the kernel parameter holding the multiply-shift word of `p` (a scalar
+/// parameter or a shape; [`magic_divisor`]).
+fn magic_name(k: &Kernel, p: &KernelParam) -> String {
+    match p {
+        KernelParam::Scalar(id) => format!("dm_{}", k.param(*id).name),
+        KernelParam::Shape(s) => format!("dm_n_{}", k.shape_name(*s)),
+        _ => unreachable!("a divisor is a scalar or a shape"),
+    }
+}
+
 /// Where the scratch starts in the operand area (`kf_smem - kf_ops`) and the dynamic
 /// shared memory of a written body: WGMMA dots' operand area, then the scratch, from a
 /// 1024-byte boundary (the swizzle patterns' repeat); the scratch starts at the operand
@@ -2146,6 +2190,15 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     for (i, s) in k.shape_syms.iter().enumerate() {
         decls.push(format!("const long long n_{s}"));
         params.push(KernelParam::Shape(kfuse_ir::ShapeSym(i as u32)));
+    }
+    // the multiply-shift words of the launch's values tiles are divided by
+    let mut magic = Vec::new();
+    for op in k.ops() {
+        if let Some(p) = magic_divisor(k, op).filter(|p| !magic.contains(p)) {
+            decls.push(format!("const long long {}", magic_name(k, &p)));
+            params.push(KernelParam::DivMagic(Box::new(p.clone())));
+            magic.push(p);
+        }
     }
     // The body first (its shared-memory needs are known only afterwards): `cp.async`
     // rings as deep as the whole block's shared memory then holds (`ring_stages` 1: no

@@ -61,6 +61,15 @@ pub const INT_DIV: &str = r#"static __device__ __forceinline__ long long kf_divi
 static __device__ __forceinline__ long long kf_remi(long long a, long long b) { return (((unsigned long long)a | (unsigned long long)b) >> 31) == 0 ? (long long)((unsigned)a % (unsigned)b) : a % b; }
 "#;
 
+/// `kf_divm(a, b, dm)` and `kf_remm(a, b, dm)`, an `i64` tile's `/` and `%` by a launch's
+/// value `b` (a scalar parameter or a shape) with its multiply-shift word `dm`
+/// (`target::div_magic`, a kernel parameter): a multiply-high, an add and a shift where
+/// `0 ≤ a < 2^31` and `dm` is one (`1 ≤ b < 2^31`), else the 64-bit subroutine. Written
+/// before a kernel that uses them.
+pub const INT_DIV_MAGIC: &str = r#"static __device__ __forceinline__ long long kf_divm(long long a, long long b, long long dm) { return ((unsigned long long)a >> 31) == 0 && dm >= 0 ? (long long)((__umulhi((unsigned)a, (unsigned)dm) + (unsigned)a) >> (unsigned)(dm >> 32)) : a / b; }
+static __device__ __forceinline__ long long kf_remm(long long a, long long b, long long dm) { return ((unsigned long long)a >> 31) == 0 && dm >= 0 ? (long long)((unsigned)a - ((__umulhi((unsigned)a, (unsigned)dm) + (unsigned)a) >> (unsigned)(dm >> 32)) * (unsigned)b) : a % b; }
+"#;
+
 /// `kf_exp_scaled(x, c, b)`, written before a kernel that uses it (see [`EXP_PRELUDE`]).
 pub const EXP_SCALED: &str = r#"static __device__ __forceinline__ float kf_exp_scaled(float x, float c, float b) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(x, c * 1.4426950408889634f, -(b * 1.4426950408889634f)))); return r; }
 "#;

@@ -65,8 +65,17 @@ struct BlockAccess {
 
 impl BlockAccess {
     /// The element offset a gathered access adds to register `key`'s address: each
-    /// gathered dimension's coordinate (from its index tile) times its stride.
+    /// gathered dimension's coordinate (from its index tile) times its stride. Every use
+    /// stands behind [`BlockAccess::gather_ok`]'s test, so where the tensor's offsets fit
+    /// 32 bits ([`Spec::offsets32`]) the sum is taken in 32-bit arithmetic.
     fn gather_term(&self, e: &Emitter, key: &str) -> String {
+        if self.gather.is_empty() {
+            return String::new();
+        }
+        if e.spec.offsets32(self.tensor) {
+            let terms: Vec<String> = self.gather.iter().map(|&(d, x)| format!("(unsigned){} * (unsigned){}", e.reg(x, key), e.stride(self.tensor, d))).collect();
+            return format!(" + (unsigned long long)({})", terms.join(" + "));
+        }
         self.gather.iter().map(|&(d, x)| format!(" + (long long){} * {}", e.reg(x, key), e.stride(self.tensor, d))).collect()
     }
 

@@ -285,7 +285,23 @@ const GATHER_PIECES: u32 = 4;
 /// The sentinel of a gathered row outside the tensor in a ring's row table.
 const NO_ROW: &str = "(-0x7fffffffffffffffLL - 1)";
 
+/// [`NO_ROW`] in a table of 32-bit offsets ([`Emitter::row_table`]): no offset below 2^31
+/// equals it.
+const NO_ROW32: &str = "0xffffffffu";
+
 impl Emitter<'_> {
+    /// The element type, the outside-row sentinel and the bytes of an entry of gathered
+    /// load `v`'s row tables: 32-bit offsets where its tensor's offsets fit them
+    /// ([`Spec::offsets32`]; the coordinates are summed in 32 bits too), else 64-bit.
+    fn row_table(&self, v: ValueId) -> (&'static str, &'static str, u32) {
+        let Op::Load { tensor, .. } = self.k.op(v.op()) else { unreachable!("a gathered ring load") };
+        if self.spec.offsets32(*tensor) {
+            ("unsigned", NO_ROW32, 4)
+        } else {
+            ("long long", NO_ROW, 8)
+        }
+    }
+
     /// The loops ring loop `l`'s copies walk ([`ring_nest`]; under warp specialization,
     /// `l` alone: the producer walks it).
     pub(super) fn nest_of(&self, l: LoopId) -> Vec<LoopId> {
@@ -614,8 +630,9 @@ impl Emitter<'_> {
         for &v in loads {
             if gather_roots(self.k, v).is_some_and(|g| !g.is_empty()) {
                 let rows = self.wg.as_ref().unwrap().eager[&v].rows;
-                self.line(format!("__shared__ long long kf_gt{}[{tables}][{rows}];", v.index()))?;
-                self.ring_table_bytes += tables * rows * 8;
+                let (ty, _, bytes) = self.row_table(v);
+                self.line(format!("__shared__ {ty} kf_gt{}[{tables}][{rows}];", v.index()))?;
+                self.ring_table_bytes += tables * rows * bytes;
                 any = true;
             }
         }
@@ -639,13 +656,17 @@ impl Emitter<'_> {
                 return Err(unsupported("in different layouts"));
             }
             self.unroll("k", map.regs)?;
-            self.line("long long kf_o = 0;")?;
+            // (with 32-bit offsets each in-bounds coordinate is below 2^31 and the row's
+            // offset too: the sum of the truncated products is exact where it is kept)
+            let (ty, no_row, bytes) = self.row_table(v);
+            let cast = if bytes == 4 { "(unsigned)" } else { "" };
+            self.line(format!("{ty} kf_o = 0;"))?;
             self.line("bool kf_in = true;")?;
             for &(d, x) in &gather {
                 let (n, st) = (self.shape_var(tdims[d]), self.stride(*tensor, d));
-                self.line(format!("{{ const long long x = {}; kf_in = kf_in && (unsigned long long)x < (unsigned long long){n}; kf_o += x * {st}; }}", self.reg(x, "k")))?;
+                self.line(format!("{{ const long long x = {}; kf_in = kf_in && (unsigned long long)x < (unsigned long long){n}; kf_o += {cast}x * {cast}{st}; }}", self.reg(x, "k")))?;
             }
-            self.line(format!("kf_gt{}[{table}][{}] = kf_in ? kf_o : {NO_ROW};", v.index(), super::coord(&map, axis, "k")))?;
+            self.line(format!("kf_gt{}[{table}][{}] = kf_in ? kf_o : {no_row};", v.index(), super::coord(&map, axis, "k")))?;
             self.close()?;
         }
         Ok(())
@@ -677,9 +698,12 @@ impl Emitter<'_> {
             // (a thread whose first piece is past the last column reads from the rows' start)
             self.line("const char* kf_gb = (const char*)(kf_nb0 != 0u ? kf_src + kf_c : kf_src);")?;
             self.unroll("it", rows / rs)?;
-            self.line(format!("const long long kf_go = kf_gt{}[{table}][kf_r0 + it * {rs}];", v.index()))?;
-            self.line(format!("const bool kf_ok = kf_go != {NO_ROW};"))?;
-            self.line(format!("const char* kf_g = kf_ok ? kf_gb + kf_go * {e} : (const char*)kf_src;"))?;
+            let (ty, no_row, bytes) = self.row_table(v);
+            self.line(format!("const {ty} kf_go = kf_gt{}[{table}][kf_r0 + it * {rs}];", v.index()))?;
+            self.line(format!("const bool kf_ok = kf_go != {no_row};"))?;
+            // (a 32-bit offset's bytes may pass 2^32: widened before the multiply)
+            let go = if bytes == 4 { "(unsigned long long)kf_go" } else { "kf_go" };
+            self.line(format!("const char* kf_g = kf_ok ? kf_gb + {go} * {e} : (const char*)kf_src;"))?;
             for j in 0..cpt {
                 self.line(format!("kf_cp_async16(kf_d{j} + it * {}u, kf_g + kf_pc{j}, kf_ok ? kf_nb{j} : 0u);", rs * t.span))?;
             }
@@ -688,8 +712,9 @@ impl Emitter<'_> {
         self.line("#pragma unroll")?;
         self.open(format!("for (int q = {tid}; q < {}; q += {threads})", rows * per_row))?;
         self.line(format!("const int r = q / {per_row}, c = (q % {per_row}) * {ce};"))?;
-        self.line(format!("const long long kf_go = kf_gt{}[{table}][r];", v.index()))?;
-        self.line(format!("const int kf_n = kf_go != {NO_ROW} ? (kf_vc - c < 0 ? 0 : kf_vc - c > {ce} ? {ce} : kf_vc - c) : 0;"))?;
+        let (ty, no_row, _) = self.row_table(v);
+        self.line(format!("const {ty} kf_go = kf_gt{}[{table}][r];", v.index()))?;
+        self.line(format!("const int kf_n = kf_go != {no_row} ? (kf_vc - c < 0 ? 0 : kf_vc - c > {ce} ? {ce} : kf_vc - c) : 0;"))?;
         let at = t.at("r", "c");
         self.line(format!(
             "kf_cp_async16(kf_saddr(kf_ops + {} + {stage} * {} + {at}), kf_n > 0 ? kf_src + kf_go + c : kf_src, (unsigned)(kf_n * {e}));",
