@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """cuDNN's convolution forward (through PyTorch, `cudnn.benchmark = True`) for the rows of
-`benches/conv2d.rs`: N64, channels_last, bf16 ResNet layers, depthwise 3x3 layers, and the
+`benches/conv2d.rs`: N64, channels_last, bf16 ResNet layers, depthwise 3x3 layers, the
 first layer with bias + ReLU as PyTorch runs it (`relu(conv2d(x, w, b))`: the convolution,
-then a ReLU kernel). Timed like the Rust benchmark: CUDA events around each call,
+then a ReLU kernel), and the 3x3 stride-1 layers in f32 with a bias (TF32 off). Timed like the Rust benchmark: CUDA events around each call,
 warm-ups for about 300 ms, timed calls for about 100 ms, median. TFLOP/s = 2*N*K*P*Q*C*R*S / time; depthwise GB/s = the
 input and output bytes / time.
 
@@ -44,6 +44,18 @@ def main():
             ms = bench(lambda: torch.relu(F.conv2d(x, w, b, padding=r // 2, stride=st)))
             rows[name + " bias relu"] = {"cudnn": flops / ms / 1e9}
         print(name, {k2: round(v, 1) for k2, v in rows[name].items()}, flush=True)
+    # f32 with TF32 off (exact products, as kfuse's f32): the 3x3 stride-1 rows, `NAME f32`
+    torch.backends.cudnn.allow_tf32 = False
+    for name, c, k, h, r, st in DENSE:
+        if r != 3 or st != 1:
+            continue
+        x = torch.randn(N, c, h, h, device="cuda", dtype=torch.float32).to(memory_format=torch.channels_last)
+        w = torch.randn(k, c, r, r, device="cuda", dtype=torch.float32).to(memory_format=torch.channels_last)
+        b = torch.randn(k, device="cuda", dtype=torch.float32)
+        ms = bench(lambda: F.conv2d(x, w, b, padding=1))
+        rows[name + " f32"] = {"cudnn": 2 * N * k * h * h * c * 9 / ms / 1e9}
+        print(name + " f32", {k2: round(v, 1) for k2, v in rows[name + " f32"].items()}, flush=True)
+    torch.backends.cudnn.allow_tf32 = True
     for name, c, h in DEPTHWISE:
         x = torch.randn(N, c, h, h, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
         w = torch.randn(c, 1, 3, 3, device="cuda", dtype=torch.bfloat16)

@@ -135,6 +135,22 @@ fn implicit_gemm_layers() {
     run_layers(&layers, &common::DTYPES, 4000);
 }
 
+/// f32 3 × 3 stride-1 layers, which take Winograd F(2 × 2, 3 × 3) (`kernels::conv2d_winograd_*`):
+/// odd and even output sizes (a last tile half outside the image), padding 0, 1 and 2,
+/// one pixel, channels and filters not multiples of 8, bias and each activation; every
+/// output against float64, its error against the size of the terms summed.
+#[test]
+fn winograd_layers() {
+    let layers = [
+        layer([2, 7, 13, 6], 10, (3, 3), 1, 1, 1, 1, true, Activation::Relu),
+        layer([1, 9, 8, 5], 7, (3, 3), 1, 0, 1, 1, false, Activation::None),
+        layer([3, 6, 5, 3], 9, (3, 3), 1, 2, 1, 1, true, Activation::Gelu),
+        layer([1, 1, 1, 4], 3, (3, 3), 1, 1, 1, 1, true, Activation::Silu),
+        layer([2, 17, 11, 37], 33, (3, 3), 1, 1, 1, 1, true, Activation::None),
+    ];
+    run_layers(&layers, &[DType::F32], 4200);
+}
+
 /// Implicit GEMM layers whose channels are whole 16-byte pieces (64, 128), so that on
 /// sm_90a the rows are gathered straight from the input by the producer warpgroups into
 /// a ring of several stages, over several programs a block: every output against
@@ -208,6 +224,21 @@ fn kernels_fill_poisoned_outputs() {
     kernels::conv2d_pointwise(&x.view(&[182, 6]).unwrap(), &wp.view(&[6, 6]).unwrap().t(), &b, &mut y, 0.0).unwrap();
     let (want, scale) = reference(&l, &xv, &wpv, Some(&bv));
     assert!(common::err_against(&y.to_vec_f64().unwrap(), &want, &scale) <= tol(dt));
+    // Winograd F(2 × 2, 3 × 3), f32, padding 1: 4 × 7 tiles an image; the transforms and
+    // the product into poisoned scratch, the output poisoned
+    let f = DType::F32;
+    let (x, xv) = common::random_tensor(&[2, 7, 13, 6], f, 7005, 0.0, &dev());
+    let (w, wv) = common::random_tensor(&[5, 3, 3, 6], f, 7006, 0.0, &dev());
+    let (b, bv) = common::random_tensor(&[5], f, 7007, 0.0, &dev());
+    let l = layer([2, 7, 13, 6], 5, (3, 3), 1, 1, 1, 1, true, Activation::Relu);
+    let (mut u, mut v, mut m) = (common::poisoned(&[16, 6, 5], f, &dev()), common::poisoned(&[16, 56, 6], f, &dev()), common::poisoned(&[16, 56, 5], f, &dev()));
+    let mut y = common::poisoned(&[2, 7, 13, 5], f, &dev());
+    kernels::conv2d_winograd_filter(&w, &mut u).unwrap();
+    kernels::conv2d_winograd_input(&x, &mut v, 7, 28, 1, 1).unwrap();
+    kernels::gemm_batched_scaled(&v, &u, &mut m, 1.0).unwrap();
+    kernels::conv2d_winograd_output(&m, &b, &mut y, 7, 28, 0.0).unwrap();
+    let (want, scale) = reference(&l, &xv, &wv, Some(&bv));
+    assert!(common::err_against(&y.to_vec_f64().unwrap(), &want, &scale) <= tol(f));
 }
 
 /// Bad input is an error that names the fix; nothing is launched.
@@ -240,14 +271,17 @@ fn bad_input_is_an_error() {
 /// The kernels compile for sm_80 and sm_90a: NVRTC, then `ptxas -v`, no spills.
 #[test]
 fn conv_kernels_compile_for_sm80_and_sm90a() {
-    let failures = common::compile_for_both_targets(&[(&kernels::conv2d::DEF, true), (&kernels::conv2d_depthwise::DEF, true), (&kernels::conv2d_pointwise::DEF, true)]);
+    let failures = common::compile_for_both_targets(&[
+        (&kernels::conv2d::DEF, true),
+        (&kernels::conv2d_depthwise::DEF, true),
+        (&kernels::conv2d_pointwise::DEF, true),
+        (&kernels::conv2d_winograd_filter::DEF, true),
+        (&kernels::conv2d_winograd_input::DEF, true),
+        (&kernels::conv2d_winograd_output::DEF, true),
+    ]);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The CUDA of the implicit GEMM and the depthwise kernel, bf16, for sm_90a and sm_80 at
-/// the snapshot spec with a 3 × 3 filter (the gathered rows, the rings and their row
-/// tables on sm_90a; the depthwise taps unrolled): a snapshot changes only when the
-/// compiler's output does.
 /// A convolution kernel in bf16 and the snapshots' specialization: large shapes, a 3 × 3
 /// filter (its tap loops unrolled).
 fn snapshot_kernel(def: &kfuse::ir::KernelDef) -> (kfuse::ir::Kernel, kfuse::codegen::Spec) {
@@ -258,6 +292,10 @@ fn snapshot_kernel(def: &kfuse::ir::KernelDef) -> (kfuse::ir::Kernel, kfuse::cod
     (k, spec)
 }
 
+/// The CUDA of the implicit GEMM and the depthwise kernel, bf16, for sm_90a and sm_80 at
+/// the snapshot spec with a 3 × 3 filter (the gathered rows, the rings and their row
+/// tables on sm_90a; the depthwise taps unrolled): a snapshot changes only when the
+/// compiler's output does.
 #[test]
 fn conv_kernel_snapshots() {
     use kfuse::codegen::Target;

@@ -1,10 +1,14 @@
 //! Convolution: [`conv2d`] and its options. NHWC activations, `[K, R, S, C / groups]`
-//! filters; three `#[kfuse]` kernels, picked by the layer's shape:
+//! filters; `#[kfuse]` kernels picked by the layer's shape and dtype:
 //! - `kernels::conv2d_pointwise`: a 1 × 1, stride-1 convolution without padding or
 //!   groups is the GEMM of the `[N·H·W, C]` pixels with the `[K, C]` filters read
 //!   transposed (no copy), on the matrix path;
 //! - `kernels::conv2d_depthwise`: one filter a channel (`groups = C = K`), a memory-bound
 //!   walk of the taps;
+//! - `kernels::conv2d_winograd_filter`, `_input`, `_output` and the batched product
+//!   `kernels::gemm_batched_scaled`: an f32 3 × 3, stride-1 convolution without dilation
+//!   or groups, as Winograd F(2 × 2, 3 × 3) (measured faster than the implicit GEMM on
+//!   every such layer of `benches/conv2d.rs`: BENCHMARKS.md, "Convolution");
 //! - `kernels::conv2d`: everything else, as an implicit GEMM whose rows (output pixels)
 //!   gather their input pixels tap by tap.
 //!
@@ -163,6 +167,30 @@ fn view_or_copy(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
     }
 }
 
+/// Whether a layer takes Winograd F(2 × 2, 3 × 3) (`kernels::conv2d_winograd_*`): f32, a
+/// 3 × 3 filter, stride 1, no dilation, no groups.
+fn winograd_pays(dt: DType, [_c, _k, r, s, sh, sw, dh, dw, g]: [usize; 9]) -> bool {
+    dt == DType::F32 && r == 3 && s == 3 && (sh, sw, dh, dw, g) == (1, 1, 1, 1, 1)
+}
+
+/// Winograd F(2 × 2, 3 × 3) into `y` (`[N, P, Q, K]`): the filters' and the input's
+/// transforms, 16 products of `[TT, C]` by `[C, K]` in one batched launch, and the output's
+/// transform with the bias and `floor` (four launches; three f32 scratch tensors of 16 ×
+/// the filters, 4 × the input and 4 × the output).
+fn kernels_winograd(x: &Tensor, w: &Tensor, bias: &Tensor, y: &Tensor, [n, p, q, c, k, ph, pw]: [usize; 7], floor: f32) -> Result<()> {
+    let dev = x.device();
+    let (tp, tq) = (p.div_ceil(2), q.div_ceil(2));
+    let tt = n * tp * tq;
+    let mut u = Tensor::empty(&[16, c, k], DType::F32, &dev)?;
+    let mut v = Tensor::empty(&[16, tt, c], DType::F32, &dev)?;
+    let mut m = Tensor::empty(&[16, tt, k], DType::F32, &dev)?;
+    kernels::conv2d_winograd_filter(w, &mut u)?;
+    kernels::conv2d_winograd_input(x, &mut v, tq as i64, (tp * tq) as i64, ph as i64, pw as i64)?;
+    kernels::gemm_batched_scaled(&v, &u, &mut m, 1.0)?;
+    let mut y = y.view(y.shape())?;
+    kernels::conv2d_winograd_output(&m, bias, &mut y, tq as i64, (tp * tq) as i64, floor).map(|_| ())
+}
+
 /// 2-D convolution (cross-correlation, as PyTorch's `conv2d`) of NHWC `x: [N, H, W, C]`
 /// with filters `w: [K, R, S, C / groups]`, plus `bias` and an activation: a new NHWC
 /// `[N, P, Q, K]` tensor of `x`'s dtype, `P = (H + 2·pad_h − dil_h·(R − 1) − 1) / stride_h
@@ -170,10 +198,13 @@ fn view_or_copy(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
 ///
 /// f16 and bf16 accumulate in f32 on the tensor cores; f32 is exact f32 FMAs. `x` may have
 /// any strides as long as its channels are adjacent (unit stride); `w` any strides (a
-/// packed copy is made where `[R, S]` do not merge). One launch, of one of three kernels
-/// (module docs): a 1 × 1 stride-1 layer without padding or groups is a GEMM reading the
-/// pixels and filters in place, depthwise layers (`groups = C = K`) a memory-bound kernel,
-/// the rest an implicit GEMM.
+/// packed copy is made where `[R, S]` do not merge). One launch of one of three kernels,
+/// or four for Winograd (module docs): a 1 × 1 stride-1 layer without padding or groups
+/// is a GEMM reading the pixels and filters in place, depthwise layers (`groups = C = K`)
+/// a memory-bound kernel, f32 3 × 3 stride-1 layers without dilation or groups Winograd
+/// F(2 × 2, 3 × 3) (its transforms in f32 scratch tensors: 4 × the input, 4 × the output,
+/// 16 × the filters; error within a few f32 roundings of the terms' size), the rest an
+/// implicit GEMM.
 ///
 /// Errors (nothing is launched): ranks, channel counts not divisible by `groups`, a `w`
 /// of the wrong channel count, a dilated filter larger than the padded input, a `bias`
@@ -225,6 +256,10 @@ pub fn conv2d(x: &Tensor, w: &Tensor, opts: &Conv2dOptions) -> Result<Tensor> {
             kernels::conv2d_pointwise(&xm, &wm.t(), &bias, &mut ym, floor)?;
             return opts.activation.after(y);
         }
+    }
+    if winograd_pays(dt, [c, k, r, s, sh, sw, dh, dw, g]) {
+        kernels_winograd(x, w, &bias, &y, [n, p, q, c, k, ph, pw], floor)?;
+        return opts.activation.after(y);
     }
     let geom = [q as i64, (p * q) as i64, s as i64, sh as i64, sw as i64, ph as i64, pw as i64, dh as i64, dw as i64];
     let [oq, pq, _, sh, sw, ph, pw, dh, dw] = geom;

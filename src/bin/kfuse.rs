@@ -214,7 +214,7 @@ const KERNELS: &[&KernelDef] = defs![
     rms_norm_wb, add_rms_norm, add_rms_norm_w, layer_norm, sum_chunks, max_chunks, min_chunks, rope_offset, rope_pos,
     rope_table_offset, rope_table_pos, gemm, gemm_scaled, gemm_axpby, gemm_batched_scaled, gemm_batched_axpby, gemm_tf32_scaled,
     gemm_tf32_axpby, gemm_batched_tf32_scaled, gemm_batched_tf32_axpby, swiglu_gemm, attention, attention_varlen, conv2d,
-    conv2d_depthwise, conv2d_pointwise,
+    conv2d_depthwise, conv2d_pointwise, conv2d_winograd_filter, conv2d_winograd_input, conv2d_winograd_output,
 ];
 
 /// `x: [M, N]`, `out: &mut [M, N]`, `eps: f32`: a signature for messages.
