@@ -959,10 +959,26 @@ fn loads_output_tile(k: &Kernel, dot: kfuse_ir::OpId) -> bool {
 /// shared memory keep its 128 FP32 lanes busy; the classic SGEMM shape) when that still
 /// gives every multiprocessor a tile, then 128x64 (4x8 thread tiles), else 64x64 (4x4:
 /// half the FMAs per shared-memory read, but four times the tiles for small problems).
-/// `Spec::tiles` overrides any of them by name.
+/// Where `N` is at most 64 no tile is wider than 64, and 256x64 (the same 8x8 thread
+/// tiles) comes first: a 128-wide tile computed half of its FMAs for nothing (H200, f32
+/// 3 × 3 layers of `benches/conv2d.rs`, N = K = 64: Winograd's 16 products 25.8 → 36.1
+/// TFLOP/s of the direct FLOPs, the implicit GEMM 22.6 → 28.8; NOTES c35). `Spec::tiles`
+/// overrides any of them by name.
+///
+/// # Examples
+///
+/// ```
+/// use kfuse_codegen::{passes::choose_tiles::fma_tiles, Target};
+/// let t = Target::sm90a();
+/// assert_eq!(fma_tiles(4096, 4096, &t), (128, 128));
+/// assert_eq!(fma_tiles(65536, 64, &t), (256, 64)); // Winograd's products at N = K = 64
+/// assert_eq!(fma_tiles(32768, 64, &t), (128, 64)); // too few 256-row tiles
+/// assert_eq!(fma_tiles(128, 64, &t), (64, 64));
+/// ```
 pub fn fma_tiles(m: u64, n: u64, target: &Target) -> (u32, u32) {
     let sms = target.num_sms as u64;
-    for (bm, bn) in [(128u32, 128u32), (128, 64)] {
+    let tiles: &[(u32, u32)] = if n <= 64 { &[(256, 64), (128, 64)] } else { &[(128, 128), (128, 64)] };
+    for &(bm, bn) in tiles {
         if m.div_ceil(bm as u64) * n.div_ceil(bn as u64) >= sms {
             return (bm, bn);
         }
