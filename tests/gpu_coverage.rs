@@ -73,6 +73,9 @@ fn user_kernels() -> Vec<(&'static KernelDef, Vec<(&'static str, Vec<u32>)>)> {
         (&kfuse::ops::kernels::conv2d::DEF, vec![("N64 56x56 C64 K64 3x3", vec![64, 64, 64, 1, 64, 64, 4, 4, 262144])]),
         (&kfuse::ops::kernels::conv2d_depthwise::DEF, vec![("N64 56x56 C256 3x3", vec![64, 64, 64, 256, 4, 4, 262144])]),
         (&kfuse::ops::kernels::conv2d_pointwise::DEF, vec![]),
+        (&kfuse::ops::kernels::conv2d_winograd_filter::DEF, vec![]),
+        (&kfuse::ops::kernels::conv2d_winograd_input::DEF, vec![("N64 56x56 C64", vec![64, 64, 64, 64, 16, 65536])]),
+        (&kfuse::ops::kernels::conv2d_winograd_output::DEF, vec![("N64 56x56 K64", vec![16, 65536, 64, 64, 64, 64])]),
     ]
 }
 
