@@ -177,7 +177,7 @@ fn winograd_pays(dt: DType, [_c, _k, r, s, sh, sw, dh, dw, g]: [usize; 9]) -> bo
 /// transforms, 16 products of `[TT, C]` by `[C, K]` in one batched launch, and the output's
 /// transform with the bias and `floor` (four launches; three f32 scratch tensors of 16 ×
 /// the filters, 4 × the input and 4 × the output).
-fn kernels_winograd(x: &Tensor, w: &Tensor, bias: &Tensor, y: &Tensor, [n, p, q, c, k, ph, pw]: [usize; 7], floor: f32) -> Result<()> {
+fn winograd(x: &Tensor, w: &Tensor, bias: &Tensor, y: &Tensor, [n, p, q, c, k, ph, pw]: [usize; 7], floor: f32) -> Result<()> {
     let dev = x.device();
     let (tp, tq) = (p.div_ceil(2), q.div_ceil(2));
     let tt = n * tp * tq;
@@ -258,7 +258,7 @@ pub fn conv2d(x: &Tensor, w: &Tensor, opts: &Conv2dOptions) -> Result<Tensor> {
         }
     }
     if winograd_pays(dt, [c, k, r, s, sh, sw, dh, dw, g]) {
-        kernels_winograd(x, w, &bias, &y, [n, p, q, c, k, ph, pw], floor)?;
+        winograd(x, w, &bias, &y, [n, p, q, c, k, ph, pw], floor)?;
         return opts.activation.after(y);
     }
     let geom = [q as i64, (p * q) as i64, s as i64, sh as i64, sw as i64, ph as i64, pw as i64, dh as i64, dw as i64];
