@@ -946,39 +946,40 @@ pub fn conv2d_depthwise<T: Float>(
 // `x = 4ξ + ν`.
 
 /// The filters' transform `U[4ξ + ν] = (G g Gᵀ)[ξ][ν]` of `w: [K, 3, 3, C]` into `u: [16,
-/// C, K]` (f32), `G = [[1, 0, 0], [½, ½, ½], [½, −½, ½], [0, 0, 1]]`.
+/// C, K]` (f32), `G = [[1, 0, 0], [½, ½, ½], [½, −½, ½], [0, 0, 1]]`, on 16 × 16 tiles (a
+/// small transform spread over several blocks).
 #[kfuse(crate = "crate::deps")]
 pub fn conv2d_winograd_filter<T: Float>(w: Tensor<T, (K, R, S, C)>, u: &mut Tensor<f32, (X, C, K)>) {
     let (i, j) = (program_id(0), program_id(1));
-    let g00 = w.block([i * BK, 0, 0, j * BC], [BK, _, _, BC]).load().to_f32();
-    let g01 = w.block([i * BK, 0, 1, j * BC], [BK, _, _, BC]).load().to_f32();
-    let g02 = w.block([i * BK, 0, 2, j * BC], [BK, _, _, BC]).load().to_f32();
-    let g10 = w.block([i * BK, 1, 0, j * BC], [BK, _, _, BC]).load().to_f32();
-    let g11 = w.block([i * BK, 1, 1, j * BC], [BK, _, _, BC]).load().to_f32();
-    let g12 = w.block([i * BK, 1, 2, j * BC], [BK, _, _, BC]).load().to_f32();
-    let g20 = w.block([i * BK, 2, 0, j * BC], [BK, _, _, BC]).load().to_f32();
-    let g21 = w.block([i * BK, 2, 1, j * BC], [BK, _, _, BC]).load().to_f32();
-    let g22 = w.block([i * BK, 2, 2, j * BC], [BK, _, _, BC]).load().to_f32();
+    let g00 = w.block([i * 16, 0, 0, j * 16], [16, _, _, 16]).load().to_f32();
+    let g01 = w.block([i * 16, 0, 1, j * 16], [16, _, _, 16]).load().to_f32();
+    let g02 = w.block([i * 16, 0, 2, j * 16], [16, _, _, 16]).load().to_f32();
+    let g10 = w.block([i * 16, 1, 0, j * 16], [16, _, _, 16]).load().to_f32();
+    let g11 = w.block([i * 16, 1, 1, j * 16], [16, _, _, 16]).load().to_f32();
+    let g12 = w.block([i * 16, 1, 2, j * 16], [16, _, _, 16]).load().to_f32();
+    let g20 = w.block([i * 16, 2, 0, j * 16], [16, _, _, 16]).load().to_f32();
+    let g21 = w.block([i * 16, 2, 1, j * 16], [16, _, _, 16]).load().to_f32();
+    let g22 = w.block([i * 16, 2, 2, j * 16], [16, _, _, 16]).load().to_f32();
     // G g along each filter row's taps, then along the rows
     let (q00, q01, q02, q03) = (g00, (g00 + g01 + g02) * 0.5, (g00 - g01 + g02) * 0.5, g02);
     let (q10, q11, q12, q13) = (g10, (g10 + g11 + g12) * 0.5, (g10 - g11 + g12) * 0.5, g12);
     let (q20, q21, q22, q23) = (g20, (g20 + g21 + g22) * 0.5, (g20 - g21 + g22) * 0.5, g22);
-    u.block([0, j * BC, i * BK], [_, BC, BK]).store((q00).t());
-    u.block([4, j * BC, i * BK], [_, BC, BK]).store(((q00 + q10 + q20) * 0.5).t());
-    u.block([8, j * BC, i * BK], [_, BC, BK]).store(((q00 - q10 + q20) * 0.5).t());
-    u.block([12, j * BC, i * BK], [_, BC, BK]).store((q20).t());
-    u.block([1, j * BC, i * BK], [_, BC, BK]).store((q01).t());
-    u.block([5, j * BC, i * BK], [_, BC, BK]).store(((q01 + q11 + q21) * 0.5).t());
-    u.block([9, j * BC, i * BK], [_, BC, BK]).store(((q01 - q11 + q21) * 0.5).t());
-    u.block([13, j * BC, i * BK], [_, BC, BK]).store((q21).t());
-    u.block([2, j * BC, i * BK], [_, BC, BK]).store((q02).t());
-    u.block([6, j * BC, i * BK], [_, BC, BK]).store(((q02 + q12 + q22) * 0.5).t());
-    u.block([10, j * BC, i * BK], [_, BC, BK]).store(((q02 - q12 + q22) * 0.5).t());
-    u.block([14, j * BC, i * BK], [_, BC, BK]).store((q22).t());
-    u.block([3, j * BC, i * BK], [_, BC, BK]).store((q03).t());
-    u.block([7, j * BC, i * BK], [_, BC, BK]).store(((q03 + q13 + q23) * 0.5).t());
-    u.block([11, j * BC, i * BK], [_, BC, BK]).store(((q03 - q13 + q23) * 0.5).t());
-    u.block([15, j * BC, i * BK], [_, BC, BK]).store((q23).t());
+    u.block([0, j * 16, i * 16], [_, 16, 16]).store((q00).t());
+    u.block([4, j * 16, i * 16], [_, 16, 16]).store(((q00 + q10 + q20) * 0.5).t());
+    u.block([8, j * 16, i * 16], [_, 16, 16]).store(((q00 - q10 + q20) * 0.5).t());
+    u.block([12, j * 16, i * 16], [_, 16, 16]).store((q20).t());
+    u.block([1, j * 16, i * 16], [_, 16, 16]).store((q01).t());
+    u.block([5, j * 16, i * 16], [_, 16, 16]).store(((q01 + q11 + q21) * 0.5).t());
+    u.block([9, j * 16, i * 16], [_, 16, 16]).store(((q01 - q11 + q21) * 0.5).t());
+    u.block([13, j * 16, i * 16], [_, 16, 16]).store((q21).t());
+    u.block([2, j * 16, i * 16], [_, 16, 16]).store((q02).t());
+    u.block([6, j * 16, i * 16], [_, 16, 16]).store(((q02 + q12 + q22) * 0.5).t());
+    u.block([10, j * 16, i * 16], [_, 16, 16]).store(((q02 - q12 + q22) * 0.5).t());
+    u.block([14, j * 16, i * 16], [_, 16, 16]).store((q22).t());
+    u.block([3, j * 16, i * 16], [_, 16, 16]).store((q03).t());
+    u.block([7, j * 16, i * 16], [_, 16, 16]).store(((q03 + q13 + q23) * 0.5).t());
+    u.block([11, j * 16, i * 16], [_, 16, 16]).store(((q03 - q13 + q23) * 0.5).t());
+    u.block([15, j * 16, i * 16], [_, 16, 16]).store((q23).t());
 }
 
 /// The input's transform `V[4ξ + ν][t] = (Bᵀ d B)[ξ][ν]` of each tile's 4 × 4 patch `d`
