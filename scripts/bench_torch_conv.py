@@ -2,8 +2,9 @@
 """cuDNN's convolution forward (through PyTorch, `cudnn.benchmark = True`) for the rows of
 `benches/conv2d.rs`: N64, channels_last, bf16 ResNet layers, depthwise 3x3 layers, the
 first layer with bias + ReLU as PyTorch runs it (`relu(conv2d(x, w, b))`: the convolution,
-then a ReLU kernel), and the 3x3 stride-1 layers in f32 with a bias (TF32 off). Timed like the Rust benchmark: CUDA events around each call,
-warm-ups for about 300 ms, timed calls for about 100 ms, median. TFLOP/s = 2*N*K*P*Q*C*R*S / time; depthwise GB/s = the
+then a ReLU kernel), and the 3x3 stride-1 layers in f32 with a bias (TF32 off). Timed
+like the Rust benchmark: CUDA events around each call, warm-ups for about 300 ms, timed
+calls for about 100 ms, median. TFLOP/s = 2*N*K*P*Q*C*R*S / time; depthwise GB/s = the
 input and output bytes / time.
 
 Usage: python3 scripts/bench_torch_conv.py DIR   (writes DIR/torch_conv.json, which

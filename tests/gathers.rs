@@ -128,7 +128,7 @@ fn coordinates_divided_by_launch_values() {
 /// The kernels compile for sm_80 and sm_90a: NVRTC, then `ptxas -v`, no spills.
 #[test]
 fn gather_kernels_compile_for_sm80_and_sm90a() {
-    let failures = common::compile_for_both_targets(&[(&embedding::DEF, true), (&scatter_rows::DEF, true), (&box3x3::DEF, false)]);
+    let failures = common::compile_for_both_targets(&[(&embedding::DEF, true), (&scatter_rows::DEF, true), (&box3x3::DEF, false), (&divide_rows::DEF, true)]);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -69,6 +69,7 @@ fn user_kernels() -> Vec<(&'static KernelDef, Vec<(&'static str, Vec<u32>)>)> {
         (&kernels_gathers::embedding::DEF, vec![]),
         (&kernels_gathers::scatter_rows::DEF, vec![]),
         (&kernels_gathers::box3x3::DEF, vec![]),
+        (&kernels_gathers::divide_rows::DEF, vec![]),
         // `kfuse::ops::conv2d`'s kernels, at a ResNet layer besides the snapshot spec
         (&kfuse::ops::kernels::conv2d::DEF, vec![("N64 56x56 C64 K64 3x3", vec![64, 64, 64, 1, 64, 64, 4, 4, 262144])]),
         (&kfuse::ops::kernels::conv2d_depthwise::DEF, vec![("N64 56x56 C256 3x3", vec![64, 64, 64, 256, 4, 4, 262144])]),
@@ -108,12 +109,13 @@ fn every_interpreted_kernel_compiles_for_the_gpu_or_is_listed() {
         }
     }
     for (def, shapes) in user_kernels() {
-        for dt in common::DTYPES {
-            try_one(def.name, def, vec![dt], "snapshot", &common::snapshot_spec(def));
+        for &dt in common::dtypes_of(def) {
+            let generics = vec![dt; def.generics.len()];
+            try_one(def.name, def, generics.clone(), "snapshot", &common::snapshot_spec(def));
             for (label, dims) in &shapes {
                 let mut spec = common::snapshot_spec(def);
                 spec.shape_pow2 = dims.clone();
-                try_one(def.name, def, vec![dt], label, &spec);
+                try_one(def.name, def, generics.clone(), label, &spec);
             }
         }
     }

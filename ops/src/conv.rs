@@ -168,9 +168,9 @@ fn view_or_copy(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
 }
 
 /// Whether a layer takes Winograd F(2 × 2, 3 × 3) (`kernels::conv2d_winograd_*`): f32, a
-/// 3 × 3 filter, stride 1, no dilation, no groups.
-fn winograd_pays(dt: DType, [_c, _k, r, s, sh, sw, dh, dw, g]: [usize; 9]) -> bool {
-    dt == DType::F32 && r == 3 && s == 3 && (sh, sw, dh, dw, g) == (1, 1, 1, 1, 1)
+/// 3 × 3 filter (`rs`), stride 1, no dilation, no groups.
+fn winograd_pays(dt: DType, rs: (usize, usize), opts: &Conv2dOptions) -> bool {
+    dt == DType::F32 && rs == (3, 3) && opts.stride == (1, 1) && opts.dilation == (1, 1) && opts.groups == 1
 }
 
 /// Winograd F(2 × 2, 3 × 3) into `y` (`[N, P, Q, K]`): the filters' and the input's
@@ -196,7 +196,8 @@ fn winograd(x: &Tensor, w: &Tensor, bias: &Tensor, y: &Tensor, [n, p, q, c, k, p
 /// `[N, P, Q, K]` tensor of `x`'s dtype, `P = (H + 2·pad_h − dil_h·(R − 1) − 1) / stride_h
 /// + 1` (likewise `Q`).
 ///
-/// f16 and bf16 accumulate in f32 on the tensor cores; f32 is exact f32 FMAs. `x` may have
+/// f16 and bf16 accumulate in f32 on the tensor cores; f32 stays f32 (no TF32): exact FMAs
+/// of the direct sum, or Winograd's transforms and products (below). `x` may have
 /// any strides as long as its channels are adjacent (unit stride); `w` any strides (a
 /// packed copy is made where `[R, S]` do not merge). One launch of one of three kernels,
 /// or four for Winograd (module docs): a 1 × 1 stride-1 layer without padding or groups
@@ -257,7 +258,7 @@ pub fn conv2d(x: &Tensor, w: &Tensor, opts: &Conv2dOptions) -> Result<Tensor> {
             return opts.activation.after(y);
         }
     }
-    if winograd_pays(dt, [c, k, r, s, sh, sw, dh, dw, g]) {
+    if winograd_pays(dt, (r, s), opts) {
         winograd(x, w, &bias, &y, [n, p, q, c, k, ph, pw], floor)?;
         return opts.activation.after(y);
     }

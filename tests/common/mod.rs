@@ -301,6 +301,16 @@ pub fn shapes(case: &OpCase, large: bool) -> Vec<Vec<usize>> {
     }
 }
 
+/// The dtypes a kernel is checked in: each of [`DTYPES`] for each of its generics, or one
+/// pass for a kernel without generics (its build takes none).
+pub fn dtypes_of(def: &KernelDef) -> &'static [DType] {
+    if def.generics.is_empty() {
+        &[DType::F32]
+    } else {
+        &DTYPES
+    }
+}
+
 /// The specialization used for snapshots and compile checks: 16-byte-aligned,
 /// contiguous tensors of a large shape.
 pub fn snapshot_spec(def: &KernelDef) -> Spec {
@@ -393,8 +403,8 @@ pub fn compile_for_both_targets(defs: &[(&KernelDef, bool)]) -> Vec<String> {
     let mut failures = Vec::new();
     for &(def, hot) in defs {
         let spec = snapshot_spec(def);
-        for dt in DTYPES {
-            let k = (def.build)(&[dt]).unwrap();
+        for &dt in dtypes_of(def) {
+            let k = (def.build)(&vec![dt; def.generics.len()]).unwrap();
             for target in [Target::sm80(), Target::sm90a()] {
                 let name = format!("{}_{dt}", def.name);
                 match compile_assembled(&k, &spec, &target, &name) {

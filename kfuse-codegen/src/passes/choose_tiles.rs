@@ -960,10 +960,10 @@ fn loads_output_tile(k: &Kernel, dot: kfuse_ir::OpId) -> bool {
 /// gives every multiprocessor a tile, then 128x64 (4x8 thread tiles), else 64x64 (4x4:
 /// half the FMAs per shared-memory read, but four times the tiles for small problems).
 /// Where `N` is at most 64 no tile is wider than 64, and 256x64 (the same 8x8 thread
-/// tiles) comes first: a 128-wide tile computed half of its FMAs for nothing (H200, f32
-/// 3 × 3 layers of `benches/conv2d.rs`, N = K = 64: Winograd's 16 products 25.8 → 36.1
-/// TFLOP/s of the direct FLOPs, the implicit GEMM 22.6 → 28.8; NOTES c35). `Spec::tiles`
-/// overrides any of them by name.
+/// tiles) comes first: a 128-wide tile computed half of its FMAs for nothing (H200, the
+/// f32 C64 K64 3 × 3 layer of `benches/conv2d.rs`, whose Winograd products have N = 64:
+/// 25.8 → 36.3 TFLOP/s of the direct FLOPs; NOTES c35). `Spec::tiles` overrides any of
+/// them by name.
 ///
 /// # Examples
 ///
