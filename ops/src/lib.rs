@@ -42,7 +42,8 @@
 //! [`conv2d`] is 2-D convolution of NHWC activations with `[K, R, S, C / groups]`
 //! filters (options: [`Conv2dOptions`]: stride, padding, dilation, groups, bias,
 //! [`Activation`]): an implicit GEMM whose rows gather their input pixels, a depthwise
-//! kernel, or for 1 × 1 stride-1 layers a GEMM on the tensors as they lie.
+//! kernel, for 1 × 1 stride-1 layers a GEMM on the tensors as they lie, or for f32 3 × 3
+//! stride-1 layers Winograd F(2 × 2, 3 × 3).
 //!
 //! [`warm`] compiles the kernels of a list of op calls ahead of time (`gemm bf16
 //! 4096x4096 4096x4096`, a line each: [`parse_warm_list`]), so that a later process finds
