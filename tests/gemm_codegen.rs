@@ -272,7 +272,7 @@ fn general_lowering_at_asked_tiles() {
     assert!(e.ir.contains(kfuse::codegen::passes::select_mma_path::GENERAL_TAKES), "{}", e.ir);
     assert!(e.plan.to_string().contains("rings filled by a producer warpgroup (TMA"), "{}", e.plan);
     assert_eq!(e.source.matches("kf_tma_load_2d(").count() - 1, 1 + 4, "{}", e.source);
-    assert!(e.source.contains("kf_mbar_expect_tx(&kf_full[kf_s], 49152u);") && e.source.contains("kf_wg_wait1();"), "{}", e.source);
+    assert!(e.source.contains("kf_mbar_expect_tx(KF_FULL(kf_s), 49152u);") && e.source.contains("kf_wg_wait1();"), "{}", e.source);
     // one block a multiprocessor walks the tiles, in groups of 8 tile rows (both roles),
     // decoding its program ids in 32 bits
     assert_eq!(e.persistent, Some(Target::sm90a().num_sms));
@@ -330,7 +330,7 @@ fn a_tile_staged_from_registers_is_fenced_before_wgmma_reads_it() {
     let src = &e.source;
     let write = src.find("kf_proxy_fence();").unwrap_or_else(|| panic!("{src}"));
     let wgmma = write + src[write..].find("kf_wg_fence();").unwrap_or_else(|| panic!("{src}"));
-    assert!(src[write..wgmma].contains("kf_mbar_wait(&kf_full[") && src[write..wgmma].contains("kf_bar_sync(1);"), "{}", &src[write..wgmma]);
+    assert!(src[write..wgmma].contains("kf_mbar_wait(KF_FULL(") && src[write..wgmma].contains("kf_bar_sync(1);"), "{}", &src[write..wgmma]);
 }
 
 /// A product whose rows come from the row tile of `a` after the output's: at the last

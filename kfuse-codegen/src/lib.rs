@@ -285,10 +285,12 @@ fn compile_scheduled(kernel: &Kernel, spec: &Spec, target: &Target) -> Result<Em
     k.schedule.smem_bytes = out.static_smem + out.dynamic_smem;
     // a kernel whose launch bounds the writer chose itself (warp-specialized) has them
     // in its schedule, and no register-room attempts (each would give the same source)
-    // but one without the dots issued late or the loads issued ahead where it had them
+    // but one without the dots issued late or the loads issued ahead where it had them,
+    // and before those one taking the shared addresses at each use where this one takes
+    // them once
     if let Some(b) = out.min_blocks {
         k.schedule.min_blocks = b;
-        k.schedule.register_attempt.1 = k.schedule.register_attempt.0 + if out.late_dots || out.ahead_loads { 2 } else { 1 };
+        k.schedule.register_attempt.1 = k.schedule.register_attempt.0 + if out.late_dots || out.ahead_loads { 2 } else { 1 } + u32::from(out.addresses_once);
     }
     // counted with the wider block of rows' attempt before the kernel's own
     if k.schedule.row_attempts > 0 {

@@ -481,6 +481,10 @@ struct Emitter<'a> {
     prefetching: bool,
     /// Some loop issues loads ahead (a later register-room attempt does not).
     ahead_used: bool,
+    /// The kernel takes its mbarriers' and operand area's shared-memory addresses once
+    /// (`kf_saddr_once`, [`dot_wgmma::SmemTile::addr`]): a warp-specialized kernel's
+    /// first register-room attempt ([`Emitter::base_attempt`]).
+    addresses_once: bool,
     /// Loops open where the writer is (their bodies nest).
     loop_depth: u32,
     /// Carried tiles whose valid range is kept in variables that follow the iterations.
@@ -569,6 +573,7 @@ impl<'a> Emitter<'a> {
             ahead: HashMap::new(),
             prefetching: false,
             ahead_used: false,
+            addresses_once: false,
             dynamic_ranges: BTreeSet::new(),
             retry: BTreeSet::new(),
             wg: None,
@@ -1983,6 +1988,9 @@ pub struct Emitted {
     /// Some loop issues its staged loads an iteration ahead (`loops.rs`): the kernel's
     /// next register-room attempt loads them each step instead.
     pub ahead_loads: bool,
+    /// The shared-memory addresses are taken once (`Emitter::addresses_once`): the
+    /// kernel's next register-room attempt takes them at each use.
+    pub addresses_once: bool,
 }
 
 /// How deep [`body`] makes a kernel's rings: `cp.async` rings at most `stages`, a
@@ -2012,7 +2020,12 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         let p = Some(dot_wgmma::plan(k, spec, rings, wgmma, 2)).filter(fits).unwrap_or_else(|| dot_wgmma::plan(k, spec, false, wgmma, 2));
         e.wg = Some(p).filter(|p| !p.dots.is_empty() && fits(p));
         if target.sm >= 90 {
-            e.ws = e.wg.as_ref().and_then(|p| warp_specialize::ws_plan(k, spec, p, k.schedule.num_threads, spec.register_attempt == 0));
+            // (a warp-specialized kernel's first attempt takes the shared addresses once,
+            // its next ones are the attempts of the kernel without: `base_attempt`)
+            let once = warp_specialize::takes_addresses_once(k);
+            let base = spec.register_attempt - u32::from(once && spec.register_attempt > 0);
+            e.ws = e.wg.as_ref().and_then(|p| warp_specialize::ws_plan(k, spec, p, k.schedule.num_threads, base == 0));
+            e.addresses_once = once && e.ws.is_some() && spec.register_attempt == 0;
         }
         // a producer warpgroup runs as many stages ahead as shared memory holds beside
         // the stores' area (`ws_stages` at most), else 3 where they fit, else 2
@@ -2053,7 +2066,8 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             ws.grouped = grid.len() >= 2 && warp_specialize::grouped_walk(k, e.wg.as_ref().unwrap());
         }
         if let Some(ws) = &e.ws {
-            e.dot_notes.push(warp_specialize::note(ws));
+            let once = if e.addresses_once { "; the mbarriers' and operand tiles' shared-memory addresses taken once (a later attempt takes them at each use)" } else { "" };
+            e.dot_notes.push(format!("{}{once}", warp_specialize::note(ws)));
             e.barrier = warp_specialize::CONSUMER_BARRIER;
             let mut pe = Emitter::new(k, spec, warp_specialize::CONSUMER_BARRIER, grid);
             (pe.wg, pe.ws, pe.producer) = (e.wg.clone(), e.ws.clone(), true);
@@ -2271,6 +2285,7 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     let e_notes = std::mem::take(&mut e.dot_notes);
     let loop_notes = std::mem::take(&mut e.loop_notes);
     let static_smem = if ops_bytes.is_some() { e.cluster_smem + e.ring_table_bytes } else if dynamic_smem > 0 { e.cluster_smem } else { smem + e.cluster_smem };
+    let once = e.addresses_once;
     let body = e.w.finish();
     let producer = e.producer_text.take();
     let tma = e.ws.as_ref().is_some_and(|ws| !ws.tma.is_empty());
@@ -2313,9 +2328,15 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
             w.line("unsigned char* kf_ops = kf_dsmem + ((1024u - (kf_saddr(kf_dsmem) & 1023u)) & 1023u);")?;
             w.line(format!("unsigned char* kf_smem = kf_ops + {};", scratch_at.unwrap_or(o)))?;
             w.line("(void)kf_smem;")?;
+            if once {
+                // (the operand area's shared-memory address, taken once: `SmemTile::addr`)
+                w.line("const unsigned kf_ops_sa = kf_saddr_once(kf_ops);")?;
+                w.line(format!("const unsigned kf_smem_sa = kf_ops_sa + {};", scratch_at.unwrap_or(o)))?;
+                w.line("(void)kf_smem_sa;")?;
+            }
             if let Some(p) = &producer {
                 let ws = e.ws.as_ref().unwrap();
-                warp_specialize::split_roles(&mut w, p, ws.barriers(e.wg.as_ref().map_or(2, |p| p.stages)), ws, ws.regs)?;
+                warp_specialize::split_roles(&mut w, p, ws.barriers(e.wg.as_ref().map_or(2, |p| p.stages)), ws, ws.regs, once)?;
             }
         } else if dynamic_smem > 0 {
             w.line("extern __shared__ __align__(16) unsigned char kf_smem[];")?;
@@ -2342,5 +2363,5 @@ pub fn emit(k: &Kernel, spec: &Spec, target: &Target, grid: &[crate::target::Gri
     };
     let min_blocks = producer_bounds.then_some(1);
     let late_dots = e.ws.as_ref().is_some_and(|ws| !ws.late.is_empty());
-    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent, dot_notes: e_notes, loop_notes, min_blocks, late_dots, ahead_loads: e.ahead_used })
+    Ok(Emitted { source: w.finish(), params, static_smem, dynamic_smem, block_threads: threads, persistent, dot_notes: e_notes, loop_notes, min_blocks, late_dots, ahead_loads: e.ahead_used, addresses_once: e.addresses_once })
 }

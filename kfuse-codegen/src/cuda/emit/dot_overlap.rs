@@ -200,12 +200,12 @@ impl Emitter<'_> {
             return Ok(());
         }
         let stages = self.wg.as_ref().unwrap().stages;
-        self.line(format!("kf_mbar_wait(&kf_full[{stages} + kf_rel{0}], ((kf_rit - 1) / {stages}) & 1);", l.0))
+        self.line(format!("kf_mbar_wait(KF_FULL({stages} + kf_rel{0}), ((kf_rit - 1) / {stages}) & 1);", l.0))
     }
 
     fn late_done(&mut self, l: LoopId) -> R {
         self.line("kf_wg_wait();")?;
-        self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[{1}]);", l.0, self.rel_slot(l, &format!("kf_rel{}", l.0))))
+        self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(KF_EMPTY({1}));", l.0, self.rel_slot(l, &format!("kf_rel{}", l.0))))
     }
 
     /// After loop `l` closes: its last iteration's late dot, issued and waited for, all

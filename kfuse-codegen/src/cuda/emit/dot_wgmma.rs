@@ -112,6 +112,21 @@ impl SmemTile {
             None => format!("({} + {})", if self.eager { "kf_ops" } else { "kf_smem" }, self.off),
         }
     }
+    /// The start's shared-memory address (a C expression, [`SmemTile::base`]'s): the
+    /// operand area's address taken once (`kf_ops_sa`, `kf_smem_sa`) plus offsets, or
+    /// (`taken_once` false: the kernel's later register-room attempts) the pointer's address at this
+    /// use. ptxas computes a shared variable's address from the block's rank in its
+    /// cluster (`S2UR SR_CgaCtaId`) wherever it is used, once an iteration inside a
+    /// loop; the address taken once is a plain register.
+    pub(super) fn addr(&self, taken_once: bool) -> String {
+        if !taken_once {
+            return format!("kf_saddr({})", self.base());
+        }
+        match self.ring {
+            Some(l) => format!("(kf_ops_sa + {} + kf_st{} * {})", self.off, l.0, self.bytes()),
+            None => format!("({} + {})", if self.eager { "kf_ops_sa" } else { "kf_smem_sa" }, self.off),
+        }
+    }
     /// The descriptor's swizzle mode (bits 62–63).
     fn mode(&self) -> u32 {
         match self.span {
@@ -437,9 +452,10 @@ pub(super) fn instr_fn(d: &WgDot, rs: bool) -> Result<(String, String), CodegenE
 /// Helpers every kernel with a WGMMA dot carries: the shared address, the swizzled byte
 /// offset, a descriptor, the pair packing, the fences.
 pub(super) const WG_DOT_PRELUDE: &str = r#"static __device__ __forceinline__ unsigned kf_saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ unsigned kf_saddr_once(const void* p) { unsigned a; asm volatile("mov.u32 %0, %1;" : "=r"(a) : "r"(kf_saddr(p))); return a; }
 static __device__ __forceinline__ unsigned kf_swz(unsigned o, unsigned mask) { return o ^ (((o >> 7) & mask) << 4); }
-static __device__ __forceinline__ unsigned long long kf_wdesc(const void* p, unsigned lbo, unsigned sbo, unsigned mode) {
-  return (unsigned long long)((kf_saddr(p) & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
+static __device__ __forceinline__ unsigned long long kf_wdesc(unsigned a, unsigned lbo, unsigned sbo, unsigned mode) {
+  return (unsigned long long)((a & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
        | ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)mode << 62);
 }
 static __device__ __forceinline__ unsigned kf_pk_bf16(float lo, float hi) { unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r; }
@@ -738,8 +754,8 @@ impl Emitter<'_> {
         let a_rows = |t: &SmemTile, x: u32| x * (64 / t.span_elems()) * t.rows * t.span;
         if let ASrc::Smem(t) = &d.a {
             let (base, lbo) = match d.a_mn {
-                true => (format!("{} + kf_wg * {}", t.base(), a_rows(t, 1)), t.rows * t.span),
-                false => (format!("{} + 64 * kf_wg * {}", t.base(), t.span), 16),
+                true => (format!("{} + kf_wg * {}", t.addr(self.addresses_once), a_rows(t, 1)), t.rows * t.span),
+                false => (format!("{} + 64 * kf_wg * {}", t.addr(self.addresses_once), t.span), 16),
             };
             self.line(format!("const unsigned long long {ad} = kf_wdesc({base}, {lbo}, {}, {});", 8 * t.span, t.mode()))?;
         }
@@ -816,9 +832,9 @@ impl Emitter<'_> {
         let t = &d.b;
         if d.b_mn {
             // 16 k rows a step; LBO: atom to atom along n; SBO: 8 k rows
-            (format!("kf_wdesc({}, {}, {}, {})", t.base(), t.rows * t.span, 8 * t.span, t.mode()), format!("s * {}", 16 * t.span))
+            (format!("kf_wdesc({}, {}, {}, {})", t.addr(self.addresses_once), t.rows * t.span, 8 * t.span, t.mode()), format!("s * {}", 16 * t.span))
         } else {
-            (format!("kf_wdesc({}, 16, {}, {})", t.base(), 8 * t.span, t.mode()), format!("((s * 32) / {}) * {} + (s * 32) % {}", t.span, t.rows * t.span, t.span))
+            (format!("kf_wdesc({}, 16, {}, {})", t.addr(self.addresses_once), 8 * t.span, t.mode()), format!("((s * 32) / {}) * {} + (s * 32) % {}", t.span, t.rows * t.span, t.span))
         }
     }
 }

@@ -195,7 +195,7 @@ impl Emitter<'_> {
     /// fall back to loading each step.
     fn ahead_loads(&self, id: LoopId) -> Vec<ValueId> {
         let k = self.k;
-        if self.spec.register_attempt > 0 {
+        if self.base_attempt() > 0 {
             return Vec::new();
         }
         let Some(info) = k.loop_info(id) else { return Vec::new() };

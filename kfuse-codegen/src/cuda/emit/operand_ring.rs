@@ -290,6 +290,17 @@ const NO_ROW: &str = "(-0x7fffffffffffffffLL - 1)";
 const NO_ROW32: &str = "0xffffffffu";
 
 impl Emitter<'_> {
+    /// The shared-memory address of the operand area's byte `off` (a C expression):
+    /// from its address taken once where the kernel takes it so
+    /// (`warp_specialize::takes_addresses_once`), else from the pointer at this use.
+    fn ops_saddr(&self, off: &str) -> String {
+        if self.addresses_once {
+            format!("(kf_ops_sa + {off})")
+        } else {
+            format!("kf_saddr(kf_ops + {off})")
+        }
+    }
+
     /// The element type, the outside-row sentinel and the bytes of an entry of gathered
     /// load `v`'s row tables: 32-bit offsets where its tensor's offsets fit them
     /// ([`Spec::offsets32`]; the coordinates are summed in 32 bits too), else 64-bit.
@@ -512,7 +523,7 @@ impl Emitter<'_> {
         let loads = self.wg.as_ref().unwrap().rings[&l].clone();
         if loads[0] == v && self.ws.is_some() {
             // the stage's copies have landed: fence them against WGMMA's async proxy
-            self.line(format!("kf_mbar_wait(&kf_full[kf_st{0}], (kf_rit / {1}) & 1);", l.0, self.wg.as_ref().unwrap().stages))?;
+            self.line(format!("kf_mbar_wait(KF_FULL(kf_st{0}), (kf_rit / {1}) & 1);", l.0, self.wg.as_ref().unwrap().stages))?;
             if self.ws.as_ref().is_some_and(|ws| ws.tma.is_empty() || ws.gathered) {
                 // (TMA's writes are the async proxy's already)
                 self.line("kf_proxy_fence();")?;
@@ -693,7 +704,7 @@ impl Emitter<'_> {
                 let c = format!("(kf_c + {})", j * ce);
                 self.line(format!("const unsigned kf_nb{j} = (unsigned)(kf_vc - {c} < 0 ? 0 : kf_vc - {c} > {ce} ? {ce} : kf_vc - {c}) * {e}u;"))?;
                 self.line(format!("const int kf_pc{j} = kf_nb{j} != 0u ? {} : 0;", j * 16))?;
-                self.line(format!("const unsigned kf_d{j} = kf_saddr(kf_ops + {} + {stage} * {} + {});", t.off, t.bytes(), t.at("kf_r0", &c)))?;
+                self.line(format!("const unsigned kf_d{j} = {};", self.ops_saddr(&format!("{} + {stage} * {} + {}", t.off, t.bytes(), t.at("kf_r0", &c)))))?;
             }
             // (a thread whose first piece is past the last column reads from the rows' start)
             self.line("const char* kf_gb = (const char*)(kf_nb0 != 0u ? kf_src + kf_c : kf_src);")?;
@@ -716,11 +727,8 @@ impl Emitter<'_> {
         self.line(format!("const {ty} kf_go = kf_gt{}[{table}][r];", v.index()))?;
         self.line(format!("const int kf_n = kf_go != {no_row} ? (kf_vc - c < 0 ? 0 : kf_vc - c > {ce} ? {ce} : kf_vc - c) : 0;"))?;
         let at = t.at("r", "c");
-        self.line(format!(
-            "kf_cp_async16(kf_saddr(kf_ops + {} + {stage} * {} + {at}), kf_n > 0 ? kf_src + kf_go + c : kf_src, (unsigned)(kf_n * {e}));",
-            t.off,
-            t.bytes()
-        ))?;
+        let dst = self.ops_saddr(&format!("{} + {stage} * {} + {at}", t.off, t.bytes()));
+        self.line(format!("kf_cp_async16({dst}, kf_n > 0 ? kf_src + kf_go + c : kf_src, (unsigned)(kf_n * {e}));"))?;
         self.close()
     }
 
@@ -781,7 +789,7 @@ impl Emitter<'_> {
                 self.line(format!("const int kf_r0 = {tid} / {per_row}, kf_c = ({tid} % {per_row}) * {ce};"))?;
                 self.line(format!("const char* kf_g = (const char*)(kf_src + (long long)kf_r0 * {stride} + kf_c);"))?;
                 self.line(format!("const long long kf_gs = (long long){rs} * {stride} * {e};"))?;
-                self.line(format!("const unsigned kf_d = kf_saddr(kf_ops + {} + {stage} * {} + {});", t.off, t.bytes(), t.at("kf_r0", "kf_c")))?;
+                self.line(format!("const unsigned kf_d = {};", self.ops_saddr(&format!("{} + {stage} * {} + {}", t.off, t.bytes(), t.at("kf_r0", "kf_c")))))?;
                 // a whole tile (every one but a loop's last): 16 bytes a copy, no checks
                 self.open(format!("if (kf_vr >= {rows} && kf_vc >= {cols})"))?;
                 self.unroll("it", iters)?;
@@ -802,11 +810,8 @@ impl Emitter<'_> {
                 self.line(format!("const int r = q / {per_row}, c = (q % {per_row}) * {ce};"))?;
                 self.line(format!("const int kf_n = r < kf_vr ? (kf_vc - c < 0 ? 0 : kf_vc - c > {ce} ? {ce} : kf_vc - c) : 0;"))?;
                 let at = t.at("r", "c");
-                self.line(format!(
-                    "kf_cp_async16(kf_saddr(kf_ops + {} + {stage} * {} + {at}), kf_n > 0 ? kf_src + (long long)r * {stride} + c : kf_src, (unsigned)(kf_n * {e}));",
-                    t.off,
-                    t.bytes()
-                ))?;
+                let dst = self.ops_saddr(&format!("{} + {stage} * {} + {at}", t.off, t.bytes()));
+                self.line(format!("kf_cp_async16({dst}, kf_n > 0 ? kf_src + (long long)r * {stride} + c : kf_src, (unsigned)(kf_n * {e}));"))?;
                 self.close()?;
             }
         }

@@ -548,26 +548,54 @@ pub(super) fn note(ws: &WsPlan) -> String {
 }
 
 /// The mbarrier and named-barrier helpers of a warp-specialized kernel (the mbarrier
-/// ones are the matrix path's, `mbarrier_helpers`); the named barriers take the
-/// `consumers` threads.
+/// ones take a barrier's shared-memory address, `MBARRIER_HELPERS`); the named barriers
+/// take the `consumers` threads.
 pub(super) fn ws_prelude(consumers: u32) -> String {
-    let mbar = mbarrier_helpers!("kf_saddr");
+    let mbar = crate::cuda::MBARRIER_HELPERS;
     format!(
-        r#"{mbar}static __device__ __forceinline__ void kf_cp_async_arrive(unsigned long long* b) {{ asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(kf_saddr(b)) : "memory"); }}
+        r#"{mbar}static __device__ __forceinline__ void kf_cp_async_arrive(unsigned a) {{ asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(a) : "memory"); }}
 static __device__ __forceinline__ void kf_bar_sync(int id) {{ asm volatile("bar.sync %0, {consumers};" :: "r"(id) : "memory"); }}
 static __device__ __forceinline__ void kf_bar_arrive(int id) {{ asm volatile("bar.arrive %0, {consumers};" :: "r"(id) : "memory"); }}
 "#
     )
 }
 
+/// Whether a warp-specialized kernel's first register-room attempt takes the shared
+/// addresses it uses in its loops once — the mbarriers' (`KF_FULL`, `KF_EMPTY`) and the
+/// operand tiles' (`kf_ops_sa`, [`SmemTile::addr`](super::dot_wgmma::SmemTile::addr))
+/// — its next attempts at each use. ptxas computes a shared variable's address from the
+/// block's rank in its cluster (`S2UR SR_CgaCtaId`) wherever it is used, once an
+/// iteration at a loop's head before its first wait; taken once (an `asm volatile`
+/// copy it cannot recompute) the address is a register. H200, `kfuse::ops::attention`,
+/// one call: D128 S4096 / S16384 592.0 / 642.2 → 606.1 / 657.9 TFLOP/s, D256 621.6 /
+/// 666.8 → 628.9 / 676.1, GQA 601.6 → 617.1; the GEMM and `conv2d` equal (NOTES.md a32).
+/// The registers they take cost `attention_varlen` D128 its late `P·V` (a spill: the
+/// next attempt) and every block of three consumer warpgroups (160 registers, flash
+/// attention's 192-row tiles at D64) a spill, so those take them at each use.
+pub(super) fn takes_addresses_once(k: &Kernel) -> bool {
+    k.schedule.num_threads != WIDE_CONSUMERS
+}
+
 /// The kernel's start where the roles part (see the module docs): the mbarriers (`bars`
-/// of each kind, [`WsPlan::barriers`]), then the producer's program `producer` and its
-/// exit.
-pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, bars: u32, ws: &WsPlan, regs: (u32, u32)) -> std::fmt::Result {
+/// of each kind, [`WsPlan::barriers`]) and their arrays' shared-memory addresses, taken
+/// once (`kf_full_sa`, `kf_empty_sa`: every wait and arrival adds its slot's 8 bytes,
+/// where an address taken at each use costs a cluster-rank read in every iteration),
+/// then the producer's program `producer` and its exit. `KF_FULL(i)` and `KF_EMPTY(i)`
+/// give slot `i`'s address.
+pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, bars: u32, ws: &WsPlan, regs: (u32, u32), once: bool) -> std::fmt::Result {
     let consumers = ws.consumers;
     // one thread issues every copy where TMA makes them all
     let tma = !ws.tma.is_empty() && !ws.gathered;
     w.line(format!("__shared__ __align__(8) unsigned long long kf_full[{bars}], kf_empty[{bars}];"))?;
+    if !once {
+        // (taken at each use: `takes_addresses_once`)
+        w.line("#define KF_FULL(i) kf_saddr(&kf_full[i])")?;
+        w.line("#define KF_EMPTY(i) kf_saddr(&kf_empty[i])")?;
+    } else {
+        w.line("const unsigned kf_full_sa = kf_saddr_once(kf_full), kf_empty_sa = kf_saddr_once(kf_empty);")?;
+        w.line("#define KF_FULL(i) (kf_full_sa + 8u * (i))")?;
+        w.line("#define KF_EMPTY(i) (kf_empty_sa + 8u * (i))")?;
+    }
     w.open("if (kf_tid == 0)")?;
     // TMA: one arrival (with the stage's bytes) a phase; cp.async: each producer thread's;
     // gathered rows by cp.async beside TMA boxes: both
@@ -576,7 +604,7 @@ pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, bars: u32, ws:
         (true, _) => ws.producers,
         (false, true) => ws.producers + 1,
     };
-    w.line(format!("for (int s = 0; s < {bars}; ++s) {{ kf_mbar_init(&kf_full[s], {fill}); kf_mbar_init(&kf_empty[s], {consumers}); }}"))?;
+    w.line(format!("for (int s = 0; s < {bars}; ++s) {{ kf_mbar_init(KF_FULL(s), {fill}); kf_mbar_init(KF_EMPTY(s), {consumers}); }}"))?;
     w.close()?;
     w.line("__syncthreads();")?;
     w.open(format!("if (kf_tid >= {consumers})"))?;
@@ -662,7 +690,7 @@ impl Emitter<'_> {
             }
             self.line(format!("const int kf_s = kf_rit % {stages};"))?;
             if ws.tma.is_empty() || ws.gathered {
-                self.line(format!("kf_mbar_wait(&kf_empty[kf_s], ((kf_rit / {stages}) & 1) ^ 1);"))?;
+                self.line(format!("kf_mbar_wait(KF_EMPTY(kf_s), ((kf_rit / {stages}) & 1) ^ 1);"))?;
                 if gathered && !outer_rows {
                     self.producer_tables(l, nest, &binds, &halves)?;
                 }
@@ -672,13 +700,13 @@ impl Emitter<'_> {
                         // the boxes by one thread, its arrival announcing their bytes
                         e.open(format!("if (kf_tid == {})", ws.consumers))?;
                         let bytes: u32 = boxes.iter().map(|v| &e.wg.as_ref().unwrap().eager[v]).map(|t| t.rows * t.cols * t.esize).sum();
-                        e.line(format!("kf_mbar_expect_tx(&kf_full[kf_s], {bytes}u);"))?;
+                        e.line(format!("kf_mbar_expect_tx(KF_FULL(kf_s), {bytes}u);"))?;
                         boxes.iter().try_for_each(|v| e.ring_tma(*v, l, &ws.tma[v], "kf_s"))?;
                         e.close()?;
                     }
                     rows.iter().try_for_each(|v| e.ring_copy(*v, l, "kf_p", "kf_s"))
                 })?;
-                self.line("kf_cp_async_arrive(&kf_full[kf_s]);")?;
+                self.line("kf_cp_async_arrive(KF_FULL(kf_s));")?;
             } else {
                 // one group, or two (the first dot's tiles first: `RingSplit`)
                 let groups: Vec<(String, Vec<ValueId>)> = match ws.split.get(&l) {
@@ -686,9 +714,9 @@ impl Emitter<'_> {
                     None => vec![("kf_s".into(), loads.clone())],
                 };
                 for (slot, group) in groups {
-                    self.line(format!("kf_mbar_wait(&kf_empty[{slot}], ((kf_rit / {stages}) & 1) ^ 1);"))?;
+                    self.line(format!("kf_mbar_wait(KF_EMPTY({slot}), ((kf_rit / {stages}) & 1) ^ 1);"))?;
                     let bytes: u32 = group.iter().map(|v| &self.wg.as_ref().unwrap().eager[v]).map(|t| t.rows * t.cols * t.esize).sum();
-                    self.line(format!("kf_mbar_expect_tx(&kf_full[{slot}], {bytes}u);"))?;
+                    self.line(format!("kf_mbar_expect_tx(KF_FULL({slot}), {bytes}u);"))?;
                     self.at_producer_step(l, nest, &binds, |e| group.iter().try_for_each(|v| e.ring_tma(*v, l, &ws.tma[v], &slot)))?;
                 }
             }
@@ -849,14 +877,14 @@ impl Emitter<'_> {
             // the loop's one dot, chained onto its own accumulator: the instructions of
             // the iteration before have completed once at most this group is pending
             self.line("kf_wg_wait1();")?;
-            return self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[{1}]);", l.0, self.rel_slot(*l, &format!("kf_rel{}", l.0))));
+            return self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(KF_EMPTY({1}));", l.0, self.rel_slot(*l, &format!("kf_rel{}", l.0))));
         }
         if ws.deferred.values().any(|&d| d == op) {
             return Ok(());
         }
         self.line("kf_wg_wait();")?;
         if let Some((l, _)) = ws.turns.iter().find(|(l, (f, _))| *f == op && ws.deferred.contains_key(l)) {
-            self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[{1}]);", l.0, self.rel_slot(*l, &format!("kf_rel{}", l.0))))?;
+            self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(KF_EMPTY({1}));", l.0, self.rel_slot(*l, &format!("kf_rel{}", l.0))))?;
         }
         self.release_first_group(op)
     }
@@ -865,7 +893,7 @@ impl Emitter<'_> {
     /// tiles it alone reads is free.
     fn release_first_group(&mut self, op: OpId) -> R {
         match self.ws.as_ref().and_then(|ws| ws.split.iter().find(|(_, sp)| sp.first_dot == op)).map(|(l, _)| *l) {
-            Some(l) => self.line(format!("kf_mbar_arrive(&kf_empty[kf_st{}]);", l.0)),
+            Some(l) => self.line(format!("kf_mbar_arrive(KF_EMPTY(kf_st{}));", l.0)),
             None => Ok(()),
         }
     }
@@ -879,7 +907,7 @@ impl Emitter<'_> {
         }
         let Some(l) = self.ws.as_ref().and_then(|ws| ws.split.iter().find(|(_, sp)| sp.second_at == op)).map(|(l, _)| *l) else { return Ok(()) };
         let stages = self.wg.as_ref().unwrap().stages;
-        self.line(format!("kf_mbar_wait(&kf_full[{stages} + kf_st{0}], (kf_rit / {stages}) & 1);", l.0))
+        self.line(format!("kf_mbar_wait(KF_FULL({stages} + kf_st{0}), (kf_rit / {stages}) & 1);", l.0))
     }
 
     /// The `empty` mbarrier index of loop `l`'s stage `stage` for the release at the end
@@ -898,7 +926,7 @@ impl Emitter<'_> {
             self.line(format!("kf_rel{0} = kf_st{0};", l.0))
         } else {
             // every dot of the iteration has completed: the stage is free
-            self.line(format!("kf_mbar_arrive(&kf_empty[{}]);", self.rel_slot(l, &format!("kf_st{}", l.0))))
+            self.line(format!("kf_mbar_arrive(KF_EMPTY({}));", self.rel_slot(l, &format!("kf_st{}", l.0))))
         }
     }
 
@@ -918,7 +946,7 @@ impl Emitter<'_> {
         }
         if self.ws.as_ref().is_some_and(|ws| ws.deferred.contains_key(&l)) {
             self.line("kf_wg_wait();")?;
-            self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(&kf_empty[{1}]);", l.0, self.rel_slot(l, &format!("kf_rel{}", l.0))))?;
+            self.line(format!("if (kf_rel{0} >= 0) kf_mbar_arrive(KF_EMPTY({1}));", l.0, self.rel_slot(l, &format!("kf_rel{}", l.0))))?;
         }
         Ok(())
     }
@@ -1063,6 +1091,14 @@ impl Emitter<'_> {
             pids.push(format!("kf_wp{a}"));
         }
         Ok(())
+    }
+
+    /// The register-room attempt of the kernel without the shared addresses taken
+    /// once: a warp-specialized kernel that takes them once has one attempt more, first
+    /// ([`takes_addresses_once`]).
+    pub(super) fn base_attempt(&self) -> u32 {
+        let a = self.spec.register_attempt;
+        a - u32::from(self.ws.is_some() && takes_addresses_once(self.k) && a > 0)
     }
 
     fn turn_of(&self, op: OpId) -> Option<(LoopId, (OpId, OpId))> {
