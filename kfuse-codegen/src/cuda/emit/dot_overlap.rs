@@ -26,9 +26,10 @@
 //! ([`Emitter::late_turn_before`], [`Emitter::late_turn_after`]).
 //!
 //! The consumers hold the late dot's words through the math, so they rise to 240
-//! registers (the producer keeps 24). It is the kernel's first register-room attempt:
-//! where the assembler spills it, the next attempt writes the loops without late dots
-//! (`ws_plan`'s `overlap`). A dot whose accumulator holds more than [`MAX_ACC_REGS`]
+//! registers (the producer keeps 24). It is the kernel's first register-room attempt
+//! (the first two where the first takes the shared addresses once,
+//! `warp_specialize::takes_addresses_once`): where the assembler spills it, the next
+//! attempt writes the loops without late dots (`ws_plan`'s `overlap`). A dot whose accumulator holds more than [`MAX_ACC_REGS`]
 //! registers a thread is not issued late. H100, `kfuse::ops::attention` bf16 (NOTES.md
 //! a20): D128 S4096 527–533 → 544–555 TFLOP/s, S16384 586–599 → 612–628; D64 unchanged.
 

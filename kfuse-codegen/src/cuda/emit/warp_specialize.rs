@@ -356,7 +356,7 @@ fn deferrable(k: &Kernel, l: LoopId, first: OpId, last: OpId) -> bool {
 
 /// Whether the kernel's rings run warp-specialized (see the module docs).
 /// `overlap`: loops may issue their last dot late (`dot_overlap`; the kernel's first
-/// register-room attempt, the next one without).
+/// register-room attempts, the next one without: [`Emitter::base_attempt`]).
 pub(super) fn ws_plan(k: &Kernel, spec: &crate::target::Spec, p: &WgPlan, threads: u32, overlap: bool) -> Option<WsPlan> {
     if p.rings.is_empty() || !(threads == CONSUMERS || threads == CONSUMERS / 2 || threads == WIDE_CONSUMERS) {
         return None;
