@@ -2070,7 +2070,7 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             e.dot_notes.push(format!("{}{once}", warp_specialize::note(ws)));
             e.barrier = warp_specialize::CONSUMER_BARRIER;
             let mut pe = Emitter::new(k, spec, warp_specialize::CONSUMER_BARRIER, grid);
-            (pe.wg, pe.ws, pe.producer) = (e.wg.clone(), e.ws.clone(), true);
+            (pe.wg, pe.ws, pe.producer, pe.addresses_once) = (e.wg.clone(), e.ws.clone(), true, e.addresses_once);
             // (a grouped walk binds the parameters, tensor maps included: their words)
             (pe.decls, pe.out_tma_maps) = (e.decls.clone(), e.out_tma_maps.clone());
             pe.w.indent();
