@@ -236,10 +236,12 @@ fn narrowings(source: &str) -> Vec<String> {
         parts.push(&decl[start..]);
         for p in parts {
             let Some((_, init)) = p.split_once(" = ") else { continue };
-            // what is left outside the explicit casts (checked above)
+            // what is left outside the explicit casts (checked above) and the shared-memory
+            // addresses (32-bit by definition: `kf_saddr`, `kf_saddr_once` of a shared
+            // array, such as the `unsigned long long` mbarriers)
             let mut bare = init.to_string();
-            while let Some(i) = bare.find("(int)").or_else(|| bare.find("(unsigned)")) {
-                let len = if bare[i..].starts_with("(int)") { 5 } else { 10 };
+            let narrow = |b: &str| ["(int)", "(unsigned)", "kf_saddr_once", "kf_saddr"].iter().filter_map(|p| b.find(p).map(|i| (i, p.len()))).min();
+            while let Some((i, len)) = narrow(&bare) {
                 let end = i + len + cast_operand(&bare, i + len).len();
                 bare.replace_range(i..end, "0");
             }
@@ -260,6 +262,8 @@ fn the_checker_finds_narrowings() {
     assert!(narrowings("__global__ void f() {\nint x = blockIdx.y * 4096;")[0].contains("from `blockIdx`"));
     assert!(narrowings("__global__ void f(const long long n_N) {\nconst int r = n_N - 5, q = 2;")[0].contains("from `n_N`"));
     assert!(narrowings("__global__ void f(const long long n_N) {\nconst int r = (int)kf_mini(kf_maxi(n_N - v3, -1LL), 1LL << 30);").is_empty());
+    assert!(narrowings("__global__ void f() {\n__shared__ unsigned long long kf_full[4];\nconst unsigned a = kf_saddr_once(kf_full), b = kf_saddr(kf_full);").is_empty());
+    assert!(narrowings("__global__ void f() {\n__shared__ unsigned long long kf_full[4];\nconst unsigned a = kf_full[0];")[0].contains("from `kf_full`"));
 }
 
 /// Every kernel of `kfuse::ops` at more than 2^31 elements, for sm_80 and sm_90a: shapes
