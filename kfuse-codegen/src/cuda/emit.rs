@@ -2021,7 +2021,8 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
         e.wg = Some(p).filter(|p| !p.dots.is_empty() && fits(p));
         if target.sm >= 90 {
             // (a warp-specialized kernel's first attempt takes the shared addresses once,
-            // its next ones are the attempts of the kernel without: `base_attempt`)
+            // its next ones are the attempts of the kernel without: `base_attempt`'s
+            // rule, written out here because `e.ws` is not set yet)
             let once = warp_specialize::takes_addresses_once(k);
             let base = spec.register_attempt - u32::from(once && spec.register_attempt > 0);
             e.ws = e.wg.as_ref().and_then(|p| warp_specialize::ws_plan(k, spec, p, k.schedule.num_threads, base == 0));

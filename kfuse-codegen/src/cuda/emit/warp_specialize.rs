@@ -567,7 +567,7 @@ static __device__ __forceinline__ void kf_bar_arrive(int id) {{ asm volatile("ba
 /// block's rank in its cluster (`S2UR SR_CgaCtaId`) wherever it is used, once an
 /// iteration at a loop's head before its first wait; taken once (an `asm volatile`
 /// copy it cannot recompute) the address is a register. H200, `kfuse::ops::attention`,
-/// one call: D128 S4096 / S16384 592.0 / 642.2 → 606.1 / 657.9 TFLOP/s, D256 621.6 /
+/// one call, this form measured as a prototype with every such kernel on it: D128 S4096 / S16384 592.0 / 642.2 → 606.1 / 657.9 TFLOP/s, D256 621.6 /
 /// 666.8 → 628.9 / 676.1, GQA 601.6 → 617.1; the GEMM and `conv2d` equal (NOTES.md a32).
 /// The registers they take cost `attention_varlen` D128 its late `P·V` (a spill: the
 /// next attempt) and every block of three consumer warpgroups (160 registers, flash
@@ -577,11 +577,10 @@ pub(super) fn takes_addresses_once(k: &Kernel) -> bool {
 }
 
 /// The kernel's start where the roles part (see the module docs): the mbarriers (`bars`
-/// of each kind, [`WsPlan::barriers`]) and their arrays' shared-memory addresses, taken
-/// once (`kf_full_sa`, `kf_empty_sa`: every wait and arrival adds its slot's 8 bytes,
-/// where an address taken at each use costs a cluster-rank read in every iteration),
-/// then the producer's program `producer` and its exit. `KF_FULL(i)` and `KF_EMPTY(i)`
-/// give slot `i`'s address.
+/// of each kind, [`WsPlan::barriers`]), then the producer's program `producer` and its
+/// exit. `KF_FULL(i)` and `KF_EMPTY(i)` give slot `i`'s address: with `once`, from the
+/// arrays' addresses taken once (`kf_full_sa`, `kf_empty_sa`, plus the slot's 8 bytes),
+/// else taken at that use.
 pub(super) fn split_roles(w: &mut Writer<String>, producer: &str, bars: u32, ws: &WsPlan, regs: (u32, u32), once: bool) -> std::fmt::Result {
     let consumers = ws.consumers;
     // one thread issues every copy where TMA makes them all
