@@ -146,7 +146,7 @@ fn attention_against_float64() {
 fn attention_long_sequences_against_float64() {
     use AttentionLayout::Bshd;
     let mut failures = Vec::new();
-    for (n, dims) in [(1, 1000, 4097, 2, 1, 128), (1, 4097, 1000, 2, 2, 64), (1, 4097, 4097, 1, 1, 80)].into_iter().enumerate() {
+    for (n, dims) in [(1, 1000, 4097, 2, 1, 128), (1, 4097, 1000, 2, 2, 64), (1, 4097, 4097, 1, 1, 80), (1, 1000, 1500, 2, 2, 200)].into_iter().enumerate() {
         for causal in [false, true] {
             if let Err(e) = run_case(DType::BF16, dims, opts(causal, None, Bshd), 1500 + 10 * n as u64) {
                 failures.push(e);
@@ -248,6 +248,11 @@ fn attention_op_compiles_for_sm80_and_sm90a() {
                     // (D64: 192 rows over three consumer warpgroups, the first register-room attempt, without spills)
                     Ok((e, _, _)) if target.sm >= 90 && d == 64 && !(e.plan.to_string().contains("3 consumer warpgroups") && e.tiles.get("BM") == Some(&192)) => {
                         failures.push(format!("{name} {}: not 192 rows over three consumer warpgroups:\n{}", target.arch(), e.plan))
+                    }
+                    // (D256, no late dot: the output leaves by TMA through Q's tile, dead after
+                    // the loops; D128's late P·V keeps the registers' stores: measured faster)
+                    Ok((e, _, _)) if target.sm >= 90 && def.name == "attention" && (d == 256) != e.plan.to_string().contains("leaves through the operand tile of `qt`") => {
+                        failures.push(format!("{name} {}: the output's store through Q's tile {} expected:\n{}", target.arch(), if d == 256 { "was" } else { "was not" }, e.plan))
                     }
                     // (a later row block sees more keys when causal: the longest blocks start first)
                     Ok((e, _, _)) if def.name == "attention" && d != 16 && !e.plan.to_string().contains("axis 0 from its last program") => {

@@ -542,6 +542,9 @@ struct Emitter<'a> {
     out_tma_maps: Vec<tma_store::StoreTma>,
     out_tma_at: u32,
     out_tma_bytes: u32,
+    /// The staged operand whose tile the stores that leave by TMA go through, where they
+    /// do (`tma_store::dead_staged_tile`).
+    out_tma_reuses: Option<ValueId>,
     /// The kernel's own parameter declarations (`emit`'s, before the tensor maps
     /// [`map_decls`] adds): a grouped launch's walk binds each to its problem's word.
     decls: Vec<String>,
@@ -598,6 +601,7 @@ impl<'a> Emitter<'a> {
             decls: Vec::new(),
             out_tma_at: 0,
             out_tma_bytes: 0,
+            out_tma_reuses: None,
         }
     }
 }
@@ -2055,11 +2059,21 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             }
         }
         if tma_out && target.sm >= 90 && e.ws.is_some() {
-            // after the operand area, on a swizzle pattern's repeat
-            let at = e.wg.as_ref().unwrap().bytes.div_ceil(1024) * 1024;
-            let (stores, bytes) = tma_store::general_stores(k, spec, target.smem_per_block.saturating_sub(1024 + at));
+            // after the operand area, on a swizzle pattern's repeat; where none fits
+            // there, through a staged operand's tile whose readers are done
+            // (`tma_store::reuses_dead_tiles`)
+            let plan = e.wg.as_ref().unwrap();
+            let at = plan.bytes.div_ceil(1024) * 1024;
+            let (mut stores, mut bytes) = tma_store::general_stores(k, spec, target.smem_per_block.saturating_sub(1024 + at));
+            let (mut at, mut reuses) = (at, None);
+            if stores.is_empty() && tma_store::reuses_dead_tiles(k, plan, e.ws.as_ref().unwrap(), grid, target.num_sms) {
+                let (all, need) = tma_store::general_stores(k, spec, u32::MAX);
+                if let Some((off, v)) = tma_store::dead_staged_tile(k, plan, &all, need) {
+                    (stores, bytes, at, reuses) = (all, need, off, Some(v));
+                }
+            }
             e.out_tma_maps = stores.values().cloned().collect();
-            (e.out_tma, e.out_tma_at, e.out_tma_bytes) = (stores, at, bytes);
+            (e.out_tma, e.out_tma_at, e.out_tma_bytes, e.out_tma_reuses) = (stores, at, bytes, reuses);
         }
         e.find_ring_nests();
         if let Some(ws) = e.ws.as_mut() {
@@ -2159,7 +2173,7 @@ fn shared_layout(e: &Emitter<'_>) -> (Option<u32>, u32) {
         None => (None, 0),
         Some(o) => {
             // (the stores' area after the operand area: `body`)
-            let o = if e.out_tma_bytes > 0 { e.out_tma_at + e.out_tma_bytes } else { o };
+            let o = if e.out_tma_bytes > 0 { o.max(e.out_tma_at + e.out_tma_bytes) } else { o };
             let at = if shares_operand_area(e) { 0 } else { o };
             (Some(at), 1024 + o.max(at + e.smem.div_ceil(16) * 16))
         }

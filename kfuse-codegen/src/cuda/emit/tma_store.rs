@@ -82,6 +82,36 @@ pub(super) fn general_stores(k: &Kernel, spec: &Spec, room: u32) -> (BTreeMap<Op
     (out, area)
 }
 
+/// Where the stores `stores` (whose shared memory takes `bytes`) may go through a tile
+/// of the operand area instead of an area of their own, where none fits after it: a
+/// tile written where it is defined (not a ring's: flash attention's Q), on a swizzle
+/// pattern's repeat, of at least `bytes`, all of whose readers come before the first of
+/// the stores, so that its bytes are dead there (the consumers wait for their `wgmma`
+/// and meet before writing them: [`Emitter::store_by_tma`], `store_whole_tile`). Its
+/// offset in the operand area and its value; the lowest offset where several could.
+pub(super) fn dead_staged_tile(k: &Kernel, plan: &super::dot_wgmma::WgPlan, stores: &BTreeMap<OpId, StoreTma>, bytes: u32) -> Option<(u32, ValueId)> {
+    let first = stores.keys().map(|&op| k.position(op)).min()?;
+    plan.eager
+        .iter()
+        .filter(|(v, t)| t.ring.is_none() && t.off.is_multiple_of(1024) && t.bytes() >= bytes && k.users(**v).iter().all(|&u| k.position(u) < first))
+        .map(|(v, t)| (t.off, *v))
+        .min()
+}
+
+/// Whether a warp-specialized kernel's stores may go through a dead operand tile
+/// ([`dead_staged_tile`]) where no area of their own fits: not in a walk over programs
+/// (the next program writes the tile again), and not where a loop issues a dot late
+/// (`dot_overlap`). The latter is measured, not derived (H200, NOTES a34):
+/// `kfuse::ops::attention` at D256 (no late dot) ran 1.3–4.4% faster through Q's tile;
+/// at D128 (late `P·V`, three loops) its loops compiled to the same 852 instructions
+/// in another order and ran 2.7% slower at S16384 (the epilogue alone, forced onto the
+/// registers' stores in the same build, was 2% faster by TMA at S4096), while the proof
+/// kernel of `tests/kernels/flash_attention.rs` (late `P·V`, two loops) ran 4–10%
+/// faster.
+pub(super) fn reuses_dead_tiles(k: &Kernel, plan: &super::dot_wgmma::WgPlan, ws: &super::warp_specialize::WsPlan, grid: &[crate::target::GridAxisEval], sms: u32) -> bool {
+    ws.late.is_empty() && !super::warp_specialize::walks_programs(k, plan, grid, sms)
+}
+
 /// The thread that issues a general-lowering kernel's bulk stores: the first consumer.
 const GENERAL_LEAD: &str = "kf_tid == 0";
 
@@ -204,11 +234,20 @@ impl Emitter<'_> {
     pub(super) fn store_by_tma(&mut self, op: OpId, st: &StoreTma) -> R {
         let (at, map) = (self.out_tma_at.to_string(), format!("kf_stm{}", st.map));
         let out = TmaOut { base: "kf_ops", saddr: "kf_saddr", c_base: &at, inner: st.inner, box_bytes: st.box_bytes, map_name: &map, lead: GENERAL_LEAD };
+        if self.out_tma_reuses.is_some() {
+            // (the operand tile's last readers: this warpgroup's `wgmma` have read it;
+            // the barrier before the writes waits for the other consumers')
+            self.line("kf_wg_wait();")?;
+        }
         // (the plan says so where it does: `tma_store` writes other layouts as they are)
         if let Some(written) = self.tma_store(op, &out)? {
             let Op::Store { tensor, .. } = self.k.op(op) else { unreachable!() };
             let how = if written == Written::Matrices { ", written there by `stmatrix`" } else { "" };
-            self.dot_notes.push(format!("the tile stored to `{}` leaves through shared memory by TMA bulk stores{how}", self.k.param(*tensor).name));
+            let area = match self.out_tma_reuses {
+                Some(v) => format!("the operand tile of `{}` (its readers done)", self.k.names.get(&v).cloned().unwrap_or_else(|| v.to_string())),
+                None => "shared memory".to_string(),
+            };
+            self.dot_notes.push(format!("the tile stored to `{}` leaves through {area} by TMA bulk stores{how}", self.k.param(*tensor).name));
         }
         Ok(())
     }
