@@ -102,12 +102,12 @@ pub(super) fn dead_staged_tile(k: &Kernel, plan: &super::dot_wgmma::WgPlan, stor
 /// ([`dead_staged_tile`]) where no area of their own fits: not in a walk over programs
 /// (the next program writes the tile again), and not where a loop issues a dot late
 /// (`dot_overlap`). The latter is measured, not derived (H200, NOTES a34):
-/// `kfuse::ops::attention` at D256 (no late dot) ran 1.3–4.4% faster through Q's tile;
-/// at D128 (late `P·V`, three loops) its loops compiled to the same 852 instructions
-/// in another order and ran 2.7% slower at S16384 (the epilogue alone, forced onto the
-/// registers' stores in the same build, was 2% faster by TMA at S4096), while the proof
-/// kernel of `tests/kernels/flash_attention.rs` (late `P·V`, two loops) ran 4–10%
-/// faster.
+/// `kfuse::ops::attention` at D256 (no late dot) ran 1–4% faster through Q's tile; at
+/// D128 (late `P·V`, three loops) its loops compiled to the same 852 instructions in
+/// another order and ran 2.7% slower at S16384 (within that build, the TMA store was 2%
+/// faster at S4096 than the registers' stores forced at run time: the store gains, the
+/// loop's schedule lost), while the proof kernel of `tests/kernels/flash_attention.rs`
+/// (late `P·V`, two loops) ran 4–10% faster.
 pub(super) fn reuses_dead_tiles(k: &Kernel, plan: &super::dot_wgmma::WgPlan, ws: &super::warp_specialize::WsPlan, grid: &[crate::target::GridAxisEval], sms: u32) -> bool {
     ws.late.is_empty() && !super::warp_specialize::walks_programs(k, plan, grid, sms)
 }
