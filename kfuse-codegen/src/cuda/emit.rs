@@ -537,7 +537,7 @@ struct Emitter<'a> {
     scratch_in_ring: bool,
     /// The stores that leave by TMA (`tma_store::general_stores`) not written yet, the
     /// tensor maps of all of them, and where their shared memory starts (bytes from
-    /// `kf_ops`, after the operand area).
+    /// `kf_ops`: after the operand area, or a dead operand tile's, `out_tma_reuses`).
     out_tma: BTreeMap<OpId, tma_store::StoreTma>,
     out_tma_maps: Vec<tma_store::StoreTma>,
     out_tma_at: u32,
@@ -2028,7 +2028,7 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             // its next ones are the attempts of the kernel without: `base_attempt`'s
             // rule, written out here because `e.ws` is not set yet)
             let once = warp_specialize::takes_addresses_once(k);
-            let base = spec.register_attempt - u32::from(once && spec.register_attempt > 0);
+            let base = warp_specialize::attempt_without_once(spec.register_attempt, once);
             e.ws = e.wg.as_ref().and_then(|p| warp_specialize::ws_plan(k, spec, p, k.schedule.num_threads, base == 0));
             e.addresses_once = once && e.ws.is_some() && spec.register_attempt == 0;
         }
@@ -2058,6 +2058,11 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
                 e.wg = deeper;
             }
         }
+        // (the rings are final here: whether the block walks the programs)
+        if let Some(ws) = e.ws.as_mut() {
+            ws.persistent = warp_specialize::walks_programs(k, e.wg.as_ref().unwrap(), grid, target.num_sms);
+            ws.grouped = grid.len() >= 2 && warp_specialize::grouped_walk(k, e.wg.as_ref().unwrap());
+        }
         if tma_out && target.sm >= 90 && e.ws.is_some() {
             // after the operand area, on a swizzle pattern's repeat; where none fits
             // there, through a staged operand's tile whose readers are done
@@ -2066,7 +2071,7 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             let at = plan.bytes.div_ceil(1024) * 1024;
             let (mut stores, mut bytes) = tma_store::general_stores(k, spec, target.smem_per_block.saturating_sub(1024 + at));
             let (mut at, mut reuses) = (at, None);
-            if stores.is_empty() && tma_store::reuses_dead_tiles(k, plan, e.ws.as_ref().unwrap(), grid, target.num_sms) {
+            if stores.is_empty() && tma_store::reuses_dead_tiles(e.ws.as_ref().unwrap()) {
                 let (all, need) = tma_store::general_stores(k, spec, u32::MAX);
                 if let Some((off, v)) = tma_store::dead_staged_tile(k, plan, &all, need) {
                     (stores, bytes, at, reuses) = (all, need, off, Some(v));
@@ -2076,10 +2081,6 @@ fn body<'a>(k: &'a Kernel, spec: &'a Spec, target: &Target, grid: &[crate::targe
             (e.out_tma, e.out_tma_at, e.out_tma_bytes, e.out_tma_reuses) = (stores, at, bytes, reuses);
         }
         e.find_ring_nests();
-        if let Some(ws) = e.ws.as_mut() {
-            ws.persistent = warp_specialize::walks_programs(k, e.wg.as_ref().unwrap(), grid, target.num_sms);
-            ws.grouped = grid.len() >= 2 && warp_specialize::grouped_walk(k, e.wg.as_ref().unwrap());
-        }
         if let Some(ws) = &e.ws {
             let once = if e.addresses_once { "; the mbarriers' and operand tiles' shared-memory addresses taken once (a later attempt takes them at each use)" } else { "" };
             e.dot_notes.push(format!("{}{once}", warp_specialize::note(ws)));

@@ -4,7 +4,9 @@
 //! [`general_stores`] finds a store that can. A tile whose valid range is its extents
 //! (known when the kernel is written) and that the tensor holds whole wherever the
 //! store runs goes by TMA alone; any other checks at run time that its valid range is
-//! the tensor's part of the tile, and is stored as the op is where it is not.
+//! the tensor's part of the tile, and is stored as the op is where it is not. The
+//! tile's shared memory follows the operand area, or, where that has no room, is an
+//! operand tile whose readers are done ([`dead_staged_tile`]).
 
 use super::*;
 use crate::passes::select_mma_path::{tma_obstacle, tma_order};
@@ -108,8 +110,8 @@ pub(super) fn dead_staged_tile(k: &Kernel, plan: &super::dot_wgmma::WgPlan, stor
 /// faster at S4096 than the registers' stores forced at run time: the store gains, the
 /// loop's schedule lost), while the proof kernel of `tests/kernels/flash_attention.rs`
 /// (late `P·V`, two loops) ran 4–10% faster.
-pub(super) fn reuses_dead_tiles(k: &Kernel, plan: &super::dot_wgmma::WgPlan, ws: &super::warp_specialize::WsPlan, grid: &[crate::target::GridAxisEval], sms: u32) -> bool {
-    ws.late.is_empty() && !super::warp_specialize::walks_programs(k, plan, grid, sms)
+pub(super) fn reuses_dead_tiles(ws: &super::warp_specialize::WsPlan) -> bool {
+    ws.late.is_empty() && !ws.persistent
 }
 
 /// The thread that issues a general-lowering kernel's bulk stores: the first consumer.
@@ -228,7 +230,8 @@ struct TileRegs<'s> {
 
 impl Emitter<'_> {
     /// A store [`general_stores`] chose, in a warp-specialized kernel of the general
-    /// lowering: through the area after the operand area, issued by the first consumer
+    /// lowering: through the area after the operand area or a dead operand tile
+    /// ([`dead_staged_tile`], after a `wgmma` wait), issued by the first consumer
     /// thread (see [`Self::tma_store`]; the consumers' last act waits until the bulk
     /// stores have read it, `Self::drain_tma_stores`).
     pub(super) fn store_by_tma(&mut self, op: OpId, st: &StoreTma) -> R {

@@ -576,6 +576,13 @@ pub(super) fn takes_addresses_once(k: &Kernel) -> bool {
     k.schedule.num_threads != WIDE_CONSUMERS
 }
 
+/// Register-room attempt `attempt` of a kernel counted as the kernel without the shared
+/// addresses taken once: where it takes them `once`, its attempt 0 does and each later
+/// one is the attempt before it without ([`takes_addresses_once`]).
+pub(super) fn attempt_without_once(attempt: u32, once: bool) -> u32 {
+    attempt - u32::from(once && attempt > 0)
+}
+
 /// The kernel's start where the roles part (see the module docs): the mbarriers (`bars`
 /// of each kind, [`WsPlan::barriers`]), then the producer's program `producer` and its
 /// exit. `KF_FULL(i)` and `KF_EMPTY(i)` give slot `i`'s address: with `once`, from the
@@ -1096,8 +1103,7 @@ impl Emitter<'_> {
     /// once: a warp-specialized kernel that takes them once has one attempt more, first
     /// ([`takes_addresses_once`]).
     pub(super) fn base_attempt(&self) -> u32 {
-        let a = self.spec.register_attempt;
-        a - u32::from(self.ws.is_some() && takes_addresses_once(self.k) && a > 0)
+        attempt_without_once(self.spec.register_attempt, self.ws.is_some() && takes_addresses_once(self.k))
     }
 
     fn turn_of(&self, op: OpId) -> Option<(LoopId, (OpId, OpId))> {
